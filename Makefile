@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each builds .venv by itself.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_WORKERS ?= 2
+
+.PHONY: demo test test-slow bench reproduce dashboard clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m release.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow tests
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+reproduce: $(STAMP)
+	$(BIN)/python -m benchmarks.reproduce
+
+dashboard: $(STAMP)
+	$(BIN)/privrelease dashboard
+
+clean:
+	rm -rf $(VENV) .privrelease demo-workspace .pytest_cache

@@ -1,0 +1,109 @@
+"""Conservative calibration: the noise (or step count) whose *composed* history, prior spend
+included, has RDP epsilon <= target. dp-accounting's calibrate_dp_mechanism does the search; we
+check its answer with a fresh accountant and step towards safety if rounding ever overshoots."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import dp_accounting
+from dp_accounting import dp_event as dpe
+
+from accounting.epsilon import epsilon_rdp, rdp_accountant
+from accounting.errors import BudgetExceededError, InvalidParameterError
+from accounting.events import DpSgd, GaussianQuery, MechanismEvent, compose
+from accounting.validation import check_count, check_delta, check_epsilon, check_sample_rate, check_sensitivity
+
+MAX_SIGMA = 1e4
+
+
+def _history_event(prior: Iterable[MechanismEvent], make: Callable[[float], Sequence[MechanismEvent]]):
+    prior = list(prior)
+
+    def event(param: float) -> dpe.DpEvent:
+        return compose(prior + list(make(param)))
+
+    return event
+
+
+def _check_room(prior: list[MechanismEvent], target: float, delta: float) -> None:
+    spent = epsilon_rdp(prior, delta)
+    if spent >= target:
+        raise BudgetExceededError(
+            f"The prior spend already has epsilon {spent:.4g} (RDP) >= target {target:g}; no amount of noise "
+            "fits. Raise the target epsilon (within the dataset cap) or release nothing more from this dataset."
+        )
+
+
+def calibrate_noise(
+    target_epsilon: float,
+    delta: float,
+    make_events: Callable[[float], Sequence[MechanismEvent]],
+    prior: Iterable[MechanismEvent] = (),
+) -> float:
+    """Smallest noise parameter x such that epsilon_rdp(prior + make_events(x)) <= target."""
+    target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
+    prior = list(prior)
+    _check_room(prior, target, delta)
+    event_of = _history_event(prior, make_events)
+    try:
+        x = float(
+            dp_accounting.calibrate_dp_mechanism(
+                rdp_accountant, event_of, target, delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-6,
+            )
+        )
+    except dp_accounting.mechanism_calibration.NoBracketIntervalFoundError as exc:
+        raise BudgetExceededError(
+            f"No noise level up to very large values keeps epsilon <= {target:g}; the remaining budget is too small."
+        ) from exc
+    for _ in range(100):  # guard against rounding at the bracket's edge: never overshoot
+        if epsilon_rdp(event_of(x), delta) <= target:
+            break
+        x *= 1 + 1e-6
+    if x > MAX_SIGMA:
+        raise BudgetExceededError(
+            f"The noise needed ({x:.3g}) is beyond any useful value; the remaining budget is too small."
+        )
+    return x
+
+
+def calibrate_dpsgd_sigma(
+    target_epsilon: float, delta: float, sample_rate: float, steps: int,
+    prior: Iterable[MechanismEvent] = (), extra: Sequence[MechanismEvent] = (),
+) -> float:
+    """Noise multiplier for DP-SGD (plus `extra` events of the same run, e.g. a DP query)."""
+    q, t = check_sample_rate(sample_rate), check_count(steps)
+    return calibrate_noise(target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior)
+
+
+def calibrate_gaussian_sigma(
+    target_epsilon: float, delta: float, sensitivity: float = 1.0, prior: Iterable[MechanismEvent] = ()
+) -> float:
+    """Noise standard deviation for one Gaussian query with the given L2 sensitivity."""
+    s = check_sensitivity(sensitivity)
+    return s * calibrate_noise(target_epsilon, delta, lambda m: [GaussianQuery(m * s, s)], prior)
+
+
+def max_dpsgd_steps(
+    target_epsilon: float, delta: float, sample_rate: float, noise_multiplier: float,
+    prior: Iterable[MechanismEvent] = (), limit: int = 10_000_000,
+) -> int:
+    """Largest step count whose composed history stays <= target; 0 if not even one step fits."""
+    target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
+    prior = list(prior)
+    event_of = _history_event(prior, lambda t: [DpSgd(sample_rate, noise_multiplier, int(t))])
+    if epsilon_rdp(event_of(1), delta) > target:
+        return 0
+    if epsilon_rdp(event_of(limit), delta) <= target:
+        return limit
+    t = int(
+        dp_accounting.calibrate_dp_mechanism(
+            rdp_accountant, event_of, target, delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(1, limit), discrete=True,
+        )
+    )
+    while t > 0 and epsilon_rdp(event_of(t), delta) > target:
+        t -= 1
+    if t < 1:
+        raise InvalidParameterError("Calibration failed to find a step count; check the parameters.")
+    return t

@@ -1,0 +1,69 @@
+"""Epsilon of a composed history: RDP (the reference) and PLD (tighter, reported beside it).
+
+Both come from Google's dp-accounting; we never add epsilons. The add-or-remove-one neighbouring
+relation is used throughout (the privacy unit is one record), as in opacus' DP-SGD analysis.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+import dp_accounting
+from dp_accounting import dp_event as dpe
+
+from accounting.events import MechanismEvent, compose
+from accounting.validation import check_delta
+
+# dp-accounting's default grid (156 orders from 1.1 to 1024).
+RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+PLD_DISCRETIZATION = 1e-4
+
+History = Union[dpe.DpEvent, Iterable[MechanismEvent]]
+
+
+def _as_dp_event(history: History) -> dpe.DpEvent:
+    return history if isinstance(history, dpe.DpEvent) else compose(history)
+
+
+def rdp_accountant() -> dp_accounting.rdp.RdpAccountant:
+    return dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
+
+
+def pld_accountant() -> dp_accounting.pld.PLDAccountant:
+    return dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+
+
+def epsilon_rdp(history: History, delta: float) -> float:
+    acc = rdp_accountant()
+    acc.compose(_as_dp_event(history))
+    return float(acc.get_epsilon(check_delta(delta)))
+
+
+def epsilon_pld(history: History, delta: float) -> float:
+    acc = pld_accountant()
+    acc.compose(_as_dp_event(history))
+    return float(acc.get_epsilon(check_delta(delta)))
+
+
+@dataclass(frozen=True)
+class EpsilonReport:
+    epsilon_rdp: float
+    epsilon_pld: float
+    delta: float
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.epsilon_rdp)
+
+    def as_dict(self) -> dict[str, float | None]:
+        # JSON has no infinity: a voided DP guarantee is reported as null.
+        def clean(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {"epsilon_rdp": clean(self.epsilon_rdp), "epsilon_pld": clean(self.epsilon_pld), "delta": self.delta}
+
+
+def epsilon_report(history: History, delta: float) -> EpsilonReport:
+    event = _as_dp_event(history)
+    return EpsilonReport(epsilon_rdp(event, delta), epsilon_pld(event, delta), float(delta))

@@ -1,0 +1,285 @@
+"""The budget ledger: datasets with caps, and the charges (runs) against them.
+
+Epsilon is always derived from the whole composed history by RDP (the cap is checked against RDP,
+the reference) and PLD (reported beside it). A charge is `reserved` (its planned events count),
+`committed` (the executed events count) or `refunded` (nothing counts).
+"""
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from accounting import trail
+from accounting.epsilon import EpsilonReport, epsilon_rdp, epsilon_report
+from accounting.errors import (BudgetExceededError, DatasetConflictError, LedgerStateError,
+                               UnknownDatasetError)
+from accounting.events import MechanismEvent, NonPrivateRelease, events_from_text, events_to_text
+from accounting.store import Store
+from accounting.validation import check_count, check_delta, check_epsilon
+
+ACTIVE_STATES = ("reserved", "committed")
+EPS_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Dataset:
+    dataset_id: str
+    name: str
+    source: str
+    fingerprint: str
+    record_count: int
+    labels: list[int]
+    image_shape: list[int]
+    privacy_unit: str
+    epsilon_cap: float
+    delta_cap: float
+    registered_at: str
+    registered_by: str
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Dataset":
+        row = dict(row)
+        row["labels"] = json.loads(row["labels"])
+        row["image_shape"] = json.loads(row["image_shape"])
+        return cls(**row)
+
+
+@dataclass(frozen=True)
+class Charge:
+    position: int
+    run_id: str
+    dataset_id: str
+    state: str
+    planned_events: list[MechanismEvent]
+    charged_events: list[MechanismEvent]
+    description: str
+    actor: str
+    reserved_at: str
+    settled_at: str | None
+
+    @property
+    def counted_events(self) -> list[MechanismEvent]:
+        return {"reserved": self.planned_events, "committed": self.charged_events}.get(self.state, [])
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Charge":
+        row = dict(row)
+        row["planned_events"] = events_from_text(row["planned_events"])
+        row["charged_events"] = events_from_text(row["charged_events"])
+        return cls(**row)
+
+
+@dataclass(frozen=True)
+class Budget:
+    dataset: Dataset
+    charges: list[Charge]
+    spent: EpsilonReport
+
+    @property
+    def remaining_rdp(self) -> float:
+        return max(0.0, self.dataset.epsilon_cap - self.spent.epsilon_rdp)
+
+    @property
+    def history(self) -> list[MechanismEvent]:
+        return [e for c in self.charges for e in c.counted_events]
+
+    @property
+    def dp_void(self) -> bool:
+        """True once a non-DP (k-anonymous) release was made from this dataset (rule 5)."""
+        return any(isinstance(e, NonPrivateRelease) for e in self.history)
+
+
+# ------------------------------------------------------------------ datasets
+def register_dataset(
+    store: Store, *, name: str, source: str, fingerprint: str, record_count: int, labels: Sequence[int],
+    image_shape: Sequence[int], epsilon_cap: float, delta_cap: float, privacy_unit: str = "one image",
+    actor: str = "steward",
+) -> tuple[Dataset, bool]:
+    """Register a dataset; returns (dataset, created). Same name + same content is a no-op;
+    same name + different content is refused (the ledger would otherwise mix two datasets)."""
+    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise DatasetConflictError(f"Dataset name {name!r} must be letters, digits, '-', '_' or '.'.")
+    check_epsilon(epsilon_cap, "epsilon cap")
+    check_delta(delta_cap, "delta cap")
+    record_count = check_count(record_count, "record count")
+    if delta_cap >= 1.0 / record_count:
+        raise DatasetConflictError(
+            f"delta cap {delta_cap:g} is not below 1/n = {1 / record_count:.3g}: with that delta a mechanism may "
+            "publish a whole record. Choose delta well below 1/n."
+        )
+    with store.transaction() as con:
+        row = con.execute("SELECT fingerprint, dataset_id FROM datasets WHERE name = ?", [name]).fetchone()
+        if row is not None:
+            if row[0] != fingerprint:
+                raise DatasetConflictError(
+                    f"A dataset named {name!r} is already registered with different content. Its ledger belongs to "
+                    "that content; register the new data under a new name."
+                )
+            existing = row[1]
+        else:
+            existing = None
+            dataset_id = "ds-" + uuid.uuid4().hex[:12]
+            values = [dataset_id, name, source, fingerprint, record_count, json.dumps(sorted(int(x) for x in labels)),
+                      json.dumps([int(x) for x in image_shape]), privacy_unit, float(epsilon_cap), float(delta_cap),
+                      trail.now(), actor]
+            con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            trail.append(con, store, actor, "dataset.register", {
+                "dataset_id": dataset_id, "name": name, "record_count": record_count,
+                "epsilon_cap": float(epsilon_cap), "delta_cap": float(delta_cap), "fingerprint": fingerprint,
+            })
+    return get_dataset(store, existing or dataset_id), existing is None
+
+
+def get_dataset(store: Store, name_or_id: str) -> Dataset:
+    with store.transaction() as con:
+        return _dataset_row(con, name_or_id)
+
+
+def list_datasets(store: Store) -> list[Dataset]:
+    return [Dataset.from_row(r) for r in store.query("SELECT * FROM datasets ORDER BY registered_at")]
+
+
+# ------------------------------------------------------------------ charges
+def _charges(con, dataset_id: str) -> list[Charge]:
+    return [Charge.from_row(r) for r in _rows(con, "SELECT * FROM charges WHERE dataset_id = ? ORDER BY position", [dataset_id])]
+
+
+def _dataset_row(con, name_or_id: str) -> Dataset:
+    rows = _rows(con, "SELECT * FROM datasets WHERE name = ? OR dataset_id = ?", [name_or_id, name_or_id])
+    if not rows:
+        known = ", ".join(r["name"] for r in _rows(con, "SELECT name FROM datasets ORDER BY name")) or "none yet"
+        raise UnknownDatasetError(
+            f"Unknown dataset {name_or_id!r} (registered: {known}). Register it with `privrelease dataset register`."
+        )
+    return Dataset.from_row(rows[0])
+
+
+def _charge_row(con, run_id: str) -> Charge | None:
+    rows = _rows(con, "SELECT * FROM charges WHERE run_id = ?", [run_id])
+    return Charge.from_row(rows[0]) if rows else None
+
+
+def reserve(
+    store: Store, dataset: str, events: Sequence[MechanismEvent], run_id: str, *, description: str = "",
+    actor: str = "system", allow_non_private: bool = False,
+) -> Charge:
+    """Atomically check the composed epsilon (history + events) against the cap and record the
+    reservation. Replaying the same run id with the same events returns the existing charge."""
+    events = list(events)
+    if not events:
+        raise LedgerStateError("A reservation needs at least one mechanism event.")
+    non_private = any(isinstance(e, NonPrivateRelease) for e in events)
+    if non_private and not allow_non_private:
+        raise LedgerStateError(
+            "This run makes a release without a DP guarantee, which voids the dataset's DP meaning (DESIGN.md "
+            "rule 5). It needs the steward's explicit acknowledgement."
+        )
+    with store.transaction() as con:
+        ds = _dataset_row(con, dataset)
+        existing = _charge_row(con, run_id)
+        if existing is not None:
+            if existing.dataset_id != ds.dataset_id or events_to_text(existing.planned_events) != events_to_text(events):
+                raise LedgerStateError(
+                    f"Run id {run_id!r} was already used for a different reservation; use a new run id."
+                )
+            return existing  # replay: no second charge
+        history = [e for c in _charges(con, ds.dataset_id) for e in c.counted_events]
+        if not non_private:
+            eps = epsilon_rdp(history + events, ds.delta_cap)
+            if eps > ds.epsilon_cap + EPS_TOLERANCE:
+                before = epsilon_rdp(history, ds.delta_cap)
+                raise BudgetExceededError(
+                    f"Budget exceeded for dataset {ds.name!r}: this run would bring epsilon (RDP, delta={ds.delta_cap:g}) "
+                    f"from {before:.4g} to {eps:.4g}, over the cap {ds.epsilon_cap:g}. Nothing was charged. Use more "
+                    "noise or fewer steps (see `privrelease budget plan`), or a smaller target epsilon."
+                )
+        else:
+            eps = math.inf
+        pos = con.execute("SELECT coalesce(max(position), 0) + 1 FROM charges").fetchone()[0]
+        text = events_to_text(events)
+        con.execute(
+            "INSERT INTO charges VALUES (?, ?, ?, 'reserved', ?, '[]', ?, ?, ?, NULL)",
+            [pos, run_id, ds.dataset_id, text, description, actor, trail.now()],
+        )
+        trail.append(con, store, actor, "budget.reserve", {
+            "run_id": run_id, "dataset_id": ds.dataset_id, "events": json.loads(text),
+            "epsilon_rdp_after": None if math.isinf(eps) else eps, "description": description,
+        })
+        return _charge_row(con, run_id)
+
+
+def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent], *, actor: str = "system") -> Charge:
+    """Settle a run that read data: what it executed stays charged, the unexecuted remainder is
+    released. Executed events may not cost more than the reservation."""
+    executed = list(executed_events)
+    with store.transaction() as con:
+        charge = _charge_row(con, run_id)
+        if charge is None:
+            raise LedgerStateError(f"No reservation for run {run_id!r}; reserve before running.")
+        text = events_to_text(executed)
+        if charge.state == "committed":
+            if events_to_text(charge.charged_events) == text:
+                return charge
+            raise LedgerStateError(f"Run {run_id!r} is already committed with different events.")
+        if charge.state == "refunded":
+            raise LedgerStateError(f"Run {run_id!r} was refunded; it cannot be committed. Start a new run.")
+        ds = _dataset_row(con, charge.dataset_id)
+        if not any(isinstance(e, NonPrivateRelease) for e in charge.planned_events):
+            planned = epsilon_rdp(charge.planned_events, ds.delta_cap)
+            actual = epsilon_rdp(executed, ds.delta_cap) if executed else 0.0
+            if actual > planned + EPS_TOLERANCE:
+                raise LedgerStateError(
+                    f"Run {run_id!r} executed more (epsilon {actual:.4g}) than it reserved ({planned:.4g}); "
+                    "this is a bug in the mechanism. Nothing was changed."
+                )
+        con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
+                    [text, trail.now(), run_id])
+        trail.append(con, store, actor, "budget.commit", {"run_id": run_id, "events": json.loads(text)})
+        return _charge_row(con, run_id)
+
+
+def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> Charge:
+    """Release the reservation of a run that failed before reading sensitive data."""
+    with store.transaction() as con:
+        charge = _charge_row(con, run_id)
+        if charge is None:
+            raise LedgerStateError(f"No reservation for run {run_id!r}.")
+        if charge.state == "refunded":
+            return charge
+        if charge.state == "committed":
+            raise LedgerStateError(
+                f"Run {run_id!r} is committed: it read the data, so what it executed stays charged (rule 2)."
+            )
+        con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])
+        trail.append(con, store, actor, "budget.refund", {"run_id": run_id, "reason": reason})
+        return _charge_row(con, run_id)
+
+
+def get_charge(store: Store, run_id: str) -> Charge | None:
+    with store.transaction() as con:
+        return _charge_row(con, run_id)
+
+
+def budget(store: Store, dataset: str) -> Budget:
+    """The dataset's cap, its charges and the composed spend. Reading never changes the ledger."""
+    with store.transaction() as con:
+        ds = _dataset_row(con, dataset)
+        charges = _charges(con, ds.dataset_id)
+    history = [e for c in charges for e in c.counted_events]
+    return Budget(ds, charges, epsilon_report(history, ds.delta_cap))
+
+
+def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:
+    with store.transaction() as con:
+        datasets = {d["dataset_id"]: Dataset.from_row(d) for d in _rows(con, "SELECT * FROM datasets")}
+        rows = _rows(con, "SELECT * FROM charges ORDER BY position")
+    return [(datasets[r["dataset_id"]], Charge.from_row(r)) for r in rows]
+
+
+def _rows(con, sql: str, params: Iterable = ()) -> list[dict]:
+    cur = con.execute(sql, list(params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]

