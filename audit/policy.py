@@ -1,0 +1,85 @@
+"""Audit thresholds: the release spec's [policy] table. Each attack/metric with a threshold here
+gets a pass/fail verdict; a threshold of None makes that check informational."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from accounting.errors import InvalidParameterError
+
+# fields that are fractions / probabilities, checked to lie in [0, 1]
+_UNIT = {"mia_max_auc", "mia_max_tpr_at_1pct_fpr", "mia_max_tpr_at_01pct_fpr", "max_near_copy_fraction",
+         "max_closer_to_train_fraction", "kanon_max_attack_precision", "kanon_max_reid_rate",
+         "min_downstream_accuracy", "min_sds", "mia_confidence", "near_copy_max_distance"}
+_POSITIVE_INT = {"mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
+                 "grid_pairs"}
+
+
+@dataclass
+class AuditPolicy:
+    # membership inference on the released generator (loss-threshold attack)
+    mia_max_auc: float = 0.6
+    mia_max_tpr_at_1pct_fpr: float = 0.05          # chance level is 0.01
+    mia_max_tpr_at_01pct_fpr: float | None = None  # chance level is 0.001; informational by default
+    mia_samples: int = 500                          # members and non-members each
+    mia_confidence: float = 0.95                    # Clopper-Pearson level of the epsilon lower bound
+    # memorisation / distance to closest record
+    near_copy_ratio: float = 0.5          # d_train / d_heldout below this ...
+    near_copy_max_distance: float = 0.1   # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
+    max_near_copy_fraction: float = 0.01
+    max_closer_to_train_fraction: float | None = None  # ~0.5 is healthy; informational by default
+    # k-anonymous releases
+    kanon_max_attack_precision: float = 0.9   # cluster-membership attack top-k precision (chance 0.5)
+    kanon_max_reid_rate: float = 0.9          # representative -> top-1 nearest record is one of its sources
+    # fidelity and utility
+    min_downstream_accuracy: float | None = None   # best of LR / MLP / CNN trained on the release
+    max_fid: float | None = None                   # FID (EfficientNet-Lite0 features)
+    min_sds: float | None = None
+    # an attack that cannot run (no held-out data, no loss function) fails instead of being skipped
+    require_attacks: bool = True
+    # cost controls
+    feature_samples: int = 1000   # images embedded per set for feature-space checks
+    fid_samples: int = 1000
+    utility_train_samples: int = 2000
+    cnn_epochs: int = 3
+    sds_clusters: int = 10
+    grid_pairs: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("require_attacks",):
+                if not isinstance(value, bool):
+                    raise InvalidParameterError(f"audit policy {f.name} must be true or false, got {value!r}.")
+                continue
+            if value is None and "None" in str(f.type):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidParameterError(f"audit policy {f.name} must be a finite number, got {value!r}.")
+            if f.name in _UNIT and not 0 <= value <= 1:
+                raise InvalidParameterError(f"audit policy {f.name} must be between 0 and 1, got {value}.")
+            if f.name in _POSITIVE_INT and (int(value) != value or value < 1):
+                raise InvalidParameterError(f"audit policy {f.name} must be a positive integer, got {value}.")
+            if f.name == "near_copy_ratio" and value <= 0:
+                raise InvalidParameterError(f"audit policy near_copy_ratio must be > 0, got {value}.")
+            if f.name == "max_fid" and value < 0:
+                raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
+            if f.name == "sds_clusters" and value < 2:
+                raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "AuditPolicy":
+        """Build from the spec's [policy] table; unknown keys are refused (typos must not silently
+        fall back to a default threshold)."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidParameterError(
+                f"Unknown audit policy key(s) {unknown}; valid keys are {sorted(known)}.")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,270 @@
+"""Writing and reading published bundles.
+
+Layout: data/part-NNNNN.parquet (id string, label int64, image binary PNG, optional extra columns),
+README.md (the dataset card), manifest.intoto.json (in-toto Statement over every other file) and
+manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
+`<bundle>.tar.gz` beside the directory. Everything is deterministic: the same inputs and key give
+byte-identical files and tarball. The bundle is built in a hidden staging directory and renamed
+into place, so a crash never leaves a half bundle under the final name.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError, TamperError
+from accounting.store import Workspace
+from release import dsse, keys
+from release.manifest import ENVELOPE_FILE, STATEMENT_FILE, build_statement, file_sha256, statement_bytes, tool_info
+
+DATA_DIR = "data"
+CARD_FILE = "README.md"
+BASE_COLUMNS = ("id", "label", "image")
+
+
+class BundleExistsError(PrivReleaseError, FileExistsError):
+    """The bundle directory or tarball is already there; bundles are never overwritten."""
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    path: Path               # the bundle directory
+    tarball: Path            # <path>.tar.gz
+    tarball_sha256: str
+    manifest_digest: str     # sha256 of manifest.intoto.json (= the signed DSSE payload)
+    key_id: str              # sha256 of the release public key (the DSSE keyid)
+    public_key_path: Path    # the workspace's release.pub, to hand to consumers
+    files: tuple[str, ...]   # the manifest subjects
+    record_count: int
+
+
+# ---------------------------------------------------------------- input checks
+
+def _check_images(images: object) -> np.ndarray:
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
+        raise DataFormatError(f"images must be a uint8 numpy array, got "
+                              f"{getattr(images, 'dtype', type(images).__name__)}; convert to 0-255 uint8 first.")
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]
+    if not (images.ndim == 3 or (images.ndim == 4 and images.shape[-1] == 3)):
+        raise DataFormatError(f"images must be (N,H,W) grey or (N,H,W,3) RGB, got shape {images.shape}.")
+    if images.shape[0] == 0 or 0 in images.shape:
+        raise DataFormatError(f"images must hold at least one non-empty image, got shape {images.shape}.")
+    return images
+
+
+def _check_labels(labels: object, n: int) -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or len(arr) != n:
+        raise DataFormatError(f"labels must be a 1-D array with one label per image ({n}), got shape {arr.shape}.")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise DataFormatError(f"labels must be integers, got dtype {arr.dtype}.")
+    return arr.astype(np.int64)
+
+
+def _check_ids(ids: object, n: int) -> list[str]:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence | np.ndarray):
+        raise DataFormatError("ids must be a list of strings, one per image.")
+    ids = list(ids)
+    if len(ids) != n:
+        raise DataFormatError(f"ids must have one entry per image ({n}), got {len(ids)}.")
+    if not all(isinstance(i, str) and i for i in ids):
+        raise DataFormatError("every id must be a non-empty string.")
+    if len(set(ids)) != n:
+        raise DataFormatError("ids must be unique; consumers use them to refer to rows.")
+    return ids
+
+
+def _extra_arrays(extra: dict | None, n: int) -> dict[str, pa.Array]:
+    out: dict[str, pa.Array] = {}
+    for name, values in (extra or {}).items():
+        if not isinstance(name, str) or not name.isidentifier() or name in BASE_COLUMNS:
+            raise DataFormatError(f"extra column name {name!r} must be an identifier other than {BASE_COLUMNS}.")
+        arr = np.asarray(values)
+        if arr.ndim not in (1, 2) or len(arr) != n:
+            raise DataFormatError(f"extra column {name!r} must be 1-D or 2-D with {n} rows, got shape {arr.shape}.")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise DataFormatError(f"extra column {name!r} holds NaN or infinite values.")
+        if arr.dtype.kind not in "biuf" and not (arr.dtype.kind == "U" and arr.ndim == 1):
+            raise DataFormatError(f"extra column {name!r} has unsupported dtype {arr.dtype}; use numbers or text.")
+        if arr.ndim == 2:  # e.g. label_distribution: one list<float> per row
+            out[name] = pa.array(list(arr), type=pa.list_(pa.from_numpy_dtype(arr.dtype)))
+        else:
+            out[name] = pa.array(arr)
+    return out
+
+
+# ---------------------------------------------------------------- encoding
+
+def encode_png(image: np.ndarray) -> bytes:
+    """Deterministic PNG: mode L for (H,W), RGB for (H,W,3); no timestamps or text chunks."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buf, format="PNG", compress_level=6, optimize=False)
+    return buf.getvalue()
+
+
+def decode_png(data: bytes) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.format != "PNG" or im.mode not in ("L", "RGB"):
+                raise DataFormatError(f"bundle image is {im.format} mode {im.mode}; expected a grey or RGB PNG.")
+            return np.asarray(im.copy())
+    except (OSError, SyntaxError, ValueError) as e:
+        raise DataFormatError(f"bundle image could not be decoded as PNG ({e}).") from None
+
+
+def _write_parquet(path: Path, ids: list[str], labels: np.ndarray, pngs: list[bytes],
+                   extra: dict[str, pa.Array]) -> None:
+    columns = {"id": pa.array(ids, pa.string()), "label": pa.array(labels, pa.int64()),
+               "image": pa.array(pngs, pa.binary())}
+    columns.update(extra)
+    pq.write_table(pa.table(columns), path, compression="zstd")
+
+
+def _write_tarball(src: Path, arcroot: str, dest: Path) -> None:
+    """Deterministic .tar.gz of `src` under top-level dir `arcroot`: sorted names, mtime 0, owner 0."""
+    def add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
+        info = tarfile.TarInfo(arcname)
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        if path.is_dir():
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        else:
+            info.size, info.mode = path.stat().st_size, 0o644
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        add(tar, src, arcroot)
+        for p in sorted(src.rglob("*"), key=lambda q: q.relative_to(src).as_posix()):
+            add(tar, p, f"{arcroot}/{p.relative_to(src).as_posix()}")
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- public API
+
+def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: list[str], card_markdown: str,
+                 predicate: dict, workspace: Workspace, extra_columns: dict[str, np.ndarray] | None = None,
+                 rows_per_file: int = 5000) -> BundleInfo:
+    """Write, sign and archive a bundle at `out_dir` (and `<out_dir>.tar.gz`); never overwrites.
+
+    `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it.
+    """
+    out_dir = Path(out_dir)
+    tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
+    images = _check_images(images)
+    n = images.shape[0]
+    labels = _check_labels(labels, n)
+    ids = _check_ids(ids, n)
+    extra = _extra_arrays(extra_columns, n)
+    if isinstance(rows_per_file, bool) or not isinstance(rows_per_file, Integral) or rows_per_file < 1:
+        raise InvalidParameterError(f"rows_per_file must be a positive integer, got {rows_per_file!r}.")
+    if not isinstance(card_markdown, str) or not card_markdown.strip():
+        raise DataFormatError("The dataset card (README.md) must be non-empty text.")
+    if not isinstance(predicate, dict):
+        raise InvalidParameterError("The release predicate must be a dict (JSON object).")
+    predicate = {**predicate, "tool": predicate.get("tool", tool_info())}
+    statement_bytes({"predicate": predicate})  # refuse NaN / non-JSON values before writing anything
+    for p in (out_dir, tar_path):
+        if os.path.lexists(p):
+            raise BundleExistsError(f"{p} already exists; bundles are never overwritten. Choose another output "
+                                    "path or move the old bundle away.")
+
+    pub_path = keys.ensure_release_key(workspace)
+    signing_key = keys.load_private_key(workspace, keys.RELEASE_KEY)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    placed_tar = False
+    try:
+        root = staging / out_dir.name
+        (root / DATA_DIR).mkdir(parents=True)
+        for part, start in enumerate(range(0, n, rows_per_file)):
+            stop = min(start + rows_per_file, n)
+            pngs = [encode_png(images[i]) for i in range(start, stop)]
+            _write_parquet(root / DATA_DIR / f"part-{part:05d}.parquet", ids[start:stop], labels[start:stop], pngs,
+                           {k: v.slice(start, stop - start) for k, v in extra.items()})
+        (root / CARD_FILE).write_bytes(card_markdown.encode("utf-8"))
+        statement = build_statement(root, predicate)
+        payload = statement_bytes(statement)
+        (root / STATEMENT_FILE).write_bytes(payload)
+        envelope = dsse.sign_envelope(payload, signing_key)
+        (root / ENVELOPE_FILE).write_bytes(dsse.envelope_bytes(envelope))
+        staged_tar = staging / tar_path.name
+        _write_tarball(root, out_dir.name, staged_tar)
+
+        from release.verify import verify_bundle  # checked as a consumer would, before anyone sees it
+        for target in (root, staged_tar):
+            result = verify_bundle(target, pub_path)
+            if not result.ok:
+                raise TamperError("The bundle failed its own verification before publishing: "
+                                  + "; ".join(result.problems))
+
+        try:
+            os.link(staged_tar, tar_path)  # fails instead of replacing a tarball that appeared meanwhile
+        except FileExistsError:
+            raise BundleExistsError(f"{tar_path} appeared while the bundle was being written; not replaced.") from None
+        placed_tar = True
+        if os.path.lexists(out_dir):
+            raise BundleExistsError(f"{out_dir} appeared while the bundle was being written; not replaced.")
+        os.rename(root, out_dir)
+        placed_tar = False
+    finally:
+        if placed_tar:
+            tar_path.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+    return BundleInfo(
+        path=out_dir, tarball=tar_path, tarball_sha256=file_sha256(tar_path), manifest_digest=_sha256_bytes(payload),
+        key_id=envelope["signatures"][0]["keyid"], public_key_path=pub_path,
+        files=tuple(s["name"] for s in statement["subject"]), record_count=n,
+    )
+
+
+def data_files(bundle_dir: Path) -> list[Path]:
+    files = sorted((Path(bundle_dir) / DATA_DIR).glob("part-*.parquet"))
+    if not files:
+        raise DataFormatError(f"{bundle_dir} holds no {DATA_DIR}/part-*.parquet files; is it a privrelease bundle?")
+    return files
+
+
+def read_bundle_table(bundle_dir: Path) -> pa.Table:
+    """All rows of the bundle's Parquet files, in order (images still PNG bytes)."""
+    try:
+        return pa.concat_tables([pq.read_table(p) for p in data_files(bundle_dir)])
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(f"{bundle_dir}: the Parquet data could not be read ({e}).") from None
+
+
+def read_bundle_data(bundle_dir: Path, *, public_key_path: Path | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(images uint8 (N,H,W) or (N,H,W,3), labels int64, ids). With `public_key_path`, verify the bundle first."""
+    if public_key_path is not None:
+        from release.verify import verify_bundle
+        result = verify_bundle(Path(bundle_dir), Path(public_key_path))
+        if not result.ok:
+            raise TamperError(f"{bundle_dir} failed verification: " + "; ".join(result.problems))
+    table = read_bundle_table(bundle_dir)
+    missing = [c for c in BASE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataFormatError(f"{bundle_dir}: Parquet data lacks column(s) {missing}.")
+    decoded = [decode_png(b) for b in table.column("image").to_pylist()]
+    if len({d.shape for d in decoded}) > 1:
+        raise DataFormatError(f"{bundle_dir}: images have different shapes; cannot stack them.")
+    images = np.stack(decoded) if decoded else np.zeros((0, 0, 0), np.uint8)
+    return images, np.asarray(table.column("label").to_numpy(), dtype=np.int64), table.column("id").to_pylist()

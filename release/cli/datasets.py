@@ -1,0 +1,55 @@
+"""`privrelease dataset register|list|show`."""
+from __future__ import annotations
+
+import typer
+
+from accounting import ledger
+from release.cli.common import console, default_actor, print_json, store, table
+from release.data import register_from_source
+
+app = typer.Typer(help="Register and inspect sensitive datasets.", no_args_is_help=True)
+
+
+@app.command("register")
+def register(
+    name: str = typer.Argument(..., help="Name for the dataset (letters, digits, - _ .)."),
+    source: str = typer.Option(..., "--source", help="builtin:mnist5k, a folder of class subfolders, .parquet or .npz."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Budget cap epsilon for all releases of this dataset."),
+    delta: float = typer.Option(..., "--delta", help="Budget cap delta (well below 1/n)."),
+    privacy_unit: str = typer.Option("one image", "--privacy-unit", help="What one record is (e.g. 'one patient')."),
+    actor: str = typer.Option(None, "--actor", help="Who registers (default: $PRIVRELEASE_ACTOR or OS user)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Register a dataset with its privacy budget; the data stays where it is, the store keeps its HMAC."""
+    ds, created = register_from_source(store(), name, source, epsilon, delta, privacy_unit=privacy_unit,
+                                       actor=actor or default_actor())
+    if as_json:
+        print_json({"created": created, **ds.__dict__})
+        return
+    verb = "Registered" if created else "Already registered (same content)"
+    console.print(f"[green]{verb}[/] {ds.name} ({ds.dataset_id}): {ds.record_count} records, labels {ds.labels}, "
+                  f"cap epsilon={ds.epsilon_cap:g}, delta={ds.delta_cap:g}")
+
+
+@app.command("list")
+def list_(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List registered datasets."""
+    datasets = ledger.list_datasets(store())
+    if as_json:
+        print_json([d.__dict__ for d in datasets])
+        return
+    rows = [[d.name, d.dataset_id, d.record_count, "x".join(map(str, d.image_shape)), len(d.labels),
+             f"{d.epsilon_cap:g}", f"{d.delta_cap:g}", d.source] for d in datasets]
+    console.print(table("Datasets", ["name", "id", "records", "shape", "classes", "eps cap", "delta cap", "source"], rows))
+
+
+@app.command("show")
+def show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show one dataset's registration record."""
+    d = ledger.get_dataset(store(), name)
+    if as_json:
+        print_json(d.__dict__)
+        return
+    rows = [[k, v] for k, v in d.__dict__.items()]
+    console.print(table(f"Dataset {d.name}", ["field", "value"], rows))
+    console.print("[dim]fingerprint = HMAC-SHA256 under the workspace key (a plain hash would leak membership).[/]")

@@ -1,0 +1,290 @@
+"""Identities (steward, auditor, consumer) and Ed25519 keys, including the platform's release key.
+
+Private keys live in `workspace.keys` as `<name>.key` (PEM PKCS8, mode 0600, created with O_EXCL so
+they are never readable by others, not even briefly) beside `<name>.pub` (PEM). The identity's raw
+public key is also stored (base64) in the store's `identities` table, so approvals can be checked
+from the store alone. The release key (`release.key` / `release.pub`) is the platform's, not a
+person's: it signs bundles and is not an identity.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from filelock import FileLock
+
+from accounting import trail
+from accounting.errors import DatasetConflictError, PermissionDeniedError, PrivReleaseError
+from accounting.store import Store, Workspace
+
+ROLES = ("steward", "auditor", "consumer")
+RELEASE_KEY = "release"
+# Names that would collide with platform files in keys/ (fingerprint.key is the HMAC secret).
+RESERVED_NAMES = frozenset({RELEASE_KEY, "fingerprint", "system", "platform"})
+
+PublicKeyLike = Ed25519PublicKey | bytes | str | os.PathLike
+
+
+class UnknownIdentityError(PrivReleaseError, KeyError):
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else "unknown identity"
+
+
+class KeyFileError(PrivReleaseError):
+    """A key file is missing, unreadable, not Ed25519, or too widely readable."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: str
+    public_key: str  # raw 32-byte Ed25519 public key, base64
+    created_at: str
+    password_hash: str | None = None
+
+    @property
+    def public_key_bytes(self) -> bytes:
+        return base64.b64decode(self.public_key)
+
+    @property
+    def key_id(self) -> str:
+        """sha256 (hex) of the raw public key: the DSSE keyid."""
+        return hashlib.sha256(self.public_key_bytes).hexdigest()
+
+    def public_key_object(self) -> Ed25519PublicKey:
+        return Ed25519PublicKey.from_public_bytes(self.public_key_bytes)
+
+
+def private_key_path(workspace: Workspace, name: str) -> Path:
+    return workspace.keys / f"{name}.key"
+
+
+def public_key_path(workspace: Workspace, name: str) -> Path:
+    return workspace.keys / f"{name}.pub"
+
+
+def raw_public_bytes(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(public_key: PublicKeyLike) -> str:
+    """sha256 (hex) of the raw 32-byte public key."""
+    return hashlib.sha256(raw_public_bytes(load_public_key(public_key))).hexdigest()
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name) > 64 or name.startswith(".") \
+            or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or not name.isascii():
+        raise PrivReleaseError(
+            f"Identity name {name!r} is not usable: use 1-64 ASCII letters, digits, '-', '_' or '.', "
+            "not starting with '.'."
+        )
+    if name.lower() in RESERVED_NAMES:
+        raise PrivReleaseError(f"Identity name {name!r} is reserved for the platform; choose another name.")
+    return name
+
+
+def _check_role(role: object) -> str:
+    if role not in ROLES:
+        raise PrivReleaseError(f"Unknown role {role!r}: choose one of {', '.join(ROLES)}.")
+    return role  # type: ignore[return-value]
+
+
+def _write_exclusive(path: Path, data: bytes, mode: int) -> None:
+    """Create `path` with `mode` from the start (O_EXCL: never replaces an existing file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have removed bits we want (never adds any)
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, list[Path]]:
+    """Generate a key and write `<name>.key` (0600) and `<name>.pub`; returns the key and files written."""
+    workspace.keys.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    priv_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+    pub_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    written: list[Path] = []
+    try:
+        for path, data, mode in ((private_key_path(workspace, name), priv_pem, 0o600),
+                                 (public_key_path(workspace, name), pub_pem, 0o644)):
+            try:
+                _write_exclusive(path, data, mode)
+            except FileExistsError:
+                raise KeyFileError(
+                    f"Key file {path} already exists but no identity {name!r} is registered (left over from an "
+                    "interrupted run, or created by hand). Move it away or choose another name."
+                ) from None
+            written.append(path)
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        raise
+    return key, written
+
+
+def create_identity(store: Store, name: str, role: str, *, actor: str = "system") -> Identity:
+    """Create an identity with a fresh Ed25519 key; refuses a duplicate name or an unknown role."""
+    name, role = _check_name(name), _check_role(role)
+    ws = store.workspace
+    written: list[Path] = []
+    try:
+        with store.transaction() as con:
+            if con.execute("SELECT 1 FROM identities WHERE name = ?", [name]).fetchone():
+                raise DatasetConflictError(f"An identity named {name!r} already exists; choose another name.")
+            key, written = _write_keypair(ws, name)
+            raw = raw_public_bytes(key.public_key())
+            public_b64 = base64.b64encode(raw).decode("ascii")
+            created_at = trail.now()
+            con.execute("INSERT INTO identities VALUES (?, ?, ?, NULL, ?)", [name, role, public_b64, created_at])
+            trail.append(con, store, actor, "identity.create", {
+                "name": name, "role": role, "public_key": public_b64,
+                "key_id": hashlib.sha256(raw).hexdigest(),
+            })
+    except BaseException:
+        for p in written:  # the row was rolled back: leave no orphan key files either
+            p.unlink(missing_ok=True)
+        raise
+    return Identity(name, role, public_b64, created_at)
+
+
+def get_identity(store: Store, name: str) -> Identity:
+    rows = store.query("SELECT name, role, public_key, created_at, password_hash FROM identities WHERE name = ?",
+                       [name])
+    if not rows:
+        raise UnknownIdentityError(
+            f"No identity named {name!r}. Create one with `privrelease keys create {name} --role ROLE` "
+            "or list them with `privrelease keys list`."
+        )
+    return Identity(**rows[0])
+
+
+def list_identities(store: Store) -> list[Identity]:
+    rows = store.query("SELECT name, role, public_key, created_at, password_hash FROM identities ORDER BY name")
+    return [Identity(**r) for r in rows]
+
+
+def require_role(identity: Identity, *roles: str) -> Identity:
+    """Raise PermissionDeniedError unless the identity has one of `roles`."""
+    if identity.role not in roles:
+        needed = " or ".join(roles)
+        raise PermissionDeniedError(
+            f"{identity.name!r} is a {identity.role}; this action needs the {needed} role. "
+            f"Act as an identity with that role."
+        )
+    return identity
+
+
+def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
+    path = private_key_path(workspace, name)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        hint = ("it is created by the first signed release" if name == RELEASE_KEY
+                else f"create the identity with `privrelease keys create {name} --role ROLE`")
+        raise KeyFileError(f"No private key for {name!r} at {path}: {hint}.") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"Private key {path} is accessible by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"run `chmod 600 {path}` and, if others may have read it, replace the key."
+        )
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise KeyFileError(f"Private key {path} could not be read as an unencrypted PEM key ({e}).") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"Private key {path} is not an Ed25519 key; privrelease signs only with Ed25519.")
+    return key
+
+
+def sign(workspace: Workspace, name: str, data: bytes) -> bytes:
+    """Ed25519 signature (64 bytes) of `data` with `name`'s private key."""
+    return load_private_key(workspace, name).sign(data)
+
+
+def load_public_key(source: PublicKeyLike) -> Ed25519PublicKey:
+    """An Ed25519 public key from a key object, a PEM file path, PEM bytes/text, raw 32 bytes or their base64."""
+    if isinstance(source, Ed25519PublicKey):
+        return source
+    if isinstance(source, os.PathLike):
+        path = Path(source)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise KeyFileError(f"Cannot read public key file {path}: {e.strerror}. Give the path of the "
+                               "publisher's release.pub.") from None
+        return _parse_public(data, str(path))
+    if isinstance(source, str):
+        return _parse_public(source.encode("ascii", "replace"), "public key text")
+    if isinstance(source, (bytes, bytearray)):
+        return _parse_public(bytes(source), "public key bytes")
+    raise KeyFileError(f"Cannot use {type(source).__name__} as a public key.")
+
+
+def _parse_public(data: bytes, where: str) -> Ed25519PublicKey:
+    if b"-----BEGIN" in data:
+        try:
+            key = serialization.load_pem_public_key(data)
+        except (ValueError, UnsupportedAlgorithm) as e:
+            raise KeyFileError(f"{where}: not a valid PEM public key ({e}).") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise KeyFileError(f"{where}: not an Ed25519 public key.")
+        return key
+    if len(data) == 32:
+        return Ed25519PublicKey.from_public_bytes(data)
+    try:
+        raw = base64.b64decode(data.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) == 32:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    raise KeyFileError(f"{where}: expected a PEM Ed25519 public key, or its raw 32 bytes (or their base64).")
+
+
+def verify_signature(public_key: PublicKeyLike, data: bytes, signature: bytes) -> bool:
+    """True iff `signature` is a valid Ed25519 signature of `data` by `public_key`."""
+    key = load_public_key(public_key)
+    if not isinstance(signature, (bytes, bytearray)) or len(signature) != 64:
+        return False
+    try:
+        key.verify(bytes(signature), data)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def ensure_release_key(workspace: Workspace) -> Path:
+    """Create the platform's release-signing key if needed; returns the path of `release.pub`. Idempotent."""
+    workspace.keys.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(workspace.keys / ".release.lock"), timeout=60):
+        priv, pub = private_key_path(workspace, RELEASE_KEY), public_key_path(workspace, RELEASE_KEY)
+        if not priv.exists():
+            pub.unlink(missing_ok=True)  # a .pub without its private key is useless
+            _write_keypair(workspace, RELEASE_KEY)
+            return pub
+        key = load_private_key(workspace, RELEASE_KEY)
+        pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+        if not pub.exists() or pub.read_bytes() != pem:  # the export is derived: rewrite it if lost or edited
+            tmp = pub.with_name(".release.pub.tmp")
+            tmp.unlink(missing_ok=True)
+            _write_exclusive(tmp, pem, 0o644)
+            os.replace(tmp, pub)
+        return pub

@@ -1,0 +1,116 @@
+"""PrivImage run configuration: every number is validated up front (accounting.validation)."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from numbers import Real
+from typing import Any
+
+from accounting.errors import InvalidParameterError
+from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity, check_sigma
+
+SELECTIONS = ("semantic", "none", "all")  # PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style
+
+
+def _check_decay(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) or not 0 <= value < 1:
+        raise InvalidParameterError(f"ema_decay must be a finite number in [0, 1), got {value!r} (e.g. 0.999).")
+    return float(value)
+
+
+@dataclass
+class PrivImageConfig:
+    epsilon: float
+    delta: float
+    k: int = 3                          # k1 = k2: top-k predictions per image and public classes per sensitive class
+    query_sigma: float = 20.0           # noise multiplier of the semantic query (std = sqrt(k) * query_sigma)
+    image_size: int = 28                # 28 or 32
+    selection: str = "semantic"         # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
+    # semantic-query classifier (public data only)
+    classifier_epochs: int = 3
+    classifier_batch: int = 128
+    # diffusion model
+    unet_channels: tuple[int, ...] = (32, 64, 64)
+    layers_per_block: int = 1
+    train_timesteps: int = 1000
+    # non-private pre-training on the selected public images
+    pretrain_steps: int = 1500
+    pretrain_batch: int = 64
+    pretrain_lr: float = 2e-3
+    # DP-SGD fine-tuning
+    finetune_epochs: float = 20.0       # steps = ceil(epochs / q)
+    batch_size: int = 256               # expected logical batch (Poisson sampling)
+    max_physical_batch: int = 64
+    max_grad_norm: float = 1.0
+    lr: float = 1e-3
+    ema_decay: float = 0.999
+    checkpoint_every: int = 25          # DP-SGD steps between checkpoints
+    # sampling
+    ddim_steps: int = 50
+    n_samples: int = 5000               # total, balanced over the sensitive classes
+    sample_batch: int = 250
+    seed: int = 0
+    device: str = "auto"                # "auto" = cuda if available, else cpu
+
+    def __post_init__(self) -> None:
+        self.epsilon = check_epsilon(self.epsilon, "target epsilon")
+        self.delta = check_delta(self.delta)
+        self.k = check_count(self.k, "k (semantic query top-k)")
+        self.query_sigma = check_sigma(self.query_sigma, "query_sigma")
+        if self.image_size not in (28, 32):
+            raise InvalidParameterError(f"image_size must be 28 or 32, got {self.image_size!r}.")
+        if self.selection not in SELECTIONS:
+            raise InvalidParameterError(f"selection must be one of {SELECTIONS}, got {self.selection!r}.")
+        for name in ("classifier_epochs", "classifier_batch", "layers_per_block", "train_timesteps", "pretrain_steps",
+                     "pretrain_batch", "batch_size", "max_physical_batch", "checkpoint_every", "ddim_steps",
+                     "n_samples", "sample_batch"):
+            setattr(self, name, check_count(getattr(self, name), name))
+        self.unet_channels = tuple(check_count(c, "unet_channels entry") for c in self.unet_channels)
+        if len(self.unet_channels) < 2 or any(c % 8 for c in self.unet_channels):
+            raise InvalidParameterError(
+                f"unet_channels must have >= 2 entries, each a multiple of 8 (GroupNorm groups), got {self.unet_channels}."
+            )
+        if self.image_size == 28 and len(self.unet_channels) > 3:
+            raise InvalidParameterError("At 28x28 the UNet can downsample at most twice: give at most 3 unet_channels.")
+        self.finetune_epochs = check_sensitivity(self.finetune_epochs, "finetune_epochs")
+        self.max_grad_norm = check_sensitivity(self.max_grad_norm, "max_grad_norm")
+        self.lr = check_sensitivity(self.lr, "lr")
+        self.pretrain_lr = check_sensitivity(self.pretrain_lr, "pretrain_lr")
+        self.ema_decay = _check_decay(self.ema_decay)
+        if self.ddim_steps > self.train_timesteps:
+            raise InvalidParameterError(f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps}).")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
+        if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
+            raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
+
+    # ------------------------------------------------------------ presets
+    @classmethod
+    def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
+        """Whole pipeline in about 4-6 minutes on 2 CPU cores (~1,000 samples); quality is modest."""
+        base = dict(classifier_epochs=2, unet_channels=(16, 32, 32), pretrain_steps=300, pretrain_batch=64,
+                    finetune_epochs=4.0, batch_size=200, max_physical_batch=100, checkpoint_every=20,
+                    ddim_steps=25, n_samples=1000, sample_batch=250)
+        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
+
+    @classmethod
+    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
+        """For tests: seconds, meaningless quality."""
+        base = dict(classifier_epochs=1, classifier_batch=64, unet_channels=(8, 16), train_timesteps=100,
+                    pretrain_steps=3, pretrain_batch=16, finetune_epochs=1.0, batch_size=16, max_physical_batch=8,
+                    checkpoint_every=2, ddim_steps=3, n_samples=20, sample_batch=10)
+        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
+
+    def with_(self, **changes: Any) -> "PrivImageConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["unet_channels"] = list(self.unet_channels)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PrivImageConfig":
+        data = dict(data)
+        data["unet_channels"] = tuple(data.get("unet_channels", (32, 64, 64)))
+        return cls(**data)

@@ -1,0 +1,92 @@
+"""The class-conditional diffusion model (diffusers UNet2DModel) and its DDPM loss.
+
+No attention blocks: opacus' per-sample gradient hooks cover Conv2d, Linear, GroupNorm and
+Embedding, which is all this UNet uses. Class index C (one past the last class) is a "null" class
+used for unconditional pre-training (PDP-Diffusion-style baseline)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from diffusers import DDPMScheduler, UNet2DModel
+
+from accounting.errors import DataFormatError
+from synth.privimage.data import label_index, to_format, to_tensor
+
+META_FILE = "privimage_meta.json"
+
+
+def make_unet(image_size: int, channels: int, n_classes: int, widths: Sequence[int], layers_per_block: int) -> UNet2DModel:
+    n = len(widths)
+    return UNet2DModel(
+        sample_size=image_size, in_channels=channels, out_channels=channels, block_out_channels=tuple(widths),
+        layers_per_block=layers_per_block, down_block_types=("DownBlock2D",) * n, up_block_types=("UpBlock2D",) * n,
+        norm_num_groups=8, num_class_embeds=n_classes + 1, add_attention=False,
+    )
+
+
+def make_scheduler(train_timesteps: int) -> DDPMScheduler:
+    return DDPMScheduler(num_train_timesteps=train_timesteps)
+
+
+def ddpm_loss(model: torch.nn.Module, scheduler: DDPMScheduler, x0: torch.Tensor, y: torch.Tensor,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mean over the batch of each image's noise-prediction MSE (mean reduction, as opacus expects)."""
+    noise = torch.randn(x0.shape, generator=generator, device=x0.device)
+    t = torch.randint(0, scheduler.config.num_train_timesteps, (len(x0),), generator=generator, device=x0.device)
+    x_t = scheduler.add_noise(x0, noise, t)
+    pred = model(x_t, t, class_labels=y).sample
+    return ((pred - noise) ** 2).mean()
+
+
+def save_model(model: UNet2DModel, path: Path, *, label_values: list[int], class_names: list[str], image_size: int,
+               channels: int, train_timesteps: int) -> Path:
+    model.save_pretrained(str(path))
+    meta = {"label_values": [int(v) for v in label_values], "class_names": list(class_names),
+            "image_size": image_size, "channels": channels, "train_timesteps": train_timesteps}
+    (path / META_FILE).write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
+    path = Path(path)
+    if not (path / META_FILE).exists():
+        raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass SynthResult.artifacts['model'].")
+    model = UNet2DModel.from_pretrained(str(path))
+    return model.eval(), json.loads((path / META_FILE).read_text())
+
+
+@torch.no_grad()
+def per_sample_diffusion_loss(model_path_or_model: str | Path | tuple[UNet2DModel, dict], images_uint8: np.ndarray,
+                              labels: np.ndarray, timesteps: Sequence[int] = (10, 50, 100, 200, 400),
+                              n_noise: int = 2, seed: int = 0, batch_size: int = 256) -> np.ndarray:
+    """Mean DDPM noise-prediction MSE of each image over fixed timesteps and fixed noise draws
+    (deterministic: the noise for image i depends only on seed, i, the timestep and the draw).
+    Lower loss on training members is what a loss-threshold membership-inference attack exploits."""
+    model, meta = load_model(model_path_or_model) if not isinstance(model_path_or_model, tuple) else model_path_or_model
+    labels = np.asarray(labels)
+    if len(labels) != len(images_uint8):
+        raise DataFormatError(f"{len(images_uint8)} images but {len(labels)} labels.")
+    bad = [t for t in timesteps if not 0 <= int(t) < meta["train_timesteps"]]
+    if bad or n_noise < 1:
+        raise DataFormatError(f"timesteps must lie in [0, {meta['train_timesteps']}) and n_noise >= 1; got {bad}, {n_noise}.")
+    device = next(model.parameters()).device
+    sched = make_scheduler(meta["train_timesteps"])
+    x = to_tensor(to_format(np.asarray(images_uint8), meta["image_size"], meta["channels"]))
+    y = torch.from_numpy(label_index(labels, meta["label_values"]))
+    out = np.zeros(len(x), dtype=np.float64)
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
+        for ti, t in enumerate(timesteps):
+            for r in range(n_noise):
+                noise = torch.stack([
+                    torch.randn(xb.shape[1:], generator=torch.Generator().manual_seed(
+                        hash((seed, start + i, ti, r)) & 0x7FFFFFFF))
+                    for i in range(len(xb))]).to(device)
+                tt = torch.full((len(xb),), int(t), dtype=torch.long, device=device)
+                pred = model(sched.add_noise(xb, noise, tt), tt, class_labels=yb).sample
+                out[start:start + len(xb)] += ((pred - noise) ** 2).flatten(1).mean(1).double().cpu().numpy()
+    return out / (len(timesteps) * n_noise)

@@ -1,0 +1,75 @@
+"""The privacy plan of a PrivImage run: which events it will charge, calibrated over the whole history."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from accounting.calibration import calibrate_dpsgd_sigma
+from accounting.epsilon import EpsilonReport, epsilon_report
+from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd, GaussianQuery, MechanismEvent, event_from_json, event_to_json
+from accounting.validation import check_count
+from synth.privimage.config import PrivImageConfig
+
+
+@dataclass(frozen=True)
+class PrivImagePlan:
+    events: list[MechanismEvent]        # [GaussianQuery, DpSgd] (no query for selection "none"/"all")
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    record_count: int
+    epsilon: EpsilonReport              # of prior + events
+
+    @property
+    def query_event(self) -> GaussianQuery | None:
+        return next((e for e in self.events if isinstance(e, GaussianQuery)), None)
+
+    @property
+    def dpsgd_event(self) -> DpSgd:
+        return next(e for e in self.events if isinstance(e, DpSgd))
+
+    @property
+    def expected_batch(self) -> float:
+        return self.sample_rate * self.record_count
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [event_to_json(e) for e in self.events], "noise_multiplier": self.noise_multiplier,
+                "sample_rate": self.sample_rate, "steps": self.steps, "record_count": self.record_count,
+                "epsilon": {"epsilon_rdp": self.epsilon.epsilon_rdp, "epsilon_pld": self.epsilon.epsilon_pld,
+                            "delta": self.epsilon.delta}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "PrivImagePlan":
+        return cls([event_from_json(e) for e in data["events"]], float(data["noise_multiplier"]),
+                   float(data["sample_rate"]), int(data["steps"]), int(data["record_count"]),
+                   EpsilonReport(**data["epsilon"]))
+
+
+def sample_rate_for(record_count: int, batch_size: int) -> float:
+    """Opacus' DPDataLoader samples each record with q = 1 / len(loader) = 1 / ceil(N / B); we plan
+    with exactly that q so that the ledger and opacus' accountant describe the same mechanism."""
+    return 1.0 / math.ceil(record_count / batch_size)
+
+
+def query_event(config: PrivImageConfig) -> GaussianQuery:
+    # One image adds 1 to k cells of one row: L2 sensitivity sqrt(k); noise std sqrt(k) * query_sigma.
+    root_k = math.sqrt(config.k)
+    return GaussianQuery(sigma=root_k * config.query_sigma, sensitivity=root_k)
+
+
+def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
+    """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
+    the RDP epsilon of prior + query + DP-SGD <= config.epsilon."""
+    n = check_count(record_count, "record count")
+    if config.batch_size > n:
+        raise InvalidParameterError(
+            f"batch_size {config.batch_size} is larger than the dataset ({n} records); use a smaller batch."
+        )
+    q = sample_rate_for(n, config.batch_size)
+    steps = max(1, math.ceil(config.finetune_epochs / q))
+    extra = [query_event(config)] if config.selection == "semantic" else []
+    sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=extra)
+    events: list[MechanismEvent] = [*extra, DpSgd(q, sigma, steps)]
+    return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta))

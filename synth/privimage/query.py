@@ -1,0 +1,114 @@
+"""Semantic query: a classifier trained on PUBLIC data, the DP semantic distribution of the
+sensitive data, and the selection of public classes from it (PrivImage, USENIX Security 2024)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from accounting.errors import InvalidParameterError
+from synth.progress import ProgressFn, no_progress
+
+
+def make_classifier(channels: int, n_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.LazyLinear(128), nn.ReLU(), nn.Linear(128, n_classes),
+    )
+
+
+def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: int, batch: int, seed: int,
+                     device: torch.device, progress: ProgressFn = no_progress, stage: str = "query classifier"
+                     ) -> nn.Module:
+    """Cross-entropy training of the semantic query function on the public labelled set."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = make_classifier(x.shape[1], n_classes)
+    net(x[:2])  # materialise the lazy layer
+    net = net.to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    per_epoch = -(-len(x) // batch)
+    total, done = epochs * per_epoch, 0
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x), generator=gen).split(batch):
+            loss = nn.functional.cross_entropy(net(x[idx].to(device)), yt[idx].to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            done += 1
+            progress(stage, done, total)
+    return net.eval()
+
+
+@torch.no_grad()
+def top_k_predictions(net: nn.Module, x: torch.Tensor, k: int, device: torch.device, batch: int = 512) -> np.ndarray:
+    """(N, k) indices of each image's k most probable public classes."""
+    out = [net(x[i:i + batch].to(device)).topk(k, dim=1).indices.cpu() for i in range(0, len(x), batch)]
+    return torch.cat(out).numpy()
+
+
+def semantic_histogram(top_k: np.ndarray, row_of: np.ndarray, n_rows: int, n_public: int) -> np.ndarray:
+    """Row r, column j: how many images of row r have public class j among their top-k predictions.
+    Each image adds 1 to k distinct cells of one row, so the L2 sensitivity is sqrt(k).
+    Only ever used inside `noisy_semantic_histogram`; never stored."""
+    hist = np.zeros((n_rows, n_public), dtype=np.float64)
+    np.add.at(hist, (np.repeat(row_of, top_k.shape[1]), top_k.reshape(-1)), 1.0)
+    return hist
+
+
+def noisy_semantic_histogram(top_k: np.ndarray, row_of: np.ndarray, n_rows: int, n_public: int, noise_std: float,
+                             rng: np.random.Generator) -> np.ndarray:
+    """The DP semantic distribution: the histogram plus N(0, noise_std^2) in every cell."""
+    if len(np.unique(top_k[0])) != top_k.shape[1]:
+        raise InvalidParameterError("Top-k predictions must be distinct classes (sensitivity relies on it).")
+    hist = semantic_histogram(top_k, row_of, n_rows, n_public)
+    return hist + rng.normal(0.0, noise_std, size=hist.shape)
+
+
+@dataclass(frozen=True)
+class Selection:
+    chosen: list[list[int]]            # per sensitive class (row): the public classes it selected
+    public_index: np.ndarray           # indices into the public set of the selected images
+    new_labels: np.ndarray             # row (sensitive class position) that chose each selected image
+    ratio: float                       # selected images / public images
+
+
+def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
+    """Top-k public classes per row, disjoint across rows. Rounds: in each round every row that
+    still wants a class takes its best remaining one, rows served in order of that class's noisy
+    count (so a class wanted by two rows goes to the row where it is most frequent). When the pool
+    has fewer than rows*k classes, later rounds run out and some rows keep fewer than k."""
+    n_rows, n_public = noisy.shape
+    if n_public < n_rows:
+        raise InvalidParameterError(
+            f"The public set has {n_public} classes but the sensitive set has {n_rows}: every sensitive class needs "
+            "at least one public class of its own. Use a public set with more classes."
+        )
+    chosen: list[list[int]] = [[] for _ in range(n_rows)]
+    taken: set[int] = set()
+    for _ in range(min(k, n_public)):
+        pairs = sorted(((noisy[r, j], r, j) for r in range(n_rows) for j in range(n_public) if j not in taken),
+                       key=lambda p: (-p[0], p[1], p[2]))
+        served: set[int] = set()
+        for _, r, j in pairs:
+            if r in served or j in taken:
+                continue
+            chosen[r].append(j)
+            taken.add(j)
+            served.add(r)
+    return chosen
+
+
+def build_selection(chosen: list[list[int]], public_labels: np.ndarray) -> Selection:
+    owner = {j: r for r, cols in enumerate(chosen) for j in cols}
+    mask = np.array([int(v) in owner for v in public_labels])
+    idx = np.flatnonzero(mask)
+    if len(idx) == 0:
+        raise InvalidParameterError("The selected public classes contain no images; check the public set's labels.")
+    new_labels = np.array([owner[int(public_labels[i])] for i in idx], dtype=np.int64)
+    return Selection(chosen, idx, new_labels, float(len(idx) / len(public_labels)))

@@ -1,0 +1,35 @@
+"""Class-conditional sampling with a DDIM scheduler, batched, with progress."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from diffusers import DDIMScheduler
+
+from synth.privimage.data import to_uint8
+from synth.progress import ProgressFn, no_progress
+
+
+def balanced_labels(n_samples: int, n_classes: int) -> np.ndarray:
+    """Class positions 0..C-1, as equal as possible (the first n % C classes get one more)."""
+    return np.sort(np.arange(n_samples) % n_classes)
+
+
+@torch.no_grad()
+def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int, channels: int, train_timesteps: int,
+                  ddim_steps: int, batch: int, seed: int, device: torch.device,
+                  progress: ProgressFn = no_progress) -> np.ndarray:
+    """uint8 images, one per entry of `labels` (class positions)."""
+    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
+    sched.set_timesteps(ddim_steps)
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).eval()
+    out = []
+    for start in range(0, len(labels), batch):
+        y = torch.from_numpy(labels[start:start + batch]).to(device)
+        x = torch.randn((len(y), channels, image_size, image_size), generator=gen).to(device)
+        for t in sched.timesteps:
+            eps = model(x, t.to(device), class_labels=y).sample
+            x = sched.step(eps, t, x).prev_sample
+        out.append(to_uint8(x))
+        progress("sampling", min(start + batch, len(labels)), len(labels))
+    return np.concatenate(out)

@@ -1,0 +1,61 @@
+"""Calibration never overshoots the target, prior spend included (hypothesis over many settings)."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accounting.calibration import calibrate_dpsgd_sigma, calibrate_gaussian_sigma, max_dpsgd_steps
+from accounting.epsilon import epsilon_rdp
+from accounting.errors import BudgetExceededError
+from accounting.events import DpSgd, GaussianQuery
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    target=st.floats(0.5, 12),
+    q=st.floats(0.001, 0.5),
+    steps=st.integers(1, 3000),
+    prior_sigma=st.one_of(st.none(), st.floats(5, 60)),
+)
+def test_sigma_never_overshoots_and_is_near_tight(target, q, steps, prior_sigma):
+    delta = 1e-5
+    prior = [] if prior_sigma is None else [GaussianQuery(prior_sigma)]
+    if epsilon_rdp(prior, delta) >= target:
+        with pytest.raises(BudgetExceededError):
+            calibrate_dpsgd_sigma(target, delta, q, steps, prior=prior)
+        return
+    sigma = calibrate_dpsgd_sigma(target, delta, q, steps, prior=prior)
+    assert epsilon_rdp(prior + [DpSgd(q, sigma, steps)], delta) <= target
+    # not wastefully large: 1% less noise would overshoot (or sigma is at the bracket's floor)
+    if sigma > 0.02:
+        assert epsilon_rdp(prior + [DpSgd(q, sigma * 0.99, steps)], delta) > target
+
+
+@settings(max_examples=8, deadline=None)
+@given(target=st.floats(0.5, 10), q=st.floats(0.002, 0.2), sigma=st.floats(0.6, 3))
+def test_max_steps_is_the_largest_that_fits(target, q, sigma):
+    delta = 1e-5
+    t = max_dpsgd_steps(target, delta, q, sigma, limit=200_000)
+    if t == 0:
+        assert epsilon_rdp([DpSgd(q, sigma, 1)], delta) > target
+        return
+    assert epsilon_rdp([DpSgd(q, sigma, t)], delta) <= target
+    if t < 200_000:
+        assert epsilon_rdp([DpSgd(q, sigma, t + 1)], delta) > target
+
+
+def test_gaussian_query_sigma_scales_with_sensitivity():
+    s1 = calibrate_gaussian_sigma(1.0, 1e-5, sensitivity=1.0)
+    s3 = calibrate_gaussian_sigma(1.0, 1e-5, sensitivity=3.0)
+    assert s3 == pytest.approx(3 * s1, rel=1e-4)
+    assert epsilon_rdp([GaussianQuery(s3, 3.0)], 1e-5) <= 1.0
+
+
+def test_prior_spend_makes_sigma_larger():
+    free = calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500)
+    used = calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500, prior=[DpSgd(0.01, 1.0, 300)])
+    assert used > free
+
+
+def test_no_room_left_is_a_clear_error():
+    with pytest.raises(BudgetExceededError, match="prior spend"):
+        calibrate_dpsgd_sigma(1.0, 1e-5, 0.01, 100, prior=[GaussianQuery(0.5)])

@@ -1,0 +1,47 @@
+"""Eight processes race for a budget that fits only some of them: the cap holds and nothing is lost."""
+import multiprocessing as mp
+
+from accounting import ledger, trail
+from accounting.epsilon import epsilon_rdp
+from accounting.errors import BudgetExceededError
+from accounting.events import DpSgd
+from accounting.store import Store, Workspace
+
+EVENT = DpSgd(0.01, 1.0, 250)
+
+
+def _race(root: str, run_id: str, barrier, results) -> None:
+    store = Store(Workspace(root))
+    barrier.wait()
+    try:
+        ledger.reserve(store, "d", [EVENT], run_id)
+        ledger.commit(store, run_id, [EVENT])
+        results.put((run_id, "won"))
+    except BudgetExceededError:
+        results.put((run_id, "refused"))
+
+
+def test_processes_racing_for_the_last_budget(store):
+    # the cap admits exactly 3 of these charges
+    three, four = epsilon_rdp([EVENT] * 3, 1e-5), epsilon_rdp([EVENT] * 4, 1e-5)
+    cap = (three + four) / 2
+    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=5000, labels=[0],
+                            image_shape=[8, 8], epsilon_cap=cap, delta_cap=1e-5)
+    ctx = mp.get_context("spawn")
+    n = 8
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(str(store.workspace.root), f"run-{i}", barrier, results)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    outcomes = dict(results.get(timeout=5) for _ in range(n))
+    winners = [r for r, o in outcomes.items() if o == "won"]
+    assert len(winners) == 3 and len(outcomes) == n
+    b = ledger.budget(store, "d")
+    assert b.spent.epsilon_rdp <= cap
+    assert sorted(c.run_id for c in b.charges) == sorted(winners)
+    assert all(c.state == "committed" for c in b.charges)
+    v = trail.verify(store)
+    assert v.ok and v.length == 1 + 2 * 3  # register + reserve/commit per winner, nothing lost
