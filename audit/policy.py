@@ -26,7 +26,7 @@ class AuditPolicy:
     mia_confidence: float = 0.95                    # Clopper-Pearson level of the epsilon lower bound
     # memorisation / distance to closest record
     near_copy_ratio: float = 0.5          # d_train / d_heldout below this ...
-    near_copy_max_distance: float = 0.1   # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
+    near_copy_max_distance: float = 0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
     max_near_copy_fraction: float = 0.01
     max_closer_to_train_fraction: float | None = None  # ~0.5 is healthy; informational by default
     # k-anonymous releases

@@ -169,6 +169,8 @@ def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: 
     `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it.
     """
     out_dir = Path(out_dir)
+    if out_dir.name in ("", ".", ".."):
+        raise InvalidParameterError(f"Bundle path {str(out_dir)!r} needs a final directory name, e.g. bundles/rel-1.")
     tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
     images = _check_images(images)
     n = images.shape[0]

@@ -7,7 +7,6 @@ signature to check, it is never trusted by itself.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 from typing import Any
@@ -52,7 +51,7 @@ def _b64(text: Any, what: str) -> bytes:
     if isinstance(text, str) and _STD.fullmatch(text):
         return base64.b64decode(text, validate=True)
     if isinstance(text, str) and _URLSAFE.fullmatch(text):
-        return base64.urlsafe_b64decode(text)
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))  # padding is optional there
     raise TamperError(f"manifest.dsse.json: the {what} is not valid base64 (corrupted or edited). {REFETCH}")
 
 

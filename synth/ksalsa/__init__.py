@@ -1,0 +1,14 @@
+"""k-anonymous release (k-SALSA, ECCV 2022): latent codec -> same-size clustering -> one averaged
+representative per cluster of k records (pixel, PCA, centroid or local style alignment)."""
+from synth.ksalsa.clustering import ClusterResult, same_size_clusters
+from synth.ksalsa.codec import ConvAutoencoder, LatentCodec, train_codec
+from synth.ksalsa.config import METHODS, KSalsaConfig
+from synth.ksalsa.pipeline import aggregate_labels, anonymise
+from synth.ksalsa.run import KSalsaPlan, plan_ksalsa, run_ksalsa
+from synth.ksalsa.style import EfficientNetStyleContent, StyleContentNet
+
+__all__ = [
+    "ClusterResult", "ConvAutoencoder", "EfficientNetStyleContent", "KSalsaConfig", "KSalsaPlan", "LatentCodec",
+    "METHODS", "StyleContentNet", "aggregate_labels", "anonymise", "plan_ksalsa", "run_ksalsa", "same_size_clusters",
+    "train_codec",
+]

@@ -29,6 +29,10 @@ class OptimisationTrace:
     content: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
 
+    def record(self, total: torch.Tensor, style: torch.Tensor, content: torch.Tensor) -> None:
+        for name, value in (("total", total), ("style", style), ("content", content)):
+            getattr(self, name).append(value.detach().mean().item())
+
 
 def pixel_means(x: torch.Tensor, clusters: list[np.ndarray]) -> torch.Tensor:
     return torch.stack([x[torch.as_tensor(c)].mean(0) for c in clusters])
@@ -38,7 +42,8 @@ def pca_means(x: torch.Tensor, clusters: list[np.ndarray], components: int, seed
     from sklearn.decomposition import PCA
 
     flat = x.flatten(1).numpy().astype(np.float64)
-    pca = PCA(n_components=min(components, flat.shape[0], flat.shape[1]), random_state=seed).fit(flat)
+    kept = flat[np.concatenate(clusters)]  # the remainder is not released and does not shape the basis
+    pca = PCA(n_components=min(components, kept.shape[0], kept.shape[1]), random_state=seed).fit(kept)
     codes = pca.transform(flat)
     means = np.stack([codes[c].mean(0) for c in clusters])
     out = pca.inverse_transform(means).reshape(len(clusters), *x.shape[1:])
@@ -75,17 +80,12 @@ def optimise_batch(codec: LatentCodec, net: StyleContentNet, sources: torch.Tens
 
     for _ in range(config.steps):
         total, ls, lc = losses()
-        trace.total.append(float(total.mean()))
-        trace.style.append(float(ls.mean()))
-        trace.content.append(float(lc.mean()))
+        trace.record(total, ls, lc)
         opt.zero_grad(set_to_none=True)
         total.sum().backward()  # clusters are independent: summing keeps each one's gradient its own
         opt.step()
     with torch.no_grad():
-        total, ls, lc = losses()
-        trace.total.append(float(total.mean()))
-        trace.style.append(float(ls.mean()))
-        trace.content.append(float(lc.mean()))
+        trace.record(*losses())
         return codec.decode(z).clamp(-1, 1), trace
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -40,9 +40,9 @@ class KSalsaConfig:
 
     k: int
     method: str = "ksalsa"
-    lambda_content: float = 0.5
+    lambda_content: float = 0.3
     steps: int = 30
-    lr: float = 0.05
+    lr: float = 0.1
     cluster_batch: int = 32            # clusters optimised together in one batch
     grid: int = 4                      # style patches: grid x grid per feature map
     style_layers: tuple[int, ...] = (0, 2)  # indices into the style net's early maps (0 = stem)
@@ -88,7 +88,7 @@ class KSalsaConfig:
     @classmethod
     def demo(cls, k: int = 5, method: str = "ksalsa") -> "KSalsaConfig":
         """Whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec training included."""
-        return cls(k=k, method=method, steps=12, cluster_batch=64, feature_size=48, codec_epochs=15)
+        return cls(k=k, method=method, steps=10, cluster_batch=64, feature_size=48, codec_epochs=15)
 
     @classmethod
     def tiny(cls, k: int = 2, method: str = "ksalsa") -> "KSalsaConfig":

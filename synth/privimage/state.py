@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 PLAN = "plan.json"
-QUERY_STARTED = "query.started"      # written just before the first read of sensitive data
+DATA_ACCESSED = "data.accessed"      # written just before the first read of sensitive data
 QUERY = "query.json"                 # the noisy histogram (DP) and the selection derived from it
 WAL = "dpsgd_wal.json"               # write-ahead counter of DP-SGD steps started, and redo charges
 PRETRAIN = "pretrain.pt"

@@ -5,12 +5,12 @@ split by BatchMemoryManager into several physical batches) the count of steps *s
 durable, so settling a crashed run can never under-charge."""
 from __future__ import annotations
 
+import secrets
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from diffusers.training_utils import EMAModel
 from opacus import PrivacyEngine
@@ -56,7 +56,7 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
 
 @dataclass
 class DpSgdOutcome:
-    ema_state: dict                  # EMA weights (the model we sample from)
+    weights: dict                    # EMA weights (the model we sample from), on CPU
     steps: int                       # logical steps of the final trajectory (== planned when finished)
     opacus_history: list             # opacus' RDP accountant history [(sigma, q, steps)]
     opacus_sample_rate: float
@@ -71,7 +71,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse)."""
     sched = make_scheduler(train_timesteps)
-    torch.manual_seed(seed)
+    # The DP noise and the Poisson sampling must not be predictable from the public config (a
+    # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     ema = EMAModel(model.parameters(), decay=ema_decay)
@@ -90,17 +91,19 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         on_resume(wal["started"], done)
         wal = state.read_json(wal_path, wal)  # on_resume may have recorded redo charges
     if done >= steps:
-        return DpSgdOutcome(ema.state_dict(), done, list(accountant_state["history"]) if accountant_state else [],
-                            sample_rate)
+        return DpSgdOutcome(_ema_weights(model, ema), done,
+                            list(accountant_state["history"]) if accountant_state else [], sample_rate)
 
     n = len(x)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False,
+                        generator=torch.Generator().manual_seed(secrets.randbits(63)))  # Poisson sampling
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dp_model, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm, poisson_sampling=True, grad_sample_mode="hooks",
+            noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
         )
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
@@ -109,7 +112,6 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         )
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
-    dp_loader.sampler.generator = torch.Generator().manual_seed(seed * 100_003 + done)  # fresh batches on resume
 
     def checkpoint(step: int) -> None:
         state.save_torch(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "ema": ema.state_dict(),
@@ -140,4 +142,9 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 if done >= steps:
                     break
     history = list(engine.accountant.history)
-    return DpSgdOutcome(ema.state_dict(), done, history, dp_loader.sample_rate)
+    return DpSgdOutcome(_ema_weights(model, ema), done, history, dp_loader.sample_rate)
+
+
+def _ema_weights(model: torch.nn.Module, ema: EMAModel) -> dict:
+    ema.copy_to(model.parameters())
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

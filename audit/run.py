@@ -1,0 +1,167 @@
+"""run_audit: every check of a release, in order, into one AuditReport.
+
+A check that cannot run for lack of inputs (no held-out data, no loss function) fails when the policy
+requires attacks, else it is reported as informational; a check that crashes is reported as failed
+with its error, so that no release is published unchecked."""
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.fingerprint import record_fingerprints
+from audit.policy import AuditPolicy
+from audit.report import AuditReport, CheckResult
+from synth.datasets import ImageDataset
+from synth.progress import ProgressFn, no_progress
+
+MECHANISMS = ("privimage", "ksalsa")
+
+
+@dataclass
+class AuditInputs:
+    release_id: str
+    images: np.ndarray                 # the release: uint8 (N, H, W[, C])
+    labels: np.ndarray
+    ids: list[str]
+    expected_count: int                # n requested, or floor(n / k) for k-anonymous releases
+    label_set: list[int]               # the registered label set
+    sensitive: ImageDataset            # training (member) data
+    heldout: ImageDataset | None       # real held-out data (non-members, utility test set)
+    record_fingerprint_key: bytes      # HMAC key for the exact-copy check
+    mechanism: str                     # "privimage" | "ksalsa"
+    claimed_epsilon: float | None = None
+    delta: float | None = None
+    k: int | None = None
+    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None  # per-sample diffusion loss
+    clusters: list[np.ndarray] | None = None       # sensitive indices per representative (k-anonymous)
+    selected_public: ImageDataset | None = None    # PrivImage's selected public images (SDS)
+    artifacts_dir: Path | None = None              # PNGs go here
+
+    def validate(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise InvalidParameterError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}.")
+        images = np.asarray(self.images)
+        if images.ndim not in (3, 4):
+            raise DataFormatError(f"release images must be (N, H, W) or (N, H, W, C), got shape {images.shape}.")
+        if np.asarray(self.labels).shape != (len(images),) or len(self.ids) != len(images):
+            raise DataFormatError(f"release has {len(images)} images, {np.asarray(self.labels).shape} labels and "
+                                  f"{len(self.ids)} ids; give one label and one id per image.")
+        if not np.issubdtype(images.dtype, np.number):
+            raise DataFormatError(f"release images have non-numeric dtype {images.dtype}.")
+        if isinstance(self.expected_count, bool) or int(self.expected_count) != self.expected_count \
+                or self.expected_count < 0:
+            raise InvalidParameterError(f"expected_count must be a non-negative integer, got {self.expected_count!r}.")
+        if not self.label_set:
+            raise InvalidParameterError("label_set is empty; give the registered dataset's labels.")
+        if self.claimed_epsilon is not None and (not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0):
+            raise InvalidParameterError(f"claimed_epsilon must be a finite positive number or None, got "
+                                        f"{self.claimed_epsilon!r}.")
+        if self.delta is not None and not (0 <= self.delta < 1):
+            raise InvalidParameterError(f"delta must be in [0, 1) or None, got {self.delta!r}.")
+        if self.mechanism == "ksalsa" and (self.k is None or int(self.k) != self.k or self.k < 1):
+            raise InvalidParameterError(f"a k-anonymous (ksalsa) release needs an integer k >= 1, got {self.k!r}.")
+        if not isinstance(self.record_fingerprint_key, (bytes, bytearray)) or not self.record_fingerprint_key:
+            raise InvalidParameterError("record_fingerprint_key must be the workspace's HMAC key (non-empty bytes).")
+
+
+def _cannot_run(name: str, kind: str, reason: str, policy: AuditPolicy) -> CheckResult:
+    if policy.require_attacks and kind == "attack":
+        return CheckResult(name, kind, False, f"not run: {reason} (policy require_attacks = true)", {"reason": reason})
+    return CheckResult(name, kind, None, f"not run: {reason}", {"reason": reason})
+
+
+def _guard(name: str, kind: str, fn: Callable[[], CheckResult | list[CheckResult]]) -> list[CheckResult]:
+    try:
+        out = fn()
+    except Exception as exc:  # a crashing check must block publication, not vanish
+        return [CheckResult(name, kind, False, f"check failed to run: {type(exc).__name__}: {exc}",
+                            {"error": str(exc), "traceback": traceback.format_exc(limit=5)})]
+    return out if isinstance(out, list) else [out]
+
+
+def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
+              progress: ProgressFn = no_progress) -> AuditReport:
+    from audit.expectations import build_suite, release_table, validate_table
+    from audit.images import rms_nearest
+
+    policy = policy or AuditPolicy()
+    inputs.validate()
+    images, labels = np.asarray(inputs.images), np.asarray(inputs.labels).astype(np.int64)
+    sens, ho = inputs.sensitive, inputs.heldout
+    art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
+    stages = ["expectations", "memorisation", "attacks", "fidelity", "utility", "sds"]
+    report = AuditReport(inputs.release_id)
+    step = iter(range(len(stages)))
+
+    def tick(stage: str) -> None:
+        progress(stage, next(step), len(stages))
+
+    # the pixel distances serve both the release table and the memorisation check
+    usable = images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
+    if usable:
+        d_tr, idx_tr = rms_nearest(images, sens.images)
+    else:
+        d_tr, idx_tr = np.full(len(images), np.nan), np.zeros(len(images), np.int64)
+    tick("expectations")
+    table = release_table(images, labels, inputs.ids, inputs.record_fingerprint_key, d_tr)
+    suite = build_suite(inputs.expected_count, inputs.label_set, sens.image_shape,
+                        record_fingerprints(inputs.record_fingerprint_key, sens.images))
+    report.results += validate_table(table, suite)
+    if not usable:  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
+        report.results.append(CheckResult(
+            "release_readable", "expectations", False,
+            "attacks and metrics not run: release images are not non-empty uint8 images of the sensitive set's shape "
+            f"{sens.image_shape} (got {images.dtype}, {images.shape})", {}))
+        progress("done", len(stages), len(stages))
+        return report
+
+    tick("memorisation")
+    from audit.memorisation import run_memorisation
+    report.results += _guard("memorisation_dcr", "attack",
+                             lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art))
+
+    tick("attacks")
+    if inputs.mechanism == "privimage":
+        if inputs.loss_fn is None:
+            report.results.append(_cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy))
+        elif ho is None:
+            report.results.append(_cannot_run("membership_inference", "attack", "no held-out (non-member) data",
+                                              policy))
+        else:
+            from audit.mia import run_mia
+            report.results += _guard("membership_inference", "attack", lambda: run_mia(
+                inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art))
+    else:
+        if inputs.clusters is None:
+            report.results.append(_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy))
+        else:
+            from audit.kanon_attacks import run_kanon_attacks
+            report.results += _guard("kanon_attacks", "attack", lambda: run_kanon_attacks(
+                images, inputs.clusters, sens, ho, inputs.k, policy))
+
+    tick("fidelity")
+    from audit.fidelity import CHECK_FID, run_fidelity
+    report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy))
+
+    tick("utility")
+    if ho is None:
+        report.results.append(CheckResult("downstream_accuracy", "utility",
+                                          False if policy.min_downstream_accuracy is not None else None,
+                                          "not run: no held-out test data", {"reason": "no held-out data"}))
+    else:
+        from audit.utility import run_utility
+        report.results += _guard("downstream_accuracy", "utility", lambda: run_utility(images, labels, sens, ho,
+                                                                                       policy))
+    tick("sds")
+    if inputs.selected_public is not None:
+        from audit.sds import run_sds
+        report.results += _guard("semantic_distribution_similarity", "fidelity",
+                                 lambda: run_sds(inputs.selected_public, sens, policy))
+    progress("done", len(stages), len(stages))
+    return report

@@ -1,0 +1,39 @@
+"""Shared benchmark helpers: machine description and timing."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Iterator
+
+
+def machine() -> str:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    cpu = platform.processor() or platform.machine()
+    return (f"{platform.node()} — {cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def today() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@contextmanager
+def timer() -> Iterator[list[float]]:
+    """`with timer() as t: ...` then t[0] holds the elapsed seconds."""
+    out: list[float] = []
+    start = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out.append(time.perf_counter() - start)
+
+
+def md_table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
