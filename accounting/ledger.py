@@ -120,6 +120,12 @@ def register_dataset(
                 )
             existing = row[1]
         else:
+            twin = con.execute("SELECT name FROM datasets WHERE fingerprint = ?", [fingerprint]).fetchone()
+            if twin is not None:
+                raise DatasetConflictError(
+                    f"This content is already registered as {twin[0]!r}. One dataset has one budget: registering it "
+                    "again under another name would double its privacy budget. Use the existing name."
+                )
             existing = None
             dataset_id = "ds-" + uuid.uuid4().hex[:12]
             values = [dataset_id, name, source, fingerprint, record_count, json.dumps(sorted(int(x) for x in labels)),

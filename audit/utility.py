@@ -35,7 +35,7 @@ def _cnn_accuracy(train_x, train_y, test_x, test_y, n_classes: int, epochs: int,
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
-        for b in torch.randperm(len(xt), generator=gen).split(64):
+        for b in torch.randperm(len(xt), generator=gen).split(32):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xt[b]), yt[b]).backward()
             opt.step()

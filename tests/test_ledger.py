@@ -32,6 +32,12 @@ def test_register_is_idempotent_and_refuses_changed_content(store):
     assert snapshot(store) == before
 
 
+def test_same_content_under_another_name_is_refused(store):
+    register(store)
+    with pytest.raises(DatasetConflictError, match="double its privacy budget"):
+        register(store, name="mnist-copy")
+
+
 @pytest.mark.parametrize("cap,delta", [(math.nan, 1e-5), (-1, 1e-5), (math.inf, 1e-5), (1.0, 0.0), (1.0, 1.0),
                                        (1.0, 1e-3)])
 def test_register_rejects_bad_caps(store, cap, delta):
