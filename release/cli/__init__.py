@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from accounting.errors import PrivReleaseError
-from release.cli import audit_trail, budget, datasets
+from release.cli import audit_trail, budget, datasets, keys_verify, releases, synth_cmds
 from release.cli.common import STATE, console, err_console, workspace
 
 app = typer.Typer(help="privrelease: privacy-accounted releases of image datasets.", no_args_is_help=True,
@@ -16,6 +16,23 @@ app.add_typer(datasets.app, name="dataset")
 app.add_typer(budget.app, name="budget")
 app.add_typer(budget.ledger_app, name="ledger")
 app.add_typer(audit_trail.app, name="audit")
+app.add_typer(releases.app, name="release")
+app.add_typer(keys_verify.keys_app, name="keys")
+app.add_typer(synth_cmds.app, name="synth")
+app.command("verify")(keys_verify.verify)
+
+
+@app.command("dashboard")
+def dashboard(port: int = typer.Option(8501, "--port"), host: str = typer.Option("127.0.0.1", "--host")) -> None:
+    """Start the Streamlit dashboard on localhost over this workspace."""
+    import subprocess
+
+    app_path = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+    env_ws = str(workspace().root.resolve())
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.address", host, "--server.port",
+           str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    console.print(f"Dashboard on http://{host}:{port} (workspace {env_ws}); Ctrl-C to stop.")
+    raise SystemExit(subprocess.call(cmd, env={**__import__("os").environ, "PRIVRELEASE_HOME": env_ws}))
 
 
 @app.callback()

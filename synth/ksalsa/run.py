@@ -128,6 +128,9 @@ def run_ksalsa(store: Store, dataset: str, sensitive: ImageDataset, public: Imag
     if not run_id:
         raise InvalidParameterError("run_id must be a non-empty string.")
     size, channels = _image_geometry(sensitive, config)
+    if int(sensitive.labels.min()) < 0:
+        raise DataFormatError(f"{sensitive.source}: labels must be non-negative class indices.")
+    n_classes = max(len(sensitive.class_names), int(sensitive.labels.max()) + 1)
     ds = ledger.get_dataset(store, dataset)
     if ds.record_count != len(sensitive):
         raise DataFormatError(
@@ -162,7 +165,7 @@ def run_ksalsa(store: Store, dataset: str, sensitive: ImageDataset, public: Imag
 
     try:  # the sensitive data is read from here on: whatever happens, the event stays charged
         x = torch.from_numpy(conform(sensitive, size, channels))
-        out = anonymise(x, sensitive.labels, len(sensitive.class_names), codec, config, net=net, progress=progress)
+        out = anonymise(x, sensitive.labels, n_classes, codec, config, net=net, progress=progress)
         params = {
             "k": config.k, "method": config.method, "lambda_content": config.lambda_content, "steps": config.steps,
             "image_size": size, "channels": channels, "codec": describe_codec(codec),

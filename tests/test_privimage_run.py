@@ -1,0 +1,181 @@
+"""PrivImage end to end at toy scale: ledger charging, opacus vs ledger epsilon, refusal, refund,
+crash/resume without double charging, abandon, stored results, per-sample loss."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from accounting import ledger
+from accounting.epsilon import epsilon_rdp
+from accounting.errors import BudgetExceededError, InvalidParameterError
+from accounting.events import DpSgd, GaussianQuery
+from accounting.store import Store, Workspace
+from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.privimage import (PrivImageConfig, abandon_privimage, per_sample_diffusion_loss, plan_privimage,
+                             run_privimage)
+from synth.privimage import state
+
+DELTA = 1e-4
+
+
+class Crash(RuntimeError):
+    pass
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[ImageDataset, ImageDataset]:
+    torch.set_num_threads(1)
+    sens = load_source("builtin:mnist5k")
+    idx = np.concatenate([np.flatnonzero(sens.labels == c)[:12] for c in range(10)])
+    return sens.subset(idx), uci_digits()  # 120 sensitive images; public pool without Fashion-MNIST
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    return Store(ws)
+
+
+def _register(store: Store, sens: ImageDataset, cap: float = 10.0) -> None:
+    ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
+                            labels=sens.label_set, image_shape=[28, 28], epsilon_cap=cap, delta_cap=DELTA)
+
+
+def _cfg(**kw) -> PrivImageConfig:
+    return PrivImageConfig.tiny(4.0, DELTA, **kw)
+
+
+def _trail_len(store: Store) -> int:
+    return store.query("SELECT count(*) AS n FROM audit_trail")[0]["n"]
+
+
+def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    stages: set[str] = set()
+    res = run_privimage(store, "mnist", sens, pub, _cfg(), run_id="run-1", workdir=tmp_path / "w",
+                        progress=lambda s, d, t: stages.add(s))
+    assert stages == {"query classifier", "pretraining", "DP fine-tuning", "sampling"}
+    charge = ledger.get_charge(store, "run-1")
+    assert charge.state == "committed"
+    query, dp = charge.charged_events
+    assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd)
+    assert dp.steps == res.parameters["steps"] and dp.noise_multiplier == res.parameters["noise_multiplier"]
+    # opacus' own RDP accountant and dp-accounting on the ledger's event agree on the DP-SGD epsilon
+    assert res.internal["opacus_history"] == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
+    assert res.internal["opacus_epsilon_dpsgd"] == pytest.approx(epsilon_rdp([dp], DELTA), rel=1e-9)
+    # guarantee = the dataset's whole history, within the target
+    spent = ledger.budget(store, "mnist").spent
+    assert res.guarantee == {"type": "dp", **spent.as_dict()}
+    assert spent.epsilon_rdp <= 4.0 + 1e-9
+    # output: balanced labels in the sensitive label set, images of the right shape
+    assert res.images.shape == (20, 28, 28) and res.images.dtype == np.uint8
+    assert np.bincount(res.labels).tolist() == [2] * 10
+    assert len(res.parameters["selected_public_classes"]) == 10 and 0 < res.parameters["selection_ratio"] <= 1
+    assert "noisy_histogram" not in res.parameters
+    assert np.asarray(res.internal["noisy_histogram"]).shape == (10, 10)
+    # a second call returns the stored result without touching the ledger
+    before = _trail_len(store)
+    again = run_privimage(store, "mnist", sens, pub, _cfg(), run_id="run-1", workdir=tmp_path / "w")
+    assert _trail_len(store) == before
+    assert np.array_equal(again.images, res.images) and again.guarantee == res.guarantee
+    # per-sample loss for the membership audit: deterministic, one value per image
+    model = res.artifacts["model"]
+    a = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1)
+    b = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1)
+    assert a.shape == (6,) and np.isfinite(a).all() and np.array_equal(a, b)
+    c = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1, seed=1)
+    assert not np.array_equal(a, c)
+
+
+def test_budget_refused_before_any_training(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens, cap=1.0)
+    called: list = []
+    with pytest.raises(BudgetExceededError):
+        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="too-much", workdir=tmp_path / "w",
+                      progress=lambda *a: called.append(a))
+    assert called == [] and ledger.get_charge(store, "too-much") is None
+    assert not (tmp_path / "w" / state.DATA_ACCESSED).exists()
+
+
+def test_failure_before_data_access_is_refunded(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    few = pub.subset(np.flatnonzero(pub.labels < 5))  # 5 public classes for 10 sensitive classes
+    with pytest.raises(InvalidParameterError, match="public set has 5 classes"):
+        run_privimage(store, "mnist", sens, few, _cfg(), run_id="bad", workdir=tmp_path / "w")
+    assert ledger.get_charge(store, "bad").state == "refunded"
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp == 0
+
+
+def _crash_at(step: int):
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage == "DP fine-tuning" and done == step:
+            raise Crash("simulated crash")
+    return progress
+
+
+def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    cfg, wd = _cfg(checkpoint_every=2), tmp_path / "w"
+    with pytest.raises(Crash):  # 3 steps started, checkpoint at step 2: one step lost
+        run_privimage(store, "mnist", sens, pub, cfg, run_id="r", workdir=wd, progress=_crash_at(3))
+    assert ledger.get_charge(store, "r").state == "reserved"  # read data: stays charged, not refunded
+    assert state.read_json(wd / state.WAL)["started"] == 3
+    res = run_privimage(store, "mnist", sens, pub, cfg, run_id="r", workdir=wd)
+    plan = state.read_json(wd / state.PLAN)["plan"]
+    redo = ledger.get_charge(store, "r:redo-1")
+    assert redo.state == "committed" and redo.charged_events[0].steps == 1
+    main = ledger.get_charge(store, "r")
+    assert main.state == "committed" and main.charged_events[1].steps == plan["steps"]
+    assert state.read_json(wd / state.WAL)["started"] == plan["steps"] + 1
+    assert res.parameters["redone_steps"] == 1
+    assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == plan["steps"] + 1
+    assert res.internal["opacus_epsilon_dpsgd"] == pytest.approx(epsilon_rdp([main.charged_events[1]], DELTA),
+                                                                 rel=1e-9)
+
+
+def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    wd = tmp_path / "w"
+    with pytest.raises(Crash):
+        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="a", workdir=wd, progress=_crash_at(4))
+    charge = abandon_privimage(store, "a", wd)
+    assert charge.state == "committed"
+    query, dp = charge.charged_events
+    assert isinstance(query, GaussianQuery) and dp.steps == 4
+    spent = ledger.budget(store, "mnist").spent.epsilon_rdp
+    assert spent == pytest.approx(epsilon_rdp(charge.charged_events, DELTA))
+    assert spent < epsilon_rdp(charge.planned_events, DELTA)  # unexecuted remainder released
+
+
+def test_abandon_before_data_access_refunds(store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    wd = tmp_path / "w"
+
+    def crash_in_classifier(stage: str, done: int, total: int) -> None:
+        if stage == "query classifier":
+            raise Crash("killed while training on public data")
+
+    with pytest.raises(Crash):
+        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="c", workdir=wd, progress=crash_in_classifier)
+    assert ledger.get_charge(store, "c").state == "refunded"  # refunded by run_privimage itself
+    assert abandon_privimage(store, "c", wd).state == "refunded"
+
+
+def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Path) -> None:
+    sens, _ = data
+    _register(store, sens)
+    prior = [GaussianQuery(sigma=3.0)]
+    ledger.reserve(store, "mnist", prior, "earlier")
+    plan = plan_privimage(_cfg(), len(sens), ledger.budget(store, "mnist").history)
+    assert epsilon_rdp(prior + plan.events, DELTA) == pytest.approx(4.0, rel=1e-3)
+    assert epsilon_rdp(prior + plan.events, DELTA) <= 4.0
