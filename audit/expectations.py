@@ -12,7 +12,7 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # before GX is imported anywhere
+os.environ["GX_ANALYTICS_ENABLED"] = "false"  # before GX is imported; audits run offline
 
 import numpy as np
 import pandas as pd
@@ -42,16 +42,16 @@ def release_table(images: np.ndarray, labels: np.ndarray, ids: list[str], key: b
     sensitive set's HMACs, never a plain hash of sensitive data); `synthetic_sha256` is a plain hash
     of the released image itself."""
     images = np.asarray(images)
-    x = images.reshape(len(images), -1).astype(np.float64)
+    x = images.reshape(len(images), int(np.prod(images.shape[1:]))).astype(np.float64)
     as_u8 = _as_uint8_for_hash(images)
     return pd.DataFrame({
         "id": [str(i) for i in ids],
         "label": np.asarray(labels).astype(np.int64),
         "shape": [shape_str(images.shape[1:])] * len(images),
         "dtype": [str(images.dtype)] * len(images),
-        "min_pixel": x.min(1) if x.size else np.array([]),
-        "max_pixel": x.max(1) if x.size else np.array([]),
-        "mean_pixel": x.mean(1) if x.size else np.array([]),
+        "min_pixel": x.min(1) if x.size else np.zeros(len(x)),
+        "max_pixel": x.max(1) if x.size else np.zeros(len(x)),
+        "mean_pixel": x.mean(1) if x.size else np.zeros(len(x)),
         "sha256": record_fingerprints(key, as_u8),
         "synthetic_sha256": [hashlib.sha256(im.tobytes()).hexdigest() for im in as_u8],
         "nearest_training_distance": np.asarray(nearest_training_distance, dtype=np.float64),

@@ -33,8 +33,8 @@ def _validate_clusters(clusters: list[np.ndarray], n_reps: int, n_sensitive: int
 
 
 def _precision(rep: np.ndarray, cands: np.ndarray, is_member: np.ndarray, k: int) -> float:
-    """Top-k precision of ranking candidate rows by cosine similarity to `rep` (ties broken randomly
-    would need an rng; stable sort on negated similarity keeps it deterministic)."""
+    """Top-k precision when candidate rows are ranked by cosine similarity to `rep` (stable sort:
+    deterministic; members come first in `cands`, so exact ties favour the attacker, conservatively)."""
     top = np.argsort(-(cands @ rep), kind="stable")[:k]
     return float(is_member[top].mean())
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from accounting.errors import DataFormatError
+from accounting.errors import DataFormatError, InvalidParameterError
 
 KINDS = ("expectations", "attack", "fidelity", "utility")
 
@@ -50,7 +50,7 @@ class CheckResult:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"check kind must be one of {KINDS}, got {self.kind!r}")
+            raise InvalidParameterError(f"check kind must be one of {KINDS}, got {self.kind!r}")
         self.details = jsonable(self.details)
 
     @property
@@ -102,6 +102,11 @@ def _passed_nullable(con) -> bool:
 def save_report(store, report: AuditReport) -> None:
     """Replace the release's rows in audit_results, in one transaction. The verdict is also kept in
     the details JSON so an informational check stays distinguishable where `passed` is NOT NULL."""
+    names = [r.name for r in report.results]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InvalidParameterError(f"audit report for {report.release_id} has duplicate check names {dupes}; "
+                                    "each check must have a unique name.")
     with store.transaction() as con:
         nullable = _passed_nullable(con)
         con.execute("DELETE FROM audit_results WHERE release_id = ?", [report.release_id])

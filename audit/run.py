@@ -54,9 +54,18 @@ class AuditInputs:
                                   f"{len(self.ids)} ids; give one label and one id per image.")
         if not np.issubdtype(images.dtype, np.number):
             raise DataFormatError(f"release images have non-numeric dtype {images.dtype}.")
-        if isinstance(self.expected_count, bool) or int(self.expected_count) != self.expected_count \
+        if not isinstance(self.expected_count, (int, np.integer)) or isinstance(self.expected_count, bool) \
                 or self.expected_count < 0:
             raise InvalidParameterError(f"expected_count must be a non-negative integer, got {self.expected_count!r}.")
+        for name, other in (("heldout", self.heldout), ("selected_public", self.selected_public)):
+            if other is not None and not isinstance(other, ImageDataset):
+                raise DataFormatError(f"{name} must be an ImageDataset or None, got {type(other).__name__}.")
+        if self.heldout is not None and self.heldout.image_shape != self.sensitive.image_shape:
+            raise DataFormatError(f"held-out images have shape {self.heldout.image_shape} but the sensitive set "
+                                  f"{self.sensitive.image_shape}; give held-out data of the same format.")
+        if self.mechanism == "ksalsa" and self.clusters is not None and len(self.clusters) != len(images):
+            raise DataFormatError(f"{len(self.clusters)} clusters for {len(images)} released representatives; give "
+                                  "one array of sensitive indices per representative, in release order.")
         if not self.label_set:
             raise InvalidParameterError("label_set is empty; give the registered dataset's labels.")
         if self.claimed_epsilon is not None and (not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0):
@@ -106,6 +115,10 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
     usable = images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
     if usable:
         d_tr, idx_tr = rms_nearest(images, sens.images)
+    elif images.shape[1:] == sens.images.shape[1:] and len(images) > 0:  # e.g. float pixels: table stays informative
+        with np.errstate(invalid="ignore"):
+            clean = np.clip(np.nan_to_num(images.astype(np.float64)), 0, 255).astype(np.uint8)
+        d_tr, idx_tr = rms_nearest(clean, sens.images)
     else:
         d_tr, idx_tr = np.full(len(images), np.nan), np.zeros(len(images), np.int64)
     tick("expectations")

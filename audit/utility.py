@@ -9,6 +9,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
+from threadpoolctl import threadpool_limits
 
 from audit.images import flat01, sample_idx, to_pm1
 from audit.policy import AuditPolicy
@@ -55,7 +56,8 @@ def classifier_accuracies(train_x: np.ndarray, train_y: np.ndarray, test_x: np.n
         return {"logreg": acc, "mlp": acc, "cnn": acc}
     ftr, fte = flat01(train_x), flat01(test_x)
     out = {}
-    with warnings.catch_warnings():
+    # one BLAS thread: these fits are small, and oversubscribed BLAS threads make them ~30x slower
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore", ConvergenceWarning)
         out["logreg"] = float(LogisticRegression(max_iter=200, C=0.5).fit(ftr, train_y).score(fte, test_y))
         mlp = MLPClassifier(hidden_layer_sizes=(128,), max_iter=30, random_state=policy.seed, early_stopping=False)

@@ -17,6 +17,7 @@ from synth.ksalsa.codec import conform
 from synth.ksalsa.style import EfficientNetStyleContent, gram, match, patches, style_loss, source_style
 
 torch.set_num_threads(1)
+DEV = KSalsaConfig.tiny().resolved_device()  # "cuda" where a GPU is present: the tests then cover that path
 
 
 class PixelCodec:
@@ -41,7 +42,7 @@ def mnist_small() -> ImageDataset:
 
 @pytest.fixture(scope="module")
 def net() -> EfficientNetStyleContent:
-    return EfficientNetStyleContent("cpu", size=32, layers=(0, 2))
+    return EfficientNetStyleContent(DEV, size=32, layers=(0, 2))
 
 
 # ------------------------------------------------------------------ config
@@ -138,9 +139,9 @@ def test_codec_trains_caches_and_reconstructs(tmp_path):
     stages.clear()
     again = train_codec(public, tmp_path, cfg, lambda s, d, t: stages.append(s))
     assert stages == ["codec (cached)"]
-    x = torch.from_numpy(conform(public.subset(np.arange(5)), 28, 1))
+    x = torch.from_numpy(conform(public.subset(np.arange(5)), 28, 1)).to(DEV)
     with torch.no_grad():
-        np.testing.assert_allclose(codec.decode(codec.encode(x)), again.decode(again.encode(x)), atol=1e-6)
+        torch.testing.assert_close(codec.decode(codec.encode(x)), again.decode(again.encode(x)))
         assert codec.encode(x).shape == (5, cfg.latent_dim)
     train_codec(public, tmp_path, cfg.with_(latent_dim=4))  # another setting -> another cache entry
     assert len(list(tmp_path.glob("ksalsa-codec-*.pt"))) == 2
@@ -179,7 +180,7 @@ def test_gram_is_symmetric_psd():
 
 
 def test_style_loss_zero_when_representative_is_the_source(net, mnist_small):
-    x = torch.from_numpy(conform(mnist_small, 28, 1))[:2]
+    x = torch.from_numpy(conform(mnist_small, 28, 1))[:2].to(DEV)
     src = source_style(net, x[:, None], 2)
     assert float(style_loss(net, x, src, 2).max()) < 1e-6
     assert float(style_loss(net, x.flip(0), src, 2).min()) > 1e-4
@@ -187,10 +188,10 @@ def test_style_loss_zero_when_representative_is_the_source(net, mnist_small):
 
 @pytest.mark.parametrize("codec_kind", ["pixel", "trained"])
 def test_style_loss_decreases_under_optimisation(net, mnist_small, tmp_path, codec_kind):
-    x = torch.from_numpy(conform(mnist_small, 28, 1))
+    x = torch.from_numpy(conform(mnist_small, 28, 1)).to(DEV)
     codec = PixelCodec() if codec_kind == "pixel" else train_codec(uci_digits().subset(np.arange(300)), tmp_path,
                                                                    KSalsaConfig.tiny(2).with_(codec_epochs=3))
-    idx = torch.tensor([[0, 1, 2], [3, 4, 5]])  # two clusters of three
+    idx = torch.tensor([[0, 1, 2], [3, 4, 5]], device=DEV)  # two clusters of three
     with torch.no_grad():
         z0 = codec.encode(x)[idx].mean(1)
     cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.005 if codec_kind == "pixel" else 0.2, grid=2,
@@ -218,3 +219,23 @@ def test_each_method_output_shape_and_range(method, mnist_small, net, tmp_path):
         c = out.clusters.clusters[0]
         expected = np.clip(np.rint(mnist_small.images[c].astype(np.float64).mean(0)), 0, 255)
         assert np.abs(out.images[0].astype(int) - expected).max() <= 1
+
+
+def test_user_cnn_adapter_plugs_into_ksalsa(mnist_small):
+    """A VGG-style nn.Sequential (random weights here; VGG19 where a user has it) drives the same losses."""
+    from synth.ksalsa.style import SequentialStyleContent
+
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                               torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU())
+    user_net = SequentialStyleContent(body, style_layers=(1, 4), size=32)
+    x = torch.from_numpy(conform(mnist_small, 28, 1))
+    maps = user_net.style_maps(x[:2])
+    assert [m.shape[1:] for m in maps] == [(8, 32, 32), (16, 16, 16)]
+    assert user_net.content(x[:2]).shape == (2, 16)
+    idx = torch.tensor([[0, 1, 2]])
+    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=6, lr=0.005, grid=2)
+    _, trace = optimise_batch(PixelCodec(), user_net, x[idx], x[idx].flatten(2).mean(1), cfg)
+    assert trace.style[-1] < trace.style[0]
+    with pytest.raises(InvalidParameterError):
+        SequentialStyleContent(body, style_layers=(9,))

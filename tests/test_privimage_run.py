@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dp_accounting
 import numpy as np
 import pytest
 import torch
 
 from accounting import ledger
-from accounting.epsilon import epsilon_rdp
+from accounting.epsilon import RDP_ORDERS, epsilon_rdp
 from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
 from accounting.store import Store, Workspace
@@ -49,6 +50,23 @@ def _cfg(**kw) -> PrivImageConfig:
     return PrivImageConfig.tiny(4.0, DELTA, **kw)
 
 
+def _assert_opacus_matches_ledger(history: list, event: DpSgd) -> None:
+    """opacus' RDP accountant (fed the history it recorded during training) and dp-accounting's RDP
+    accountant on the ledger's DpSgd event agree on the same orders. We use the integer orders of
+    our grid: for fractional orders dp-accounting 0.6 uses a different (more conservative) series
+    than opacus, so on the full grid the ledger's epsilon may only be higher than opacus'."""
+    from opacus.accountants import RDPAccountant
+
+    orders = [o for o in RDP_ORDERS if o == int(o)]
+    assert len(orders) > 50
+    ours = dp_accounting.rdp.RdpAccountant(orders=orders)
+    ours.compose(event.to_dp_event())
+    op = RDPAccountant()
+    op.history = [tuple(h) for h in history]
+    assert op.get_epsilon(delta=DELTA, alphas=orders) == pytest.approx(ours.get_epsilon(DELTA), rel=1e-9)
+    assert op.get_epsilon(delta=DELTA, alphas=list(RDP_ORDERS)) <= epsilon_rdp([event], DELTA) + 1e-9
+
+
 def _trail_len(store: Store) -> int:
     return store.query("SELECT count(*) AS n FROM audit_trail")[0]["n"]
 
@@ -67,7 +85,8 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     assert dp.steps == res.parameters["steps"] and dp.noise_multiplier == res.parameters["noise_multiplier"]
     # opacus' own RDP accountant and dp-accounting on the ledger's event agree on the DP-SGD epsilon
     assert res.internal["opacus_history"] == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
-    assert res.internal["opacus_epsilon_dpsgd"] == pytest.approx(epsilon_rdp([dp], DELTA), rel=1e-9)
+    _assert_opacus_matches_ledger(res.internal["opacus_history"], dp)
+    assert res.internal["opacus_epsilon_dpsgd"] <= epsilon_rdp([dp], DELTA) + 1e-9
     # guarantee = the dataset's whole history, within the target
     spent = ledger.budget(store, "mnist").spent
     assert res.guarantee == {"type": "dp", **spent.as_dict()}
@@ -137,8 +156,9 @@ def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path:
     assert state.read_json(wd / state.WAL)["started"] == plan["steps"] + 1
     assert res.parameters["redone_steps"] == 1
     assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == plan["steps"] + 1
-    assert res.internal["opacus_epsilon_dpsgd"] == pytest.approx(epsilon_rdp([main.charged_events[1]], DELTA),
-                                                                 rel=1e-9)
+    assert res.internal["opacus_history"] == [[main.charged_events[1].noise_multiplier,
+                                               main.charged_events[1].sample_rate, plan["steps"]]]
+    _assert_opacus_matches_ledger(res.internal["opacus_history"], main.charged_events[1])
 
 
 def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ VGG19 or MoCo weights can pass their own object with the same two methods.
 """
 from __future__ import annotations
 
+import copy
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -40,7 +41,9 @@ class EfficientNetStyleContent:
 
     def __init__(self, device: str = "cpu", size: int = features.DEFAULT_INPUT_SIZE,
                  layers: Sequence[int] = (0, 2)):
-        self.net = features.efficientnet_lite0(device)
+        # own copy: features.efficientnet_lite0(device) moves ONE cached module in place, so another
+        # caller asking for another device would move ours under us
+        self.net = copy.deepcopy(features.efficientnet_lite0("cpu")).to(device)
         self.size, self.layers = size, tuple(layers)
         n_maps = 1 + len(self.net._blocks)
         if max(self.layers) >= n_maps:
@@ -112,3 +115,40 @@ def content_loss(net: StyleContentNet, rep: torch.Tensor, target: torch.Tensor) 
     """Relative squared distance of the representative's pooled features to the target, (B,)."""
     f = net.content(rep)
     return (f - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)
+
+
+class SequentialStyleContent:
+    """Adapter for a user's plain feed-forward CNN, e.g. torchvision's `vgg19(weights=...).features`
+    (style at relu1_1, relu2_1, ... = indices (1, 6, 11, 20); content = the last map, average-pooled).
+    Inputs are normalised with the given mean/std (ImageNet by default) at `size` x `size`."""
+
+    def __init__(self, body: torch.nn.Sequential, style_layers: Sequence[int], size: int = 224,
+                 name: str = "user CNN", mean: Sequence[float] = (0.485, 0.456, 0.406),
+                 std: Sequence[float] = (0.229, 0.224, 0.225)):
+        from accounting.errors import InvalidParameterError
+
+        if not style_layers or max(style_layers) >= len(body):
+            raise InvalidParameterError(f"style_layers {tuple(style_layers)} must index the network's {len(body)} layers.")
+        self.body, self.layers, self.size, self.name = body.eval(), tuple(style_layers), size, name
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            x = x.repeat(1, 3, 1, 1)
+        x = torch.nn.functional.interpolate((x + 1) / 2, size=(self.size, self.size), mode="bilinear",
+                                           align_corners=False)
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)
+
+    def style_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h, out = self._prepare(x), []
+        for i, layer in enumerate(self.body[: max(self.layers) + 1]):
+            h = layer(h)
+            if i in self.layers:
+                out.append(h)
+        return out
+
+    def content(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self._prepare(x)).mean(dim=(2, 3))

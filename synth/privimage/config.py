@@ -27,7 +27,7 @@ class PrivImageConfig:
     image_size: int = 28                # 28 or 32
     selection: str = "semantic"         # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
     # semantic-query classifier (public data only)
-    classifier_epochs: int = 3
+    classifier_epochs: int = 5
     classifier_batch: int = 128
     # diffusion model
     unet_channels: tuple[int, ...] = (32, 64, 64)
@@ -88,7 +88,7 @@ class PrivImageConfig:
     @classmethod
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
         """Whole pipeline in about 4-6 minutes on 2 CPU cores (~1,000 samples); quality is modest."""
-        base = dict(classifier_epochs=2, unet_channels=(16, 32, 32), pretrain_steps=300, pretrain_batch=64,
+        base = dict(classifier_epochs=3, unet_channels=(16, 32, 32), pretrain_steps=300, pretrain_batch=64,
                     finetune_epochs=4.0, batch_size=200, max_physical_batch=100, checkpoint_every=20,
                     ddim_steps=25, n_samples=1000, sample_batch=250)
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

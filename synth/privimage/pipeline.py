@@ -135,7 +135,7 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
         torch.manual_seed(config.seed)
         classifier = train_classifier(pub_x, pub_y, len(public_values), epochs=config.classifier_epochs,
                                       batch=config.classifier_batch, seed=config.seed, device=device,
-                                      progress=progress)
+                                      progress=progress, augmented=True)
     torch.manual_seed(config.seed)
     model = make_unet(config.image_size, channels, len(label_values), config.unet_channels, config.layers_per_block)
     if config.selection == "all":  # PDP-Diffusion-style: unconditional ("null" class) pre-training on everything

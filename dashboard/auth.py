@@ -1,0 +1,78 @@
+"""Dashboard passwords: scrypt hashes in the store's `identities.password_hash` column.
+
+Format: "scrypt$n$r$p$salt_b64$hash_b64". The password itself is never stored or logged; setting one
+appends an `identity.password` entry (name only) to the audit trail.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+
+from accounting import trail
+from accounting.errors import InvalidParameterError
+from accounting.store import Store
+from release import keys
+
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+SALT_BYTES, HASH_BYTES = 16, 32
+MIN_PASSWORD_LENGTH = 8
+# 128 * n * r bytes of memory; OpenSSL's default 32 MiB limit is exactly that for n=2**14, r=8 and refuses it.
+_MAXMEM = 64 * 1024 * 1024
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=HASH_BYTES)
+
+
+def hash_password(password: str) -> str:
+    """A fresh salted scrypt hash of `password` in the stored text format."""
+    salt = secrets.token_bytes(SALT_BYTES)
+    digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    b64 = lambda b: base64.b64encode(b).decode("ascii")  # noqa: E731
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt)}${b64(digest)}"
+
+
+def verify_hash(stored: str | None, password: str) -> bool:
+    """True iff `password` matches the stored scrypt hash (constant-time compare)."""
+    if not stored or not isinstance(password, str):
+        return False
+    try:
+        scheme, n, r, p, salt_b64, hash_b64 = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        salt, expected = base64.b64decode(salt_b64), base64.b64decode(hash_b64)
+        actual = _scrypt(password, salt, int(n), int(r), int(p))
+    except (ValueError, TypeError):  # malformed stored hash: never a match
+        return False
+    return hmac.compare_digest(actual, expected)
+
+
+def set_password(store: Store, name: str, password: str, *, actor: str | None = None) -> keys.Identity:
+    """Set (or replace) the dashboard password of an existing identity. Raises PrivReleaseError for an
+    unknown identity or a password shorter than 8 characters."""
+    if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
+        raise InvalidParameterError(
+            f"The password must be at least {MIN_PASSWORD_LENGTH} characters long; choose a longer one."
+        )
+    keys.get_identity(store, name)  # UnknownIdentityError (a PrivReleaseError) with a hint
+    stored = hash_password(password)
+    with store.transaction() as con:
+        con.execute("UPDATE identities SET password_hash = ? WHERE name = ?", [stored, name])
+        trail.append(con, store, actor or name, "identity.password", {"name": name})
+    return keys.get_identity(store, name)
+
+
+def check_password(store: Store, name: str, password: str) -> keys.Identity | None:
+    """The identity if `name` exists, has a password and `password` matches it; otherwise None.
+    Unknown names cost the same scrypt work, so timing does not reveal which names exist."""
+    rows = store.query("SELECT password_hash FROM identities WHERE name = ?", [name])
+    stored = rows[0]["password_hash"] if rows else None
+    if stored is None:
+        verify_hash(_DUMMY_HASH, password or "")
+        return None
+    return keys.get_identity(store, name) if verify_hash(stored, password) else None
+
+
+_DUMMY_HASH = hash_password(secrets.token_hex(16))

@@ -1,0 +1,121 @@
+"""Ledger: the charges with filters, cumulative epsilon over time per dataset, and a what-if panel."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import streamlit as st
+
+from accounting import ledger
+from accounting.events import DpSgd
+from accounting.store import Store
+from dashboard import data
+from dashboard.charts import budget_gauge, cumulative_epsilon_chart
+from dashboard.common import fmt_eps, guarded, short_time
+from release import keys
+
+
+def ledger_rows(store: Store) -> tuple[list[dict], dict[str, float]]:
+    """charge_breakdown for every dataset, tagged with the dataset; and each dataset's cap."""
+    rows, caps = [], {}
+    for ds in ledger.list_datasets(store):
+        caps[ds.name] = ds.epsilon_cap
+        for r in data.breakdown(store, ds.name):
+            rows.append({"dataset": ds.name, "time": r["settled_at"] or r["reserved_at"], **r})
+    return rows, caps
+
+
+def render(store: Store, ident: keys.Identity) -> None:
+    st.title(":material/receipt_long: Ledger")
+    rows, caps = ledger_rows(store)
+    st.subheader("Charges")
+    events_table(rows)
+    st.subheader("Cumulative ε over time")
+    st.caption("ε of each dataset's whole composed history after each charge (never a sum of epsilons). "
+               "Solid: RDP (the reference); dashed: PLD (tighter); dotted rule: the dataset's cap.")
+    if rows:
+        st.altair_chart(cumulative_epsilon_chart(rows, caps), width="stretch")
+    else:
+        st.info("No charges yet.")
+    st.subheader("What-if: plan a DP-SGD run")
+    with st.container(border=True):
+        what_if(store, list(caps))
+
+
+def events_table(rows: list[dict]) -> None:
+    if not rows:
+        st.info("No charges yet.")
+        return
+    df = pd.DataFrame(rows)
+    f1, f2, f3, f4 = st.columns([1, 1, 1, 1.4])
+    datasets = f1.multiselect("Dataset", sorted(df["dataset"].unique()), key="ledger_datasets")
+    states = f2.multiselect("State", ["reserved", "committed", "refunded"], key="ledger_states")
+    actors = f3.multiselect("Actor", sorted(df["actor"].unique()), key="ledger_actors")
+    text = f4.text_input("Search (run id, description, events)", key="ledger_search")
+    mask = pd.Series(True, index=df.index)
+    if datasets:
+        mask &= df["dataset"].isin(datasets)
+    if states:
+        mask &= df["state"].isin(states)
+    if actors:
+        mask &= df["actor"].isin(actors)
+    if text:
+        hay = (df["run_id"] + " " + df["description"] + " " + df["events"]).str.lower()
+        mask &= hay.str.contains(text.lower(), regex=False)
+    shown = df[mask]
+    table = pd.DataFrame({
+        "#": shown["position"], "dataset": shown["dataset"], "run": shown["run_id"], "state": shown["state"],
+        "ε RDP": shown["epsilon_rdp"].map(fmt_eps), "cum. ε RDP": shown["cumulative_epsilon_rdp"].map(fmt_eps),
+        "cum. ε PLD": shown["cumulative_epsilon_pld"].map(fmt_eps), "events": shown["events"],
+        "description": shown["description"], "actor": shown["actor"],
+        "settled (UTC)": shown["settled_at"].map(short_time), "reserved (UTC)": shown["reserved_at"].map(short_time),
+    })
+    st.caption(f"{len(shown)} of {len(df)} charges. A refunded charge counts nothing; a committed one counts the "
+               "steps it actually executed.")
+    colour = {"committed": "#2e9d5b", "reserved": "#e0a100", "refunded": "#7b8794"}
+    st.dataframe(table.style.map(lambda v: f"color: {colour.get(v, '#1f2933')}; font-weight: 600", subset=["state"]),
+                 hide_index=True, width="stretch")
+
+
+def what_if(store: Store, names: list[str]) -> None:
+    """Epsilon of a planned DP-SGD run composed with the dataset's history. Changes nothing."""
+    if not names:
+        st.info("Register a dataset to plan against its budget.")
+        return
+    st.caption("ε of a planned DP-SGD run composed with the dataset's whole history (RDP and PLD from "
+               "dp-accounting), against the remaining budget. Nothing is charged.")
+    with st.form("whatif"):
+        c1, c2, c3, c4 = st.columns(4)
+        name = c1.selectbox("Dataset", names, key="whatif_dataset")
+        sigma = c2.number_input("Noise multiplier σ", min_value=0.0, value=1.0, step=0.1, format="%.3f",
+                                key="whatif_sigma")
+        q = c3.number_input("Sampling rate q", min_value=0.0, max_value=1.0, value=0.01, step=0.005, format="%.4f",
+                            key="whatif_q")
+        steps = c4.number_input("Steps", min_value=0, value=500, step=50, key="whatif_steps")
+        st.form_submit_button("Compute ε", icon=":material/calculate:")
+    with guarded("computing the what-if"):
+        b = data.budget(store, name)
+        cap = b.dataset.epsilon_cap
+        planned = DpSgd(float(q), float(sigma), int(steps))
+        after = data.report(b.history + [planned], b.dataset.delta_cap)
+        m1, m2, m3, m4 = st.columns(4)
+        m1.metric("ε now (RDP)", fmt_eps(b.spent.epsilon_rdp))
+        m2.metric("ε after (RDP)", fmt_eps(after.epsilon_rdp),
+                  delta=None if not after.finite or not math.isfinite(b.spent.epsilon_rdp)
+                  else f"+{after.epsilon_rdp - b.spent.epsilon_rdp:.3f}", delta_color="inverse")
+        m3.metric("ε after (PLD)", fmt_eps(after.epsilon_pld))
+        m4.metric("Remaining after (cap − RDP)", fmt_eps(cap - after.epsilon_rdp) if after.finite else "—")
+        g, verdict = st.columns([1, 2])
+        g.pyplot(budget_gauge(cap, b.spent.epsilon_rdp, b.spent.epsilon_pld, title=f"{name}: now → planned",
+                              planned_rdp=after.epsilon_rdp), width="stretch")
+        with verdict:
+            st.markdown(f"**Planned run:** {planned.describe()}, δ = {b.dataset.delta_cap:g}")
+            if b.dp_void:
+                st.warning("This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
+                           "whatever noise is used.", icon=":material/warning:")
+            elif after.epsilon_rdp <= cap:
+                st.success(f"Fits the cap {cap:g}: {cap - after.epsilon_rdp:.3f} would remain (RDP).", icon=":material/check_circle:")
+            else:
+                st.error(f"Exceeds the cap {cap:g} by {after.epsilon_rdp - cap:.3f}: the ledger would refuse this run. "
+                         "Use more noise, a smaller q or fewer steps.", icon=":material/block:")
+            st.caption("Blue dashed tick on the gauge: ε after the planned run.")

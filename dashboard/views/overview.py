@@ -1,0 +1,77 @@
+"""Overview: each dataset's budget as a gauge, and the recent releases."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from accounting import ledger
+from accounting.store import Store
+from dashboard import data
+from dashboard.charts import budget_gauge
+from dashboard.common import INTERNAL_ROLES, fmt_eps, short_time
+from release import keys, manager
+
+STATE_COLOURS = {"planned": "#3566c2", "approved": "#2e9d5b", "rejected": "#8a1c1c", "running": "#e0a100",
+                 "checked": "#2e7d8f", "published": "#2e9d5b", "failed": "#d64545"}
+STATE_ICONS = {s: s for s in STATE_COLOURS}  # plain text: emoji fonts are not everywhere
+
+
+def guarantee_text(rel: dict) -> str:
+    res = rel.get("result") or {}
+    g = res.get("guarantee")
+    if g:
+        return g.get("description") or str(g)
+    after = (rel.get("plan") or {}).get("epsilon_after") or {}
+    return "k-anonymous (no DP)" if rel["mechanism"] == "ksalsa" else f"planned ε ≤ {fmt_eps(after.get('epsilon_rdp'))}"
+
+
+def releases_frame(rels: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "release": r["release_id"], "dataset": (r.get("plan") or {}).get("dataset", r["dataset_id"]),
+        "mechanism": r["mechanism"], "state": STATE_ICONS.get(r["state"], r["state"]),
+        "guarantee": guarantee_text(r), "updated (UTC)": short_time(r["updated_at"]),
+    } for r in rels])
+
+
+def styled_releases(rels: list[dict]):
+    """The releases table with each state in its colour."""
+    return releases_frame(rels).style.map(lambda v: f"color: {STATE_COLOURS.get(v, '#1f2933')}; font-weight: 600",
+                                          subset=["state"])
+
+
+def render(store: Store, ident: keys.Identity) -> None:
+    st.title(":material/dashboard: Overview")
+    datasets = ledger.list_datasets(store)
+    rels = manager.list_releases(store, ident)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Datasets", len(datasets))
+    c2.metric("Releases" if ident.role in INTERNAL_ROLES else "Published releases", len(rels))
+    if ident.role in INTERNAL_ROLES:
+        c3.metric("Plans awaiting approval", sum(r["state"] == "planned" for r in rels))
+    else:
+        c3.metric("Downloadable bundles", sum(r["state"] == "published" for r in rels))
+
+    st.subheader("Privacy budgets")
+    st.caption("Filled arc: ε spent by RDP (the reference, checked against the cap). Black tick: PLD (tighter). "
+               "Remaining = cap − RDP spend.")
+    if not datasets:
+        st.info("No dataset registered yet. Register one with `privrelease dataset register`.")
+    per_row = 3
+    for start in range(0, len(datasets), per_row):
+        cols = st.columns(per_row)
+        for col, ds in zip(cols, datasets[start:start + per_row]):
+            b = data.budget(store, ds.name)
+            with col, st.container(border=True):
+                st.pyplot(budget_gauge(ds.epsilon_cap, b.spent.epsilon_rdp, b.spent.epsilon_pld, title=ds.name),
+                          width="stretch")
+                st.caption(f"`{ds.dataset_id}` · {ds.record_count:,} records · δ = {ds.delta_cap:g} · "
+                           f"{sum(c.state != 'refunded' for c in b.charges)} charge(s)")
+                if b.dp_void:
+                    st.warning("A k-anonymous release was made from this dataset: its DP guarantees no longer hold.",
+                               icon=":material/warning:")
+
+    st.subheader("Recent releases")
+    if not rels:
+        st.info("No releases yet." if ident.role in INTERNAL_ROLES else "No published releases yet.")
+    else:
+        st.dataframe(styled_releases(rels[:10]), hide_index=True, width="stretch")

@@ -1,0 +1,182 @@
+"""One release: parameters, steward actions (run with progress, publish), audit report, sample images
+and, for k-anonymous releases, the cluster viewer. Internal results (computed on sensitive data) are
+shown to stewards and auditors only; a consumer sees the pass/fail verdicts (DESIGN.md rule 4)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from accounting.store import Store
+from dashboard.charts import image_grid, to_display
+from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
+from release import keys, manager
+
+VERDICT_ICON = {"pass": "pass", "fail": "FAIL", "info": "info"}
+SAMPLE_COUNT = 40
+
+
+def render(store: Store, ident: keys.Identity, rel: dict) -> None:
+    rid, internal = rel["release_id"], ident.role in INTERNAL_ROLES
+    st.markdown(f"### {rid}")
+    res = rel.get("result") or {}
+    g = res.get("guarantee") or {}
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("State", rel["state"])
+    c2.metric("Mechanism", rel["mechanism"])
+    c3.metric("Dataset", rel["plan"]["dataset"])
+    c4.metric("Images", res.get("count", rel["plan"]["expected_count"]))
+    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if rel["mechanism"] == "ksalsa" else
+                                         f"planned ε ≤ {fmt_eps(rel['plan']['epsilon_after']['epsilon_rdp'])} (RDP)")
+    st.markdown(f"**Guarantee:** {guarantee}")
+    if rel.get("reason"):
+        (st.error if rel["state"] == "failed" else st.info)(f"Reason: {rel['reason']}")
+    if ident.role == "steward":
+        actions(store, ident, rel)
+
+    tabs = st.tabs(["Parameters", "Audit report", "Samples"] + (["Clusters"] if internal and _has_clusters(store, rel)
+                                                                else []))
+    with tabs[0]:
+        parameters(store, rel, internal)
+    with tabs[1]:
+        audit_section(store, rid, internal)
+    with tabs[2]:
+        samples(store, rid)
+    if len(tabs) > 3:
+        with tabs[3]:
+            with guarded("showing the clusters"):
+                cluster_viewer(store, ident, rel)
+
+
+def actions(store: Store, ident: keys.Identity, rel: dict) -> None:
+    rid, state = rel["release_id"], rel["state"]
+    if state in ("approved", "failed"):
+        label = "Run release" if state == "approved" else "Run again (resumes, no double charge)"
+        if st.button(label, key=f"run_{rid}", type="primary", icon=":material/play_arrow:"):
+            bar = st.progress(0.0, text="Starting…")
+
+            def progress(stage: str, done: int, total: int) -> None:
+                bar.progress(min(done / total, 1.0) if total else 0.0, text=f"{stage}: {done}/{total}")
+
+            with guarded("running the release"):
+                out = manager.run_release(store, rid, ident.name, progress)
+                flash("success", f"Release {rid} ran and was audited: it is now {out['state']}.")
+                st.rerun()
+    elif state == "checked":
+        if st.button("Publish (sign the bundle)", key=f"publish_{rid}", type="primary", icon=":material/publish:"):
+            with st.spinner("Writing and signing the bundle…"), guarded("publishing"):
+                manager.publish(store, rid, ident.name)
+                flash("success", f"Published {rid}: see Downloads.")
+                st.rerun()
+
+
+def parameters(store: Store, rel: dict, internal: bool) -> None:
+    res = rel.get("result") or {}
+    st.markdown("**Guarantee**")
+    st.json(res.get("guarantee") or {"planned_epsilon_after": rel["plan"]["epsilon_after"]}, expanded=True)
+    st.markdown("**Parameters**")
+    st.json(res.get("parameters") or rel["plan"].get("config") or {}, expanded=False)
+    if internal:
+        st.markdown("**Plan**")
+        st.caption(f"Digest `{rel['plan_digest']}`; events: " + "; ".join(rel["plan"]["events_described"]))
+        rows = manager.approvals(store, rel["release_id"])
+        if rows:
+            st.markdown("**Approvals**")
+            st.dataframe(pd.DataFrame([{"steward": a["approver"], "decision": a["decision"],
+                                        "reason": a["reason"] or "", "signature": a["signature"][:24] + "…",
+                                        "decided (UTC)": short_time(a["decided_at"])} for a in rows]),
+                         hide_index=True, width="stretch")
+
+
+def audit_section(store: Store, rid: str, internal: bool) -> None:
+    from audit import load_report
+
+    report = load_report(store, rid)
+    if report is None:
+        st.info("Not audited yet: the audit runs after synthesis.")
+        return
+    (st.success if report.passed else st.error)(
+        f"Audit {'passed' if report.passed else 'FAILED'} ({len(report.results)} checks, "
+        f"{len(report.failures)} failed), checked {short_time(report.checked_at)} UTC.")
+    if not internal:
+        # Consumers get verdicts only: summaries, details and plots are computed on sensitive data.
+        st.dataframe(pd.DataFrame([{"check": k, "verdict": VERDICT_ICON.get(v, v)}
+                                   for k, v in report.verdicts().items()]), hide_index=True, width="stretch")
+        return
+    kinds = sorted({r.kind for r in report.results}, key=["expectations", "attack", "fidelity", "utility"].index)
+    for kind in kinds:
+        results = [r for r in report.results if r.kind == kind]
+        fails = sum(r.passed is False for r in results)
+        title = {"expectations": "Expectations (Great Expectations)", "attack": "Attacks", "fidelity": "Fidelity",
+                 "utility": "Utility"}[kind]
+        with st.expander(f"{title}: {len(results)} checks, {fails} failed", expanded=kind != "expectations" or fails > 0):
+            st.dataframe(pd.DataFrame([{"check": r.name, "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
+                                        "summary": r.summary} for r in results]),
+                         hide_index=True, width="stretch")
+            if kind == "expectations":
+                continue
+            for r in results:
+                for label, path in r.artifacts.items():
+                    if Path(path).is_file():
+                        st.image(str(path), caption=f"{r.name}: {label}", width=560)
+                if r.details:
+                    with st.popover(f"Details of {r.name}"):
+                        st.json(r.details, expanded=False)
+
+
+def samples(store: Store, rid: str) -> None:
+    path = manager.release_dir(store, rid) / "release.npz"
+    if not path.is_file():
+        st.info("No images yet: the release has not been synthesised.")
+        return
+    images, labels, _ = manager.load_release_data(store, rid)
+    n = min(SAMPLE_COUNT, len(images))
+    rng = np.random.default_rng(0)
+    idx = np.sort(rng.choice(len(images), n, replace=False)) if len(images) > n else np.arange(n)
+    st.image(image_grid(images[idx], columns=10, scale=3),
+             caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}")
+
+
+def _internal(store: Store, rid: str) -> dict:
+    path = manager.release_dir(store, rid) / "internal.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _has_clusters(store: Store, rel: dict) -> bool:
+    return rel["mechanism"] == "ksalsa" and "clusters" in _internal(store, rel["release_id"])
+
+
+@st.cache_resource(show_spinner="Loading the sensitive dataset…", max_entries=2)
+def _sensitive_images(root: str, name: str, fingerprint: str) -> np.ndarray:
+    """Cached per (workspace, dataset, content); load_registered checks the content is the registered one."""
+    from accounting.store import Workspace
+    from release.data import load_registered
+
+    return load_registered(Store(Workspace(root)), name)[1].images
+
+
+def cluster_viewer(store: Store, ident: keys.Identity, rel: dict) -> None:
+    """The k sensitive records beside the representative released for them (steward/auditor only)."""
+    keys.require_role(ident, *INTERNAL_ROLES)
+    from accounting import ledger
+
+    clusters = _internal(store, rel["release_id"])["clusters"]
+    images, labels, dist = manager.load_release_data(store, rel["release_id"])
+    ds = ledger.get_dataset(store, rel["dataset_id"])
+    sensitive = _sensitive_images(str(store.workspace.root), ds.name, ds.fingerprint)
+    st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")
+    i = st.number_input(f"Cluster (0–{len(clusters) - 1})", min_value=0, max_value=len(clusters) - 1, value=0,
+                        step=1, key=f"cluster_{rel['release_id']}")
+    members = np.asarray(clusters[int(i)], dtype=np.int64)
+    left, right = st.columns([1, 4])
+    with left:
+        st.image(to_display(images[int(i)][None])[0].repeat(4, 0).repeat(4, 1), caption=f"representative (label "
+                 f"{int(labels[int(i)])})")
+    with right:
+        st.image(image_grid(sensitive[members], columns=len(members), scale=4),
+                 caption=f"its {len(members)} sources: records {', '.join(map(str, members))}")
+    if dist is not None:
+        st.caption("Aggregated label distribution: " + ", ".join(f"{c}: {p:.2f}" for c, p in enumerate(dist[int(i)]) if p))

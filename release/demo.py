@@ -1,0 +1,116 @@
+"""`make demo`: a complete release on the built-in default data, no questions asked.
+
+init -> identities -> register MNIST-5k with a budget -> what-if -> plan -> approve (steward) ->
+run (reserve, PrivImage, commit) -> audit -> publish -> verify offline -> budget and trail.
+Uses the `demo` preset (few training steps: about 5-10 minutes on 2 CPU cores); it says so.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import tomli_w
+from rich.rule import Rule
+
+from accounting import ledger, trail
+from accounting.store import Store, Workspace
+from release import keys, manager
+from release.cli.common import console, fmt_eps
+from release.cli.progress import rich_progress
+from release.cli.releases import print_plan
+from release.data import register_from_source
+from release.spec import ReleaseSpec
+from release.verify import verify_bundle
+
+DEMO_SPEC = {
+    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 1000,
+                "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
+    "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 3, "preset": "demo"},
+    "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
+               "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 2},
+}
+
+
+def step(title: str) -> None:
+    console.print(Rule(f"[bold]{title}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workspace", type=Path, default=Path("demo-workspace"))
+    args = parser.parse_args()
+    t0 = time.time()
+    root = args.workspace
+    if root.exists():
+        shutil.rmtree(root)  # the demo's own workspace: start from scratch every time
+    step("1. Workspace and identities")
+    ws = Workspace(root)
+    ws.init()
+    store = Store(ws)
+    for name, role in (("alice", "steward"), ("bob", "auditor"), ("carol", "consumer")):
+        ident = keys.create_identity(store, name, role, actor="demo")
+        console.print(f"  {role:<9} {name}  key {ident.key_id[:16]}…")
+    release_pub = keys.ensure_release_key(ws)
+    console.print(f"  release-signing public key: {release_pub}")
+
+    step("2. Register the sensitive dataset (MNIST-5k: 4,000 images; 1,000 held out for audits)")
+    ds, _ = register_from_source(store, "mnist", "builtin:mnist5k", epsilon_cap=10.0, delta_cap=1e-5, actor="alice")
+    console.print(f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap epsilon={ds.epsilon_cap:g}, "
+                  f"delta={ds.delta_cap:g}; fingerprint (HMAC) {ds.fingerprint[:16]}…")
+
+    step("3. Plan the release (PrivImage, target epsilon 8 for the whole history)")
+    spec_path = root / "privimage-demo.toml"
+    spec_path.write_text(tomli_w.dumps(DEMO_SPEC))
+    console.print(f"  spec: {spec_path}")
+    rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
+    print_plan(rel)
+    rid = rel["release_id"]
+
+    step("4. Steward approval (Ed25519 signature over the plan digest)")
+    manager.approve(store, rid, "alice", digest=rel["plan_digest"])
+    console.print(f"  approved by alice: plan {rel['plan_digest'][:16]}…")
+
+    step("5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> audit")
+    console.print("  [yellow]Demo settings: few training steps (preset 'demo') so this finishes on 2 CPU cores; "
+                  "image quality is modest. Use preset 'default' (or a GPU) for real releases.[/]")
+    with rich_progress() as progress:
+        rel = manager.run_release(store, rid, "alice", progress)
+    from audit import load_report, render_report
+
+    report = load_report(store, rid)
+    console.print(render_report(report))
+    if not report.passed:
+        console.print("[red]The audit failed: the release is not published (as designed).[/]")
+        raise SystemExit(1)
+
+    step("6. Publish the signed bundle")
+    rel = manager.publish(store, rid, "alice")
+    bundle = rel["result"]["bundle"]
+    console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
+
+    step("7. Verify offline, as a consumer would (bundle + release.pub only)")
+    result = verify_bundle(Path(bundle["tarball"]), release_pub)
+    console.print(f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files match, "
+                  f"signature key {result.key_id[:16]}…")
+    if not result.ok:
+        raise SystemExit(1)
+
+    step("8. Budget and audit trail")
+    b = ledger.budget(store, "mnist")
+    console.print(f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of cap "
+                  f"{b.dataset.epsilon_cap:g}; remaining {b.remaining_rdp:.3f}")
+    for c in b.charges:
+        console.print(f"    {c.run_id}: {c.state}: {'; '.join(e.describe() for e in c.counted_events)}")
+    v = trail.verify(store)
+    console.print(f"  audit trail: {'intact' if v.ok else 'BROKEN'}, {v.length} entries, head {v.head_hash}")
+    console.print(Rule())
+    console.print(f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\n"
+                  f"Try: .venv/bin/privrelease --workspace {root} budget show mnist\n"
+                  f"     .venv/bin/privrelease verify {bundle['tarball']} --key {release_pub}\n"
+                  f"     .venv/bin/privrelease --workspace {root} dashboard")
+
+
+if __name__ == "__main__":
+    main()

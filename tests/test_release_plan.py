@@ -1,0 +1,158 @@
+"""Specs, plans, approvals and roles (no training: planning and signing only)."""
+import duckdb
+import pytest
+
+from accounting import ledger, trail
+from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
+                               TamperError, UnknownDatasetError)
+from release import keys, manager
+from release.data import load_registered, register_from_source
+from release.spec import ReleaseSpec
+
+KSALSA = {"release": {"dataset": "mnist", "mechanism": "ksalsa"}, "ksalsa": {"k": 5, "preset": "tiny"}}
+PRIVIMAGE = {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 100},
+             "privimage": {"epsilon": 4.0, "preset": "tiny", "public": "builtin:uci-digits"}}
+
+
+@pytest.fixture
+def ws_store(store):
+    keys.create_identity(store, "alice", "steward")
+    keys.create_identity(store, "bob", "auditor")
+    keys.create_identity(store, "carol", "consumer")
+    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    return store
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"release": {"mechanism": "ksalsa"}}, "dataset"),
+    ({"release": {"dataset": "mnist", "mechanism": "gan"}}, "mechanism"),
+    ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "n_images": -3}}, "n_images"),
+    ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "colour": 1}}, "Unknown key"),
+    ({**KSALSA, "privimage": {}}, "also has"),
+    ({"release": {"dataset": "mnist", "mechanism": "ksalsa"}, "ksalsa": {"k": 5, "preset": "huge"}}, "preset"),
+])
+def test_bad_specs_are_refused_clearly(bad, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        ReleaseSpec.from_dict(bad)
+
+
+def test_spec_file_errors(tmp_path):
+    with pytest.raises(InvalidParameterError, match="does not exist"):
+        ReleaseSpec.from_toml(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[release\n")
+    with pytest.raises(InvalidParameterError, match="not valid TOML"):
+        ReleaseSpec.from_toml(bad)
+
+
+def test_plan_previews_epsilon_and_changes_no_budget(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    p = rel["plan"]
+    assert rel["state"] == "planned" and p["epsilon_before"]["epsilon_rdp"] == 0
+    assert 0 < p["epsilon_after"]["epsilon_pld"] <= p["epsilon_after"]["epsilon_rdp"] <= 4.0 + 1e-9
+    assert p["events"][0]["mechanism"] == "gaussian_query" and p["events"][1]["mechanism"] == "dpsgd"
+    assert ledger.budget(ws_store, "mnist").charges == []  # planning reserves nothing
+
+
+def test_unknown_dataset_plan(ws_store):
+    with pytest.raises(UnknownDatasetError):
+        manager.create_plan(ws_store, ReleaseSpec.from_dict({**KSALSA, "release": {"dataset": "x", "mechanism": "ksalsa"}}),
+                            "alice")
+
+
+def test_bad_mechanism_parameter(ws_store):
+    spec = {"release": {"dataset": "mnist", "mechanism": "privimage"},
+            "privimage": {"epsilon": float("nan"), "preset": "tiny"}}
+    with pytest.raises(InvalidParameterError, match="epsilon"):
+        manager.create_plan(ws_store, ReleaseSpec.from_dict(spec), "alice")
+    spec["privimage"] = {"epsilon": 4.0, "colour": "red"}
+    with pytest.raises(InvalidParameterError, match="Unknown"):
+        manager.create_plan(ws_store, ReleaseSpec.from_dict(spec), "alice")
+    assert ws_store.query("SELECT * FROM releases") == []
+
+
+def test_ksalsa_plan_warns_and_needs_acknowledgement(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(KSALSA), "alice")
+    assert rel["plan"]["requires_acknowledgement"]
+    assert any("no longer hold" in w or "DP" in w for w in rel["plan"]["warnings"])
+    assert rel["plan"]["expected_count"] == 4000 // 5
+    with pytest.raises(PermissionDeniedError, match="acknowledge"):
+        manager.approve(ws_store, rel["release_id"], "alice")
+    assert manager.get_release(ws_store, rel["release_id"])["state"] == "planned"
+    manager.approve(ws_store, rel["release_id"], "alice", acknowledge_non_dp=True)
+    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel["release_id"]))["acknowledge_non_dp"]
+
+
+def test_only_a_steward_approves(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    for who in ("bob", "carol"):
+        with pytest.raises(PermissionDeniedError, match="steward"):
+            manager.approve(ws_store, rel["release_id"], who)
+    with pytest.raises(PrivReleaseError):
+        manager.approve(ws_store, rel["release_id"], "mallory")
+    assert manager.approvals(ws_store, rel["release_id"]) == []
+
+
+def test_approval_of_a_different_plan_is_refused(ws_store):
+    a = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    b = manager.create_plan(ws_store, ReleaseSpec.from_dict(KSALSA), "alice")
+    with pytest.raises(TamperError, match="different or edited plan"):
+        manager.approve(ws_store, a["release_id"], "alice", digest=b["plan_digest"])
+
+
+def test_plan_edited_after_approval_cannot_run(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    con = duckdb.connect(str(ws_store.workspace.db_path))
+    con.execute("UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')")
+    con.close()
+    with pytest.raises(TamperError, match="edited"):
+        manager.run_release(ws_store, rel["release_id"], "alice")
+    assert ledger.budget(ws_store, "mnist").charges == []  # nothing reserved
+
+
+def test_forged_approval_signature_is_refused(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    con = duckdb.connect(str(ws_store.workspace.db_path))
+    con.execute("UPDATE approvals SET signature = repeat('ab', 64)")
+    con.close()
+    with pytest.raises(TamperError, match="no valid steward approval"):
+        manager.verified_approval(ws_store, manager.get_release(ws_store, rel["release_id"]))
+
+
+def test_unapproved_release_cannot_run_or_publish(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    with pytest.raises(LedgerStateError, match="planned"):
+        manager.run_release(ws_store, rel["release_id"], "alice")
+    with pytest.raises(LedgerStateError):
+        manager.publish(ws_store, rel["release_id"], "alice")
+
+
+def test_reject_needs_reason_and_is_final(ws_store):
+    rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    with pytest.raises(PrivReleaseError, match="reason"):
+        manager.reject(ws_store, rel["release_id"], "alice", "  ")
+    manager.reject(ws_store, rel["release_id"], "alice", "epsilon too generous")
+    assert manager.get_release(ws_store, rel["release_id"])["state"] == "rejected"
+    with pytest.raises(LedgerStateError):
+        manager.approve(ws_store, rel["release_id"], "alice")
+    assert trail.verify(ws_store).ok
+
+
+def test_consumers_see_only_published(ws_store):
+    manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
+    assert manager.list_releases(ws_store, keys.get_identity(ws_store, "carol")) == []
+    assert len(manager.list_releases(ws_store, keys.get_identity(ws_store, "bob"))) == 1
+
+
+def test_changed_data_is_refused(tmp_path, store):
+    import numpy as np
+
+    path = tmp_path / "d.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
+    register_from_source(store, "toy", str(path), 1.0, 1e-3)
+    np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
+    with pytest.raises(PrivReleaseError, match="changed since"):
+        load_registered(store, "toy")
