@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS approvals (
     release_id VARCHAR NOT NULL, approver VARCHAR NOT NULL, decision VARCHAR NOT NULL,
     plan_digest VARCHAR NOT NULL, signature VARCHAR NOT NULL, reason VARCHAR, decided_at VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS audit_results (
-    release_id VARCHAR NOT NULL, check_name VARCHAR NOT NULL, passed BOOLEAN NOT NULL,
+    release_id VARCHAR NOT NULL, check_name VARCHAR NOT NULL, passed BOOLEAN,
     summary VARCHAR NOT NULL, details VARCHAR NOT NULL, checked_at VARCHAR NOT NULL,
     PRIMARY KEY (release_id, check_name));
 """

@@ -44,6 +44,8 @@ class AuditInputs:
     artifacts_dir: Path | None = None              # PNGs go here
 
     def validate(self) -> None:
+        if not isinstance(self.sensitive, ImageDataset):
+            raise DataFormatError(f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}.")
         if self.mechanism not in MECHANISMS:
             raise InvalidParameterError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}.")
         images = np.asarray(self.images)
@@ -160,7 +162,7 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
 
     tick("fidelity")
     from audit.fidelity import CHECK_FID, run_fidelity
-    report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy))
+    report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
 
     tick("utility")
     if ho is None:

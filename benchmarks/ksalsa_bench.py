@@ -1,6 +1,6 @@
 """k-SALSA benchmark: k in {2, 5, 10} x the four averaging methods on the default data.
 
-Sensitive set: MNIST-5k (quick mode: a class-balanced subset of 1,000 images, 100 per class). Codec:
+Sensitive set: MNIST-5k (quick mode: a class-balanced subset of 500 images, 50 per class). Codec:
 the default conv autoencoder trained on the PUBLIC pool (UCI digits + up to 200 Fashion-MNIST images
 per class where installed), trained once and cached. Per (k, method):
 - FID (EfficientNet-Lite0 features): Frechet distance between the released images and the real
@@ -99,7 +99,7 @@ def run(quick: bool = True) -> str:
     t_start = time.perf_counter()
     sensitive = load_source("builtin:mnist5k")
     if quick:
-        sensitive = _subset(sensitive, 100)
+        sensitive = _subset(sensitive, 50)
     heldout = load_source("builtin:mnist5k-heldout")
     public = public_pool(max_fashion_per_class=200)
     base = KSalsaConfig.demo(2)
@@ -139,7 +139,7 @@ def run(quick: bool = True) -> str:
                 f"{secs / len(cl.clusters):.4f} (clustering {t_cluster:.1f} s) |"
             )
     total = time.perf_counter() - t_start
-    mode = (f"quick: {len(sensitive)} MNIST-5k images (100 per class)" if quick
+    mode = (f"quick: {len(sensitive)} MNIST-5k images (50 per class)" if quick
             else f"full: all {len(sensitive)} MNIST-5k images")
     lines = [
         "## k-SALSA (k-anonymous release)",

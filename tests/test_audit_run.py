@@ -53,6 +53,7 @@ def test_clean_release_passes_with_all_checks(parts, tmp_path):
     assert utility.details["release"]["logreg"] > 0.5 and "real" in utility.summary  # digits are learnable
     fid = next(r for r in report.results if r.name == "fid_efficientnet_lite0")
     assert "FID (EfficientNet-Lite0 features)" in fid.summary and fid.details["value"] > 0
+    assert fid.details["real_heldout_baseline"] > 0 and "real held-out sample" in fid.summary
     sds = next(r for r in report.results if r.name == "semantic_distribution_similarity")
     assert 0.5 < sds.details["sds"] <= 1.0  # digits vs digits: similar semantics
     arts = {k: v for r in report.results for k, v in r.artifacts.items()}
@@ -147,3 +148,24 @@ def test_invalid_inputs_raise(parts, tmp_path):
         run_audit(_inputs(parts, tmp_path, claimed_epsilon=float("nan")), SMALL)
     with pytest.raises(InvalidParameterError):
         run_audit(_inputs(parts, tmp_path, expected_count=-1), SMALL)
+    sens, ho, _, _ = parts
+    with pytest.raises(DataFormatError):
+        run_audit(_inputs(parts, tmp_path, heldout=ImageDataset(ho.images[:, :20, :20].copy(), ho.labels)), SMALL)
+    with pytest.raises(DataFormatError):
+        run_audit(_inputs(parts, tmp_path, sensitive=sens.images), SMALL)
+
+
+@pytest.mark.slow
+def test_default_policy_on_builtin_mnist(tmp_path):
+    """Full-size audit (default policy) of an independent real sample posing as a release."""
+    from synth.datasets import load_source
+
+    sens, ho_all = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
+    rel, ho = ho_all.subset(np.arange(0, 1000, 2)), ho_all.subset(np.arange(1, 1000, 2))
+    inputs = AuditInputs("rel-full", rel.images, rel.labels, [f"i{i}" for i in range(len(rel))], len(rel),
+                         list(range(10)), sens, ho, KEY, "privimage", 2.0, 1e-5, loss_fn=mean_pixel_loss,
+                         artifacts_dir=tmp_path)
+    report = run_audit(inputs, AuditPolicy())
+    assert report.passed, report_text(report)
+    util = next(r for r in report.results if r.name == "downstream_accuracy")
+    assert util.details["release"]["logreg"] > 0.8

@@ -13,7 +13,7 @@ from accounting import ledger, trail
 from accounting.epsilon import epsilon_report
 from accounting.events import DpSgd
 from dashboard.common import fmt_eps
-from release import manager
+from release import keys, manager
 from release.cli.budget import charge_breakdown
 from test_dashboard_support import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
                                     texts)
@@ -37,6 +37,13 @@ def built(tmp_path_factory):
 def home(built, monkeypatch):
     monkeypatch.setenv("PRIVRELEASE_HOME", str(built.root))
     return built
+
+
+def test_fixture_workspace_is_realistic(built):
+    b = ledger.budget(built.store, "mnist")
+    assert [c.state for c in b.charges] == ["committed", "committed", "refunded"]
+    assert 0 < b.spent.epsilon_pld <= b.spent.epsilon_rdp < b.dataset.epsilon_cap
+    assert all(i.password_hash for i in keys.list_identities(built.store))
 
 
 # ------------------------------------------------------------------ sign-in
@@ -115,7 +122,7 @@ def test_overview_shows_budget_gauge_and_recent_releases(built):
     b = ledger.budget(built.store, "mnist")
     at = sign_in("alice")
     assert at.title[0].value.endswith("Overview")
-    assert len(nodes(at, "imgs")) + len(nodes(at, "image")) >= 1  # the matplotlib gauge
+    assert len(nodes(at, "image")) == 1  # the matplotlib budget gauge of the one dataset
     text = texts(at)
     assert "4,000 records" in text and "δ = 1e-05" in text
     assert "Plans awaiting approval: 1" in text or "Plans awaiting approval" in text
@@ -169,10 +176,10 @@ def test_what_if_matches_the_accountant_and_flags_the_cap(built):
     assert metrics["Remaining after (cap − RDP)"] == fmt_eps(b.dataset.epsilon_cap - expected.epsilon_rdp)
     assert any("Fits the cap" in s.value for s in at.success)
     # Far too little noise: the ledger would refuse it, and the panel says so.
-    _what_if(at, 0.5, 0.05, 2000)
+    _what_if(at, 0.8, 0.2, 50)
     assert any("Exceeds the cap 8" in e.value for e in at.error)
     # Invalid parameters are shown as the accounting error's message, not a traceback.
-    _what_if(at, 0.0, 0.05, 2000)
+    _what_if(at, 0.0, 0.2, 50)
     assert any("noise multiplier" in e.value and "must be > 0" in e.value for e in at.error)
     assert ledger.budget(built.store, "mnist").history == b.history  # nothing was charged
 

@@ -1,6 +1,6 @@
 """Builds realistic dashboard workspaces through the real APIs (no mocks): identities with passwords,
 registered datasets, ledger charges, release plans and (optionally) one real, published k-SALSA release.
-Imported by the dashboard tests; its own test checks what it built."""
+Imported by the dashboard tests (it holds no tests itself)."""
 from __future__ import annotations
 
 import os
@@ -120,14 +120,21 @@ def assert_clean(at) -> None:
 
 
 def nodes(at, kind: str) -> list:
-    """Every element of a proto type ('image', 'download_button', 'arrow_vega_lite_chart', ...) in the tree."""
-    out, stack = [], [at._tree]
-    while stack:
-        node = stack.pop()
+    """Every element of a proto type ('image', 'download_button', 'vega_lite_chart', ...), in page order."""
+    out = []
+
+    def walk(node) -> None:
         if getattr(node, "type", None) == kind:
             out.append(node)
-        stack.extend(getattr(node, "children", {}).values())
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at._tree)
     return out
+
+
+def image_captions(at) -> list[str]:
+    return [img.caption for node in nodes(at, "image") for img in node.proto.imgs]
 
 
 def texts(at) -> str:
@@ -137,12 +144,3 @@ def texts(at) -> str:
         parts += [str(e.value) for e in getattr(at, kind)]
     parts += [f"{m.label}: {m.value}" for m in at.metric]
     return "\n".join(parts)
-
-
-def test_built_workspace_has_what_the_dashboard_tests_rely_on(tmp_path):
-    built = build_workspace(tmp_path / "ws")
-    b = ledger.budget(built.store, "mnist")
-    assert [c.state for c in b.charges] == ["committed", "committed", "refunded"]
-    assert 0 < b.spent.epsilon_pld <= b.spent.epsilon_rdp < b.dataset.epsilon_cap
-    assert {i.name: i.role for i in keys.list_identities(built.store)} == ROLES
-    assert manager.get_release(built.store, built.planned[0])["state"] == "planned"

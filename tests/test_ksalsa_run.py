@@ -151,3 +151,13 @@ def test_baseline_methods_run(store, sensitive, public, tmp_path, method):
 
 def test_errors_are_privrelease_errors():
     assert issubclass(LedgerStateError, PrivReleaseError) and issubclass(DataFormatError, PrivReleaseError)
+
+
+def test_reservation_of_an_earlier_attempt_is_not_refunded(store, sensitive, public, tmp_path):
+    """An attempt that crashed after reading left its reservation: a retry failing early must not refund it."""
+    cfg = KSalsaConfig.tiny(3, "centroid")
+    ledger.reserve(store, "mnist", plan_ksalsa(cfg, len(sensitive)).events, "r-crash", allow_non_private=True)
+    with pytest.raises(DataFormatError):
+        run_ksalsa(store, "mnist", sensitive, public, cfg, run_id="r-crash", workdir=tmp_path / "w",
+                   acknowledge_non_dp=True, codec=BrokenCodec())
+    assert ledger.get_charge(store, "r-crash").state == "reserved"

@@ -146,6 +146,7 @@ def run_ksalsa(store: Store, dataset: str, sensitive: ImageDataset, public: Imag
         if cached is not None:
             return cached  # replay: results present, no recomputation, no second charge
 
+    fresh = charge is None
     charge = ledger.reserve(store, dataset, plan.events, run_id, actor=actor, allow_non_private=True,
                             description=f"k-SALSA ({config.method}) k-anonymous release, k={config.k}")
     device = config.resolved_device()
@@ -159,7 +160,9 @@ def run_ksalsa(store: Store, dataset: str, sensitive: ImageDataset, public: Imag
 
             net = EfficientNetStyleContent(device, config.feature_size, config.style_layers)
     except BaseException as exc:
-        if charge.state == "reserved":
+        # refund only a reservation made by this call: an earlier attempt under this run id may have
+        # read the data before it crashed, and then its charge must stay
+        if fresh and charge.state == "reserved":
             ledger.refund(store, run_id, reason=f"failed before reading sensitive data: {exc}", actor=actor)
         raise
 

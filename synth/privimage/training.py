@@ -118,6 +118,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                                      "step": step, "accountant": engine.accountant.state_dict()})
 
     in_step = False
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     while done < steps:
         with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=max_physical_batch,
                                 optimizer=dp_opt) as mem_loader:
