@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Union
 
 import dp_accounting
+from absl import logging as absl_logging
 from dp_accounting import dp_event as dpe
 
 from accounting.events import MechanismEvent, compose
@@ -18,6 +19,10 @@ from accounting.validation import check_delta
 # dp-accounting's default grid (156 orders from 1.1 to 1024).
 RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 PLD_DISCRETIZATION = 1e-4
+
+# dp-accounting logs "failed to converge" at WARNING while its bracketing search probes extreme orders;
+# that is expected and fills the terminal during calibration.
+absl_logging.set_verbosity(absl_logging.ERROR)
 
 History = Union[dpe.DpEvent, Iterable[MechanismEvent]]
 

@@ -27,7 +27,7 @@ from release.verify import verify_bundle
 DEMO_SPEC = {
     "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 1000,
                 "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
-    "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 3, "preset": "demo"},
+    "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
     "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
                "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 2},
 }

@@ -18,6 +18,7 @@ from synth.datasets import ImageDataset, load_source, uci_digits
 from synth.privimage import (PrivImageConfig, abandon_privimage, per_sample_diffusion_loss, plan_privimage,
                              run_privimage)
 from synth.privimage import state
+from synth.privimage.model import load_model
 
 DELTA = 1e-4
 
@@ -109,6 +110,9 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     assert a.shape == (6,) and np.isfinite(a).all() and np.array_equal(a, b)
     c = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1, seed=1)
     assert not np.array_equal(a, c)
+    bare = load_model(model)[0]
+    d = per_sample_diffusion_loss(bare, sens.images[:6], sens.labels[:6], n_noise=1, train_timesteps=100)
+    assert np.allclose(a, d)
 
 
 def test_budget_refused_before_any_training(store: Store, data, tmp_path: Path) -> None:

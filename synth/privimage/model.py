@@ -60,14 +60,25 @@ def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
 
 
 @torch.no_grad()
-def per_sample_diffusion_loss(model_path_or_model: str | Path | tuple[UNet2DModel, dict], images_uint8: np.ndarray,
+def per_sample_diffusion_loss(model_path_or_model: str | Path | UNet2DModel | tuple[UNet2DModel, dict],
+                              images_uint8: np.ndarray,
                               labels: np.ndarray, timesteps: Sequence[int] | None = None,
-                              n_noise: int = 2, seed: int = 0, batch_size: int = 256) -> np.ndarray:
+                              n_noise: int = 2, seed: int = 0, batch_size: int = 256,
+                              train_timesteps: int = 1000) -> np.ndarray:
     """Mean DDPM noise-prediction MSE of each image over fixed timesteps and fixed noise draws
     (deterministic: the noise for image i depends only on seed, i, the timestep and the draw).
     Default timesteps: 1%, 5%, 10%, 20% and 40% of the training horizon (10..400 of 1000).
-    Lower loss on training members is what a loss-threshold membership-inference attack exploits."""
-    model, meta = load_model(model_path_or_model) if not isinstance(model_path_or_model, tuple) else model_path_or_model
+    Lower loss on training members is what a loss-threshold membership-inference attack exploits.
+    Give the saved model folder (SynthResult.artifacts["model"]); a bare UNet2DModel is also
+    accepted (labels then are class positions, and `train_timesteps` must match its training)."""
+    if isinstance(model_path_or_model, tuple):
+        model, meta = model_path_or_model
+    elif isinstance(model_path_or_model, UNet2DModel):  # bare model: labels are class positions 0..C-1
+        model, cfg = model_path_or_model.eval(), model_path_or_model.config
+        meta = {"label_values": list(range(cfg.num_class_embeds - 1)), "image_size": cfg.sample_size,
+                "channels": cfg.in_channels, "train_timesteps": train_timesteps}
+    else:
+        model, meta = load_model(model_path_or_model)
     labels = np.asarray(labels)
     T = meta["train_timesteps"]
     timesteps = [max(1, T // 100), T // 20, T // 10, T // 5, 2 * T // 5] if timesteps is None else list(timesteps)

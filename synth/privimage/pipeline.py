@@ -8,7 +8,6 @@ were executed but lost since the last checkpoint are charged under `{run_id}:red
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
