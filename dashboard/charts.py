@@ -81,7 +81,8 @@ def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> al
         x=alt.X("time:T", title="time (UTC)"),
         y=alt.Y("epsilon_shown:Q", title="cumulative ε", scale=alt.Scale(domain=[0, top])),
         color=alt.Color("dataset:N", title="dataset", scale=alt.Scale(scheme="tableau10")),
-        strokeDash=alt.StrokeDash("accountant:N", title="accountant"),
+        strokeDash=alt.StrokeDash("accountant:N", title="accountant",
+                                  scale=alt.Scale(domain=["RDP (reference)", "PLD (tighter)"], range=[[1, 0], [6, 4]])),
         tooltip=[alt.Tooltip("dataset:N"), alt.Tooltip("run_id:N", title="run"), alt.Tooltip("accountant:N"),
                  alt.Tooltip("epsilon_label:N", title="cumulative ε"), alt.Tooltip("time:T", format="%Y-%m-%d %H:%M:%S")],
     )

@@ -101,16 +101,18 @@ def new_app(timeout: float = 120):
 
 
 def sign_in(name: str, page: str | None = None, password: str | None = None):
-    """A fresh app session signed in through the real form (scrypt check), optionally on `page`."""
-    at = new_app().run()
+    """A fresh app session signed in through the real form (scrypt check), landing on `page` (a ?page= deep
+    link, as a bookmarked URL would)."""
+    at = new_app()
+    if page is not None:
+        at.query_params["page"] = page
+    at.run()
     at.text_input(key="login_name").input(name)
     at.text_input(key="login_password").input(PASSWORDS[name] if password is None else password)
     at.button[0].click().run()
     assert_clean(at)
     assert at.session_state["user"] == name
-    if page is not None:
-        at.sidebar.radio[0].set_value(page).run()
-        assert_clean(at)
+    assert at.session_state["page"] == (page or "Overview")
     return at
 
 

@@ -60,5 +60,3 @@ def main() -> None:
         sys.exit(2)
 
 
-if __name__ == "__main__":
-    main()

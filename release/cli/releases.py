@@ -20,7 +20,7 @@ def _actor(name: str | None) -> str:
 
 def print_plan(rel: dict) -> None:
     p = rel["plan"]
-    console.print(f"[bold]Release {rel['release_id']}[/] [{rel['state']}] — {p['mechanism']} on {p['dataset']}")
+    console.print(f"[bold]Release {rel['release_id']}[/] ({rel['state']}) — {p['mechanism']} on {p['dataset']}")
     console.print(f"  plan digest: {rel['plan_digest']}")
     console.print(f"  events: {'; '.join(p['events_described'])}")
     b, a = p["epsilon_before"], p["epsilon_after"]

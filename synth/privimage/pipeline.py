@@ -154,6 +154,7 @@ def _private_part(store: Store, dataset: str, sensitive: ImageDataset, public: I
     sens_x = to_tensor(to_format(sensitive.images, config.image_size, prep.channels))
     sens_y = label_index(sensitive.labels, prep.label_values)
     selection_info: dict = {}
+    selected_index: list[int] | None = None  # public rows chosen by the DP query (for the audit's SDS)
     if config.selection == "semantic":
         query = state.read_json(workdir / state.QUERY)
         if query is None:
@@ -173,6 +174,7 @@ def _private_part(store: Store, dataset: str, sensitive: ImageDataset, public: I
         selection_info = {"selected_public_classes": {sensitive.class_names[v] if v < len(sensitive.class_names)
                                                       else str(v): n for v, n in names.items()},
                           "selection_ratio": selection.ratio, "selected_images": int(len(selection.public_index))}
+        selected_index = [int(i) for i in selection.public_index]
         prep.model = pretrain(prep.model, prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels),
                               steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
                               train_timesteps=config.train_timesteps, seed=config.seed, device=prep.device,
@@ -234,6 +236,7 @@ def _private_part(store: Store, dataset: str, sensitive: ImageDataset, public: I
         },
         "internal": {
             "noisy_histogram": (state.read_json(workdir / state.QUERY) or {}).get("noisy_histogram"),
+            "selected_public_indices": selected_index,
             "opacus_history": [list(h) for h in outcome.opacus_history],
             "opacus_epsilon_dpsgd": opacus_eps,
             "timings_s": {"classifier_and_pretraining": round(t_pre - t0, 2), "dp_finetuning": round(t_dp - t_pre, 2),

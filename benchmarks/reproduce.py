@@ -1,0 +1,167 @@
+"""`make reproduce`: reproduce the shape of the seed papers' result tables and write REPRODUCTION.md
+with PNG plots in reproduction/.
+
+    python -m benchmarks.reproduce [--micro | --full] [--out REPRODUCTION.md] [--only privimage,ksalsa]
+
+Default: CPU-sized settings (~35 min on 2 CPU cores). --micro: a smoke run of the whole pipeline
+(minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
+Raw numbers go to reproduction/results.json; a section not re-run (--only) is taken from there
+when its mode matches, so a long run can be completed piecewise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import machine, today
+from benchmarks.reproduce_settings import AUDIT_EPSILONS, EPSILONS, KS, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("privimage", "ksalsa")
+MODE_TEXT = {
+    "micro": "MICRO smoke run (pipeline check only: tiny models, a few steps; the numbers mean nothing)",
+    "cpu": "CPU default (`make reproduce`): small models and short training sized for ~35 min on 2 CPU cores",
+    "full": "full (`--full`): GPU-sized settings",
+}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return "inf" if math.isinf(v) else v
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _unjson(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _unjson(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_unjson(v) for v in x]
+    return float("inf") if x == "inf" else x
+
+
+def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
+    from benchmarks.reproduce_report import audit_section, ksalsa_section, privimage_section
+
+    s = results["settings"]
+    L = ["# Reproduction of the seed papers' result tables", "",
+         f"Written by `python -m benchmarks.reproduce{'' if s['mode'] == 'cpu' else ' --' + s['mode']}` on "
+         f"{results['date']}.", "",
+         f"**Mode: {MODE_TEXT[s['mode']]}.**", "",
+         f"Hardware: {results['machine']}; torch threads {results['threads']}.",
+         f"Seeds: {s['seed']} (data subsets, model initialisation, sampling noise, classifiers, attack splits). "
+         f"Repeats: {s['repeats'] if s['mode'] == 'full' else 1} "
+         f"({'one repeat on CPU: no error bars' if s['mode'] != 'full' else 'per setting'}). The DP noise and the "
+         "Poisson sampling of DP-SGD are seeded from OS entropy by design (a public seed would let anyone subtract the "
+         "noise), so DP rows are not bit-reproducible and differ run to run.",
+         f"Total time: {results['seconds'] / 60:.1f} min.", ""]
+    for name, err in results.get("errors", {}).items():
+        L += [f"**Section {name} FAILED**: `{err}`", ""]
+    if "privimage" in results:
+        L.append(privimage_section(results["privimage"], s, plots))
+    if "ksalsa" in results:
+        L.append(ksalsa_section(results["ksalsa"], s, plots))
+    if "privimage" in results:
+        L.append(audit_section(results["privimage"], s, plots))
+    L += ["## Settings of the other modes", "",
+          "CPU default vs `--full` (GPU) vs `--micro` (smoke); see benchmarks/reproduce_settings.py:", ""]
+    from benchmarks.reproduce_settings import MODES
+    from benchmarks.reproduce_settings import settings as all_settings
+
+    for m in MODES:
+        L.append(f"- **{m}**: {json.dumps(_jsonable(all_settings(m)))}")
+    L.append("")
+    return "\n".join(L)
+
+
+def write_plots(results: dict[str, Any], out_dir: Path, grids: list[str]) -> dict[str, Any]:
+    from benchmarks import reproduce_plots as rp
+
+    plots: dict[str, Any] = {"grids": sorted(grids)}
+    if "privimage" in results:
+        plots["privimage"] = rp.privimage_curves(results["privimage"], out_dir)
+        plots["audit"] = rp.audit_roc(results["privimage"]["audit"], out_dir)
+    if "ksalsa" in results:
+        plots["ksalsa"] = rp.ksalsa_curves(results["ksalsa"], out_dir)
+    return plots
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from benchmarks import reproduce_plots as rp
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help="GPU-sized settings")
+    g.add_argument("--micro", action="store_true", help="smoke run of the whole pipeline (minutes)")
+    ap.add_argument("--out", type=Path, default=ROOT / "REPRODUCTION.md")
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
+    args = ap.parse_args(argv)
+    mode = "full" if args.full else "micro" if args.micro else "cpu"
+    only = [x for x in args.only.split(",") if x]
+    if set(only) - set(SECTIONS):
+        ap.error(f"--only takes {SECTIONS}")
+    if not torch.cuda.is_available():
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    s = {**settings(mode), "epsilons": list(EPSILONS), "audit_epsilons": list(AUDIT_EPSILONS), "ks": list(KS)}
+    out_dir = args.out.resolve().parent / "reproduction"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw_path = out_dir / "results.json"
+    previous = _unjson(json.loads(raw_path.read_text())) if raw_path.exists() else {}
+    if previous.get("settings", {}).get("mode") != mode:
+        previous = {}
+    results: dict[str, Any] = {"settings": s, "machine": machine(), "date": today(), "threads": torch.get_num_threads(),
+                               "errors": {}}
+    grids: list[str] = [p.name for p in out_dir.glob("*_grid*.png")] if previous else []
+    for old in SECTIONS:
+        if old not in only and old in previous:
+            results[old] = previous[old]
+
+    def grid(name: str, images: np.ndarray, labels: np.ndarray) -> None:
+        fname = f"{name}_grid.png"
+        rp.image_grid(out_dir / fname, images, labels, name.replace("_", " "), s["grid_per_class"])
+        if fname not in grids:
+            grids.append(fname)
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="privrelease-reproduce-") as tmp:
+        for name in only:
+            print(f"== {name} ({mode})", file=sys.stderr, flush=True)
+            try:
+                if name == "privimage":
+                    from benchmarks.reproduce_privimage import run
+                else:
+                    from benchmarks.reproduce_ksalsa import run
+                results[name] = run(s, Path(tmp), grid)
+            except Exception as exc:  # keep the other section's results; say what failed
+                traceback.print_exc()
+                results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            raw_path.write_text(json.dumps(_jsonable(results), indent=1))
+    results["seconds"] = time.time() - t0 + sum(previous.get(x, {}).get("seconds", 0.0) for x in SECTIONS
+                                                  if x not in only and x in previous)
+    raw_path.write_text(json.dumps(_jsonable(results), indent=1))
+    plots = write_plots(results, out_dir, grids)
+    args.out.write_text(build_report(results, plots))
+    print(f"wrote {args.out} and {out_dir}/", file=sys.stderr)
+    if results["errors"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""PrivImage reproduction (paper Table 3 / Figure 5 shape) and its privacy audit.
+
+For epsilon in EPSILONS x {PrivImage, DPDM-style, PDP-Diffusion-style}: one charged run through
+`synth.privimage.run_privimage` on a throw-away workspace, then FID (EfficientNet-Lite0 features)
+against the sensitive set and LR / MLP / CNN accuracy on the real held-out set (audit package).
+Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
+on the same UNet trained without DP (epsilon = infinity)."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from audit.epsilon_bound import epsilon_lower_bound
+from audit.fidelity import fid
+from audit.images import sample_idx
+from audit.mia import attack_stats
+from audit.policy import AuditPolicy
+from audit.utility import classifier_accuracies
+from synth.datasets import ImageDataset
+
+METHODS = (("PrivImage", "semantic"), ("DPDM-style (no pre-training)", "none"),
+           ("PDP-Diffusion-style (all public)", "all"))
+GridFn = Callable[[str, np.ndarray, np.ndarray], None]
+
+
+def _log(msg: str) -> None:
+    print(f"[reproduce {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _accuracies(images: np.ndarray, labels: np.ndarray, test: ImageDataset, cnn_epochs: int, seed: int) -> dict:
+    policy = AuditPolicy(cnn_epochs=cnn_epochs, seed=seed)
+    return classifier_accuracies(images, labels, test.images, test.labels, 10, policy)
+
+
+def _mia(loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], members: ImageDataset, nonmembers: ImageDataset,
+         n: int, delta: float, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    mem = members.subset(sample_idx(len(members), n, rng))
+    non = nonmembers.subset(sample_idx(len(nonmembers), n, rng))
+    ms, ns = -loss_fn(mem.images, mem.labels), -loss_fn(non.images, non.labels)  # score: low loss = member
+    stats = attack_stats(ms, ns)
+    bound = epsilon_lower_bound(ms, ns, delta, 0.95, seed=seed)
+    return {"n": len(mem), "auc": stats["auc"], "tpr_at_1pct_fpr": stats["tpr_at_1pct_fpr"],
+            "eps_lower": bound["eps_lower"], "eps_point": bound["eps_point"],
+            "roc": {"fpr": stats["fpr"].tolist(), "tpr": stats["tpr"].tolist()}}
+
+
+def _nonprivate_model(sens: ImageDataset, pi: dict, s: dict, device: torch.device, tmp: Path):
+    """The same UNet trained without DP on the sensitive set (plain DDPM training, the pre-training code)."""
+    from synth.privimage.data import label_index, to_format, to_tensor
+    from synth.privimage.model import make_unet
+    from synth.privimage.training import pretrain
+
+    cfg_t = pi.get("train_timesteps", 1000)
+    torch.manual_seed(s["seed"])
+    model = make_unet(28, 1, 10, pi["unet_channels"], pi.get("layers_per_block", 1))
+    x = to_tensor(to_format(sens.images, 28, 1))
+    y = torch.from_numpy(label_index(sens.labels, sens.label_set))
+    return pretrain(model, x, y, steps=s["nonprivate_steps"], batch=s["nonprivate_batch"], lr=2e-3,
+                    train_timesteps=cfg_t, seed=s["seed"], device=device, ckpt=tmp / "nonprivate.pt")
+
+
+def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
+    from accounting import ledger
+    from accounting.store import Store, Workspace
+    from synth.datasets import fashion_available, load_source, public_pool
+    from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, run_privimage
+    from synth.privimage.data import pick_device
+    from synth.privimage.sampling import balanced_labels, sample_images
+
+    t_all = time.time()
+    dev = pick_device("auto")
+    sens, test, pub = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout"), public_pool()
+    pi, delta, seed = s["privimage"], s["delta"], s["seed"]
+    out: dict[str, Any] = {"device": str(dev), "n_sensitive": len(sens), "n_test": len(test), "public": pub.source,
+                           "n_public": len(pub), "public_classes": len(pub.label_set),
+                           "fashion_installed": fashion_available(), "rows": [], "audit": []}
+    n_fake = pi["n_samples"]
+    # Reference rows: real data (the non-private upper bound) and the FID floor of real held-out images.
+    t = time.time()
+    out["real"] = {"acc": _accuracies(sens.images, sens.labels, test, s["cnn_epochs"], seed),
+                   "fid_heldout": fid(test.images[sample_idx(len(test), n_fake, np.random.default_rng(seed))],
+                                      sens.images), "seconds": time.time() - t}
+    _log(f"privimage: real reference done {out['real']}")
+    for eps in s["epsilons"]:
+        for name, mode in METHODS:
+            root = tmp / f"privimage-{mode}-{eps:g}"
+            ws = Workspace(root / "ws")
+            ws.init()
+            store = Store(ws)
+            ledger.register_dataset(store, name="mnist5k", source="builtin:mnist5k", fingerprint="reproduce",
+                                    record_count=len(sens), labels=sens.label_set, image_shape=[28, 28],
+                                    epsilon_cap=eps, delta_cap=delta)
+            cfg = PrivImageConfig(epsilon=eps, delta=delta, selection=mode, device=str(dev), seed=seed,
+                                  query_sigma=s["query_sigma"], **pi)
+            t = time.time()
+            res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"reproduce-{mode}-{eps:g}",
+                                workdir=root / "run")
+            t_run = time.time() - t
+            p, g = res.parameters, res.guarantee
+            row = {"epsilon": eps, "method": name, "selection": mode, "eps_rdp": g["epsilon_rdp"],
+                   "eps_pld": g["epsilon_pld"], "noise_multiplier": p["noise_multiplier"], "steps": p["steps"],
+                   "selection_ratio": p.get("selection_ratio", 1.0 if mode == "all" else None),
+                   "selected": p.get("selected_public_classes"), "seconds_run": t_run,
+                   "fid": fid(res.images, sens.images),
+                   "acc": _accuracies(res.images, res.labels, test, s["cnn_epochs"], seed)}
+            out["rows"].append(row)
+            _log(f"privimage eps={eps:g} {name}: fid {row['fid']:.2f} acc {row['acc']} ({t_run:.0f} s)")
+            if eps == max(s["epsilons"]):
+                grid(f"privimage_{mode}", res.images, res.labels)
+            if mode == "semantic" and eps in s["audit_epsilons"]:
+                t = time.time()
+                model_path = res.artifacts["model"]
+                m = _mia(lambda im, lb: per_sample_diffusion_loss(model_path, im, lb), sens, test,
+                         s["mia_samples"], delta, seed)
+                out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
+                _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
+    # epsilon = infinity: the same UNet without DP, on the sensitive set
+    t = time.time()
+    model = _nonprivate_model(sens, pi, s, dev, tmp)
+    t_train = time.time() - t
+    T = pi.get("train_timesteps", 1000)
+    m = _mia(lambda im, lb: per_sample_diffusion_loss(model, im, lb, train_timesteps=T), sens, test,
+             s["mia_samples"], delta, seed)
+    out["audit"].append({"epsilon": float("inf"), **m, "seconds": time.time() - t, "train_seconds": t_train})
+    pos = balanced_labels(n_fake, 10)
+    imgs = sample_images(model, pos, image_size=28, channels=1, train_timesteps=T, ddim_steps=pi["ddim_steps"],
+                         batch=pi["sample_batch"], seed=seed, device=dev)
+    labels = np.asarray(sens.label_set, dtype=np.int64)[pos]
+    out["nonprivate_diffusion"] = {"fid": fid(imgs, sens.images),
+                                   "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),
+                                   "train_steps": s["nonprivate_steps"], "train_seconds": t_train}
+    grid("privimage_nonprivate", imgs, labels)
+    _log(f"non-private diffusion: {out['nonprivate_diffusion']}; audit {out['audit'][-1]['auc']:.3f}")
+    out["seconds"] = time.time() - t_all
+    return out

@@ -1,0 +1,3 @@
+from release.cli import main
+
+main()

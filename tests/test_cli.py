@@ -1,0 +1,81 @@
+"""The command line as a user runs it: tables for people, --json for machines, one clear error line."""
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from accounting.epsilon import epsilon_pld, epsilon_rdp
+from accounting.errors import BudgetExceededError, InvalidParameterError, UnknownDatasetError
+from accounting.events import DpSgd
+from release.cli import app
+
+runner = CliRunner()
+
+
+def cli(ws, *args):
+    return runner.invoke(app, ["--workspace", str(ws), *args], catch_exceptions=True)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = tmp_path / "ws"
+    assert cli(root, "init").exit_code == 0
+    r = cli(root, "dataset", "register", "mnist", "--source", "builtin:mnist5k", "--epsilon", "3", "--delta", "1e-5")
+    assert r.exit_code == 0, r.output
+    return root
+
+
+def test_budget_plan_json_keys_and_values(ws):
+    r = cli(ws, "budget", "plan", "--sigma", "1.0", "--sample-rate", "0.01", "--steps", "1000", "--delta", "1e-5",
+            "--json")
+    out = json.loads(r.output)
+    assert {"epsilon_rdp", "epsilon_pld", "sigma"} <= set(out)
+    assert out["epsilon_rdp"] == pytest.approx(epsilon_rdp([DpSgd(0.01, 1.0, 1000)], 1e-5))
+    assert out["epsilon_pld"] == pytest.approx(epsilon_pld([DpSgd(0.01, 1.0, 1000)], 1e-5))
+
+
+def test_budget_plan_sigma_for_epsilon_composed_with_dataset(ws):
+    r = cli(ws, "budget", "plan", "--epsilon", "2", "--sample-rate", "0.01", "--steps", "500", "--dataset", "mnist",
+            "--json")
+    out = json.loads(r.output)
+    assert out["epsilon_rdp"] <= 2.0 and out["fits_cap"] and out["delta"] == 1e-5
+
+
+def test_budget_show_and_ledger(ws):
+    r = cli(ws, "budget", "show", "mnist", "--json")
+    out = json.loads(r.output)
+    assert out["epsilon_cap"] == 3 and out["spent_epsilon_rdp"] == 0 and out["charges"] == []
+    assert "Ledger" in cli(ws, "ledger", "show").output
+    assert "mnist" in cli(ws, "dataset", "list").output
+
+
+def test_bad_numbers_and_unknown_dataset_are_user_errors(ws):
+    r = cli(ws, "budget", "plan", "--sigma", "nan", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5")
+    assert isinstance(r.exception, InvalidParameterError)
+    r = cli(ws, "budget", "plan", "--sigma", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5")
+    assert isinstance(r.exception, InvalidParameterError)
+    r = cli(ws, "budget", "show", "nope")
+    assert isinstance(r.exception, UnknownDatasetError)
+    r = cli(ws, "budget", "plan", "--epsilon", "5", "--sample-rate", "0.01", "--steps", "10", "--dataset", "mnist")
+    assert isinstance(r.exception, BudgetExceededError) or r.exit_code == 0
+
+
+def test_audit_verify_detects_tampering(ws):
+    r = cli(ws, "audit", "verify", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["ok"]
+    con = duckdb.connect(str(ws / "store.duckdb"))
+    con.execute("UPDATE audit_trail SET actor = 'mallory'")
+    con.close()
+    r = cli(ws, "audit", "verify")
+    assert r.exit_code == 1 and "BROKEN" in r.output
+
+
+def test_errors_print_one_message_and_exit_2(tmp_path):
+    env = {**os.environ, "PRIVRELEASE_HOME": str(tmp_path / "missing")}
+    p = subprocess.run([sys.executable, "-m", "release.cli", "dataset", "list"], capture_output=True, text=True, env=env)
+    assert p.returncode == 2
+    assert "privrelease init" in p.stderr and "Traceback" not in p.stderr
