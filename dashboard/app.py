@@ -14,7 +14,8 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard
 import streamlit as st  # noqa: E402
 
 from accounting.errors import PrivReleaseError  # noqa: E402
-from dashboard import auth  # noqa: E402
+from accounting.store import Store  # noqa: E402
+from release import auth  # noqa: E402
 from dashboard.common import PAGE_ICONS, ROLE_BADGE, get_store, guarded, pages_for, show_flash  # noqa: E402
 from dashboard.views import audit_trail, downloads, ledger, overview, releases  # noqa: E402
 from release import keys  # noqa: E402
@@ -32,7 +33,7 @@ div[data-testid="stMetric"] {background: #f6f8fa; border: 1px solid #e3e8ee; bor
 """
 
 
-def current_identity(store) -> keys.Identity | None:
+def current_identity(store: Store) -> keys.Identity | None:
     """The signed-in identity, re-read from the store on every run (a deleted identity is signed out)."""
     name = st.session_state.get("user")
     if not name:
@@ -44,7 +45,7 @@ def current_identity(store) -> keys.Identity | None:
         return None
 
 
-def sign_in(store) -> None:
+def sign_in(store: Store) -> None:
     _, mid, _ = st.columns([1, 1.3, 1])
     with mid:
         st.markdown("## :material/shield_lock: privrelease")
@@ -68,7 +69,7 @@ def sign_in(store) -> None:
                 st.rerun()
 
 
-def sidebar(ident: keys.Identity) -> tuple[str, str | None]:
+def sidebar(store: Store, ident: keys.Identity) -> tuple[str, str | None]:
     """Navigation limited to the role's pages; returns (page, refused page or None)."""
     allowed = pages_for(ident.role)
     requested = st.session_state.get("page")
@@ -85,7 +86,7 @@ def sidebar(ident: keys.Identity) -> tuple[str, str | None]:
             for k in ("user", "page", "release"):
                 st.session_state.pop(k, None)
             st.rerun()
-        st.caption(f"Workspace: `{get_store().workspace.root}`")
+        st.caption(f"Workspace: `{store.workspace.root}`")
     return st.session_state["page"], refused
 
 
@@ -101,9 +102,9 @@ def main() -> None:
     if ident is None:
         sign_in(store)
         return
-    page, refused = sidebar(ident)
+    page, refused = sidebar(store, ident)
     if refused is not None:
-        st.error(f"The {refused} page is not available to a {ident.role}. "
+        st.error(f"The {str(refused)[:40]} page is not available to a {ident.role}. "
                  f"You can open: {', '.join(pages_for(ident.role))}.", icon=":material/block:")
         return
     show_flash()

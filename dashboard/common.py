@@ -1,6 +1,7 @@
 """Shared dashboard plumbing: the store, which role sees which page, error display, formatting."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ def guarded(what: str = "") -> Iterator[None]:
     except PrivReleaseError as exc:
         st.error(f"{what + ': ' if what else ''}{exc}", icon=":material/block:")
     except Exception as exc:  # noqa: BLE001 - an unexpected bug still must not show a traceback
+        logging.getLogger("privrelease.dashboard").exception("unexpected error while %s", what or "rendering")
         st.error(f"Unexpected error{' while ' + what if what else ''}: {type(exc).__name__}: {exc}", icon=":material/warning:")
 
 

@@ -17,6 +17,7 @@ from rich.rule import Rule
 from accounting import ledger, trail
 from accounting.store import Store, Workspace
 from release import keys, manager
+from release.auth import set_password
 from release.cli.common import console, fmt_eps
 from release.cli.progress import rich_progress
 from release.cli.releases import print_plan
@@ -24,6 +25,7 @@ from release.data import register_from_source
 from release.spec import ReleaseSpec
 from release.verify import verify_bundle
 
+DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
 DEMO_SPEC = {
     "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 1000,
                 "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
@@ -51,7 +53,8 @@ def main() -> None:
     store = Store(ws)
     for name, role in (("alice", "steward"), ("bob", "auditor"), ("carol", "consumer")):
         ident = keys.create_identity(store, name, role, actor="demo")
-        console.print(f"  {role:<9} {name}  key {ident.key_id[:16]}…")
+        set_password(store, name, DEMO_PASSWORD, actor="demo")
+        console.print(f"  {role:<9} {name}  key {ident.key_id[:16]}…  dashboard password: {DEMO_PASSWORD}")
     release_pub = keys.ensure_release_key(ws)
     console.print(f"  release-signing public key: {release_pub}")
 

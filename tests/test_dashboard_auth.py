@@ -8,7 +8,7 @@ import pytest
 
 from accounting import trail
 from accounting.errors import PrivReleaseError
-from dashboard.auth import check_password, hash_password, set_password, verify_hash
+from release.auth import check_password, hash_password, set_password, verify_hash
 from release import keys
 
 

@@ -116,7 +116,8 @@ def test_sign_in_and_pages_in_a_browser(server):
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "[data-testid='stImage'] img")))  # the gauge
         sidebar = driver.find_element(By.CSS_SELECTOR, "[data-testid='stSidebar']").text
         assert "alice" in sidebar and "steward" in sidebar
-        time.sleep(1)
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-stale='true']"))
+        time.sleep(3)  # tables draw on a canvas after the element exists
         shots = {"signin": ARTIFACTS / "dashboard-signin.png", "overview": ARTIFACTS / "dashboard-overview.png"}
         driver.save_screenshot(str(shots["overview"]))
         # Text each page renders last: the screenshot waits for it and for no stale (faded) element.
@@ -127,7 +128,7 @@ def test_sign_in_and_pages_in_a_browser(server):
             wait.until(ec.presence_of_element_located((By.XPATH, f"//*[@data-testid='stMain']//*[text()='{marker}' "
                                                                   f"or contains(text(), '{marker}')]")))
             wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-stale='true']"))
-            time.sleep(1.5)
+            time.sleep(3)
             assert "Traceback" not in driver.find_element(By.TAG_NAME, "body").text
             shots[page] = ARTIFACTS / f"dashboard-{page.lower().replace(' ', '-')}.png"
             driver.save_screenshot(str(shots[page]))

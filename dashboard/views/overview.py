@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pandas as pd
+from pandas.io.formats.style import Styler
 import streamlit as st
 
 from accounting import ledger
@@ -33,7 +34,7 @@ def releases_frame(rels: list[dict]) -> pd.DataFrame:
     } for r in rels])
 
 
-def styled_releases(rels: list[dict]):
+def styled_releases(rels: list[dict]) -> Styler:
     """The releases table with each state in its colour."""
     return releases_frame(rels).style.map(lambda v: f"color: {STATE_COLOURS.get(v, '#1f2933')}; font-weight: 600",
                                           subset=["state"])

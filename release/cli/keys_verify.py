@@ -55,3 +55,13 @@ def verify(bundle: Path = typer.Argument(..., help="Bundle directory or its .tar
             console.print(f"  - {problem}")
     if not r.ok:
         raise typer.Exit(1)
+
+
+@keys_app.command("password")
+def password(name: str, actor: str = typer.Option(None, "--actor")) -> None:
+    """Set the dashboard sign-in password of an identity (stored as a salted scrypt hash)."""
+    from release.auth import set_password
+
+    secret = typer.prompt("New password", hide_input=True, confirmation_prompt=True)
+    set_password(store(), name, secret, actor=actor or default_actor())
+    console.print(f"[green]Password set[/] for {name}.")

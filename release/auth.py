@@ -1,4 +1,4 @@
-"""Dashboard passwords: scrypt hashes in the store's `identities.password_hash` column.
+"""Dashboard passwords (set by `privrelease keys password`): scrypt hashes in `identities.password_hash`.
 
 Format: "scrypt$n$r$p$salt_b64$hash_b64". The password itself is never stored or logged; setting one
 appends an `identity.password` entry (name only) to the audit trail.

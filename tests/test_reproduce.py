@@ -1,0 +1,96 @@
+"""Fast checks of `make reproduce`'s report writing on toy numbers (no training)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# opacus installs its own top-level `benchmarks` package into site-packages; make ours win.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+for _name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+    if "site-packages" in str(getattr(sys.modules[_name], "__file__", "")):
+        del sys.modules[_name]
+
+from benchmarks.reproduce import _jsonable, _unjson, build_report, write_plots  # noqa: E402
+from benchmarks.reproduce_report import ksalsa_orderings, privimage_orderings  # noqa: E402
+from benchmarks.reproduce_settings import AUDIT_EPSILONS, EPSILONS, KS, settings  # noqa: E402
+
+METHODS = ("PrivImage", "DPDM-style (no pre-training)", "PDP-Diffusion-style (all public)")
+
+
+def _acc(v: float) -> dict:
+    return {"logreg": v, "mlp": v + 0.01, "cnn": v + 0.02}
+
+
+def _toy_results(paper_order: bool) -> dict:
+    s = {**settings("micro"), "epsilons": list(EPSILONS), "audit_epsilons": list(AUDIT_EPSILONS), "ks": list(KS)}
+    rows = []
+    for eps in EPSILONS:
+        for i, m in enumerate(METHODS):
+            # paper order: PrivImage best, then PDP (index 2), then DPDM (index 1)
+            rank = {0: 0, 2: 1, 1: 2}[i] if paper_order else i
+            rows.append({"epsilon": eps, "method": m, "fid": 100.0 + 10 * rank - eps, "acc": _acc(0.8 - 0.1 * rank),
+                         "eps_rdp": eps * 0.99, "eps_pld": eps * 0.9, "noise_multiplier": 1.0, "steps": 10,
+                         "selection_ratio": 0.5 if i == 0 else (1.0 if i == 2 else None),
+                         "selected": {"0": ["digit 0"]} if i == 0 else None, "seconds_run": 1.0})
+    roc = {"fpr": [0.0, 0.01, 1.0], "tpr": [0.0, 0.02, 1.0]}
+    audit = [{"epsilon": e, "n": 10, "auc": 0.5, "tpr_at_1pct_fpr": 0.02, "eps_lower": 0.0, "eps_point": 0.1,
+              "roc": roc, "seconds": 1.0} for e in (*AUDIT_EPSILONS, math.inf)]
+    privimage = {"device": "cpu", "n_sensitive": 4000, "n_test": 1000, "public": "pool", "n_public": 100,
+                 "public_classes": 20, "fashion_installed": True, "rows": rows, "audit": audit,
+                 "real": {"acc": _acc(0.9), "fid_heldout": 5.0, "seconds": 1.0},
+                 "nonprivate_diffusion": {"fid": 50.0, "acc": _acc(0.85), "train_steps": 5, "train_seconds": 1.0},
+                 "seconds": 60.0}
+    krows = []
+    for k in KS:
+        for j, m in enumerate(("k-Same-Pixel", "k-Same-PCA", "k-Centroid", "k-SALSA")):
+            good = (m == "k-SALSA") == paper_order
+            krows.append({"k": k, "method": m, "released": 100 // k, "dropped": 0, "seconds": 0.1,
+                          "seconds_clustering": 0.1, "fid": 10.0 if good else 20.0 + j, "acc": _acc(0.7),
+                          "attack": 0.6 if good else 0.9, "attack_by_space": {}, "reid": 0.5, "reid_chance": 0.01})
+    ksalsa = {"device": "cpu", "n_sensitive": 100, "n_test": 1000, "public": "pool", "n_public": 100, "codec": "AE",
+              "codec_seconds": 1.0, "config": {"k": 2}, "rows": krows, "seconds": 30.0, "real_acc": _acc(0.9),
+              "reconstruction": {"fid": 3.0, "acc": _acc(0.88), "attack": 1.0, "reid": 0.95, "mse_pm1": 0.01}}
+    return {"settings": s, "machine": "toy machine", "date": "today", "threads": 1, "errors": {},
+            "privimage": privimage, "ksalsa": ksalsa, "seconds": 90.0}
+
+
+@pytest.mark.parametrize("paper_order", [True, False])
+def test_orderings_detect_agreement_and_disagreement(paper_order: bool) -> None:
+    res = _toy_results(paper_order)
+    pi = privimage_orderings(res["privimage"]["rows"])
+    ks = ksalsa_orderings(res["ksalsa"]["rows"])
+    assert len(pi) == len(EPSILONS) and len(ks) == len(KS)
+    assert all(o["fid_agrees"] == paper_order and o["acc_agrees"] == paper_order for o in pi)
+    assert all(o["fid_agrees"] == paper_order and o["attack_agrees"] == paper_order for o in ks)
+
+
+def test_report_and_plots_written(tmp_path) -> None:
+    res = _toy_results(paper_order=False)
+    from benchmarks.reproduce_plots import image_grid
+
+    rng = np.random.default_rng(0)
+    g = image_grid(tmp_path / "privimage_toy_grid.png", rng.integers(0, 255, (20, 28, 28), dtype=np.uint8),
+                   np.repeat(np.arange(10), 2), "toy")
+    plots = write_plots(res, tmp_path, [g])
+    for name in (*plots["privimage"], plots["audit"], plots["ksalsa"], g):
+        assert (tmp_path / name).stat().st_size > 1000
+    md = build_report(res, plots)
+    assert "**disagrees**" in md and "MICRO smoke run" in md
+    assert "inf (no DP)" in md and "codec reconstruction" in md
+    for name in (*plots["privimage"], plots["ksalsa"], plots["audit"], g):
+        assert f"(reproduction/{name})" in md
+    agree = build_report(_toy_results(paper_order=True), plots)
+    assert "**disagrees**" not in agree
+
+
+def test_results_json_roundtrip_keeps_infinity() -> None:
+    res = _toy_results(paper_order=True)
+    import json
+
+    back = _unjson(json.loads(json.dumps(_jsonable(res))))
+    assert math.isinf(back["privimage"]["audit"][-1]["epsilon"])
+    assert back["privimage"]["rows"][0]["fid"] == res["privimage"]["rows"][0]["fid"]
