@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("privimage", "ksalsa")
 MODE_TEXT = {
     "micro": "MICRO smoke run (pipeline check only: tiny models, a few steps; the numbers mean nothing)",
-    "cpu": "CPU default (`make reproduce`): small models and short training sized for ~35 min on 2 CPU cores",
+    "cpu": ("CPU default (`make reproduce`): small models and short training, sized (from the component "
+            "benchmarks, not timed end to end) for ~35 min on 2 otherwise idle CPU cores"),
     "full": "full (`--full`): GPU-sized settings",
 }
 
@@ -63,6 +64,11 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
          f"Written by `python -m benchmarks.reproduce{'' if s['mode'] == 'cpu' else ' --' + s['mode']}` on "
          f"{results['date']}.", "",
          f"**Mode: {MODE_TEXT[s['mode']]}.**", "",
+         *(["> This file comes from the micro smoke run: it shows that the whole pipeline (9 charged PrivImage runs, "
+            "the audit, 15 k-SALSA releases, tables, plots) runs end to end, but its models are a few optimisation "
+            "steps old, so no number or ordering below says anything about the papers. Run `make reproduce` (CPU "
+            "default, estimated ~35 min on 2 otherwise idle cores) or `python -m benchmarks.reproduce --full` on a "
+            "GPU for meaningful tables.", ""] if s["mode"] == "micro" else []),
          f"Hardware: {results['machine']}; torch threads {results['threads']}.",
          f"Seeds: {s['seed']} (data subsets, model initialisation, sampling noise, classifiers, attack splits). "
          f"Repeats: {s['repeats'] if s['mode'] == 'full' else 1} "

@@ -120,7 +120,8 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
         L.append("Where we disagree, the likely reasons: (1) scale: a UNet of a few hundred thousand parameters, "
                  "28 px greyscale and a few DP-SGD epochs on CPU, against the paper's large UNets trained for "
                  "hundreds of epochs on GPUs; at this size all three methods are limited by under-training rather "
-                 "than by the pre-training data; (2) the public pool is tiny (1,797 UCI digits, upsampled from 8x8, plus "
+                 "than by the pre-training data; (2) the public pool is tiny (1,797 UCI digits, upsampled from 8x8, "
+                 "plus "
                  "Fashion-MNIST) instead of ImageNet: pre-training on the selected UCI digits gives a prior whose "
                  "stroke style differs from MNIST, and pre-training on everything (PDP-Diffusion-style) is then "
                  "mostly Fashion-MNIST, so the gap between the two pre-trainings is driven by a few hundred "
@@ -168,11 +169,13 @@ def audit_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -
 def ksalsa_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -> str:
     L = ["## 2. k-SALSA (paper Tables 1-3 shape)", ""]
     L.append(f"Sensitive: {r['n_sensitive']} builtin:mnist5k images ({s['ksalsa_per_class']} per class); codec "
-             f"trained on the public pool {r['public']} ({r['n_public']} images): {r['codec']} ({r['codec_seconds']:.0f} "
+             f"trained on the public pool {r['public']} ({r['n_public']} images): {r['codec']} "
+             f"({r['codec_seconds']:.0f} "
              f"s). k-SALSA settings: {r['config']}. Device: {r['device']}. Time: {r['seconds'] / 60:.1f} min.")
     L.append(f"Metrics: {FID_NAME} of the released images against the sensitive images (fewer released images at "
              "larger k bias FID upwards); LR / MLP / CNN trained on the released images with their majority labels, "
-             "tested on the real held-out set; cluster-membership attack (audit.kanon_attacks: rank the k sources and k "
+             "tested on the real held-out set; cluster-membership attack (audit.kanon_attacks: rank the k sources "
+             "and k "
              "held-out non-members by similarity to the representative, pixel and EfficientNet-feature space, best of "
              "the two, top-k precision, chance 0.5); re-identification = nearest sensitive record is a source. "
              "Ablation: k-SALSA with grid = 1 (one patch per map: global Gram matrices, no local alignment).")

