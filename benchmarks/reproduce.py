@@ -66,7 +66,8 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
          f"**Mode: {MODE_TEXT[s['mode']]}.**", "",
          *(["> This file comes from the micro smoke run: it shows that the whole pipeline (9 charged PrivImage runs, "
             "the audit, 15 k-SALSA releases, tables, plots) runs end to end, but its models are a few optimisation "
-            "steps old, so no number or ordering below says anything about the papers. Run `make reproduce` (CPU "
+            "steps old, so no number or ordering below says anything about the papers (except in a section "
+            "marked with another mode). Run `make reproduce` (CPU "
             "default, estimated ~35 min on 2 otherwise idle cores) or `python -m benchmarks.reproduce --full` on a "
             "GPU for meaningful tables.", ""] if s["mode"] == "micro" else []),
          f"Hardware: {results['machine']}; torch threads {results['threads']}.",
@@ -78,12 +79,14 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
          f"Total time: {results['seconds'] / 60:.1f} min.", ""]
     for name, err in results.get("errors", {}).items():
         L += [f"**Section {name} FAILED**: `{err}`", ""]
-    if "privimage" in results:
-        L.append(privimage_section(results["privimage"], s, plots))
-    if "ksalsa" in results:
-        L.append(ksalsa_section(results["ksalsa"], s, plots))
-    if "privimage" in results:
-        L.append(audit_section(results["privimage"], s, plots))
+    for name, section in (("privimage", privimage_section), ("ksalsa", ksalsa_section), ("privimage", audit_section)):
+        if name in results:
+            r = results[name]
+            text = section(r, r.get("settings", s), plots)
+            if r.get("mode", s["mode"]) != s["mode"]:  # a section completed by a run in another mode
+                head, _, rest = text.partition("\n")
+                text = f"{head}\n\n**This section: {MODE_TEXT[r['mode']]}.**\n{rest}"
+            L.append(text)
     L += ["## Settings of the other modes", "",
           "CPU default vs `--full` (GPU) vs `--micro` (smoke); see benchmarks/reproduce_settings.py:", ""]
     from benchmarks.reproduce_settings import MODES
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                     from benchmarks.reproduce_privimage import run
                 else:
                     from benchmarks.reproduce_ksalsa import run
-                results[name] = run(s, Path(tmp), grid)
+                results[name] = {**run(s, Path(tmp), grid), "mode": mode, "settings": s}
             except Exception as exc:  # keep the other section's results; say what failed
                 traceback.print_exc()
                 results["errors"][name] = f"{type(exc).__name__}: {exc}"
