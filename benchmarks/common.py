@@ -37,3 +37,17 @@ def md_table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def throwaway_store(root, name: str, data, epsilon_cap: float, delta: float):
+    """A fresh workspace whose ledger holds one dataset, for charged benchmark runs."""
+    from accounting import ledger
+    from accounting.store import Store, Workspace
+
+    ws = Workspace(root)
+    ws.init()
+    store = Store(ws)
+    ledger.register_dataset(store, name=name, source="builtin:mnist5k", fingerprint=f"benchmark-{name}",
+                            record_count=len(data), labels=data.label_set, image_shape=list(data.image_shape),
+                            epsilon_cap=epsilon_cap, delta_cap=delta)
+    return store

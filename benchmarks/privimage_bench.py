@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import throwaway_store
+
 EPSILONS = (1.0, 5.0, 10.0)
 METHODS = (("PrivImage", "semantic"), ("DPDM-style (no pre-training)", "none"),
            ("PDP-Diffusion-style (all public)", "all"))
@@ -83,8 +85,6 @@ def step_time_ratio(cfg, device: torch.device, batch: int, reps: int = 5) -> tup
 
 
 def run(quick: bool = True, device: str = "auto") -> str:
-    from accounting import ledger
-    from accounting.store import Store, Workspace
     from synth.datasets import fashion_available, load_source, public_pool
     from synth.privimage import PrivImageConfig, run_privimage
     from synth.privimage.data import pick_device
@@ -118,12 +118,7 @@ def run(quick: bool = True, device: str = "auto") -> str:
         for eps in EPSILONS:
             for name, mode in METHODS:
                 root = Path(tmp) / f"{mode}-{eps:g}"
-                ws = Workspace(root / "ws")
-                ws.init()
-                store = Store(ws)
-                ledger.register_dataset(store, name="mnist5k", source="builtin:mnist5k", fingerprint="bench",
-                                        record_count=len(sens), labels=sens.label_set, image_shape=[28, 28],
-                                        epsilon_cap=eps, delta_cap=DELTA)
+                store = throwaway_store(root / "ws", "mnist5k", sens, eps, DELTA)
                 cfg = PrivImageConfig(epsilon=eps, delta=DELTA, selection=mode, device=str(dev), **kw)
                 t = time.time()
                 res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"bench-{mode}-{eps:g}",

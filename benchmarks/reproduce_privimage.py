@@ -21,6 +21,7 @@ from audit.images import sample_idx
 from audit.mia import attack_stats
 from audit.policy import AuditPolicy
 from audit.utility import classifier_accuracies
+from benchmarks.common import throwaway_store
 from synth.datasets import ImageDataset
 
 METHODS = (("PrivImage", "semantic"), ("DPDM-style (no pre-training)", "none"),
@@ -66,8 +67,6 @@ def _nonprivate_model(sens: ImageDataset, pi: dict, s: dict, device: torch.devic
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
-    from accounting import ledger
-    from accounting.store import Store, Workspace
     from synth.datasets import fashion_available, load_source, public_pool
     from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, run_privimage
     from synth.privimage.data import pick_device
@@ -90,12 +89,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
     for eps in s["epsilons"]:
         for name, mode in METHODS:
             root = tmp / f"privimage-{mode}-{eps:g}"
-            ws = Workspace(root / "ws")
-            ws.init()
-            store = Store(ws)
-            ledger.register_dataset(store, name="mnist5k", source="builtin:mnist5k", fingerprint="reproduce",
-                                    record_count=len(sens), labels=sens.label_set, image_shape=[28, 28],
-                                    epsilon_cap=eps, delta_cap=delta)
+            store = throwaway_store(root / "ws", "mnist5k", sens, eps, delta)
             cfg = PrivImageConfig(epsilon=eps, delta=delta, selection=mode, device=str(dev), seed=seed,
                                   query_sigma=s["query_sigma"], **pi)
             t = time.time()
