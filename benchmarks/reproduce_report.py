@@ -72,7 +72,7 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
              f"would equal the PDP-Diffusion-style baseline). Downstream classifiers: audit.utility (LR, MLP (128), "
              f"small CNN, {s['cnn_epochs']} epochs) trained on the {pi['n_samples']} synthetic images, tested on the "
              f"real held-out set. {FID_NAME}: {pi['n_samples']} synthetic vs the {r['n_sensitive']} sensitive images.")
-    L.append(f"Baselines: DPDM-style = the same UNet and DP-SGD without pre-training; PDP-Diffusion-style = "
+    L.append("Baselines: DPDM-style = the same UNet and DP-SGD without pre-training; PDP-Diffusion-style = "
              "unconditional pre-training on the whole public pool, then the same DP-SGD. The noise multiplier is "
              "calibrated so that the whole history (semantic query + DP-SGD) stays within epsilon.")
     L.append("")

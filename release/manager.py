@@ -269,11 +269,7 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
     heldout = spec_heldout(spec, ds)
     clusters = [np.asarray(c) for c in internal["clusters"]] if "clusters" in internal else None
     selected = _selected_public(spec, internal)
-    loss_fn = None
-    if res["mechanism"] == "privimage" and res["artifacts"].get("model"):
-        from synth.privimage import per_sample_diffusion_loss
-        model_path = res["artifacts"]["model"]
-        loss_fn = lambda x, y: per_sample_diffusion_loss(model_path, x, y)  # noqa: E731
+    loss_fn = mechanisms.loss_function(res["mechanism"], res["artifacts"])
     inputs = AuditInputs(
         release_id=release_id, images=images, labels=labels, ids=release_ids(release_id, len(images)),
         expected_count=int(rel["plan"]["expected_count"]), label_set=list(ds.labels), sensitive=sensitive,

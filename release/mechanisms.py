@@ -9,7 +9,7 @@ import numpy as np
 
 from accounting import ledger
 from accounting.errors import InvalidParameterError
-from accounting.events import event_from_json, event_to_json
+from accounting.events import event_to_json
 from accounting.store import Store
 from release.spec import ReleaseSpec
 from synth.datasets import ImageDataset, load_source
@@ -98,14 +98,11 @@ def execute(store: Store, release: dict, spec: ReleaseSpec, dataset: ledger.Data
                       progress=progress, actor=actor, acknowledge_non_dp=acknowledged)
 
 
-def planned_events(plan: dict) -> list:
-    return [event_from_json(e) for e in plan["events"]]
-
-
-def loss_function(result: SynthResult) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
-    """Per-sample diffusion loss of the released generator, for the membership-inference attack."""
-    model = result.artifacts.get("model")
-    if result.mechanism != "privimage" or not model:
+def loss_function(mechanism: str, artifacts: dict[str, str]) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """Per-sample diffusion loss of the released generator (from a stored result's artifacts), for the
+    membership-inference attack; None for mechanisms that release no generator."""
+    model = artifacts.get("model")
+    if mechanism != "privimage" or not model:
         return None
     from synth.privimage import per_sample_diffusion_loss
 

@@ -17,3 +17,19 @@ def workspace(tmp_path) -> Workspace:
 @pytest.fixture
 def store(workspace) -> Store:
     return Store(workspace)
+
+
+@pytest.fixture
+def tamper():
+    """Edit a workspace's store.duckdb behind privrelease's back (an attacker with file access)."""
+    import duckdb
+
+    def run(db_path, *sql: str) -> None:
+        con = duckdb.connect(str(db_path))
+        try:
+            for statement in sql:
+                con.execute(statement)
+        finally:
+            con.close()
+
+    return run

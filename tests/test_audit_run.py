@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from accounting.errors import DataFormatError, InvalidParameterError
-from accounting.fingerprint import record_fingerprints
 from audit import AuditInputs, AuditPolicy, load_report, report_text, run_audit, save_report
 from synth.datasets import ImageDataset, uci_digits
 

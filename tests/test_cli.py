@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -64,12 +63,10 @@ def test_bad_numbers_and_unknown_dataset_are_user_errors(ws):
     assert isinstance(r.exception, BudgetExceededError) or r.exit_code == 0
 
 
-def test_audit_verify_detects_tampering(ws):
+def test_audit_verify_detects_tampering(ws, tamper):
     r = cli(ws, "audit", "verify", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["ok"]
-    con = duckdb.connect(str(ws / "store.duckdb"))
-    con.execute("UPDATE audit_trail SET actor = 'mallory'")
-    con.close()
+    tamper(ws / "store.duckdb", "UPDATE audit_trail SET actor = 'mallory'")
     r = cli(ws, "audit", "verify")
     assert r.exit_code == 1 and "BROKEN" in r.output
 

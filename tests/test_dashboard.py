@@ -109,12 +109,7 @@ def test_consumer_is_refused_internal_pages(page):
     assert not at.dataframe and not at.title
     # The same deep link works for a role that may open it.
     if page != "Nonexistent":
-        at = new_app()
-        at.query_params["page"] = page
-        at.run()
-        at.text_input(key="login_name").input("bob")
-        at.text_input(key="login_password").input(PASSWORDS["bob"])
-        at.button[0].click().run()
+        at = sign_in("bob", page)
         assert not at.error and page in at.title[0].value
 
 

@@ -97,11 +97,9 @@ def test_events_round_trip_json(events):
     assert events_from_text(events_to_text(events)) == events
     for e in events:
         data = event_to_json(e)
-        rebuilt = dp_accounting.dp_event  # the DpEvent form is plain dp-accounting
         assert data["dp_event"]["type"] in {"GaussianDpEvent", "SelfComposedDpEvent", "PoissonSampledDpEvent",
                                             "NonPrivateDpEvent"}
         assert event_from_json(data).to_dp_event() == e.to_dp_event()
-        assert rebuilt is not None
 
 
 def test_stored_dp_event_must_match_parameters():

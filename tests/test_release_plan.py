@@ -1,5 +1,4 @@
 """Specs, plans, approvals and roles (no training: planning and signing only)."""
-import duckdb
 import pytest
 
 from accounting import ledger, trail
@@ -100,23 +99,20 @@ def test_approval_of_a_different_plan_is_refused(ws_store):
         manager.approve(ws_store, a["release_id"], "alice", digest=b["plan_digest"])
 
 
-def test_plan_edited_after_approval_cannot_run(ws_store):
+def test_plan_edited_after_approval_cannot_run(ws_store, tamper):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
-    con = duckdb.connect(str(ws_store.workspace.db_path))
-    con.execute("UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')")
-    con.close()
+    tamper(ws_store.workspace.db_path,
+           "UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')")
     with pytest.raises(TamperError, match="edited"):
         manager.run_release(ws_store, rel["release_id"], "alice")
     assert ledger.budget(ws_store, "mnist").charges == []  # nothing reserved
 
 
-def test_forged_approval_signature_is_refused(ws_store):
+def test_forged_approval_signature_is_refused(ws_store, tamper):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
-    con = duckdb.connect(str(ws_store.workspace.db_path))
-    con.execute("UPDATE approvals SET signature = repeat('ab', 64)")
-    con.close()
+    tamper(ws_store.workspace.db_path, "UPDATE approvals SET signature = repeat('ab', 64)")
     with pytest.raises(TamperError, match="no valid steward approval"):
         manager.verified_approval(ws_store, manager.get_release(ws_store, rel["release_id"]))
 

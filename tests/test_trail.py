@@ -1,5 +1,4 @@
 """The audit trail detects an edited, deleted, reordered or truncated entry."""
-import duckdb
 import pytest
 
 from accounting import ledger, trail
@@ -16,37 +15,30 @@ def filled(store):
     return store
 
 
-def tamper(store, *sql):
-    con = duckdb.connect(str(store.workspace.db_path))
-    for s in sql:
-        con.execute(s)
-    con.close()
-
-
 def test_intact_chain_reports_head(filled):
     v = trail.verify(filled)
     assert v.ok and len(v.head_hash) == 64 and v.problems == []
 
 
-def test_edited_entry_detected(filled):
-    tamper(filled, "UPDATE audit_trail SET payload = replace(payload, '10', '99') WHERE seq = 2")
+def test_edited_entry_detected(filled, tamper):
+    tamper(filled.workspace.db_path, "UPDATE audit_trail SET payload = replace(payload, '10', '99') WHERE seq = 2")
     v = trail.verify(filled)
     assert not v.ok and 2 in v.broken_seqs and any("edited" in p for p in v.problems)
 
 
-def test_edited_actor_detected(filled):
-    tamper(filled, "UPDATE audit_trail SET actor = 'mallory' WHERE seq = 3")
+def test_edited_actor_detected(filled, tamper):
+    tamper(filled.workspace.db_path, "UPDATE audit_trail SET actor = 'mallory' WHERE seq = 3")
     assert 3 in trail.verify(filled).broken_seqs
 
 
-def test_deleted_entry_detected(filled):
-    tamper(filled, "DELETE FROM audit_trail WHERE seq = 2")
+def test_deleted_entry_detected(filled, tamper):
+    tamper(filled.workspace.db_path, "DELETE FROM audit_trail WHERE seq = 2")
     v = trail.verify(filled)
     assert not v.ok and any("deleted" in p for p in v.problems)
 
 
-def test_reordered_entries_detected(filled):
-    tamper(filled,
+def test_reordered_entries_detected(filled, tamper):
+    tamper(filled.workspace.db_path,
            "CREATE TEMP TABLE t AS SELECT * FROM audit_trail",
            "DELETE FROM audit_trail",
            "INSERT INTO audit_trail SELECT * FROM t ORDER BY CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
@@ -54,13 +46,13 @@ def test_reordered_entries_detected(filled):
     assert not v.ok and any("reordered" in p or "moved" in p for p in v.problems)
 
 
-def test_swapped_sequence_numbers_detected(filled):
-    tamper(filled, "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
+def test_swapped_sequence_numbers_detected(filled, tamper):
+    tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
     assert not trail.verify(filled).ok
 
 
-def test_truncated_tail_detected_by_recorded_head(filled):
-    tamper(filled, "DELETE FROM audit_trail WHERE seq = 4")
+def test_truncated_tail_detected_by_recorded_head(filled, tamper):
+    tamper(filled.workspace.db_path, "DELETE FROM audit_trail WHERE seq = 4")
     v = trail.verify(filled)
     assert not v.ok and any("recorded head" in p for p in v.problems)
 
