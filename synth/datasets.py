@@ -181,11 +181,17 @@ def _mnist5k_split(heldout: bool) -> ImageDataset:
 
 
 def uci_digits(size: int = 28) -> ImageDataset:
+    """scikit-learn's 1,797 UCI 8x8 digits, framed like MNIST: the digit upsampled into a box of 20/28
+    of the side, centred on a black border. (Stretched over the whole frame they share MNIST's labels
+    but not its framing, and a CNN trained on them scores ~13% on MNIST instead of ~46%.)"""
     from sklearn.datasets import load_digits
 
     d = load_digits()
     images = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)
-    return ImageDataset(resize(images, size), d.target, [f"digit {c}" for c in range(10)], "builtin:uci-digits")
+    inner = round(size * 20 / 28)
+    before = (size - inner) // 2
+    framed = np.pad(resize(images, inner), ((0, 0), (before, size - inner - before), (before, size - inner - before)))
+    return ImageDataset(framed, d.target, [f"digit {c}" for c in range(10)], "builtin:uci-digits")
 
 
 def fashion_mnist(split: str = "train") -> ImageDataset:
