@@ -194,7 +194,7 @@ def test_style_loss_decreases_under_optimisation(net, mnist_small, tmp_path, cod
     idx = torch.tensor([[0, 1, 2], [3, 4, 5]], device=DEV)  # two clusters of three
     with torch.no_grad():
         z0 = codec.encode(x)[idx].mean(1)
-    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.005 if codec_kind == "pixel" else 0.2, grid=2,
+    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.005 if codec_kind == "pixel" else 0.5, grid=2,
                        feature_size=32)
     _, trace = optimise_batch(codec, net, x[idx], z0, cfg)
     assert len(trace.style) == cfg.steps + 1
