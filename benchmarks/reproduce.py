@@ -2,8 +2,9 @@
 with PNG plots in reproduction/.
 
     python -m benchmarks.reproduce [--micro | --full] [--out REPRODUCTION.md] [--only privimage,ksalsa]
+    python -m benchmarks.reproduce --report-only     # re-write the report from reproduction/results.json
 
-Default: CPU-sized settings (~35 min on 2 CPU cores). --micro: a smoke run of the whole pipeline
+Default: CPU-sized settings (about 70 min on 2 CPU cores). --micro: a smoke run of the whole pipeline
 (minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
 Raw numbers go to reproduction/results.json; a section not re-run (--only) is taken from there
 when its mode matches, so a long run can be completed piecewise.
@@ -29,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("privimage", "ksalsa")
 MODE_TEXT = {
     "micro": "MICRO smoke run (pipeline check only: tiny models, a few steps; the numbers mean nothing)",
-    "cpu": ("CPU default (`make reproduce`): small models and short training, sized (from the component "
-            "benchmarks, not timed end to end) for ~35 min on 2 otherwise idle CPU cores"),
+    "cpu": ("CPU default (`make reproduce`): small models and short training, sized for about 70 min on 2 CPU "
+            "cores (this run's time is given below)"),
     "full": "full (`--full`): GPU-sized settings",
 }
 
@@ -68,7 +69,7 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
             "the audit, 15 k-SALSA releases, tables, plots) runs end to end, but its models are a few optimisation "
             "steps old, so no number or ordering below says anything about the papers (except in a section "
             "marked with another mode). Run `make reproduce` (CPU "
-            "default, estimated ~35 min on 2 otherwise idle cores) or `python -m benchmarks.reproduce --full` on a "
+            "default, about 70 min on 2 CPU cores) or `python -m benchmarks.reproduce --full` on a "
             "GPU for meaningful tables.", ""] if s["mode"] == "micro" else []),
          f"Hardware: {results['machine']}; torch threads {results['threads']}.",
          f"Seeds: {s['seed']} (data subsets, model initialisation, sampling noise, classifiers, attack splits). "
@@ -110,6 +111,17 @@ def write_plots(results: dict[str, Any], out_dir: Path, grids: list[str]) -> dic
     return plots
 
 
+def rewrite_report(out: Path) -> None:
+    out_dir = out.resolve().parent / "reproduction"
+    raw_path = out_dir / "results.json"
+    if not raw_path.exists():
+        sys.exit(f"{raw_path} does not exist: run `make reproduce` first.")
+    results = _unjson(json.loads(raw_path.read_text()))
+    plots = write_plots(results, out_dir, [p.name for p in out_dir.glob("*_grid*.png")])
+    out.write_text(build_report(results, plots))
+    print(f"wrote {out} from {raw_path}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     import torch
 
@@ -121,7 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--micro", action="store_true", help="smoke run of the whole pipeline (minutes)")
     ap.add_argument("--out", type=Path, default=ROOT / "REPRODUCTION.md")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
+    ap.add_argument("--report-only", action="store_true",
+                    help="re-write REPRODUCTION.md and the plots from reproduction/results.json; train nothing")
     args = ap.parse_args(argv)
+    if args.report_only:
+        rewrite_report(args.out)
+        return
     mode = "full" if args.full else "micro" if args.micro else "cpu"
     only = [x for x in args.only.split(",") if x]
     if set(only) - set(SECTIONS):
@@ -154,10 +171,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {name} ({mode})", file=sys.stderr, flush=True)
             try:
                 if name == "privimage":
-                    from benchmarks.reproduce_privimage import run
+                    from benchmarks.reproduce_privimage import run as run_privimage
+
+                    section = run_privimage(s, Path(tmp), grid, samples_dir=out_dir / "samples")
                 else:
-                    from benchmarks.reproduce_ksalsa import run
-                results[name] = {**run(s, Path(tmp), grid), "mode": mode, "settings": s}
+                    from benchmarks.reproduce_ksalsa import run as run_ksalsa
+
+                    section = run_ksalsa(s, Path(tmp), grid)
+                results[name] = {**section, "mode": mode, "settings": s}
             except Exception as exc:  # keep the other section's results; say what failed
                 traceback.print_exc()
                 results["errors"][name] = f"{type(exc).__name__}: {exc}"

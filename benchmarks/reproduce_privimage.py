@@ -7,6 +7,7 @@ Audit: loss-threshold membership inference on the PrivImage models at epsilon in
 on the same UNet trained without DP (epsilon = infinity)."""
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from audit.policy import AuditPolicy
 from audit.utility import classifier_accuracies
 from benchmarks.common import throwaway_store
 from synth.datasets import ImageDataset
+from synth.privimage.state import PRETRAIN
 
 METHODS = (("PrivImage", "semantic"), ("DPDM-style (no pre-training)", "none"),
            ("PDP-Diffusion-style (all public)", "all"))
@@ -66,7 +68,8 @@ def _nonprivate_model(sens: ImageDataset, pi: dict, s: dict, device: torch.devic
                     train_timesteps=cfg_t, seed=s["seed"], device=device, ckpt=tmp / "nonprivate.pt")
 
 
-def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
+def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None) -> dict[str, Any]:
+    """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining."""
     from synth.datasets import fashion_available, load_source, public_pool
     from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, run_privimage
     from synth.privimage.data import pick_device
@@ -86,9 +89,16 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
                    "fid_heldout": fid(test.images[sample_idx(len(test), n_fake, np.random.default_rng(seed))],
                                       sens.images), "seconds": time.time() - t}
     _log(f"privimage: real reference done {out['real']}")
+    # The PDP-Diffusion-style pre-training reads public data only and does not depend on epsilon: train it
+    # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
+    # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
+    shared_pdp_pretrain: Path | None = None
     for eps in s["epsilons"]:
         for name, mode in METHODS:
             root = tmp / f"privimage-{mode}-{eps:g}"
+            if mode == "all" and shared_pdp_pretrain is not None:
+                (root / "run").mkdir(parents=True)
+                shutil.copy(shared_pdp_pretrain, root / "run" / PRETRAIN)
             store = throwaway_store(root / "ws", "mnist5k", sens, eps, delta)
             cfg = PrivImageConfig(epsilon=eps, delta=delta, selection=mode, device=str(dev), seed=seed,
                                   query_sigma=s["query_sigma"], **pi)
@@ -96,6 +106,11 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
             res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"reproduce-{mode}-{eps:g}",
                                 workdir=root / "run")
             t_run = time.time() - t
+            if samples_dir is not None:
+                samples_dir.mkdir(parents=True, exist_ok=True)
+                np.savez_compressed(samples_dir / f"{mode}-eps{eps:g}.npz", images=res.images, labels=res.labels)
+            if mode == "all" and shared_pdp_pretrain is None:
+                shared_pdp_pretrain = root / "run" / PRETRAIN
             p, g = res.parameters, res.guarantee
             row = {"epsilon": eps, "method": name, "selection": mode, "eps_rdp": g["epsilon_rdp"],
                    "eps_pld": g["epsilon_pld"], "noise_multiplier": p["noise_multiplier"], "steps": p["steps"],

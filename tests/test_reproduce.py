@@ -15,7 +15,7 @@ for _name in [m for m in sys.modules if m == "benchmarks" or m.startswith("bench
         del sys.modules[_name]
 
 from benchmarks.reproduce import _jsonable, _unjson, build_report, write_plots  # noqa: E402
-from benchmarks.reproduce_report import ksalsa_orderings, privimage_orderings  # noqa: E402
+from benchmarks.reproduce_report import ksalsa_orderings, matching_digit_classes, privimage_orderings  # noqa: E402
 from benchmarks.reproduce_settings import AUDIT_EPSILONS, EPSILONS, KS, settings  # noqa: E402
 
 METHODS = ("PrivImage", "DPDM-style (no pre-training)", "PDP-Diffusion-style (all public)")
@@ -64,7 +64,10 @@ def test_orderings_detect_agreement_and_disagreement(paper_order: bool) -> None:
     pi = privimage_orderings(res["privimage"]["rows"])
     ks = ksalsa_orderings(res["ksalsa"]["rows"])
     assert len(pi) == len(EPSILONS) and len(ks) == len(KS)
-    assert all(o["fid_agrees"] == paper_order and o["acc_agrees"] == paper_order for o in pi)
+    assert all(o["fid_agrees"] == o["acc_agrees"] == o["mean_acc_agrees"] == paper_order for o in pi)
+    expected = ("PrivImage", "PDP-Diffusion-style", "DPDM-style") if paper_order else \
+        ("PrivImage", "DPDM-style", "PDP-Diffusion-style")
+    assert all(o["fid_order"] == " < ".join(expected) and o["mean_acc_order"] == " > ".join(expected) for o in pi)
     assert all(o["fid_agrees"] == paper_order and o["attack_agrees"] == paper_order for o in ks)
 
 
@@ -94,3 +97,8 @@ def test_results_json_roundtrip_keeps_infinity() -> None:
     back = _unjson(json.loads(json.dumps(_jsonable(res))))
     assert math.isinf(back["privimage"]["audit"][-1]["epsilon"])
     assert back["privimage"]["rows"][0]["fid"] == res["privimage"]["rows"][0]["fid"]
+
+
+def test_matching_digit_classes_counts_semantically_right_choices() -> None:
+    chosen = {"0": ["digit 0"], "1": ["Trouser"], "2": ["digit 3", "digit 2"], "3": ["digit 8"]}
+    assert matching_digit_classes(chosen) == 2
