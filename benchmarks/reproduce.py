@@ -73,8 +73,7 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
             "GPU for meaningful tables.", ""] if s["mode"] == "micro" else []),
          f"Hardware: {results['machine']}; torch threads {results['threads']}.",
          f"Seeds: {s['seed']} (data subsets, model initialisation, sampling noise, classifiers, attack splits). "
-         f"Repeats: {s['repeats'] if s['mode'] == 'full' else 1} "
-         f"({'one repeat on CPU: no error bars' if s['mode'] != 'full' else 'per setting'}). The DP noise and the "
+         f"Repeats: {s['repeats']} per setting (no error bars). The DP noise and the "
          "Poisson sampling of DP-SGD are seeded from OS entropy by design (a public seed would let anyone subtract the "
          "noise), so DP rows are not bit-reproducible and differ run to run.",
          f"Total time: {results['seconds'] / 60:.1f} min.", ""]
@@ -116,10 +115,14 @@ def rewrite_report(out: Path) -> None:
     raw_path = out_dir / "results.json"
     if not raw_path.exists():
         sys.exit(f"{raw_path} does not exist: run `make reproduce` first.")
-    results = _unjson(json.loads(raw_path.read_text()))
-    plots = write_plots(results, out_dir, [p.name for p in out_dir.glob("*_grid*.png")])
-    out.write_text(build_report(results, plots))
+    write_report(_unjson(json.loads(raw_path.read_text())), out, [p.name for p in out_dir.glob("*_grid*.png")])
     print(f"wrote {out} from {raw_path}", file=sys.stderr)
+
+
+def write_report(results: dict[str, Any], out: Path, grids: list[str]) -> None:
+    """REPRODUCTION.md at `out`, its plots beside it in reproduction/."""
+    plots = write_plots(results, out.resolve().parent / "reproduction", grids)
+    out.write_text(build_report(results, plots))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,8 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     results["seconds"] = time.time() - t0 + sum(previous.get(x, {}).get("seconds", 0.0) for x in SECTIONS
                                                   if x not in only and x in previous)
     raw_path.write_text(json.dumps(_jsonable(results), indent=1))
-    plots = write_plots(results, out_dir, grids)
-    args.out.write_text(build_report(results, plots))
+    write_report(results, args.out, grids)
     print(f"wrote {args.out} and {out_dir}/", file=sys.stderr)
     if results["errors"]:
         sys.exit(1)

@@ -53,19 +53,19 @@ def _mia(loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], members: Image
             "roc": {"fpr": stats["fpr"].tolist(), "tpr": stats["tpr"].tolist()}}
 
 
-def _nonprivate_model(sens: ImageDataset, pi: dict, s: dict, device: torch.device, tmp: Path):
-    """The same UNet trained without DP on the sensitive set (plain DDPM training, the pre-training code)."""
+def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tmp: Path):
+    """The UNet of `cfg` (a PrivImageConfig) trained without DP on the sensitive set (plain DDPM training,
+    the pre-training code)."""
     from synth.privimage.data import label_index, to_format, to_tensor
     from synth.privimage.model import make_unet
     from synth.privimage.training import pretrain
 
-    cfg_t = pi.get("train_timesteps", 1000)
-    torch.manual_seed(s["seed"])
-    model = make_unet(28, 1, 10, pi["unet_channels"], pi.get("layers_per_block", 1))
-    x = to_tensor(to_format(sens.images, 28, 1))
+    torch.manual_seed(cfg.seed)
+    model = make_unet(cfg.image_size, 1, len(sens.label_set), cfg.unet_channels, cfg.layers_per_block)
+    x = to_tensor(to_format(sens.images, cfg.image_size, 1))
     y = torch.from_numpy(label_index(sens.labels, sens.label_set))
-    return pretrain(model, x, y, steps=s["nonprivate_steps"], batch=s["nonprivate_batch"], lr=2e-3,
-                    train_timesteps=cfg_t, seed=s["seed"], device=device, ckpt=tmp / "nonprivate.pt")
+    return pretrain(model, x, y, steps=s["nonprivate_steps"], batch=s["nonprivate_batch"], lr=cfg.pretrain_lr,
+                    train_timesteps=cfg.train_timesteps, seed=cfg.seed, device=device, ckpt=tmp / "nonprivate.pt")
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None) -> dict[str, Any]:
@@ -93,6 +93,8 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
     # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
     # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
     shared_pdp_pretrain: Path | None = None
+    base = PrivImageConfig(epsilon=max(s["epsilons"]), delta=delta, device=str(dev), seed=seed,
+                           query_sigma=s["query_sigma"], **pi)
     for eps in s["epsilons"]:
         for name, mode in METHODS:
             root = tmp / f"privimage-{mode}-{eps:g}"
@@ -100,8 +102,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
                 (root / "run").mkdir(parents=True)
                 shutil.copy(shared_pdp_pretrain, root / "run" / PRETRAIN)
             store = throwaway_store(root / "ws", "mnist5k", sens, eps, delta)
-            cfg = PrivImageConfig(epsilon=eps, delta=delta, selection=mode, device=str(dev), seed=seed,
-                                  query_sigma=s["query_sigma"], **pi)
+            cfg = base.with_(epsilon=eps, selection=mode)
             t = time.time()
             res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"reproduce-{mode}-{eps:g}",
                                 workdir=root / "run")
@@ -131,15 +132,15 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
                 _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
     # epsilon = infinity: the same UNet without DP, on the sensitive set
     t = time.time()
-    model = _nonprivate_model(sens, pi, s, dev, tmp)
+    model = _nonprivate_model(sens, base, s, dev, tmp)
     t_train = time.time() - t
-    T = pi.get("train_timesteps", 1000)
+    T = base.train_timesteps
     m = _mia(lambda im, lb: per_sample_diffusion_loss(model, im, lb, train_timesteps=T), sens, test,
              s["mia_samples"], delta, seed)
     out["audit"].append({"epsilon": float("inf"), **m, "seconds": time.time() - t, "train_seconds": t_train})
     pos = balanced_labels(n_fake, 10)
-    imgs = sample_images(model, pos, image_size=28, channels=1, train_timesteps=T, ddim_steps=pi["ddim_steps"],
-                         batch=pi["sample_batch"], seed=seed, device=dev)
+    imgs = sample_images(model, pos, image_size=base.image_size, channels=1, train_timesteps=T,
+                         ddim_steps=base.ddim_steps, batch=base.sample_batch, seed=seed, device=dev)
     labels = np.asarray(sens.label_set, dtype=np.int64)[pos]
     out["nonprivate_diffusion"] = {"fid": fid(imgs, sens.images),
                                    "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),

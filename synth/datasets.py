@@ -190,7 +190,8 @@ def uci_digits(size: int = 28) -> ImageDataset:
     images = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)
     inner = round(size * 20 / 28)
     before = (size - inner) // 2
-    framed = np.pad(resize(images, inner), ((0, 0), (before, size - inner - before), (before, size - inner - before)))
+    border = (before, size - inner - before)
+    framed = np.pad(resize(images, inner), ((0, 0), border, border))
     return ImageDataset(framed, d.target, [f"digit {c}" for c in range(10)], "builtin:uci-digits")
 
 
