@@ -210,11 +210,12 @@ def reserve(
             "INSERT INTO charges VALUES (?, ?, ?, 'reserved', ?, '[]', ?, ?, ?, NULL)",
             [pos, run_id, ds.dataset_id, text, description, actor, trail.now()],
         )
+        charge = _charge_row(con, run_id)
         trail.append(con, store, actor, "budget.reserve", {
-            "run_id": run_id, "dataset_id": ds.dataset_id, "events": json.loads(text),
+            **_record(con, run_id), "events": json.loads(text),
             "epsilon_rdp_after": None if math.isinf(eps) else eps, "description": description,
         })
-        return _charge_row(con, run_id)
+        return charge
 
 
 def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent], *, actor: str = "system") -> Charge:
@@ -243,8 +244,9 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
                 )
         con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
                     [text, trail.now(), run_id])
-        trail.append(con, store, actor, "budget.commit", {"run_id": run_id, "events": json.loads(text)})
-        return _charge_row(con, run_id)
+        charge = _charge_row(con, run_id)
+        trail.append(con, store, actor, "budget.commit", {**_record(con, run_id), "events": json.loads(text)})
+        return charge
 
 
 def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> Charge:
@@ -260,8 +262,24 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
                 f"Run {run_id!r} is committed: it read the data, so what it executed stays charged (rule 2)."
             )
         con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])
-        trail.append(con, store, actor, "budget.refund", {"run_id": run_id, "reason": reason})
-        return _charge_row(con, run_id)
+        charge = _charge_row(con, run_id)
+        trail.append(con, store, actor, "budget.refund", {**_record(con, run_id), "reason": reason})
+        return charge
+
+
+RECORD_FIELDS = ("run_id", "dataset_id", "position", "state", "planned_events", "charged_events")
+
+
+def charge_record(row: dict) -> dict:
+    """What a budget.* trail entry commits to: the charge row's accounting fields (events as parsed
+    JSON) after the change. `privrelease audit verify` replays these and compares them with the table."""
+    out = {k: row[k] for k in RECORD_FIELDS}
+    out["planned_events"], out["charged_events"] = json.loads(row["planned_events"]), json.loads(row["charged_events"])
+    return out
+
+
+def _record(con, run_id: str) -> dict:
+    return charge_record(_rows(con, "SELECT * FROM charges WHERE run_id = ?", [run_id])[0])
 
 
 def get_charge(store: Store, run_id: str) -> Charge | None:

@@ -78,7 +78,9 @@ class Workspace:
         created = not self.initialised
         for d in (self.root, self.artifacts, self.keys, self.bundles):
             d.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.keys, 0o700)
+            # The workspace holds sensitive data's derivatives (models, samples, reports) and the HMAC
+            # key: only its owner may enter any of it (README, "Trust model").
+            os.chmod(d, 0o700)
         if not self.hmac_key_path.exists():
             # Secret key for dataset/record fingerprints (DESIGN.md rule 4): a plain hash of sensitive
             # data would let anyone tell D from a neighbouring D'.
@@ -89,6 +91,9 @@ class Workspace:
         with store.transaction() as con:
             con.execute(SCHEMA)
             con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        for path in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal"), self.lock_path):
+            if path.exists():
+                os.chmod(path, 0o600)
         return created
 
     def hmac_key(self) -> bytes:
@@ -105,19 +110,22 @@ class Store:
                 f"No privrelease workspace at {self.workspace.root}. Run `privrelease init` "
                 "(or pass --workspace / set PRIVRELEASE_HOME to an existing one)."
             )
-        self._lock = FileLock(str(self.workspace.lock_path), timeout=120)
+        self._lock = FileLock(str(self.workspace.lock_path), timeout=120, mode=0o600)
+        self.before_commit: list = []
         self.after_commit: list = []
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """One atomic unit of work: commits on success, rolls back on any exception."""
         with self._lock:
-            self.after_commit: list = []
+            self.before_commit, self.after_commit = [], []
             con = duckdb.connect(str(self.workspace.db_path))
             try:
                 con.execute("BEGIN TRANSACTION")
                 try:
                     yield con
+                    for action in self.before_commit:  # e.g. the trail's write-ahead head record
+                        action()
                 except BaseException:
                     con.execute("ROLLBACK")
                     raise

@@ -2,15 +2,19 @@
 
 Each entry's hash covers its sequence number, time, actor, action, payload and the previous entry's
 hash, so editing, deleting or reordering any entry breaks the chain. Deleting the *last* entries
-leaves a valid shorter chain; that is caught by the head recorded in `trail.head` (written in the
-same transaction) and, for anyone outside, by the head hash pinned in every signed bundle.
+leaves a valid shorter chain; that is caught by the head recorded in `trail.head` and, for anyone
+outside the store, by steward-signed checkpoints (accounting/checkpoint.py) and the head hash pinned
+in every signed bundle. The chain itself is unkeyed: whoever can write the store can recompute it,
+which only a signed checkpoint kept elsewhere exposes.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -34,14 +38,69 @@ def entry_hash(seq: int, ts: str, actor: str, action: str, payload: str, prev_ha
 
 
 def append(con: duckdb.DuckDBPyConnection, store: Store, actor: str, action: str, payload: dict) -> tuple[int, str]:
-    """Append one entry inside the caller's transaction; returns (seq, hash) of the new head."""
+    """Append one entry inside the caller's transaction; returns (seq, hash) of the new head.
+
+    The head is recorded outside the table in two steps so that a crash can be told from an edit:
+    `trail.head.pending` (the head this transaction will create) is written just before COMMIT and
+    `trail.head` just after. A crash in between leaves pending == the stored chain's end, which
+    `verify` reports as "interrupted" (not "altered") and the next append repairs."""
+    hooked = getattr(store, "_trail_hooks_of", None) is store.before_commit  # this transaction's hooks set?
+    if not hooked:
+        _recover_head(con, store)
     row = con.execute("SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1").fetchone()
     seq, prev = (row[0] + 1, row[1]) if row else (1, GENESIS)
     ts, text = now(), canonical(payload)
     h = entry_hash(seq, ts, actor, action, text, prev)
     con.execute("INSERT INTO audit_trail VALUES (?, ?, ?, ?, ?, ?, ?)", [seq, ts, actor, action, text, prev, h])
-    store.after_commit.append(lambda: store.workspace.trail_head_path.write_text(f"{seq} {h}\n"))
+    store._trail_new_head = (seq, h)
+    if not hooked:  # one pair of hooks per transaction, whatever the entry count
+        store._trail_hooks_of = store.before_commit
+        store.before_commit.append(lambda: _write_head(store.workspace.root / PENDING_NAME, store._trail_new_head))
+        store.after_commit.append(lambda: _promote_pending(store))
     return seq, h
+
+
+PENDING_NAME = "trail.head.pending"
+
+
+def _write_head(path: Path, head: tuple[int, str]) -> None:
+    """Replace `path` atomically (a reader or a crash never sees a half-written head)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{head[0]} {head[1]}\n")
+    os.replace(tmp, path)
+
+
+def _promote_pending(store: Store) -> None:
+    _write_head(store.workspace.trail_head_path, store._trail_new_head)
+    (store.workspace.root / PENDING_NAME).unlink(missing_ok=True)
+
+
+def _recover_head(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+    """Under the store lock: finish an interrupted head update, or drop a rolled-back pending one."""
+    pending_path = store.workspace.root / PENDING_NAME
+    pending = _read_head(pending_path)
+    if pending is None:
+        return
+    row = con.execute("SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1").fetchone()
+    if isinstance(pending, tuple) and row is not None and (row[0], row[1]) == pending:
+        _write_head(store.workspace.trail_head_path, pending)  # committed, head not yet recorded
+    pending_path.unlink(missing_ok=True)
+
+
+def _read_head(path: Path) -> tuple[int, str] | str | None:
+    """(seq, hash), None if the file is absent, or a description of why it is unreadable."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].isdigit() or len(parts[1]) != 64:
+        return f"is malformed ({text[:40]!r})"
+    return int(parts[0]), parts[1]
 
 
 @dataclass
@@ -51,10 +110,11 @@ class TrailVerification:
     head_hash: str
     problems: list[str] = field(default_factory=list)
     broken_seqs: list[int] = field(default_factory=list)
+    status: str = "intact"  # intact | interrupted (a crash between commit and head record) | altered
+    notes: list[str] = field(default_factory=list)
 
 
-def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | None) -> TrailVerification:
-    """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order."""
+def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
     problems: list[str] = []
     broken: list[int] = []
     prev = GENESIS
@@ -69,13 +129,43 @@ def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | None) -> Tra
             problems.append(f"entry {seq} ({action}): content does not match its hash (edited)")
             broken.append(seq)
         prev = stored
-    head = rows[-1][6] if rows else GENESIS
-    if recorded_head is not None and rows and (len(rows), head) != recorded_head:
+    return problems, sorted(set(broken))
+
+
+def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | str | None,
+                pending_head: tuple[int, str] | str | None = None) -> TrailVerification:
+    """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order,
+    against the recorded head (and the write-ahead pending head, if a crash left one)."""
+    problems, broken = _chain_problems(rows)
+    end = (len(rows), rows[-1][6] if rows else GENESIS)
+    notes: list[str] = []
+    if isinstance(recorded_head, str):
+        problems.append(f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, "
+                        "so it was edited")
+    elif recorded_head is None and not rows:
+        pass
+    elif recorded_head == end:
+        pass
+    elif pending_head == end and _extends(rows, recorded_head):
+        notes.append(f"the last transaction (entry {end[0]}) committed but its head record was interrupted "
+                     "(a crash or kill); the chain is consistent and the next write repairs the record")
+    elif recorded_head is None:
+        problems.append(f"the chain has {len(rows)} entries but the workspace has no recorded head "
+                        "(trail.head deleted)")
+    else:
         problems.append(
-            f"chain ends at entry {len(rows)} {head[:12]}… but the workspace recorded head entry "
-            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the head file edited)"
-        )
-    return TrailVerification(not problems, len(rows), head, problems, sorted(set(broken)))
+            f"chain ends at entry {end[0]} {end[1][:12]}… but the workspace recorded head entry "
+            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the head file edited)")
+    status = "altered" if problems else ("interrupted" if notes else "intact")
+    return TrailVerification(not problems, len(rows), end[1], problems, broken, status, notes)
+
+
+def _extends(rows: list[tuple], recorded: tuple[int, str] | None) -> bool:
+    """True if the recorded head is the entry just before the chain's end (or absent for a 1-entry chain)."""
+    if recorded is None:
+        return len(rows) == 1
+    seq, h = recorded
+    return seq == len(rows) - 1 and (seq == 0 or rows[seq - 1][6] == h)
 
 
 def read_rows(store: Store) -> list[tuple]:
@@ -84,16 +174,14 @@ def read_rows(store: Store) -> list[tuple]:
         return con.execute("SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER BY rowid").fetchall()
 
 
-def recorded_head(store: Store) -> tuple[int, str] | None:
-    path = store.workspace.trail_head_path
-    if not path.exists():
-        return None
-    seq, h = path.read_text().split()
-    return int(seq), h
+def recorded_head(store: Store) -> tuple[int, str] | str | None:
+    return _read_head(store.workspace.trail_head_path)
 
 
 def verify(store: Store) -> TrailVerification:
-    return verify_rows(read_rows(store), recorded_head(store))
+    with store._lock:  # rows and head files read together, not between a commit and its head record
+        rows = read_rows(store)
+        return verify_rows(rows, recorded_head(store), _read_head(store.workspace.root / PENDING_NAME))
 
 
 def entries(store: Store, limit: int | None = None) -> list[dict]:
