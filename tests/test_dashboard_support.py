@@ -76,7 +76,7 @@ def approved_small_release(store: Store, root: Path) -> str:
     idx = np.concatenate([np.flatnonzero(mnist.labels == c)[:6] for c in range(10)])
     path = root.parent / "mnist-small.npz"
     np.savez(path, images=mnist.images[idx], labels=mnist.labels[idx])
-    register_from_source(store, "mnist-small", str(path), 4.0, 1e-4, actor="alice")
+    register_from_source(store, "mnist-small", str(path), 4.0, 1e-4, labels="0-9", actor="alice")
     spec = ksalsa_spec("mnist-small", policy=FAST_POLICY, heldout="builtin:mnist5k-heldout",
                        description="small k-anonymous release")
     rel = manager.create_plan(store, spec, "alice")

@@ -9,7 +9,8 @@ from PIL import Image
 
 from accounting.errors import DataFormatError
 from release.data import register_from_source
-from synth.datasets import load_source, to_uint8, uci_digits
+from synth.datasets import load_source, uci_digits
+from synth.user_data import to_uint8
 
 
 def png(arr: np.ndarray) -> bytes:
@@ -36,13 +37,13 @@ def test_folder_of_class_subfolders(folder):
 def test_corrupt_image_is_named(folder, store):
     (folder / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DataFormatError, match="broken.png: not a readable image"):
-        register_from_source(store, "pets", str(folder), 1.0, 1e-3)
+        register_from_source(store, "pets", str(folder), 1.0, 1e-3, labels="cat,dog")
     assert store.query("SELECT * FROM datasets") == [] and store.query("SELECT * FROM audit_trail") == []
 
 
 def test_wrong_shaped_image_is_named(folder):
     (folder / "cat" / "big.png").write_bytes(png(np.zeros((16, 16), dtype=np.uint8)))
-    with pytest.raises(DataFormatError, match="different shapes"):
+    with pytest.raises(DataFormatError, match="different sizes.*big.png is 16x16"):
         load_source(str(folder))
 
 
@@ -71,13 +72,15 @@ def test_parquet_round_trip_and_missing_column(tmp_path):
     (np.full((3, 4, 4), 300.0), "above 255"),
 ])
 def test_numpy_bad_pixels(tmp_path, bad, match):
-    np.savez(tmp_path / "x.npz", images=bad, labels=np.zeros(3))
+    np.savez(tmp_path / "x.npz", images=bad, labels=np.zeros(3, dtype=int))
     with pytest.raises(DataFormatError, match=match):
         load_source(str(tmp_path / "x.npz"))
 
 
 def test_numpy_float_pixels_are_scaled_and_labels_checked(tmp_path):
     assert to_uint8(np.array([[0.0, 1.0]]), "x").tolist() == [[0, 255]]
+    # integers are 0-255 values: a binary 0/1 integer image is not stretched to 0/255
+    assert to_uint8(np.array([[0, 1]], dtype=np.int64), "x").tolist() == [[0, 1]]
     np.savez(tmp_path / "y.npz", images=np.zeros((3, 4, 4), dtype=np.uint8), labels=np.zeros(2))
     with pytest.raises(DataFormatError, match="labels of shape"):
         load_source(str(tmp_path / "y.npz"))

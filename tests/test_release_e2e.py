@@ -35,7 +35,8 @@ def _setup(store, small_data):
     keys.create_identity(store, "alice", "steward")
     keys.create_identity(store, "carol", "consumer")
     keys.ensure_release_key(store.workspace)
-    register_from_source(store, "digits", str(small_data / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4)
+    register_from_source(store, "digits", str(small_data / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4,
+                         labels="0-9")
 
 
 def _release(store, spec):

@@ -148,7 +148,7 @@ def test_changed_data_is_refused(tmp_path, store):
     path = tmp_path / "d.npz"
     rng = np.random.default_rng(0)
     np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
-    register_from_source(store, "toy", str(path), 1.0, 1e-3)
+    register_from_source(store, "toy", str(path), 1.0, 1e-3, labels="0,1")
     np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
     with pytest.raises(PrivReleaseError, match="changed since"):
         load_registered(store, "toy")

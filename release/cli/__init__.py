@@ -5,8 +5,10 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from accounting.errors import PrivReleaseError
+from accounting.store import Store
 from release.cli import audit_trail, budget, datasets, keys_verify, releases, synth_cmds
 from release.cli.common import STATE, console, err_console, workspace
 
@@ -44,11 +46,24 @@ def root(
 
 
 @app.command("init")
-def init() -> None:
-    """Create the workspace (store, keys, artifacts, bundles). Safe to run again."""
+def init(steward: str = typer.Option(None, "--steward", help="Create the workspace's first steward (only a steward "
+                                                             "can add identities later).")) -> None:
+    """Create the workspace (store, keys, artifacts, bundles; mode 0700). Safe to run again."""
+    from accounting.errors import PermissionDeniedError
+    from release import keys
+
     ws = workspace()
     created = ws.init()
     console.print(f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at {ws.root.resolve()}")
+    if steward is not None:
+        s = Store(ws)
+        if keys.has_steward(s):
+            raise PermissionDeniedError("This workspace already has a steward; add another with "
+                                        f"`privrelease keys create {steward} --role steward --as STEWARD`.")
+        ident = keys.create_identity(s, steward, "steward", actor=steward)
+        keys.ensure_release_key(ws)
+        console.print(f"[green]Created[/] first steward {ident.name}; private key "
+                      f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's authority).")
 
 
 def main() -> None:
@@ -56,7 +71,7 @@ def main() -> None:
     try:
         app()
     except PrivReleaseError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # paths may hold [ ]
         sys.exit(2)
 
 

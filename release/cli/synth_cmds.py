@@ -12,7 +12,7 @@ from accounting import ledger
 from release.cli.common import console, default_actor, fmt_eps, store
 from release.cli.progress import rich_progress
 from release.data import load_registered
-from synth.datasets import load_source
+from synth.datasets import load_public
 
 app = typer.Typer(help="Run a mechanism directly on a registered dataset (charged to its ledger).",
                   no_args_is_help=True)
@@ -55,7 +55,7 @@ def privimage(
     run_id = run_id or "synth-" + uuid.uuid4().hex[:10]
     console.print(f"run id {run_id} (re-run with --run-id {run_id} to resume)")
     with rich_progress() as progress:
-        result = run_privimage(s, ds.name, data, load_source(public), cfg, run_id=run_id,
+        result = run_privimage(s, ds.name, data, load_public(public, ds.source), cfg, run_id=run_id,
                                workdir=s.workspace.artifacts / run_id, progress=progress, actor=actor or default_actor())
     _save(out, result)
     b = ledger.budget(s, ds.name)
@@ -84,7 +84,7 @@ def ksalsa(
     cfg = KSalsaConfig(k=k, method=method) if preset == "default" else getattr(KSalsaConfig, preset)(k=k, method=method)
     run_id = run_id or "synth-" + uuid.uuid4().hex[:10]
     with rich_progress() as progress:
-        result = run_ksalsa(s, ds.name, data, load_source(public), cfg, run_id=run_id,
+        result = run_ksalsa(s, ds.name, data, load_public(public, ds.source), cfg, run_id=run_id,
                             workdir=s.workspace.artifacts / run_id, progress=progress,
                             actor=actor or default_actor(), acknowledge_non_dp=acknowledge_non_dp)
     _save(out, result)

@@ -1,0 +1,235 @@
+"""Reading user data: a folder of class subfolders, Parquet (`image` bytes + `label`) or NumPy `.npz`.
+
+Sizes are checked from headers (image headers, the .npy headers inside an .npz, the Parquet schema)
+before anything is decoded, so a hostile file cannot make us allocate gigabytes. Every problem is a
+DataFormatError naming the file and the fix; nothing is registered from a source that fails here.
+"""
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from accounting.errors import DataFormatError
+from synth.datasets import ImageDataset, check_label_values
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+MAX_SIDE = 4096                # pixels per image side
+MAX_VALUES = 1 << 30           # decoded pixel values of a whole dataset (1 GiB as uint8)
+CHUNK = 4096                   # images converted to uint8 at a time (bounds the float64 copy)
+_UNREADABLE = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def load_user_source(source: str) -> ImageDataset:
+    path = Path(source)
+    if not path.exists():
+        raise DataFormatError(f"{source}: no such file or folder.")
+    if path.is_dir():
+        return load_folder(path)
+    if path.suffix.lower() == ".parquet":
+        return load_parquet(path)
+    if path.suffix.lower() == ".npz":
+        return load_numpy(path)
+    raise DataFormatError(f"{source}: unsupported format; use a folder of class subfolders, .parquet or .npz.")
+
+
+# ----------------------------------------------------------------- size checks
+def check_geometry(shape: tuple[int, ...], count: int, where: str) -> None:
+    """Refuse empty sides, other channel counts than 1 or 3, huge images and huge datasets."""
+    h, w = shape[0], shape[1]
+    channels = shape[2] if len(shape) == 3 else 1
+    if h < 1 or w < 1:
+        raise DataFormatError(f"{where}: an image of {w}x{h} pixels has no pixels; remove it.")
+    if channels not in (1, 3):
+        raise DataFormatError(f"{where}: images have {channels} channels; give grey (1) or RGB (3) images.")
+    if max(h, w) > MAX_SIDE:
+        raise DataFormatError(f"{where}: an image of {w}x{h} pixels exceeds the limit of {MAX_SIDE} per side; "
+                              "downscale the images first (the mechanisms work at 28-64 pixels).")
+    if count * h * w * channels > MAX_VALUES:
+        raise DataFormatError(f"{where}: {count} images of {w}x{h}x{channels} exceed the limit of {MAX_VALUES:,} "
+                              "pixel values; downscale the images or register a subset.")
+
+
+def _open(data: bytes | Path, where: str) -> Image.Image:
+    """Open an image lazily: only the header is read, so its size can be checked before decoding."""
+    try:
+        return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
+    except _UNREADABLE as exc:
+        raise DataFormatError(f"{where}: not a readable image ({exc}). Remove or replace the file.") from exc
+
+
+def _probe(data: bytes | Path, where: str) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """(width, height) and the decoded shape, from the header alone (the file is closed again)."""
+    with _open(data, where) as im:
+        w, h = im.size
+        return (w, h), ((h, w) if im.mode in ("L", "1") else (h, w, 3))
+
+
+def _decode(data: bytes | Path, where: str) -> np.ndarray:
+    """Decode one image; grey (H, W) when all channels agree, else RGB (H, W, 3)."""
+    with _open(data, where) as im:
+        try:
+            im.load()
+        except _UNREADABLE as exc:
+            raise DataFormatError(f"{where}: not a readable image ({exc}). Remove or replace the file.") from exc
+        if im.mode in ("L", "1"):
+            return np.asarray(im.convert("L"), dtype=np.uint8)
+        rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    grey = (rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all()
+    return rgb[..., 0].copy() if grey else rgb
+
+
+def _decode_all(items: list[bytes | Path], names: list[str], where: str) -> np.ndarray:
+    """Check every header (one size, within the limits), then decode; (N, H, W) or (N, H, W, 3)."""
+    probes = [_probe(item, name) for item, name in zip(items, names)]
+    sizes = [p[0] for p in probes]
+    if len(set(sizes)) > 1:
+        odd = next(i for i, s in enumerate(sizes) if s != sizes[0])
+        raise DataFormatError(
+            f"{where}: images have different sizes; e.g. {names[odd]} is {sizes[odd][0]}x{sizes[odd][1]} while "
+            f"{names[0]} is {sizes[0][0]}x{sizes[0][1]}. Resize all images to one size first."
+        )
+    for (_, shape), name in zip(probes, names):
+        check_geometry(shape, len(items), name)
+    arrays = [_decode(item, name) for item, name in zip(items, names)]
+    if any(a.ndim == 3 for a in arrays):
+        arrays = [np.repeat(a[..., None], 3, -1) if a.ndim == 2 else a for a in arrays]
+    return np.stack(arrays)
+
+
+# ----------------------------------------------------------------- folders
+def _inside(path: Path, root: Path, where: str) -> Path:
+    """Refuse a symlink that leads out of the registered folder (the data would not be what was named)."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop
+        raise DataFormatError(f"{where}: a broken link ({exc}); remove it.") from exc
+    if real != root and root not in real.parents:
+        raise DataFormatError(f"{where}: a link to {real}, outside the folder {root}. Copy the file into the folder "
+                              "or remove the link.")
+    return real
+
+
+def load_folder(path: Path) -> ImageDataset:
+    """A folder with one subfolder per class (sorted names -> labels 0..K-1), images inside. An empty
+    subfolder is a class with no images; hidden entries are ignored."""
+    root = path.resolve()
+    subdirs = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir())
+    if not subdirs:
+        raise DataFormatError(f"{path}: expected one subfolder per class containing images; found none.")
+    files, labels = [], []
+    for label, sub in enumerate(subdirs):
+        _inside(sub, root, str(sub))
+        for f in sorted(sub.iterdir()):
+            if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
+                files.append(_inside(f, root, str(f)))
+                labels.append(label)
+    classes = [p.name for p in subdirs]
+    if not files:
+        raise DataFormatError(f"{path}: class folders {classes} contain no images ({', '.join(sorted(IMAGE_SUFFIXES))}).")
+    images = _decode_all(files, [str(f) for f in files], str(path))
+    return ImageDataset(images, np.array(labels, dtype=np.int64), classes, str(path))
+
+
+# ----------------------------------------------------------------- Parquet
+def load_parquet(path: Path) -> ImageDataset:
+    """Parquet with columns `image` (encoded bytes, e.g. PNG) and `label` (int); our bundle format."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+        schema = meta.schema_arrow
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise DataFormatError(f"{path}: not a readable Parquet file ({exc}).") from exc
+    missing = {"image", "label"} - set(schema.names)
+    if missing:
+        raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` (int).")
+    if not (pa.types.is_binary(schema.field("image").type) or pa.types.is_large_binary(schema.field("image").type)):
+        raise DataFormatError(f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
+                              "bytes (binary, e.g. PNG), one image per row.")
+    if not pa.types.is_integer(schema.field("label").type):
+        raise DataFormatError(f"{path}: column `label` is {schema.field('label').type}; labels must be integer class "
+                              "indices 0..K-1 (declare the classes at registration).")
+    if meta.metadata.num_rows == 0:
+        raise DataFormatError(f"{path}: the file has no rows; nothing to register.")
+    table = meta.read(columns=["image", "label"])
+    if table.column("image").null_count or table.column("label").null_count:
+        raise DataFormatError(f"{path}: some images or labels are null; every row needs an image and an integer label.")
+    labels = check_label_values(table.column("label").to_numpy(), str(path))
+    images = table.column("image").to_pylist()
+    return ImageDataset(_decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)), labels,
+                        [], str(path))
+
+
+# ----------------------------------------------------------------- NumPy
+def _npy_header(f: BinaryIO) -> tuple[tuple[int, ...], np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version} is not supported; save with numpy.savez")
+    return shape, dtype
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return {n[:-4]: _npy_header(z.open(n)) for n in z.namelist() if n.endswith(".npy")}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as exc:
+        raise DataFormatError(f"{path}: not a readable .npz file ({exc or type(exc).__name__}). Save the arrays with "
+                              "numpy.savez(path, images=..., labels=...).") from exc
+
+
+def _check_npz_arrays(path: Path, headers: dict) -> None:
+    if "images" not in headers or "labels" not in headers:
+        raise DataFormatError(f"{path}: needs arrays named `images` and `labels`; found {sorted(headers)}.")
+    (shape, dtype), (lshape, ldtype) = headers["images"], headers["labels"]
+    if dtype.kind not in "uif":
+        raise DataFormatError(f"{path}: image array has dtype {dtype}; pixels must be real numbers (uint8 0-255, "
+                              "or floats in [0, 1] or [0, 255]).")
+    if len(shape) not in (3, 4) or shape[0] == 0:
+        raise DataFormatError(f"{path}: `images` has shape {shape}; expected a non-empty (N, H, W) or (N, H, W, C).")
+    check_geometry(tuple(shape[1:]), shape[0], str(path))
+    if lshape != (shape[0],):
+        raise DataFormatError(f"{path}: {shape[0]} images but labels of shape {lshape}.")
+    check_label_values(np.zeros(0, ldtype), str(path))  # the dtype alone: text, complex, ...
+
+
+def load_numpy(path: Path) -> ImageDataset:
+    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]) and `labels` (int)."""
+    _check_npz_arrays(path, _npz_headers(path))
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            images, labels = data["images"], data["labels"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataFormatError(f"{path}: not a readable .npz file ({exc}).") from exc
+    if images.ndim == 4 and images.shape[3] == 1:
+        images = images[..., 0]
+    return ImageDataset(to_uint8(images, str(path)), check_label_values(labels, str(path)), [], str(path))
+
+
+def to_uint8(images: np.ndarray, where: str) -> np.ndarray:
+    """uint8 pixels. Integers are taken as 0-255; floats as [0, 1] (scaled) or [0, 255]."""
+    if images.dtype == np.uint8:
+        return images
+    if images.dtype.kind not in "uif":
+        raise DataFormatError(f"{where}: image array has dtype {images.dtype}; pixels must be real numbers.")
+    lo, hi = images.min(), images.max()
+    if images.dtype.kind == "f" and not (np.isfinite(lo) and np.isfinite(hi)):
+        raise DataFormatError(f"{where}: images contain NaN or infinite values; clean them first.")
+    if lo < 0:
+        raise DataFormatError(f"{where}: negative pixel values; give pixels in [0, 1] or [0, 255].")
+    scale = 255.0 if images.dtype.kind == "f" and hi <= 1.0 else 1.0
+    if hi * scale > 255.0 + 1e-6:
+        raise DataFormatError(f"{where}: pixel values above 255; give pixels in [0, 1] or [0, 255].")
+    out = np.empty(images.shape, np.uint8)
+    for start in range(0, len(images), CHUNK):  # chunks: no float64 copy of the whole array
+        out[start:start + CHUNK] = np.rint(images[start:start + CHUNK].astype(np.float64) * scale)
+    return out
