@@ -330,7 +330,7 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
     verdicts = report.verdicts()
     predicate = {
         "release_id": release_id, "dataset_id": ds.dataset_id, "mechanism": res["mechanism"],
-        "parameters": res["parameters"], "guarantee": res["guarantee"], "record_count": int(len(images)),
+        "parameters": res["parameters"], "guarantee": res["guarantee"], "released_image_count": int(len(images)),
         "privacy_unit": ds.privacy_unit, "dataset_size_public": True,
         "events": res["executed_events"],
         "ledger_position": {"charge_position": charge.position if charge else None, "trail_seq": head.length,
