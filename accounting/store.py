@@ -110,6 +110,9 @@ class Store:
                 f"No privrelease workspace at {self.workspace.root}. Run `privrelease init` "
                 "(or pass --workspace / set PRIVRELEASE_HOME to an existing one)."
             )
+        # Everything this process writes from now on (models, samples, reports, audit plots of real
+        # images, bundles) is its owner's only: files 0600, folders 0700 (README, "Trust model").
+        os.umask(os.umask(0o077) | 0o077)
         self._lock = FileLock(str(self.workspace.lock_path), timeout=120, mode=0o600)
         self.before_commit: list = []
         self.after_commit: list = []

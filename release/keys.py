@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from filelock import FileLock
@@ -127,24 +127,34 @@ def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, 
     return key, written
 
 
-def create_identity(store: Store, name: str, role: str, *, actor: str = "system") -> Identity:
-    """Create an identity with a fresh Ed25519 key; refuses a duplicate name or an unknown role."""
+def create_identity(store: Store, name: str, role: str, *, actor: str = "system",
+                    endorser: str | None = None) -> Identity:
+    """Create an identity with a fresh Ed25519 key; refuses a duplicate name or an unknown role.
+    Once a steward exists, a new steward needs `endorser`: an existing steward, proven by their private
+    key, whose signature over the new identity is recorded in the trail (the first one is made at init)."""
     name, role = _check_name(name), _check_role(role)
     ws = store.workspace
+    endorsing = authenticate(store, endorser, "steward") if endorser is not None else None
     written: list[Path] = []
     try:
         with store.transaction() as con:
             if con.execute("SELECT 1 FROM identities WHERE name = ?", [name]).fetchone():
                 raise DatasetConflictError(f"An identity named {name!r} already exists; choose another name.")
+            has_steward = con.execute("SELECT count(*) FROM identities WHERE role = 'steward'").fetchone()[0] > 0
+            if role == "steward" and has_steward and endorsing is None:
+                raise PermissionDeniedError(
+                    f"Only an existing steward can create another steward: run `privrelease keys create {name} "
+                    "--role steward --as STEWARD` with that steward's private key in the workspace's keys/.")
             key, written = _write_keypair(ws, name)
             raw = raw_public_bytes(key.public_key())
             public_b64 = base64.b64encode(raw).decode("ascii")
             created_at = trail.now()
             con.execute("INSERT INTO identities VALUES (?, ?, ?, NULL, ?)", [name, role, public_b64, created_at])
-            trail.append(con, store, actor, "identity.create", {
-                "name": name, "role": role, "public_key": public_b64,
-                "key_id": hashlib.sha256(raw).hexdigest(),
-            })
+            payload = {"name": name, "role": role, "public_key": public_b64, "key_id": hashlib.sha256(raw).hexdigest()}
+            if endorsing is not None:
+                message = _endorsement_message(name, role, public_b64)
+                payload.update(endorsed_by=endorsing.name, endorsement=sign(ws, endorsing.name, message).hex())
+            trail.append(con, store, actor, "identity.create", payload)
     except BaseException:
         for p in written:  # the row was rolled back: leave no orphan key files either
             p.unlink(missing_ok=True)
@@ -177,6 +187,37 @@ def require_role(identity: Identity, *roles: str) -> Identity:
             f"Act as an identity with that role."
         )
     return identity
+
+
+def _endorsement_message(name: str, role: str, public_b64: str) -> bytes:
+    return trail.canonical({"purpose": "privrelease identity endorsement", "name": name, "role": role,
+                            "public_key": public_b64}).encode()
+
+
+def has_steward(store: Store) -> bool:
+    return bool(store.query("SELECT name FROM identities WHERE role = 'steward' LIMIT 1"))
+
+
+def authenticate(store: Store, name: str, *roles: str) -> Identity:
+    """The identity `name`, proven by possession of its private key (a name alone is not enough for a
+    state-changing action). Raises UnknownIdentityError, PermissionDeniedError (wrong role) or KeyFileError
+    (key missing, unreadable, or not the key registered for `name`)."""
+    ident = get_identity(store, name)
+    if roles:
+        require_role(ident, *roles)
+    try:
+        key = load_private_key(store.workspace, name)
+    except KeyFileError as e:
+        raise KeyFileError(f"Acting as {name!r} needs {name}'s private key: {e}") from None
+    challenge = os.urandom(32)  # proof of possession: sign, then verify with the registered public key
+    try:
+        ident.public_key_object().verify(key.sign(challenge), challenge)
+    except InvalidSignature:
+        raise KeyFileError(
+            f"The private key at {private_key_path(store.workspace, name)} is not the key registered for {name!r}; "
+            "restore the right key file (an identity's key cannot be swapped)."
+        ) from None
+    return ident
 
 
 def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:

@@ -22,8 +22,9 @@ def cli(ws, *args):
 @pytest.fixture
 def ws(tmp_path):
     root = tmp_path / "ws"
-    assert cli(root, "init").exit_code == 0
-    r = cli(root, "dataset", "register", "mnist", "--source", "builtin:mnist5k", "--epsilon", "3", "--delta", "1e-5")
+    assert cli(root, "init", "--steward", "alice").exit_code == 0
+    r = cli(root, "dataset", "register", "mnist", "--source", "builtin:mnist5k", "--epsilon", "3", "--delta", "1e-5",
+            "--as", "alice")
     assert r.exit_code == 0, r.output
     return root
 

@@ -110,7 +110,7 @@ def test_list_and_get_identities(store):
 
 def test_sign_verify_round_trip_and_failures(store):
     a = keys.create_identity(store, "alice", "steward")
-    b = keys.create_identity(store, "bob", "steward")
+    b = keys.create_identity(store, "bob", "steward", endorser="alice")
     ws = store.workspace
     sig = keys.sign(ws, "alice", b"plan digest 123")
     assert len(sig) == 64

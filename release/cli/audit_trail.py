@@ -1,31 +1,76 @@
 """`privrelease audit verify|trail`: the hash-chained audit trail."""
 from __future__ import annotations
 
-import typer
+from pathlib import Path
 
-from accounting import trail
-from release.cli.common import console, print_json, store, table
+import typer
+from rich.markup import escape
+
+from accounting import integrity, trail
+from release import keys
+from release.cli.common import acting, console, fmt_eps, print_json, store, table, workspace
+from release.keys import load_public_key, raw_public_bytes
 
 app = typer.Typer(help="Audit trail and release audits.", no_args_is_help=True)
 
 
 @app.command("verify")
-def verify(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Check the hash chain; print its head hash (pin it elsewhere). Exit 1 if broken."""
-    v = trail.verify(store())
+def verify(
+    checkpoint: list[Path] = typer.Option([], "--checkpoint", help="A signed checkpoint kept outside the workspace "
+                                          "(repeatable); the workspace's own checkpoints/ are always checked."),
+    key: list[Path] = typer.Option([], "--key", help="Trust only checkpoints signed by this steward public key "
+                                   "(PEM or base64, repeatable; default: stewards registered in the store)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check the hash chain and its head, recompute every dataset's spend from the trail and compare it with
+    the ledger tables, and check signed checkpoints. Exit 1 if anything was altered."""
+    trusted = [raw_public_bytes(load_public_key(k)) for k in key] or None
+    r = integrity.verify_store(store(), checkpoint, trusted)
+    v = r.trail
     if as_json:
-        print_json({"ok": v.ok, "length": v.length, "head_hash": v.head_hash, "problems": v.problems,
-                    "broken_entries": v.broken_seqs})
-    elif v.ok:
+        print_json({"ok": r.ok, "status": r.status, "length": v.length, "head_hash": v.head_hash,
+                    "problems": r.all_problems, "notes": v.notes, "broken_entries": v.broken_seqs,
+                    "spend": r.spend, "checkpoints": r.checkpoints})
+    else:
+        _print_verification(r)
+    if not r.ok:
+        raise typer.Exit(1)
+
+
+def _print_verification(r: integrity.IntegrityReport) -> None:
+    v = r.trail
+    if r.ok:
         console.print(f"[green]Audit trail intact[/]: {v.length} entries, head {v.head_hash}")
+        for n in v.notes:
+            console.print(f"  [yellow]interrupted:[/] {escape(n)}")
     else:
         console.print(f"[red]Audit trail BROKEN[/] ({v.length} entries):")
-        for p in v.problems:
-            console.print(f"  - {p}")
+        for p in r.all_problems:
+            console.print(f"  - {escape(p)}")
         console.print("The store has been altered outside privrelease. Restore it from a backup and compare "
-                      "against a pinned head hash (every signed bundle records one).")
-    if not v.ok:
-        raise typer.Exit(1)
+                      "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a bundle.")
+    for row in r.spend:
+        mark = "[green]agrees[/]" if row["agree"] else "[red]DIFFERS[/]"
+        console.print(f"  spend of {row['dataset']} recomputed from the trail: epsilon "
+                      f"{fmt_eps(row['epsilon_rdp_trail'])} (RDP); ledger tables {fmt_eps(row['epsilon_rdp_ledger'])}: {mark}")
+    for cp in r.checkpoints:
+        console.print(f"  checkpoint {cp['path']} (entry {cp['seq']}, {cp['steward']}): "
+                      + ("[green]matches[/]" if cp["ok"] else "[red]does not match[/]"))
+
+
+@app.command("checkpoint")
+def checkpoint(actor: str = typer.Option(None, "--as", help="The steward signing the head."),
+               out: Path = typer.Option(None, "--out", help="Also write the checkpoint here (keep it off this machine).")) -> None:
+    """Sign the audit trail's head with a steward's key (an anchor outside the store). Refused if the store does
+    not verify."""
+    steward = acting(actor, "steward")
+    cp = integrity.make_checkpoint(store(), steward.name, keys.load_private_key(workspace(), steward.name))
+    if out is not None:
+        out.write_text(Path(cp["path"]).read_text())
+    console.print(f"[green]Checkpoint[/] of entry {cp['seq']} head {cp['head_hash']} signed by {steward.name}: "
+                  f"{cp['path']}")
+    console.print("Keep a copy elsewhere; check later with `privrelease audit verify --checkpoint FILE "
+                  f"--key {keys.public_key_path(workspace(), steward.name)}`.")
 
 
 @app.command("trail")
@@ -43,11 +88,11 @@ def show_trail(limit: int = typer.Option(30, "--limit"), as_json: bool = typer.O
 def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
     """(Re-)run every check on a synthesised release and store the internal report."""
     from release import manager
-    from release.cli.common import default_actor
     from release.cli.progress import rich_progress
 
+    who = acting(actor, "steward", "auditor")
     with rich_progress() as progress:
-        rel = manager.audit_release(store(), release_id, actor or default_actor(), progress)
+        rel = manager.audit_release(store(), release_id, who.name, progress)
     console.print(f"Release {release_id} is {rel['state']}.")
     report(release_id, actor=actor, as_json=False)
 
@@ -56,17 +101,9 @@ def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
 def report(release_id: str, actor: str = typer.Option(None, "--as"), as_json: bool = typer.Option(False, "--json")) -> None:
     """The audit report of a release (internal: stewards and auditors only)."""
     from audit import load_report, render_report
-    from release import keys
-    from release.cli.common import default_actor
 
     s = store()
-    name = actor or default_actor()
-    try:
-        ident = keys.get_identity(s, name)
-    except keys.UnknownIdentityError:
-        ident = None  # the workspace owner on the command line
-    if ident is not None:
-        keys.require_role(ident, "steward", "auditor")
+    acting(actor, "steward", "auditor")  # internal results: a known steward or auditor holding their key
     rep = load_report(s, release_id)
     if rep is None:
         console.print(f"No audit report for {release_id} yet: run `privrelease audit run {release_id}`.")

@@ -36,6 +36,14 @@ def default_actor() -> str:
     return os.environ.get("PRIVRELEASE_ACTOR") or getpass.getuser()
 
 
+def acting(name: str | None, *roles: str):
+    """The identity acting on the command line (`--as NAME`, default $PRIVRELEASE_ACTOR), proven by its
+    private key and checked for one of `roles`. A name alone never authorises a change (README, Trust model)."""
+    from release import keys
+
+    return keys.authenticate(store(), name or default_actor(), *roles)
+
+
 def _clean(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None  # JSON has no infinity; null means "no DP guarantee"

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import typer
 
+from accounting.errors import PermissionDeniedError
 from release import keys
-from release.cli.common import console, default_actor, print_json, store, table, workspace
+from release.cli.common import acting, console, print_json, store, table, workspace
 from release.verify import verify_bundle
 
 keys_app = typer.Typer(help="Identities (steward, auditor, consumer) and their Ed25519 keys.", no_args_is_help=True)
@@ -14,10 +15,14 @@ keys_app = typer.Typer(help="Identities (steward, auditor, consumer) and their E
 
 @keys_app.command("create")
 def create(name: str, role: str = typer.Option(..., "--role", help="steward | auditor | consumer"),
-           actor: str = typer.Option(None, "--actor")) -> None:
-    """Create an identity with a new Ed25519 key pair (private key file mode 0600)."""
+           actor: str = typer.Option(None, "--as", help="The steward creating it (their private key signs it).")) -> None:
+    """Create an identity with a new Ed25519 key pair (private key file mode 0600). Needs a steward's key."""
     s = store()
-    ident = keys.create_identity(s, name, role, actor=actor or default_actor())
+    if not keys.has_steward(s):
+        raise PermissionDeniedError("This workspace has no steward yet: create the first one with "
+                                    "`privrelease init --steward NAME`, then add identities with --as NAME.")
+    steward = acting(actor, "steward")
+    ident = keys.create_identity(s, name, role, actor=steward.name, endorser=steward.name)
     keys.ensure_release_key(s.workspace)
     console.print(f"[green]Created[/] {ident.role} {ident.name} (key id {ident.key_id[:16]}…)\n"
                   f"  private key: {keys.private_key_path(s.workspace, name)}\n"
@@ -58,10 +63,15 @@ def verify(bundle: Path = typer.Argument(..., help="Bundle directory or its .tar
 
 
 @keys_app.command("password")
-def password(name: str, actor: str = typer.Option(None, "--actor")) -> None:
-    """Set the dashboard sign-in password of an identity (stored as a salted scrypt hash)."""
+def password(name: str, actor: str = typer.Option(None, "--as", help="NAME itself or a steward (default: NAME).")) -> None:
+    """Set the dashboard sign-in password of an identity (salted scrypt hash); signs out its sessions.
+    Needs NAME's private key, or a steward's."""
     from release.auth import set_password
 
+    keys.get_identity(store(), name)
+    who = acting(actor or name)
+    if who.name != name:
+        keys.require_role(who, "steward")
     secret = typer.prompt("New password", hide_input=True, confirmation_prompt=True)
-    set_password(store(), name, secret, actor=actor or default_actor())
+    set_password(store(), name, secret, actor=who.name)
     console.print(f"[green]Password set[/] for {name}.")
