@@ -1,10 +1,13 @@
 """Writing and reading published bundles.
 
-Layout: data/part-NNNNN.parquet (id string, label int64, image binary PNG, optional extra columns),
-README.md (the dataset card), manifest.intoto.json (in-toto Statement over every other file) and
-manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
-`<bundle>.tar.gz` beside the directory. Everything is deterministic: the same inputs and key give
-byte-identical files and tarball. The bundle is built in a hidden staging directory and renamed
+Layout: data/part-NNNNN.parquet (image struct {bytes: PNG, path}, label int64, id string, optional extra
+columns; the Hugging Face Image layout, so pyarrow, polars, duckdb and `datasets` read it as is),
+sample_grid.png (a few images per class), README.md (the dataset card, with YAML front matter for
+`datasets.load_dataset`), manifest.intoto.json (in-toto Statement over every other file, release id
+included) and manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
+`<bundle>.tar.gz` beside the directory, with the two manifest files first so that a verifier can
+refuse unsigned members before reading them. Everything is deterministic: the same inputs and key
+give byte-identical files and tarball. The bundle is built in a hidden staging directory and renamed
 into place, so a crash never leaves a half bundle under the final name.
 """
 from __future__ import annotations
@@ -29,11 +32,16 @@ from PIL import Image
 from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError, TamperError
 from accounting.store import Workspace
 from release import dsse, keys
+from release.card import finish_card, label_feature
 from release.manifest import ENVELOPE_FILE, STATEMENT_FILE, build_statement, file_sha256, statement_bytes, tool_info
 
 DATA_DIR = "data"
 CARD_FILE = "README.md"
-BASE_COLUMNS = ("id", "label", "image")
+GRID_FILE = "sample_grid.png"
+BASE_COLUMNS = ("image", "label", "id")
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+ROW_GROUP_BYTES = 16 << 20       # about this much image data per Parquet row group: streams in small reads
+GRID_PER_CLASS, GRID_CLASSES = 8, 10
 
 
 class BundleExistsError(PrivReleaseError, FileExistsError):
@@ -46,7 +54,7 @@ class BundleInfo:
     tarball: Path            # <path>.tar.gz
     tarball_sha256: str
     manifest_digest: str     # sha256 of manifest.intoto.json (= the signed DSSE payload)
-    key_id: str              # sha256 of the release public key (the DSSE keyid)
+    key_id: str              # securesystemslib's default keyid of the release key (the DSSE keyid)
     public_key_path: Path    # the workspace's release.pub, to hand to consumers
     files: tuple[str, ...]   # the manifest subjects
     record_count: int
@@ -129,14 +137,50 @@ def decode_png(data: bytes) -> np.ndarray:
 
 def _write_parquet(path: Path, ids: list[str], labels: np.ndarray, pngs: list[bytes],
                    extra: dict[str, pa.Array]) -> None:
-    columns = {"id": pa.array(ids, pa.string()), "label": pa.array(labels, pa.int64()),
-               "image": pa.array(pngs, pa.binary())}
+    images = pa.StructArray.from_arrays([pa.array(pngs, pa.binary()), pa.array([f"{i}.png" for i in ids])],
+                                        fields=list(IMAGE_TYPE))
+    columns = {"image": images, "label": pa.array(labels, pa.int64()), "id": pa.array(ids, pa.string())}
     columns.update(extra)
-    pq.write_table(pa.table(columns), path, compression="zstd")
+    mean_png = max(1, sum(map(len, pngs)) // max(1, len(pngs)))
+    rows_per_group = int(min(10_000, max(100, ROW_GROUP_BYTES // mean_png)))
+    pq.write_table(pa.table(columns), path, compression="zstd", row_group_size=rows_per_group)
+
+
+def _features(labels: np.ndarray, extra: dict[str, pa.Array]) -> list[dict]:
+    """Hugging Face feature list (YAML form) for the Parquet columns, in column order."""
+    out = [{"name": "image", "dtype": "image"}, label_feature(sorted({int(x) for x in labels})),
+           {"name": "id", "dtype": "string"}]
+    for name, arr in extra.items():
+        if pa.types.is_list(arr.type):
+            out.append({"name": name, "sequence": _hf_dtype(arr.type.value_type)})
+        else:
+            out.append({"name": name, "dtype": _hf_dtype(arr.type)})
+    return out
+
+
+def _hf_dtype(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    return {"double": "float64", "float": "float32", "halffloat": "float16"}.get(str(t), str(t))
+
+
+def sample_grid(images: np.ndarray, labels: np.ndarray) -> bytes:
+    """PNG of up to 8 images for each of the first 10 classes (one row per class), 2-pixel gaps."""
+    classes = sorted({int(x) for x in labels})[:GRID_CLASSES]
+    h, w = images.shape[1:3]
+    shape = (len(classes) * (h + 2), GRID_PER_CLASS * (w + 2)) + images.shape[3:]
+    grid = np.zeros(shape, np.uint8)
+    for r, c in enumerate(classes):
+        for k, i in enumerate(np.flatnonzero(labels == c)[:GRID_PER_CLASS]):
+            grid[r * (h + 2) + 1: r * (h + 2) + 1 + h, k * (w + 2) + 1: k * (w + 2) + 1 + w] = images[i]
+    return encode_png(grid)
 
 
 def _write_tarball(src: Path, arcroot: str, dest: Path) -> None:
-    """Deterministic .tar.gz of `src` under top-level dir `arcroot`: sorted names, mtime 0, owner 0."""
+    """Deterministic .tar.gz of `src` under top-level dir `arcroot`: mtime 0, owner 0, the signed manifest
+    first (a verifier then refuses unsigned members from their headers), then the other files sorted."""
     def add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         info = tarfile.TarInfo(arcname)
         info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
@@ -148,10 +192,14 @@ def _write_tarball(src: Path, arcroot: str, dest: Path) -> None:
             with open(path, "rb") as f:
                 tar.addfile(info, f)
 
+    def order(p: Path) -> tuple[int, str]:
+        rel = p.relative_to(src).as_posix()
+        return (0 if rel == ENVELOPE_FILE else 1 if rel == STATEMENT_FILE else 2), rel
+
     with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         add(tar, src, arcroot)
-        for p in sorted(src.rglob("*"), key=lambda q: q.relative_to(src).as_posix()):
+        for p in sorted(src.rglob("*"), key=order):
             add(tar, p, f"{arcroot}/{p.relative_to(src).as_posix()}")
 
 
@@ -166,7 +214,9 @@ def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: 
                  rows_per_file: int = 5000) -> BundleInfo:
     """Write, sign and archive a bundle at `out_dir` (and `<out_dir>.tar.gz`); never overwrites.
 
-    `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it.
+    `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it and
+    `release_id` (= the bundle's directory name, which verification binds to the signature). The card
+    is completed with the data's features, the key fingerprints and the verify/recompute recipes.
     """
     out_dir = Path(out_dir)
     if out_dir.name in ("", ".", ".."):
@@ -174,69 +224,101 @@ def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: 
     tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
     images = _check_images(images)
     n = images.shape[0]
-    labels = _check_labels(labels, n)
-    ids = _check_ids(ids, n)
+    labels, ids = _check_labels(labels, n), _check_ids(ids, n)
     extra = _extra_arrays(extra_columns, n)
     if isinstance(rows_per_file, bool) or not isinstance(rows_per_file, Integral) or rows_per_file < 1:
         raise InvalidParameterError(f"rows_per_file must be a positive integer, got {rows_per_file!r}.")
     if not isinstance(card_markdown, str) or not card_markdown.strip():
         raise DataFormatError("The dataset card (README.md) must be non-empty text.")
-    if not isinstance(predicate, dict):
-        raise InvalidParameterError("The release predicate must be a dict (JSON object).")
-    predicate = {**predicate, "tool": predicate.get("tool", tool_info())}
-    statement_bytes({"predicate": predicate})  # refuse NaN / non-JSON values before writing anything
+    predicate = _complete_predicate(predicate, out_dir.name)
     for p in (out_dir, tar_path):
         if os.path.lexists(p):
             raise BundleExistsError(f"{p} already exists; bundles are never overwritten. Choose another output "
                                     "path or move the old bundle away.")
-
     pub_path = keys.ensure_release_key(workspace)
     signing_key = keys.load_private_key(workspace, keys.RELEASE_KEY)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    placed_tar = False
     try:
         root = staging / out_dir.name
-        (root / DATA_DIR).mkdir(parents=True)
-        for part, start in enumerate(range(0, n, rows_per_file)):
-            stop = min(start + rows_per_file, n)
-            pngs = [encode_png(images[i]) for i in range(start, stop)]
-            _write_parquet(root / DATA_DIR / f"part-{part:05d}.parquet", ids[start:stop], labels[start:stop], pngs,
-                           {k: v.slice(start, stop - start) for k, v in extra.items()})
-        (root / CARD_FILE).write_bytes(card_markdown.encode("utf-8"))
-        statement = build_statement(root, predicate)
-        payload = statement_bytes(statement)
-        (root / STATEMENT_FILE).write_bytes(payload)
-        envelope = dsse.sign_envelope(payload, signing_key)
-        (root / ENVELOPE_FILE).write_bytes(dsse.envelope_bytes(envelope))
+        num_bytes = _write_data(root, images, labels, ids, extra, rows_per_file)
+        card = finish_card(card_markdown, release_id=out_dir.name, features=_features(labels, extra), n=n,
+                           num_bytes=num_bytes, key_fingerprints=dsse.key_ids(signing_key.public_key()),
+                           predicate=predicate)
+        (root / CARD_FILE).write_bytes(card.encode("utf-8"))
+        statement, payload, envelope = _sign(root, predicate, signing_key)
         staged_tar = staging / tar_path.name
         _write_tarball(root, out_dir.name, staged_tar)
-
-        from release.verify import verify_bundle  # checked as a consumer would, before anyone sees it
-        for target in (root, staged_tar):
-            result = verify_bundle(target, pub_path)
-            if not result.ok:
-                raise TamperError("The bundle failed its own verification before publishing: "
-                                  + "; ".join(result.problems))
-
-        try:
-            os.link(staged_tar, tar_path)  # fails instead of replacing a tarball that appeared meanwhile
-        except FileExistsError:
-            raise BundleExistsError(f"{tar_path} appeared while the bundle was being written; not replaced.") from None
-        placed_tar = True
-        if os.path.lexists(out_dir):
-            raise BundleExistsError(f"{out_dir} appeared while the bundle was being written; not replaced.")
-        os.rename(root, out_dir)
-        placed_tar = False
+        _self_check((root, staged_tar), pub_path)
+        _place(root, staged_tar, out_dir, tar_path)
     finally:
-        if placed_tar:
-            tar_path.unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
     return BundleInfo(
         path=out_dir, tarball=tar_path, tarball_sha256=file_sha256(tar_path), manifest_digest=_sha256_bytes(payload),
         key_id=envelope["signatures"][0]["keyid"], public_key_path=pub_path,
         files=tuple(s["name"] for s in statement["subject"]), record_count=n,
     )
+
+
+def _complete_predicate(predicate: object, name: str) -> dict:
+    if not isinstance(predicate, dict):
+        raise InvalidParameterError("The release predicate must be a dict (JSON object).")
+    rid = predicate.get("release_id", name)
+    if rid != name:
+        raise InvalidParameterError(f"The bundle directory must be named after the release id ({rid!r}), got "
+                                    f"{name!r}: verification binds the signed release id to the bundle's name.")
+    predicate = {**predicate, "release_id": rid, "tool": predicate.get("tool", tool_info())}
+    statement_bytes({"predicate": predicate})  # refuse NaN / non-JSON values before writing anything
+    return predicate
+
+
+def _write_data(root: Path, images: np.ndarray, labels: np.ndarray, ids: list[str], extra: dict[str, pa.Array],
+                rows_per_file: int) -> int:
+    """The Parquet parts and the sample grid; returns the total bytes of image data."""
+    (root / DATA_DIR).mkdir(parents=True)
+    total = 0
+    for part, start in enumerate(range(0, len(ids), rows_per_file)):
+        stop = min(start + rows_per_file, len(ids))
+        pngs = [encode_png(images[i]) for i in range(start, stop)]
+        total += sum(map(len, pngs))
+        _write_parquet(root / DATA_DIR / f"part-{part:05d}.parquet", ids[start:stop], labels[start:stop], pngs,
+                       {k: v.slice(start, stop - start) for k, v in extra.items()})
+    (root / GRID_FILE).write_bytes(sample_grid(images, labels))
+    return total
+
+
+def _sign(root: Path, predicate: dict, signing_key) -> tuple[dict, bytes, dict]:
+    statement = build_statement(root, predicate)
+    payload = statement_bytes(statement)
+    (root / STATEMENT_FILE).write_bytes(payload)
+    envelope = dsse.sign_envelope(payload, signing_key)
+    (root / ENVELOPE_FILE).write_bytes(dsse.envelope_bytes(envelope))
+    return statement, payload, envelope
+
+
+def _self_check(targets: tuple[Path, ...], pub_path: Path) -> None:
+    """Check the bundle as a consumer would, before anyone sees it."""
+    from release.verify import verify_bundle
+
+    for target in targets:
+        result = verify_bundle(target, pub_path)
+        if not result.ok:
+            raise TamperError("The bundle failed its own verification before publishing: " + "; ".join(result.problems))
+
+
+def _place(root: Path, staged_tar: Path, out_dir: Path, tar_path: Path) -> None:
+    """Move the staged bundle into place; never replaces a bundle that appeared meanwhile."""
+    try:
+        os.link(staged_tar, tar_path)  # fails instead of replacing a tarball that appeared meanwhile
+    except FileExistsError:
+        raise BundleExistsError(f"{tar_path} appeared while the bundle was being written; not replaced.") from None
+    try:
+        if os.path.lexists(out_dir):
+            raise BundleExistsError(f"{out_dir} appeared while the bundle was being written; not replaced.")
+        os.rename(root, out_dir)
+    except BaseException:
+        tar_path.unlink(missing_ok=True)
+        raise
 
 
 def data_files(bundle_dir: Path) -> list[Path]:
@@ -265,7 +347,10 @@ def read_bundle_data(bundle_dir: Path, *, public_key_path: Path | None = None) -
     missing = [c for c in BASE_COLUMNS if c not in table.column_names]
     if missing:
         raise DataFormatError(f"{bundle_dir}: Parquet data lacks column(s) {missing}.")
-    decoded = [decode_png(b) for b in table.column("image").to_pylist()]
+    column = table.column("image")
+    if pa.types.is_struct(column.type):  # {bytes, path}; bundles before it stored the PNG bytes directly
+        column = pa.chunked_array([c.field("bytes") for c in column.chunks], pa.binary())
+    decoded = [decode_png(b) for b in column.to_pylist()]
     if len({d.shape for d in decoded}) > 1:
         raise DataFormatError(f"{bundle_dir}: images have different shapes; cannot stack them.")
     images = np.stack(decoded) if decoded else np.zeros((0, 0, 0), np.uint8)

@@ -1,12 +1,15 @@
 """DSSE v1 envelopes (github.com/secure-systems-lab/dsse), signed with Ed25519.
 
 The signature covers PAE(payloadType, payload), so neither the payload nor its type can be changed
-without breaking it. keyid = sha256 (hex) of the signer's raw public key; it only selects the
-signature to check, it is never trusted by itself.
+without breaking it. The keyid is the one securesystemslib computes by default for an Ed25519 key
+(sha256 of the canonical JSON of {keytype, scheme, keyval}), so its `Envelope.verify` finds the key
+without configuration; bundles signed before that used sha256 of the raw key, which is still
+accepted. A keyid only selects the signature to check, it is never trusted by itself.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from typing import Any
@@ -14,12 +17,25 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from accounting.errors import InvalidParameterError, TamperError
-from release.keys import PublicKeyLike, key_id, load_public_key, verify_signature
+from release.pubkey import PublicKeyLike, key_id, load_public_key, raw_public_bytes, verify_signature
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 _STD = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 _URLSAFE = re.compile(r"(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2}(?:==)?|[A-Za-z0-9_-]{3}=?)?")
 REFETCH = "Do not use this bundle; download it again from the publisher."
+
+
+def sslib_keyid(public_key: PublicKeyLike) -> str:
+    """securesystemslib's default keyid of an Ed25519 key (`SSlibKey.from_crypto(key).keyid`)."""
+    public_hex = raw_public_bytes(load_public_key(public_key)).hex()
+    canonical = json.dumps({"keytype": "ed25519", "keyval": {"public": public_hex}, "scheme": "ed25519"},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def key_ids(public_key: PublicKeyLike) -> tuple[str, str]:
+    """(securesystemslib keyid, sha256 of the raw key): the ids a signature by this key may carry."""
+    return sslib_keyid(public_key), key_id(public_key)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -38,7 +54,7 @@ def sign_envelope(payload: bytes, private_key: Ed25519PrivateKey, *, payload_typ
     return {
         "payload": base64.b64encode(payload).decode("ascii"),
         "payloadType": payload_type,
-        "signatures": [{"keyid": key_id(private_key.public_key()), "sig": base64.b64encode(sig).decode("ascii")}],
+        "signatures": [{"keyid": sslib_keyid(private_key.public_key()), "sig": base64.b64encode(sig).decode("ascii")}],
     }
 
 
@@ -74,14 +90,14 @@ def verify_envelope(envelope: dict | str | bytes, public_key: PublicKeyLike, *,
     if not isinstance(sigs, list) or not sigs:
         raise TamperError(f"manifest.dsse.json: carries no signature (unsigned). {REFETCH}")
     key = load_public_key(public_key)
-    want = key_id(key)
+    want, legacy = key_ids(key)
     message = pae(payload_type, payload)
     other_ids, tried = [], 0
     for s in sigs:
         if not isinstance(s, dict) or not isinstance(s.get("keyid", ""), str):
             raise TamperError(f"manifest.dsse.json: malformed signature entry. {REFETCH}")
         kid = s.get("keyid", "")
-        if kid and kid != want:
+        if kid and kid not in (want, legacy):
             other_ids.append(kid)
             continue
         tried += 1

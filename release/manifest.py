@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from accounting.errors import InvalidParameterError, TamperError
@@ -18,6 +17,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def tool_info() -> dict:
+    from importlib import metadata  # not at import time: verification should start fast
+
     try:
         version = metadata.version("privrelease")
     except metadata.PackageNotFoundError:

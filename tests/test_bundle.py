@@ -12,7 +12,7 @@ import pytest
 
 from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError
 from accounting.store import Workspace
-from release import keys
+from release import dsse
 from release.bundle import (BundleExistsError, decode_png, encode_png, read_bundle_data, read_bundle_table,
                             write_bundle)
 from release.manifest import PREDICATE_TYPE, STATEMENT_TYPE, file_sha256
@@ -50,8 +50,10 @@ def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
     assert parts == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     t = pq.read_table(root / "data" / "part-00000.parquet")
     assert t.schema.field("id").type == "string" and t.schema.field("label").type == "int64"
-    assert t.schema.field("image").type == "binary" and t.num_rows == 5
-    assert (root / "README.md").read_text() == "# Card\nsynthetic\n"
+    assert t.schema.field("image").type == pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    assert t.num_rows == 5 and t.column("image")[0]["path"].as_py() == "rec-0000.png"
+    card = (root / "README.md").read_text()
+    assert card.startswith("---\nlicense: other\n") and "# Card\nsynthetic\n" in card
 
     got_images, got_labels, got_ids = read_bundle_data(root, public_key_path=info.public_key_path)
     assert got_images.dtype == np.uint8 and np.array_equal(got_images, images)
@@ -60,13 +62,14 @@ def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
     statement = json.loads((root / "manifest.intoto.json").read_bytes())
     assert statement["_type"] == STATEMENT_TYPE and statement["predicateType"] == PREDICATE_TYPE
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    assert set(subjects) == {"README.md", *(f"data/{p}" for p in parts)} == set(info.files)
+    assert set(subjects) == {"README.md", "sample_grid.png", *(f"data/{p}" for p in parts)} == set(info.files)
     assert all(subjects[n] == file_sha256(root / n) for n in subjects)
     assert statement["predicate"]["mechanism"] == "privimage"
     assert statement["predicate"]["tool"]["name"] == "privrelease"  # tool version added
+    assert statement["predicate"]["release_id"] == "rel-1"  # bound to the bundle's name
     assert info.manifest_digest == file_sha256(root / "manifest.intoto.json")
     assert info.tarball_sha256 == file_sha256(info.tarball)
-    assert info.key_id == keys.key_id(ws.keys / "release.pub") and info.record_count == 12
+    assert info.key_id == dsse.sslib_keyid(ws.keys / "release.pub") and info.record_count == 12
     # No staging leftovers next to the bundle.
     assert sorted(os.listdir(tmp_path / "out")) == ["rel-1", "rel-1.tar.gz"]
 
@@ -103,7 +106,9 @@ def test_bundles_are_deterministic(ws, tmp_path):
     with tarfile.open(a.tarball) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
-    assert names == sorted(names) and names[0] == "rel"
+    # The signed manifest comes first, so a verifier refuses unsigned members from their headers.
+    assert names[:3] == ["rel", "rel/manifest.dsse.json", "rel/manifest.intoto.json"]
+    assert names[3:] == sorted(names[3:])
     assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" for m in members)
     assert not any(m.issym() or m.islnk() for m in members)
 

@@ -6,9 +6,8 @@ from pathlib import Path
 import typer
 
 from accounting.errors import PermissionDeniedError
-from release import keys
+from release import keys, verify_cmd
 from release.cli.common import acting, console, print_json, store, table, workspace
-from release.verify import verify_bundle
 
 keys_app = typer.Typer(help="Identities (steward, auditor, consumer) and their Ed25519 keys.", no_args_is_help=True)
 
@@ -42,24 +41,15 @@ def list_(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(f"Release-signing public key: {keys.ensure_release_key(workspace())}")
 
 
-def verify(bundle: Path = typer.Argument(..., help="Bundle directory or its .tar.gz"),
-           key: Path = typer.Option(..., "--key", help="The publisher's release public key (release.pub)"),
-           as_json: bool = typer.Option(False, "--json")) -> None:
-    """Verify a bundle offline: DSSE signature and every file's sha256. Exit 1 if anything is wrong."""
-    r = verify_bundle(bundle, key)
-    if as_json:
-        print_json({"ok": r.ok, "problems": r.problems, "missing": r.missing, "added": r.added, "altered": r.altered,
-                    "checked": r.checked, "key_id": r.key_id, "predicate": r.predicate})
-    elif r.ok:
-        p = r.predicate or {}
-        console.print(f"[green]OK[/]: signature valid (key {r.key_id[:16]}…), {len(r.checked)} files match the manifest.")
-        console.print(f"  release {p.get('release_id')} of dataset {p.get('dataset_id')}: {p.get('guarantee')}")
-    else:
-        console.print(f"[red]VERIFICATION FAILED[/] for {bundle}:")
-        for problem in r.problems:
-            console.print(f"  - {problem}")
-    if not r.ok:
-        raise typer.Exit(1)
+def verify(bundle: Path = typer.Argument(..., help=verify_cmd.HELP["bundle"]),
+           key: Path = typer.Option(..., "--key", help=verify_cmd.HELP["key"]),
+           extract: Path = typer.Option(None, "--extract", help=verify_cmd.HELP["extract"]),
+           max_size: int = typer.Option(None, "--max-size", min=1, help=verify_cmd.HELP["max_size"]),
+           as_json: bool = typer.Option(False, "--json", help=verify_cmd.HELP["json"])) -> None:
+    """Verify a bundle offline (the `privrelease` executable runs release/verify_cmd.py directly)."""
+    code = verify_cmd.run(bundle, key, extract=extract, max_size=max_size, as_json=as_json)
+    if code:
+        raise typer.Exit(code)
 
 
 @keys_app.command("password")
