@@ -308,6 +308,7 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
     from audit import load_report
     from release.bundle import write_bundle
     from release.card import dataset_card
+    from release.card_history import ledger_history
 
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
@@ -338,8 +339,9 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
         "approval": {"plan_digest": rel["plan_digest"], "steward": [a["approver"] for a in approvals(store, release_id)
                                                                    if a["decision"].startswith("approve")]},
         "audit_verdicts": verdicts, "tool": {"name": TOOL, "version": _version()},
+        "history": ledger_history(store, ds.dataset_id),  # whole ledger: consumers recompute epsilon
     }
-    card = dataset_card(rel, asdict(ds), res, len(images), verdicts)
+    card = dataset_card(rel, asdict(ds), res, len(images), verdicts, history=predicate["history"])
     extra = {"label_distribution": dist} if dist is not None else None
     info = write_bundle(store.workspace.bundles / release_id, images=images, labels=labels,
                         ids=release_ids(release_id, len(images)), card_markdown=card, predicate=predicate,
