@@ -1,6 +1,6 @@
 """The release lifecycle: spec -> plan -> approved (steward signature) -> running -> checked ->
-published | failed | rejected. Every transition is one store transaction with an audit-trail entry;
-the budget is reserved and settled by the mechanisms through the ledger (DESIGN.md rules 1-2)."""
+published | failed | rejected. Every transition is one store transaction with an audit-trail entry.
+The budget is charged by release/runner.py only (README, "Privacy guarantees and their limits")."""
 from __future__ import annotations
 
 import hashlib
@@ -13,31 +13,29 @@ from typing import Any
 import numpy as np
 
 from accounting import ledger, trail
-from accounting.errors import LedgerStateError, PermissionDeniedError, PrivReleaseError, TamperError
+from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
+                               TamperError)
 from accounting.epsilon import epsilon_report
-from accounting.events import event_from_json, event_to_json
+from accounting.events import event_to_json
 from accounting.store import Store
-from release import keys, mechanisms
+from release import keys, runner
 from release.data import load_registered
-from release.spec import ReleaseSpec
-from synth.datasets import heldout_source, load_source
+from release.spec import Plan, ReleaseSpec, canonical
+from synth import registry
+from synth.datasets import ImageDataset, heldout_source, load_public, load_source
 from synth.progress import ProgressFn, no_progress
-from synth.result import SynthResult
+from synth.registry import DatasetInfo, MechanismOutput
 
 STATES = ("planned", "approved", "rejected", "running", "checked", "published", "failed")
 TOOL = "privrelease"
-
-
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def plan_digest(plan: dict) -> str:
     return hashlib.sha256(canonical(plan)).hexdigest()
 
 
-def _approval_message(release_id: str, digest: str, decision: str, acknowledge_non_dp: bool) -> bytes:
-    return canonical({"release_id": release_id, "plan_digest": digest, "decision": decision,
+def _approval_message(release_id: str, digest: str, decision: str, acknowledge_non_dp: bool, key_id: str) -> bytes:
+    return canonical({"release_id": release_id, "plan_digest": digest, "decision": decision, "key_id": key_id,
                       "acknowledge_non_dp": acknowledge_non_dp, "purpose": "privrelease plan approval"})
 
 
@@ -68,7 +66,7 @@ def approvals(store: Store, release_id: str) -> list[dict]:
 
 
 def _steward(store: Store, name: str) -> keys.Identity:
-    return keys.require_role(keys.get_identity(store, name), "steward")
+    return keys.authenticate(store, name, "steward")  # the private key, not only the name (README, Trust model)
 
 
 def _set_state(con, store: Store, release_id: str, expected: tuple[str, ...], new: str, actor: str, action: str,
@@ -89,39 +87,99 @@ def _set_state(con, store: Store, release_id: str, expected: tuple[str, ...], ne
     trail.append(con, store, actor, action, {"release_id": release_id, "state": new, **payload})
 
 
+def public_sha256(public: ImageDataset) -> str:
+    """Content hash of PUBLIC data (a plain hash is fine here: nothing sensitive)."""
+    h = hashlib.sha256()
+    for arr in (np.ascontiguousarray(public.images), np.ascontiguousarray(public.labels)):
+        h.update(str((arr.dtype.str, arr.shape)).encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def dataset_info(ds: ledger.Dataset) -> DatasetInfo:
+    return DatasetInfo(ds.dataset_id, ds.name, ds.record_count, tuple(ds.labels), tuple(ds.image_shape), ds.delta_cap)
+
+
+def mechanism_config(spec: ReleaseSpec, ds: ledger.Dataset) -> Any:
+    mech = registry.get(spec.mechanism)
+    return mech.make_config(spec.config_overrides(), dataset_info(ds), spec.n_images, spec.preset)
+
+
+def _check_policy(spec: ReleaseSpec) -> None:
+    from audit import AuditPolicy
+
+    AuditPolicy.from_dict(spec.policy)  # raises InvalidParameterError naming the bad value
+
+
 # ------------------------------------------------------------------ plan
-def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> dict:
-    """Store a plan: the events it will charge, epsilon before/after (RDP and PLD), warnings."""
-    budget = ledger.budget(store, spec.dataset)
+def _spec_file_check(spec_file: str | None, signed: dict) -> None:
+    """The spec file the plan came from, if it still exists, must still say what was signed."""
+    if not spec_file or not Path(spec_file).exists():
+        return
+    try:
+        now = ReleaseSpec.from_toml(Path(spec_file)).as_dict()
+    except InvalidParameterError as exc:
+        raise TamperError(f"The spec file {spec_file} was changed after the plan was made and no longer parses "
+                          f"({exc}). Re-plan with `privrelease release plan`.") from exc
+    if now != signed:
+        changed = sorted(f"[{t}] {k}" for t in set(now) | set(signed) for k in
+                         set(now.get(t, {})) | set(signed.get(t, {})) if now.get(t, {}).get(k) != signed.get(t, {}).get(k))
+        raise TamperError(f"The spec file {spec_file} was edited after the plan was made ({', '.join(changed)} "
+                          "changed): what runs must be what was approved. Plan the edited spec as a new release "
+                          "with `privrelease release plan`, or restore the file.")
+
+
+def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
+    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read)."""
+    _check_policy(spec)
     ds = budget.dataset
-    prior = budget.history
-    mech = mechanisms.plan_mechanism(spec, ds, prior)
-    events = [event_from_json(e) for e in mech["events"]]
-    before = epsilon_report(prior, ds.delta_cap)
-    after = epsilon_report(prior + events, ds.delta_cap)
-    warnings = list(mech["warnings"])
+    mech = registry.get(spec.mechanism)
+    mplan = mech.plan(mechanism_config(spec, ds), dataset_info(ds), budget.history, public)
+    before = epsilon_report(budget.history, ds.delta_cap)
+    after = epsilon_report(budget.history + list(mplan.events), ds.delta_cap)
+    warnings = list(mplan.warnings)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
-    if spec.mechanism == "privimage" and after.epsilon_rdp > ds.epsilon_cap:
+    if mplan.guarantee_kind == "dp" and after.epsilon_rdp > ds.epsilon_cap:
         warnings.append(f"Epsilon after this release ({after.epsilon_rdp:.3f}) exceeds the cap {ds.epsilon_cap:g}: "
                         "the run will be refused.")
+    return mplan, before, after, warnings
+
+
+def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:
+    """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing, reads
+    no sensitive data, charges nothing."""
+    budget = ledger.budget(store, spec.dataset)
+    mplan, before, after, warnings = _preview(spec, budget, load_public(spec.public_source, budget.dataset.source))
+    return {"events_described": [e.describe() for e in mplan.events], "epsilon_before": before.as_dict(),
+            "epsilon_after": after.as_dict(), "expected_count": int(mplan.expected_count), "warnings": warnings,
+            "requires_acknowledgement": mplan.requires_acknowledgement}
+
+
+def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> dict:
+    """Store a plan: the events it will charge, epsilon before/after (RDP and PLD), warnings. The
+    whole spec, policy and data compatibility are validated here, before anything is charged."""
+    budget = ledger.budget(store, spec.dataset)
+    ds = budget.dataset
+    public = load_public(spec.public_source, ds.source)
+    mplan, before, after, warnings = _preview(spec, budget, public)
     release_id = "rel-" + uuid.uuid4().hex[:10]
-    plan = {
-        "release_id": release_id, "dataset_id": ds.dataset_id, "dataset": ds.name, "mechanism": spec.mechanism,
-        "events": mech["events"], "events_described": [e.describe() for e in events],
-        "epsilon_before": before.as_dict(), "epsilon_after": after.as_dict(), "epsilon_cap": ds.epsilon_cap,
-        "remaining_after_rdp": (ds.epsilon_cap - after.epsilon_rdp) if after.finite else None,
-        "expected_count": mech["expected_count"], "warnings": warnings,
-        "requires_acknowledgement": mech["requires_acknowledgement"], "config": mech["config"],
-        "mechanism_plan": mech["mechanism_plan"], "public_source": spec.public_source,
-        "ledger_position": len(budget.charges),
-    }
-    digest = plan_digest(plan)
-    now = trail.now()
+    plan = Plan(
+        release_id=release_id, dataset_id=ds.dataset_id, dataset=ds.name, dataset_fingerprint=ds.fingerprint,
+        mechanism=spec.mechanism, spec=spec.as_dict(), spec_file=spec.source_file,
+        events=[event_to_json(e) for e in mplan.events], events_described=[e.describe() for e in mplan.events],
+        epsilon_before=before.as_dict(), epsilon_after=after.as_dict(), epsilon_cap=ds.epsilon_cap,
+        remaining_after_rdp=(ds.epsilon_cap - after.epsilon_rdp) if after.finite else None,
+        expected_count=int(mplan.expected_count), output_shape=list(mplan.output_shape), warnings=warnings,
+        requires_acknowledgement=mplan.requires_acknowledgement, guarantee_kind=mplan.guarantee_kind,
+        config=json.loads(json.dumps(dict(mplan.parameters))), mechanism_plan=json.loads(json.dumps(dict(mplan.detail))),
+        public_source=spec.public_source, public_sha256=public_sha256(public), ledger_position=len(budget.charges),
+    )
+    digest, now = plan.digest, trail.now()
     with store.transaction() as con:
         con.execute("INSERT INTO releases VALUES (?, ?, ?, 'planned', ?, ?, ?, ?, ?, ?, NULL, NULL)",
                     [release_id, ds.dataset_id, spec.mechanism, json.dumps(spec.as_dict(), sort_keys=True),
-                     json.dumps(plan, sort_keys=True), digest, actor, now, now])
+                     json.dumps(plan.to_json(), sort_keys=True), digest, actor, now, now])
         trail.append(con, store, actor, "release.plan", {"release_id": release_id, "plan_digest": digest,
                                                          "dataset_id": ds.dataset_id, "mechanism": spec.mechanism})
     return get_release(store, release_id)
@@ -133,6 +191,9 @@ def _check_plan_intact(rel: dict) -> str:
     if digest != rel["plan_digest"]:
         raise TamperError(f"Release {rel['release_id']}: the stored plan no longer matches its digest (edited after "
                           "planning). Re-plan from the spec.")
+    if rel["spec"] != rel["plan"].get("spec"):
+        raise TamperError(f"Release {rel['release_id']}: the stored spec differs from the one in the signed plan "
+                          "(edited after planning). Re-plan from the spec.")
     return digest
 
 
@@ -148,8 +209,12 @@ def approve(store: Store, release_id: str, steward: str, *, digest: str | None =
     if rel["plan"]["requires_acknowledgement"] and not acknowledge_non_dp:
         raise PermissionDeniedError(
             f"Release {release_id} is k-anonymous: it carries no DP guarantee and voids the dataset's DP meaning "
-            "(DESIGN.md rule 5). Approve with --acknowledge-non-dp to accept this explicitly.")
-    sig = keys.sign(store.workspace, ident.name, _approval_message(release_id, current, "approve", acknowledge_non_dp))
+            "(README, \"Privacy guarantees and their limits\"). Approve with --acknowledge-non-dp to accept this.")
+    msg = _approval_message(release_id, current, "approve", acknowledge_non_dp, ident.key_id)
+    sig = keys.sign(store.workspace, ident.name, msg)
+    if not keys.verify_signature(ident.public_key, msg, sig):
+        raise TamperError(f"{ident.name}'s private key does not match the public key registered for {ident.name}; "
+                          "the key files or the store were changed. Nothing was approved.")
     with store.transaction() as con:
         con.execute("INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [release_id, ident.name, "approve-ack-non-dp" if acknowledge_non_dp else "approve", current,
@@ -166,7 +231,7 @@ def reject(store: Store, release_id: str, steward: str, reason: str) -> dict:
         raise PrivReleaseError("Give a reason for the rejection (it goes into the audit trail).")
     rel = get_release(store, release_id)
     digest = rel["plan_digest"]
-    sig = keys.sign(store.workspace, ident.name, _approval_message(release_id, digest, "reject", False))
+    sig = keys.sign(store.workspace, ident.name, _approval_message(release_id, digest, "reject", False, ident.key_id))
     with store.transaction() as con:
         con.execute("INSERT INTO approvals VALUES (?, ?, 'reject', ?, ?, ?, ?)",
                     [release_id, ident.name, digest, sig.hex(), reason, trail.now()])
@@ -175,18 +240,34 @@ def reject(store: Store, release_id: str, steward: str, reason: str) -> dict:
     return get_release(store, release_id)
 
 
+def _signed_key_ids(store: Store, release_id: str) -> set[str]:
+    """Key ids recorded in the (hash-chained) trail when this release was approved."""
+    return {e["payload"].get("key_id") for e in trail.entries(store)
+            if e["action"] == "release.approve" and e["payload"].get("release_id") == release_id}
+
+
 def verified_approval(store: Store, rel: dict) -> dict:
-    """The approval of this exact plan, with a valid steward signature; refuses anything else."""
+    """The approval of this exact plan by a steward whose key is the one recorded when approving,
+    with a valid signature; refuses anything else."""
     digest = _check_plan_intact(rel)
+    recorded = _signed_key_ids(store, rel["release_id"])
+    swapped = False
     for a in reversed(approvals(store, rel["release_id"])):
         if not a["decision"].startswith("approve"):
             continue
         ident = keys.get_identity(store, a["approver"])
         ack = a["decision"] == "approve-ack-non-dp"
-        msg = _approval_message(rel["release_id"], digest, "approve", ack)
+        msg = _approval_message(rel["release_id"], digest, "approve", ack, ident.key_id)
+        if ident.key_id not in recorded:
+            swapped = True
+            continue
         if ident.role == "steward" and a["plan_digest"] == digest and \
                 keys.verify_signature(ident.public_key, msg, bytes.fromhex(a["signature"])):
             return {**a, "acknowledge_non_dp": ack, "key_id": ident.key_id}
+    if swapped:
+        raise TamperError(f"Release {rel['release_id']}: the approving steward's public key is not the key that "
+                          "signed the approval (the key was replaced after approval). Re-approve with the steward's "
+                          "current key, or restore the key.")
     raise TamperError(f"Release {rel['release_id']} has no valid steward approval of its current plan. "
                       "Approve it with `privrelease release approve`.")
 
@@ -196,17 +277,21 @@ def release_dir(store: Store, release_id: str) -> Path:
     return store.workspace.artifacts / release_id
 
 
-def _save_result(store: Store, release_id: str, result: SynthResult) -> dict:
-    out = release_dir(store, release_id)
+def _save_output(store: Store, release_id: str, result: runner.RunResult, mechanism: str) -> dict:
+    """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived, internal)."""
+    out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
-    arrays = {"images": result.images, "labels": result.labels}
-    if result.label_distributions is not None:
-        arrays["label_distributions"] = result.label_distributions
+    arrays = {"images": o.images, "labels": o.labels}
+    if o.label_distributions is not None:
+        arrays["label_distributions"] = o.label_distributions
     np.savez_compressed(out / "release.npz", **arrays)
-    (out / "internal.json").write_text(json.dumps(result.internal, default=_jsonable))
-    summary = {"mechanism": result.mechanism, "guarantee": result.guarantee, "parameters": result.parameters,
-               "executed_events": [event_to_json(e) for e in result.executed_events],
-               "artifacts": result.artifacts, "count": int(len(result.images))}
+    internal = {**o.internal, "clusters": None if o.clusters is None else [c.tolist() for c in o.clusters],
+                "selected_public_indices": None if o.selected_public_indices is None
+                else o.selected_public_indices.tolist()}
+    (out / "internal.json").write_text(json.dumps(internal, default=_jsonable))
+    summary = {"mechanism": mechanism, "guarantee": result.guarantee.as_dict(), "parameters": dict(o.parameters),
+               "executed_events": [event_to_json(e) for e in result.executed_events], "generator": o.generator,
+               "artifacts": dict(o.artifacts), "count": int(len(o.images)), "charge_id": result.charge_id}
     return json.loads(json.dumps(summary, default=_jsonable))
 
 
@@ -223,59 +308,98 @@ def load_release_data(store: Store, release_id: str) -> tuple[np.ndarray, np.nda
         return z["images"], z["labels"], (z["label_distributions"] if "label_distributions" in z else None)
 
 
+def load_output(store: Store, release_id: str) -> MechanismOutput:
+    """A synthesised release's output, typed (internal fields included: stewards and auditors only)."""
+    rel = get_release(store, release_id)
+    if rel["result"] is None:
+        raise LedgerStateError(f"Release {release_id} has not been synthesised yet; run it first.")
+    images, labels, dist = load_release_data(store, release_id)
+    path = release_dir(store, release_id) / "internal.json"
+    internal = json.loads(path.read_text()) if path.exists() else {}
+    clusters, selected = internal.pop("clusters", None), internal.pop("selected_public_indices", None)
+    res = rel["result"]
+    return MechanismOutput(
+        images=images, labels=labels, parameters=res["parameters"], label_distributions=dist,
+        clusters=None if clusters is None else tuple(np.asarray(c, dtype=np.int64) for c in clusters),
+        selected_public_indices=None if selected is None else np.asarray(selected, dtype=np.int64),
+        internal=internal, generator=res.get("generator"), artifacts=res.get("artifacts", {}))
+
+
+def _bound_inputs(store: Store, rel: dict) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
+    """Everything the run reads, each checked against the signed plan before any sensitive data is used."""
+    plan = Plan.from_json(rel["plan"])
+    _spec_file_check(plan.spec_file, plan.spec)
+    spec = ReleaseSpec.from_dict(plan.spec)
+    ds, data = load_registered(store, spec.dataset)
+    if (ds.dataset_id, ds.fingerprint) != (plan.dataset_id, plan.dataset_fingerprint):
+        raise TamperError(f"Release {plan.release_id} was approved for dataset {plan.dataset_id} with another "
+                          "content fingerprint than the registered one. Re-plan.")
+    public = load_public(plan.public_source, ds.source)
+    if public_sha256(public) != plan.public_sha256:
+        raise TamperError(f"The public data {plan.public_source} changed since release {plan.release_id} was "
+                          "approved. Restore it, or re-plan and re-approve.")
+    return plan, spec, ds, data, public
+
+
 def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress) -> dict:
-    """Execute an approved plan (reserve -> synthesise -> commit, inside the mechanism), then audit it.
-    A failed release can be run again: the mechanism resumes under the same run id (no double charge)."""
+    """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit it.
+    A failed release can be run again: it resumes under the same charge (no double charge)."""
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
     if rel["state"] not in ("approved", "failed", "running"):
         raise LedgerStateError(f"Release {release_id} is {rel['state']}; only an approved (or failed) release runs.")
     approval = verified_approval(store, rel)
-    spec = ReleaseSpec.from_dict(rel["spec"])
-    ds, data = load_registered(store, spec.dataset)
-    with store.transaction() as con:
-        _set_state(con, store, release_id, ("approved", "failed", "running"), "running", ident.name, "release.run", {})
+    plan, spec, ds, data, public = _bound_inputs(store, rel)
+    mech = registry.get(plan.mechanism)
+    config = mechanism_config(spec, ds)
+    lease = runner.acquire_lease(store, release_id, ident.name)
     try:
-        result = mechanisms.execute(store, rel, spec, ds, data, release_dir(store, release_id) / "work", progress,
-                                    ident.name, approval["acknowledge_non_dp"])
-        summary = _save_result(store, release_id, result)
-    except BaseException as exc:
         with store.transaction() as con:
-            _set_state(con, store, release_id, ("running",), "failed", ident.name, "release.fail",
-                       {"reason": f"{type(exc).__name__}: {exc}"}, reason=f"{type(exc).__name__}: {exc}")
-        raise
-    with store.transaction() as con:
-        _set_state(con, store, release_id, ("running",), "running", ident.name, "release.synthesised",
-                   {"count": summary["count"], "guarantee": summary["guarantee"]}, result=summary)
-    return audit_release(store, release_id, ident.name, progress, data=data)
+            _set_state(con, store, release_id, ("approved", "failed", "running"), "running", ident.name,
+                       "release.run", {})
+        try:
+            result = runner.run_charged(
+                store, run_id=release_id, dataset=ds.name, data=data, public=public, mechanism=mech, config=config,
+                plan=plan.mechanism_view(), workdir=release_dir(store, release_id) / "work", progress=progress,
+                actor=ident.name, acknowledge_non_dp=approval["acknowledge_non_dp"], lease=lease)
+            summary = _save_output(store, release_id, result, plan.mechanism)
+        except BaseException as exc:
+            with store.transaction() as con:
+                _set_state(con, store, release_id, ("running",), "failed", ident.name, "release.fail",
+                           {"reason": f"{type(exc).__name__}: {exc}"}, reason=f"{type(exc).__name__}: {exc}")
+            raise
+        with store.transaction() as con:
+            _set_state(con, store, release_id, ("running",), "running", ident.name, "release.synthesised",
+                       {"count": summary["count"], "guarantee": summary["guarantee"]}, result=summary)
+    finally:
+        lease.release()
+    return audit_release(store, release_id, ident.name, progress, data=data, public=public)
 
 
 def audit_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, *,
-                  data=None) -> dict:
+                  data: ImageDataset | None = None, public: ImageDataset | None = None) -> dict:
     """Run every check on a synthesised release and store the (internal) report."""
     from audit import AuditInputs, AuditPolicy, run_audit, save_report
 
-    ident = keys.require_role(keys.get_identity(store, actor), "steward", "auditor")
+    ident = keys.authenticate(store, actor, "steward", "auditor")
     rel = get_release(store, release_id)
-    if rel["result"] is None:
-        raise LedgerStateError(f"Release {release_id} has not been synthesised yet; run it first.")
+    out = load_output(store, release_id)
     spec = ReleaseSpec.from_dict(rel["spec"])
     ds, sensitive = (ledger.get_dataset(store, spec.dataset), data) if data is not None \
         else load_registered(store, spec.dataset)
-    images, labels, _ = load_release_data(store, release_id)
     res = rel["result"]
     g = res["guarantee"]
-    internal = json.loads((release_dir(store, release_id) / "internal.json").read_text())
-    heldout = spec_heldout(spec, ds)
-    clusters = [np.asarray(c) for c in internal["clusters"]] if "clusters" in internal else None
-    selected = _selected_public(spec, internal)
-    loss_fn = mechanisms.loss_function(res["mechanism"], res["artifacts"])
+    selected = None
+    if out.selected_public_indices is not None:
+        selected = (public or load_source(spec.public_source)).subset(out.selected_public_indices)
     inputs = AuditInputs(
-        release_id=release_id, images=images, labels=labels, ids=release_ids(release_id, len(images)),
+        release_id=release_id, images=out.images, labels=out.labels, ids=release_ids(release_id, len(out.images)),
         expected_count=int(rel["plan"]["expected_count"]), label_set=list(ds.labels), sensitive=sensitive,
-        heldout=heldout, record_fingerprint_key=store.workspace.hmac_key(), mechanism=res["mechanism"],
-        claimed_epsilon=g.get("epsilon_rdp"), delta=g.get("delta"), k=g.get("k"), loss_fn=loss_fn,
-        clusters=clusters, selected_public=selected, artifacts_dir=release_dir(store, release_id) / "audit",
+        heldout=spec_heldout(spec, ds), record_fingerprint_key=store.workspace.hmac_key(), mechanism=res["mechanism"],
+        claimed_epsilon=g.get("epsilon_rdp"), delta=g.get("delta"), k=g.get("k"),
+        loss_fn=registry.get(res["mechanism"]).loss_function(out.generator),
+        clusters=None if out.clusters is None else list(out.clusters), selected_public=selected,
+        artifacts_dir=release_dir(store, release_id) / "audit",
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
@@ -285,17 +409,9 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
     return get_release(store, release_id)
 
 
-def spec_heldout(spec: ReleaseSpec, ds: ledger.Dataset):
+def spec_heldout(spec: ReleaseSpec, ds: ledger.Dataset) -> ImageDataset | None:
     source = spec.heldout or heldout_source(ds.source)
     return load_source(source) if source else None
-
-
-def _selected_public(spec: ReleaseSpec, internal: dict):
-    idx = internal.get("selected_public_indices")
-    if idx is None:
-        return None
-    public = load_source(spec.public_source)
-    return public.subset(np.asarray(idx, dtype=np.int64))
 
 
 def release_ids(release_id: str, n: int) -> list[str]:
@@ -326,8 +442,8 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
     head = trail.verify(store)
     if not head.ok:
         raise TamperError("The audit trail is broken; publishing is refused until `privrelease audit verify` passes.")
-    charge = ledger.get_charge(store, release_id)
     res = rel["result"]
+    charge = ledger.get_charge(store, res.get("charge_id", release_id))
     verdicts = report.verdicts()
     predicate = {
         "release_id": release_id, "dataset_id": ds.dataset_id, "mechanism": res["mechanism"],

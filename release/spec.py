@@ -23,14 +23,18 @@
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accounting.errors import InvalidParameterError
+from accounting.events import event_from_json
+from synth import registry
+from synth.registry import MechanismPlan
 
-MECHANISMS = ("privimage", "ksalsa")
 PRESETS = ("default", "demo", "tiny")
 
 
@@ -43,11 +47,11 @@ class ReleaseSpec:
     mechanism_params: dict[str, Any]
     policy: dict[str, Any] = field(default_factory=dict)
     heldout: str | None = None      # real held-out data of the same distribution, for attacks and utility
+    source_file: str | None = None  # the TOML file it was read from (not part of the spec itself)
 
     @property
     def public_source(self) -> str:
-        return str(self.mechanism_params.get("public", "builtin:public-pool" if self.mechanism == "privimage"
-                                              else "builtin:uci-digits"))
+        return str(self.mechanism_params.get("public", registry.get(self.mechanism).default_public))
 
     @property
     def preset(self) -> str:
@@ -73,18 +77,20 @@ class ReleaseSpec:
         dataset, mechanism = rel.get("dataset"), rel.get("mechanism")
         if not isinstance(dataset, str) or not dataset:
             raise InvalidParameterError("[release] dataset must name a registered dataset.")
-        if mechanism not in MECHANISMS:
-            raise InvalidParameterError(f"[release] mechanism must be one of {MECHANISMS}, got {mechanism!r}.")
+        if mechanism not in registry.names():
+            raise InvalidParameterError(f"[release] mechanism must be one of {registry.names()}, got {mechanism!r}.")
         n = rel.get("n_images")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise InvalidParameterError(f"[release] n_images must be a positive integer, got {n!r}.")
-        other = [m for m in MECHANISMS if m != mechanism and m in data]
+        other = [m for m in registry.names() if m != mechanism and m in data]
         if other:
             raise InvalidParameterError(f"The spec is for {mechanism} but also has a [{other[0]}] table; remove it.")
         extra = set(data) - {"release", "policy", mechanism}
         if extra:
             raise InvalidParameterError(f"Unknown table(s) in the spec: {sorted(extra)}.")
         params = dict(data.get(mechanism) or {})
+        if not isinstance(data.get("policy", {}), dict):
+            raise InvalidParameterError("[policy] must be a table of audit thresholds (see README, Walkthrough).")
         if params.get("preset", "default") not in PRESETS:
             raise InvalidParameterError(f"[{mechanism}] preset must be one of {PRESETS}, got {params.get('preset')!r}.")
         heldout = rel.get("heldout")
@@ -101,4 +107,61 @@ class ReleaseSpec:
             raise InvalidParameterError(f"Spec file {path} does not exist.") from exc
         except tomllib.TOMLDecodeError as exc:
             raise InvalidParameterError(f"Spec file {path} is not valid TOML: {exc}.") from exc
-        return cls.from_dict(data)
+        spec = cls.from_dict(data)
+        return cls(**{**spec.__dict__, "source_file": str(Path(path).resolve())})
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(canonical(obj)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A stored plan. Its digest (what the steward signs) binds everything a run reads: the whole spec
+    (mechanism table and [policy]), the public data reference and content hash, the dataset id and
+    fingerprint, the events and the spec file's content."""
+    release_id: str
+    dataset_id: str
+    dataset: str
+    dataset_fingerprint: str
+    mechanism: str
+    spec: dict[str, Any]
+    spec_file: str | None
+    events: list[dict[str, Any]]
+    events_described: list[str]
+    epsilon_before: dict[str, float]
+    epsilon_after: dict[str, float]
+    epsilon_cap: float
+    remaining_after_rdp: float | None
+    expected_count: int
+    output_shape: list[int]
+    warnings: list[str]
+    requires_acknowledgement: bool
+    guarantee_kind: str
+    config: dict[str, Any]
+    mechanism_plan: dict[str, Any]
+    public_source: str
+    public_sha256: str
+    ledger_position: int
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.__dict__, allow_nan=False))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Plan":
+        return cls(**data)
+
+    @property
+    def digest(self) -> str:
+        return digest(self.to_json())
+
+    def mechanism_view(self) -> MechanismPlan:
+        """The plan as the mechanism made it (what the runner reserves and the mechanism reads)."""
+        return MechanismPlan(events=tuple(event_from_json(e) for e in self.events), expected_count=self.expected_count,
+                             output_shape=tuple(self.output_shape), guarantee_kind=self.guarantee_kind,
+                             warnings=tuple(self.warnings), requires_acknowledgement=self.requires_acknowledgement,
+                             parameters=self.config, detail=self.mechanism_plan)

@@ -1,5 +1,5 @@
-"""PrivImage end to end at toy scale: ledger charging, opacus vs ledger epsilon, refusal, refund,
-crash/resume without double charging, abandon, stored results, per-sample loss."""
+"""PrivImage through the runner at toy scale: ledger charging, opacus vs ledger epsilon, refusal, refund,
+crash/resume without double charging, abandon, per-sample loss."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +11,17 @@ import torch
 
 from accounting import ledger
 from accounting.epsilon import RDP_ORDERS, epsilon_rdp
-from accounting.errors import BudgetExceededError, InvalidParameterError
+from accounting.errors import BudgetExceededError, InvalidParameterError, LedgerStateError
 from accounting.events import DpSgd, GaussianQuery
 from accounting.store import Store, Workspace
+from release import runner
+from release.manager import dataset_info
+from synth import registry
 from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.privimage import (PrivImageConfig, abandon_privimage, per_sample_diffusion_loss, plan_privimage,
-                             run_privimage)
+from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, plan_privimage
 from synth.privimage import state
 from synth.privimage.model import load_model
+from synth.progress import no_progress
 
 DELTA = 1e-4
 
@@ -72,15 +75,25 @@ def _trail_len(store: Store) -> int:
     return store.query("SELECT count(*) AS n FROM audit_trail")[0]["n"]
 
 
+def _plan(store: Store, pub: ImageDataset, cfg: PrivImageConfig):
+    b = ledger.budget(store, "mnist")
+    return registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
+
+
+def _run(store, sens, pub, cfg, run_id, wd, progress=no_progress, plan=None):
+    return runner.run_charged(store, run_id=run_id, dataset="mnist", data=sens, public=pub, mechanism="privimage",
+                              config=cfg, plan=plan or _plan(store, pub, cfg), workdir=wd, progress=progress)
+
+
 def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)
     stages: set[str] = set()
-    res = run_privimage(store, "mnist", sens, pub, _cfg(), run_id="run-1", workdir=tmp_path / "w",
-                        progress=lambda s, d, t: stages.add(s))
+    plan = _plan(store, pub, _cfg())
+    res = _run(store, sens, pub, _cfg(), "run-1", tmp_path / "w", progress=lambda s, d, t: stages.add(s), plan=plan)
     assert stages == {"query classifier", "pretraining", "DP fine-tuning", "sampling"}
     charge = ledger.get_charge(store, "run-1")
-    assert charge.state == "committed"
+    assert charge.state == "committed" and res.charge_id == "run-1"
     query, dp = charge.charged_events
     assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd)
     assert dp.steps == res.parameters["steps"] and dp.noise_multiplier == res.parameters["noise_multiplier"]
@@ -90,7 +103,7 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     assert res.internal["opacus_epsilon_dpsgd"] <= epsilon_rdp([dp], DELTA) + 1e-9
     # guarantee = the dataset's whole history, within the target
     spent = ledger.budget(store, "mnist").spent
-    assert res.guarantee == {"type": "dp", **spent.as_dict()}
+    assert res.guarantee.as_dict() == {"type": "dp", **spent.as_dict()}
     assert spent.epsilon_rdp <= 4.0 + 1e-9
     # output: balanced labels in the sensitive label set, images of the right shape
     assert res.images.shape == (20, 28, 28) and res.images.dtype == np.uint8
@@ -98,13 +111,14 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     assert len(res.parameters["selected_public_classes"]) == 10 and 0 < res.parameters["selection_ratio"] <= 1
     assert "noisy_histogram" not in res.parameters
     assert np.asarray(res.internal["noisy_histogram"]).shape == (10, 10)
-    # a second call returns the stored result without touching the ledger
+    assert res.output.selected_public_indices is not None and len(res.output.selected_public_indices) > 0
+    # a settled run is not executed again (that would need a new charge)
     before = _trail_len(store)
-    again = run_privimage(store, "mnist", sens, pub, _cfg(), run_id="run-1", workdir=tmp_path / "w")
+    with pytest.raises(LedgerStateError, match="already settled"):
+        _run(store, sens, pub, _cfg(), "run-1", tmp_path / "w", plan=plan)
     assert _trail_len(store) == before
-    assert np.array_equal(again.images, res.images) and again.guarantee == res.guarantee
     # per-sample loss for the membership audit: deterministic, one value per image
-    model = res.artifacts["model"]
+    model = res.output.generator
     a = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1)
     b = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1)
     assert a.shape == (6,) and np.isfinite(a).all() and np.array_equal(a, b)
@@ -120,20 +134,19 @@ def test_budget_refused_before_any_training(store: Store, data, tmp_path: Path) 
     _register(store, sens, cap=1.0)
     called: list = []
     with pytest.raises(BudgetExceededError):
-        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="too-much", workdir=tmp_path / "w",
-                      progress=lambda *a: called.append(a))
+        _run(store, sens, pub, _cfg(), "too-much", tmp_path / "w", progress=lambda *a: called.append(a))
     assert called == [] and ledger.get_charge(store, "too-much") is None
-    assert not (tmp_path / "w" / state.DATA_ACCESSED).exists()
 
 
-def test_failure_before_data_access_is_refunded(store: Store, data, tmp_path: Path) -> None:
+def test_too_few_public_classes_is_refused_at_plan_time(store: Store, data) -> None:
     sens, pub = data
     _register(store, sens)
     few = pub.subset(np.flatnonzero(pub.labels < 5))  # 5 public classes for 10 sensitive classes
-    with pytest.raises(InvalidParameterError, match="public set has 5 classes"):
-        run_privimage(store, "mnist", sens, few, _cfg(), run_id="bad", workdir=tmp_path / "w")
-    assert ledger.get_charge(store, "bad").state == "refunded"
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp == 0
+    with pytest.raises(InvalidParameterError, match="public set .* has 5 classes"):
+        _plan(store, few, _cfg(k=1))
+    with pytest.raises(InvalidParameterError, match="k = 6 is more than the 5 classes"):
+        _plan(store, few, _cfg(k=6))
+    assert ledger.budget(store, "mnist").charges == []
 
 
 def _crash_at(step: int):
@@ -147,31 +160,31 @@ def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path:
     sens, pub = data
     _register(store, sens)
     cfg, wd = _cfg(checkpoint_every=2), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
     with pytest.raises(Crash):  # 3 steps started, checkpoint at step 2: one step lost
-        run_privimage(store, "mnist", sens, pub, cfg, run_id="r", workdir=wd, progress=_crash_at(3))
+        _run(store, sens, pub, cfg, "r", wd, progress=_crash_at(3), plan=plan)
     assert ledger.get_charge(store, "r").state == "reserved"  # read data: stays charged, not refunded
-    assert state.read_json(wd / state.WAL)["started"] == 3
-    res = run_privimage(store, "mnist", sens, pub, cfg, run_id="r", workdir=wd)
-    plan = state.read_json(wd / state.PLAN)["plan"]
+    assert registry.read_counter(wd)["started"] == 3
+    res = _run(store, sens, pub, cfg, "r", wd, plan=plan)
+    steps = plan.step_event.steps
     redo = ledger.get_charge(store, "r:redo-1")
     assert redo.state == "committed" and redo.charged_events[0].steps == 1
     main = ledger.get_charge(store, "r")
-    assert main.state == "committed" and main.charged_events[1].steps == plan["steps"]
-    assert state.read_json(wd / state.WAL)["started"] == plan["steps"] + 1
-    assert res.parameters["redone_steps"] == 1
-    assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == plan["steps"] + 1
+    assert main.state == "committed" and main.charged_events[1].steps == steps
+    assert registry.read_counter(wd)["started"] == steps + 1
+    assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == steps + 1
     assert res.internal["opacus_history"] == [[main.charged_events[1].noise_multiplier,
-                                               main.charged_events[1].sample_rate, plan["steps"]]]
+                                               main.charged_events[1].sample_rate, steps]]
     _assert_opacus_matches_ledger(res.internal["opacus_history"], main.charged_events[1])
 
 
 def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)
-    wd = tmp_path / "w"
+    wd, plan = tmp_path / "w", _plan(store, pub, _cfg())
     with pytest.raises(Crash):
-        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="a", workdir=wd, progress=_crash_at(4))
-    charge = abandon_privimage(store, "a", wd)
+        _run(store, sens, pub, _cfg(), "a", wd, progress=_crash_at(4), plan=plan)
+    charge = runner.abandon(store, run_id="a", dataset="mnist", plan=plan, workdir=wd)
     assert charge.state == "committed"
     query, dp = charge.charged_events
     assert isinstance(query, GaussianQuery) and dp.steps == 4
@@ -180,19 +193,24 @@ def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: P
     assert spent < epsilon_rdp(charge.planned_events, DELTA)  # unexecuted remainder released
 
 
-def test_abandon_before_data_access_refunds(store: Store, data, tmp_path: Path) -> None:
+def test_failure_before_data_access_is_refunded_and_a_retry_is_charged_again(store: Store, data,
+                                                                               tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)
-    wd = tmp_path / "w"
+    wd, plan = tmp_path / "w", _plan(store, pub, _cfg())
 
     def crash_in_classifier(stage: str, done: int, total: int) -> None:
         if stage == "query classifier":
             raise Crash("killed while training on public data")
 
     with pytest.raises(Crash):
-        run_privimage(store, "mnist", sens, pub, _cfg(), run_id="c", workdir=wd, progress=crash_in_classifier)
-    assert ledger.get_charge(store, "c").state == "refunded"  # refunded by run_privimage itself
-    assert abandon_privimage(store, "c", wd).state == "refunded"
+        _run(store, sens, pub, _cfg(), "c", wd, progress=crash_in_classifier, plan=plan)
+    assert ledger.get_charge(store, "c").state == "refunded"
+    assert runner.abandon(store, run_id="c", dataset="mnist", plan=plan, workdir=wd).state == "refunded"
+    # the retry must not ride on the refunded reservation: it is charged under a new attempt id
+    res = _run(store, sens, pub, _cfg(), "c", wd, plan=plan)
+    assert res.charge_id == "c:attempt-2" and ledger.get_charge(store, "c:attempt-2").state == "committed"
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
 
 
 def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Path) -> None:

@@ -1,29 +1,41 @@
-"""`privrelease synth privimage|ksalsa`: run a mechanism directly (charged to the ledger), outside
-the release lifecycle — for experiments by a steward. Output: an .npz of images and labels."""
+"""`privrelease synth privimage|ksalsa`: preview what a mechanism run would cost, without reading the
+sensitive data or spending budget. Running goes through the release lifecycle (plan -> steward
+approval -> run): `--write-spec` writes the spec to plan with `privrelease release plan`."""
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import tomli_w
 import typer
 
-from accounting import ledger
-from release.cli.common import console, default_actor, fmt_eps, store
-from release.cli.progress import rich_progress
-from release.data import load_registered
-from synth.datasets import load_public
+from release import manager
+from release.cli.common import console, fmt_eps, store
+from release.spec import ReleaseSpec
 
-app = typer.Typer(help="Run a mechanism directly on a registered dataset (charged to its ledger).",
+app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
+                       "To run it, plan and approve a release (see README, Walkthrough of a release).",
                   no_args_is_help=True)
+WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`.")
 
 
-def _save(out: Path, result) -> None:
-    arrays = {"images": result.images, "labels": result.labels}
-    if result.label_distributions is not None:
-        arrays["label_distributions"] = result.label_distributions
-    np.savez_compressed(out, **arrays)
-    console.print(f"[green]{len(result.images)} images[/] -> {out}\n  guarantee: {result.guarantee}")
+def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
+    pv = manager.preview(store(), ReleaseSpec.from_dict(spec))
+    b, a = pv["epsilon_before"], pv["epsilon_after"]
+    console.print(f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "
+                  f"{spec['release']['dataset']}")
+    console.print(f"  events: {'; '.join(pv['events_described'])}")
+    console.print(f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}")
+    console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}")
+    console.print(f"  images: {pv['expected_count']}")
+    for w in pv["warnings"]:
+        console.print(f"  [yellow]warning:[/] {w}")
+    if write_spec is not None:
+        write_spec.write_text(tomli_w.dumps(spec))
+        console.print(f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "
+                      "approve it as a steward and `privrelease release run`.")
+    else:
+        console.print("To run it: add --write-spec FILE, then `privrelease release plan FILE` and a steward's approval.")
 
 
 @app.command("privimage")
@@ -36,31 +48,14 @@ def privimage(
     query_sigma: float = typer.Option(20.0, "--query-sigma"),
     n_samples: int = typer.Option(1000, "--n-samples"),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
-    ddim_steps: int = typer.Option(None, "--ddim-steps"),
-    run_id: str = typer.Option(None, "--run-id", help="Resume this run (same id, no double charge)."),
-    out: Path = typer.Option(Path("privimage-samples.npz"), "--out"),
-    actor: str = typer.Option(None, "--actor"),
+    write_spec: Path = WRITE,
 ) -> None:
-    """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples."""
-    from synth.privimage import PrivImageConfig, run_privimage
-
-    s = store()
-    ds, data = load_registered(s, dataset)
-    overrides = {"k": k, "query_sigma": query_sigma, "n_samples": n_samples}
-    if ddim_steps:
-        overrides["ddim_steps"] = ddim_steps
-    delta = ds.delta_cap if delta is None else delta
-    cfg = PrivImageConfig(epsilon, delta, **overrides) if preset == "default" else \
-        getattr(PrivImageConfig, preset)(epsilon, delta, **overrides)
-    run_id = run_id or "synth-" + uuid.uuid4().hex[:10]
-    console.print(f"run id {run_id} (re-run with --run-id {run_id} to resume)")
-    with rich_progress() as progress:
-        result = run_privimage(s, ds.name, data, load_public(public, ds.source), cfg, run_id=run_id,
-                               workdir=s.workspace.artifacts / run_id, progress=progress, actor=actor or default_actor())
-    _save(out, result)
-    b = ledger.budget(s, ds.name)
-    console.print(f"  {ds.name} spent: RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} "
-                  f"of cap {ds.epsilon_cap:g}")
+    """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples (preview)."""
+    params = {"public": public, "epsilon": epsilon, "k": k, "query_sigma": query_sigma, "preset": preset}
+    if delta is not None:
+        params["delta"] = delta
+    _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
+              "privimage": params}, write_spec)
 
 
 @app.command("ksalsa")
@@ -70,21 +65,8 @@ def ksalsa(
     method: str = typer.Option("ksalsa", "--method", help="ksalsa | centroid | pixel | pca"),
     public: str = typer.Option("builtin:uci-digits", "--public", help="Public set for the latent codec."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
-    acknowledge_non_dp: bool = typer.Option(False, "--acknowledge-non-dp",
-                                            help="Accept that this release voids the dataset's DP guarantees."),
-    run_id: str = typer.Option(None, "--run-id"),
-    out: Path = typer.Option(Path("ksalsa-representatives.npz"), "--out"),
-    actor: str = typer.Option(None, "--actor"),
+    write_spec: Path = WRITE,
 ) -> None:
-    """k-SALSA / k-Same baselines: one averaged representative per cluster of k records."""
-    from synth.ksalsa import KSalsaConfig, run_ksalsa
-
-    s = store()
-    ds, data = load_registered(s, dataset)
-    cfg = KSalsaConfig(k=k, method=method) if preset == "default" else getattr(KSalsaConfig, preset)(k=k, method=method)
-    run_id = run_id or "synth-" + uuid.uuid4().hex[:10]
-    with rich_progress() as progress:
-        result = run_ksalsa(s, ds.name, data, load_public(public, ds.source), cfg, run_id=run_id,
-                            workdir=s.workspace.artifacts / run_id, progress=progress,
-                            actor=actor or default_actor(), acknowledge_non_dp=acknowledge_non_dp)
-    _save(out, result)
+    """k-SALSA / k-Same baselines: one averaged representative per cluster of k records (preview)."""
+    _preview({"release": {"dataset": dataset, "mechanism": "ksalsa"},
+              "ksalsa": {"k": k, "method": method, "public": public, "preset": preset}}, write_spec)

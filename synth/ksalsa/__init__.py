@@ -4,11 +4,11 @@ from synth.ksalsa.clustering import ClusterResult, same_size_clusters
 from synth.ksalsa.codec import ConvAutoencoder, LatentCodec, train_codec
 from synth.ksalsa.config import METHODS, KSalsaConfig
 from synth.ksalsa.pipeline import aggregate_labels, anonymise
-from synth.ksalsa.run import KSalsaPlan, plan_ksalsa, run_ksalsa
+from synth.ksalsa.run import KSalsaPlan, plan_ksalsa
 from synth.ksalsa.style import EfficientNetStyleContent, SequentialStyleContent, StyleContentNet
 
 __all__ = [
     "ClusterResult", "ConvAutoencoder", "EfficientNetStyleContent", "KSalsaConfig", "KSalsaPlan", "LatentCodec",
-    "METHODS", "SequentialStyleContent", "StyleContentNet", "aggregate_labels", "anonymise", "plan_ksalsa", "run_ksalsa", "same_size_clusters",
+    "METHODS", "SequentialStyleContent", "StyleContentNet", "aggregate_labels", "anonymise", "plan_ksalsa", "same_size_clusters",
     "train_codec",
 ]

@@ -1,0 +1,276 @@
+"""The one runner: it alone charges the budget for every mechanism (ARCHITECTURE.md, "Path of a release").
+
+    lease -> reserve the plan's events -> mechanism.run(config, data, ctx) -> commit what ran | refund
+
+One failure rule for every mechanism: a run that fails before `ctx.on_sensitive_access()` is
+refunded; after it, the reservation stays in force (counted in full) until the run is resumed or
+abandoned, and settling commits what the write-ahead step counter says was started (never fewer
+steps), plus every re-charge of steps lost in a crash. A release runs at most once at a time: the
+runner holds an exclusive lease row in the store (holder, pid, host, expiry kept alive by a
+heartbeat). A lease whose holder died can be taken over; the dead attempt's reservation stays in
+force and its lost steps are charged again before they are re-executed.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from accounting import ledger, trail
+from accounting.errors import LedgerStateError, PermissionDeniedError, PrivReleaseError
+from accounting.events import MechanismEvent
+from accounting.store import Store
+from synth import registry
+from synth.datasets import ImageDataset
+from synth.progress import ProgressFn, no_progress
+from synth.registry import Guarantee, Mechanism, MechanismOutput, MechanismPlan
+
+LEASE_TTL_S = 120.0      # a lease on another host lapses this long after its last heartbeat
+HEARTBEAT_S = 15.0
+LEASES = """CREATE TABLE IF NOT EXISTS run_leases (
+    run_id VARCHAR PRIMARY KEY, token VARCHAR, holder VARCHAR NOT NULL, pid BIGINT NOT NULL, host VARCHAR NOT NULL,
+    acquired_at VARCHAR NOT NULL, expires_at DOUBLE NOT NULL, charge_id VARCHAR, accessed BOOLEAN NOT NULL)"""
+
+
+class RunInProgressError(LedgerStateError):
+    """Another process or thread holds this run's lease."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    output: MechanismOutput
+    guarantee: Guarantee
+    executed_events: tuple[MechanismEvent, ...]
+    charge_id: str
+
+    images = property(lambda self: self.output.images)
+    labels = property(lambda self: self.output.labels)
+    parameters = property(lambda self: self.output.parameters)
+    internal = property(lambda self: self.output.internal)
+    artifacts = property(lambda self: self.output.artifacts)
+
+
+# ------------------------------------------------------------------ the lease
+def _rows(con, sql: str, params: list) -> list[dict]:
+    cur = con.execute(sql, params)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _holder_alive(row: dict) -> bool:
+    if row["host"] == socket.gethostname():
+        if row["pid"] == os.getpid():
+            return True  # another thread of this process
+        try:
+            os.kill(int(row["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return time.time() < row["expires_at"]
+
+
+class Lease:
+    """The exclusive right to execute one run; `release()` gives it back (a crash leaves it to lapse)."""
+
+    def __init__(self, store: Store, run_id: str, token: str, row: dict) -> None:
+        self.store, self.run_id, self.token, self.row = store, run_id, token, row
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name=f"lease-{run_id}", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.update(expires_at=time.time() + LEASE_TTL_S)
+            except Exception:  # noqa: BLE001 - a missed beat only shortens the lease; the run goes on
+                pass
+
+    def update(self, **values: Any) -> dict:
+        with self.store.transaction() as con:
+            sets = ", ".join(f"{k} = ?" for k in values)
+            n = con.execute(f"UPDATE run_leases SET {sets} WHERE run_id = ? AND token = ? RETURNING run_id",
+                            [*values.values(), self.run_id, self.token]).fetchall()
+            if not n:
+                raise RunInProgressError(f"Run {self.run_id}: this process lost its lease (taken over as stale); "
+                                         "stopping. See `privrelease release show`.")
+            return _rows(con, "SELECT * FROM run_leases WHERE run_id = ?", [self.run_id])[0]
+
+    def release(self) -> None:
+        self._stop.set()
+        with self.store.transaction() as con:
+            con.execute("UPDATE run_leases SET token = NULL WHERE run_id = ? AND token = ?", [self.run_id, self.token])
+
+
+def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
+    """Take the run's lease, or refuse if a live holder has it; a dead holder's lease is taken over
+    (recorded in the audit trail)."""
+    token = uuid.uuid4().hex
+    with store.transaction() as con:
+        con.execute(LEASES)
+        rows = _rows(con, "SELECT * FROM run_leases WHERE run_id = ?", [run_id])
+        old = rows[0] if rows else None
+        if old is not None and old["token"] is not None:
+            if _holder_alive(old):
+                raise RunInProgressError(
+                    f"Run {run_id} is already running (by {old['holder']}, pid {old['pid']} on {old['host']}, since "
+                    f"{old['acquired_at'][:19]}). Wait for it to finish, then see `privrelease release show {run_id}`.")
+            trail.append(con, store, actor, "run.lease_takeover", {
+                "run_id": run_id, "previous_holder": old["holder"], "previous_pid": old["pid"],
+                "previous_host": old["host"], "charge_id": old["charge_id"], "accessed": bool(old["accessed"])})
+        values = [token, actor, os.getpid(), socket.gethostname(), trail.now(), time.time() + LEASE_TTL_S]
+        if old is None:
+            con.execute("INSERT INTO run_leases VALUES (?, ?, ?, ?, ?, ?, ?, NULL, FALSE)", [run_id, *values])
+        else:
+            con.execute("UPDATE run_leases SET token = ?, holder = ?, pid = ?, host = ?, acquired_at = ?, "
+                        "expires_at = ? WHERE run_id = ?", [*values, run_id])
+        row = _rows(con, "SELECT * FROM run_leases WHERE run_id = ?", [run_id])[0]
+    return Lease(store, run_id, token, row)
+
+
+# ------------------------------------------------------------------ the context a mechanism runs in
+class _Context:
+    def __init__(self, store: Store, lease: Lease, dataset: str, plan: MechanismPlan, workdir: Path,
+                 progress: ProgressFn, public: ImageDataset, actor: str) -> None:
+        self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
+        self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
+
+    @property
+    def charge_id(self) -> str:
+        return self.lease.row["charge_id"]
+
+    def on_sensitive_access(self) -> None:
+        if not self.lease.row["accessed"]:
+            self.lease.row = self.lease.update(accessed=True)
+            with self.store.transaction() as con:
+                trail.append(con, self.store, self.actor, "run.sensitive_access",
+                             {"run_id": self.lease.run_id, "charge_id": self.charge_id})
+
+    def charge_lost_steps(self, started: int, resumed_from: int) -> None:
+        step = self.plan.step_event
+        redo = _redo_charges(self.store, self.dataset, self.charge_id)
+        lost = int(started) - int(resumed_from) - sum(_steps(c.planned_events) for c in redo)
+        if step is None or lost <= 0:
+            return
+        ledger.reserve(self.store, self.dataset, [replace(step, steps=lost)], f"{self.charge_id}:redo-{len(redo) + 1}",
+                       description=f"{self.lease.run_id}: {lost} DP-SGD steps executed but lost in a crash, run again",
+                       actor=self.actor)
+
+
+def _steps(events) -> int:
+    return sum(getattr(e, "steps", 0) for e in events)
+
+
+def _redo_charges(store: Store, dataset: str, charge_id: str) -> list[ledger.Charge]:
+    return [c for c in ledger.budget(store, dataset).charges if c.run_id.startswith(f"{charge_id}:redo-")]
+
+
+# ------------------------------------------------------------------ run, settle, abandon
+def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
+    """The charge this attempt runs under: the current one unless it was refunded (then a new one)."""
+    current = lease.row["charge_id"]
+    if current is not None:
+        charge = ledger.get_charge(store, current)
+        if charge is not None and charge.state == "committed":
+            raise LedgerStateError(f"Run {lease.run_id} is already settled (charge {current} committed); its results "
+                                   "cannot be recomputed without a new charge. Plan a new release.")
+        if charge is None or charge.state == "reserved":
+            return current
+    attempts = [c for c in ledger.budget(store, dataset).charges
+                if c.run_id == lease.run_id or c.run_id.startswith(f"{lease.run_id}:attempt-")]
+    new = lease.run_id if not attempts else f"{lease.run_id}:attempt-{len(attempts) + 1}"
+    lease.row = lease.update(charge_id=new, accessed=False)
+    return new
+
+
+def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, public: ImageDataset,
+                mechanism: str | Mechanism, config: Any, plan: MechanismPlan, workdir: Path,
+                progress: ProgressFn = no_progress, actor: str = "system", acknowledge_non_dp: bool = False,
+                lease: Lease | None = None) -> RunResult:
+    """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
+    `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it."""
+    mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
+    if plan.requires_acknowledgement and not acknowledge_non_dp:
+        raise PermissionDeniedError(f"Run {run_id} makes a release without a DP guarantee. "
+                                    f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
+                                    "acknowledgement (`release approve --acknowledge-non-dp`).")
+    if len(data) != ledger.get_dataset(store, dataset).record_count:
+        raise PrivReleaseError(f"Dataset {dataset!r} is registered with a different number of records than the "
+                               f"{len(data)} given; pass the registered data.")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    own = lease is None
+    lease = acquire_lease(store, run_id, actor) if own else lease
+    try:
+        charge_id = _charge_for_attempt(store, lease, dataset)
+        ledger.reserve(store, dataset, list(plan.events), charge_id, actor=actor, allow_non_private=acknowledge_non_dp,
+                       description=f"{mech.name} run {run_id}")
+        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor)
+        try:
+            output = mech.run(config, data, ctx)
+        except BaseException as exc:
+            if not lease.row["accessed"]:  # nothing sensitive was read: refund (rule 2)
+                ledger.refund(store, charge_id, reason=f"failed before reading sensitive data: {exc}", actor=actor)
+            raise
+        executed = _settle(store, dataset, plan, charge_id, workdir, actor)
+        return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
+    finally:
+        if own:
+            lease.release()
+
+
+def _executed(plan: MechanismPlan, main_steps: int) -> list[MechanismEvent]:
+    step = plan.step_event
+    if step is None:
+        return list(plan.events)
+    if not 0 <= main_steps <= step.steps:
+        raise PrivReleaseError(f"Inconsistent DP-SGD step counter ({main_steps} of {step.steps} planned); the "
+                               "reservation stays in force. Report this as a bug.")
+    events = [e for e in plan.events if e is not step]
+    return events + ([replace(step, steps=main_steps)] if main_steps > 0 else [])
+
+
+def _settle(store: Store, dataset: str, plan: MechanismPlan, charge_id: str, workdir: Path, actor: str
+            ) -> list[MechanismEvent]:
+    """Commit every redo charge as reserved and the main charge with the started steps (write-ahead)."""
+    executed: list[MechanismEvent] = []
+    redone = 0
+    for c in _redo_charges(store, dataset, charge_id):
+        ledger.commit(store, c.run_id, c.planned_events, actor=actor)
+        executed += c.planned_events
+        redone += _steps(c.planned_events)
+    main = _executed(plan, int(registry.read_counter(workdir)["started"]) - redone)
+    ledger.commit(store, charge_id, main, actor=actor)
+    return main + executed
+
+
+def _guarantee(store: Store, dataset: str, plan: MechanismPlan) -> Guarantee:
+    if plan.guarantee_kind == "dp":
+        spent = ledger.budget(store, dataset).spent
+        return Guarantee("dp", epsilon_rdp=spent.epsilon_rdp, epsilon_pld=spent.epsilon_pld, delta=spent.delta)
+    k, method = plan.parameters.get("k"), plan.parameters.get("method")
+    return Guarantee(plan.guarantee_kind, k=k, method=method, description=f"k-anonymous (k={k})")
+
+
+def abandon(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, workdir: Path, actor: str = "system"
+            ) -> ledger.Charge | None:
+    """Settle a run that will not be resumed: refunded if it never read sensitive data, else the
+    steps started (write-ahead counter) and every re-charge are committed, the rest released."""
+    lease = acquire_lease(store, run_id, actor)
+    try:
+        charge_id = lease.row["charge_id"]
+        charge = ledger.get_charge(store, charge_id) if charge_id else None
+        if charge is None or charge.state != "reserved":
+            return charge
+        if not lease.row["accessed"]:
+            return ledger.refund(store, charge_id, reason="abandoned before reading sensitive data", actor=actor)
+        _settle(store, dataset, plan, charge_id, Path(workdir), actor)
+        return ledger.get_charge(store, charge_id)
+    finally:
+        lease.release()

@@ -1,0 +1,172 @@
+"""The mechanism interface and its registry.
+
+A mechanism reads sensitive data and produces releasable data. It never touches the budget ledger:
+it declares a frozen config type, `plan(config, dataset, prior, public) -> MechanismPlan` (the events
+it will charge, warnings, its guarantee) and `run(config, data, ctx) -> MechanismOutput`. The runner
+in `release/runner.py` reserves the plan's events, calls `run`, and settles the charge from what the
+context recorded (ARCHITECTURE.md, "Adding a mechanism").
+
+Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + one line in `_ENTRIES`.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd, MechanismEvent
+from synth.datasets import ImageDataset
+from synth.progress import ProgressFn
+
+# name -> "module:attribute" of the Mechanism object; imported lazily (torch is heavy)
+_ENTRIES: dict[str, str] = {
+    "privimage": "synth.privimage.pipeline:MECHANISM",
+    "ksalsa": "synth.ksalsa.run:MECHANISM",
+}
+STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a mechanism may know about the registered dataset at plan time (all public metadata)."""
+    dataset_id: str
+    name: str
+    record_count: int
+    labels: tuple[int, ...]
+    image_shape: tuple[int, ...]
+    delta_cap: float
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    kind: str                           # "dp" | "k-anonymity"
+    epsilon_rdp: float | None = None    # of the dataset's whole history (dp)
+    epsilon_pld: float | None = None
+    delta: float | None = None
+    k: int | None = None                # k-anonymity
+    method: str | None = None
+    description: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.kind == "dp":
+            return {"type": "dp", "epsilon_rdp": self.epsilon_rdp, "epsilon_pld": self.epsilon_pld, "delta": self.delta}
+        return {"type": self.kind, "k": self.k, "method": self.method, "description": self.description}
+
+
+@dataclass(frozen=True)
+class MechanismPlan:
+    """What a run will charge and produce; `detail` is the mechanism's own JSON (e.g. sigma, q, steps)."""
+    events: tuple[MechanismEvent, ...]
+    expected_count: int
+    output_shape: tuple[int, ...]
+    guarantee_kind: str
+    warnings: tuple[str, ...] = ()
+    requires_acknowledgement: bool = False
+    parameters: Mapping[str, Any] = field(default_factory=dict)   # public config, JSON
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_event(self) -> DpSgd | None:
+        """The event whose steps the write-ahead counter counts (DP-SGD), if any."""
+        return next((e for e in self.events if isinstance(e, DpSgd)), None)
+
+
+@dataclass(frozen=True)
+class MechanismOutput:
+    images: np.ndarray                          # uint8 (N, H, W[, C]): releasable
+    labels: np.ndarray                          # int64 (N,)
+    parameters: Mapping[str, Any]               # public parameters (manifest, card), JSON
+    label_distributions: np.ndarray | None = None
+    # computed from sensitive data, internal (audit, stewards, auditors): never in a bundle
+    clusters: tuple[np.ndarray, ...] | None = None          # sensitive indices per representative
+    selected_public_indices: np.ndarray | None = None       # public rows chosen by a DP query
+    internal: Mapping[str, Any] = field(default_factory=dict)
+    generator: str | None = None                # path of a released generative model (for the MIA)
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+
+class RunContext(Protocol):
+    """What the runner gives a mechanism's `run`."""
+    workdir: Path
+    progress: ProgressFn
+    public: ImageDataset
+    plan: MechanismPlan
+
+    def on_sensitive_access(self) -> None:
+        """Call just before the first read of sensitive data: from then on a failure is not refunded."""
+
+    def charge_lost_steps(self, started: int, resumed_from: int) -> None:
+        """A resumed run will re-execute steps started before a crash but lost since the checkpoint
+        `resumed_from`: the runner charges them (before they run; may raise BudgetExceededError)."""
+
+
+class Mechanism(Protocol):
+    name: str
+    config_type: type
+    default_public: str
+
+    def make_config(self, params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str) -> Any:
+        """The frozen config from a spec's table (unknown or bad values raise InvalidParameterError)."""
+
+    def plan(self, config: Any, dataset: DatasetInfo, prior: Sequence[MechanismEvent], public: ImageDataset
+             ) -> MechanismPlan:
+        """Events, count, shape and warnings; validates data compatibility. Reads no sensitive data."""
+
+    def run(self, config: Any, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
+        ...
+
+    def loss_function(self, generator: str | None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+        """Per-sample loss of the released generator, for the membership-inference audit."""
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_ENTRIES)
+
+
+def get(name: str) -> Mechanism:
+    if name not in _ENTRIES:
+        raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(_ENTRIES)}.")
+    module, attr = _ENTRIES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# ------------------------------------------------------------------ write-ahead step counter
+def read_counter(workdir: Path) -> dict[str, Any]:
+    path = Path(workdir) / STEP_COUNTER
+    return json.loads(path.read_text()) if path.exists() else {"started": 0, "redo": []}
+
+
+def step_started(workdir: Path) -> int:
+    """Durably count one more step as started (before it runs); returns the new count."""
+    data = read_counter(workdir)
+    data["started"] = int(data["started"]) + 1
+    tmp = Path(workdir) / (STEP_COUNTER + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, Path(workdir) / STEP_COUNTER)
+    return data["started"]
+
+
+def build_config(cls: type, table: str, preset: str, base: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """A config from a preset (`default` = the class defaults) plus a spec table's overrides."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise InvalidParameterError(f"Unknown [{table}] parameter(s) {unknown}; known: {sorted(known)}.")
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    try:
+        if preset == "default":
+            return cls(**{**base, **overrides})
+        return dataclasses.replace(getattr(cls, preset)(**base), **overrides)
+    except (TypeError, OverflowError, ValueError) as exc:
+        raise InvalidParameterError(f"[{table}] {exc}") from exc
