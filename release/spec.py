@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class ReleaseSpec:
     mechanism_params: dict[str, Any]
     policy: dict[str, Any] = field(default_factory=dict)
     heldout: str | None = None      # real held-out data of the same distribution, for attacks and utility
+    license: str | None = None      # the dataset card's license id (e.g. cc-by-4.0); None: "other"
     source_file: str | None = None  # the TOML file it was read from (not part of the spec itself)
 
     @property
@@ -62,7 +64,8 @@ class ReleaseSpec:
 
     def as_dict(self) -> dict[str, Any]:
         rel = {"dataset": self.dataset, "mechanism": self.mechanism, "description": self.description}
-        rel.update({k: v for k, v in (("n_images", self.n_images), ("heldout", self.heldout)) if v is not None})
+        rel.update({k: v for k, v in (("n_images", self.n_images), ("heldout", self.heldout),
+                                               ("license", self.license)) if v is not None})
         return {"release": rel,
                 self.mechanism: dict(self.mechanism_params), "policy": dict(self.policy)}
 
@@ -71,7 +74,7 @@ class ReleaseSpec:
         rel = data.get("release")
         if not isinstance(rel, dict):
             raise InvalidParameterError("The spec needs a [release] table with `dataset` and `mechanism`.")
-        unknown = set(rel) - {"dataset", "mechanism", "n_images", "description", "heldout"}
+        unknown = set(rel) - {"dataset", "mechanism", "n_images", "description", "heldout", "license"}
         if unknown:
             raise InvalidParameterError(f"Unknown key(s) in [release]: {sorted(unknown)}.")
         dataset, mechanism = rel.get("dataset"), rel.get("mechanism")
@@ -97,7 +100,7 @@ class ReleaseSpec:
         if heldout is not None and not isinstance(heldout, str):
             raise InvalidParameterError("[release] heldout must be a data source (folder, .parquet, .npz, builtin:...).")
         return cls(dataset, mechanism, n, str(rel.get("description", "")), params, dict(data.get("policy") or {}),
-                   heldout)
+                   heldout, license=_license(rel.get("license")))
 
     @classmethod
     def from_toml(cls, path: Path) -> "ReleaseSpec":
@@ -165,3 +168,16 @@ class Plan:
                              output_shape=tuple(self.output_shape), guarantee_kind=self.guarantee_kind,
                              warnings=tuple(self.warnings), requires_acknowledgement=self.requires_acknowledgement,
                              parameters=self.config, detail=self.mechanism_plan)
+
+
+_LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
+
+
+def _license(value: Any) -> str | None:
+    """[release] license: the identifier the dataset card declares (Hugging Face/SPDX style, lowercase)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _LICENSE_ID.fullmatch(value):
+        raise InvalidParameterError(f"[release] license must be a lowercase license identifier such as 'cc-by-4.0', "
+                                    f"'cc0-1.0' or 'other', got {value!r}.")
+    return value
