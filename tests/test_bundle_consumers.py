@@ -218,3 +218,17 @@ def test_dp_accounting_recipe_recomputes_the_stated_epsilon(consumer_dir):
     assert rdp == pytest.approx(spent.epsilon_rdp, rel=1e-9)
     assert pld == pytest.approx(spent.epsilon_pld, rel=1e-3)
     assert f"**{rdp:.3f}**" in _card(consumer) and f"**{pld:.3f}**" in _card(consumer)
+
+
+def test_spec_license_reaches_the_card_and_bad_ids_are_refused():
+    from accounting.errors import InvalidParameterError
+    from release.spec import ReleaseSpec
+
+    spec = ReleaseSpec.from_dict({"release": {"dataset": "d", "mechanism": "ksalsa", "license": "cc0-1.0"}})
+    rel = {"release_id": "r", "spec": spec.as_dict()}
+    result = {"mechanism": "ksalsa", "guarantee": {"type": "k-anonymity", "k": 5}, "parameters": {}}
+    meta, _ = split_front_matter(dataset_card(rel, {"dataset_id": "d", "privacy_unit": "one image"}, result, 4, {}))
+    assert meta["license"] == "cc0-1.0"
+    for bad in ("CC BY 4.0", "", 3, "a" * 80):
+        with pytest.raises(InvalidParameterError, match="license identifier"):
+            ReleaseSpec.from_dict({"release": {"dataset": "d", "mechanism": "ksalsa", "license": bad}})
