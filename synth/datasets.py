@@ -30,9 +30,9 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
     """Labels as int64 class indices in 0..MAX_LABEL; anything else (strings, NaN, 2.5, -1, 1e12) is refused."""
     labels = np.asarray(labels)
     if labels.dtype.kind in "US" or labels.dtype == object:
-        sample = next(iter(labels.ravel()), "")
+        sample = f" such as {labels.ravel()[0]!r}" if labels.size else f" (dtype {labels.dtype})"
         raise DataFormatError(
-            f"{where}: labels must be integer class indices, got text such as {sample!r}. Map class names to "
+            f"{where}: labels must be integer class indices, got text{sample}. Map class names to "
             "0..K-1 and declare them at registration (see README 'Registering data'), or use a folder of class "
             "subfolders."
         )
@@ -41,12 +41,13 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
     if labels.dtype.kind == "f":
         bad = labels[~np.isfinite(labels) | (labels != np.round(labels))] if labels.size else labels[:0]
         if bad.size:
-            raise DataFormatError(f"{where}: labels must be whole numbers, got {bad[0]!r}. Clean or drop those rows.")
+            raise DataFormatError(f"{where}: labels must be whole numbers, got {bad[0].item()!r}. Clean or drop "
+                                  "those rows.")
     if labels.size and labels.min() < 0:
-        raise DataFormatError(f"{where}: labels must be non-negative class indices, got {labels.min()!r}.")
+        raise DataFormatError(f"{where}: labels must be non-negative class indices, got {labels.min().item()!r}.")
     if labels.size and labels.max() > MAX_LABEL:
         raise DataFormatError(
-            f"{where}: label {labels.max()!r} is above the limit {MAX_LABEL}; labels are class indices 0..K-1. "
+            f"{where}: label {labels.max().item()!r} is above the limit {MAX_LABEL}; labels are class indices 0..K-1. "
             "Renumber the classes."
         )
     return labels.astype(np.int64)
@@ -173,7 +174,8 @@ def _idx_file(path: Path, magic: int, header: int) -> np.ndarray:
         raise DataFormatError(f"{path}: unreadable ({exc}). Reinstall: `apt-get install --reinstall "
                               "dataset-fashion-mnist`.") from exc
     if len(raw) < header or int.from_bytes(raw[:4], "big") != magic:
-        raise DataFormatError(f"{path}: not an IDX file. Reinstall: `apt-get install --reinstall dataset-fashion-mnist`.")
+        raise DataFormatError(f"{path}: not an IDX file. Reinstall: `apt-get install --reinstall "
+                              "dataset-fashion-mnist`.")
     return np.frombuffer(raw, np.uint8, offset=header)
 
 
@@ -201,7 +203,8 @@ def fashion_available() -> bool:
     return (FASHION_DIR / "train-images-idx3-ubyte.gz").exists()
 
 
-def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0, *, include_fashion: bool = True) -> ImageDataset:
+def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0, *,
+                include_fashion: bool = True) -> ImageDataset:
     """UCI digits (labels 0-9) plus, when installed and allowed, Fashion-MNIST train (labels 10-19): a
     20-class pool in which a semantic query has to find the digit classes. Use `include_fashion=False`
     (builtin:uci-digits) when Fashion-MNIST is the sensitive set."""
@@ -255,17 +258,18 @@ def heldout_source(source: str) -> str | None:
 def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
     """Refuse a public set that draws from the same collection as the sensitive one: those images would
     enter the release through the public path, with no privacy accounting."""
+    shared = COLLECTIONS.get(public_source, set()) & COLLECTIONS.get(sensitive_source, set())
+    if shared:
+        hint = 'Use `public = "builtin:uci-digits"` instead' if "UCI digits" not in shared else \
+            "Use a public set that holds none of it"
+        raise DataFormatError(
+            f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
+            f"({sensitive_source}); public and sensitive data must be disjoint. {hint} (see README 'Built-in "
+            "datasets')."
+        )
     if public_source == sensitive_source:
         raise DataFormatError(f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
                               "that holds none of its records (see README 'Built-in datasets').")
-    shared = COLLECTIONS.get(public_source, set()) & COLLECTIONS.get(sensitive_source, set())
-    if shared:
-        alternative = "builtin:uci-digits" if "UCI digits" not in shared else "a public set of your own"
-        raise DataFormatError(
-            f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
-            f"({sensitive_source}); public and sensitive data must be disjoint. Use `public = \"{alternative}\"` "
-            "instead (see README 'Built-in datasets')."
-        )
 
 
 def load_public(public_source: str, sensitive_source: str) -> ImageDataset:

@@ -86,6 +86,8 @@ def _decode(data: bytes | Path, where: str) -> np.ndarray:
 def _decode_all(items: list[bytes | Path], names: list[str], where: str) -> np.ndarray:
     """Check every header (one size, within the limits), then decode; (N, H, W) or (N, H, W, 3)."""
     probes = [_probe(item, name) for item, name in zip(items, names)]
+    for (_, shape), name in zip(probes, names):
+        check_geometry(shape, len(items), name)
     sizes = [p[0] for p in probes]
     if len(set(sizes)) > 1:
         odd = next(i for i, s in enumerate(sizes) if s != sizes[0])
@@ -93,8 +95,6 @@ def _decode_all(items: list[bytes | Path], names: list[str], where: str) -> np.n
             f"{where}: images have different sizes; e.g. {names[odd]} is {sizes[odd][0]}x{sizes[odd][1]} while "
             f"{names[0]} is {sizes[0][0]}x{sizes[0][1]}. Resize all images to one size first."
         )
-    for (_, shape), name in zip(probes, names):
-        check_geometry(shape, len(items), name)
     arrays = [_decode(item, name) for item, name in zip(items, names)]
     if any(a.ndim == 3 for a in arrays):
         arrays = [np.repeat(a[..., None], 3, -1) if a.ndim == 2 else a for a in arrays]
@@ -130,7 +130,8 @@ def load_folder(path: Path) -> ImageDataset:
                 labels.append(label)
     classes = [p.name for p in subdirs]
     if not files:
-        raise DataFormatError(f"{path}: class folders {classes} contain no images ({', '.join(sorted(IMAGE_SUFFIXES))}).")
+        raise DataFormatError(f"{path}: class folders {classes} contain no images "
+                              f"({', '.join(sorted(IMAGE_SUFFIXES))}).")
     images = _decode_all(files, [str(f) for f in files], str(path))
     return ImageDataset(images, np.array(labels, dtype=np.int64), classes, str(path))
 
@@ -148,7 +149,8 @@ def load_parquet(path: Path) -> ImageDataset:
         raise DataFormatError(f"{path}: not a readable Parquet file ({exc}).") from exc
     missing = {"image", "label"} - set(schema.names)
     if missing:
-        raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` (int).")
+        raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` "
+                              "(int).")
     if not (pa.types.is_binary(schema.field("image").type) or pa.types.is_large_binary(schema.field("image").type)):
         raise DataFormatError(f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
                               "bytes (binary, e.g. PNG), one image per row.")

@@ -1,0 +1,70 @@
+"""Issue 12 item 4: Fashion-MNIST (Debian dataset-fashion-mnist) as a built-in sensitive dataset, with its
+test split held out for the audit, and a public set that never contains it when it is the sensitive one."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from accounting.errors import DataFormatError, PrivReleaseError
+from release.data import load_registered, register_from_source
+from synth import datasets
+from synth.datasets import check_public_disjoint, fashion_available, heldout_source, load_public, load_source
+
+needs_fashion = pytest.mark.skipif(not fashion_available(),
+                                   reason="apt package dataset-fashion-mnist is not installed")
+
+
+@needs_fashion
+def test_fashion_mnist_splits_and_registration(store):
+    train, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
+    assert train.images.shape == (60000, 28, 28) and test.images.shape == (10000, 28, 28)
+    assert train.label_set == test.label_set == list(range(10))
+    assert np.bincount(train.labels).tolist() == [6000] * 10 and train.class_names[9] == "Ankle boot"
+    assert heldout_source("builtin:fashion-mnist") == "builtin:fashion-mnist-test"
+    with pytest.raises(PrivReleaseError, match="not below 1/n"):
+        register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-4)   # 1/60000 = 1.7e-5
+    ds, _ = register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
+    assert ds.record_count == 60000 and ds.labels == list(range(10))
+    assert load_registered(store, "fashion")[1].class_names[0] == "T-shirt/top"
+
+
+def test_missing_package_is_a_clear_error(tmp_path, monkeypatch, store):
+    monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path / "absent")
+    with pytest.raises(DataFormatError, match="apt-get install dataset-fashion-mnist"):
+        register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
+    assert store.query("SELECT * FROM datasets") == []
+    assert not fashion_available()
+    assert load_source("builtin:public-pool").source == "builtin:public-pool(digits)"
+
+
+def test_damaged_package_is_a_clear_error(tmp_path, monkeypatch):
+    import gzip
+
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
+        with gzip.open(tmp_path / name, "wb") as f:
+            f.write(b"\x00" * 32)
+    monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path)
+    with pytest.raises(DataFormatError, match="not an IDX file.*--reinstall"):
+        load_source("builtin:fashion-mnist")
+
+
+def _digests(images: np.ndarray) -> set[bytes]:
+    return {hashlib.sha256(im.tobytes()).digest() for im in images}
+
+
+@needs_fashion
+def test_public_set_is_disjoint_from_fashion_when_it_is_sensitive():
+    for public in ("builtin:public-pool", "builtin:fashion-mnist", "builtin:fashion-mnist-test"):
+        with pytest.raises(DataFormatError, match='Fashion-MNIST.*disjoint.*public = "builtin:uci-digits"'):
+            check_public_disjoint(public, "builtin:fashion-mnist")
+    public = load_public("builtin:uci-digits", "builtin:fashion-mnist")
+    fashion = _digests(load_source("builtin:fashion-mnist").images) | \
+        _digests(load_source("builtin:fashion-mnist-test").images)
+    assert not _digests(public.images) & fashion
+    # with MNIST sensitive, the default 20-class pool (digits + Fashion-MNIST) stays allowed
+    pool = load_public("builtin:public-pool", "builtin:mnist5k")
+    assert len(pool.label_set) == 20 and _digests(pool.images) & fashion
+    with pytest.raises(DataFormatError, match="MNIST"):
+        check_public_disjoint("builtin:mnist5k-heldout", "builtin:mnist5k")
+    with pytest.raises(DataFormatError, match="the sensitive dataset itself"):
+        check_public_disjoint("/data/x.npz", "/data/x.npz")
