@@ -11,7 +11,8 @@ from dp_accounting import dp_event as dpe
 from accounting.epsilon import epsilon_rdp, rdp_accountant
 from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, compose
-from accounting.validation import check_count, check_delta, check_epsilon, check_sample_rate, check_sensitivity
+from accounting.validation import (MIN_NOISE_MULTIPLIER, check_count, check_delta, check_epsilon, check_sample_rate,
+                                   check_sensitivity)
 
 MAX_SIGMA = 1e4
 
@@ -45,25 +46,22 @@ def calibrate_noise(
     prior = list(prior)
     _check_room(prior, target, delta)
     event_of = _history_event(prior, make_events)
-    try:
-        x = float(
-            dp_accounting.calibrate_dp_mechanism(
-                rdp_accountant, event_of, target, delta,
-                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-6,
-            )
-        )
-    except dp_accounting.mechanism_calibration.NoBracketIntervalFoundError as exc:
+    if epsilon_rdp(event_of(MAX_SIGMA), delta) > target:
         raise BudgetExceededError(
-            f"No noise level up to very large values keeps epsilon <= {target:g}; the remaining budget is too small."
-        ) from exc
+            f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; the remaining budget "
+            "is too small for this run. Raise the target (within the cap) or run fewer steps.")
+    if epsilon_rdp(event_of(MIN_NOISE_MULTIPLIER), delta) <= target:
+        return MIN_NOISE_MULTIPLIER  # the least noise accepted already fits: the target is very loose
+    x = float(
+        dp_accounting.calibrate_dp_mechanism(
+            rdp_accountant, event_of, target, delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_SIGMA), tol=1e-6,
+        )
+    )
     for _ in range(100):  # guard against rounding at the bracket's edge: never overshoot
         if epsilon_rdp(event_of(x), delta) <= target:
             break
         x *= 1 + 1e-6
-    if x > MAX_SIGMA:
-        raise BudgetExceededError(
-            f"The noise needed ({x:.3g}) is beyond any useful value; the remaining budget is too small."
-        )
     return x
 
 

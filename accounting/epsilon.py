@@ -69,6 +69,13 @@ class EpsilonReport:
         return {"epsilon_rdp": clean(self.epsilon_rdp), "epsilon_pld": clean(self.epsilon_pld), "delta": self.delta}
 
 
+# Above this RDP epsilon the PLD is not computed (its grid grows to gigabytes for very low noise, and no
+# budget is that large): the PLD figure is then the RDP one, a valid upper bound.
+PLD_MAX_EPSILON = 100.0
+
+
 def epsilon_report(history: History, delta: float) -> EpsilonReport:
     event = _as_dp_event(history)
-    return EpsilonReport(epsilon_rdp(event, delta), epsilon_pld(event, delta), float(delta))
+    rdp = epsilon_rdp(event, delta)
+    pld = epsilon_pld(event, delta) if rdp <= PLD_MAX_EPSILON else rdp
+    return EpsilonReport(rdp, pld, float(delta))

@@ -67,8 +67,9 @@ class GaussianQuery:
     mechanism = "gaussian_query"
 
     def __post_init__(self) -> None:
-        check_sigma(self.sigma, "Gaussian query sigma (noise std)")
+        check_sensitivity(self.sigma, "Gaussian query sigma (noise std)")
         check_sensitivity(self.sensitivity, "Gaussian query L2 sensitivity")
+        check_sigma(self.sigma / self.sensitivity, "Gaussian query noise multiplier (sigma / sensitivity)")
         check_count(self.count, "Gaussian query count")
 
     @property

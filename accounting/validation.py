@@ -10,6 +10,13 @@ from numbers import Integral, Real
 
 from accounting.errors import InvalidParameterError
 
+# Beyond these the numbers mean nothing and the accountants misbehave (overflow, division by zero, or a
+# PLD grid of petabytes), so they are refused with a message instead.
+MAX_EPSILON = 1000.0  # e**epsilon overflows a float near 710; no release is private at such a budget
+MIN_NOISE_MULTIPLIER = 0.1  # one Gaussian query at 0.1 already costs epsilon ~ 96 (delta 1e-5)
+MAX_NOISE_MULTIPLIER = 1e6  # epsilon is 0 to float precision well before this
+MAX_COUNT = 10**9
+
 
 def _finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
@@ -26,6 +33,11 @@ def check_epsilon(value: object, name: str = "epsilon") -> float:
     v = _finite(name, value)
     if v <= 0:
         raise InvalidParameterError(f"{name} must be > 0, got {v}; a privacy budget of zero or less admits no release.")
+    if v > MAX_EPSILON:
+        raise InvalidParameterError(
+            f"{name} {v:g} is above {MAX_EPSILON:g}: at such a budget nothing is protected (e^epsilon overflows). "
+            "Useful budgets are below about 10."
+        )
     return v
 
 
@@ -39,9 +51,21 @@ def check_delta(value: object, name: str = "delta") -> float:
 
 
 def check_sigma(value: object, name: str = "sigma") -> float:
+    """A noise multiplier (noise std / L2 sensitivity), within [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]."""
     v = _finite(name, value)
     if v <= 0:
         raise InvalidParameterError(f"{name} (noise multiplier) must be > 0, got {v}; zero noise gives no privacy.")
+    if v < MIN_NOISE_MULTIPLIER:
+        raise InvalidParameterError(
+            f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the sensitivity: so little noise gives no useful "
+            "privacy (epsilon in the hundreds or more). Use a noise multiplier of about 0.5 or more, or ask "
+            "`privrelease budget plan --epsilon E` for the one that fits."
+        )
+    if v > MAX_NOISE_MULTIPLIER:
+        raise InvalidParameterError(
+            f"{name} {v:g} is above {MAX_NOISE_MULTIPLIER:g} times the sensitivity: the output would be pure noise. "
+            "Use less noise (`privrelease budget plan --epsilon E` finds the smallest that fits)."
+        )
     return v
 
 
@@ -65,4 +89,6 @@ def check_count(value: object, name: str = "steps") -> int:
     v = _finite(name, value)
     if v != int(v) or v < 1:
         raise InvalidParameterError(f"{name} must be a whole number >= 1, got {value!r}.")
+    if v > MAX_COUNT:
+        raise InvalidParameterError(f"{name} {value!r} is above {MAX_COUNT:,}; give a realistic count.")
     return int(v)

@@ -7,6 +7,7 @@ from accounting.calibration import calibrate_dpsgd_sigma, calibrate_gaussian_sig
 from accounting.epsilon import epsilon_rdp
 from accounting.errors import BudgetExceededError
 from accounting.events import DpSgd, GaussianQuery
+from accounting.validation import MIN_NOISE_MULTIPLIER
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,7 +27,7 @@ def test_sigma_never_overshoots_and_is_near_tight(target, q, steps, prior_sigma)
     sigma = calibrate_dpsgd_sigma(target, delta, q, steps, prior=prior)
     assert epsilon_rdp(prior + [DpSgd(q, sigma, steps)], delta) <= target
     # not wastefully large: 1% less noise would overshoot (or sigma is at the bracket's floor)
-    if sigma > 0.02:
+    if sigma > MIN_NOISE_MULTIPLIER * 1.02:
         assert epsilon_rdp(prior + [DpSgd(q, sigma * 0.99, steps)], delta) > target
 
 

@@ -79,6 +79,11 @@ def plan(
     if dataset is not None:
         b = ledger.budget(store(), dataset)
         prior = b.history
+        if delta is not None and delta > b.dataset.delta_cap:
+            raise InvalidParameterError(
+                f"--delta {delta:g} is above {b.dataset.name}'s delta cap {b.dataset.delta_cap:g} (which is below "
+                f"1/n = {1 / b.dataset.record_count:.3g}): its budget is stated at that delta. Leave --delta out to "
+                "use the cap, or give a smaller one.")
         delta = b.dataset.delta_cap if delta is None else delta
     if delta is None:
         raise InvalidParameterError("Give --delta (or --dataset to use its delta cap).")
