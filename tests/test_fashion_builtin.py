@@ -68,3 +68,22 @@ def test_public_set_is_disjoint_from_fashion_when_it_is_sensitive():
         check_public_disjoint("builtin:mnist5k-heldout", "builtin:mnist5k")
     with pytest.raises(DataFormatError, match="the sensitive dataset itself"):
         check_public_disjoint("/data/x.npz", "/data/x.npz")
+
+
+@needs_fashion
+def test_plan_with_fashion_sensitive_refuses_the_default_pool(store):
+    """Refused at plan time, before any budget is reserved; with UCI digits as the public set it plans."""
+    from accounting import ledger
+    from release import keys, manager
+    from release.spec import ReleaseSpec
+
+    keys.create_identity(store, "alice", "steward")
+    register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
+    spec = {"release": {"dataset": "fashion", "mechanism": "privimage", "n_images": 100},
+            "privimage": {"epsilon": 4.0, "preset": "tiny"}}
+    with pytest.raises(DataFormatError, match="contains Fashion-MNIST"):
+        manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    assert ledger.budget(store, "fashion").charges == [] and manager.list_releases(store) == []
+    spec["privimage"]["public"] = "builtin:uci-digits"
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    assert rel["plan"]["dataset"] == "fashion"
