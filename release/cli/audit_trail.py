@@ -8,10 +8,12 @@ from rich.markup import escape
 
 from accounting import integrity, trail
 from release import keys
+from release.cli import audit_impl
 from release.cli.common import acting, console, fmt_eps, print_json, store, table, workspace
 from release.keys import load_public_key, raw_public_bytes
 
 app = typer.Typer(help="Audit trail and release audits.", no_args_is_help=True)
+app.command("implementation")(audit_impl.implementation)
 
 
 @app.command("verify")

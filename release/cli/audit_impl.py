@@ -1,0 +1,72 @@
+"""`privrelease audit implementation SPEC`: one-run audit of the DP-SGD code at a spec's settings.
+
+Trains the mechanism's own DP-SGD on public images plus canaries (no sensitive data, no budget) and
+compares the empirical epsilon lower bound with the epsilon the ledger would charge for that run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from accounting.errors import InvalidParameterError
+from release.cli.common import console, print_json, store
+
+
+def dpsgd_setting_for(spec_path: Path):
+    """The DP-SGD run a spec would execute now (the plan's q, sigma, steps; the config's clipping,
+    learning rate and EMA), and the public data it names."""
+    from audit.dpsgd_audit import DpSgdSetting
+    from accounting import ledger
+    from release import manager
+    from release.spec import ReleaseSpec
+    from synth import registry
+    from synth.datasets import load_public
+
+    spec = ReleaseSpec.from_toml(spec_path)
+    budget = ledger.budget(store(), spec.dataset)
+    ds = budget.dataset
+    cfg = manager.mechanism_config(spec, ds)
+    public = load_public(spec.public_source, ds.source)
+    event = registry.get(spec.mechanism).plan(cfg, manager.dataset_info(ds), budget.history, public).step_event
+    if event is None:
+        raise InvalidParameterError(f"{spec_path}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
+                                    "implementation to audit (see the README section 'Privacy guarantees').")
+    return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
+                        cfg.lr, cfg.ema_decay, f"{spec_path.name}: {event.describe()}"), public
+
+
+def implementation(spec: Path = typer.Argument(..., help="Release spec (TOML) whose DP-SGD settings are audited."),
+                   canaries: int = typer.Option(1000, "--canaries", min=10, help="m canaries, each included w.p. 1/2."),
+                   out: Path = typer.Option(None, "--out", help="Folder for the canary-score PNG and JSON."),
+                   as_json: bool = typer.Option(False, "--json")) -> None:
+    """One-run privacy audit (Steinke, Nasr & Jagielski 2023) of the DP-SGD implementation at SPEC's
+    settings: public data plus canaries only, no budget spent. Exit 1 if the implementation leaks
+    more than it charges."""
+    from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
+    from release.cli.progress import rich_progress
+
+    setting, public = dpsgd_setting_for(spec)
+    with rich_progress() as progress:
+        audit = compute_implementation_audit(setting, public, m=canaries, progress=progress)
+    result = check_implementation_audit(audit, out)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "implementation_audit.json").write_text(audit_json(result))
+    if as_json:
+        print_json({"passed": result.passed, "summary": result.summary, **result.details,
+                    "artifacts": result.artifacts})
+    else:
+        colour = "green" if result.passed else "bold red"
+        console.print(f"[{colour}]{result.details['status']}[/]: {result.summary}")
+        for label, path in result.artifacts.items():
+            console.print(f"  [dim]{label}: {path}[/]")
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def audit_json(result) -> str:
+    import json
+
+    from audit.report import jsonable
+
+    return json.dumps(jsonable({"passed": result.passed, "summary": result.summary, **result.details}), indent=1)
