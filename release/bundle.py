@@ -196,7 +196,7 @@ def _write_tarball(src: Path, arcroot: str, dest: Path) -> None:
         rel = p.relative_to(src).as_posix()
         return (0 if rel == ENVELOPE_FILE else 1 if rel == STATEMENT_FILE else 2), rel
 
-    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         add(tar, src, arcroot)
         for p in sorted(src.rglob("*"), key=order):

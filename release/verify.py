@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import shutil
 import tarfile
 import tempfile
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,31 +102,66 @@ def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: st
 # ---------------------------------------------------------------- archives
 
 class _OneGzipMember:
-    """Readable stream of exactly one gzip member, decompressed in bounded chunks.
+    """Readable stream of exactly one gzip member, inflated in bounded chunks by a helper thread.
 
     Python's gzip module silently reads on into appended members; here anything after the first
     member is kept in `trailing` (one byte suffices to prove it exists) and never decompressed.
+    zlib and sha256 both release the GIL, so inflating here while the caller hashes (and writes)
+    uses two cores, as `tar -xzf` does with its gzip child process.
     """
 
     def __init__(self, raw: IO[bytes]) -> None:
-        self._raw = raw
-        self._z = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._queue: queue.Queue = queue.Queue(maxsize=4)
+        self._stop = threading.Event()
         self._pending = memoryview(b"")
+        self._done = False
         self.trailing: bytes | None = None
+        self._thread = threading.Thread(target=self._inflate, args=(raw,), daemon=True)
+        self._thread.start()
+
+    def _inflate(self, raw: IO[bytes]) -> None:
+        z = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            while not self._stop.is_set():
+                if z.eof:
+                    self.trailing = z.unused_data + raw.read(1)
+                    self._put(None)
+                    return
+                data = z.unconsumed_tail or raw.read(CHUNK)
+                if not data:
+                    raise EOFError("the gzip stream ends early")
+                out = z.decompress(data, CHUNK)
+                if out:
+                    self._put(out)
+        except Exception as e:  # handed to the reader, which raises it
+            self._put(e)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def read(self, size: int = -1) -> bytes:
         size = CHUNK if size is None or size < 0 else size
         while not self._pending:
-            if self._z.eof:
-                if self.trailing is None:
-                    self.trailing = self._z.unused_data + self._raw.read(1)
+            if self._done:
                 return b""
-            data = self._z.unconsumed_tail or self._raw.read(CHUNK)
-            if not data:
-                raise EOFError("the gzip stream ends early")
-            self._pending = memoryview(self._z.decompress(data, CHUNK))
+            item = self._queue.get()
+            if item is None or isinstance(item, Exception):
+                self._done = True
+                if item is None:
+                    return b""
+                raise item
+            self._pending = memoryview(item)
         out, self._pending = self._pending[:size], self._pending[size:]
         return out.tobytes()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class _ArchiveScan:
@@ -251,14 +288,17 @@ def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
     """Stream every member through `scan`; returns a problem with the archive's structure, if any."""
     with open(archive, "rb") as raw:
         gz = _OneGzipMember(raw)
-        with tarfile.open(fileobj=gz, mode="r|", bufsize=CHUNK) as tar:
-            for m in tar:
-                scan.member(tar, m)
-                if scan.problem:
-                    return None
-            rest = getattr(tar.fileobj, "buf", b"")  # read past the end-of-archive block, not yet consumed
-        while len(rest) <= TRAILER_MAX and (block := gz.read(CHUNK)):
-            rest += block
+        try:
+            with tarfile.open(fileobj=gz, mode="r|", bufsize=CHUNK) as tar:
+                for m in tar:
+                    scan.member(tar, m)
+                    if scan.problem:
+                        return None
+                rest = getattr(tar.fileobj, "buf", b"")  # read past the end-of-archive block, not yet consumed
+            while len(rest) <= TRAILER_MAX and (block := gz.read(CHUNK)):
+                rest += block
+        finally:
+            gz.close()
         if len(rest) > TRAILER_MAX or rest.count(0) != len(rest):
             return "data after the end of the tar archive (an appended archive?)"
         if gz.trailing:
