@@ -12,7 +12,7 @@ from accounting.errors import InvalidParameterError
 _UNIT = {"mia_max_auc", "mia_max_tpr_at_1pct_fpr", "mia_max_tpr_at_01pct_fpr", "max_near_copy_fraction",
          "max_closer_to_train_fraction", "kanon_max_attack_precision", "kanon_max_reid_rate",
          "min_downstream_accuracy", "min_sds", "mia_confidence", "near_copy_max_distance"}
-_POSITIVE_INT = {"mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
+_POSITIVE_INT = {"dcr_repeats", "mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
                  "grid_pairs"}
 
 
@@ -29,6 +29,7 @@ class AuditPolicy:
     near_copy_max_distance: float = 0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
     max_near_copy_fraction: float = 0.01
     max_closer_to_train_fraction: float | None = None  # ~0.5 is healthy; informational by default
+    dcr_repeats: int = 5                  # training subsampled to the held-out size this many times
     # k-anonymous releases
     kanon_max_attack_precision: float = 0.9   # cluster-membership attack top-k precision (chance 0.5)
     kanon_max_reid_rate: float = 0.9          # representative -> top-1 nearest record is one of its sources
