@@ -34,15 +34,17 @@ div[data-testid="stMetric"] {background: #f6f8fa; border: 1px solid #e3e8ee; bor
 
 
 def current_identity(store: Store) -> keys.Identity | None:
-    """The signed-in identity, re-read from the store on every run (a deleted identity is signed out)."""
+    """The signed-in identity, re-read from the store on every run: a deleted identity, or one whose
+    password changed since this session signed in, is signed out."""
     name = st.session_state.get("user")
     if not name:
         return None
-    try:
-        return keys.get_identity(store, name)
-    except PrivReleaseError:
-        st.session_state.pop("user", None)
-        return None
+    ident = auth.session_valid(store, name, st.session_state.get("epoch", ""))
+    if ident is None:
+        for k in ("user", "epoch", "page", "release"):
+            st.session_state.pop(k, None)
+        st.session_state["signed_out"] = "Your session ended (the identity's password changed): sign in again."
+    return ident
 
 
 def sign_in(store: Store) -> None:
@@ -57,13 +59,16 @@ def sign_in(store: Store) -> None:
             name = st.text_input("Identity", value=prefill, key="login_name", placeholder="e.g. alice")
             password = st.text_input("Password", type="password", key="login_password")
             submitted = st.form_submit_button("Sign in", type="primary", width="stretch")
+        notice = st.session_state.pop("signed_out", None)
+        if notice and not submitted:
+            st.warning(notice, icon=":material/logout:")
         if submitted:
-            ident = auth.check_password(store, name.strip(), password)
-            if ident is None:
-                st.error("Unknown identity or wrong password (or no password set: "
-                         "`privrelease keys password NAME`).", icon=":material/block:")
+            result = auth.sign_in(store, name, password)  # throttled; every attempt is an audit-trail entry
+            if result.identity is None:
+                st.error(result.message, icon=":material/block:")
             else:
-                st.session_state["user"] = ident.name
+                ident = result.identity
+                st.session_state["user"], st.session_state["epoch"] = ident.name, result.session_epoch
                 # ?page=NAME deep-links to a page; one the role may not open is refused with a message
                 st.session_state["page"] = st.query_params.get("page", "Overview")
                 st.rerun()
@@ -83,7 +88,7 @@ def sidebar(store: Store, ident: keys.Identity) -> tuple[str, str | None]:
                  label_visibility="collapsed")
         st.divider()
         if st.button("Sign out", width="stretch"):
-            for k in ("user", "page", "release"):
+            for k in ("user", "epoch", "page", "release"):
                 st.session_state.pop(k, None)
             st.rerun()
         st.caption(f"Workspace: `{store.workspace.root}`")
@@ -104,8 +109,10 @@ def main() -> None:
         return
     page, refused = sidebar(store, ident)
     if refused is not None:
-        st.error(f"The {str(refused)[:40]} page is not available to a {ident.role}. "
-                 f"You can open: {', '.join(pages_for(ident.role))}.", icon=":material/block:")
+        # Only a known page name is echoed: any other ?page= value is attacker-chosen text (a link, markup).
+        what = f"The {refused} page is" if refused in VIEWS else "The requested page does not exist or is"
+        st.error(f"{what} not available to a {ident.role}. You can open: {', '.join(pages_for(ident.role))}.",
+                 icon=":material/block:")
         return
     show_flash()
     with guarded(f"showing {page}"):

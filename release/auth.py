@@ -9,6 +9,9 @@ import base64
 import hashlib
 import hmac
 import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime
 
 from accounting import trail
 from accounting.errors import InvalidParameterError
@@ -50,8 +53,8 @@ def verify_hash(stored: str | None, password: str) -> bool:
 
 
 def set_password(store: Store, name: str, password: str, *, actor: str | None = None) -> keys.Identity:
-    """Set (or replace) the dashboard password of an existing identity. Raises PrivReleaseError for an
-    unknown identity or a password shorter than 8 characters."""
+    """Set (or replace) the dashboard password of an existing identity; sessions opened with the old one
+    end (see session_valid). Raises PrivReleaseError for an unknown identity or a password shorter than 8."""
     if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
         raise InvalidParameterError(
             f"The password must be at least {MIN_PASSWORD_LENGTH} characters long; choose a longer one."
@@ -76,3 +79,65 @@ def check_password(store: Store, name: str, password: str) -> keys.Identity | No
 
 
 _DUMMY_HASH = hash_password(secrets.token_hex(16))
+
+# Sign-in throttling: after MAX_FAILURES failed attempts in a row for one name, that name is locked for
+# LOCKOUT_SECONDS (a locked attempt is refused unchecked and does not extend the lock). Attempts are audit-trail
+# entries, so the count survives restarts and is shared by every dashboard process on the workspace.
+MAX_FAILURES = 5
+LOCKOUT_SECONDS = 300
+SIGN_IN_ACTIONS = ("auth.sign_in", "auth.sign_in_failed")
+
+
+@dataclass(frozen=True)
+class SignIn:
+    identity: keys.Identity | None
+    message: str = ""          # why it failed, for the person signing in
+    session_epoch: str = ""    # binds the session to the password it was opened with
+
+
+def password_epoch(identity: keys.Identity) -> str:
+    """Changes whenever the password does: a session opened under an older password is no longer valid."""
+    return hashlib.sha256((identity.password_hash or "").encode()).hexdigest()[:32]
+
+
+def session_valid(store: Store, name: str, epoch: str) -> keys.Identity | None:
+    """The identity if it still exists and its password is the one the session was opened with."""
+    try:
+        ident = keys.get_identity(store, name)
+    except keys.UnknownIdentityError:
+        return None
+    return ident if ident.password_hash and hmac.compare_digest(password_epoch(ident), epoch) else None
+
+
+def _locked_for(store: Store, name: str, now: float) -> float:
+    """Seconds left on `name`'s lockout (0 if not locked)."""
+    needle = f'"name":{trail.canonical(name)}'
+    rows = store.query(
+        "SELECT action, ts FROM audit_trail WHERE action IN (?, ?) AND position(? IN payload) > 0 "
+        f"ORDER BY seq DESC LIMIT {MAX_FAILURES}", [*SIGN_IN_ACTIONS, needle])
+    if len(rows) < MAX_FAILURES or any(r["action"] == "auth.sign_in" for r in rows):
+        return 0.0
+    last = datetime.fromisoformat(rows[0]["ts"]).timestamp()
+    return max(0.0, last + LOCKOUT_SECONDS - now)
+
+
+def sign_in(store: Store, name: str, password: str, *, now: float | None = None) -> SignIn:
+    """Check a dashboard sign-in, throttled per name; every attempt (success, failure, refusal while
+    locked) is an audit-trail entry."""
+    name = (name or "").strip()[:64]
+    now = time.time() if now is None else now
+    left = _locked_for(store, name, now)
+    if left > 0:
+        _record(store, name, "auth.sign_in_refused", "locked")
+        return SignIn(None, f"Too many failed sign-ins for this identity: try again in {int(left // 60) + 1} min.")
+    ident = check_password(store, name, password)
+    if ident is None:
+        _record(store, name, "auth.sign_in_failed", "unknown identity, no password set, or wrong password")
+        return SignIn(None, "Unknown identity or wrong password (or no password set: `privrelease keys password NAME`).")
+    _record(store, name, "auth.sign_in", "ok")
+    return SignIn(ident, "", password_epoch(ident))
+
+
+def _record(store: Store, name: str, action: str, result: str) -> None:
+    with store.transaction() as con:
+        trail.append(con, store, name or "-", action, {"name": name, "result": result, "via": "dashboard"})

@@ -79,3 +79,83 @@ def test_bad_input_is_refused_and_changes_nothing(people, name, password, words)
         set_password(people, name, password)
     assert trail.verify(people).length == before
     assert all(i.password_hash is None for i in keys.list_identities(people))
+
+
+# ------------------------------------------------------------------ sign-in throttling, trail, sessions
+def _attempts(store, name):
+    return [r["action"] for r in store.query(
+        "SELECT action FROM audit_trail WHERE action LIKE 'auth.%' AND payload LIKE ? ORDER BY seq",
+        [f'%"name":"{name}"%'])]
+
+
+def test_sign_in_attempts_are_trail_entries(people):
+    from release.auth import sign_in
+
+    set_password(people, "alice", "s3cret-pass")
+    assert sign_in(people, "alice", "wrong-pass").identity is None
+    ok = sign_in(people, "alice", "s3cret-pass")
+    assert ok.identity.name == "alice" and ok.session_epoch
+    assert sign_in(people, "nobody", "whatever-pass").identity is None
+    assert _attempts(people, "alice") == ["auth.sign_in_failed", "auth.sign_in"]
+    assert _attempts(people, "nobody") == ["auth.sign_in_failed"]
+    assert "s3cret-pass" not in str(people.query("SELECT payload FROM audit_trail"))
+    assert trail.verify(people).ok
+
+
+def test_lockout_after_repeated_failures(people):
+    import time
+
+    from release.auth import LOCKOUT_SECONDS, MAX_FAILURES, sign_in
+
+    set_password(people, "alice", "s3cret-pass")
+    for _ in range(MAX_FAILURES):
+        assert sign_in(people, "alice", "guess-guess").identity is None
+    locked = sign_in(people, "alice", "s3cret-pass")  # the right password, but locked: not even checked
+    assert locked.identity is None and "Too many failed sign-ins" in locked.message
+    assert sign_in(people, "bob", "x" * 8).identity is None  # other names are not locked by alice's failures
+    later = time.time() + LOCKOUT_SECONDS + 1
+    assert sign_in(people, "alice", "s3cret-pass", now=later).identity.name == "alice"
+    assert _attempts(people, "alice")[-2:] == ["auth.sign_in_refused", "auth.sign_in"]
+    # A success resets the count: one new failure does not lock.
+    assert sign_in(people, "alice", "guess-guess").identity is None
+    assert sign_in(people, "alice", "s3cret-pass").identity is not None
+
+
+def test_password_change_ends_sessions(people):
+    from release.auth import session_valid, sign_in
+
+    set_password(people, "alice", "s3cret-pass")
+    epoch = sign_in(people, "alice", "s3cret-pass").session_epoch
+    assert session_valid(people, "alice", epoch).name == "alice"
+    set_password(people, "alice", "another-pass")
+    assert session_valid(people, "alice", epoch) is None
+    assert session_valid(people, "alice", "") is None and session_valid(people, "ghost", epoch) is None
+
+
+def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp_path, monkeypatch):
+    from test_dashboard_support import PASSWORDS, ROLES, assert_clean, new_app, sign_in as app_sign_in
+
+    from accounting.store import Store, Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    store = Store(ws)
+    for name in ("alice", "carol"):
+        keys.create_identity(store, name, ROLES[name])
+        set_password(store, name, PASSWORDS[name])
+    monkeypatch.setenv("PRIVRELEASE_HOME", str(ws.root))
+    at = app_sign_in("alice")
+    set_password(store, "alice", "changed-pass-2")
+    at.run()
+    assert_clean(at)
+    assert "user" not in at.session_state and any("password changed" in w.value for w in at.warning)
+    evil = "[prize](https://evil.example/x) https://evil.example"
+    at = new_app()
+    at.query_params["page"] = evil
+    at.run()
+    at.text_input(key="login_name").input("carol")
+    at.text_input(key="login_password").input(PASSWORDS["carol"])
+    at.button[0].click().run()
+    assert_clean(at)
+    errors = " ".join(e.value for e in at.error)
+    assert "requested page does not exist" in errors and "evil" not in errors
