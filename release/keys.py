@@ -167,7 +167,7 @@ def get_identity(store: Store, name: str) -> Identity:
                        [name])
     if not rows:
         raise UnknownIdentityError(
-            f"No identity named {name!r}. Create one with `privrelease keys create {name} --role ROLE` "
+            f"No identity named {name!r}. Create one with `privrelease keys create {name} --role ROLE --as STEWARD` "
             "or list them with `privrelease keys list`."
         )
     return Identity(**rows[0])
@@ -226,7 +226,7 @@ def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
         st = path.stat()
     except FileNotFoundError:
         hint = ("it is created by the first signed release" if name == RELEASE_KEY
-                else f"create the identity with `privrelease keys create {name} --role ROLE`")
+                else f"create the identity with `privrelease keys create {name} --role ROLE --as STEWARD`")
         raise KeyFileError(f"No private key for {name!r} at {path}: {hint}.") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
