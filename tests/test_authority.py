@@ -134,3 +134,15 @@ def test_workspace_0700_store_and_sensitive_artifacts_0600(ws):
                    cwd=ROOT, check=True)
     png = ws / "artifacts" / "r" / "nearest_pairs.png"
     assert mode(png) == 0o600 and mode(png.parent) == 0o700
+
+
+def test_run_and_publish_need_the_stewards_key(ws):
+    from release import manager
+
+    store = Store(ws)
+    (ws / "keys" / "alice.key").rename(ws.parent / "alice.key")
+    for action in (manager.run_release, manager.publish):
+        with pytest.raises(keys.KeyFileError, match="needs alice's private key"):
+            action(store, "rel-anything", "alice")
+    with pytest.raises(keys.KeyFileError):
+        manager.audit_release(store, "rel-anything", "alice")
