@@ -57,6 +57,9 @@ def make_config(params: dict[str, Any], dataset: DatasetInfo, n_images: int | No
         raise InvalidParameterError("[privimage] needs `epsilon`, the target for the dataset's whole history.")
     base = {"epsilon": params.pop("epsilon"), "delta": params.pop("delta", dataset.delta_cap)}
     if n_images:
+        if params.get("n_samples", n_images) != n_images:
+            raise InvalidParameterError(f"[release] n_images = {n_images} and [privimage] n_samples = "
+                                        f"{params['n_samples']!r} disagree; give only one of them.")
         params["n_samples"] = n_images
     cfg = registry.build_config(PrivImageConfig, "privimage", preset, base, params)
     if cfg.delta > dataset.delta_cap:

@@ -1,0 +1,210 @@
+"""The runner's lease (one run of a release at a time, every executed DP-SGD step charged), the
+approval binding what runs (spec file, policy, public data, steward key) and plan-time validation."""
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+
+from accounting import ledger, trail
+from accounting.errors import InvalidParameterError, TamperError
+from accounting.events import DpSgd
+from release import keys, manager, runner
+from release.data import register_from_source
+from release.spec import ReleaseSpec
+from synth import registry
+from synth.datasets import load_source, uci_digits
+from synth.privimage import PrivImageConfig
+
+DELTA = 1e-4
+
+
+@pytest.fixture
+def small(store, tmp_path):
+    """120 MNIST images registered as `mnist`; UCI digits as the public set."""
+    torch.set_num_threads(1)
+    sens = load_source("builtin:mnist5k")
+    idx = np.concatenate([np.flatnonzero(sens.labels == c)[:12] for c in range(10)])
+    path = tmp_path / "sens.npz"
+    np.savez(path, images=sens.images[idx], labels=sens.labels[idx])
+    register_from_source(store, "mnist", str(path), 10.0, DELTA, labels="0-9")
+    keys.create_identity(store, "alice", "steward")
+    return store, sens.subset(idx), uci_digits()
+
+
+def _plan(store, pub, cfg):
+    b = ledger.budget(store, "mnist")
+    return registry.get("privimage").plan(cfg, manager.dataset_info(b.dataset), b.history, pub)
+
+
+def test_two_concurrent_runs_of_one_release_charge_every_executed_step(small, tmp_path):
+    store, sens, pub = small
+    cfg = PrivImageConfig.tiny(4.0, DELTA)
+    plan = _plan(store, pub, cfg)
+    inside, second_done = threading.Event(), threading.Event()
+    executed = {"a": 0, "b": 0}
+    errors: dict[str, BaseException] = {}
+
+    def progress_for(who):
+        def progress(stage, done, total):
+            if stage == "DP fine-tuning":
+                executed[who] += 1
+            if who == "a" and stage == "query classifier":
+                inside.set()               # A holds the lease and is running ...
+                second_done.wait(120)      # ... while B tries to run the same release
+        return progress
+
+    def go(who):
+        try:
+            runner.run_charged(store.__class__(store.workspace), run_id="rel-x", dataset="mnist", data=sens,
+                               public=pub, mechanism="privimage", config=cfg, plan=plan, workdir=tmp_path / "w",
+                               progress=progress_for(who))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertions
+            errors[who] = exc
+        finally:
+            if who == "b":
+                second_done.set()
+
+    a = threading.Thread(target=go, args=("a",))
+    a.start()
+    assert inside.wait(300)
+    b = threading.Thread(target=go, args=("b",))
+    b.start()
+    b.join(300)
+    a.join(600)
+    assert "a" not in errors, errors.get("a")
+    assert isinstance(errors["b"], runner.RunInProgressError) and "already running" in str(errors["b"])
+    charged = sum(e.steps for c in ledger.budget(store, "mnist").charges for e in c.counted_events
+                  if isinstance(e, DpSgd))
+    assert executed["b"] == 0 and executed["a"] == plan.step_event.steps == charged
+
+
+def test_lease_of_a_dead_holder_is_taken_over_and_recorded(store):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lease = runner.acquire_lease(store, "rel-y", "alice")
+    with pytest.raises(runner.RunInProgressError, match="already running"):
+        runner.acquire_lease(store, "rel-y", "bob")  # a live holder (this process)
+    with store.transaction() as con:  # the holder dies without releasing: its row stays, with its pid
+        con.execute("UPDATE run_leases SET pid = ? WHERE run_id = 'rel-y'", [dead.pid])
+    lease._stop.set()
+    taken = runner.acquire_lease(store, "rel-y", "bob")
+    entries = [e for e in trail.entries(store) if e["action"] == "run.lease_takeover"]
+    assert len(entries) == 1 and entries[0]["payload"]["previous_pid"] == dead.pid
+    taken.release()
+    runner.acquire_lease(store, "rel-y", "carol").release()  # released: free again, no takeover
+    assert len([e for e in trail.entries(store) if e["action"] == "run.lease_takeover"]) == 1
+
+
+# ------------------------------------------------------------------ what runs is what was signed
+def _spec(k=1, policy=None, public="builtin:uci-digits"):
+    return {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
+            "privimage": {"epsilon": 4.0, "preset": "tiny", "public": public, "k": k},
+            "policy": policy or {"mia_max_auc": 0.6}}
+
+
+def _approved(store, spec_path):
+    rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
+    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    return rel["release_id"]
+
+
+def test_spec_file_edited_after_approval_is_refused(small, tmp_path):
+    store = small[0]
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec(k=1)))
+    rid = _approved(store, path)
+    path.write_text(tomli_w.dumps(_spec(k=3)))
+    with pytest.raises(TamperError, match=r"edited after the plan.*\[privimage\] k"):
+        manager.run_release(store, rid, "alice")
+    assert ledger.budget(store, "mnist").charges == []
+
+
+def test_policy_edited_in_the_store_after_approval_is_refused(small, tmp_path, tamper):
+    store = small[0]
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec()))
+    rid = _approved(store, path)
+    tamper(store.workspace.db_path, "UPDATE releases SET spec = replace(spec, '0.6', '0.99')")
+    with pytest.raises(TamperError, match="stored spec differs"):
+        manager.run_release(store, rid, "alice")
+    assert ledger.budget(store, "mnist").charges == []
+
+
+def test_changed_public_data_after_approval_is_refused(small, tmp_path):
+    store = small[0]
+    pub = uci_digits()
+    pub_path = tmp_path / "public.npz"
+    np.savez(pub_path, images=pub.images, labels=pub.labels)
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec(public=str(pub_path))))
+    rid = _approved(store, path)
+    np.savez(pub_path, images=pub.images[::-1], labels=pub.labels[::-1])
+    with pytest.raises(TamperError, match="public data .* changed"):
+        manager.run_release(store, rid, "alice")
+    assert ledger.budget(store, "mnist").charges == []
+
+
+def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    store = small[0]
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec()))
+    rid = _approved(store, path)
+    # mallory swaps alice's public key for his own and re-signs the approval with it
+    mallory = Ed25519PrivateKey.generate()
+    pub_b64 = base64.b64encode(keys.raw_public_bytes(mallory.public_key())).decode()
+    digest = manager.get_release(store, rid)["plan_digest"]
+    sig = mallory.sign(manager._approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key())))
+    tamper(store.workspace.db_path, f"UPDATE identities SET public_key = '{pub_b64}' WHERE name = 'alice'",
+           f"UPDATE approvals SET signature = '{sig.hex()}'")
+    assert keys.get_identity(store, "alice").key_id == keys.key_id(mallory.public_key())
+    with pytest.raises(TamperError, match="key was replaced after approval"):
+        manager.verified_approval(store, manager.get_release(store, rid))
+
+
+# ------------------------------------------------------------------ validated at plan time
+@pytest.mark.parametrize("params,match", [
+    ({"k": 1000}, "k = 1000 is more than the 10 classes"),
+    ({"k": 1e308}, r"\[privimage\] k"),
+    ({"query_sigma": 1e308}, "query_sigma"),
+    ({"finetune_epochs": 1e308}, "finetune_epochs"),
+    ({"n_samples": 1e308}, "n_samples"),
+    ({"image_size": 32}, "releases 32x32 images but dataset 'mnist' is 28x28"),
+])
+def test_bad_mechanism_values_are_refused_at_plan_time(small, params, match):
+    store = small[0]
+    spec = _spec()
+    spec["privimage"].update(params)
+    if "n_samples" in params:
+        del spec["release"]["n_images"]
+    with pytest.raises(InvalidParameterError, match=match):
+        manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    assert store.query("SELECT * FROM releases") == [] and ledger.budget(store, "mnist").charges == []
+
+
+@pytest.mark.parametrize("policy", [{"mia_max_auc": 7}, {"mia_samples": -1}, {"cnn_epochs": 1.5},
+                                    {"max_fid": float("nan")}, {"no_such_check": 1}, {"require_attacks": "yes"}])
+def test_bad_policy_is_refused_at_plan_time(small, policy):
+    store = small[0]
+    with pytest.raises(InvalidParameterError, match="policy"):
+        manager.create_plan(store, ReleaseSpec.from_dict(_spec(policy=policy)), "alice")
+    assert store.query("SELECT * FROM releases") == []
+
+
+def test_a_dataset_the_audit_can_never_pass_is_refused_at_plan_time(store, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny8.npz"
+    np.savez(path, images=rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), labels=np.arange(200) % 10)
+    register_from_source(store, "mnist", str(path), 10.0, 1e-4, labels="0-9")
+    keys.create_identity(store, "alice", "steward")
+    with pytest.raises(InvalidParameterError, match="28x28 images but dataset 'mnist' is 8x8"):
+        manager.create_plan(store, ReleaseSpec.from_dict(_spec()), "alice")
+    assert store.query("SELECT * FROM releases") == []
