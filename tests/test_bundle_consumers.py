@@ -232,3 +232,21 @@ def test_spec_license_reaches_the_card_and_bad_ids_are_refused():
     for bad in ("CC BY 4.0", "", 3, "a" * 80):
         with pytest.raises(InvalidParameterError, match="license identifier"):
             ReleaseSpec.from_dict({"release": {"dataset": "d", "mechanism": "ksalsa", "license": bad}})
+
+
+def test_readme_consumer_path_verify_load_train(consumer_dir, tmp_path):
+    """The README's three-line consumer path, run as written (REL = this bundle) on a fresh copy of the tarball."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Using a published bundle (consumers)", 1)[1]
+    script = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("REL", "rel-3")
+    work = tmp_path / "download"
+    work.mkdir()
+    shutil.copy(consumer_dir["dir"] / "rel-3.tar.gz", work)
+    shutil.copy(consumer_dir["dir"] / "release.pub", work)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    p = subprocess.run(["bash", "-e", "-c", script], cwd=work, capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "OK: signature valid" in p.stdout and "LogisticRegression" in p.stdout
+    assert (work / "rel-3" / "README.md").is_file()
