@@ -8,6 +8,8 @@ import streamlit as st
 from accounting.store import Store
 from dashboard.common import short_time
 from release import keys, manager
+from release.bundle import GRID_FILE
+from release.card import split_front_matter
 
 
 def render(store: Store, ident: keys.Identity) -> None:
@@ -59,4 +61,11 @@ def bundle_card(rel: dict) -> None:
                    "every file in the bundle; it exits non-zero if anything was changed.")
         card = Path(b["path"]) / "README.md"
         with st.expander("Dataset card (README.md in the bundle)", icon=":material/description:"):
-            st.markdown(card.read_text() if card.is_file() else "_The card is missing from the bundle._")
+            if not card.is_file():
+                st.markdown("_The card is missing from the bundle._")
+            else:  # the YAML front matter is for `datasets`; the grid is shown as an image, not a relative link
+                body = split_front_matter(card.read_text())[1].replace("![sample grid](sample_grid.png)", "")
+                grid = Path(b["path"]) / GRID_FILE
+                if grid.is_file():
+                    st.image(str(grid), caption="sample_grid.png: a few images per class")
+                st.markdown(body)
