@@ -9,7 +9,16 @@ from typing import Any
 from accounting.errors import InvalidParameterError
 from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity, check_sigma
 
+DP_OPTIMIZERS = ("adam", "sgd")
+TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
 SELECTIONS = ("semantic", "none", "all")  # PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style
+
+
+def _check_range(value: object, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) \
+            or not low <= value <= high:
+        raise InvalidParameterError(f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}.")
+    return float(value)
 
 
 def _check_decay(value: object) -> float:
@@ -37,6 +46,8 @@ class PrivImageConfig:
     pretrain_steps: int = 1500
     pretrain_batch: int = 64
     pretrain_lr: float = 2e-3
+    pretrain_augment: float = 1.0       # strength of the public-image augmentation (0 = off; synth.privimage.augment)
+    label_dropout: float = 0.1          # fraction of pre-training labels replaced by the null class (for guidance)
     # DP-SGD fine-tuning
     finetune_epochs: float = 20.0       # steps = ceil(epochs / q)
     batch_size: int = 256               # expected logical batch (Poisson sampling)
@@ -44,9 +55,13 @@ class PrivImageConfig:
     max_grad_norm: float = 1.0
     lr: float = 1e-3
     ema_decay: float = 0.999
+    dp_optimizer: str = "adam"          # "adam" or "sgd" (momentum 0.9)
+    noise_multiplicity: int = 1         # DPDM: diffusion-noise draws per example averaged before clipping
+    trainable: str = "all"              # which weights DP-SGD updates: "all", "no_down", "norms_emb"
     checkpoint_every: int = 25          # DP-SGD steps between checkpoints
     # sampling
     ddim_steps: int = 50
+    guidance: float = 0.0               # classifier-free guidance weight at sampling (0 = plain conditional)
     n_samples: int = 5000               # total, balanced over the sensitive classes
     sample_batch: int = 250
     seed: int = 0
@@ -77,6 +92,16 @@ class PrivImageConfig:
         self.lr = check_sensitivity(self.lr, "lr")
         self.pretrain_lr = check_sensitivity(self.pretrain_lr, "pretrain_lr")
         self.ema_decay = _check_decay(self.ema_decay)
+        self.pretrain_augment = _check_range(self.pretrain_augment, "pretrain_augment", 0.0, 2.0)
+        self.label_dropout = _check_range(self.label_dropout, "label_dropout", 0.0, 0.5)
+        self.guidance = _check_range(self.guidance, "guidance", 0.0, 10.0)
+        self.noise_multiplicity = check_count(self.noise_multiplicity, "noise_multiplicity")
+        if self.noise_multiplicity > 64:
+            raise InvalidParameterError(f"noise_multiplicity must be at most 64, got {self.noise_multiplicity}.")
+        if self.dp_optimizer not in DP_OPTIMIZERS:
+            raise InvalidParameterError(f"dp_optimizer must be one of {DP_OPTIMIZERS}, got {self.dp_optimizer!r}.")
+        if self.trainable not in TRAINABLE:
+            raise InvalidParameterError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}.")
         if self.ddim_steps > self.train_timesteps:
             raise InvalidParameterError(f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps}).")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:

@@ -5,6 +5,8 @@ split by BatchMemoryManager into several physical batches) the count of steps *s
 durable, so settling a crashed run can never under-charge."""
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import warnings
 from dataclasses import dataclass
@@ -19,18 +21,27 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import PrivReleaseError
 from synth.privimage import state
+from synth.privimage.augment import augment_public
+from synth.privimage.config import TRAINABLE
 from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.progress import ProgressFn, no_progress
+
+PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
 
 
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
              train_timesteps: int, seed: int, device: torch.device, ckpt: Path, ckpt_every: int = 100,
-             progress: ProgressFn = no_progress) -> torch.nn.Module:
-    """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`."""
+             progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0) -> torch.nn.Module:
+    """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`.
+
+    `augment` is the strength of augment_public (0 = off); `label_dropout` is the fraction of labels
+    replaced by the null class (the last class embedding), so that sampling can use classifier-free
+    guidance."""
     sched = make_scheduler(train_timesteps)
     model.to(device).train()
+    null_class = model.config.num_class_embeds - 1
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    lr_sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    lr_sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     gen = torch.Generator().manual_seed(seed)
     start = 0
     saved = state.load_torch(ckpt)
@@ -42,7 +53,10 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
         start = saved["step"]
     for step in range(start, steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
-        loss = ddpm_loss(model, sched, x[idx].to(device), y[idx].to(device), generator=None)
+        xb, yb = augment_public(x[idx], gen, augment), y[idx].clone()
+        if label_dropout > 0:
+            yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
+        loss = ddpm_loss(model, sched, xb.to(device), yb.to(device), generator=None)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -54,6 +68,36 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
     return model.eval()
 
 
+def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, cache_dir: Path | None,
+                    workdir_ckpt: Path, **kwargs) -> torch.nn.Module:
+    """`pretrain`, reusing a finished model from `cache_dir` when the same public images, labels, model
+    and settings were pre-trained before. Public data only, so sharing it across releases (and datasets)
+    costs no privacy; the key is a sha256 over everything that determines the weights."""
+    if cache_dir is None:
+        return pretrain(model, x, y, ckpt=workdir_ckpt, **kwargs)
+    key = _pretrain_key(model, x, y, kwargs)
+    final = Path(cache_dir) / f"pretrain-{key}.pt"
+    if final.exists():  # weights only: a cache file is never unpickled as code
+        model.load_state_dict(torch.load(final, map_location="cpu", weights_only=True))
+        kwargs.get("progress", no_progress)("pretraining (cached)", 1, 1)
+        return model.to(kwargs["device"]).eval()
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    model = pretrain(model, x, y, ckpt=Path(cache_dir) / f"pretrain-{key}.partial.pt", **kwargs)
+    state.save_torch(final, {k: v.detach().cpu() for k, v in model.state_dict().items()})
+    (Path(cache_dir) / f"pretrain-{key}.partial.pt").unlink(missing_ok=True)
+    return model
+
+
+def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, settings: dict) -> str:
+    h = hashlib.sha256(PRETRAIN_RECIPE.encode())
+    h.update(json.dumps(dict(model.config), sort_keys=True, default=str).encode())
+    keep = {k: v for k, v in settings.items() if k not in ("device", "progress", "ckpt_every")}
+    h.update(json.dumps(keep, sort_keys=True, default=str).encode())
+    h.update(x.detach().cpu().numpy().tobytes())
+    h.update(y.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
 @dataclass
 class DpSgdOutcome:
     weights: dict                    # EMA weights (the model we sample from), on CPU
@@ -62,39 +106,109 @@ class DpSgdOutcome:
     opacus_sample_rate: float
 
 
+def select_trainable(model: torch.nn.Module, which: str) -> list[torch.nn.Parameter]:
+    """Freeze all but the chosen part: "all"; "no_down" (decoder, middle block, embeddings, output:
+    the encoder of a model pre-trained on public images is kept); "norms_emb" (GroupNorm affine and
+    the time/class embeddings: a few percent of the weights, as in bias/norm-only DP fine-tuning)."""
+    if which not in TRAINABLE:
+        raise PrivReleaseError(f"trainable must be one of {TRAINABLE}, got {which!r}.")
+    for name, p in model.named_parameters():
+        keep = (which == "all" or (which == "no_down" and not name.startswith("down_blocks"))
+                or (which == "norms_emb" and ("norm" in name or "emb" in name)))
+        p.requires_grad_(keep)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _average_draws(params: list[torch.nn.Parameter], n: int, multiplicity: int) -> None:
+    """Noise multiplicity (DPDM): each example was repeated `multiplicity` times with independent
+    diffusion noise and timestep; its per-sample gradient is the mean over its copies, taken before
+    opacus clips it, so one example still contributes one clipped gradient (sensitivity unchanged)."""
+    for p in params:
+        gs = p.grad_sample
+        p.grad_sample = gs.reshape(n, multiplicity, *gs.shape[1:]).mean(1)
+
+
 def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sample_rate: float, noise_multiplier: float,
                 steps: int, batch_size: int, max_physical_batch: int, max_grad_norm: float, lr: float, ema_decay: float,
                 train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
-                on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress) -> DpSgdOutcome:
+                on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
+                optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all") -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA).
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse)."""
-    sched = make_scheduler(train_timesteps)
-    # The DP noise and the Poisson sampling must not be predictable from the public config (a
-    # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     model.to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    params = select_trainable(model, trainable)
+    opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(params, lr=lr))
     ema = EMAModel(model.parameters(), decay=ema_decay)
     wal_path, ckpt_path = workdir / state.WAL, workdir / state.FINETUNE
     wal = state.read_json(wal_path, {"started": 0, "redo": []})
-    saved = state.load_torch(ckpt_path)
-    done = 0
-    accountant_state = None
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        ema.load_state_dict(saved["ema"])
-        ema.to(device)
-        done, accountant_state = saved["step"], saved["accountant"]
+    done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
     if wal["started"] > 0:
         on_resume(wal["started"], done)
         wal = state.read_json(wal_path, wal)  # on_resume may have recorded redo charges
     if done >= steps:
         return DpSgdOutcome(_ema_weights(model, ema), done,
                             list(accountant_state["history"]) if accountant_state else [], sample_rate)
+    engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
+                                                        sample_rate, device)
+    if accountant_state is not None:
+        engine.accountant.load_state_dict(accountant_state)
 
-    n = len(x)
+    def checkpoint(step: int) -> None:
+        state.save_torch(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "ema": ema.state_dict(),
+                                     "step": step, "accountant": engine.accountant.state_dict()})
+
+    sched = make_scheduler(train_timesteps)
+    in_step = False
+    physical = max(1, max_physical_batch // noise_multiplicity)
+    while done < steps:
+        with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=physical,
+                                optimizer=dp_opt) as mem_loader:
+            for xb, yb in mem_loader:
+                if not in_step:  # first physical batch of a logical step: write ahead
+                    wal["started"] += 1
+                    state.write_json(wal_path, wal)
+                    in_step = True
+                if len(xb) > 0:
+                    dp_opt.zero_grad()
+                    reps = noise_multiplicity
+                    ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device),
+                              yb.repeat_interleave(reps, 0).to(device)).backward()
+                    if reps > 1:
+                        _average_draws(params, len(xb), reps)
+                dp_opt.step()
+                if dp_opt._is_last_step_skipped:
+                    continue
+                in_step = False
+                done += 1
+                ema.step(model.parameters())
+                progress("DP fine-tuning", done, steps)
+                if done % ckpt_every == 0 or done == steps:
+                    checkpoint(done)
+                if done >= steps:
+                    break
+    return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
+
+
+def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, ema: EMAModel,
+             device: torch.device) -> tuple[int, dict | None]:
+    saved = state.load_torch(ckpt_path)
+    if saved is None:
+        return 0, None
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    ema.load_state_dict(saved["ema"])
+    ema.to(device)
+    return saved["step"], saved["accountant"]
+
+
+def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                  batch_size: int, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
+                  device: torch.device) -> tuple:
+    # The DP noise and the Poisson sampling must not be predictable from the public config (a
+    # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False,
                         generator=torch.Generator().manual_seed(secrets.randbits(63)))  # Poisson sampling
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
@@ -108,44 +222,14 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
             f"Internal error: opacus samples with q={dp_loader.sample_rate} but the plan charged q={sample_rate} "
-            f"(N={n}, batch={batch_size}); nothing was trained."
+            f"(N={len(x)}, batch={batch_size}); nothing was trained."
         )
-    if accountant_state is not None:
-        engine.accountant.load_state_dict(accountant_state)
-
-    def checkpoint(step: int) -> None:
-        state.save_torch(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "ema": ema.state_dict(),
-                                     "step": step, "accountant": engine.accountant.state_dict()})
-
-    in_step = False
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-    while done < steps:
-        with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=max_physical_batch,
-                                optimizer=dp_opt) as mem_loader:
-            for xb, yb in mem_loader:
-                if not in_step:  # first physical batch of a logical step: write ahead
-                    wal["started"] += 1
-                    state.write_json(wal_path, wal)
-                    in_step = True
-                if len(xb) > 0:
-                    loss = ddpm_loss(dp_model, sched, xb.to(device), yb.to(device))
-                    dp_opt.zero_grad()
-                    loss.backward()
-                dp_opt.step()
-                if dp_opt._is_last_step_skipped:
-                    continue
-                in_step = False
-                done += 1
-                ema.step(model.parameters())
-                progress("DP fine-tuning", done, steps)
-                if done % ckpt_every == 0 or done == steps:
-                    checkpoint(done)
-                if done >= steps:
-                    break
-    history = list(engine.accountant.history)
-    return DpSgdOutcome(_ema_weights(model, ema), done, history, dp_loader.sample_rate)
+    return engine, dp_model, dp_opt, dp_loader
 
 
 def _ema_weights(model: torch.nn.Module, ema: EMAModel) -> dict:
     ema.copy_to(model.parameters())
+    for p in model.parameters():
+        p.requires_grad_(True)
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

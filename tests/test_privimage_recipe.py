@@ -1,0 +1,121 @@
+"""The PrivImage training recipe: public augmentation, cached pre-training, noise multiplicity,
+partial fine-tuning and classifier-free guidance (small models, seconds)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch.utils.data import DataLoader, TensorDataset
+
+from accounting.errors import InvalidParameterError
+from synth.privimage import PrivImageConfig
+from synth.privimage.augment import augment_public
+from synth.privimage.model import make_unet
+from synth.privimage.sampling import sample_images
+from synth.privimage.training import _average_draws, dp_finetune, pretrain_cached, select_trainable
+
+CPU = torch.device("cpu")
+
+
+def _digits(n: int = 24, size: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = -torch.ones(n, 1, size, size)
+    x[:, :, 4:12, 7:9] = torch.rand(n, 1, 8, 2, generator=g) * 2 - 1  # a vertical stroke on black
+    return x, torch.arange(n) % 2
+
+
+def _unet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return make_unet(16, 1, 2, (8, 16), 1)
+
+
+def test_augmentation_off_is_identity_and_on_keeps_black_background() -> None:
+    x, _ = _digits()
+    g = torch.Generator().manual_seed(1)
+    assert torch.equal(augment_public(x, g, 0.0), x)
+    out = augment_public(x, g, 1.0)
+    assert out.shape == x.shape and not torch.equal(out, x)
+    assert out[:, :, 0, :].max() <= -0.99 and out.min() >= -1.0 - 1e-6 and out.max() <= 1.0 + 1e-6
+
+
+def test_pretraining_is_cached_by_content(tmp_path: Path) -> None:
+    x, y = _digits()
+    settings = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, device=CPU, augment=1.0,
+                    label_dropout=0.2)
+    stages: list[str] = []
+    first = pretrain_cached(_unet(), x, y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt",
+                            progress=lambda s, i, n: stages.append(s), **settings)
+    assert "pretraining" in stages and len(list(tmp_path.glob("pretrain-*.pt"))) == 1
+    stages.clear()
+    second = pretrain_cached(_unet(), x, y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt",
+                             progress=lambda s, i, n: stages.append(s), **settings)
+    assert stages == ["pretraining (cached)"]
+    for a, b in zip(first.state_dict().values(), second.state_dict().values()):
+        assert torch.equal(a, b)
+    pretrain_cached(_unet(), x.flip(-1), y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt", **settings)
+    assert len(list(tmp_path.glob("pretrain-*.pt"))) == 2  # other public images: another entry
+
+
+def test_average_draws_gives_one_gradient_per_example() -> None:
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad_sample = torch.arange(12, dtype=torch.float32).reshape(4, 3)  # 2 examples x 2 draws
+    _average_draws([p], n=2, multiplicity=2)
+    assert p.grad_sample.tolist() == [[1.5, 2.5, 3.5], [7.5, 8.5, 9.5]]
+
+
+def test_multiplicity_keeps_each_example_to_one_clipped_gradient() -> None:
+    """Noise 0, clip C: after averaging draws, opacus clips per example, so one example moves the
+    summed gradient by at most C (a per-row clip of K copies would allow K * C)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x = torch.randn(1, 4) * 100
+    loader = DataLoader(TensorDataset(x, torch.zeros(1)), batch_size=1)
+    engine = PrivacyEngine(accountant="rdp")
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    dp_model, dp_opt, _ = engine.make_private(module=model, optimizer=opt, data_loader=loader,
+                                              noise_multiplier=0.0, max_grad_norm=1.0, poisson_sampling=False)
+    k = 5
+    xs = x.repeat_interleave(k, 0) + torch.randn(k, 4)
+    dp_model(xs).pow(2).mean().backward()
+    _average_draws(list(model.parameters()), 1, k)
+    dp_opt.pre_step()
+    total = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
+    assert total <= 1.0 + 1e-5
+
+
+@pytest.mark.parametrize("which", ["norms_emb", "no_down"])
+def test_partial_fine_tuning_leaves_frozen_weights_untouched(tmp_path: Path, which: str) -> None:
+    x, y = _digits(32)
+    model = _unet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainable = {n for n, p in model.named_parameters() if p in set(select_trainable(model, which))}
+    assert 0 < len(trainable) < len(before)
+    out = dp_finetune(model, x, y, sample_rate=0.25, noise_multiplier=1.0, steps=3, batch_size=8, max_physical_batch=8,
+                      max_grad_norm=1.0, lr=1e-2, ema_decay=0.0, train_timesteps=50, seed=0, device=CPU,
+                      workdir=tmp_path, ckpt_every=10, on_resume=lambda a, b: None, optimizer="sgd",
+                      noise_multiplicity=2, trainable=which)
+    changed = {k for k in before if not torch.equal(before[k], out.weights[k])}
+    assert changed and changed <= trainable
+    assert out.steps == 3
+
+
+def test_guidance_changes_samples_and_zero_is_plain_conditional() -> None:
+    model = _unet().eval()
+    labels = np.array([0, 1, 0, 1])
+    kw = dict(image_size=16, channels=1, train_timesteps=50, ddim_steps=3, batch=4, seed=0, device=CPU)
+    plain = sample_images(model, labels, **kw)
+    assert np.array_equal(plain, sample_images(model, labels, guidance=0.0, **kw))
+    assert not np.array_equal(plain, sample_images(model, labels, guidance=2.0, **kw))
+
+
+@pytest.mark.parametrize("field,value", [("noise_multiplicity", 0), ("noise_multiplicity", 1e308),
+                                         ("dp_optimizer", "rmsprop"), ("trainable", "half"),
+                                         ("guidance", float("nan")), ("label_dropout", 0.9),
+                                         ("pretrain_augment", -1.0)])
+def test_recipe_settings_are_validated(field: str, value: object) -> None:
+    with pytest.raises(InvalidParameterError, match=field):
+        PrivImageConfig.tiny(1.0, 1e-5, **{field: value})
