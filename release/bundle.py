@@ -2,7 +2,8 @@
 
 Layout: data/part-NNNNN.parquet (image struct {bytes: PNG, path}, label int64, id string, optional extra
 columns; the Hugging Face Image layout, so pyarrow, polars, duckdb and `datasets` read it as is),
-sample_grid.png (a few images per class), README.md (the dataset card, with YAML front matter for
+sample_grid.png (a few images per class), croissant.json (MLCommons Croissant with its Responsible-AI
+fields), README.md (the dataset card, with YAML front matter for
 `datasets.load_dataset`), manifest.intoto.json (in-toto Statement over every other file, release id
 included) and manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
 `<bundle>.tar.gz` beside the directory, with the two manifest files first so that a verifier can
@@ -15,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -32,7 +34,8 @@ from PIL import Image
 from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError, TamperError
 from accounting.store import Workspace
 from release import dsse, keys
-from release.card import finish_card, label_feature
+from release.card import DEFAULT_LICENSE, finish_card, label_feature, split_front_matter
+from release.card_croissant import CROISSANT_FILE, croissant_jsonld
 from release.manifest import ENVELOPE_FILE, STATEMENT_FILE, build_statement, file_sha256, statement_bytes, tool_info
 
 DATA_DIR = "data"
@@ -242,9 +245,10 @@ def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: 
     try:
         root = staging / out_dir.name
         num_bytes = _write_data(root, images, labels, ids, extra, rows_per_file)
-        card = finish_card(card_markdown, release_id=out_dir.name, features=_features(labels, extra), n=n,
-                           num_bytes=num_bytes, key_fingerprints=dsse.key_ids(signing_key.public_key()),
-                           predicate=predicate)
+        features = _features(labels, extra)
+        _write_croissant(root, out_dir.name, card_markdown, features, predicate)
+        card = finish_card(card_markdown, release_id=out_dir.name, features=features, n=n, num_bytes=num_bytes,
+                           key_fingerprints=dsse.key_ids(signing_key.public_key()), predicate=predicate)
         (root / CARD_FILE).write_bytes(card.encode("utf-8"))
         statement, payload, envelope = _sign(root, predicate, signing_key)
         staged_tar = staging / tar_path.name
@@ -285,6 +289,15 @@ def _write_data(root: Path, images: np.ndarray, labels: np.ndarray, ids: list[st
                        {k: v.slice(start, stop - start) for k, v in extra.items()})
     (root / GRID_FILE).write_bytes(sample_grid(images, labels))
     return total
+
+
+def _write_croissant(root: Path, release_id: str, card: str, features: list[dict], predicate: dict) -> None:
+    meta, body = split_front_matter(card)
+    meta = {**meta, "license": meta.get("license") or DEFAULT_LICENSE}
+    digests = {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted((root / DATA_DIR).glob("*.parquet"))}
+    doc = croissant_jsonld(root, release_id=release_id, meta=meta, body=body, features=features,
+                           predicate=predicate, digests=digests)
+    (root / CROISSANT_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def _sign(root: Path, predicate: dict, signing_key) -> tuple[dict, bytes, dict]:

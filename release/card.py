@@ -193,7 +193,9 @@ def _use_section(rid: str) -> list[str]:
             "- `data/part-*.parquet`: columns `image` (struct of PNG `bytes` and a `path` name, the Hugging Face "
             "Image layout), `label` (integer class), `id` (row id), and any extra columns; row groups are small "
             "enough to stream.",
-            "- `sample_grid.png`: a few images per class, for a first look.", "",
+            "- `sample_grid.png`: a few images per class, for a first look.",
+            "- `croissant.json`: MLCommons Croissant metadata (files with sha256, fields, Responsible-AI properties), "
+            "e.g. `mlcroissant.Dataset(jsonld=\"croissant.json\").records(\"default\")`.", "",
             "![sample grid](sample_grid.png)", "",
             "```python", "from datasets import load_dataset",
             f'ds = load_dataset("{rid}", split="train")   # the extracted bundle directory', "```", ""]

@@ -62,7 +62,8 @@ def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
     statement = json.loads((root / "manifest.intoto.json").read_bytes())
     assert statement["_type"] == STATEMENT_TYPE and statement["predicateType"] == PREDICATE_TYPE
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    assert set(subjects) == {"README.md", "sample_grid.png", *(f"data/{p}" for p in parts)} == set(info.files)
+    assert set(subjects) == {"README.md", "croissant.json", "sample_grid.png",
+                             *(f"data/{p}" for p in parts)} == set(info.files)
     assert all(subjects[n] == file_sha256(root / n) for n in subjects)
     assert statement["predicate"]["mechanism"] == "privimage"
     assert statement["predicate"]["tool"]["name"] == "privrelease"  # tool version added

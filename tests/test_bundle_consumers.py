@@ -132,7 +132,7 @@ def test_securesystemslib_and_in_toto_attestation_accept_the_envelope(consumer_d
     statement = Statement.copy_from_pb(json_format.Parse(envelope.payload, statement_pb2.Statement()))
     statement.validate()
     names = {s.name for s in statement.pb.subject}
-    assert {"README.md", GRID_FILE, "data/part-00000.parquet", "data/part-00001.parquet"} == names
+    assert {"README.md", GRID_FILE, "croissant.json", "data/part-00000.parquet", "data/part-00001.parquet"} == names
 
 
 def test_datasets_load_dataset_returns_decoded_images_with_named_labels(consumer_dir, tmp_path, monkeypatch):
@@ -164,6 +164,28 @@ def test_parquet_is_read_by_pyarrow_polars_and_duckdb_without_custom_code(consum
     con = duckdb.connect()
     rows = con.execute(f"SELECT image.bytes, label, id FROM read_parquet('{data}/*.parquet') ORDER BY id").fetchall()
     assert len(rows) == 30 and rows[0][2] == "rel-3-000000" and rows[0][0][:4] == b"\x89PNG"
+
+
+def test_croissant_metadata_validates_and_reads_the_records_offline(consumer_dir):
+    import hashlib
+
+    import mlcroissant as mlc
+
+    root = consumer_dir["dir"] / "rel-3"
+    doc = json.loads((root / "croissant.json").read_text())
+    for key in ("rai:dataCollection", "rai:dataLimitations", "rai:dataBiases", "rai:personalSensitiveInformation",
+                "rai:dataUseCases"):
+        assert doc.get(key), key
+    assert "differential privacy" in doc["rai:personalSensitiveInformation"]
+    files = {d["contentUrl"]: d["sha256"] for d in doc["distribution"] if d["@type"] == "cr:FileObject"}
+    assert files == {n: hashlib.sha256((root / n).read_bytes()).hexdigest()
+                     for n in ("data/part-00000.parquet", "data/part-00001.parquet")}
+    dataset = mlc.Dataset(jsonld=str(root / "croissant.json"))  # raises on validation errors
+    assert not dataset.metadata.issues.errors
+    records = list(dataset.records("default"))
+    assert len(records) == 30
+    assert np.array_equal(np.asarray(records[0]["default/image"]), consumer_dir["images"][0])
+    assert sorted(r["default/label"] for r in records) == sorted(consumer_dir["labels"].tolist())
 
 
 def test_sample_grid_is_signed_and_shows_each_class(consumer_dir):

@@ -137,8 +137,8 @@ def test_untouched_bundle_and_tarball_verify_offline(published):
     for target in (root, tarball):
         r = verify_bundle(target, pub)
         assert r.ok and r.problems == [], r.problems
-        assert sorted(r.checked) == ["README.md", "data/part-00000.parquet", "data/part-00001.parquet",
-                                     "data/part-00002.parquet", "sample_grid.png"]
+        assert sorted(r.checked) == ["README.md", "croissant.json", "data/part-00000.parquet",
+                                     "data/part-00001.parquet", "data/part-00002.parquet", "sample_grid.png"]
         assert r.predicate["mechanism"] == "test" and r.key_id == dsse.sslib_keyid(pub)
 
 
