@@ -22,7 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from accounting import ledger, trail
+from accounting import curve, ledger, trail
 from accounting.epsilon import epsilon_rdp
 from accounting.errors import PrivReleaseError, TamperError
 from accounting.events import events_from_text
@@ -142,6 +142,12 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
                             f"but the ledger tables give {by_table:.6g}")
         spend.append({"dataset": ds["name"], "dataset_id": ds["dataset_id"], "epsilon_rdp_trail": by_trail,
                       "epsilon_rdp_ledger": by_table, "agree": agree})
+    with store.transaction() as con:
+        for row in curve.verify(con):
+            if not row["agree"]:
+                problems.append(f"dataset {row['dataset']}: the running RDP curve gives epsilon "
+                                f"{row['epsilon_rdp_running']:.6g} but the stored events give "
+                                f"{row['epsilon_rdp_recomputed']:.6g} (the curve was edited)")
     for missing in trail_datasets.keys() - {d["dataset_id"] for d in datasets}:
         problems.append(f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing from "
                         "the datasets table (deleted)")

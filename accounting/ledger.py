@@ -6,14 +6,15 @@ the reference) and PLD (reported beside it). A charge is `reserved` (its planned
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from accounting import trail
-from accounting.epsilon import EpsilonReport, epsilon_rdp, epsilon_report
+from accounting import curve, trail
+from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.errors import (BudgetExceededError, DatasetConflictError, LedgerStateError,
                                UnknownDatasetError)
 from accounting.events import MechanismEvent, NonPrivateRelease, events_from_text, events_to_text
@@ -21,6 +22,8 @@ from accounting.store import Store
 from accounting.validation import check_count, check_delta, check_epsilon
 
 ACTIVE_STATES = ("reserved", "committed")
+PLD_CACHE = ("CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT NULL, "
+             "epsilon_pld DOUBLE NOT NULL)")
 EPS_TOLERANCE = 1e-9
 
 
@@ -192,11 +195,11 @@ def reserve(
                     f"Run id {run_id!r} was already used for a different reservation; use a new run id."
                 )
             return existing  # replay: no second charge
-        history = [e for c in _charges(con, ds.dataset_id) for e in c.counted_events]
+        before = curve.load(con, ds.dataset_id)  # the running RDP curve: no re-composition of the history
         if not non_private:
-            eps = epsilon_rdp(history + events, ds.delta_cap)
+            eps = before.plus(curve.curve_of(events)).epsilon(ds.delta_cap)
             if eps > ds.epsilon_cap + EPS_TOLERANCE:
-                before = epsilon_rdp(history, ds.delta_cap)
+                before = before.epsilon(ds.delta_cap)
                 raise BudgetExceededError(
                     f"Budget exceeded for dataset {ds.name!r}: this run would bring epsilon (RDP, delta={ds.delta_cap:g}) "
                     f"from {before:.4g} to {eps:.4g}, over the cap {ds.epsilon_cap:g}. Nothing was charged. Use more "
@@ -210,6 +213,7 @@ def reserve(
             "INSERT INTO charges VALUES (?, ?, ?, 'reserved', ?, '[]', ?, ?, ?, NULL)",
             [pos, run_id, ds.dataset_id, text, description, actor, trail.now()],
         )
+        curve.save_change(con, ds.dataset_id, before, add=events)
         charge = _charge_row(con, run_id)
         trail.append(con, store, actor, "budget.reserve", {
             **_record(con, run_id), "events": json.loads(text),
@@ -235,15 +239,17 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
             raise LedgerStateError(f"Run {run_id!r} was refunded; it cannot be committed. Start a new run.")
         ds = _dataset_row(con, charge.dataset_id)
         if not any(isinstance(e, NonPrivateRelease) for e in charge.planned_events):
-            planned = epsilon_rdp(charge.planned_events, ds.delta_cap)
-            actual = epsilon_rdp(executed, ds.delta_cap) if executed else 0.0
+            planned = curve.curve_of(charge.planned_events).epsilon(ds.delta_cap)
+            actual = curve.curve_of(executed).epsilon(ds.delta_cap)
             if actual > planned + EPS_TOLERANCE:
                 raise LedgerStateError(
                     f"Run {run_id!r} executed more (epsilon {actual:.4g}) than it reserved ({planned:.4g}); "
                     "this is a bug in the mechanism. Nothing was changed."
                 )
+        before = curve.load(con, charge.dataset_id)
         con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
                     [text, trail.now(), run_id])
+        curve.save_change(con, charge.dataset_id, before, add=executed, remove=charge.planned_events)
         charge = _charge_row(con, run_id)
         trail.append(con, store, actor, "budget.commit", {**_record(con, run_id), "events": json.loads(text)})
         return charge
@@ -261,7 +267,9 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
             raise LedgerStateError(
                 f"Run {run_id!r} is committed: it read the data, so what it executed stays charged (rule 2)."
             )
+        before = curve.load(con, charge.dataset_id)
         con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])
+        curve.save_change(con, charge.dataset_id, before, remove=charge.planned_events)
         charge = _charge_row(con, run_id)
         trail.append(con, store, actor, "budget.refund", {**_record(con, run_id), "reason": reason})
         return charge
@@ -292,8 +300,30 @@ def budget(store: Store, dataset: str) -> Budget:
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
         charges = _charges(con, ds.dataset_id)
+        running = curve.load(con, ds.dataset_id)
     history = [e for c in charges for e in c.counted_events]
-    return Budget(ds, charges, epsilon_report(history, ds.delta_cap))
+    rdp = running.epsilon(ds.delta_cap)  # the running curve: milliseconds at any ledger length
+    return Budget(ds, charges, EpsilonReport(rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp),
+                                             ds.delta_cap))
+
+
+def pld_cached(store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float) -> float:
+    """PLD epsilon of the history, cached in the store by the history's content (PLD of a long history takes
+    seconds; it is recomputed only when the history changed, on the first read after a charge)."""
+    key = hashlib.sha256(f"{delta!r}|{events_to_text(history)}".encode()).hexdigest()
+    with store.transaction() as con:
+        con.execute(PLD_CACHE)
+        row = con.execute("SELECT epsilon_pld FROM pld_cache WHERE dataset_id = ? AND history_key = ?",
+                          [dataset_id, key]).fetchone()
+    if row is not None:
+        return float(row[0])
+    value = epsilon_report(history, delta).epsilon_pld if history else 0.0
+    if math.isinf(rdp):
+        value = math.inf
+    with store.transaction() as con:
+        con.execute(PLD_CACHE)
+        con.execute("INSERT OR REPLACE INTO pld_cache VALUES (?, ?, ?)", [dataset_id, key, value])
+    return value
 
 
 def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:

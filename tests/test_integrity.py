@@ -70,9 +70,8 @@ def test_charge_entries_commit_to_the_row(filled):
 
 
 def test_state_edit_in_charges_table_detected(filled, tamper):
-    before = ledger.budget(filled, "d").spent.epsilon_rdp
     tamper(filled.workspace.db_path, "UPDATE charges SET state = 'refunded' WHERE run_id = 'r1'")
-    assert ledger.budget(filled, "d").spent.epsilon_rdp < before  # the lie budget show would tell
+    assert ledger.get_charge(filled, "r1").state == "refunded"  # the lie `ledger show` would tell
     r = integrity.verify_store(filled)
     assert r.trail.ok and not r.ok and r.status == "altered"
     assert any("charge r1" in p and "state" in p for p in r.problems)
@@ -90,11 +89,19 @@ def test_edited_events_and_inserted_charge_detected(filled, tamper):
 
 
 def test_deleted_charges_and_their_entries_detected(filled, tamper):
-    tamper(filled.workspace.db_path, "DELETE FROM charges",
+    tamper(filled.workspace.db_path, "DELETE FROM charges", "DELETE FROM rdp_curves",
            "DELETE FROM audit_trail WHERE action LIKE 'budget.%'")
     assert ledger.budget(filled, "d").spent.epsilon_rdp == 0
     r = integrity.verify_store(filled)
     assert not r.ok and r.trail.problems  # the chain breaks where entries were cut out
+
+
+def test_edited_running_curve_detected(filled, tamper):
+    tamper(filled.workspace.db_path, "UPDATE rdp_curves SET rdp = replace(rdp, '.', '.0')",
+           "UPDATE rdp_curves SET rdp = '[' || repeat('0.0, ', 155) || '0.0]'")
+    assert ledger.budget(filled, "d").spent.epsilon_rdp == 0  # the lie budget show would tell
+    r = integrity.verify_store(filled)
+    assert not r.ok and any("running RDP curve" in p for p in r.problems)
 
 
 def test_edited_dataset_cap_detected(filled, tamper):
@@ -109,7 +116,7 @@ def test_rechained_trail_detected_only_by_signed_checkpoint(filled):
     outside.write_text(Path(cp["path"]).read_text())
     Path(cp["path"]).unlink()  # the attacker also removes the workspace's copy
     rechain(filled.workspace.db_path, filled.workspace.trail_head_path,
-            "DELETE FROM charges WHERE run_id IN ('q1', 'r1')",
+            "DELETE FROM charges WHERE run_id IN ('q1', 'r1')", "DELETE FROM rdp_curves",
             "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"q1\"%'",
             "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"r1\"%'")
     assert ledger.budget(filled, "d").spent.epsilon_rdp == 0

@@ -4,34 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from accounting import ledger
+from accounting import curve, ledger
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.epsilon import epsilon_report
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd
 from release.cli.common import console, fmt_eps, print_json, store, table
+from release.manager import charge_breakdown
 
 app = typer.Typer(help="Privacy budgets: what was spent, and what-if planning.", no_args_is_help=True)
 ledger_app = typer.Typer(help="The budget ledger across all datasets.", no_args_is_help=True)
-
-
-def charge_breakdown(b: ledger.Budget) -> list[dict]:
-    """Per charge: its own epsilon and the cumulative epsilon of the history up to it."""
-    out, history = [], []
-    delta = b.dataset.delta_cap
-    for c in b.charges:
-        counted = c.counted_events
-        history += counted
-        own = epsilon_report(counted, delta)
-        cum = epsilon_report(history, delta)
-        out.append({
-            "position": c.position, "run_id": c.run_id, "state": c.state, "description": c.description,
-            "events": "; ".join(e.describe() for e in (counted or c.planned_events)), "actor": c.actor,
-            "reserved_at": c.reserved_at, "settled_at": c.settled_at,
-            "epsilon_rdp": own.epsilon_rdp, "epsilon_pld": own.epsilon_pld,
-            "cumulative_epsilon_rdp": cum.epsilon_rdp, "cumulative_epsilon_pld": cum.epsilon_pld,
-        })
-    return out
 
 
 def budget_summary(b: ledger.Budget) -> dict:
@@ -110,6 +92,25 @@ def plan(
         colour = "green" if ok else "red"
         console.print(f"  [{colour}]{'fits' if ok else 'exceeds'} the cap {b.dataset.epsilon_cap:g}"
                       f" (remaining after: {result['remaining_after_rdp']:.4f})[/]")
+
+
+@app.command("verify")
+def verify(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The auditor's check: recompute every dataset's RDP curve from its stored events and compare it with the
+    running curve the ledger keeps (and charges against). Exit 1 on any difference beyond float error."""
+    s = store()
+    with s.transaction() as con:
+        rows = curve.verify(con)
+    if as_json:
+        print_json(rows)
+    else:
+        console.print(table("Running RDP curve vs. recomputed from the stored events",
+                            ["dataset", "running eps", "recomputed eps", "max |diff| per order", "agree"],
+                            [[r["dataset"], fmt_eps(r["epsilon_rdp_running"]), fmt_eps(r["epsilon_rdp_recomputed"]),
+                              "-" if r["max_abs_rdp_difference"] is None else f"{r['max_abs_rdp_difference']:.2e}",
+                              "yes" if r["agree"] else "[red]NO[/]"] for r in rows]))
+    if not all(r["agree"] for r in rows):
+        raise typer.Exit(1)
 
 
 @ledger_app.command("show")
