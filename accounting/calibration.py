@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Sequence
 import dp_accounting
 from dp_accounting import dp_event as dpe
 
-from accounting.epsilon import epsilon_rdp, rdp_accountant
+from accounting.epsilon import epsilon_rdp, quiet_absl, rdp_accountant
 from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, compose
 from accounting.validation import (MIN_NOISE_MULTIPLIER, check_count, check_delta, check_epsilon, check_sample_rate,
@@ -52,12 +52,11 @@ def calibrate_noise(
             "is too small for this run. Raise the target (within the cap) or run fewer steps.")
     if epsilon_rdp(event_of(MIN_NOISE_MULTIPLIER), delta) <= target:
         return MIN_NOISE_MULTIPLIER  # the least noise accepted already fits: the target is very loose
-    x = float(
-        dp_accounting.calibrate_dp_mechanism(
+    with quiet_absl():
+        x = float(dp_accounting.calibrate_dp_mechanism(
             rdp_accountant, event_of, target, delta,
             bracket_interval=dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_SIGMA), tol=1e-6,
-        )
-    )
+        ))
     for _ in range(100):  # guard against rounding at the bracket's edge: never overshoot
         if epsilon_rdp(event_of(x), delta) <= target:
             break
@@ -94,12 +93,11 @@ def max_dpsgd_steps(
         return 0
     if epsilon_rdp(event_of(limit), delta) <= target:
         return limit
-    t = int(
-        dp_accounting.calibrate_dp_mechanism(
+    with quiet_absl():
+        t = int(dp_accounting.calibrate_dp_mechanism(
             rdp_accountant, event_of, target, delta,
             bracket_interval=dp_accounting.ExplicitBracketInterval(1, limit), discrete=True,
-        )
-    )
+        ))
     while t > 0 and epsilon_rdp(event_of(t), delta) > target:
         t -= 1
     if t < 1:

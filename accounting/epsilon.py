@@ -6,8 +6,9 @@ relation is used throughout (the privacy unit is one record), as in opacus' DP-S
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable, Iterator, Union
 
 import dp_accounting
 from absl import logging as absl_logging
@@ -20,9 +21,19 @@ from accounting.validation import check_delta
 RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 PLD_DISCRETIZATION = 1e-4
 
-# dp-accounting logs "failed to converge" at WARNING while its bracketing search probes extreme orders;
-# that is expected and fills the terminal during calibration.
-absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+@contextmanager
+def quiet_absl() -> Iterator[None]:
+    """dp-accounting logs "failed to converge" at WARNING while its bracketing search probes extreme
+    orders; that is expected and fills the terminal during calibration. Silenced only while we compute
+    (the process's logging is left as it was)."""
+    before = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(before)
 
 History = Union[dpe.DpEvent, Iterable[MechanismEvent]]
 

@@ -12,8 +12,6 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
-os.environ["GX_ANALYTICS_ENABLED"] = "false"  # before GX is imported; audits run offline
-
 import numpy as np
 import pandas as pd
 
@@ -58,8 +56,13 @@ def release_table(images: np.ndarray, labels: np.ndarray, ids: list[str], key: b
     })
 
 
+def _offline() -> None:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # before GX is first imported; audits run offline
+
+
 @lru_cache(maxsize=1)
 def _context():
+    _offline()
     import great_expectations as gx
     from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
                                                             ProgressBarsConfig)
@@ -74,6 +77,7 @@ def _context():
 def build_suite(expected_count: int, label_set: list[int], image_shape: tuple[int, ...],
                 sensitive_hmacs: list[str]) -> list[Any]:
     """The expectations over a release table (GX expectation objects)."""
+    _offline()
     import great_expectations.expectations as gxe
 
     exps = [

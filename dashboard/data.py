@@ -3,22 +3,13 @@ per-charge breakdowns are cached, keyed by the workspace and a cheap signature o
 any reserve/commit/refund changes the signature, so a cached value is never stale."""
 from __future__ import annotations
 
-import hashlib
-
 import streamlit as st
 
 from accounting import ledger
 from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.events import MechanismEvent, events_from_text, events_to_text
 from accounting.store import Store, Workspace
-from release.cli.budget import charge_breakdown
-
-
-def ledger_signature(store: Store) -> str:
-    rows = store.query("SELECT d.dataset_id, d.epsilon_cap, d.delta_cap, c.run_id, c.state, c.charged_events, "
-                       "c.settled_at FROM datasets d LEFT JOIN charges c USING (dataset_id) ORDER BY d.dataset_id, "
-                       "c.position")
-    return hashlib.sha256(repr([tuple(r.values()) for r in rows]).encode()).hexdigest()
+from release.manager import charge_breakdown, ledger_signature
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)

@@ -14,7 +14,7 @@ from accounting.epsilon import epsilon_report
 from accounting.events import DpSgd
 from dashboard.common import fmt_eps
 from release import keys, manager
-from release.cli.budget import charge_breakdown
+from release.manager import charge_breakdown
 from test_dashboard_support import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
                                     texts)
 

@@ -71,10 +71,10 @@ def test_internal_roles_see_the_full_audit_report_and_clusters(published, name):
     images = nodes(at, "image")
     assert len(images) >= len(artifacts) + 3  # audit plots + sample grid + representative + its sources
     # Cluster viewer: the k sensitive sources beside the representative.
-    internal = json.loads((manager.release_dir(built.store, rid) / "internal.json").read_text())
-    assert f"its 5 sources: records {', '.join(map(str, internal['clusters'][0]))}" in image_captions(at)
+    clusters = manager.load_output(built.store, rid).clusters
+    assert f"its 5 sources: records {', '.join(map(str, clusters[0]))}" in image_captions(at)
     at.number_input(key=f"cluster_{rid}").set_value(3).run()
-    assert f"its 5 sources: records {', '.join(map(str, internal['clusters'][3]))}" in image_captions(at)
+    assert f"its 5 sources: records {', '.join(map(str, clusters[3]))}" in image_captions(at)
     # The approval signature is listed; a published release offers no more steward actions.
     approvals = [df.value for df in at.dataframe if "decision" in df.value]
     assert len(approvals) == 1 and list(approvals[0]["decision"]) == ["approve-ack-non-dp"]

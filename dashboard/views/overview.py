@@ -23,7 +23,7 @@ def guarantee_text(rel: dict) -> str:
     if g:
         return g.get("description") or str(g)
     after = (rel.get("plan") or {}).get("epsilon_after") or {}
-    return "k-anonymous (no DP)" if rel["mechanism"] == "ksalsa" else f"planned ε ≤ {fmt_eps(after.get('epsilon_rdp'))}"
+    return "k-anonymous (no DP)" if (rel.get("plan") or {}).get("requires_acknowledgement") else f"planned ε ≤ {fmt_eps(after.get('epsilon_rdp'))}"
 
 
 def releases_frame(rels: list[dict]) -> pd.DataFrame:

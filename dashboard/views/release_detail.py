@@ -3,7 +3,6 @@ and, for k-anonymous releases, the cluster viewer. Internal results (computed on
 shown to stewards and auditors only; a consumer sees the pass/fail verdicts (DESIGN.md rule 4)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ def render(store: Store, ident: keys.Identity, rel: dict) -> None:
     c2.metric("Mechanism", rel["mechanism"])
     c3.metric("Dataset", rel["plan"]["dataset"])
     c4.metric("Images", res.get("count", rel["plan"]["expected_count"]))
-    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if rel["mechanism"] == "ksalsa" else
+    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if rel["plan"].get("requires_acknowledgement") else
                                          f"planned ε ≤ {fmt_eps(rel['plan']['epsilon_after']['epsilon_rdp'])} (RDP)")
     st.markdown(f"**Guarantee:** {guarantee}")
     if rel.get("reason"):
@@ -128,11 +127,11 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
 
 
 def samples(store: Store, rid: str) -> None:
-    path = manager.release_dir(store, rid) / "release.npz"
-    if not path.is_file():
+    if not manager.get_release(store, rid)["result"]:
         st.info("No images yet: the release has not been synthesised.")
         return
-    images, labels, _ = manager.load_release_data(store, rid)
+    out = manager.load_output(store, rid)
+    images, labels = out.images, out.labels
     n = min(SAMPLE_COUNT, len(images))
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(len(images), n, replace=False)) if len(images) > n else np.arange(n)
@@ -140,22 +139,19 @@ def samples(store: Store, rid: str) -> None:
              caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}")
 
 
-def _internal(store: Store, rid: str) -> dict:
-    path = manager.release_dir(store, rid) / "internal.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _has_clusters(store: Store, rel: dict) -> bool:
-    return rel["mechanism"] == "ksalsa" and "clusters" in _internal(store, rel["release_id"])
+    return bool(rel.get("result")) and manager.load_output(store, rel["release_id"]).clusters is not None
 
 
-@st.cache_resource(show_spinner="Loading the sensitive dataset…", max_entries=2)
-def _sensitive_images(root: str, name: str, fingerprint: str) -> np.ndarray:
-    """Cached per (workspace, dataset, content); load_registered checks the content is the registered one."""
-    from accounting.store import Workspace
+def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
+    """Kept for this browser session only (never in a process-wide cache of the server); load_registered
+    checks the content is the registered one."""
     from release.data import load_registered
 
-    return load_registered(Store(Workspace(root)), name)[1].images
+    key = f"sensitive:{store.workspace.root}:{name}:{fingerprint}"
+    if key not in st.session_state:
+        st.session_state[key] = load_registered(store, name)[1].images
+    return st.session_state[key]
 
 
 def cluster_viewer(store: Store, ident: keys.Identity, rel: dict) -> None:
@@ -163,10 +159,10 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: dict) -> None:
     keys.require_role(ident, *INTERNAL_ROLES)
     from accounting import ledger
 
-    clusters = _internal(store, rel["release_id"])["clusters"]
-    images, labels, dist = manager.load_release_data(store, rel["release_id"])
+    out = manager.load_output(store, rel["release_id"])
+    clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
     ds = ledger.get_dataset(store, rel["dataset_id"])
-    sensitive = _sensitive_images(str(store.workspace.root), ds.name, ds.fingerprint)
+    sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")
     i = st.number_input(f"Cluster (0–{len(clusters) - 1})", min_value=0, max_value=len(clusters) - 1, value=0,
                         step=1, key=f"cluster_{rel['release_id']}")
