@@ -86,7 +86,8 @@ def step_time_ratio(cfg, device: torch.device, batch: int, reps: int = 5) -> tup
 
 def run(quick: bool = True, device: str = "auto") -> str:
     from synth.datasets import fashion_available, load_source, public_pool
-    from synth.privimage import PrivImageConfig, run_privimage
+    from release.runner import run_direct
+    from synth.privimage import PrivImageConfig
     from synth.privimage.data import pick_device
 
     t_all = time.time()
@@ -121,11 +122,11 @@ def run(quick: bool = True, device: str = "auto") -> str:
                 store = throwaway_store(root / "ws", "mnist5k", sens, eps, DELTA)
                 cfg = PrivImageConfig(epsilon=eps, delta=DELTA, selection=mode, device=str(dev), **kw)
                 t = time.time()
-                res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"bench-{mode}-{eps:g}",
+                res = run_direct(store, "mnist5k", sens, pub, "privimage", cfg, run_id=f"bench-{mode}-{eps:g}",
                                     workdir=root / "run")
                 t_run = time.time() - t
                 acc = downstream_accuracy(res.images, res.labels, test, dev)
-                p, g = res.parameters, res.guarantee
+                p, g = res.parameters, res.guarantee.as_dict()
                 sel = (f"{sum(len(v) for v in p['selected_public_classes'].values())} "
                        f"({p['selection_ratio']:.2f})" if mode == "semantic" else ("all (1.00)" if mode == "all"
                                                                                    else "-"))

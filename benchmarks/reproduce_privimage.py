@@ -1,7 +1,7 @@
 """PrivImage reproduction (paper Table 3 / Figure 5 shape) and its privacy audit.
 
 For epsilon in EPSILONS x {PrivImage, DPDM-style, PDP-Diffusion-style}: one charged run through
-`synth.privimage.run_privimage` on a throw-away workspace, then FID (EfficientNet-Lite0 features)
+`release.runner.run_direct` on a throw-away workspace, then FID (EfficientNet-Lite0 features)
 against the sensitive set and LR / MLP / CNN accuracy on the real held-out set (audit package).
 Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
 on the same UNet trained without DP (epsilon = infinity)."""
@@ -71,7 +71,8 @@ def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tm
 def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None) -> dict[str, Any]:
     """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining."""
     from synth.datasets import fashion_available, load_source, public_pool
-    from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, run_privimage
+    from release.runner import run_direct
+    from synth.privimage import PrivImageConfig, per_sample_diffusion_loss
     from synth.privimage.data import pick_device
     from synth.privimage.sampling import balanced_labels, sample_images
 
@@ -104,7 +105,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
             store = throwaway_store(root / "ws", "mnist5k", sens, eps, delta)
             cfg = base.with_(epsilon=eps, selection=mode)
             t = time.time()
-            res = run_privimage(store, "mnist5k", sens, pub, cfg, run_id=f"reproduce-{mode}-{eps:g}",
+            res = run_direct(store, "mnist5k", sens, pub, "privimage", cfg, run_id=f"reproduce-{mode}-{eps:g}",
                                 workdir=root / "run")
             t_run = time.time() - t
             if samples_dir is not None:
@@ -112,7 +113,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
                 np.savez_compressed(samples_dir / f"{mode}-eps{eps:g}.npz", images=res.images, labels=res.labels)
             if mode == "all" and shared_pdp_pretrain is None:
                 shared_pdp_pretrain = root / "run" / PRETRAIN
-            p, g = res.parameters, res.guarantee
+            p, g = res.parameters, res.guarantee.as_dict()
             row = {"epsilon": eps, "method": name, "selection": mode, "eps_rdp": g["epsilon_rdp"],
                    "eps_pld": g["epsilon_pld"], "noise_multiplier": p["noise_multiplier"], "steps": p["steps"],
                    "selection_ratio": p.get("selection_ratio", 1.0 if mode == "all" else None),

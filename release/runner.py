@@ -274,3 +274,18 @@ def abandon(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, wor
         return ledger.get_charge(store, charge_id)
     finally:
         lease.release()
+
+
+def run_direct(store: Store, dataset: str, data: ImageDataset, public: ImageDataset, mechanism: str, config: Any, *,
+               run_id: str, workdir: Path, progress: ProgressFn = no_progress, actor: str = "system",
+               acknowledge_non_dp: bool = False) -> RunResult:
+    """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
+    reproduction). A workspace's real datasets are released through plan -> approval -> run_release."""
+    mech = registry.get(mechanism)
+    b = ledger.budget(store, dataset)
+    info = registry.DatasetInfo(b.dataset.dataset_id, b.dataset.name, b.dataset.record_count, tuple(b.dataset.labels),
+                                tuple(b.dataset.image_shape), b.dataset.delta_cap)
+    plan = mech.plan(config, info, b.history, public)
+    return run_charged(store, run_id=run_id, dataset=dataset, data=data, public=public, mechanism=mech, config=config,
+                       plan=plan, workdir=workdir, progress=progress, actor=actor,
+                       acknowledge_non_dp=acknowledge_non_dp)
