@@ -110,7 +110,7 @@ class DpSgd:
 @dataclass(frozen=True)
 class NonPrivateRelease:
     """A release with no DP guarantee (e.g. k-anonymous averages). Composing it makes epsilon infinite:
-    after it the dataset's DP guarantees no longer hold (DESIGN.md rule 5)."""
+    after it the dataset's DP guarantees no longer hold (ARCHITECTURE.md rule 5)."""
 
     reason: str
     mechanism = "non_private"

@@ -1,4 +1,4 @@
-"""Keyed fingerprints of sensitive data (DESIGN.md rule 4).
+"""Keyed fingerprints of sensitive data (ARCHITECTURE.md rule 4).
 
 A plain sha256 of a dataset would let anyone holding a candidate neighbour D' test whether D' was
 the registered data; an HMAC under the workspace's secret key does not. Record fingerprints serve

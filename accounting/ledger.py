@@ -183,8 +183,8 @@ def reserve(
     non_private = any(isinstance(e, NonPrivateRelease) for e in events)
     if non_private and not allow_non_private:
         raise LedgerStateError(
-            "This run makes a release without a DP guarantee, which voids the dataset's DP meaning (DESIGN.md "
-            "rule 5). It needs the steward's explicit acknowledgement."
+            "This run makes a release without a DP guarantee, which voids the dataset's DP meaning (README, "
+            "\"Privacy guarantees and their limits\"). It needs the steward's explicit acknowledgement."
         )
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)

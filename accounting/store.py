@@ -56,7 +56,7 @@ def default_workspace() -> Path:
 
 
 class Workspace:
-    """Directory layout of one workspace (DESIGN.md, Storage)."""
+    """Directory layout of one workspace (ARCHITECTURE.md, Storage)."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root is not None else default_workspace()
@@ -82,7 +82,7 @@ class Workspace:
             # key: only its owner may enter any of it (README, "Trust model").
             os.chmod(d, 0o700)
         if not self.hmac_key_path.exists():
-            # Secret key for dataset/record fingerprints (DESIGN.md rule 4): a plain hash of sensitive
+            # Secret key for dataset/record fingerprints (ARCHITECTURE.md rule 4): a plain hash of sensitive
             # data would let anyone tell D from a neighbouring D'.
             fd = os.open(self.hmac_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:

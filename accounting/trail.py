@@ -1,4 +1,4 @@
-"""Append-only, hash-chained audit trail (DESIGN.md rule 7).
+"""Append-only, hash-chained audit trail (ARCHITECTURE.md rule 7).
 
 Each entry's hash covers its sequence number, time, actor, action, payload and the previous entry's
 hash, so editing, deleting or reordering any entry breaks the chain. Deleting the *last* entries

@@ -1,6 +1,6 @@
 """Audit results: per-check verdicts, JSON, storage in the store's audit_results table, rendering.
 
-Everything here except `verdicts()` is computed on sensitive data and is internal (DESIGN.md rule 4):
+Everything here except `verdicts()` is computed on sensitive data and is internal (ARCHITECTURE.md rule 4):
 stewards and auditors see it; only the pass/fail strings may reach a consumer manifest.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from accounting.errors import PrivReleaseError
 from accounting.store import Store, Workspace
 
 ALL_ROLES = ("steward", "auditor", "consumer")
-INTERNAL_ROLES = ("steward", "auditor")   # may see internal audit results (DESIGN.md rule 4)
+INTERNAL_ROLES = ("steward", "auditor")   # may see internal audit results (ARCHITECTURE.md rule 4)
 # Page -> roles allowed to open it. Consumers see published releases and bundles only.
 PAGE_ROLES: dict[str, tuple[str, ...]] = {
     "Overview": ALL_ROLES,

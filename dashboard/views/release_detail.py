@@ -1,6 +1,6 @@
 """One release: parameters, steward actions (run with progress, publish), audit report, sample images
 and, for k-anonymous releases, the cluster viewer. Internal results (computed on sensitive data) are
-shown to stewards and auditors only; a consumer sees the pass/fail verdicts (DESIGN.md rule 4)."""
+shown to stewards and auditors only; a consumer sees the pass/fail verdicts (ARCHITECTURE.md rule 4)."""
 from __future__ import annotations
 
 from pathlib import Path
