@@ -167,8 +167,11 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
     tick("utility")
     if ho is None:
         report.results.append(CheckResult("downstream_accuracy", "utility",
-                                          False if policy.min_downstream_accuracy is not None else None,
-                                          "not run: no held-out test data", {"reason": "no held-out data"}))
+                                          False if policy.utility_gated else None,
+                                          "not run: no held-out test data" + (
+                                              "; the utility gate needs real held-out images: give `heldout = "
+                                              "\"PATH\"` in [release] (README: Walkthrough of a release)"
+                                              if policy.utility_gated else ""), {"reason": "no held-out data"}))
     else:
         from audit.utility import run_utility
         report.results += _guard("downstream_accuracy", "utility", lambda: run_utility(images, labels, sens, ho,

@@ -69,6 +69,10 @@ def dataset_card(release: dict[str, Any], dataset: dict[str, Any], result: dict[
     lines += _limitations_and_use()
     lines += ["## Checks before publication", "", "Audit verdicts (details are internal to the publisher):", ""]
     lines += [f"- {name}: {v}" for name, v in sorted(verdicts.items())]
+    if verdicts.get("downstream_accuracy") == "pass":  # the publication decision depended on the gate
+        from audit.policy import UTILITY_GATE_CHANNEL
+
+        lines += ["", UTILITY_GATE_CHANNEL]
     lines += _version_citation(release, dataset, meta["license"], published_at or datetime.now(timezone.utc))
     return "\n".join(lines) + "\n"
 
