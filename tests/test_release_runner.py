@@ -102,6 +102,21 @@ def test_lease_of_a_dead_holder_is_taken_over_and_recorded(store):
     assert len([e for e in trail.entries(store) if e["action"] == "run.lease_takeover"]) == 1
 
 
+def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_nothing(small, tmp_path):
+    store = small[0]
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec()))
+    rid = _approved(store, path)
+    held = runner.acquire_lease(store, rid, "alice")  # e.g. a first `release run` still in progress
+    try:
+        with pytest.raises(runner.RunInProgressError, match=f"Run {rid} is already running"):
+            manager.run_release(store, rid, "alice")
+    finally:
+        held.release()
+    assert manager.get_release(store, rid)["state"] == "approved"
+    assert ledger.budget(store, "mnist").charges == []
+
+
 # ------------------------------------------------------------------ what runs is what was signed
 def _spec(k=1, policy=None, public="builtin:uci-digits"):
     return {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
