@@ -151,9 +151,9 @@ def load_parquet(path: Path) -> ImageDataset:
     if missing:
         raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` "
                               "(int).")
-    if not (pa.types.is_binary(schema.field("image").type) or pa.types.is_large_binary(schema.field("image").type)):
+    if _bytes_type(schema.field("image").type) is None:
         raise DataFormatError(f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
-                              "bytes (binary, e.g. PNG), one image per row.")
+                              "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per row.")
     if not pa.types.is_integer(schema.field("label").type):
         raise DataFormatError(f"{path}: column `label` is {schema.field('label').type}; labels must be integer class "
                               "indices 0..K-1 (declare the classes at registration).")
@@ -163,9 +163,24 @@ def load_parquet(path: Path) -> ImageDataset:
     if table.column("image").null_count or table.column("label").null_count:
         raise DataFormatError(f"{path}: some images or labels are null; every row needs an image and an integer label.")
     labels = check_label_values(table.column("label").to_numpy(), str(path))
-    images = table.column("image").to_pylist()
+    column = table.column("image")
+    if pa.types.is_struct(column.type):  # {bytes, path}: the Hugging Face image layout of our bundles
+        column = pa.chunked_array([c.field("bytes") for c in column.chunks], column.type.field("bytes").type)
+    if column.null_count:
+        raise DataFormatError(f"{path}: some images have no bytes; every row needs an encoded image.")
+    images = column.to_pylist()
     return ImageDataset(_decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)), labels,
                         [], str(path))
+
+
+def _bytes_type(t):
+    """The binary type holding the encoded image: the column itself, or the `bytes` field of a struct."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        idx = t.get_field_index("bytes")
+        return _bytes_type(t.field(idx).type) if idx >= 0 else None
+    return t if pa.types.is_binary(t) or pa.types.is_large_binary(t) else None
 
 
 # ----------------------------------------------------------------- NumPy

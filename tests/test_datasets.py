@@ -107,3 +107,14 @@ def test_uci_digits_are_framed_like_mnist():
     assert digits.images[:, 4:24, 4:24].mean() > 60   # the digit fills its box
     # overall brightness within a factor 1.5 of MNIST's (it was 2.3x when stretched)
     assert 1 / 1.5 < digits.images.mean() / mnist.images.mean() < 1.5
+
+
+def test_parquet_with_image_struct_as_bundles_write_it(tmp_path):
+    """Bundles store `image` as a struct {bytes, path} (the Hugging Face layout): it registers like bytes."""
+    rng = np.random.default_rng(2)
+    arrays = [rng.integers(0, 255, (8, 8), dtype=np.uint8) for _ in range(3)]
+    image = pa.StructArray.from_arrays([pa.array([png(a) for a in arrays], pa.binary()),
+                                        pa.array(["0.png", "1.png", "2.png"])], names=["bytes", "path"])
+    pq.write_table(pa.table({"image": image, "label": [0, 1, 1]}), tmp_path / "b.parquet")
+    d = load_source(str(tmp_path / "b.parquet"))
+    assert np.array_equal(d.images, np.stack(arrays)) and d.labels.tolist() == [0, 1, 1]
