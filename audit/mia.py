@@ -5,6 +5,7 @@ equally many of each. Score = -loss (a model fits its training images better). R
 TPR at 1% and 0.1% FPR, and an empirical epsilon lower bound compared with the claimed epsilon."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -67,34 +68,111 @@ def plot_roc(stats: dict, path: Path, title: str) -> str:
     return str(path)
 
 
-def run_mia(loss_fn: LossFn, members: ImageDataset, nonmembers: ImageDataset, claimed_epsilon: float | None,
-            delta: float | None, policy: AuditPolicy, artifacts_dir: Path | None) -> CheckResult:
+def calibrated_scores(target: np.ndarray, references: np.ndarray) -> np.ndarray:
+    """Per-example calibrated membership score (higher = member) from the target model's losses and
+    reference models' losses on the same examples (references never trained on them: a model trained
+    on public data only, or on a held-out half). One reference: the loss difference (difficulty
+    calibration, Watson et al. ICLR 2022). Several: offline LiRA (Carlini et al. S&P 2022), the
+    z-score of the target loss under each example's Gaussian of reference losses, with the variance
+    pooled over examples when there are few references (as LiRA does below ~64 models)."""
+    refs = np.atleast_2d(np.asarray(references, np.float64))
+    if refs.shape[1] != len(target):
+        raise InvalidParameterError(f"reference losses have shape {refs.shape}; give one row per reference model and "
+                                    f"one column per example ({len(target)}).")
+    if len(refs) == 1:
+        return refs[0] - target
+    mu = refs.mean(0)
+    sd = np.sqrt(np.mean(refs.var(0, ddof=1))) if len(refs) < 8 else refs.std(0, ddof=1)
+    return (mu - target) / np.maximum(sd, 1e-12)
+
+
+def tpr_interval(member_scores: np.ndarray, nonmember_scores: np.ndarray, fpr: float,
+                 confidence: float) -> dict:
+    """TPR at the largest threshold whose FPR <= `fpr`, with a two-sided Clopper-Pearson interval."""
+    from audit.epsilon_bound import clopper_pearson
+
+    non = np.sort(nonmember_scores)[::-1]
+    allowed = int(np.floor(fpr * len(non) + 1e-9))           # false positives allowed
+    threshold = non[allowed] if allowed < len(non) else -np.inf  # strictly above: <= allowed FPs
+    tp = int(np.sum(member_scores > threshold))
+    lo, hi = clopper_pearson(np.array([tp]), len(member_scores), (1 - confidence) / 2)
+    return {"tpr": tp / len(member_scores), "ci": [float(lo[0]), float(hi[0])], "fpr_target": fpr,
+            "fpr_resolution": 1.0 / len(non), "true_positives": tp}
+
+
+@dataclass(frozen=True)
+class MiaNumbers:
+    """compute_mia's numbers: the raw loss attack and, with reference models, the calibrated one."""
+    n: int
+    attacks: dict[str, dict]    # "loss" | "calibrated" -> auc, tpr intervals at 1% / 0.1%, epsilon bound, roc
+
+    @property
+    def strongest(self) -> str:
+        return max(self.attacks, key=lambda k: (self.attacks[k]["epsilon_bound"]["eps_lower"], self.attacks[k]["auc"]))
+
+
+def compute_mia(loss_fn: LossFn, members: ImageDataset, nonmembers: ImageDataset, delta: float | None,
+                policy: AuditPolicy, reference_loss_fns: list[LossFn] | None = None) -> MiaNumbers:
+    """Loss-threshold attack and, given reference models, its per-example calibrated version."""
     rng = np.random.default_rng(policy.seed)
     n = min(policy.mia_samples, len(members), len(nonmembers))
     mem = members.subset(sample_idx(len(members), n, rng))
     non = nonmembers.subset(sample_idx(len(nonmembers), n, rng))
-    ms, ns = -_losses(loss_fn, mem), -_losses(loss_fn, non)
-    stats = attack_stats(ms, ns)
-    bound = epsilon_lower_bound(ms, ns, delta if delta is not None else 0.0, policy.mia_confidence, seed=policy.seed)
+    lm, ln = _losses(loss_fn, mem), _losses(loss_fn, non)
+    scores = {"loss": (-lm, -ln)}
+    if reference_loss_fns:
+        rm = np.stack([_losses(f, mem) for f in reference_loss_fns])
+        rn = np.stack([_losses(f, non) for f in reference_loss_fns])
+        scores["calibrated"] = (calibrated_scores(lm, rm), calibrated_scores(ln, rn))
+    attacks = {}
+    for name, (ms, ns) in scores.items():
+        stats = attack_stats(ms, ns)
+        attacks[name] = {
+            "auc": stats["auc"], "tpr_at_1pct_fpr": stats["tpr_at_1pct_fpr"], "tpr_at_01pct_fpr": stats["tpr_at_01pct_fpr"],
+            "tpr_1pct": tpr_interval(ms, ns, 0.01, policy.mia_confidence),
+            "tpr_01pct": tpr_interval(ms, ns, 0.001, policy.mia_confidence),
+            "epsilon_bound": epsilon_lower_bound(ms, ns, delta if delta is not None else 0.0, policy.mia_confidence,
+                                                 seed=policy.seed),
+            "roc": {"fpr": stats["fpr"], "tpr": stats["tpr"]}}
+    return MiaNumbers(n, attacks)
+
+
+def check_mia(numbers: MiaNumbers, claimed_epsilon: float | None, policy: AuditPolicy,
+              artifacts_dir: Path | None) -> CheckResult:
+    """Verdict on the strongest attack: AUC, TPR@1%FPR (and 0.1% if set) and the epsilon bound vs the claim."""
+    name = numbers.strongest
+    a = numbers.attacks[name]
+    bound, n = a["epsilon_bound"], numbers.n
     contradiction = claimed_epsilon is not None and bound["eps_lower"] > claimed_epsilon
-    checks = {"auc": stats["auc"] <= policy.mia_max_auc,
-              "tpr_at_1pct_fpr": stats["tpr_at_1pct_fpr"] <= policy.mia_max_tpr_at_1pct_fpr,
+    checks = {"auc": a["auc"] <= policy.mia_max_auc, "tpr_at_1pct_fpr": a["tpr_at_1pct_fpr"] <= policy.mia_max_tpr_at_1pct_fpr,
               "epsilon_consistent": not contradiction}
     if policy.mia_max_tpr_at_01pct_fpr is not None:
-        checks["tpr_at_01pct_fpr"] = stats["tpr_at_01pct_fpr"] <= policy.mia_max_tpr_at_01pct_fpr
+        checks["tpr_at_01pct_fpr"] = a["tpr_at_01pct_fpr"] <= policy.mia_max_tpr_at_01pct_fpr
     artifacts = {}
     if artifacts_dir is not None:
-        artifacts["roc_curve"] = plot_roc(stats, Path(artifacts_dir) / "mia_roc.png",
-                                          f"Loss-threshold MIA ({n} members vs {n} held-out)")
+        artifacts["roc_curve"] = plot_roc({"auc": a["auc"], **a["roc"]}, Path(artifacts_dir) / "mia_roc.png",
+                                          f"{name} MIA ({n} members vs {n} held-out)")
     eps_txt = f"{claimed_epsilon:.3g}" if claimed_epsilon is not None else "none claimed"
-    summary = (f"AUC {stats['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR {stats['tpr_at_1pct_fpr']:.3f} "
-               f"(max {policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR {stats['tpr_at_01pct_fpr']:.3f}; "
-               f"empirical eps >= {bound['eps_lower']:.3f} ({policy.mia_confidence:.0%} CP) vs claimed {eps_txt}"
-               + (" — CONTRADICTS the claimed epsilon" if contradiction else ""))
-    details = {"n_members": n, "n_nonmembers": n, "auc": stats["auc"], "tpr_at_1pct_fpr": stats["tpr_at_1pct_fpr"],
-               "tpr_at_01pct_fpr": stats["tpr_at_01pct_fpr"], "epsilon_bound": bound,
-               "claimed_epsilon": claimed_epsilon, "contradiction": contradiction, "checks": checks,
-               "fpr_resolution": 1.0 / n,
+    ci1, ci01 = a["tpr_1pct"]["ci"], a["tpr_01pct"]["ci"]
+    summary = (f"{name} attack: AUC {a['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR {a['tpr_at_1pct_fpr']:.3f} "
+               f"[{ci1[0]:.3f}, {ci1[1]:.3f}] (max {policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR "
+               f"{a['tpr_at_01pct_fpr']:.3f} [{ci01[0]:.3f}, {ci01[1]:.3f}]; empirical eps >= {bound['eps_lower']:.3f} "
+               f"({policy.mia_confidence:.0%} CP) vs claimed {eps_txt}"
+               + (" — CONTRADICTS the claimed epsilon" if contradiction else "")
+               + ("" if "calibrated" in numbers.attacks else "; no reference models: uncalibrated loss attack only"))
+    attacks = {k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in numbers.attacks.items()}
+    details = {"n_members": n, "n_nonmembers": n, "attack": name, "auc": a["auc"],
+               "tpr_at_1pct_fpr": a["tpr_at_1pct_fpr"], "tpr_at_01pct_fpr": a["tpr_at_01pct_fpr"],
+               "epsilon_bound": bound, "attacks": attacks, "claimed_epsilon": claimed_epsilon,
+               "contradiction": contradiction, "checks": checks, "fpr_resolution": 1.0 / n,
                "note": "Empirical bound treats each member/non-member as an independent trial (many-canary "
-                       "heuristic); it is a lower bound on leakage, not a proof of privacy."}
+                       "heuristic); it is a lower bound on leakage, not a proof of privacy. Reported: the strongest "
+                       "attack by its epsilon bound."}
     return CheckResult("membership_inference", "attack", all(checks.values()), summary, details, artifacts)
+
+
+def run_mia(loss_fn: LossFn, members: ImageDataset, nonmembers: ImageDataset, claimed_epsilon: float | None,
+            delta: float | None, policy: AuditPolicy, artifacts_dir: Path | None,
+            reference_loss_fns: list[LossFn] | None = None) -> CheckResult:
+    return check_mia(compute_mia(loss_fn, members, nonmembers, delta, policy, reference_loss_fns),
+                     claimed_epsilon, policy, artifacts_dir)

@@ -12,7 +12,7 @@ from accounting.errors import InvalidParameterError
 _UNIT = {"mia_max_auc", "mia_max_tpr_at_1pct_fpr", "mia_max_tpr_at_01pct_fpr", "max_near_copy_fraction",
          "max_closer_to_train_fraction", "kanon_max_attack_precision", "kanon_max_reid_rate",
          "min_downstream_accuracy", "min_utility_gain", "min_sds", "mia_confidence", "near_copy_max_distance"}
-_POSITIVE_INT = {"dcr_repeats", "mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
+_POSITIVE_INT = {"one_run_canaries", "dcr_repeats", "mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
                  "grid_pairs"}
 
 
@@ -24,6 +24,8 @@ class AuditPolicy:
     mia_max_tpr_at_01pct_fpr: float | None = None  # chance level is 0.001; informational by default
     mia_samples: int = 500                          # members and non-members each
     mia_confidence: float = 0.95                    # Clopper-Pearson level of the epsilon lower bound
+    # one-run audit of the DP-SGD implementation at the release's settings (public data + canaries)
+    one_run_canaries: int | None = 1000
     # memorisation / distance to closest record
     near_copy_ratio: float = 0.5          # d_train / d_heldout below this ...
     near_copy_max_distance: float = 0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
@@ -73,6 +75,8 @@ class AuditPolicy:
                 raise InvalidParameterError(f"audit policy near_copy_ratio must be > 0, got {value}.")
             if f.name == "max_fid" and value < 0:
                 raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
+            if f.name == "one_run_canaries" and value < 10:
+                raise InvalidParameterError(f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}.")
             if f.name == "sds_clusters" and value < 2:
                 raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
 

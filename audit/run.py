@@ -15,6 +15,7 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import record_fingerprints
+from audit.dpsgd_audit import DpSgdSetting
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.datasets import ImageDataset
@@ -42,6 +43,9 @@ class AuditInputs:
     clusters: list[np.ndarray] | None = None       # sensitive indices per representative (k-anonymous)
     selected_public: ImageDataset | None = None    # PrivImage's selected public images (SDS)
     artifacts_dir: Path | None = None              # PNGs go here
+    # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the MIA
+    reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
+    dpsgd: DpSgdSetting | None = None              # the executed DP-SGD run: one-run audit of its implementation
 
     def validate(self) -> None:
         if not isinstance(self.sensitive, ImageDataset):
@@ -94,6 +98,17 @@ def _guard(name: str, kind: str, fn: Callable[[], CheckResult | list[CheckResult
         return [CheckResult(name, kind, False, f"check failed to run: {type(exc).__name__}: {exc}",
                             {"error": str(exc), "traceback": traceback.format_exc(limit=5)})]
     return out if isinstance(out, list) else [out]
+
+
+def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResult:
+    """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public set,
+    else UCI digits): reads no sensitive data."""
+    from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
+    from synth.datasets import uci_digits
+
+    public = inputs.selected_public if inputs.selected_public is not None else uci_digits()
+    audit = compute_implementation_audit(inputs.dpsgd, public, m=int(policy.one_run_canaries), seed=policy.seed)
+    return check_implementation_audit(audit, inputs.artifacts_dir)
 
 
 def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
@@ -151,7 +166,10 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
         else:
             from audit.mia import run_mia
             report.results += _guard("membership_inference", "attack", lambda: run_mia(
-                inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art))
+                inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art,
+                inputs.reference_loss_fns))
+        if inputs.dpsgd is not None and policy.one_run_canaries is not None:
+            report.results += _guard("dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy))
     else:
         if inputs.clusters is None:
             report.results.append(_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy))

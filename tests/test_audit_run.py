@@ -168,3 +168,22 @@ def test_default_policy_on_builtin_mnist(tmp_path):
     assert report.passed, report_text(report)
     util = next(r for r in report.results if r.name == "downstream_accuracy")
     assert util.details["release"]["logreg"] > 0.8
+
+
+def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, tmp_path):
+    from accounting.calibration import calibrate_dpsgd_sigma
+    from audit.dpsgd_audit import DpSgdSetting
+
+    setting = DpSgdSetting(0.1, calibrate_dpsgd_sigma(2.0, 1e-5, 0.1, 50), 50, 1.0, 1e-5)
+    policy = AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": 300})
+    report = run_audit(_inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy)
+    one_run = next(r for r in report.results if r.name == "dpsgd_one_run_audit")
+    assert one_run.passed and one_run.details["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
+    assert one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary
+    assert (tmp_path / "artifacts" / "canary_scores.png").exists()
+    mia = next(r for r in report.results if r.name == "membership_inference")
+    assert set(mia.details["attacks"]) == {"loss", "calibrated"}
+    assert "tpr_01pct" in mia.details["attacks"]["calibrated"]
+    off = run_audit(_inputs(parts, tmp_path, dpsgd=setting), AuditPolicy(**{**SMALL.to_dict(),
+                                                                           "one_run_canaries": None}))
+    assert "dpsgd_one_run_audit" not in off.verdicts()
