@@ -29,7 +29,7 @@ MAX_LABEL = 9_999  # label values are class indices; bounded so nothing sized by
 def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
     """Labels as int64 class indices in 0..MAX_LABEL; anything else (strings, NaN, 2.5, -1, 1e12) is refused."""
     labels = np.asarray(labels)
-    if labels.dtype.kind in "US" or labels.dtype == object:
+    if labels.dtype.kind in "US":
         sample = f" such as {labels.ravel()[0]!r}" if labels.size else f" (dtype {labels.dtype})"
         raise DataFormatError(
             f"{where}: labels must be integer class indices, got text{sample}. Map class names to "

@@ -65,6 +65,9 @@ def _open(data: bytes | Path, where: str) -> Image.Image:
 def _probe(data: bytes | Path, where: str) -> tuple[tuple[int, int], tuple[int, ...]]:
     """(width, height) and the decoded shape, from the header alone (the file is closed again)."""
     with _open(data, where) as im:
+        if im.mode.startswith(("I", "F")):  # 16/32-bit or float pixels would be clipped to 255 silently
+            raise DataFormatError(f"{where}: {im.mode} pixels (16/32-bit or float); convert the images to 8-bit grey "
+                                  "or RGB first, scaling the intensities yourself.")
         w, h = im.size
         return (w, h), ((h, w) if im.mode in ("L", "1") else (h, w, 3))
 
@@ -126,7 +129,10 @@ def load_folder(path: Path) -> ImageDataset:
         _inside(sub, root, str(sub))
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
-                files.append(_inside(f, root, str(f)))
+                real = _inside(f, root, str(f))
+                if not real.is_file():  # a folder or a pipe named *.png: opening a pipe would block
+                    raise DataFormatError(f"{f}: not a regular file; remove it or rename it without an image suffix.")
+                files.append(real)
                 labels.append(label)
     classes = [p.name for p in subdirs]
     if not files:
@@ -159,6 +165,12 @@ def load_parquet(path: Path) -> ImageDataset:
                               "indices 0..K-1 (declare the classes at registration).")
     if meta.metadata.num_rows == 0:
         raise DataFormatError(f"{path}: the file has no rows; nothing to register.")
+    md = meta.metadata
+    stored = sum(md.row_group(g).column(c).total_uncompressed_size
+                 for g in range(md.num_row_groups) for c in range(md.num_columns))
+    if stored > MAX_VALUES:
+        raise DataFormatError(f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; "
+                              "register a subset or smaller images.")
     table = meta.read(columns=["image", "label"])
     if table.column("image").null_count or table.column("label").null_count:
         raise DataFormatError(f"{path}: some images or labels are null; every row needs an image and an integer label.")

@@ -68,6 +68,19 @@ def huge_png(tmp: Path) -> Path:
     return tmp / "imgs"
 
 
+def sixteen_bit(tmp: Path) -> Path:
+    for cls in ("cat", "dog"):
+        (tmp / "imgs" / cls).mkdir(parents=True)
+        Image.new("I;16", (8, 8), 40000).save(tmp / "imgs" / cls / "0.png")   # once clipped to 255: all white
+    return tmp / "imgs"
+
+
+def pipe_named_png(tmp: Path) -> Path:
+    root = class_folder(tmp)
+    os.mkfifo(root / "cat" / "1.png")   # opening it would wait forever for a writer
+    return root
+
+
 U8 = np.zeros((3, 8, 8), np.uint8)
 CASES = {
     "string labels (npz)": (lambda t: npz(t, U8, ["cat", "dog", "cat"]), "0,1", "got text"),
@@ -87,6 +100,10 @@ CASES = {
     "label 1e12": (lambda t: npz(t, U8, [0, 10 ** 12, 1]), "0,1", "above the limit"),
     "image 5000x5000 (png)": (huge_png, "cat,dog", "5000x5000 pixels exceeds the limit"),
     "symlinked image out of the folder": (symlinked_file, "cat,dog", "outside the folder"),
+    "16-bit png": (sixteen_bit, "cat,dog", "I;16 pixels"),
+    "pipe named like an image": (pipe_named_png, "cat,dog", "not a regular file"),
+    "object-dtype labels": (lambda t: np.savez(t / "d.npz", images=U8, labels=np.array([0, 1, None], dtype=object))
+                            or t / "d.npz", "0,1", "labels must be integer class indices, got dtype object"),
     "symlinked class folder out of the folder": (symlinked_class, "bird,cat,dog", "outside the folder"),
 }
 
@@ -187,3 +204,16 @@ def test_paths_with_brackets_are_shown_verbatim(tmp_path):
     assert r.returncode == 0, r.stderr
     listed = _cli(ws, "dataset", "list")
     assert listed.returncode == 0 and "b[bold]" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_parquet_size_is_checked_from_its_metadata(tmp_path, store, monkeypatch):
+    """The stored column sizes are read from the footer before any row is read or decoded."""
+    from synth import user_data
+
+    rng = np.random.default_rng(0)
+    images = [png(rng.integers(0, 255, (8, 8), dtype=np.uint8)) for _ in range(20)]
+    path = parquet(tmp_path, pa.table({"image": images, "label": [0, 1] * 10}))
+    monkeypatch.setattr(user_data, "MAX_VALUES", 1000)
+    with pytest.raises(DataFormatError, match="bytes of column data exceed the limit of 1,000"):
+        register_from_source(store, "big", str(path), 1.0, 1e-3, labels="0,1")
+    assert_nothing_registered(store)
