@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from accounting import curve, ledger, trail
-from accounting.epsilon import epsilon_rdp
 from accounting.errors import PrivReleaseError, TamperError
 from accounting.events import events_from_text
 from accounting.store import Store
@@ -112,7 +110,8 @@ def _compare_charges(trail_charges: dict[str, dict], table: list[dict]) -> list[
 def _spend(history_json: list, delta: float) -> float:
     if not history_json:
         return 0.0
-    return epsilon_rdp(events_from_text(json.dumps(history_json)), delta)  # inf after a non-DP release
+    # The sum of per-event RDP curves (cached per distinct event): the same epsilon as composing the history.
+    return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(delta)  # inf after a non-DP release
 
 
 def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
