@@ -127,7 +127,7 @@ def run(quick: bool = True) -> str:
         "SelfComposedDpEvent before accounting, so cost grows with the number of *distinct* events. The last column is "
         "the difference from the same epsilon taken from a sum of per-event RDP curves (the running curve's method).",
         "",
-        md_table(["events", "distinct", "RDP ms", "PLD ms", "epsilon RDP", "epsilon PLD", "|curve - RDP|"], rows),
+        md_table(["events", "distinct", "RDP ms", "PLD ms", "epsilon RDP", "epsilon PLD", "curve minus RDP"], rows),
         "",
         "The ledger keeps a **running per-order RDP curve** per dataset, updated in each charge's own transaction, so a "
         "charge and a budget read no longer re-compose the history. Prior charges are bulk-loaded (committed, each "
