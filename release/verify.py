@@ -188,7 +188,7 @@ class _ArchiveScan:
         name = m.name[:-1] if m.isdir() and m.name.endswith("/") else m.name
         if not safe_member_name(name):
             return f"member {m.name!r} is not a plain relative path"
-        if name.split("/")[0] != self.top:
+        if name.split("/")[0] != self.top or (name == self.top and not m.isdir()):
             return (f"member {m.name!r} is outside the top-level directory {self.top!r} that a bundle named "
                     f"{self.top}{ARCHIVE_SUFFIX} must have (renamed, or not a privrelease bundle)")
         if name in self.seen:

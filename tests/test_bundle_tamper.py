@@ -121,6 +121,13 @@ def test_duplicate_member_is_refused(published, tmp_path, forged_first):
     _refused(verify_bundle(archive, pub), "appears twice")
 
 
+def test_a_file_in_place_of_the_bundle_directory_is_refused(published, tmp_path):
+    infos, pub = published
+    members = [("rel-7", b"a file, not the bundle's directory")] + _members(infos["rel-7"].path)[1:]
+    _refused(verify_bundle(_write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members)), pub),
+             "outside the top-level directory")
+
+
 def test_appended_gzip_member_is_refused(published, tmp_path):
     """gzip (and Python's gzip module) read on into an appended member; the verifier must not ignore it."""
     infos, pub = published
