@@ -1,14 +1,39 @@
-"""Image conversions and a per-process cache of EfficientNet-Lite0 embeddings shared by the checks.
+"""Image conversions and the audit-scoped cache of EfficientNet-Lite0 embeddings shared by the checks.
 
-The cache lives in memory only (never on disk): embeddings of sensitive images are sensitive."""
+The cache lives in memory only (never on disk) and only inside `audit_cache()` (one audit, or one
+benchmark run): embeddings and FID statistics of sensitive images are sensitive, so nothing outlives
+the audit that computed them (e.g. in a long-running dashboard server)."""
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import numpy as np
 
-_EMBED_CACHE: dict[str, np.ndarray] = {}
-_EMBED_CACHE_MAX = 64
+_SCOPE: ContextVar[dict[str, Any] | None] = ContextVar("privrelease_audit_cache", default=None)
+
+
+@contextmanager
+def audit_cache() -> Iterator[dict[str, Any]]:
+    """Cache embeddings and FID statistics for the duration of the block, then drop them."""
+    cache: dict[str, Any] = {}
+    token = _SCOPE.set(cache)
+    try:
+        yield cache
+    finally:
+        _SCOPE.reset(token)
+        cache.clear()
+
+
+def scoped_cache() -> dict[str, Any] | None:
+    """The current audit's cache, or None outside `audit_cache()` (then nothing is cached)."""
+    return _SCOPE.get()
+
+
+def content_key(kind: str, images: np.ndarray) -> str:
+    return kind + hashlib.sha256(repr(images.shape).encode() + np.ascontiguousarray(images).tobytes()).hexdigest()
 
 
 def to_pm1(images: np.ndarray) -> np.ndarray:
@@ -44,18 +69,19 @@ def rms_nearest(query_images: np.ndarray, ref_images: np.ndarray) -> tuple[np.nd
 
 
 def embed_images(images: np.ndarray) -> np.ndarray:
-    """EfficientNet-Lite0 pooled features (1280-d) of uint8 images, cached per process by content."""
-    key = hashlib.sha256(repr(images.shape).encode() + np.ascontiguousarray(images).tobytes()).hexdigest()
-    if key not in _EMBED_CACHE:
-        import torch
+    """EfficientNet-Lite0 pooled features (1280-d) of uint8 images, cached by content within an audit."""
+    import torch
 
-        from synth.features import embed
+    from synth.features import embed
 
-        feats = embed(torch.from_numpy(to_pm1(images))).numpy()
-        if len(_EMBED_CACHE) >= _EMBED_CACHE_MAX:
-            _EMBED_CACHE.pop(next(iter(_EMBED_CACHE)))
-        _EMBED_CACHE[key] = feats
-    return _EMBED_CACHE[key]
+    cache = scoped_cache()
+    key = content_key("embed:", images)
+    if cache is not None and key in cache:
+        return cache[key]
+    feats = embed(torch.from_numpy(to_pm1(images))).numpy()
+    if cache is not None:
+        cache[key] = feats
+    return feats
 
 
 def l2_normalise(x: np.ndarray) -> np.ndarray:

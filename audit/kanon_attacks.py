@@ -9,6 +9,9 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from accounting.errors import DataFormatError
@@ -39,9 +42,19 @@ def _precision(rep: np.ndarray, cands: np.ndarray, is_member: np.ndarray, k: int
     return float(is_member[top].mean())
 
 
-def run_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive: ImageDataset,
-                      heldout: ImageDataset | None, k: int | None, policy: AuditPolicy,
-                      features: bool = True) -> list[CheckResult]:
+@dataclass(frozen=True)
+class KanonNumbers:
+    """compute_kanon_attacks' numbers: cluster-membership precision and re-identification rate."""
+    membership: dict[str, Any]     # precision_by_space, attack_precision, chance, cluster sizes, ...
+    reid_rate: float
+    reid_chance: float
+    n_representatives: int
+    reidentified_rows: list[int]
+
+
+def compute_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive: ImageDataset,
+                          heldout: ImageDataset | None, k: int | None, policy: AuditPolicy,
+                          features: bool = True) -> KanonNumbers:
     clusters = _validate_clusters(clusters, len(images), len(sensitive))
     rng = np.random.default_rng(policy.seed)
     reps = sample_idx(len(images), policy.feature_samples, rng)
@@ -81,26 +94,34 @@ def run_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive:
         frep = l2_normalise(embed_images(images[reps]))
         precisions["feature"] = space_precision(frep, lambda i: np.stack([fs[int(x)] for x in i]),
                                                 lambda i: np.stack([fn[int(x)] for x in i]))
-    best = max(precisions.values())
     sizes = np.array([len(c) for c in clusters])
-    mem_details = {"n_representatives_attacked": len(reps), "precision_by_space": precisions,
-                   "attack_precision": best, "chance": 0.5, "cluster_sizes": {"min": int(sizes.min()),
-                   "max": int(sizes.max())}, "k": k,
-                   "non_members": "held-out images" if use_heldout else "sensitive records outside the cluster"}
-    mem = CheckResult(
-        "kanon_cluster_membership", "attack", best <= policy.kanon_max_attack_precision,
-        f"cluster-membership attack top-k precision {best:.3f} (best of pixel/feature ranking; chance 0.50, "
-        f"max {policy.kanon_max_attack_precision})", mem_details)
-
+    membership = {"n_representatives_attacked": len(reps), "precision_by_space": precisions,
+                  "attack_precision": max(precisions.values()), "chance": 0.5,
+                  "cluster_sizes": {"min": int(sizes.min()), "max": int(sizes.max())}, "k": k,
+                  "non_members": "held-out images" if use_heldout else "sensitive records outside the cluster"}
     # re-identification: nearest sensitive record (pixel RMS, whole sensitive set) is a source
     _, nn = rms_nearest(images, sensitive.images)
     hits = np.array([nn[i] in set(clusters[i].tolist()) for i in range(len(images))])
-    rate = float(hits.mean())
-    chance = float(np.mean(sizes) / len(sensitive))
+    return KanonNumbers(membership, float(hits.mean()), float(np.mean(sizes) / len(sensitive)), len(images),
+                        np.flatnonzero(hits)[:50].tolist())
+
+
+def check_kanon_attacks(n: KanonNumbers, policy: AuditPolicy) -> list[CheckResult]:
+    best = n.membership["attack_precision"]
+    mem = CheckResult(
+        "kanon_cluster_membership", "attack", best <= policy.kanon_max_attack_precision,
+        f"cluster-membership attack top-k precision {best:.3f} (best of pixel/feature ranking; chance 0.50, "
+        f"max {policy.kanon_max_attack_precision})", n.membership)
     reid = CheckResult(
-        "kanon_reidentification", "attack", rate <= policy.kanon_max_reid_rate,
-        f"re-identification: nearest record is a source for {rate:.3f} of representatives (chance {chance:.4f}, "
-        f"max {policy.kanon_max_reid_rate})",
-        {"reid_rate": rate, "chance": chance, "n_representatives": len(images), "space": "pixel RMS",
-         "reidentified_rows": np.flatnonzero(hits)[:50].tolist()})
+        "kanon_reidentification", "attack", n.reid_rate <= policy.kanon_max_reid_rate,
+        f"re-identification: nearest record is a source for {n.reid_rate:.3f} of representatives (chance "
+        f"{n.reid_chance:.4f}, max {policy.kanon_max_reid_rate})",
+        {"reid_rate": n.reid_rate, "chance": n.reid_chance, "n_representatives": n.n_representatives,
+         "space": "pixel RMS", "reidentified_rows": n.reidentified_rows})
     return [mem, reid]
+
+
+def run_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive: ImageDataset,
+                      heldout: ImageDataset | None, k: int | None, policy: AuditPolicy,
+                      features: bool = True) -> list[CheckResult]:
+    return check_kanon_attacks(compute_kanon_attacks(images, clusters, sensitive, heldout, k, policy, features), policy)

@@ -7,7 +7,9 @@ images closer to training than to held-out is measured with training subsampled 
 size (then ~0.5 is what an independent sample gives)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,10 +75,17 @@ def nn_grid(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset |
     return str(path)
 
 
-def run_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None,
-                     d_tr: np.ndarray, idx_tr: np.ndarray, policy: AuditPolicy, artifacts_dir: Path | None,
-                     features: bool = True) -> CheckResult:
-    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training image."""
+@dataclass(frozen=True)
+class MemorisationNumbers:
+    """compute_memorisation's numbers; `order` ranks released rows from most to least copy-like."""
+    details: dict[str, Any]
+    order: np.ndarray
+    idx_heldout: np.ndarray | None
+
+
+def compute_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None,
+                         d_tr: np.ndarray, policy: AuditPolicy, features: bool = True) -> MemorisationNumbers:
+    """`d_tr`: pixel RMS distance of each released image to its nearest training image."""
     rng = np.random.default_rng(policy.seed)
     details: dict = {"n_release": len(images), "n_train": len(sensitive), "pixel_distance": "RMS, pixels in [0,1]",
                      "near_copy_rule": f"d_tr/d_ho < {policy.near_copy_ratio} and d_tr < {policy.near_copy_max_distance}"}
@@ -102,6 +111,14 @@ def run_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: Image
     details["near_copy_release_rows"] = np.flatnonzero(near)[:50].tolist()
     if features and heldout is not None:
         details["feature_space"] = _feature_dcr(images, sensitive, heldout, policy, rng)
+    return MemorisationNumbers(details, order, idx_ho)
+
+
+def check_memorisation(numbers: MemorisationNumbers, images: np.ndarray, sensitive: ImageDataset,
+                       heldout: ImageDataset | None, d_tr: np.ndarray, idx_tr: np.ndarray, policy: AuditPolicy,
+                       artifacts_dir: Path | None) -> CheckResult:
+    details, order, idx_ho = dict(numbers.details), numbers.order, numbers.idx_heldout
+    closer = details.get("closer_to_train_fraction_pixel")
     checks = {"near_copies": details["near_copy_fraction"] <= policy.max_near_copy_fraction}
     if policy.max_closer_to_train_fraction is not None and closer is not None:
         checks["closer_to_train"] = closer <= policy.max_closer_to_train_fraction
@@ -118,3 +135,11 @@ def run_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: Image
     if "feature_space" in details:
         summary += f"; feature-space closer fraction {details['feature_space']['closer_to_train_fraction']:.2f}"
     return CheckResult("memorisation_dcr", "attack", all(checks.values()), summary, details, artifacts)
+
+
+def run_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None,
+                     d_tr: np.ndarray, idx_tr: np.ndarray, policy: AuditPolicy, artifacts_dir: Path | None,
+                     features: bool = True) -> CheckResult:
+    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training image."""
+    numbers = compute_memorisation(images, sensitive, heldout, d_tr, policy, features)
+    return check_memorisation(numbers, images, sensitive, heldout, d_tr, idx_tr, policy, artifacts_dir)

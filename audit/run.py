@@ -113,6 +113,14 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
 
 def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
               progress: ProgressFn = no_progress) -> AuditReport:
+    """Every check in order; embeddings and FID statistics are cached for this audit only."""
+    from audit.images import audit_cache
+
+    with audit_cache():
+        return _run_audit(inputs, policy, progress)
+
+
+def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
     from audit.expectations import build_suite, release_table, validate_table
     from audit.images import rms_nearest
 

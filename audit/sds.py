@@ -27,7 +27,8 @@ def sds(public_features: np.ndarray, sensitive_features: np.ndarray, clusters: i
     return float(hp @ hs / (np.linalg.norm(hp) * np.linalg.norm(hs)))
 
 
-def run_sds(selected_public: ImageDataset, sensitive: ImageDataset, policy: AuditPolicy) -> CheckResult:
+def compute_sds(selected_public: ImageDataset, sensitive: ImageDataset, policy: AuditPolicy) -> dict:
+    """SDS of feature samples of both sets (numbers only)."""
     from synth.datasets import resize
 
     rng = np.random.default_rng(policy.seed)
@@ -36,9 +37,17 @@ def run_sds(selected_public: ImageDataset, sensitive: ImageDataset, policy: Audi
     if pub.shape[1:3] != sen.shape[1:3]:  # the feature network resizes anyway; align for batching
         pub = resize(pub, sen.shape[1])
     value = sds(embed_images(pub), embed_images(sen), policy.sds_clusters, policy.seed)
+    return {"sds": value, "definition": DEFINITION, "clusters": policy.sds_clusters, "n_public": len(pub),
+            "n_sensitive": len(sen)}
+
+
+def check_sds(numbers: dict, policy: AuditPolicy) -> CheckResult:
+    value = numbers["sds"]
     passed = None if policy.min_sds is None else value >= policy.min_sds
     limit = "informational, no threshold" if policy.min_sds is None else f"min {policy.min_sds}"
     return CheckResult("semantic_distribution_similarity", "fidelity", passed,
-                       f"SDS selected-public vs sensitive {value:.3f} ({limit}; defined as {DEFINITION})",
-                       {"sds": value, "definition": DEFINITION, "clusters": policy.sds_clusters,
-                        "n_public": len(pub), "n_sensitive": len(sen)})
+                       f"SDS selected-public vs sensitive {value:.3f} ({limit}; defined as {DEFINITION})", numbers)
+
+
+def run_sds(selected_public: ImageDataset, sensitive: ImageDataset, policy: AuditPolicy) -> CheckResult:
+    return check_sds(compute_sds(selected_public, sensitive, policy), policy)
