@@ -19,20 +19,23 @@ from accounting.errors import DataFormatError, InvalidParameterError
 KINDS = ("expectations", "attack", "fidelity", "utility")
 
 
-def jsonable(obj: Any) -> Any:
-    """Plain JSON data from numpy scalars/arrays and nested containers; non-finite floats -> None."""
+def jsonable(obj: Any, inf_as_text: bool = False) -> Any:
+    """Plain JSON data from numpy scalars/arrays and nested containers; non-finite floats -> None
+    (with `inf_as_text`, infinities -> "inf" / "-inf", e.g. epsilon = infinity in benchmark results)."""
     if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v, inf_as_text) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set)):
-        return [jsonable(v) for v in obj]
+        return [jsonable(v, inf_as_text) for v in obj]
     if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
+        return jsonable(obj.tolist(), inf_as_text)
     if isinstance(obj, (np.bool_, bool)):
         return bool(obj)
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, (np.floating, float)):
         v = float(obj)
+        if inf_as_text and math.isinf(v):
+            return "inf" if v > 0 else "-inf"
         return v if math.isfinite(v) else None
     if obj is None or isinstance(obj, (str, int)):
         return obj

@@ -34,15 +34,13 @@ def settings(quick: bool) -> dict:
                 n_samples=2000, sample_batch=1000)
 
 
-def downstream_accuracy(images: np.ndarray, labels: np.ndarray, test, device: torch.device, epochs: int = 5) -> float:
-    """Small CNN trained on (synthetic) images, accuracy on real held-out images."""
-    from synth.privimage.data import to_format, to_tensor
-    from synth.privimage.query import top_k_predictions, train_classifier
+def downstream_accuracy(images: np.ndarray, labels: np.ndarray, test, epochs: int = 5) -> float:
+    """The audit's downstream CNN (compute_utility) trained on (synthetic) images, accuracy on real held-out."""
+    from audit.policy import AuditPolicy
+    from audit.utility import compute_utility
 
-    x = to_tensor(to_format(images, 28, 1))
-    net = train_classifier(x, labels, 10, epochs=epochs, batch=64, seed=0, device=device)
-    pred = top_k_predictions(net, to_tensor(to_format(test.images, 28, 1)), 1, device)[:, 0]
-    return float((pred == test.labels).mean())
+    policy = AuditPolicy(cnn_epochs=epochs, utility_train_samples=len(images))
+    return compute_utility(images, labels, None, test, policy).release["cnn"]
 
 
 def step_time_ratio(cfg, device: torch.device, batch: int, reps: int = 5) -> tuple[float, float]:
@@ -104,11 +102,11 @@ def run(quick: bool = True, device: str = "auto") -> str:
                  f"{len(pub.label_set)} classes{'' if fashion_available() else '; Fashion-MNIST NOT installed'}); "
                  f"test: builtin:mnist5k-heldout ({len(test)}). delta = {DELTA:g}.")
     lines.append(f"Settings: {kw}, query_sigma = 20 (k = 1: with 10 sensitive and 20 public classes, k >= 2 "
-                 "selects every public class, selection ratio 1.0). Downstream: small CNN (2 conv + 2 FC), 5 epochs on the "
-                 "synthetic set, accuracy on the real held-out set.")
+                 "selects every public class, selection ratio 1.0). Downstream: the audit's small CNN (compute_utility), 5 "
+                 "epochs on the synthetic set, accuracy on the real held-out set.")
     lines.append("")
     t = time.time()
-    real = downstream_accuracy(sens.images, sens.labels, test, dev)
+    real = downstream_accuracy(sens.images, sens.labels, test)
     lines.append(f"Reference (non-private): the same CNN trained on the real sensitive set: accuracy {real:.3f} "
                  f"({time.time() - t:.0f} s).")
     lines.append("")
@@ -125,7 +123,7 @@ def run(quick: bool = True, device: str = "auto") -> str:
                 res = run_direct(store, "mnist5k", sens, pub, "privimage", cfg, run_id=f"bench-{mode}-{eps:g}",
                                     workdir=root / "run")
                 t_run = time.time() - t
-                acc = downstream_accuracy(res.images, res.labels, test, dev)
+                acc = downstream_accuracy(res.images, res.labels, test)
                 p, g = res.parameters, res.guarantee.as_dict()
                 sel = (f"{sum(len(v) for v in p['selected_public_classes'].values())} "
                        f"({p['selection_ratio']:.2f})" if mode == "semantic" else ("all (1.00)" if mode == "all"

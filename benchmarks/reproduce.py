@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -37,16 +36,10 @@ MODE_TEXT = {
 
 
 def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return "inf" if math.isinf(v) else v
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
+    """Results as JSON; epsilon = infinity kept as "inf" (read back by _unjson)."""
+    from audit.report import jsonable
+
+    return jsonable(x, inf_as_text=True)
 
 
 def _unjson(x: Any) -> Any:
@@ -105,6 +98,8 @@ def write_plots(results: dict[str, Any], out_dir: Path, grids: list[str]) -> dic
     if "privimage" in results:
         plots["privimage"] = rp.privimage_curves(results["privimage"], out_dir)
         plots["audit"] = rp.audit_roc(results["privimage"]["audit"], out_dir)
+        if results["privimage"].get("one_run"):
+            plots["one_run"] = rp.one_run_scores(results["privimage"]["one_run"], out_dir)
     if "ksalsa" in results:
         plots["ksalsa"] = rp.ksalsa_curves(results["ksalsa"], out_dir)
     return plots

@@ -16,10 +16,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from audit.fidelity import fid
-from audit.kanon_attacks import run_kanon_attacks
+from audit.fidelity import compute_fid
+from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
-from audit.utility import classifier_accuracies
+from audit.utility import compute_utility
 from synth.datasets import ImageDataset
 
 METHODS = (("k-Same-Pixel", "pixel", {}), ("k-Same-PCA", "pca", {}), ("k-Centroid", "centroid", {}),
@@ -38,12 +38,13 @@ def class_subset(data: ImageDataset, per_class: int) -> ImageDataset:
 
 def _evaluate(images: np.ndarray, labels: np.ndarray, clusters: list[np.ndarray], sens: ImageDataset,
               test: ImageDataset, k: int | None, s: dict) -> dict[str, Any]:
-    policy = AuditPolicy(cnn_epochs=s["cnn_epochs"], seed=s["seed"], feature_samples=s["attack_samples"])
-    acc = classifier_accuracies(images, labels, test.images, test.labels, 10, policy)
-    mem, reid = run_kanon_attacks(images, clusters, sens, test, k, policy)
-    return {"fid": fid(images, sens.images), "acc": acc,
-            "attack": mem.details["attack_precision"], "attack_by_space": mem.details["precision_by_space"],
-            "reid": reid.details["reid_rate"], "reid_chance": reid.details["chance"]}
+    policy = AuditPolicy(cnn_epochs=s["cnn_epochs"], seed=s["seed"], feature_samples=s["attack_samples"],
+                         utility_train_samples=len(images))
+    acc = dict(compute_utility(images, labels, None, test, policy).release)
+    attack = compute_kanon_attacks(images, clusters, sens, test, k, policy)
+    return {"fid": compute_fid(images, sens.images), "acc": acc,
+            "attack": attack.membership["attack_precision"], "attack_by_space": attack.membership["precision_by_space"],
+            "reid": attack.reid_rate, "reid_chance": attack.reid_chance}
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
@@ -74,8 +75,8 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
     rec_imgs = to_uint8(recon)
     ev = _evaluate(rec_imgs, sens.labels, [np.array([i]) for i in range(len(sens))], sens, test, None, s)
     out["reconstruction"] = {**ev, "mse_pm1": float(((recon - x) ** 2).mean())}
-    out["real_acc"] = classifier_accuracies(sens.images, sens.labels, test.images, test.labels, 10,
-                                            AuditPolicy(cnn_epochs=s["cnn_epochs"], seed=s["seed"]))
+    out["real_acc"] = dict(compute_utility(sens.images, sens.labels, None, test, AuditPolicy(
+        cnn_epochs=s["cnn_epochs"], seed=s["seed"], utility_train_samples=len(sens))).release)
     grid("ksalsa_reconstruction", rec_imgs, sens.labels)
     _log(f"ksalsa: reconstruction {out['reconstruction']['fid']:.2f}")
     net = EfficientNetStyleContent(device, base.feature_size, base.style_layers)

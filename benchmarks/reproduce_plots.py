@@ -95,3 +95,19 @@ def audit_roc(audit: list[dict[str, Any]], out_dir: Path) -> str:
     ax.set_xlabel("false positive rate"), ax.set_ylabel("true positive rate"), ax.legend(fontsize=7)
     ax.set_title("Loss-threshold MIA on the PrivImage UNet", fontsize=9)
     return _save(fig, out_dir / "audit_mia_roc.png")
+
+
+def one_run_scores(one_run: list[dict[str, Any]], out_dir: Path) -> str:
+    """Canary score distributions (included vs excluded) of the one-run audit at each epsilon."""
+    fig, axes = plt.subplots(1, len(one_run), figsize=(3.6 * len(one_run), 3.2), squeeze=False)
+    for ax, a in zip(axes[0], one_run):
+        both = np.r_[a["scores_in"], a["scores_out"]]
+        bins = np.linspace(both.min(), both.max(), 40) if both.max() > both.min() else 10
+        ax.hist(a["scores_out"], bins=bins, alpha=0.6, label="excluded")
+        ax.hist(a["scores_in"], bins=bins, alpha=0.6, label="included")
+        eps = "inf (noise off)" if math.isinf(a["epsilon"]) else f"{a['epsilon']:g}"
+        ax.set_title(f"eps {eps}: bound {a['eps_lower']:.2f}", fontsize=9)
+        ax.set_xlabel("canary score", fontsize=8)
+    axes[0][0].set_ylabel("canaries"), axes[0][0].legend(fontsize=7)
+    fig.suptitle("One-run audit of DP-SGD (Steinke et al. 2023): canaries included vs excluded", fontsize=9)
+    return _save(fig, out_dir / "audit_one_run_scores.png")

@@ -7,6 +7,7 @@ Audit: loss-threshold membership inference on the PrivImage models at epsilon in
 on the same UNet trained without DP (epsilon = infinity)."""
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -16,12 +17,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from audit.epsilon_bound import epsilon_lower_bound
-from audit.fidelity import fid
-from audit.images import sample_idx
-from audit.mia import attack_stats
+from audit.fidelity import compute_fid as fid
+from audit.images import audit_cache, sample_idx
+from audit.mia import compute_mia
 from audit.policy import AuditPolicy
-from audit.utility import classifier_accuracies
+from audit.utility import compute_utility
 from benchmarks.common import throwaway_store
 from synth.datasets import ImageDataset
 from synth.privimage.state import PRETRAIN
@@ -36,21 +36,49 @@ def _log(msg: str) -> None:
 
 
 def _accuracies(images: np.ndarray, labels: np.ndarray, test: ImageDataset, cnn_epochs: int, seed: int) -> dict:
-    policy = AuditPolicy(cnn_epochs=cnn_epochs, seed=seed)
-    return classifier_accuracies(images, labels, test.images, test.labels, 10, policy)
+    policy = AuditPolicy(cnn_epochs=cnn_epochs, seed=seed, utility_train_samples=len(images))
+    return dict(compute_utility(images, labels, None, test, policy).release)
 
 
 def _mia(loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], members: ImageDataset, nonmembers: ImageDataset,
          n: int, delta: float, seed: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    mem = members.subset(sample_idx(len(members), n, rng))
-    non = nonmembers.subset(sample_idx(len(nonmembers), n, rng))
-    ms, ns = -loss_fn(mem.images, mem.labels), -loss_fn(non.images, non.labels)  # score: low loss = member
-    stats = attack_stats(ms, ns)
-    bound = epsilon_lower_bound(ms, ns, delta, 0.95, seed=seed)
-    return {"n": len(mem), "auc": stats["auc"], "tpr_at_1pct_fpr": stats["tpr_at_1pct_fpr"],
-            "eps_lower": bound["eps_lower"], "eps_point": bound["eps_point"],
-            "roc": {"fpr": stats["fpr"].tolist(), "tpr": stats["tpr"].tolist()}}
+    """The audit's loss-threshold attack (compute_mia), in the shape the report reads."""
+    a = compute_mia(loss_fn, members, nonmembers, delta, AuditPolicy(mia_samples=n, seed=seed)).attacks["loss"]
+    return {"n": min(n, len(members), len(nonmembers)), "auc": a["auc"], "tpr_at_1pct_fpr": a["tpr_at_1pct_fpr"],
+            "eps_lower": a["epsilon_bound"]["eps_lower"], "eps_point": a["epsilon_bound"]["eps_point"],
+            "roc": {"fpr": np.asarray(a["roc"]["fpr"]).tolist(), "tpr": np.asarray(a["roc"]["tpr"]).tolist()}}
+
+
+def one_run_audits(runs: list[tuple[float, Any]], public: ImageDataset, canaries: int, seed: int) -> list[dict]:
+    """One-run audit (audit.dpsgd_audit) of dp_finetune at each audited run's DP-SGD settings, and at the
+    largest epsilon's settings with the noise switched off (epsilon = infinity): the separation plot."""
+    from audit.dpsgd_audit import compute_implementation_audit
+    from synth.privimage.training import dp_finetune
+
+    def no_noise(model, x, y, **kw):
+        return dp_finetune(model, x, y, **{**kw, "noise_multiplier": 0.0})
+
+    out = []
+    for eps, setting in runs + [(float("inf"), runs[-1][1])]:
+        audit = compute_implementation_audit(setting, public, trainer=None if math.isfinite(eps) else no_noise,
+                                             m=canaries, seed=seed)
+        b = audit.bound
+        out.append({"epsilon": eps, "claimed_epsilon": audit.claimed_epsilon if math.isfinite(eps) else float("inf"),
+                    "eps_lower": b.eps_lower, "max_certifiable": b.max_certifiable, "canaries": b.m,
+                    "gaussian_eps": audit.gaussian.eps, "seconds": audit.run.seconds,
+                    "scores_in": audit.run.scores[audit.run.included].tolist(),
+                    "scores_out": audit.run.scores[~audit.run.included].tolist()})
+        _log(f"one-run audit eps={eps:g}: bound {b.eps_lower:.2f} (ceiling {b.max_certifiable:.2f})")
+    return out
+
+
+def _dpsgd_setting(res, cfg, n: int):
+    from audit.dpsgd_audit import DpSgdSetting
+    from synth.privimage.plan import sample_rate_for
+
+    p = res.parameters
+    q = p.get("sample_rate") or sample_rate_for(n, cfg.batch_size)
+    return DpSgdSetting(q, p["noise_multiplier"], p["steps"], cfg.max_grad_norm, cfg.delta, cfg.lr, cfg.ema_decay)
 
 
 def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tmp: Path):
@@ -70,6 +98,11 @@ def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tm
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None) -> dict[str, Any]:
     """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining."""
+    with audit_cache():  # FID statistics of the sensitive set: computed once, dropped at the end
+        return _run(s, tmp, grid, samples_dir)
+
+
+def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -> dict[str, Any]:
     from synth.datasets import fashion_available, load_source, public_pool
     from release.runner import run_direct
     from synth.privimage import PrivImageConfig, per_sample_diffusion_loss
@@ -94,6 +127,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
     # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
     # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
     shared_pdp_pretrain: Path | None = None
+    audited: list[tuple[float, Any]] = []
     base = PrivImageConfig(epsilon=max(s["epsilons"]), delta=delta, device=str(dev), seed=seed,
                            query_sigma=s["query_sigma"], **pi)
     for eps in s["epsilons"]:
@@ -130,6 +164,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
                 m = _mia(lambda im, lb: per_sample_diffusion_loss(model_path, im, lb), sens, test,
                          s["mia_samples"], delta, seed)
                 out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
+                audited.append((eps, _dpsgd_setting(res, cfg, len(sens))))
                 _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
     # epsilon = infinity: the same UNet without DP, on the sensitive set
     t = time.time()
@@ -147,6 +182,8 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
                                    "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),
                                    "train_steps": s["nonprivate_steps"], "train_seconds": t_train}
     grid("privimage_nonprivate", imgs, labels)
+    if audited:
+        out["one_run"] = one_run_audits(audited, pub, s.get("one_run_canaries", 1000), seed)
     _log(f"non-private diffusion: {out['nonprivate_diffusion']}; audit {out['audit'][-1]['auc']:.3f}")
     out["seconds"] = time.time() - t_all
     return out

@@ -231,7 +231,28 @@ def audit_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -
     if plots.get("audit"):
         L.append(f"![{plots['audit']}](reproduction/{plots['audit']})")
         L.append("")
+    L += one_run_section(r.get("one_run") or [], plots)
     return "\n".join(L)
+
+
+def one_run_section(one_run: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
+    """The one-run audit of the DP-SGD implementation (audit.dpsgd_audit) at the audited runs' settings."""
+    if not one_run:
+        return []
+    L = ["### One-run audit of the DP-SGD implementation", "",
+         f"audit.dpsgd_audit (Steinke, Nasr & Jagielski 2023): dp_finetune at each audited run's q, sigma, steps and "
+         f"clipping, on public images plus {one_run[0]['canaries']} canaries (each included with probability 1/2); "
+         "eps = inf: the largest epsilon's settings with the noise switched off. The bound holds at 95%; the "
+         "ceiling is what all-correct guesses could certify with this many canaries.", ""]
+    rows = [["inf (noise off)" if math.isinf(a["epsilon"]) else f"{a['epsilon']:g}", _f(a["claimed_epsilon"]),
+             _f(a["eps_lower"]), _f(a["max_certifiable"]), _f(a["gaussian_eps"]), _f(a["seconds"], 0)]
+            for a in one_run]
+    L.append(md_table(["run epsilon", "DP-SGD epsilon charged", "one-run lower bound (95%)", "ceiling",
+                       "Gaussian estimate", "seconds"], rows))
+    L.append("")
+    if plots.get("one_run"):
+        L += [f"![{plots['one_run']}](reproduction/{plots['one_run']})", ""]
+    return L
 
 
 def _at_which(hits: list, ks: list) -> str:

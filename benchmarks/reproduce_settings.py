@@ -37,6 +37,7 @@ def settings(mode: str) -> dict[str, Any]:
         "nonprivate_steps": {"micro": 30, "cpu": 1200, "full": 20000}[mode],
         "nonprivate_batch": {"micro": 32, "cpu": 64, "full": 128}[mode],
         "mia_samples": {"micro": 100, "cpu": 500, "full": 1000}[mode],   # members and non-members each
+        "one_run_canaries": {"micro": 200, "cpu": 1000, "full": 2000}[mode],  # one-run DP-SGD audit
         "cnn_epochs": {"micro": 1, "cpu": 10, "full": 10}[mode],
         # k-SALSA: sensitive images per class, and KSalsaConfig overrides
         "ksalsa_per_class": {"micro": 10, "cpu": 100, "full": 400}[mode],

@@ -102,3 +102,18 @@ def test_results_json_roundtrip_keeps_infinity() -> None:
 def test_matching_digit_classes_counts_semantically_right_choices() -> None:
     chosen = {"0": ["digit 0"], "1": ["Trouser"], "2": ["digit 3", "digit 2"], "3": ["digit 8"]}
     assert matching_digit_classes(chosen) == 2
+
+
+def test_one_run_audit_separation_plot_and_table(tmp_path) -> None:
+    res = _toy_results(paper_order=True)
+    rng = np.random.default_rng(0)
+    res["privimage"]["one_run"] = [
+        {"epsilon": e, "claimed_epsilon": c, "eps_lower": lb, "max_certifiable": 5.2, "canaries": 200,
+         "gaussian_eps": lb + 0.5, "seconds": 3.0, "scores_in": (rng.normal(shift, 1, 100)).tolist(),
+         "scores_out": rng.normal(0, 1, 100).tolist()}
+        for e, c, lb, shift in ((1.0, 0.9, 0.0, 0.2), (10.0, 9.5, 0.8, 1.0), (math.inf, math.inf, 4.9, 8.0))]
+    plots = write_plots(res, tmp_path, [])
+    assert (tmp_path / plots["one_run"]).stat().st_size > 1000
+    md = build_report(res, plots)
+    assert "One-run audit of the DP-SGD implementation" in md and "inf (noise off)" in md
+    assert f"(reproduction/{plots['one_run']})" in md and "| 4.900 |" in md
