@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and write BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,ksalsa,verify]
+    python -m benchmarks [--full] [--only accounting,privimage,ksalsa,verify,audit]
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.common import machine, timer, today
 
 SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
-            "ksalsa": "benchmarks.ksalsa_bench", "verify": "benchmarks.verify_bench"}
+            "ksalsa": "benchmarks.ksalsa_bench", "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
