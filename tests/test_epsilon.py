@@ -85,7 +85,7 @@ def test_empty_history_costs_nothing():
 
 
 events_strategy = st.one_of(
-    st.builds(GaussianQuery, st.floats(0.1, 100), st.floats(0.1, 10), st.integers(1, 50)),
+    st.builds(GaussianQuery, st.floats(1.0, 100), st.floats(0.1, 10), st.integers(1, 50)),  # ratio >= 0.1
     st.builds(DpSgd, st.floats(1e-4, 1.0), st.floats(0.3, 20), st.integers(1, 10_000)),
     st.builds(NonPrivateRelease, st.text(max_size=20)),
 )
