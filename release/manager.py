@@ -21,6 +21,7 @@ from accounting.store import Store
 from release import keys, runner
 from release.data import load_registered
 from release.spec import Plan, ReleaseSpec, canonical
+from release.spec import digest as json_digest
 from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
 from synth.progress import ProgressFn, no_progress
@@ -31,7 +32,7 @@ TOOL = "privrelease"
 
 
 def plan_digest(plan: dict) -> str:
-    return hashlib.sha256(canonical(plan)).hexdigest()
+    return json_digest(plan)
 
 
 def _approval_message(release_id: str, digest: str, decision: str, acknowledge_non_dp: bool, key_id: str) -> bytes:
@@ -308,6 +309,8 @@ def release_dir(store: Store, release_id: str) -> Path:
 
 def _save_output(store: Store, release_id: str, result: runner.RunResult, mechanism: str) -> dict:
     """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived, internal)."""
+    from audit.report import jsonable
+
     out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
     arrays = {"images": o.images, "labels": o.labels}
@@ -317,19 +320,11 @@ def _save_output(store: Store, release_id: str, result: runner.RunResult, mechan
     internal = {**o.internal, "clusters": None if o.clusters is None else [c.tolist() for c in o.clusters],
                 "selected_public_indices": None if o.selected_public_indices is None
                 else o.selected_public_indices.tolist()}
-    (out / "internal.json").write_text(json.dumps(internal, default=_jsonable))
+    (out / "internal.json").write_text(json.dumps(jsonable(internal)))
     summary = {"mechanism": mechanism, "guarantee": result.guarantee.as_dict(), "parameters": dict(o.parameters),
                "executed_events": [event_to_json(e) for e in result.executed_events], "generator": o.generator,
                "artifacts": dict(o.artifacts), "count": int(len(o.images)), "charge_id": result.charge_id}
-    return json.loads(json.dumps(summary, default=_jsonable))
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    return str(obj)
+    return jsonable(summary)
 
 
 def load_release_data(store: Store, release_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

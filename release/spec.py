@@ -115,7 +115,10 @@ class ReleaseSpec:
 
 
 def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    """The audit trail's canonical JSON, as bytes (what digests and signatures cover)."""
+    from accounting.trail import canonical as trail_canonical
+
+    return trail_canonical(obj).encode()
 
 
 def digest(obj: Any) -> str:
