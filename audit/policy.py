@@ -40,7 +40,8 @@ class AuditPolicy:
     # must reach chance + min_utility_gain * (1 - chance), chance = the held-out majority-class rate.
     # Default 1/3 of the way from guessing to perfect (0.40 for 10 balanced classes): noise and
     # mode-collapsed releases score near chance, real MNIST-5k data about 0.9, so the gate refuses
-    # noise while leaving DP noise a wide margin. min_downstream_accuracy adds an absolute floor.
+    # noise while leaving DP noise a wide margin. min_downstream_accuracy adds an absolute floor; 0 or None
+    # turns the relative gate off (TOML has no null).
     min_utility_gain: float | None = 1 / 3
     min_downstream_accuracy: float | None = None
     max_fid: float | None = None                   # FID (EfficientNet-Lite0 features)
@@ -97,13 +98,13 @@ class AuditPolicy:
 
     def utility_threshold(self, chance: float) -> float | None:
         """Accuracy the release must reach, given the held-out majority-class rate; None = no gate."""
-        limits = [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain is not None else []
+        limits = [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain else []  # 0 = off
         limits += [self.min_downstream_accuracy] if self.min_downstream_accuracy is not None else []
         return max(limits) if limits else None
 
     @property
     def utility_gated(self) -> bool:
-        return self.min_utility_gain is not None or self.min_downstream_accuracy is not None
+        return bool(self.min_utility_gain) or self.min_downstream_accuracy is not None
 
 
 # What the utility gate reveals, for the dataset card (the publication decision depends on it).

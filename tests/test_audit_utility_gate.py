@@ -20,6 +20,8 @@ def test_default_gate_threshold_is_a_third_of_the_way_from_chance():
     assert p.utility_threshold(0.1) == pytest.approx(0.4)
     assert AuditPolicy(min_downstream_accuracy=0.7).utility_threshold(0.1) == pytest.approx(0.7)
     assert AuditPolicy(min_utility_gain=None).utility_threshold(0.1) is None
+    off = AuditPolicy.from_dict({"min_utility_gain": 0.0})  # TOML has no null: 0 turns the gate off
+    assert off.utility_threshold(0.1) is None and not off.utility_gated
 
 
 def test_noise_release_fails_the_default_gate(data):
