@@ -117,6 +117,32 @@ def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_no
     assert ledger.budget(store, "mnist").charges == []
 
 
+HOLDER = """
+import sys, time
+from accounting.store import Store, Workspace
+from release import runner
+runner.acquire_lease(Store(Workspace(sys.argv[1])), "rel-z", "alice")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_lease_survives_in_the_store_and_a_killed_holder_is_taken_over(store):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.workspace.root)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(runner.RunInProgressError, match=f"pid {holder.pid}"):
+            runner.acquire_lease(store, "rel-z", "bob")  # another process holds it
+    finally:
+        holder.kill()  # SIGKILL: no chance to release the lease
+        holder.wait()
+    taken = runner.acquire_lease(store, "rel-z", "bob")
+    taken.release()
+    takeovers = [e["payload"] for e in trail.entries(store) if e["action"] == "run.lease_takeover"]
+    assert [t["previous_pid"] for t in takeovers] == [holder.pid]
+
+
 # ------------------------------------------------------------------ what runs is what was signed
 def _spec(k=1, policy=None, public="builtin:uci-digits"):
     return {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
