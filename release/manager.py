@@ -400,6 +400,25 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
     return audit_release(store, release_id, ident.name, progress, data=data, public=public)
 
 
+def abandon_release(store: Store, release_id: str, actor: str) -> dict:
+    """Settle a failed release that will not be resumed: refunded if it never read sensitive data,
+    else the DP-SGD steps it started (write-ahead counter) and every re-charge stay charged and the
+    unexecuted remainder is released. It can no longer be resumed."""
+    ident = _steward(store, actor)
+    rel = get_release(store, release_id)
+    if rel["state"] != "failed":
+        raise LedgerStateError(f"Release {release_id} is {rel['state']}; only a failed release can be abandoned.")
+    plan = Plan.from_json(rel["plan"])
+    ds = ledger.get_dataset(store, plan.dataset_id)
+    charge = runner.abandon(store, run_id=release_id, dataset=ds.name, plan=plan.mechanism_view(),
+                            workdir=release_dir(store, release_id) / "work", actor=ident.name)
+    state = charge.state if charge else "none"
+    with store.transaction() as con:
+        _set_state(con, store, release_id, ("failed",), "failed", ident.name, "release.abandon",
+                   {"charge_state": state}, reason=f"abandoned by {ident.name} (charge {state})")
+    return get_release(store, release_id)
+
+
 def audit_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, *,
                   data: ImageDataset | None = None, public: ImageDataset | None = None) -> dict:
     """Run every check on a synthesised release and store the (internal) report."""

@@ -117,6 +117,34 @@ def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_no
     assert ledger.budget(store, "mnist").charges == []
 
 
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp_path):
+    store = small[0]
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(_spec()))
+    rid = _approved(store, path)
+
+    def crash_at_step_3(stage, done, total):
+        if stage == "DP fine-tuning" and done == 3:
+            raise Crash("power cut")
+
+    with pytest.raises(Crash):
+        manager.run_release(store, rid, "alice", crash_at_step_3)
+    assert manager.get_release(store, rid)["state"] == "failed"
+    planned = ledger.get_charge(store, rid)
+    assert planned.state == "reserved"  # it read the data: counted in full until resumed or abandoned
+    rel = manager.abandon_release(store, rid, "alice")
+    charge = ledger.get_charge(store, rid)
+    assert charge.state == "committed" and "abandoned by alice" in rel["reason"]
+    assert [e.steps for e in charge.charged_events if isinstance(e, DpSgd)] == [3]
+    assert any(e["action"] == "release.abandon" for e in trail.entries(store))
+    with pytest.raises(Exception, match="already settled"):  # no silent re-run on a settled charge
+        manager.run_release(store, rid, "alice")
+
+
 HOLDER = """
 import sys, time
 from accounting.store import Store, Workspace

@@ -106,6 +106,13 @@ def run(release_id: str, actor: str = AS) -> None:
     _print_outcome(rel)
 
 
+@app.command("abandon")
+def abandon(release_id: str, actor: str = AS) -> None:
+    """Settle a failed release for good: refunded if it never read the data, else the steps it started stay charged."""
+    rel = manager.abandon_release(store(), release_id, _actor(actor))
+    console.print(f"[yellow]Abandoned[/] {release_id}: {rel['reason']}")
+
+
 def _print_outcome(rel: dict) -> None:
     from audit import load_report
 
