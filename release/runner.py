@@ -13,6 +13,7 @@ force and its lost steps are charged again before they are re-executed.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -135,11 +136,20 @@ def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
 
 
 # ------------------------------------------------------------------ the context a mechanism runs in
+def public_cache_dir(store: Store) -> Path:
+    """Where mechanisms keep what they computed from PUBLIC data only (pre-trained models), shared by
+    every release of the workspace: PRIVRELEASE_CACHE if set, else <workspace>/cache."""
+    env = os.environ.get("PRIVRELEASE_CACHE")
+    return Path(env) if env else store.workspace.root / "cache"
+
+
 class _Context:
     def __init__(self, store: Store, lease: Lease, dataset: str, plan: MechanismPlan, workdir: Path,
                  progress: ProgressFn, public: ImageDataset, actor: str) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
+        self.cache_dir = public_cache_dir(store)
+
 
     @property
     def charge_id(self) -> str:
@@ -182,8 +192,8 @@ def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
                                    "cannot be recomputed without a new charge. Plan a new release.")
         if charge is None or charge.state == "reserved":
             return current
-    attempts = [c for c in ledger.budget(store, dataset).charges
-                if c.run_id == lease.run_id or c.run_id.startswith(f"{lease.run_id}:attempt-")]
+    attempt = re.compile(rf"{re.escape(lease.run_id)}(:attempt-\d+)?")  # not their redo charges
+    attempts = [c for c in ledger.budget(store, dataset).charges if attempt.fullmatch(c.run_id)]
     new = lease.run_id if not attempts else f"{lease.run_id}:attempt-{len(attempts) + 1}"
     lease.row = lease.update(charge_id=new, accessed=False)
     return new
