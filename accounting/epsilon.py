@@ -5,13 +5,13 @@ relation is used throughout (the privacy unit is one record), as in opacus' DP-S
 """
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Union
 
 import dp_accounting
-from absl import logging as absl_logging
 from dp_accounting import dp_event as dpe
 
 from accounting.events import MechanismEvent, compose
@@ -23,17 +23,28 @@ PLD_DISCRETIZATION = 1e-4
 
 
 
+class _ConvergenceNoise(logging.Filter):
+    """dp-accounting logs "failed to converge" at WARNING while its bracketing search probes extreme
+    orders (the order is then excluded, which is conservative); that fills the terminal during
+    calibration. Only these records are dropped; absl's level is left as the process set it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in record.getMessage()
+
+
+_CONVERGENCE_NOISE = _ConvergenceNoise()
+
+
+def _drop_convergence_noise() -> None:
+    logging.getLogger("absl").addFilter(_CONVERGENCE_NOISE)  # idempotent: the same filter object
+
+
 @contextmanager
 def quiet_absl() -> Iterator[None]:
-    """dp-accounting logs "failed to converge" at WARNING while its bracketing search probes extreme
-    orders; that is expected and fills the terminal during calibration. Silenced only while we compute
-    (the process's logging is left as it was)."""
-    before = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    try:
-        yield
-    finally:
-        absl_logging.set_verbosity(before)
+    """Around dp-accounting calls that do not go through rdp_accountant()."""
+    _drop_convergence_noise()
+    yield
+
 
 History = Union[dpe.DpEvent, Iterable[MechanismEvent]]
 
@@ -43,6 +54,7 @@ def _as_dp_event(history: History) -> dpe.DpEvent:
 
 
 def rdp_accountant() -> dp_accounting.rdp.RdpAccountant:
+    _drop_convergence_noise()
     return dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
 
 
