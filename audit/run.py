@@ -120,10 +120,65 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
         return _run_audit(inputs, policy, progress)
 
 
-def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
-    from audit.expectations import build_suite, release_table, validate_table
+def _training_distances(images: np.ndarray, sens: ImageDataset) -> tuple[bool, np.ndarray, np.ndarray]:
+    """(usable, d_tr, idx_tr): pixel distances to the nearest training image, for the release table and
+    the memorisation check; `usable` = non-empty uint8 images of the sensitive set's shape."""
     from audit.images import rms_nearest
 
+    usable = images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
+    if usable:
+        return True, *rms_nearest(images, sens.images)
+    if images.shape[1:] == sens.images.shape[1:] and len(images) > 0:  # e.g. float pixels: table stays informative
+        with np.errstate(invalid="ignore"):
+            clean = np.clip(np.nan_to_num(images.astype(np.float64)), 0, 255).astype(np.uint8)
+        return False, *rms_nearest(clean, sens.images)
+    return False, np.full(len(images), np.nan), np.zeros(len(images), np.int64)
+
+
+def _expectations(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, d_tr: np.ndarray) -> list[CheckResult]:
+    from audit.expectations import build_suite, release_table, validate_table
+
+    sens = inputs.sensitive
+    table = release_table(images, labels, inputs.ids, inputs.record_fingerprint_key, d_tr)
+    suite = build_suite(inputs.expected_count, inputs.label_set, sens.image_shape,
+                        record_fingerprints(inputs.record_fingerprint_key, sens.images))
+    return validate_table(table, suite)
+
+
+def _attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None) -> list[CheckResult]:
+    sens, ho = inputs.sensitive, inputs.heldout
+    if inputs.mechanism != "privimage":
+        if inputs.clusters is None:
+            return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
+        from audit.kanon_attacks import run_kanon_attacks
+        return _guard("kanon_attacks", "attack", lambda: run_kanon_attacks(
+            images, inputs.clusters, sens, ho, inputs.k, policy))
+    out: list[CheckResult] = []
+    if inputs.loss_fn is None:
+        out.append(_cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy))
+    elif ho is None:
+        out.append(_cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy))
+    else:
+        from audit.mia import run_mia
+        out += _guard("membership_inference", "attack", lambda: run_mia(
+            inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art, inputs.reference_loss_fns))
+    if inputs.dpsgd is not None and policy.one_run_canaries is not None:
+        out += _guard("dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy))
+    return out
+
+
+def _utility(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy) -> list[CheckResult]:
+    if inputs.heldout is None:
+        gate = ("; the utility gate needs real held-out images: give `heldout = \"PATH\"` in [release] (README: "
+                "Walkthrough of a release)") if policy.utility_gated else ""
+        return [CheckResult("downstream_accuracy", "utility", False if policy.utility_gated else None,
+                            "not run: no held-out test data" + gate, {"reason": "no held-out data"})]
+    from audit.utility import run_utility
+    return _guard("downstream_accuracy", "utility",
+                  lambda: run_utility(images, labels, inputs.sensitive, inputs.heldout, policy))
+
+
+def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
     policy = policy or AuditPolicy()
     inputs.validate()
     images, labels = np.asarray(inputs.images), np.asarray(inputs.labels).astype(np.int64)
@@ -136,21 +191,9 @@ def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: Progre
     def tick(stage: str) -> None:
         progress(stage, next(step), len(stages))
 
-    # the pixel distances serve both the release table and the memorisation check
-    usable = images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
-    if usable:
-        d_tr, idx_tr = rms_nearest(images, sens.images)
-    elif images.shape[1:] == sens.images.shape[1:] and len(images) > 0:  # e.g. float pixels: table stays informative
-        with np.errstate(invalid="ignore"):
-            clean = np.clip(np.nan_to_num(images.astype(np.float64)), 0, 255).astype(np.uint8)
-        d_tr, idx_tr = rms_nearest(clean, sens.images)
-    else:
-        d_tr, idx_tr = np.full(len(images), np.nan), np.zeros(len(images), np.int64)
+    usable, d_tr, idx_tr = _training_distances(images, sens)
     tick("expectations")
-    table = release_table(images, labels, inputs.ids, inputs.record_fingerprint_key, d_tr)
-    suite = build_suite(inputs.expected_count, inputs.label_set, sens.image_shape,
-                        record_fingerprints(inputs.record_fingerprint_key, sens.images))
-    report.results += validate_table(table, suite)
+    report.results += _expectations(inputs, images, labels, d_tr)
     if not usable:  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
         report.results.append(CheckResult(
             "release_readable", "expectations", False,
@@ -158,50 +201,17 @@ def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: Progre
             f"{sens.image_shape} (got {images.dtype}, {images.shape})", {}))
         progress("done", len(stages), len(stages))
         return report
-
     tick("memorisation")
     from audit.memorisation import run_memorisation
     report.results += _guard("memorisation_dcr", "attack",
                              lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art))
-
     tick("attacks")
-    if inputs.mechanism == "privimage":
-        if inputs.loss_fn is None:
-            report.results.append(_cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy))
-        elif ho is None:
-            report.results.append(_cannot_run("membership_inference", "attack", "no held-out (non-member) data",
-                                              policy))
-        else:
-            from audit.mia import run_mia
-            report.results += _guard("membership_inference", "attack", lambda: run_mia(
-                inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art,
-                inputs.reference_loss_fns))
-        if inputs.dpsgd is not None and policy.one_run_canaries is not None:
-            report.results += _guard("dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy))
-    else:
-        if inputs.clusters is None:
-            report.results.append(_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy))
-        else:
-            from audit.kanon_attacks import run_kanon_attacks
-            report.results += _guard("kanon_attacks", "attack", lambda: run_kanon_attacks(
-                images, inputs.clusters, sens, ho, inputs.k, policy))
-
+    report.results += _attacks(inputs, images, policy, art)
     tick("fidelity")
     from audit.fidelity import CHECK_FID, run_fidelity
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
-
     tick("utility")
-    if ho is None:
-        report.results.append(CheckResult("downstream_accuracy", "utility",
-                                          False if policy.utility_gated else None,
-                                          "not run: no held-out test data" + (
-                                              "; the utility gate needs real held-out images: give `heldout = "
-                                              "\"PATH\"` in [release] (README: Walkthrough of a release)"
-                                              if policy.utility_gated else ""), {"reason": "no held-out data"}))
-    else:
-        from audit.utility import run_utility
-        report.results += _guard("downstream_accuracy", "utility", lambda: run_utility(images, labels, sens, ho,
-                                                                                       policy))
+    report.results += _utility(inputs, images, labels, policy)
     tick("sds")
     if inputs.selected_public is not None:
         from audit.sds import run_sds
