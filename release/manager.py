@@ -373,6 +373,8 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
     if rel["state"] not in ("approved", "failed", "running"):
         raise LedgerStateError(f"Release {release_id} is {rel['state']}; only an approved (or failed) release runs.")
     approval = verified_approval(store, rel)
+    if rel["result"] is not None:  # synthesised and settled; only the audit was interrupted: audit it
+        return audit_release(store, release_id, ident.name, progress)
     plan, spec, ds, data, public = _bound_inputs(store, rel)
     mech = registry.get(plan.mechanism)
     config = mechanism_config(spec, ds)

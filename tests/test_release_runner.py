@@ -145,6 +145,32 @@ def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp
         manager.run_release(store, rid, "alice")
 
 
+def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(small, tmp_path):
+    store = small[0]
+    spec = {"release": {"dataset": "mnist", "mechanism": "ksalsa"},
+            "ksalsa": {"k": 4, "preset": "tiny", "public": "builtin:uci-digits"},
+            "policy": {"mia_samples": 20, "feature_samples": 40, "fid_samples": 40, "utility_train_samples": 60,
+                       "cnn_epochs": 1}}
+    path = tmp_path / "rel.toml"
+    path.write_text(tomli_w.dumps(spec))
+    rel = manager.create_plan(store, ReleaseSpec.from_toml(path), "alice")
+    rid = rel["release_id"]
+    manager.approve(store, rid, "alice", digest=rel["plan_digest"], acknowledge_non_dp=True)
+
+    def crash_in_audit(stage, done, total):
+        if stage == "expectations":
+            raise Crash("killed during the audit")
+
+    with pytest.raises(Crash):
+        manager.run_release(store, rid, "alice", crash_in_audit)
+    assert manager.get_release(store, rid)["result"] is not None
+    assert ledger.get_charge(store, rid).state == "committed"
+    rel = manager.run_release(store, rid, "alice")
+    assert rel["state"] == "checked"
+    assert [c.run_id for c in ledger.budget(store, "mnist").charges] == [rid]  # charged once
+    assert sum(e["action"] == "run.sensitive_access" for e in trail.entries(store)) == 1  # not run again
+
+
 HOLDER = """
 import sys, time
 from accounting.store import Store, Workspace
