@@ -97,6 +97,7 @@ class RunContext(Protocol):
     progress: ProgressFn
     public: ImageDataset
     plan: MechanismPlan
+    cache_dir: Path | None  # for results computed from public data only, shared across releases
 
     def on_sensitive_access(self) -> None:
         """Call just before the first read of sensitive data: from then on a failure is not refunded."""

@@ -29,7 +29,7 @@ from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes, top_k_predictions,
                                    train_classifier)
 from synth.privimage.sampling import balanced_labels, sample_images
-from synth.privimage.training import dp_finetune, pretrain
+from synth.privimage.training import dp_finetune, pretrain_cached
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 assert state.WAL == registry.STEP_COUNTER  # dp_finetune writes the runner's write-ahead counter
@@ -122,31 +122,35 @@ def plan(config: PrivImageConfig, dataset: DatasetInfo, prior: Sequence[Mechanis
                          parameters=config.as_dict(), detail=p.to_json())
 
 
-def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivImageConfig, workdir: Path,
-                    progress) -> _Prepared:
+def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivImageConfig, ctx: RunContext
+                    ) -> _Prepared:
     """Public data only: label sets and channel count of the sensitive set are registered metadata."""
     device = pick_device(config.device)
     label_values, channels, public_values = sensitive.label_set, channels_of(sensitive), public.label_set
     pub_x = to_tensor(to_format(public.images, config.image_size, channels))
     pub_y = label_index(public.labels, public_values)
     classifier = None
-    if config.selection == "semantic" and not (workdir / state.QUERY).exists():
+    if config.selection == "semantic" and not (ctx.workdir / state.QUERY).exists():
         torch.manual_seed(config.seed)
         classifier = train_classifier(pub_x, pub_y, len(public_values), epochs=config.classifier_epochs,
                                       batch=config.classifier_batch, seed=config.seed, device=device,
-                                      progress=progress, augmented=True)
+                                      progress=ctx.progress, augmented=True)
     torch.manual_seed(config.seed)
     model = make_unet(config.image_size, channels, len(label_values), config.unet_channels, config.layers_per_block)
     if config.selection == "all":  # PDP-Diffusion-style: unconditional ("null" class) pre-training on everything
         null = torch.full((len(pub_x),), len(label_values), dtype=torch.long)
-        model = _pretrain(model, pub_x, null, config, device, workdir, progress)
+        model = _pretrain(model, pub_x, null, config, device, ctx)
     return _Prepared(device, label_values, channels, public_values, pub_x, pub_y, classifier, model)
 
 
-def _pretrain(model, x, y, config: PrivImageConfig, device, workdir: Path, progress):
-    return pretrain(model, x, y, steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
-                    train_timesteps=config.train_timesteps, seed=config.seed, device=device,
-                    ckpt=workdir / state.PRETRAIN, progress=progress)
+def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
+    """Public data only: a model pre-trained on the same public images with the same settings is reused
+    from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
+    return pretrain_cached(model, x, y, cache_dir=getattr(ctx, "cache_dir", None),
+                           workdir_ckpt=ctx.workdir / state.PRETRAIN, steps=config.pretrain_steps,
+                           batch=config.pretrain_batch, lr=config.pretrain_lr, train_timesteps=config.train_timesteps,
+                           seed=config.seed, device=device, progress=ctx.progress, augment=config.pretrain_augment,
+                           label_dropout=config.label_dropout)
 
 
 def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivImageConfig, p: PrivImagePlan,
@@ -171,7 +175,7 @@ def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivIma
     named = {(sensitive.class_names[v] if v < len(sensitive.class_names) else str(v)): [pub_name(j) for j in cols]
              for v, cols in zip(prep.label_values, selection.chosen)}
     prep.model = _pretrain(prep.model, prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels),
-                           config, prep.device, ctx.workdir, ctx.progress)
+                           config, prep.device, ctx)
     info = {"selected_public_classes": named, "selection_ratio": selection.ratio,
             "selected_images": int(len(selection.public_index)), "noisy_histogram": query["noisy_histogram"]}
     return info, np.asarray(selection.public_index, dtype=np.int64)
@@ -183,7 +187,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         raise InvalidParameterError(f"The plan was made for {p.record_count} records but the sensitive set has "
                                     f"{len(data)}; re-plan.")
     t0 = time.time()
-    prep = _prepare_public(data, ctx.public, config, ctx.workdir, ctx.progress)
+    prep = _prepare_public(data, ctx.public, config, ctx)
     ctx.on_sensitive_access()  # from here on, failures stay charged
     sens_x = to_tensor(to_format(data.images, config.image_size, prep.channels))
     sens_y = label_index(data.labels, prep.label_values)
@@ -196,7 +200,8 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         steps=p.steps, batch_size=config.batch_size, max_physical_batch=config.max_physical_batch,
         max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
         train_timesteps=config.train_timesteps, seed=config.seed, device=prep.device, workdir=ctx.workdir,
-        ckpt_every=config.checkpoint_every, on_resume=ctx.charge_lost_steps, progress=ctx.progress)
+        ckpt_every=config.checkpoint_every, on_resume=ctx.charge_lost_steps, progress=ctx.progress,
+        optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable)
     del sens_x
     t_dp = time.time()
     images, labels, model_dir = _sample(outcome.weights, data, config, prep, ctx)
@@ -220,7 +225,8 @@ def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _P
     positions = balanced_labels(config.n_samples, len(prep.label_values))
     images = sample_images(model, positions, image_size=config.image_size, channels=prep.channels,
                            train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
-                           batch=config.sample_batch, seed=config.seed, device=prep.device, progress=ctx.progress)
+                           batch=config.sample_batch, seed=config.seed, device=prep.device, progress=ctx.progress,
+                           guidance=config.guidance)
     return images, np.asarray(prep.label_values, dtype=np.int64)[positions], model_dir
 
 
@@ -231,7 +237,9 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "noise_multiplier": p.noise_multiplier, "sample_rate": p.sample_rate, "steps": p.steps,
         "expected_batch_size": p.expected_batch, "max_physical_batch": config.max_physical_batch,
         "max_grad_norm": config.max_grad_norm, "image_size": config.image_size, "channels": prep.channels,
-        "lr": config.lr, "ema_decay": config.ema_decay,
+        "lr": config.lr, "ema_decay": config.ema_decay, "dp_optimizer": config.dp_optimizer,
+        "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
+        "pretrain_augment": config.pretrain_augment, "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0, "ddim_steps": config.ddim_steps,
         "n_samples": config.n_samples, "unet_channels": list(config.unet_channels), "target_epsilon": config.epsilon,
         "delta": config.delta, **selection_info,
