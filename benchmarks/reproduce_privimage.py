@@ -102,12 +102,57 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = N
         return _run(s, tmp, grid, samples_dir)
 
 
+def _real_reference(sens: ImageDataset, test: ImageDataset, n_fake: int, s: dict[str, Any]) -> dict[str, Any]:
+    """Real data (the non-private upper bound) and the FID floor of real held-out images."""
+    t = time.time()
+    rng = np.random.default_rng(s["seed"])
+    real = {"acc": _accuracies(sens.images, sens.labels, test, s["cnn_epochs"], s["seed"]),
+            "fid_heldout": fid(test.images[sample_idx(len(test), n_fake, rng)], sens.images),
+            "seconds": time.time() - t}
+    _log(f"privimage: real reference done {real}")
+    return real
+
+
+def _row(res, eps: float, name: str, mode: str, t_run: float, sens: ImageDataset, test: ImageDataset,
+         s: dict[str, Any]) -> dict[str, Any]:
+    """One table row: the run's guarantee and parameters, FID and downstream accuracy (audit compute_*)."""
+    p, g = res.parameters, res.guarantee.as_dict()
+    return {"epsilon": eps, "method": name, "selection": mode, "eps_rdp": g["epsilon_rdp"],
+            "eps_pld": g["epsilon_pld"], "noise_multiplier": p["noise_multiplier"], "steps": p["steps"],
+            "selection_ratio": p.get("selection_ratio", 1.0 if mode == "all" else None),
+            "selected": p.get("selected_public_classes"), "seconds_run": t_run, "fid": fid(res.images, sens.images),
+            "acc": _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])}
+
+
+def _nonprivate(out: dict[str, Any], sens: ImageDataset, test: ImageDataset, base, s: dict[str, Any],
+                dev: torch.device, tmp: Path, grid: GridFn) -> None:
+    """epsilon = infinity: the same UNet without DP, on the sensitive set (audit row and sample quality)."""
+    from synth.privimage import per_sample_diffusion_loss
+    from synth.privimage.sampling import balanced_labels, sample_images
+
+    seed = s["seed"]
+    t = time.time()
+    model = _nonprivate_model(sens, base, s, dev, tmp)
+    t_train = time.time() - t
+    T = base.train_timesteps
+    m = _mia(lambda im, lb: per_sample_diffusion_loss(model, im, lb, train_timesteps=T), sens, test,
+             s["mia_samples"], s["delta"], seed)
+    out["audit"].append({"epsilon": float("inf"), **m, "seconds": time.time() - t, "train_seconds": t_train})
+    pos = balanced_labels(s["privimage"]["n_samples"], 10)
+    imgs = sample_images(model, pos, image_size=base.image_size, channels=1, train_timesteps=T,
+                         ddim_steps=base.ddim_steps, batch=base.sample_batch, seed=seed, device=dev)
+    labels = np.asarray(sens.label_set, dtype=np.int64)[pos]
+    out["nonprivate_diffusion"] = {"fid": fid(imgs, sens.images),
+                                   "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),
+                                   "train_steps": s["nonprivate_steps"], "train_seconds": t_train}
+    grid("privimage_nonprivate", imgs, labels)
+
+
 def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -> dict[str, Any]:
     from synth.datasets import fashion_available, load_source, public_pool
     from release.runner import run_direct
     from synth.privimage import PrivImageConfig, per_sample_diffusion_loss
     from synth.privimage.data import pick_device
-    from synth.privimage.sampling import balanced_labels, sample_images
 
     t_all = time.time()
     dev = pick_device("auto")
@@ -116,13 +161,7 @@ def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -
     out: dict[str, Any] = {"device": str(dev), "n_sensitive": len(sens), "n_test": len(test), "public": pub.source,
                            "n_public": len(pub), "public_classes": len(pub.label_set),
                            "fashion_installed": fashion_available(), "rows": [], "audit": []}
-    n_fake = pi["n_samples"]
-    # Reference rows: real data (the non-private upper bound) and the FID floor of real held-out images.
-    t = time.time()
-    out["real"] = {"acc": _accuracies(sens.images, sens.labels, test, s["cnn_epochs"], seed),
-                   "fid_heldout": fid(test.images[sample_idx(len(test), n_fake, np.random.default_rng(seed))],
-                                      sens.images), "seconds": time.time() - t}
-    _log(f"privimage: real reference done {out['real']}")
+    out["real"] = _real_reference(sens, test, pi["n_samples"], s)
     # The PDP-Diffusion-style pre-training reads public data only and does not depend on epsilon: train it
     # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
     # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
@@ -147,13 +186,7 @@ def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -
                 np.savez_compressed(samples_dir / f"{mode}-eps{eps:g}.npz", images=res.images, labels=res.labels)
             if mode == "all" and shared_pdp_pretrain is None:
                 shared_pdp_pretrain = root / "run" / PRETRAIN
-            p, g = res.parameters, res.guarantee.as_dict()
-            row = {"epsilon": eps, "method": name, "selection": mode, "eps_rdp": g["epsilon_rdp"],
-                   "eps_pld": g["epsilon_pld"], "noise_multiplier": p["noise_multiplier"], "steps": p["steps"],
-                   "selection_ratio": p.get("selection_ratio", 1.0 if mode == "all" else None),
-                   "selected": p.get("selected_public_classes"), "seconds_run": t_run,
-                   "fid": fid(res.images, sens.images),
-                   "acc": _accuracies(res.images, res.labels, test, s["cnn_epochs"], seed)}
+            row = _row(res, eps, name, mode, t_run, sens, test, s)
             out["rows"].append(row)
             _log(f"privimage eps={eps:g} {name}: fid {row['fid']:.2f} acc {row['acc']} ({t_run:.0f} s)")
             if eps == max(s["epsilons"]):
@@ -166,22 +199,7 @@ def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -
                 out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
                 audited.append((eps, _dpsgd_setting(res, cfg, len(sens))))
                 _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
-    # epsilon = infinity: the same UNet without DP, on the sensitive set
-    t = time.time()
-    model = _nonprivate_model(sens, base, s, dev, tmp)
-    t_train = time.time() - t
-    T = base.train_timesteps
-    m = _mia(lambda im, lb: per_sample_diffusion_loss(model, im, lb, train_timesteps=T), sens, test,
-             s["mia_samples"], delta, seed)
-    out["audit"].append({"epsilon": float("inf"), **m, "seconds": time.time() - t, "train_seconds": t_train})
-    pos = balanced_labels(n_fake, 10)
-    imgs = sample_images(model, pos, image_size=base.image_size, channels=1, train_timesteps=T,
-                         ddim_steps=base.ddim_steps, batch=base.sample_batch, seed=seed, device=dev)
-    labels = np.asarray(sens.label_set, dtype=np.int64)[pos]
-    out["nonprivate_diffusion"] = {"fid": fid(imgs, sens.images),
-                                   "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),
-                                   "train_steps": s["nonprivate_steps"], "train_seconds": t_train}
-    grid("privimage_nonprivate", imgs, labels)
+    _nonprivate(out, sens, test, base, s, dev, tmp, grid)
     if audited:
         out["one_run"] = one_run_audits(audited, pub, s.get("one_run_canaries", 1000), seed)
     _log(f"non-private diffusion: {out['nonprivate_diffusion']}; audit {out['audit'][-1]['auc']:.3f}")
