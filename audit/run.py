@@ -9,17 +9,19 @@ import math
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import record_fingerprints
-from audit.dpsgd_audit import DpSgdSetting
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
+
+if TYPE_CHECKING:  # torch-heavy: imported only where the one-run audit runs
+    from audit.dpsgd_audit import DpSgdSetting
 
 MECHANISMS = ("privimage", "ksalsa")
 
