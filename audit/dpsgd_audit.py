@@ -60,6 +60,16 @@ class DpSgdSetting:
                                         f"(0, 1); got {self.noise_multiplier}, {self.max_grad_norm}, {self.steps}, "
                                         f"{self.delta}.")
 
+    @classmethod
+    def from_plan(cls, detail: dict[str, Any], config: dict[str, Any]) -> "DpSgdSetting | None":
+        """From a stored plan's mechanism detail (sample_rate, noise_multiplier, steps) and config
+        (max_grad_norm, delta, lr, ema_decay); None when the plan runs no DP-SGD (e.g. k-SALSA)."""
+        if not all(k in detail for k in ("sample_rate", "noise_multiplier", "steps")):
+            return None
+        return cls(float(detail["sample_rate"]), float(detail["noise_multiplier"]), int(detail["steps"]),
+                   float(config["max_grad_norm"]), float(config["delta"]), float(config.get("lr", 1e-3)),
+                   float(config.get("ema_decay", 0.999)), "the release's planned DP-SGD")
+
     @property
     def claimed_epsilon(self) -> float:
         """RDP epsilon the ledger charges for this DP-SGD run alone (the reference accountant)."""

@@ -52,6 +52,18 @@ def test_perfect_separation_reaches_the_ceiling_and_bad_input_is_refused():
         DpSgdSetting(0.3, 1.0, 10, 1.0, 1e-5)
 
 
+def test_setting_from_a_stored_plan():
+    from synth.privimage import PrivImageConfig
+    from synth.privimage.plan import plan_privimage
+
+    cfg = PrivImageConfig.demo(epsilon=8.0, delta=1e-5)
+    plan = plan_privimage(cfg, 4000)
+    s = DpSgdSetting.from_plan(plan.to_json(), cfg.as_dict())
+    assert (s.sample_rate, s.noise_multiplier, s.steps) == (plan.sample_rate, plan.noise_multiplier, plan.steps)
+    assert s.max_grad_norm == cfg.max_grad_norm and s.claimed_epsilon <= 8.0
+    assert DpSgdSetting.from_plan({"k": 5}, {}) is None
+
+
 def test_gdp_epsilon_known_values():
     assert gdp_epsilon(0.0, 1e-5) == 0.0
     assert gdp_epsilon(1.0, 1e-5) == pytest.approx(4.36, abs=0.02)  # Dong, Roth & Su: 1-GDP ~ (4.36, 1e-5)
