@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench reproduce dashboard clean venv
+.PHONY: demo test test-slow bench ablate reproduce dashboard clean venv
 
 venv: $(STAMP)
 
@@ -28,6 +28,9 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+ablate: $(STAMP)
+	$(BIN)/python -m benchmarks.recipe_ablation
 
 reproduce: $(STAMP)
 	$(BIN)/python -m benchmarks.reproduce
