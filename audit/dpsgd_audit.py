@@ -49,6 +49,8 @@ class DpSgdSetting:
     lr: float = 1e-3
     ema_decay: float = 0.999
     description: str = ""
+    optimizer: str = "adam"        # how the release trains (not privacy-relevant, but audited as run)
+    noise_multiplicity: int = 1
 
     def __post_init__(self) -> None:
         k = round(1 / self.sample_rate) if 0 < self.sample_rate <= 1 else 0
@@ -68,7 +70,8 @@ class DpSgdSetting:
             return None
         return cls(float(detail["sample_rate"]), float(detail["noise_multiplier"]), int(detail["steps"]),
                    float(config["max_grad_norm"]), float(config["delta"]), float(config.get("lr", 1e-3)),
-                   float(config.get("ema_decay", 0.999)), "the release's planned DP-SGD")
+                   float(config.get("ema_decay", 0.999)), "the release's planned DP-SGD",
+                   str(config.get("dp_optimizer", "adam")), int(config.get("noise_multiplicity", 1)))
 
     @property
     def claimed_epsilon(self) -> float:
@@ -163,7 +166,8 @@ def _train(trainer: Trainer, probe: torch.nn.Module, x: torch.Tensor, y: torch.T
                       steps=setting.steps, batch_size=b, max_physical_batch=max(4 * b, 256),
                       max_grad_norm=setting.max_grad_norm, lr=setting.lr, ema_decay=setting.ema_decay,
                       train_timesteps=1000, seed=0, device=torch.device("cpu"), workdir=Path(tmp),
-                      ckpt_every=setting.steps, on_resume=lambda started, done: None, progress=progress)
+                      ckpt_every=setting.steps, on_resume=lambda started, done: None, progress=progress,
+                      optimizer=setting.optimizer, noise_multiplicity=setting.noise_multiplicity)
     return out
 
 
@@ -225,6 +229,7 @@ class ImplementationAudit:
         b, g, s = self.bound, self.gaussian, self.setting
         return {"setting": {"sample_rate": s.sample_rate, "noise_multiplier": s.noise_multiplier, "steps": s.steps,
                             "max_grad_norm": s.max_grad_norm, "delta": s.delta, "lr": s.lr, "ema_decay": s.ema_decay,
+                            "optimizer": s.optimizer, "noise_multiplicity": s.noise_multiplicity,
                             "description": s.description},
                 "claimed_epsilon": self.claimed_epsilon, "eps_lower": b.eps_lower, "confidence": b.confidence,
                 "canaries": b.m, "guesses": b.guesses, "correct": b.correct, "max_certifiable": b.max_certifiable,

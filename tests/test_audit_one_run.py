@@ -116,9 +116,12 @@ def test_honest_dp_finetune_stays_below_its_claim_over_repeated_runs(setting, pu
     assert max(a.bound.eps_lower for a in runs) < CLAIM and max(a.gaussian.eps_lower for a in runs) < CLAIM
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("broken", [no_noise, no_clipping])
-def test_missing_noise_or_clipping_is_proven(setting, public, broken):
-    audit = compute_implementation_audit(setting, public, trainer=broken, m=1000, seed=0)
+def test_missing_noise_or_clipping_is_proven(setting, public, broken, optimizer):
+    from dataclasses import replace
+
+    audit = compute_implementation_audit(replace(setting, optimizer=optimizer), public, trainer=broken, m=1000, seed=0)
     assert audit.bound.eps_lower > CLAIM, audit.to_dict()
     result = check_implementation_audit(audit)
     assert result.passed is False and result.details["status"] == "violation"

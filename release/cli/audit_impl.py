@@ -32,7 +32,8 @@ def dpsgd_setting_for(spec_path: Path):
         raise InvalidParameterError(f"{spec_path}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
                                     "implementation to audit (see the README section 'Privacy guarantees').")
     return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
-                        cfg.lr, cfg.ema_decay, f"{spec_path.name}: {event.describe()}"), public
+                        cfg.lr, cfg.ema_decay, f"{spec_path.name}: {event.describe()}",
+                        getattr(cfg, "dp_optimizer", "adam"), getattr(cfg, "noise_multiplicity", 1)), public
 
 
 def implementation(spec: Path = typer.Argument(..., help="Release spec (TOML) whose DP-SGD settings are audited."),
