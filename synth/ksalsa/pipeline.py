@@ -1,6 +1,6 @@
 """The data path of a k-anonymous release, without ledger or storage: encode the sensitive images,
 cluster their latents into groups of k, average each group, aggregate the labels. Shared by
-`run_ksalsa` and the benchmark."""
+the k-SALSA mechanism (synth/ksalsa/run.py) and the benchmark."""
 from __future__ import annotations
 
 from dataclasses import dataclass

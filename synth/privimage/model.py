@@ -54,7 +54,7 @@ def save_model(model: UNet2DModel, path: Path, *, label_values: list[int], class
 def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
     path = Path(path)
     if not (path / META_FILE).exists():
-        raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass SynthResult.artifacts['model'].")
+        raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass the release's saved model folder (MechanismOutput.generator).")
     model = UNet2DModel.from_pretrained(str(path))
     return model.eval(), json.loads((path / META_FILE).read_text())
 
@@ -69,7 +69,7 @@ def per_sample_diffusion_loss(model_path_or_model: str | Path | UNet2DModel | tu
     (deterministic: the noise for image i depends only on seed, i, the timestep and the draw).
     Default timesteps: 1%, 5%, 10%, 20% and 40% of the training horizon (10..400 of 1000).
     Lower loss on training members is what a loss-threshold membership-inference attack exploits.
-    Give the saved model folder (SynthResult.artifacts["model"]); a bare UNet2DModel is also
+    Give the saved model folder (MechanismOutput.generator); a bare UNet2DModel is also
     accepted (labels then are class positions, and `train_timesteps` must match its training)."""
     if isinstance(model_path_or_model, tuple):
         model, meta = model_path_or_model
