@@ -54,7 +54,8 @@ def save_model(model: UNet2DModel, path: Path, *, label_values: list[int], class
 def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
     path = Path(path)
     if not (path / META_FILE).exists():
-        raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass the release's saved model folder (MechanismOutput.generator).")
+        raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass the release's saved "
+                              "model folder (MechanismOutput.generator).")
     model = UNet2DModel.from_pretrained(str(path))
     return model.eval(), json.loads((path / META_FILE).read_text())
 
