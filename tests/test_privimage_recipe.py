@@ -119,3 +119,14 @@ def test_guidance_changes_samples_and_zero_is_plain_conditional() -> None:
 def test_recipe_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(InvalidParameterError, match=field):
         PrivImageConfig.tiny(1.0, 1e-5, **{field: value})
+
+
+@pytest.mark.parametrize("steps", [1, 3, 20, 39, 40])
+def test_pretraining_runs_for_any_step_count(tmp_path: Path, steps: int) -> None:
+    """The one-cycle schedule needs a few warm-up steps; short runs (tests, smoke runs) use a constant rate."""
+    x, y = _digits(8)
+    from synth.privimage.training import pretrain
+
+    model = pretrain(_unet(), x, y, steps=steps, batch=4, lr=1e-3, train_timesteps=20, seed=0, device=CPU,
+                     ckpt=tmp_path / "p.pt", ckpt_every=1000)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -41,7 +41,7 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
     model.to(device).train()
     null_class = model.config.num_class_embeds - 1
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    lr_sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
+    lr_sched = _schedule(opt, lr, steps)
     gen = torch.Generator().manual_seed(seed)
     start = 0
     saved = state.load_torch(ckpt)
@@ -66,6 +66,13 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
                                     "gen": gen.get_state(), "step": step + 1})
         progress("pretraining", step + 1, steps)
     return model.eval()
+
+
+def _schedule(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """One-cycle (5% warm-up, cosine decay); a constant rate when there are too few steps to warm up."""
+    if steps * 0.05 < 2:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
 
 
 def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, cache_dir: Path | None,
