@@ -12,7 +12,8 @@ from pathlib import Path
 from benchmarks.common import machine, timer, today
 
 SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
-            "ksalsa": "benchmarks.ksalsa_bench", "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench"}
+            "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
+            "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
