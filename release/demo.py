@@ -52,6 +52,15 @@ def main() -> None:
     os.environ.setdefault("PRIVRELEASE_CACHE", str(Path(".privrelease-cache").resolve()))
     if root.exists():
         shutil.rmtree(root)  # the demo's own workspace: start from scratch every time
+    store, release_pub = _identities(root)
+    _register(store)
+    rid = _plan_and_approve(store, root)
+    _run_and_audit(store, rid)
+    bundle = _publish_and_verify(store, rid, release_pub)
+    _summary(store, root, bundle, release_pub, t0)
+
+
+def _identities(root: Path) -> tuple[Store, Path]:
     step("1. Workspace and identities")
     ws = Workspace(root)
     ws.init()
@@ -62,50 +71,59 @@ def main() -> None:
         console.print(f"  {role:<9} {name}  key {ident.key_id[:16]}…  dashboard password: {DEMO_PASSWORD}")
     release_pub = keys.ensure_release_key(ws)
     console.print(f"  release-signing public key: {release_pub}")
+    return store, release_pub
 
+
+def _register(store: Store) -> None:
     step("2. Register the sensitive dataset (MNIST-5k: 4,000 images; 1,000 held out for audits)")
     ds, _ = register_from_source(store, "mnist", "builtin:mnist5k", epsilon_cap=10.0, delta_cap=1e-5, actor="alice")
     console.print(f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap epsilon={ds.epsilon_cap:g}, "
                   f"delta={ds.delta_cap:g}; fingerprint (HMAC) {ds.fingerprint[:16]}…")
 
+
+def _plan_and_approve(store: Store, root: Path) -> str:
     step("3. Plan the release (PrivImage, target epsilon 8 for the whole history)")
     spec_path = root / "privimage-demo.toml"
     spec_path.write_text(tomli_w.dumps(DEMO_SPEC))
     console.print(f"  spec: {spec_path}")
     rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
     print_plan(rel)
-    rid = rel["release_id"]
-
     step("4. Steward approval (Ed25519 signature over the plan digest)")
-    manager.approve(store, rid, "alice", digest=rel["plan_digest"])
+    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
     console.print(f"  approved by alice: plan {rel['plan_digest'][:16]}…")
+    return rel["release_id"]
+
+
+def _run_and_audit(store: Store, rid: str) -> None:
+    from audit import load_report, render_report
 
     step("5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> audit")
     console.print("  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): 2,000 public pre-training steps "
                   f"(cached in {os.environ['PRIVRELEASE_CACHE']} for the next run) and 3 DP-SGD epochs. The images are "
                   "recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
     with rich_progress() as progress:
-        rel = manager.run_release(store, rid, "alice", progress)
-    from audit import load_report, render_report
-
+        manager.run_release(store, rid, "alice", progress)
     report = load_report(store, rid)
     console.print(render_report(report))
     if not report.passed:
         console.print("[red]The audit failed: the release is not published (as designed).[/]")
         raise SystemExit(1)
 
-    step("6. Publish the signed bundle")
-    rel = manager.publish(store, rid, "alice")
-    bundle = rel["result"]["bundle"]
-    console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
 
+def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
+    step("6. Publish the signed bundle")
+    bundle = manager.publish(store, rid, "alice")["result"]["bundle"]
+    console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
     step("7. Verify offline, as a consumer would (bundle + release.pub only)")
     result = verify_bundle(Path(bundle["tarball"]), release_pub)
     console.print(f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files match, "
                   f"signature key {result.key_id[:16]}…")
     if not result.ok:
         raise SystemExit(1)
+    return bundle
 
+
+def _summary(store: Store, root: Path, bundle: dict, release_pub: Path, t0: float) -> None:
     step("8. Budget and audit trail")
     b = ledger.budget(store, "mnist")
     console.print(f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of cap "
@@ -116,6 +134,7 @@ def main() -> None:
     console.print(f"  audit trail: {'intact' if v.ok else 'BROKEN'}, {v.length} entries, head {v.head_hash}")
     console.print(Rule())
     console.print(f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\n"
+                  f"Sample grid: {Path(bundle['path']) / 'sample_grid.png'}\n"
                   f"Try: .venv/bin/privrelease --workspace {root} budget show mnist\n"
                   f"     .venv/bin/privrelease verify {bundle['tarball']} --key {release_pub}\n"
                   f"     .venv/bin/privrelease --workspace {root} dashboard")

@@ -17,6 +17,7 @@ from accounting.errors import (InvalidParameterError, LedgerStateError, Permissi
                                TamperError)
 from accounting.epsilon import epsilon_report
 from accounting.events import event_to_json
+from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
 from release.data import load_registered
@@ -425,6 +426,7 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
                   data: ImageDataset | None = None, public: ImageDataset | None = None) -> dict:
     """Run every check on a synthesised release and store the (internal) report."""
     from audit import AuditInputs, AuditPolicy, run_audit, save_report
+    from audit.dpsgd_audit import DpSgdSetting
 
     ident = keys.authenticate(store, actor, "steward", "auditor")
     rel = get_release(store, release_id)
@@ -445,6 +447,7 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
         loss_fn=registry.get(res["mechanism"]).loss_function(out.generator),
         clusters=None if out.clusters is None else list(out.clusters), selected_public=selected,
         artifacts_dir=release_dir(store, release_id) / "audit",
+        dpsgd=DpSgdSetting.from_plan(rel["plan"].get("mechanism_plan") or {}, rel["plan"].get("config") or {}),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
@@ -484,9 +487,11 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
         raise PermissionDeniedError(f"Release {release_id} failed its audit and cannot be published: {names}.")
     images, labels, dist = load_release_data(store, release_id)
     ds = ledger.get_dataset(store, rel["dataset_id"])
-    head = trail.verify(store)
-    if not head.ok:
-        raise TamperError("The audit trail is broken; publishing is refused until `privrelease audit verify` passes.")
+    integrity = verify_store(store)  # chain, head and the ledger replayed from the trail
+    if not integrity.ok:
+        raise TamperError("The audit trail or the ledger was altered (" + "; ".join(integrity.all_problems[:3])
+                          + "); publishing is refused until `privrelease audit verify` passes.")
+    head = integrity.trail
     res = rel["result"]
     charge = ledger.get_charge(store, res.get("charge_id", release_id))
     verdicts = report.verdicts()

@@ -215,3 +215,19 @@ def test_sigkill_loop_never_reports_altered(filled):
         assert r.ok, r.all_problems
         statuses.append(r.status)
     assert len(filled.query("SELECT run_id FROM charges")) > 3
+
+
+@pytest.mark.slow
+def test_publish_refuses_a_ledger_edited_behind_its_back(tmp_path: Path, tamper) -> None:
+    """The chain alone stays intact when a charge row is edited; publishing replays the ledger from the
+    trail and refuses (before: it checked only the chain and published over a lowered spend)."""
+    from release import manager
+    from test_dashboard_support import approved_small_release, build_workspace
+
+    built = build_workspace(tmp_path / "ws")
+    rid = approved_small_release(built.store, built.root)
+    manager.run_release(built.store, rid, "alice")
+    tamper(built.store.workspace.db_path, "UPDATE charges SET state = 'refunded' WHERE run_id = 'run-sgd-1'")
+    assert trail.verify(built.store).ok  # the chain itself is intact: only the replay sees the edit
+    with pytest.raises(TamperError, match="ledger was altered"):
+        manager.publish(built.store, rid, "alice")

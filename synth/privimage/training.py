@@ -179,12 +179,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                     state.write_json(wal_path, wal)
                     in_step = True
                 if len(xb) > 0:
-                    dp_opt.zero_grad()
-                    reps = noise_multiplicity
-                    ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device),
-                              yb.repeat_interleave(reps, 0).to(device)).backward()
-                    if reps > 1:
-                        _average_draws(params, len(xb), reps)
+                    _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device)
                 dp_opt.step()
                 if dp_opt._is_last_step_skipped:
                     continue
@@ -197,6 +192,15 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 if done >= steps:
                     break
     return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
+
+
+def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimizer, sched, params: list,
+                          xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device) -> None:
+    dp_opt.zero_grad()
+    ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device), yb.repeat_interleave(reps, 0).to(device)
+              ).backward()
+    if reps > 1:
+        _average_draws(params, len(xb), reps)
 
 
 def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, ema: EMAModel,
