@@ -126,6 +126,18 @@ class Mechanism(Protocol):
         """Per-sample loss of the released generator, for the membership-inference audit."""
 
 
+@dataclass(frozen=True)
+class MechanismEntry:
+    """A mechanism made of module-level functions (what each folder's MECHANISM is)."""
+    name: str
+    config_type: type
+    default_public: str
+    make_config: Callable[..., Any]
+    plan: Callable[..., MechanismPlan]
+    run: Callable[..., MechanismOutput]
+    loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None]
+
+
 def names() -> tuple[str, ...]:
     return tuple(_ENTRIES)
 

@@ -132,14 +132,4 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
     return None  # a k-anonymous release publishes no generator
 
 
-class _KSalsa:
-    name = "ksalsa"
-    config_type = KSalsaConfig
-    default_public = "builtin:uci-digits"
-    make_config = staticmethod(make_config)
-    plan = staticmethod(plan)
-    run = staticmethod(run)
-    loss_function = staticmethod(loss_function)
-
-
-MECHANISM = _KSalsa()
+MECHANISM = registry.MechanismEntry("ksalsa", KSalsaConfig, "builtin:uci-digits", make_config, plan, run, loss_function)

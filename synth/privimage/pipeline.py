@@ -272,14 +272,5 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
     return lambda images, labels: per_sample_diffusion_loss(generator, images, labels)
 
 
-class _PrivImage:
-    name = "privimage"
-    config_type = PrivImageConfig
-    default_public = "builtin:public-pool"
-    make_config = staticmethod(make_config)
-    plan = staticmethod(plan)
-    run = staticmethod(run)
-    loss_function = staticmethod(loss_function)
-
-
-MECHANISM = _PrivImage()
+MECHANISM = registry.MechanismEntry("privimage", PrivImageConfig, "builtin:public-pool", make_config, plan, run,
+                                    loss_function)
