@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.errors import InvalidParameterError
+from audit.broken_dpsgd import double_rate, no_clipping, no_noise
 from audit.dpsgd_audit import (DpSgdSetting, check_implementation_audit, compute_implementation_audit, gdp_epsilon)
 from audit.one_run import epsilon_from_guesses, one_run_bound, p_value
 from synth.datasets import load_source
-from audit.broken_dpsgd import double_rate, no_clipping, no_noise
 
 CLAIM = 2.0           # small enough that 2,000 canaries can prove a violation (their ceiling is ~5.9)
 Q, STEPS = 0.1, 100
@@ -82,6 +82,23 @@ def setting():
     return DpSgdSetting(Q, sigma, STEPS, max_grad_norm=1.0, delta=1e-5)
 
 
+def test_honest_dp_finetune_stays_below_its_claim(setting, public, tmp_path):
+    audit = compute_implementation_audit(setting, public, m=2000, seed=0)
+    assert audit.claimed_epsilon == pytest.approx(CLAIM, abs=0.01)
+    assert audit.bound.eps_lower < CLAIM and audit.gaussian.eps_lower < CLAIM
+    result = check_implementation_audit(audit, tmp_path)
+    assert result.passed and result.details["status"] == "consistent"
+    assert (tmp_path / "canary_scores.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_honest_dp_finetune_stays_below_its_claim_over_repeated_runs(setting, public):
+    runs = [compute_implementation_audit(setting, public, m=2000, seed=100 + i) for i in range(10)]
+    assert all(check_implementation_audit(a).passed for a in runs), [a.to_dict() for a in runs]
+    assert max(a.bound.eps_lower for a in runs) < CLAIM and max(a.gaussian.eps_lower for a in runs) < CLAIM
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("broken", [no_noise, no_clipping])
 def test_missing_noise_or_clipping_is_proven(setting, public, broken, optimizer):
     from dataclasses import replace
