@@ -222,9 +222,9 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
     # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False,
                         generator=torch.Generator().manual_seed(secrets.randbits(63)))  # Poisson sampling
-    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # opacus' "Secure RNG turned off" notice: the README explains the RNG
         warnings.simplefilter("ignore")
+        engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         dp_model, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm, poisson_sampling=True, grad_sample_mode="hooks",
