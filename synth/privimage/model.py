@@ -56,7 +56,7 @@ def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
     if not (path / META_FILE).exists():
         raise DataFormatError(f"{path}: not a PrivImage model folder (no {META_FILE}); pass the release's saved "
                               "model folder (MechanismOutput.generator).")
-    model = UNet2DModel.from_pretrained(str(path))
+    model = UNet2DModel.from_pretrained(str(path), low_cpu_mem_usage=False)  # no `accelerate` install hint
     return model.eval(), json.loads((path / META_FILE).read_text())
 
 
