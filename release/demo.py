@@ -33,7 +33,7 @@ DEMO_SPEC = {
     # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
     "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
     "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
-               "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 2},
+               "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 8},
 }
 
 

@@ -12,7 +12,8 @@ from accounting.events import DpSgd, GaussianQuery
 from synth.privimage import PrivImageConfig, plan_privimage
 from synth.privimage.data import label_index, to_format, to_tensor, to_uint8
 from synth.privimage.plan import query_event, sample_rate_for
-from synth.privimage.query import (augment, build_selection, noisy_semantic_histogram, select_classes,
+from synth.privimage.augment import augment_public
+from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes,
                                    semantic_histogram)
 
 
@@ -134,7 +135,7 @@ def test_augment_keeps_shape_range_and_background() -> None:
 
     x = torch.full((8, 1, 28, 28), -1.0)
     x[:, :, 10:18, 10:18] = 1.0
-    out = augment(x, torch.Generator().manual_seed(0))
+    out = augment_public(x, torch.Generator().manual_seed(0))
     assert out.shape == x.shape and out.min() >= -1 - 1e-6 and out.max() <= 1 + 1e-6
     assert torch.allclose(out[:, :, 0, 0], torch.tensor(-1.0))  # corners stay background
     assert not torch.allclose(out, x)

@@ -114,7 +114,7 @@ class PrivImageConfig:
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
         """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
         later releases), 3 DP-SGD epochs with Adam at 3e-4 (BENCHMARKS.md, "PrivImage recipe"), ~1,000 samples."""
-        base = dict(classifier_epochs=3, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
+        base = dict(classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
                     finetune_epochs=3.0, batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16,
                     ddim_steps=25, n_samples=1000, sample_batch=250)
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

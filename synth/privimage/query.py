@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from accounting.errors import InvalidParameterError
+from synth.privimage.augment import augment_public
 from synth.progress import ProgressFn, no_progress
 
 
@@ -18,22 +19,6 @@ def make_classifier(channels: int, n_classes: int) -> nn.Module:
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.LazyLinear(128), nn.ReLU(), nn.Linear(128, n_classes),
     )
-
-
-def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Random scale (0.6-1.05), rotation (+-12 deg) and shift (+-12%): public and sensitive images
-    differ in framing (e.g. upsampled 8x8 UCI digits fill the frame, MNIST digits sit in a 20x20
-    box), and the query classifier must transfer across that gap."""
-    n = len(x)
-    u = torch.rand(n, 4, generator=gen)
-    scale = 0.6 + 0.45 * u[:, 0]
-    angle = (u[:, 1] - 0.5) * 0.42
-    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, (u[:, 2] - 0.5) * 0.24], 1),
-                         torch.stack([sin, cos, (u[:, 3] - 0.5) * 0.24], 1)], 1).to(x)
-    grid = nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
-    # pad with the background value (-1 = black in [-1, 1])
-    return nn.functional.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1
 
 
 def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: int, batch: int, seed: int,
@@ -54,7 +39,7 @@ def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: 
         for idx in torch.randperm(len(x), generator=gen).split(batch):
             xb = x[idx].to(device)
             if augmented:
-                xb = augment(xb, gen)
+                xb = augment_public(xb, gen)  # affine + stroke thickness: transfer to other digit styles
             loss = nn.functional.cross_entropy(net(xb), yt[idx].to(device))
             opt.zero_grad()
             loss.backward()
