@@ -39,7 +39,8 @@ def run(bundle: Path, key: Path, *, extract: Path | None = None, max_size: int |
     elif r.ok:
         p = r.predicate or {}
         print(f"OK: signature valid (key {r.key_id[:16]}…), {len(r.checked)} files match the manifest.")
-        print(f"  release {p.get('release_id')} of dataset {p.get('dataset_id')}: {p.get('guarantee')}")
+        print(f"  release {p.get('release_id')} of dataset {p.get('dataset_id')}: "
+              f"{describe_guarantee(p.get('guarantee'))}")
         if r.extracted:
             print(f"  extracted to {r.extracted}")
     else:
@@ -47,6 +48,20 @@ def run(bundle: Path, key: Path, *, extract: Path | None = None, max_size: int |
         for problem in r.problems:
             print(f"  - {problem}")
     return 0 if r.ok else 1
+
+
+def describe_guarantee(g: dict | None) -> str:
+    """The signed guarantee in words: "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05) for the dataset's whole history"."""
+    if not isinstance(g, dict):
+        return "no guarantee stated"
+    if g.get("type") == "dp" and isinstance(g.get("epsilon_rdp"), (int, float)):
+        pld = g.get("epsilon_pld")
+        pld_text = f" / {pld:.3f} PLD" if isinstance(pld, (int, float)) else ""
+        return (f"(epsilon {g['epsilon_rdp']:.3f} RDP{pld_text}, delta {g.get('delta'):g})-DP for the dataset's whole "
+                "history")
+    if g.get("type") == "k-anonymity":
+        return f"k-anonymity with k = {g.get('k')}, {g.get('method')} (no differential privacy)"
+    return ", ".join(f"{k} {v}" for k, v in sorted(g.items()))
 
 
 def _positive(text: str) -> int:

@@ -347,3 +347,14 @@ def test_corrupt_tarball(published, tmp_path):
     broken = tmp_path / "rel-7.tar.gz"
     broken.write_bytes(tarball.read_bytes()[: tarball.stat().st_size // 2])
     _fails_naming(verify_bundle(broken, pub), "rel-7.tar.gz", "corrupted")
+
+
+def test_verify_states_the_guarantee_in_words() -> None:
+    """`privrelease verify` printed the predicate's raw dict; a consumer reads the guarantee in words."""
+    from release.verify_cmd import describe_guarantee
+
+    dp = {"type": "dp", "epsilon_rdp": 7.99997, "epsilon_pld": 6.81997, "delta": 1e-5}
+    assert describe_guarantee(dp) == "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05)-DP for the dataset's whole history"
+    kanon = {"type": "k-anonymity", "k": 5, "method": "ksalsa", "description": "k-anonymous (k=5)"}
+    assert describe_guarantee(kanon) == "k-anonymity with k = 5, ksalsa (no differential privacy)"
+    assert describe_guarantee(None) == "no guarantee stated"
