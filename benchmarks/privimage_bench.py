@@ -136,15 +136,17 @@ def run(quick: bool = True, device: str = "auto") -> str:
     lines.append("")
     lines.append(f"Selection at epsilon {EPSILONS[-1]:g} (sensitive class -> public classes): "
                  + "; ".join(f"{k}: {', '.join(v)}" for k, v in chosen.items()) + ".")
-    cfg = PrivImageConfig(epsilon=1.0, delta=DELTA, **kw)
+    lines += ["", _step_ratio_line(PrivImageConfig(epsilon=1.0, delta=DELTA, **kw), dev),
+              f"Total benchmark time: {time.time() - t_all:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def _step_ratio_line(cfg, dev: torch.device) -> str:
     batch = cfg.max_physical_batch
     t_dp, t_plain = step_time_ratio(cfg, dev, batch)
-    lines.append("")
-    lines.append(f"Step time on one batch of {batch} (UNet {list(cfg.unet_channels)}): DP-SGD (opacus per-sample "
-                 f"gradients + clipping + noise) {t_dp * 1000:.0f} ms, non-private {t_plain * 1000:.0f} ms: ratio "
-                 f"{t_dp / t_plain:.2f}x.")
-    lines.append(f"Total benchmark time: {time.time() - t_all:.0f} s.")
-    return "\n".join(lines) + "\n"
+    return (f"Step time on one batch of {batch} (UNet {list(cfg.unet_channels)}): DP-SGD (opacus per-sample "
+            f"gradients + clipping + noise) {t_dp * 1000:.0f} ms, non-private {t_plain * 1000:.0f} ms: ratio "
+            f"{t_dp / t_plain:.2f}x.")
 
 
 if __name__ == "__main__":

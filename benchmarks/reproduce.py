@@ -120,11 +120,7 @@ def write_report(results: dict[str, Any], out: Path, grids: list[str]) -> None:
     out.write_text(build_report(results, plots))
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from benchmarks import reproduce_plots as rp
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--full", action="store_true", help="GPU-sized settings")
@@ -133,6 +129,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     ap.add_argument("--report-only", action="store_true",
                     help="re-write REPRODUCTION.md and the plots from reproduction/results.json; train nothing")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from benchmarks import reproduce_plots as rp
+
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.report_only:
         rewrite_report(args.out)
@@ -150,12 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     previous = _unjson(json.loads(raw_path.read_text())) if raw_path.exists() else {}
     if previous.get("settings", {}).get("mode") != mode:
         previous = {}
-    results: dict[str, Any] = {"settings": s, "machine": machine(), "date": today(), "threads": torch.get_num_threads(),
-                               "errors": {}}
+    results: dict[str, Any] = {"settings": s, "machine": machine(), "date": today(),
+                               "threads": torch.get_num_threads(), "errors": {}}
     grids: list[str] = [p.name for p in out_dir.glob("*_grid*.png")] if previous else []
-    for old in SECTIONS:
-        if old not in only and old in previous:
-            results[old] = previous[old]
+    results.update({old: previous[old] for old in SECTIONS if old not in only and old in previous})
 
     def grid(name: str, images: np.ndarray, labels: np.ndarray) -> None:
         fname = f"{name}_grid.png"

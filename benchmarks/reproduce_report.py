@@ -118,8 +118,7 @@ def privimage_findings(r: dict[str, Any], s: dict[str, Any], orders: list[dict[s
     return out
 
 
-def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -> str:
-    pi = s["privimage"]
+def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -> list[str]:
     L = ["## 1. PrivImage (paper Table 3 / Figure 5 shape)", ""]
     L.append(f"Sensitive: builtin:mnist5k ({r['n_sensitive']} images, 10 classes); public pool: {r['public']} "
              f"({r['n_public']} images, {r['public_classes']} classes"
@@ -137,6 +136,12 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
              "PDP-Diffusion-style pre-training (public data only, independent of epsilon) is trained once and reused "
              "at every epsilon, so its 'run s' counts it only at the first epsilon; PrivImage's pre-training depends "
              "on its DP selection and is redone in every run.")
+    return L
+
+
+def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -> str:
+    pi = s["privimage"]
+    L = _privimage_intro(r, s, pi)
     L.append("")
     rows = [["real data (non-private upper bound)", "-", _f(r["real"]["fid_heldout"], 2) + " (real held-out)",
              *_acc(r["real"]["acc"]), "-", "-", "-", "-"]]
@@ -168,6 +173,12 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
         L.append("")
         L += [f"![{g}](reproduction/{g})" for g in grids]
         L.append("")
+    L += _privimage_comparison(r, s, pi)
+    return "\n".join(L)
+
+
+def _privimage_comparison(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -> list[str]:
+    L: list[str] = []
     L.append("### Comparison with the paper")
     L.append("")
     L.append("Paper ordering at every epsilon: PrivImage better than PDP-Diffusion better than DPDM, in FID and in "
@@ -201,7 +212,7 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
     else:
         L.append("Our ordering matches the paper's at every epsilon (one repeat; see the caveats in the notes).")
     L.append("")
-    return "\n".join(L)
+    return L
 
 
 def audit_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) -> str:
@@ -326,6 +337,12 @@ def ksalsa_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) 
         L.append("")
         L += [f"![{g}](reproduction/{g})" for g in grids]
         L.append("")
+    L += _ksalsa_comparison(r)
+    return "\n".join(L)
+
+
+def _ksalsa_comparison(r: dict[str, Any]) -> list[str]:
+    L: list[str] = []
     L.append("### Comparison with the paper")
     L.append("")
     L.append("Paper: k-SALSA has better (lower) FID than the k-Same baselines and a lower cluster-membership attack "
@@ -355,4 +372,4 @@ def ksalsa_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) 
     else:
         L.append("Our orderings match the paper's at every k (one repeat).")
     L.append("")
-    return "\n".join(L)
+    return L
