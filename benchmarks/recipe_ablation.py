@@ -19,14 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 from accounting.calibration import calibrate_dpsgd_sigma
 from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from benchmarks.common import machine, md_table, today
+from release.bundle import sample_grid
 from synth.datasets import load_source, uci_digits
 from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import to_tensor
@@ -40,7 +39,7 @@ RESULTS = HERE / "results"
 CACHE = HERE.parent / ".privrelease-cache"
 BASE = dict(pretrain_steps=2000, finetune_epochs=3.0, batch_size=250, max_physical_batch=250, n_samples=1000)
 VARIANTS: dict[str, dict] = {
-    "public pre-training only (no DP stage)": {"finetune_epochs": 0.0},
+    "public pre-training only (no DP stage)": {"dp_stage": False},
     "Adam lr 1e-3, all weights (old demo stage)": {"lr": 1e-3},
     "Adam lr 1e-4, all weights": {"lr": 1e-4},
     "Adam lr 3e-4, all weights": {"lr": 3e-4},
@@ -65,7 +64,7 @@ def _pretrained(cfg: PrivImageConfig) -> torch.nn.Module:
 def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
     q = sample_rate_for(len(sensitive), cfg.batch_size)
     steps = math.ceil(cfg.finetune_epochs / q)
-    sigma = calibrate_dpsgd_sigma(cfg.epsilon, cfg.delta, q, steps, extra=[query_event(cfg.with_(k=1))])
+    sigma = calibrate_dpsgd_sigma(cfg.epsilon, cfg.delta, q, steps, extra=[query_event(cfg)])
     out = dp_finetune(model, to_tensor(sensitive.images), torch.from_numpy(sensitive.labels), sample_rate=q,
                       noise_multiplier=sigma, steps=steps, batch_size=cfg.batch_size,
                       max_physical_batch=cfg.max_physical_batch, max_grad_norm=cfg.max_grad_norm, lr=cfg.lr,
@@ -78,12 +77,13 @@ def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
 
 
 def run_variant(name: str, overrides: dict, epsilon: float) -> dict:
-    cfg = PrivImageConfig.demo(epsilon, 1e-5, k=1, **{**BASE, **overrides, "finetune_epochs": max(
-        overrides.get("finetune_epochs", BASE["finetune_epochs"]), 1.0)})
+    settings = {**BASE, **overrides}
+    with_dp = settings.pop("dp_stage", True)
+    cfg = PrivImageConfig.demo(epsilon, 1e-5, k=1, **settings)
     sensitive, heldout = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
     t0 = time.time()
     model = _pretrained(cfg)
-    dp = _dp_stage(model, cfg, sensitive) if overrides.get("finetune_epochs", 1) > 0 else {"steps": 0}
+    dp = _dp_stage(model, cfg, sensitive) if with_dp else {"steps": 0}
     t1 = time.time()
     labels = balanced_labels(cfg.n_samples, 10)
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
@@ -91,16 +91,10 @@ def run_variant(name: str, overrides: dict, epsilon: float) -> dict:
                            device=torch.device("cpu"), guidance=cfg.guidance)
     util = compute_utility(images, labels, None, heldout, AuditPolicy(cnn_epochs=10, utility_train_samples=1000))
     grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}.png"
-    _grid(images, labels, grid)
+    grid.write_bytes(sample_grid(images, labels))  # the grid a bundle carries
     return {"variant": name, "epsilon": epsilon if dp["steps"] else None, **dp, **{k: round(v, 3) for k, v in
             util.release.items()}, "mean_pixel": round(float(images.mean()), 1), "dp_and_pretrain_s": round(t1 - t0),
             "grid": grid.name, "machine": machine(), "date": today(), "overrides": overrides}
-
-
-def _grid(images: np.ndarray, labels: np.ndarray, path: Path, per_class: int = 12) -> None:
-    rows = [images[labels == c][:per_class] for c in range(10)]
-    im = np.concatenate([np.concatenate(list(r), 1) for r in rows], 0)
-    Image.fromarray(im).save(path)
 
 
 def render() -> str:

@@ -146,7 +146,7 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
 def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
     """Public data only: a model pre-trained on the same public images with the same settings is reused
     from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
-    return pretrain_cached(model, x, y, cache_dir=getattr(ctx, "cache_dir", None),
+    return pretrain_cached(model, x, y, cache_dir=ctx.cache_dir,
                            workdir_ckpt=ctx.workdir / state.PRETRAIN, steps=config.pretrain_steps,
                            batch=config.pretrain_batch, lr=config.pretrain_lr, train_timesteps=config.train_timesteps,
                            seed=config.seed, device=device, progress=ctx.progress, augment=config.pretrain_augment,
