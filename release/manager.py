@@ -366,7 +366,7 @@ def _bound_inputs(store: Store, rel: dict) -> tuple[Plan, ReleaseSpec, ledger.Da
     return plan, spec, ds, data, public
 
 
-def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress) -> dict:
+def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, nproc: int = 1) -> dict:
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit it.
     A failed release can be run again: it resumes under the same charge (no double charge)."""
     ident = _steward(store, actor)
@@ -388,7 +388,7 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
             result = runner.run_charged(
                 store, run_id=release_id, dataset=ds.name, data=data, public=public, mechanism=mech, config=config,
                 plan=plan.mechanism_view(), workdir=release_dir(store, release_id) / "work", progress=progress,
-                actor=ident.name, acknowledge_non_dp=approval["acknowledge_non_dp"], lease=lease)
+                actor=ident.name, acknowledge_non_dp=approval["acknowledge_non_dp"], lease=lease, nproc=nproc)
             summary = _save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:
             with store.transaction() as con:

@@ -145,10 +145,11 @@ def public_cache_dir(store: Store) -> Path:
 
 class _Context:
     def __init__(self, store: Store, lease: Lease, dataset: str, plan: MechanismPlan, workdir: Path,
-                 progress: ProgressFn, public: ImageDataset, actor: str) -> None:
+                 progress: ProgressFn, public: ImageDataset, actor: str, nproc: int = 1) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
         self.cache_dir = public_cache_dir(store)
+        self.nproc = nproc  # this process stays the only one that charges, whatever the workers do
 
 
     @property
@@ -202,10 +203,14 @@ def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
 def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, public: ImageDataset,
                 mechanism: str | Mechanism, config: Any, plan: MechanismPlan, workdir: Path,
                 progress: ProgressFn = no_progress, actor: str = "system", acknowledge_non_dp: bool = False,
-                lease: Lease | None = None) -> RunResult:
+                lease: Lease | None = None, nproc: int = 1) -> RunResult:
     """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
-    `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it."""
+    `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
+    a distributed mechanism trains on that many processes; this process alone charges the ledger."""
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
+    if nproc != 1 and not getattr(mech, "distributed", False):
+        raise PrivReleaseError(f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out "
+                               "--nproc (see README, Scaling out).")
     if plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(f"Run {run_id} makes a release without a DP guarantee. "
                                     f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
@@ -221,7 +226,7 @@ def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, 
         charge_id = _charge_for_attempt(store, lease, dataset)
         ledger.reserve(store, dataset, list(plan.events), charge_id, actor=actor, allow_non_private=acknowledge_non_dp,
                        description=f"{mech.name} run {run_id}")
-        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor)
+        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
         try:
             output = mech.run(config, data, ctx)
         except BaseException as exc:
@@ -288,7 +293,7 @@ def abandon(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, wor
 
 def run_direct(store: Store, dataset: str, data: ImageDataset, public: ImageDataset, mechanism: str, config: Any, *,
                run_id: str, workdir: Path, progress: ProgressFn = no_progress, actor: str = "system",
-               acknowledge_non_dp: bool = False) -> RunResult:
+               acknowledge_non_dp: bool = False, nproc: int = 1) -> RunResult:
     """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
     reproduction). A workspace's real datasets are released through plan -> approval -> run_release."""
     mech = registry.get(mechanism)
@@ -298,4 +303,4 @@ def run_direct(store: Store, dataset: str, data: ImageDataset, public: ImageData
     plan = mech.plan(config, info, b.history, public)
     return run_charged(store, run_id=run_id, dataset=dataset, data=data, public=public, mechanism=mech, config=config,
                        plan=plan, workdir=workdir, progress=progress, actor=actor,
-                       acknowledge_non_dp=acknowledge_non_dp)
+                       acknowledge_non_dp=acknowledge_non_dp, nproc=nproc)

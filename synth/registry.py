@@ -98,6 +98,7 @@ class RunContext(Protocol):
     public: ImageDataset
     plan: MechanismPlan
     cache_dir: Path | None  # for results computed from public data only, shared across releases
+    nproc: int              # processes a distributed mechanism may run on (1 = this process)
 
     def on_sensitive_access(self) -> None:
         """Call just before the first read of sensitive data: from then on a failure is not refunded."""
@@ -136,6 +137,7 @@ class MechanismEntry:
     plan: Callable[..., MechanismPlan]
     run: Callable[..., MechanismOutput]
     loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None]
+    distributed: bool = False  # its run honours ctx.nproc > 1 (`release run --nproc`)
 
 
 def names() -> tuple[str, ...]:

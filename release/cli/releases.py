@@ -99,10 +99,13 @@ def reject(release_id: str, reason: str = typer.Option(..., "--reason"), actor: 
 
 
 @app.command("run")
-def run(release_id: str, actor: str = AS) -> None:
+def run(release_id: str, actor: str = AS,
+        nproc: int = typer.Option(1, "--nproc", min=1, help="Train PrivImage on N processes under torchrun (one per "
+                                  "GPU, or CPU processes); charged once, exactly as one process. README: Scaling out.")
+        ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed one to resume."""
     with rich_progress() as progress:
-        rel = manager.run_release(store(), release_id, _actor(actor), progress)
+        rel = manager.run_release(store(), release_id, _actor(actor), progress, nproc=nproc)
     _print_outcome(rel)
 
 

@@ -29,7 +29,7 @@ from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes, top_k_predictions,
                                    train_classifier)
 from synth.privimage.sampling import balanced_labels, sample_images
-from synth.privimage.training import dp_finetune, pretrain_cached
+from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 assert state.WAL == registry.STEP_COUNTER  # dp_finetune writes the runner's write-ahead counter
@@ -146,11 +146,21 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
 def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
     """Public data only: a model pre-trained on the same public images with the same settings is reused
     from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
-    return pretrain_cached(model, x, y, cache_dir=ctx.cache_dir,
-                           workdir_ckpt=ctx.workdir / state.PRETRAIN, steps=config.pretrain_steps,
-                           batch=config.pretrain_batch, lr=config.pretrain_lr, train_timesteps=config.train_timesteps,
-                           seed=config.seed, device=device, progress=ctx.progress, augment=config.pretrain_augment,
-                           label_dropout=config.label_dropout)
+    kw = dict(steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
+              train_timesteps=config.train_timesteps, seed=config.seed, augment=config.pretrain_augment,
+              label_dropout=config.label_dropout)
+    if _nproc(ctx) > 1:  # plain DDP under torchrun
+        from synth.privimage import distributed
+
+        return distributed.pretrain(model, x, y, kw, nproc=_nproc(ctx), device=device, cache_dir=ctx.cache_dir,
+                                    workdir=ctx.workdir, progress=ctx.progress)
+    return pretrain_cached(model, x, y, cache_dir=ctx.cache_dir, workdir_ckpt=ctx.workdir / state.PRETRAIN,
+                           device=device, progress=ctx.progress, **kw)
+
+
+def _nproc(ctx: RunContext) -> int:
+    """Processes to train and sample on (`release run --nproc`); a context without it runs in-process."""
+    return getattr(ctx, "nproc", 1)
 
 
 def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivImageConfig, p: PrivImagePlan,
@@ -187,6 +197,10 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         raise InvalidParameterError(f"The plan was made for {p.record_count} records but the sensitive set has "
                                     f"{len(data)}; re-plan.")
     t0 = time.time()
+    if _nproc(ctx) > 1:  # refused before anything is read or trained (refunded)
+        from synth.privimage.distributed import check_nproc
+
+        check_nproc(_nproc(ctx), pick_device(config.device))
     prep = _prepare_public(data, ctx.public, config, ctx)
     ctx.on_sensitive_access()  # from here on, failures stay charged
     sens_x = to_tensor(to_format(data.images, config.image_size, prep.channels))
@@ -195,16 +209,10 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
     t_pre = time.time()
-    outcome = dp_finetune(
-        prep.model, sens_x, torch.from_numpy(sens_y), sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier,
-        steps=p.steps, batch_size=config.batch_size, max_physical_batch=config.max_physical_batch,
-        max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
-        train_timesteps=config.train_timesteps, seed=config.seed, device=prep.device, workdir=ctx.workdir,
-        ckpt_every=config.checkpoint_every, on_resume=ctx.charge_lost_steps, progress=ctx.progress,
-        optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable)
+    outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
     t_dp = time.time()
-    images, labels, model_dir = _sample(outcome.weights, data, config, prep, ctx)
+    images, labels, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
     timings = {"classifier_and_pretraining": round(t_pre - t0, 2), "dp_finetuning": round(t_dp - t_pre, 2),
                "sampling": round(time.time() - t_dp, 2)}
     internal = {"noisy_histogram": info.pop("noisy_histogram", None),
@@ -215,18 +223,45 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
                            artifacts=_artifacts(ctx.workdir, model_dir))
 
 
-def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _Prepared, ctx: RunContext):
-    model = make_unet(config.image_size, prep.channels, len(prep.label_values), config.unet_channels,
-                      config.layers_per_block)
+def _finetune(sens_x: torch.Tensor, sens_y: torch.Tensor, config: PrivImageConfig, p: PrivImagePlan,
+              prep: _Prepared, ctx: RunContext) -> tuple[DpSgdOutcome, np.ndarray | None]:
+    """DP-SGD in this process, or DP-SGD and sampling on ctx.nproc processes (images then come back too)."""
+    kw = dict(sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier, steps=p.steps,
+              batch_size=config.batch_size, max_physical_batch=config.max_physical_batch,
+              max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
+              train_timesteps=config.train_timesteps, seed=config.seed, ckpt_every=config.checkpoint_every,
+              optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable)
+    if _nproc(ctx) == 1:
+        return dp_finetune(prep.model, sens_x, sens_y, device=prep.device, workdir=ctx.workdir,
+                           on_resume=ctx.charge_lost_steps, progress=ctx.progress, **kw), None
+    from synth.privimage import distributed
+
+    return distributed.finetune_and_sample(prep.model, sens_x, sens_y, kw, _sample_kwargs(config, prep),
+                                           _unet_args(config, prep), nproc=_nproc(ctx), device=prep.device, ctx=ctx)
+
+
+def _unet_args(config: PrivImageConfig, prep: _Prepared) -> tuple:
+    return config.image_size, prep.channels, len(prep.label_values), config.unet_channels, config.layers_per_block
+
+
+def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
+    return dict(labels=balanced_labels(config.n_samples, len(prep.label_values)), image_size=config.image_size,
+                channels=prep.channels, train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
+                batch=config.sample_batch, seed=config.seed, guidance=config.guidance)
+
+
+def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _Prepared, ctx: RunContext,
+            images: np.ndarray | None = None):
+    """Save the generator; sample the released images unless the distributed workers already did."""
+    model = make_unet(*_unet_args(config, prep))
     model.load_state_dict(weights)
     model_dir = save_model(model, ctx.workdir / state.MODEL_DIR, label_values=prep.label_values,
                            class_names=list(data.class_names), image_size=config.image_size,
                            channels=prep.channels, train_timesteps=config.train_timesteps)
-    positions = balanced_labels(config.n_samples, len(prep.label_values))
-    images = sample_images(model, positions, image_size=config.image_size, channels=prep.channels,
-                           train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
-                           batch=config.sample_batch, seed=config.seed, device=prep.device, progress=ctx.progress,
-                           guidance=config.guidance)
+    kw = _sample_kwargs(config, prep)
+    positions = kw.pop("labels")
+    if images is None:
+        images = sample_images(model, positions, device=prep.device, progress=ctx.progress, **kw)
     return images, np.asarray(prep.label_values, dtype=np.int64)[positions], model_dir
 
 
@@ -273,4 +308,4 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
 
 
 MECHANISM = registry.MechanismEntry("privimage", PrivImageConfig, "builtin:public-pool", make_config, plan, run,
-                                    loss_function)
+                                    loss_function, distributed=True)

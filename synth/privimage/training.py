@@ -31,8 +31,13 @@ PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes
 
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
              train_timesteps: int, seed: int, device: torch.device, ckpt: Path, ckpt_every: int = 100,
-             progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0) -> torch.nn.Module:
+             progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0,
+             world_size: int = 1) -> torch.nn.Module:
     """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`.
+
+    With `world_size` > 1 (inside an initialised process group of that size) the model is wrapped in
+    DistributedDataParallel and each rank draws `ceil(batch / world_size)` images, so the effective
+    batch stays `batch`; only rank 0 writes the checkpoint.
 
     `augment` is the strength of augment_public (0 = off); `label_dropout` is the fraction of labels
     replaced by the null class (the last class embedding), so that sampling can use classifier-free
@@ -40,32 +45,54 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
     sched = make_scheduler(train_timesteps)
     model.to(device).train()
     null_class = model.config.num_class_embeds - 1
+    rank, net, batch = _ddp(model, world_size, batch)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     lr_sched = _schedule(opt, lr, steps)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + rank)
     start = 0
     saved = state.load_torch(ckpt)
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         lr_sched.load_state_dict(saved["lr"])
-        gen.set_state(saved["gen"])
+        if rank == 0:
+            gen.set_state(saved["gen"])
+        else:  # rank 0's state is saved; another rank reseeds so that its draws stay its own
+            gen.manual_seed(seed + rank + saved["step"])
         start = saved["step"]
     for step in range(start, steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
         xb, yb = augment_public(x[idx], gen, augment), y[idx].clone()
         if label_dropout > 0:
             yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
-        loss = ddpm_loss(model, sched, xb.to(device), yb.to(device), generator=None)
+        loss = ddpm_loss(net, sched, xb.to(device), yb.to(device), generator=None)
         opt.zero_grad()
         loss.backward()
         opt.step()
         lr_sched.step()
-        if (step + 1) % ckpt_every == 0 or step + 1 == steps:
+        if rank == 0 and ((step + 1) % ckpt_every == 0 or step + 1 == steps):
             state.save_torch(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "lr": lr_sched.state_dict(),
                                     "gen": gen.get_state(), "step": step + 1})
         progress("pretraining", step + 1, steps)
     return model.eval()
+
+
+def _ddp(model: torch.nn.Module, world_size: int, batch: int) -> tuple[int, torch.nn.Module, int]:
+    """(rank, the module to call, per-rank batch): plain DDP averages the ranks' gradients."""
+    if world_size == 1:
+        return 0, model, batch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if torch.distributed.get_world_size() != world_size:
+        raise PrivReleaseError(f"Internal error: world_size {world_size} but the process group has "
+                               f"{torch.distributed.get_world_size()} processes.")
+    ids = [model.device.index] if model.device.type == "cuda" else None
+    return torch.distributed.get_rank(), DDP(model, device_ids=ids), -(-batch // world_size)
+
+
+def _writer(world_size: int) -> bool:
+    """Only one process writes a run's shared files (rank 0 under torchrun)."""
+    return world_size == 1 or torch.distributed.get_rank() == 0
 
 
 def _schedule(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
@@ -90,6 +117,8 @@ def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         return model.to(kwargs["device"]).eval()
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     model = pretrain(model, x, y, ckpt=Path(cache_dir) / f"pretrain-{key}.partial.pt", **kwargs)
+    if not _writer(kwargs.get("world_size", 1)):
+        return model
     state.save_torch(final, {k: v.detach().cpu() for k, v in model.state_dict().items()})
     (Path(cache_dir) / f"pretrain-{key}.partial.pt").unlink(missing_ok=True)
     return model
@@ -139,8 +168,14 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 steps: int, batch_size: int, max_physical_batch: int, max_grad_norm: float, lr: float, ema_decay: float,
                 train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
                 on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
-                optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all") -> DpSgdOutcome:
+                optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
+                world_size: int = 1) -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA).
+
+    With `world_size` > 1 (inside an initialised process group) the model is wrapped in opacus' DPDDP
+    and each rank Poisson-samples its shard at the same rate (synth/privimage/distributed.py): the
+    union is one Poisson sample of the whole set, noise is added once (rank 0), so the accounted
+    events are those of one process. Only rank 0 writes the counter and checkpoints.
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse)."""
@@ -159,7 +194,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         return DpSgdOutcome(_ema_weights(model, ema), done,
                             list(accountant_state["history"]) if accountant_state else [], sample_rate)
     engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
-                                                        sample_rate, device)
+                                                        sample_rate, device, world_size)
+    writer = _writer(world_size)
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
 
@@ -176,10 +212,13 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
             for xb, yb in mem_loader:
                 if not in_step:  # first physical batch of a logical step: write ahead
                     wal["started"] += 1
-                    state.write_json(wal_path, wal)
+                    if writer:
+                        state.write_json(wal_path, wal)
                     in_step = True
                 if len(xb) > 0:
                     _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device)
+                else:
+                    _empty_batch(dp_opt, params)
                 dp_opt.step()
                 if dp_opt._is_last_step_skipped:
                     continue
@@ -187,7 +226,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 done += 1
                 ema.step(model.parameters())
                 progress("DP fine-tuning", done, steps)
-                if done % ckpt_every == 0 or done == steps:
+                if writer and (done % ckpt_every == 0 or done == steps):
                     checkpoint(done)
                 if done >= steps:
                     break
@@ -201,6 +240,14 @@ def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimiz
               ).backward()
     if reps > 1:
         _average_draws(params, len(xb), reps)
+
+
+def _empty_batch(dp_opt: torch.optim.Optimizer, params: list) -> None:
+    """A Poisson sample can be empty: the step then releases noise only (zero clipped sum). Without
+    per-sample gradients of length 0, opacus would re-process the previous step's (and fail)."""
+    dp_opt.zero_grad()
+    for p in params:
+        p.grad_sample = p.new_zeros((0, *p.shape))
 
 
 def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, ema: EMAModel,
@@ -217,17 +264,24 @@ def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
 
 def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                   batch_size: int, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                  device: torch.device) -> tuple:
+                  device: torch.device, world_size: int = 1) -> tuple:
     # The DP noise and the Poisson sampling must not be predictable from the public config (a
     # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False,
-                        generator=torch.Generator().manual_seed(secrets.randbits(63)))  # Poisson sampling
+    sampling_gen = torch.Generator().manual_seed(secrets.randbits(63))
+    module, poisson = model, True
+    if world_size > 1:  # opacus' DPDDP and a lockstep distributed Poisson loader (already Poisson)
+        from synth.privimage.distributed import dpddp, lockstep_poisson_loader
+
+        module, poisson = dpddp(model), False
+        loader = lockstep_poisson_loader(TensorDataset(x, y), batch_size, sampling_gen)
+    else:
+        loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False, generator=sampling_gen)
     with warnings.catch_warnings():  # opacus' "Secure RNG turned off" notice: the README explains the RNG
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         dp_model, dp_opt, dp_loader = engine.make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm, poisson_sampling=True, grad_sample_mode="hooks",
+            module=module, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode="hooks",
             noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
         )
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
