@@ -1,7 +1,8 @@
 """The budget ledger: datasets with caps, and the charges (runs) against them.
 
-Epsilon is always derived from the whole composed history by RDP (the cap is checked against RDP,
-the reference) and PLD (reported beside it). A charge is `reserved` (its planned events count),
+Epsilon is always derived from the whole composed history by RDP (the reference) and PLD (reported
+beside it). The cap is enforced as a privacy filter over the running RDP curve (accounting.filter: the
+stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A charge is `reserved` (its planned events count),
 `committed` (the executed events count) or `refunded` (nothing counts).
 """
 from __future__ import annotations
@@ -13,7 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from accounting import curve, trail
+from accounting import filter as privacy_filter
 from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.errors import (BudgetExceededError, DatasetConflictError, LedgerStateError,
                                UnknownDatasetError)
@@ -24,7 +28,6 @@ from accounting.validation import check_count, check_delta, check_epsilon
 ACTIVE_STATES = ("reserved", "committed")
 PLD_CACHE = ("CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT NULL, "
              "epsilon_pld DOUBLE NOT NULL)")
-EPS_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class Budget:
     dataset: Dataset
     charges: list[Charge]
     spent: EpsilonReport
+    # Under adaptive choice of releases (accounting.filter): the filter's epsilon of the running curve (the cap
+    # check: <= cap while the filter admits) and the odometer's bound on the spend, valid at every time at once.
+    filter_epsilon: float = 0.0
+    odometer_epsilon: float = 0.0
 
     @property
     def remaining_rdp(self) -> float:
@@ -197,14 +204,10 @@ def reserve(
             return existing  # replay: no second charge
         before = curve.load(con, ds.dataset_id)  # the running RDP curve: no re-composition of the history
         if not non_private:
-            eps = before.plus(curve.curve_of(events)).epsilon(ds.delta_cap)
-            if eps > ds.epsilon_cap + EPS_TOLERANCE:
-                before = before.epsilon(ds.delta_cap)
-                raise BudgetExceededError(
-                    f"Budget exceeded for dataset {ds.name!r}: this run would bring epsilon (RDP, delta={ds.delta_cap:g}) "
-                    f"from {before:.4g} to {eps:.4g}, over the cap {ds.epsilon_cap:g}. Nothing was charged. Use more "
-                    "noise or fewer steps (see `privrelease budget plan`), or a smaller target epsilon."
-                )
+            after = before.plus(curve.curve_of(events))
+            eps = after.epsilon(ds.delta_cap)
+            if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
+                raise BudgetExceededError(_over_cap(ds, before, after))
         else:
             eps = math.inf
         pos = con.execute("SELECT coalesce(max(position), 0) + 1 FROM charges").fetchone()[0]
@@ -220,6 +223,18 @@ def reserve(
             "epsilon_rdp_after": None if math.isinf(eps) else eps, "description": description,
         })
         return charge
+
+
+def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
+    if after.non_private:
+        return (f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "
+                "a finite epsilon. Nothing was charged.")
+    return (f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter (README, \"Privacy guarantees and "
+            f"their limits\") would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
+            f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
+            f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap {ds.epsilon_cap:g} (RDP epsilon "
+            f"{after.epsilon(ds.delta_cap):.4g}). Nothing was charged. Use more noise or fewer steps (see `privrelease "
+            "budget plan`), or a smaller target epsilon.")
 
 
 def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent], *, actor: str = "system") -> Charge:
@@ -239,13 +254,7 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
             raise LedgerStateError(f"Run {run_id!r} was refunded; it cannot be committed. Start a new run.")
         ds = _dataset_row(con, charge.dataset_id)
         if not any(isinstance(e, NonPrivateRelease) for e in charge.planned_events):
-            planned = curve.curve_of(charge.planned_events).epsilon(ds.delta_cap)
-            actual = curve.curve_of(executed).epsilon(ds.delta_cap)
-            if actual > planned + EPS_TOLERANCE:
-                raise LedgerStateError(
-                    f"Run {run_id!r} executed more (epsilon {actual:.4g}) than it reserved ({planned:.4g}); "
-                    "this is a bug in the mechanism. Nothing was changed."
-                )
+            _check_within_reservation(run_id, charge.planned_events, executed, ds.delta_cap)
         before = curve.load(con, charge.dataset_id)
         con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
                     [text, trail.now(), run_id])
@@ -253,6 +262,17 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
         charge = _charge_row(con, run_id)
         trail.append(con, store, actor, "budget.commit", {**_record(con, run_id), "events": json.loads(text)})
         return charge
+
+
+def _check_within_reservation(run_id: str, planned_events: list, executed: list, delta: float) -> None:
+    """The filter admitted the reserved curve; what ran must not exceed it at any order."""
+    planned, actual = curve.curve_of(planned_events), curve.curve_of(executed)
+    with np.errstate(invalid="ignore"):
+        over = actual.rdp > planned.rdp + privacy_filter.TOLERANCE * np.maximum(1.0, np.abs(planned.rdp))
+    if actual.non_private or np.any(over):
+        raise LedgerStateError(
+            f"Run {run_id!r} executed more (epsilon {actual.epsilon(delta):.4g}) than it reserved "
+            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. Nothing was changed.")
 
 
 def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> Charge:
@@ -303,8 +323,11 @@ def budget(store: Store, dataset: str) -> Budget:
         running = curve.load(con, ds.dataset_id)
     history = [e for c in charges for e in c.counted_events]
     rdp = running.epsilon(ds.delta_cap)  # the running curve: milliseconds at any ledger length
+    void = math.isinf(rdp)
     return Budget(ds, charges, EpsilonReport(rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp),
-                                             ds.delta_cap))
+                                             ds.delta_cap),
+                  filter_epsilon=math.inf if void else privacy_filter.filter_epsilon(running.rdp, ds.delta_cap),
+                  odometer_epsilon=math.inf if void else privacy_filter.odometer(running.rdp, ds.delta_cap))
 
 
 def pld_cached(store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float) -> float:
@@ -322,7 +345,8 @@ def pld_cached(store: Store, dataset_id: str, history: list[MechanismEvent], del
         value = math.inf
     with store.transaction() as con:
         con.execute(PLD_CACHE)
-        con.execute("INSERT OR REPLACE INTO pld_cache VALUES (?, ?, ?)", [dataset_id, key, value])
+        con.execute("INSERT INTO pld_cache VALUES (?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
+                    "history_key = excluded.history_key, epsilon_pld = excluded.epsilon_pld", [dataset_id, key, value])
     return value
 
 

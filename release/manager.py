@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from accounting import ledger, trail
+from accounting import curve, ledger, trail
+from accounting import filter as privacy_filter
 from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
                                TamperError)
 from accounting.epsilon import epsilon_report
@@ -171,9 +172,11 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
     warnings = list(mplan.warnings)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
-    if mplan.guarantee_kind == "dp" and after.epsilon_rdp > ds.epsilon_cap:
-        warnings.append(f"Epsilon after this release ({after.epsilon_rdp:.3f}) exceeds the cap {ds.epsilon_cap:g}: "
-                        "the run will be refused.")
+    rdp_after = curve.curve_of(budget.history + list(mplan.events)).rdp  # the cap is a privacy filter on this curve
+    if mplan.guarantee_kind == "dp" and not privacy_filter.admits(rdp_after, ds.epsilon_cap, ds.delta_cap):
+        warnings.append(f"The cap's privacy filter would stop this release (filter epsilon after it "
+                        f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
+                        f"epsilon {after.epsilon_rdp:.3f}): the run will be refused.")
     return mplan, before, after, warnings
 
 

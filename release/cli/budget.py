@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from accounting import curve, ledger
+from accounting import filter as privacy_filter
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.epsilon import epsilon_report
 from accounting.errors import InvalidParameterError
@@ -21,7 +22,23 @@ def budget_summary(b: ledger.Budget) -> dict:
         "dataset": b.dataset.name, "dataset_id": b.dataset.dataset_id, "epsilon_cap": b.dataset.epsilon_cap,
         "delta": b.dataset.delta_cap, "spent_epsilon_rdp": b.spent.epsilon_rdp, "spent_epsilon_pld": b.spent.epsilon_pld,
         "remaining_epsilon_rdp": b.remaining_rdp, "dp_void": b.dp_void,
+        "filter_epsilon": _finite(b.filter_epsilon), "filter_admits_more": b.filter_epsilon < b.dataset.epsilon_cap,
+        "odometer_epsilon": _finite(b.odometer_epsilon),
     }
+
+
+def _finite(x: float) -> float | None:
+    return x if x != float("inf") else None
+
+
+def print_adaptive(b: ledger.Budget) -> None:
+    """The two figures that hold when each release was chosen after seeing the earlier ones."""
+    d = b.dataset
+    console.print(f"  cap check (privacy filter): {fmt_eps(b.filter_epsilon)} of {d.epsilon_cap:g}")
+    console.print(f"  spent so far (odometer): epsilon <= {fmt_eps(b.odometer_epsilon)}")
+    console.print("  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it would pass "
+                  "the cap. Odometer: holds now and later, however releases were chosen. README, \"Privacy "
+                  "guarantees and their limits\".[/]")
 
 
 @app.command("show")
@@ -36,6 +53,7 @@ def show(dataset: str, as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(f"[bold]{d.name}[/] ({d.dataset_id}) cap epsilon={d.epsilon_cap:g}, delta={d.delta_cap:g}")
     console.print(f"  spent   RDP: {fmt_eps(b.spent.epsilon_rdp)}   PLD: {fmt_eps(b.spent.epsilon_pld)}")
     console.print(f"  remaining (cap - RDP): {b.remaining_rdp:.4f}")
+    print_adaptive(b)
     if b.dp_void:
         console.print("  [red]A non-DP (k-anonymous) release was made from this dataset: its DP guarantees no longer hold.[/]")
     console.print(table("Charges", ["#", "run", "state", "events", "eps RDP", "eps PLD", "cum. RDP", "cum. PLD"], [
@@ -76,7 +94,9 @@ def plan(
               "sample_rate": sample_rate, "steps": steps, "composed_with": dataset}
     if b is not None:
         result["epsilon_cap"] = b.dataset.epsilon_cap
-        result["fits_cap"] = report.epsilon_rdp <= b.dataset.epsilon_cap
+        after = curve.curve_of(prior + [DpSgd(sample_rate, sigma, steps)])
+        result["filter_epsilon"] = privacy_filter.filter_epsilon(after.rdp, b.dataset.delta_cap)
+        result["fits_cap"] = privacy_filter.admits(after.rdp, b.dataset.epsilon_cap, b.dataset.delta_cap)
         result["remaining_after_rdp"] = b.dataset.epsilon_cap - report.epsilon_rdp
     if as_json:
         print_json(result)
@@ -90,8 +110,9 @@ def plan(
     if b is not None:
         ok = result["fits_cap"]
         colour = "green" if ok else "red"
-        console.print(f"  [{colour}]{'fits' if ok else 'exceeds'} the cap {b.dataset.epsilon_cap:g}"
-                      f" (remaining after: {result['remaining_after_rdp']:.4f})[/]")
+        console.print(f"  [{colour}]{'fits' if ok else 'exceeds'} the cap {b.dataset.epsilon_cap:g}: the cap's privacy "
+                      f"filter would be at {result['filter_epsilon']:.4f} (RDP remaining after: "
+                      f"{result['remaining_after_rdp']:.4f})[/]")
 
 
 @app.command("verify")
