@@ -59,6 +59,7 @@ class PrivImageConfig:
     noise_multiplicity: int = 1         # DPDM: diffusion-noise draws per example averaged before clipping
     trainable: str = "all"              # which weights DP-SGD updates: "all", "no_down", "norms_emb"
     checkpoint_every: int = 25          # DP-SGD steps between checkpoints
+    secure_noise: bool = True           # DP noise from a CSPRNG, hardened against the float attack (README)
     # sampling
     ddim_steps: int = 50
     guidance: float = 0.0               # classifier-free guidance weight at sampling (0 = plain conditional)
@@ -106,6 +107,8 @@ class PrivImageConfig:
             raise InvalidParameterError(f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps}).")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
+        if not isinstance(self.secure_noise, bool):
+            raise InvalidParameterError(f"secure_noise must be true or false, got {self.secure_noise!r}.")
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
             raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
 

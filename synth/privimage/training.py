@@ -25,6 +25,7 @@ from synth.privimage.augment import augment_public
 from synth.privimage.config import TRAINABLE
 from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.progress import ProgressFn, no_progress
+from synth.secure_noise import install as install_secure_noise
 
 PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
 
@@ -169,7 +170,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
                 on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
                 optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
-                world_size: int = 1) -> DpSgdOutcome:
+                world_size: int = 1, secure_noise: bool = True) -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA).
 
     With `world_size` > 1 (inside an initialised process group) the model is wrapped in opacus' DPDDP
@@ -195,6 +196,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                             list(accountant_state["history"]) if accountant_state else [], sample_rate)
     engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
                                                         sample_rate, device, world_size)
+    if secure_noise:  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
+        install_secure_noise(dp_opt)
     writer = _writer(world_size)
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
