@@ -230,7 +230,8 @@ def _finetune(sens_x: torch.Tensor, sens_y: torch.Tensor, config: PrivImageConfi
               batch_size=config.batch_size, max_physical_batch=config.max_physical_batch,
               max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
               train_timesteps=config.train_timesteps, seed=config.seed, ckpt_every=config.checkpoint_every,
-              optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable)
+              optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable,
+              secure_noise=config.secure_noise)
     if _nproc(ctx) == 1:
         return dp_finetune(prep.model, sens_x, sens_y, device=prep.device, workdir=ctx.workdir,
                            on_resume=ctx.charge_lost_steps, progress=ctx.progress, **kw), None
