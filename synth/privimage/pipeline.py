@@ -275,6 +275,7 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "max_grad_norm": config.max_grad_norm, "image_size": config.image_size, "channels": prep.channels,
         "lr": config.lr, "ema_decay": config.ema_decay, "dp_optimizer": config.dp_optimizer,
         "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
+        "secure_noise": config.secure_noise,
         "pretrain_augment": config.pretrain_augment, "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0, "ddim_steps": config.ddim_steps,
         "n_samples": config.n_samples, "unet_channels": list(config.unet_channels), "target_epsilon": config.epsilon,
