@@ -106,7 +106,9 @@ def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
 
 
 def _save(con: duckdb.DuckDBPyConnection, dataset_id: str, curve: Curve) -> Curve:
-    con.execute("INSERT OR REPLACE INTO rdp_curves VALUES (?, ?, ?, ?, ?)",
+    con.execute("INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
+                "rdp = excluded.rdp, non_private = excluded.non_private, events = excluded.events, "
+                "orders = excluded.orders",
                 [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY])
     return curve
 

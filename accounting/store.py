@@ -1,9 +1,12 @@
-"""The workspace and its DuckDB store.
+"""The workspace and its store: an embedded DuckDB file (default) or a shared PostgreSQL database.
 
-DuckDB allows one writing process per file, so every access (reads too: a read-only open is refused
-while another process holds the file for writing) goes through `Store.transaction()`, which holds
-an exclusive file lock for the few milliseconds it needs. Several CLI processes can then run at
-once safely, and each transaction is all-or-nothing.
+DuckDB allows one process per file, so every access (reads too: a read-only open is refused while
+another process holds the file for writing) goes through `Store.transaction()`, under an exclusive file
+lock. A process keeps the connection and the lock across a burst of transactions and lets go at once
+when another process waits, or after a short idle time (store_backends.HOLD_IDLE_S), so several CLI
+processes can run at once safely and a charge does not pay connect + checkpoint each time. With
+PostgreSQL (`privrelease init --store postgresql://...`), transactions of every host are serialised by
+an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-nothing.
 """
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import duckdb
-from filelock import FileLock
+import tomllib
+from typing import Any
+
+import tomli_w
 
 from accounting.errors import PrivReleaseError
+from accounting.store_backends import DuckDBBackend, PostgresBackend, is_postgres_url, redact
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -62,6 +68,7 @@ class Workspace:
         self.root = Path(root) if root is not None else default_workspace()
 
     db_path = property(lambda self: self.root / "store.duckdb")
+    config_path = property(lambda self: self.root / "config.toml")
     lock_path = property(lambda self: self.root / "store.lock")
     artifacts = property(lambda self: self.root / "artifacts")
     keys = property(lambda self: self.root / "keys")
@@ -70,11 +77,38 @@ class Workspace:
     hmac_key_path = property(lambda self: self.root / "keys" / "fingerprint.key")
 
     @property
-    def initialised(self) -> bool:
-        return self.db_path.exists() and self.hmac_key_path.exists()
+    def store_url(self) -> str | None:
+        """The PostgreSQL URL the workspace's store lives at, or None for the local DuckDB file."""
+        try:
+            config = tomllib.loads(self.config_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise PrivReleaseError(f"{self.config_path} is unreadable ({e}); fix or remove it (README, "
+                                   "\"A shared ledger on PostgreSQL\").") from None
+        return config.get("store", {}).get("url") or None
 
-    def init(self) -> bool:
-        """Create the workspace if needed; returns True if it was created now. Idempotent."""
+    def set_store_url(self, url: str | None) -> None:
+        """Point the workspace at a PostgreSQL store (None: back to store.duckdb). The file is 0600: the URL may
+        hold a password."""
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            tomli_w.dump({"store": {"url": url}} if url else {}, f)
+
+    @property
+    def initialised(self) -> bool:
+        store_there = self.store_url is not None or self.db_path.exists()
+        return store_there and self.hmac_key_path.exists()
+
+    def init(self, store_url: str | None = None) -> bool:
+        """Create the workspace if needed; returns True if it was created now. Idempotent. `store_url`
+        (postgresql://...) keeps the tables in that database instead of store.duckdb."""
+        if store_url is not None:
+            _check_url(store_url)
+            if self.initialised and self.store_url != store_url:
+                raise PrivReleaseError(
+                    f"The workspace at {self.root} already has its store ({redact(self.store_url or str(self.db_path))})."
+                    " To move it to PostgreSQL use `privrelease store migrate --to URL`.")
         created = not self.initialised
         for d in (self.root, self.artifacts, self.keys, self.bundles):
             d.mkdir(parents=True, exist_ok=True)
@@ -87,10 +121,9 @@ class Workspace:
             fd = os.open(self.hmac_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(32))
-        store = Store(self, _allow_uninitialised=True)
-        with store.transaction() as con:
-            con.execute(SCHEMA)
-            con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        if store_url is not None:
+            self.set_store_url(store_url)
+        create_schema(Store(self, _allow_uninitialised=True))
         for path in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal"), self.lock_path):
             if path.exists():
                 os.chmod(path, 0o600)
@@ -100,8 +133,20 @@ class Workspace:
         return self.hmac_key_path.read_bytes()
 
 
+def _check_url(url: str) -> None:
+    if not is_postgres_url(url):
+        raise PrivReleaseError(f"--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
+                               f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb.")
+
+
+def create_schema(store: "Store") -> None:
+    with store.transaction() as con:
+        con.execute(SCHEMA)
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [str(SCHEMA_VERSION)])
+
+
 class Store:
-    """All reads and writes of store.duckdb, serialised by a file lock."""
+    """All reads and writes of the workspace's tables, one serialised transaction at a time."""
 
     def __init__(self, workspace: Workspace | str | os.PathLike | None = None, *, _allow_uninitialised: bool = False):
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
@@ -113,30 +158,36 @@ class Store:
         # Everything this process writes from now on (models, samples, reports, audit plots of real
         # images, bundles) is its owner's only: files 0600, folders 0700 (README, "Trust model").
         os.umask(os.umask(0o077) | 0o077)
-        self._lock = FileLock(str(self.workspace.lock_path), timeout=120, mode=0o600)
+        url = self.workspace.store_url
+        self.backend = (PostgresBackend(url, self.workspace.lock_path) if url
+                        else DuckDBBackend(self.workspace.db_path, self.workspace.lock_path))
         self.before_commit: list = []
         self.after_commit: list = []
 
+    @property
+    def _lock(self) -> Any:
+        """Held: no transaction of this host runs (reads that must see the rows and the head files together)."""
+        return self.backend.locked()
+
+    @property
+    def shared(self) -> bool:
+        """True when other workspaces (hosts) may write the same store (PostgreSQL)."""
+        return self.backend.shared
+
     @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def transaction(self) -> Iterator[Any]:
         """One atomic unit of work: commits on success, rolls back on any exception."""
-        with self._lock:
+        with self.backend.transaction(self._before_commit, self._after_commit) as con:
             self.before_commit, self.after_commit = [], []
-            con = duckdb.connect(str(self.workspace.db_path))
-            try:
-                con.execute("BEGIN TRANSACTION")
-                try:
-                    yield con
-                    for action in self.before_commit:  # e.g. the trail's write-ahead head record
-                        action()
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
-                con.execute("COMMIT")
-            finally:
-                con.close()
-            for action in self.after_commit:  # e.g. recording the trail head, only once committed
-                action()
+            yield con
+
+    def _before_commit(self) -> None:
+        for action in self.before_commit:  # e.g. the trail's write-ahead head record
+            action()
+
+    def _after_commit(self) -> None:
+        for action in self.after_commit:  # e.g. recording the trail head, only once committed
+            action()
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         """Read rows as dicts (under the lock, like everything else)."""

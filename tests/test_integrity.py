@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import duckdb
+import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from accounting import integrity, ledger, trail
 from accounting.errors import TamperError
 from accounting.events import DpSgd, GaussianQuery
+from accounting.store import Workspace
+from accounting.store_backends import PgConnection
 from release import keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +40,8 @@ def filled(store):
 
 def rechain(db_path: Path, head_path: Path, *sql: str) -> None:
     """An attacker with write access: edit, then recompute every (unkeyed) hash and rewrite trail.head."""
-    con = duckdb.connect(str(db_path))
+    url = Workspace(db_path.parent).store_url
+    con = PgConnection(psycopg.connect(url, autocommit=True)) if url else duckdb.connect(str(db_path))
     try:
         for statement in sql:
             con.execute(statement)
@@ -51,7 +55,7 @@ def rechain(db_path: Path, head_path: Path, *sql: str) -> None:
             prev = h
         head_path.write_text(f"{len(rows)} {prev}\n")
     finally:
-        con.close()
+        (con.raw if url else con).close()
 
 
 def test_intact_store_recomputes_spend_from_trail(filled):

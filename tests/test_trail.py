@@ -46,8 +46,12 @@ def test_reordered_entries_detected(filled, tamper):
     assert not v.ok and any("reordered" in p or "moved" in p for p in v.problems)
 
 
-def test_swapped_sequence_numbers_detected(filled, tamper):
-    tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
+def test_swapped_sequence_numbers_detected(filled, tamper, store_backend):
+    if store_backend == "postgresql":  # PostgreSQL checks the primary key row by row: swap through negatives
+        tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = -seq WHERE seq IN (2, 3)",
+               "UPDATE audit_trail SET seq = CASE seq WHEN -2 THEN 3 ELSE 2 END WHERE seq < 0")
+    else:
+        tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
     assert not trail.verify(filled).ok
 
 
