@@ -197,7 +197,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         raise InvalidParameterError(f"The plan was made for {p.record_count} records but the sensitive set has "
                                     f"{len(data)}; re-plan.")
     t0 = time.time()
-    if _nproc(ctx) > 1:  # refused before anything is read or trained (refunded)
+    if _nproc(ctx) != 1:  # refused before anything is read or trained (refunded)
         from synth.privimage.distributed import check_nproc
 
         check_nproc(_nproc(ctx), pick_device(config.device))

@@ -1,0 +1,225 @@
+"""PrivImage on 2 CPU processes (torchrun, gloo): the same charged events as one process, replicas that
+train identically, a killed worker that leaves the ledger conservatively charged, and the lockstep
+Poisson sampler (opacus 1.6's skips a rank's empty batch)."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from accounting import ledger
+from accounting.errors import InvalidParameterError, PrivReleaseError
+from accounting.events import DpSgd
+from accounting.store import Store, Workspace
+from release import runner
+from release.manager import dataset_info
+from synth import registry
+from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.privimage import PrivImageConfig, distributed, state
+from synth.privimage.model import make_unet
+from synth.privimage.sampling import sample_images
+from synth.privimage.training import dp_finetune
+from synth.progress import no_progress
+
+DELTA = 1e-4
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[ImageDataset, ImageDataset]:
+    torch.set_num_threads(1)
+    sens = load_source("builtin:mnist5k")
+    idx = np.concatenate([np.flatnonzero(sens.labels == c)[:12] for c in range(10)])
+    return sens.subset(idx), uci_digits()
+
+
+def _store(root: Path, sens: ImageDataset) -> Store:
+    ws = Workspace(root)
+    ws.init()
+    store = Store(ws)
+    ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
+                            labels=sens.label_set, image_shape=[28, 28], epsilon_cap=10.0, delta_cap=DELTA)
+    return store
+
+
+def _run(store: Store, sens, pub, cfg, wd: Path, nproc: int, run_id: str = "r", progress=no_progress):
+    b = ledger.budget(store, "mnist")
+    plan = registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
+    res = runner.run_charged(store, run_id=run_id, dataset="mnist", data=sens, public=pub, mechanism="privimage",
+                             config=cfg, plan=plan, workdir=wd, progress=progress, nproc=nproc)
+    return plan, res
+
+
+def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: Path) -> None:
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none")
+    runs = {}
+    for n in (1, 2):
+        store = _store(tmp_path / f"ws{n}", sens)
+        stages: set[str] = set()
+        plan, res = _run(store, sens, pub, cfg, tmp_path / f"w{n}", n, progress=lambda s, d, t: stages.add(s))
+        runs[n] = (plan, res, ledger.get_charge(store, "r"), stages)
+    (plan1, res1, charge1, stages1), (plan2, res2, charge2, stages2) = runs[1], runs[2]
+    assert plan2.events == plan1.events
+    assert charge2.state == charge1.state == "committed"
+    assert list(charge2.charged_events) == list(charge1.charged_events) == list(plan1.events)
+    (dp,) = charge2.charged_events
+    assert isinstance(dp, DpSgd) and dp.steps > 1
+    # opacus' own accountant on rank 0 recorded the same (sigma, q, steps) as in one process
+    assert res2.internal["opacus_history"] == res1.internal["opacus_history"] == [
+        [dp.noise_multiplier, dp.sample_rate, dp.steps]]
+    assert state.read_json(tmp_path / "w2" / state.WAL)["started"] == dp.steps  # rank 0 alone counted
+    assert stages2 == stages1 == {"DP fine-tuning", "sampling"}  # progress forwarded from rank 0
+    assert res2.images.shape == res1.images.shape == (20, 28, 28) and res2.images.dtype == np.uint8
+    assert np.array_equal(res2.labels, res1.labels)
+    assert len({img.tobytes() for img in res2.images}) == 20  # each rank drew its own noise
+    assert not (tmp_path / "w2" / "dist_finetune_sample_job.pt").exists()  # the sensitive job file is gone
+
+
+def _unet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return make_unet(28, 1, 10, (8, 16), 1)
+
+
+def _weights_differ(a: dict, b: dict) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_replicas_train_identically_and_sampling_is_gathered_in_order(data, tmp_path: Path) -> None:
+    """Both stages through the real launcher: every rank's weights have the same digest after DDP
+    pre-training and after DP-SGD, and they moved away from the initial weights."""
+    sens, _ = data
+    x = torch.from_numpy(sens.images[:, None].astype(np.float32) / 127.5 - 1)
+    y = torch.from_numpy(sens.labels.astype(np.int64))
+    model = _unet()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    pre = dict(steps=4, batch=16, lr=2e-3, train_timesteps=100, seed=0, augment=0.0, label_dropout=0.0)
+    job = {"model": model, "x": x, "y": y, "kwargs": pre, "cache_dir": str(tmp_path / "cache"),
+           "workdir_ckpt": str(tmp_path / "pre.pt"), "device": "cpu"}
+    r = distributed.launch("pretrain", job, nproc=2, workdir=tmp_path, progress=no_progress)
+    assert len(r["rank_digests"]) == 2 and len(set(r["rank_digests"])) == 1
+    assert _weights_differ(r["weights"], initial)
+    assert len(list((tmp_path / "cache").glob("pretrain-*.pt"))) == 1  # rank 0 alone wrote the cache
+    model.load_state_dict(r["weights"])
+    labels = np.arange(7) % 3
+    finetune = dict(sample_rate=1 / 8, noise_multiplier=1.0, steps=5, batch_size=15, max_physical_batch=4,
+                    max_grad_norm=1.0, lr=1e-3, ema_decay=0.5, train_timesteps=100, seed=0, ckpt_every=2)
+    sample = dict(labels=labels, image_size=28, channels=1, train_timesteps=100, ddim_steps=2, batch=4, seed=0)
+    job = {"model": model, "x": x, "y": y, "finetune": finetune, "sample": sample,
+           "unet": (28, 1, 10, (8, 16), 1), "workdir": str(tmp_path), "device": "cpu"}
+    r2 = distributed.launch("finetune_sample", job, nproc=2, workdir=tmp_path, progress=no_progress)
+    assert len(set(r2["rank_digests"])) == 1 and _weights_differ(r2["weights"], r["weights"])
+    assert r2["steps"] == 5 and [list(h) for h in r2["opacus_history"]] == [[1.0, 1 / 8, 5]]
+    assert r2["images"].shape == (7, 28, 28)
+    # rank 1 drew positions 1, 3, 5 with seed 0 + 1: redrawing them here gives the same images, in place
+    sampler = make_unet(28, 1, 10, (8, 16), 1)
+    sampler.load_state_dict(r2["weights"])
+    kw = {k: v for k, v in sample.items() if k != "labels"}
+    again = sample_images(sampler, labels[1::2], **{**kw, "seed": 1}, device=torch.device("cpu"))
+    gap = np.abs(again.astype(int) - r2["images"][1::2].astype(int)).mean()
+    assert gap < 1.0 < np.abs(again.astype(int) - r2["images"][0:6:2].astype(int)).mean()
+    assert state.read_json(tmp_path / state.WAL)["started"] == 5
+
+
+def _worker_pids(marker: str) -> list[tuple[int, int]]:
+    """(pid, LOCAL_RANK) of the torchrun workers whose command line names `marker` (not the agent)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in cmd and "synth.privimage.worker" in cmd and "torch.distributed.run" not in cmd:
+            rank = [e for e in env if e.startswith(b"LOCAL_RANK=")]
+            found.append((int(pid), int(rank[0].split(b"=")[1]) if rank else -1))
+    return found
+
+
+@pytest.mark.slow
+def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(data, tmp_path: Path) -> None:
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=2.0)
+    store, wd = _store(tmp_path / "ws", sens), tmp_path / "w"
+    killed: list[int] = []
+
+    def kill_rank1(stage: str, done: int, total: int) -> None:
+        if stage == "DP fine-tuning" and done == 5 and not killed:
+            for pid, rank in _worker_pids(str(wd)):
+                if rank == 1:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+
+    with pytest.raises(PrivReleaseError, match="worker failed or was killed"):
+        _run(store, sens, pub, cfg, wd, 2, progress=kill_rank1)
+    assert killed
+    plan_events = registry.get("privimage").plan(cfg, dataset_info(ledger.budget(store, "mnist").dataset), [],
+                                                 pub).events
+    (planned,) = plan_events
+    started = state.read_json(wd / state.WAL)["started"]
+    assert 5 <= started < planned.steps
+    charge = ledger.get_charge(store, "r")
+    assert charge.state == "reserved" and list(charge.planned_events) == list(plan_events)  # in full: >= steps taken
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
+    ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
+    _, res = _run(store, sens, pub, cfg, wd, 2)  # resumes from the checkpoint, lost steps charged again
+    main = ledger.get_charge(store, "r")
+    redo = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith("r:redo-")]
+    assert main.state == "committed" and list(main.charged_events) == list(plan_events)
+    assert [c.charged_events[0].steps for c in redo] == ([started - ckpt_step] if started > ckpt_step else [])
+    total = sum(e.steps for c in [main, *redo] for e in c.charged_events)
+    assert total == state.read_json(wd / state.WAL)["started"] >= planned.steps  # every executed step charged
+    assert res.images.shape == (20, 28, 28)
+
+
+def test_nproc_is_refused_before_anything_is_charged(data, tmp_path: Path) -> None:
+    sens, pub = data
+    store = _store(tmp_path / "ws", sens)
+    with pytest.raises(InvalidParameterError, match="--nproc must be an integer from 1"):
+        _run(store, sens, pub, PrivImageConfig.tiny(4.0, DELTA, selection="none"), tmp_path / "w", 0)
+    assert ledger.get_charge(store, "r").state == "refunded"
+    with pytest.raises(PrivReleaseError, match="runs in one process only"):
+        runner.run_charged(store, run_id="k", dataset="mnist", data=sens, public=pub, mechanism="ksalsa",
+                           config=None, plan=None, workdir=tmp_path / "k", nproc=2)
+    assert ledger.get_charge(store, "k") is None
+
+
+def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
+    """q = 1/20 on 20 images: most runs of 40 steps meet empty batches; opacus then had no per-sample
+    gradients to clip (it failed); now the step adds noise only and is counted."""
+    x, y = torch.rand(20, 1, 28, 28) * 2 - 1, torch.arange(20) % 10
+    out = dp_finetune(_unet(), x, y, sample_rate=1 / 20, noise_multiplier=1.0, steps=40, batch_size=1,
+                      max_physical_batch=4, max_grad_norm=1.0, lr=1e-3, ema_decay=0.5, train_timesteps=100, seed=0,
+                      device=torch.device("cpu"), workdir=tmp_path, ckpt_every=10, on_resume=lambda s, d: None)
+    assert out.steps == 40 and out.opacus_history == [(1.0, 1 / 20, 40)]
+    assert state.read_json(tmp_path / state.WAL)["started"] == 40
+
+
+def _count_batches(rank: int, world: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
+
+    kw = dict(total_size=40, sample_rate=1 / 40, steps=200, generator=torch.Generator().manual_seed(rank))
+    ours = list(distributed.LockstepPoissonSampler(**kw))
+    kw["generator"] = torch.Generator().manual_seed(rank)
+    out[rank] = (len(ours), len(list(DistributedUniformWithReplacementSampler(**kw))),
+                 sorted({int(i) for b in ours for i in b}))
+    torch.distributed.destroy_process_group()
+
+
+def test_lockstep_sampler_yields_every_step_on_every_rank() -> None:
+    with mp.Manager() as manager:
+        out = manager.dict()
+        port = 29500 + os.getpid() % 1000
+        mp.spawn(_count_batches, args=(2, port, out), nprocs=2, join=True)
+        result = dict(out)
+    for rank in (0, 1):
+        ours, opacus_count, seen = result[rank]
+        assert ours == 200 and opacus_count < 200  # opacus skips this rank's empty batches
+        assert set(seen) <= set(range(40))
+    assert not set(result[0][2]) & set(result[1][2])  # disjoint shards: one Poisson sample of the whole set
