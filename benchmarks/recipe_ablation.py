@@ -1,6 +1,6 @@
 """PrivImage recipe ablation on MNIST-5k (`make ablate`): which training choices make the DP release useful.
 
-    python -m benchmarks.recipe_ablation [--only NAME,NAME] [--epsilon 8]
+    python -m benchmarks.recipe_ablation [--only 'NAME;NAME'] [--epsilon 8]
 
 Every row runs the product's own code: `pretrain_cached` on the public UCI digits (augmented, labels as a
 correct semantic query would map them), `dp_finetune` on the 4,000 sensitive MNIST-5k digits with noise
@@ -32,7 +32,7 @@ from synth.privimage.data import to_tensor
 from synth.privimage.model import make_unet
 from synth.privimage.plan import query_event, sample_rate_for
 from synth.privimage.sampling import balanced_labels, sample_images
-from synth.privimage.training import dp_finetune, pretrain_cached
+from synth.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -48,6 +48,12 @@ VARIANTS: dict[str, dict] = {
     "Adam lr 1e-4, 10 epochs": {"lr": 1e-4, "finetune_epochs": 10.0},
     "SGD lr 0.05, all weights": {"dp_optimizer": "sgd", "lr": 0.05},
     "Adam lr 1e-4, guidance 1.0": {"lr": 1e-4, "guidance": 1.0},
+    "Adam lr 3e-4, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "guidance_sweep": [0.0, 1.0, 3.0]},
+    "Adam lr 3e-4, 20 epochs": {"lr": 3e-4, "finetune_epochs": 20.0, "guidance_sweep": [0.0, 1.0]},
+    "Adam lr 3e-4, decoder only, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "trainable": "no_down"},
+    "Adam lr 3e-3, norms + embeddings only, 10 epochs": {"lr": 3e-3, "finetune_epochs": 10.0,
+                                                         "trainable": "norms_emb"},
+    "Adam lr 3e-4, batch 1000, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "batch_size": 1000},
 }
 
 
@@ -76,15 +82,28 @@ def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
     return {"steps": steps, "sample_rate": q, "noise_multiplier": round(sigma, 4)}
 
 
-def run_variant(name: str, overrides: dict, epsilon: float) -> dict:
+def run_variant(name: str, overrides: dict, epsilon: float) -> list[dict]:
+    """Train once; sample and score once per guidance weight in `guidance_sweep` (sampling reads no
+    sensitive data, so one trained model serves every weight)."""
     settings = {**BASE, **overrides}
     with_dp = settings.pop("dp_stage", True)
+    sweep = settings.pop("guidance_sweep", None)
     cfg = PrivImageConfig.demo(epsilon, 1e-5, k=1, **settings)
     sensitive, heldout = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
     t0 = time.time()
     model = _pretrained(cfg)
     dp = _dp_stage(model, cfg, sensitive) if with_dp else {"steps": 0}
-    t1 = time.time()
+    trained_s = round(time.time() - t0)
+    rows = []
+    for guidance in sweep if sweep is not None else [cfg.guidance]:
+        label = f"{name}, guidance {guidance:g}" if sweep is not None else name
+        rows.append({"variant": label, "epsilon": epsilon if dp["steps"] else None, **dp,
+                     **_score(model, cfg.with_(guidance=guidance), heldout), "dp_and_pretrain_s": trained_s,
+                     "pretrain_recipe": PRETRAIN_RECIPE, "machine": machine(), "date": today(), "overrides": overrides})
+    return rows
+
+
+def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout) -> dict:
     labels = balanced_labels(cfg.n_samples, 10)
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
@@ -92,9 +111,8 @@ def run_variant(name: str, overrides: dict, epsilon: float) -> dict:
     util = compute_utility(images, labels, None, heldout, AuditPolicy(cnn_epochs=10, utility_train_samples=1000))
     grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}.png"
     grid.write_bytes(sample_grid(images, labels))  # the grid a bundle carries
-    return {"variant": name, "epsilon": epsilon if dp["steps"] else None, **dp, **{k: round(v, 3) for k, v in
-            util.release.items()}, "mean_pixel": round(float(images.mean()), 1), "dp_and_pretrain_s": round(t1 - t0),
-            "grid": grid.name, "machine": machine(), "date": today(), "overrides": overrides}
+    return {**{k: round(v, 3) for k, v in util.release.items()}, "mean_pixel": round(float(images.mean()), 1),
+            "grid": grid.name}
 
 
 def render() -> str:
@@ -105,8 +123,10 @@ def render() -> str:
     def cell(value: object) -> str:
         return "-" if value is None else str(value)
 
-    table = md_table(["variant", "DP steps", "sigma", "LR", "MLP", "CNN", "mean pixel", "grid"],
-                     [[r["variant"], r["steps"], cell(r.get("noise_multiplier")), cell(r.get("logreg")),
+    priors = {"pretrain-v2": "affine + thickness", "pretrain-v3": "+ elastic + sharpen"}
+    table = md_table(["public augmentation", "variant", "DP steps", "sigma", "LR", "MLP", "CNN", "mean pixel", "grid"],
+                     [[priors.get(r.get("pretrain_recipe", "pretrain-v2"), r.get("pretrain_recipe")), r["variant"],
+                       r["steps"], cell(r.get("noise_multiplier")), cell(r.get("logreg")),
                        cell(r.get("mlp")), r["cnn"], r["mean_pixel"], f"[png](benchmarks/results/{r['grid']})"]
                       for r in rows])
     harnesses = sorted({f"{r['date']}, {r['machine']}: {r.get('harness', 'benchmarks/recipe_ablation.py')}"
@@ -124,17 +144,21 @@ def run(quick: bool = True) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    parser.add_argument("--only", default="", help="variant names separated by ';' (default: all)")
     parser.add_argument("--epsilon", type=float, default=8.0)
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
-    names = [n for n in VARIANTS if not args.only or n in args.only.split(",")]
+    wanted = [n.strip() for n in args.only.split(";") if n.strip()]
+    unknown = [n for n in wanted if n not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from: " + "; ".join(VARIANTS))
+    names = [n for n in VARIANTS if not wanted or n in wanted]
     for name in names:
         print(f"== {name}", flush=True)
-        row = run_variant(name, VARIANTS[name], args.epsilon)
-        print(json.dumps(row), flush=True)
-        with open(RESULTS / "recipe_ablation.jsonl", "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        for row in run_variant(name, VARIANTS[name], args.epsilon):
+            print(json.dumps(row), flush=True)
+            with open(RESULTS / "recipe_ablation.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
         print(render(), flush=True)
 
 

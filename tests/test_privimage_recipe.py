@@ -42,6 +42,19 @@ def test_augmentation_off_is_identity_and_on_keeps_black_background() -> None:
     assert out[:, :, 0, :].max() <= -0.99 and out.min() >= -1.0 - 1e-6 and out.max() <= 1.0 + 1e-6
 
 
+def test_sharpening_and_elastic_distortion_change_what_they_claim() -> None:
+    x, _ = _digits()
+    plain = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=False, sharpen=False)
+    sharp = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=False, sharpen=True)
+    grey = (plain > -0.6) & (plain < 0.6)
+    assert grey.any() and (sharp[grey].abs() > plain[grey].abs()).float().mean() > 0.9  # greys pushed to the ends
+    bent = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=True, sharpen=False)
+    assert not torch.allclose(bent, plain)  # the elastic field moved strokes ...
+    assert ((bent + 1).sum() / (plain + 1).sum() - 1).abs() < 0.1  # ... without adding or removing ink
+    again = augment_public(x, torch.Generator().manual_seed(3), 1.0)
+    assert torch.equal(again, augment_public(x, torch.Generator().manual_seed(3), 1.0))  # seeded: reproducible
+
+
 def test_pretraining_is_cached_by_content(tmp_path: Path) -> None:
     x, y = _digits()
     settings = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, device=CPU, augment=1.0,

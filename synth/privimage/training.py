@@ -27,7 +27,7 @@ from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.progress import ProgressFn, no_progress
 from synth.secure_noise import install as install_secure_noise
 
-PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
+PRETRAIN_RECIPE = "pretrain-v3"  # bump when pretrain() changes what it computes (invalidates caches)
 
 
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
