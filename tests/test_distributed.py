@@ -46,9 +46,13 @@ def _store(root: Path, sens: ImageDataset) -> Store:
     return store
 
 
-def _run(store: Store, sens, pub, cfg, wd: Path, nproc: int, run_id: str = "r", progress=no_progress):
+def _plan(store: Store, pub, cfg):
     b = ledger.budget(store, "mnist")
-    plan = registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
+    return registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
+
+
+def _run(store: Store, sens, pub, cfg, wd: Path, nproc: int, run_id: str = "r", progress=no_progress, plan=None):
+    plan = plan or _plan(store, pub, cfg)
     res = runner.run_charged(store, run_id=run_id, dataset="mnist", data=sens, public=pub, mechanism="privimage",
                              config=cfg, plan=plan, workdir=wd, progress=progress, nproc=nproc)
     return plan, res
@@ -154,11 +158,11 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(data
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
 
+    plan = _plan(store, pub, cfg)
     with pytest.raises(PrivReleaseError, match="worker failed or was killed"):
-        _run(store, sens, pub, cfg, wd, 2, progress=kill_rank1)
+        _run(store, sens, pub, cfg, wd, 2, progress=kill_rank1, plan=plan)
     assert killed
-    plan_events = registry.get("privimage").plan(cfg, dataset_info(ledger.budget(store, "mnist").dataset), [],
-                                                 pub).events
+    plan_events = plan.events
     (planned,) = plan_events
     started = state.read_json(wd / state.WAL)["started"]
     assert 5 <= started < planned.steps
@@ -166,7 +170,7 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(data
     assert charge.state == "reserved" and list(charge.planned_events) == list(plan_events)  # in full: >= steps taken
     assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
     ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
-    _, res = _run(store, sens, pub, cfg, wd, 2)  # resumes from the checkpoint, lost steps charged again
+    _, res = _run(store, sens, pub, cfg, wd, 2, plan=plan)  # resumes from the checkpoint, lost steps charged again
     main = ledger.get_charge(store, "r")
     redo = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith("r:redo-")]
     assert main.state == "committed" and list(main.charged_events) == list(plan_events)
