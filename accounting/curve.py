@@ -120,7 +120,10 @@ def save_change(con: duckdb.DuckDBPyConnection, dataset_id: str, before: Curve,
     new = before.plus(curve_of(add)).plus(curve_of(remove), -1)
     if not np.all(np.isfinite(new.rdp)) or new.events < 0:
         new = from_scratch(con, dataset_id)  # an infinite order cannot be subtracted back: recompute exactly
-    return _save(con, dataset_id, new)
+    # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per charge)
+    con.execute("UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id = ?",
+                [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id])
+    return new
 
 
 def verify(con: duckdb.DuckDBPyConnection) -> list[dict]:

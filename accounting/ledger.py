@@ -217,9 +217,9 @@ def reserve(
             [pos, run_id, ds.dataset_id, text, description, actor, trail.now()],
         )
         curve.save_change(con, ds.dataset_id, before, add=events)
-        charge = _charge_row(con, run_id)
+        charge, record = _charge_and_record(con, run_id)
         trail.append(con, store, actor, "budget.reserve", {
-            **_record(con, run_id), "events": json.loads(text),
+            **record, "events": json.loads(text),
             "epsilon_rdp_after": None if math.isinf(eps) else eps, "description": description,
         })
         return charge
@@ -259,8 +259,8 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
         con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
                     [text, trail.now(), run_id])
         curve.save_change(con, charge.dataset_id, before, add=executed, remove=charge.planned_events)
-        charge = _charge_row(con, run_id)
-        trail.append(con, store, actor, "budget.commit", {**_record(con, run_id), "events": json.loads(text)})
+        charge, record = _charge_and_record(con, run_id)
+        trail.append(con, store, actor, "budget.commit", {**record, "events": json.loads(text)})
         return charge
 
 
@@ -290,8 +290,8 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
         before = curve.load(con, charge.dataset_id)
         con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])
         curve.save_change(con, charge.dataset_id, before, remove=charge.planned_events)
-        charge = _charge_row(con, run_id)
-        trail.append(con, store, actor, "budget.refund", {**_record(con, run_id), "reason": reason})
+        charge, record = _charge_and_record(con, run_id)
+        trail.append(con, store, actor, "budget.refund", {**record, "reason": reason})
         return charge
 
 
@@ -304,6 +304,12 @@ def charge_record(row: dict) -> dict:
     out = {k: row[k] for k in RECORD_FIELDS}
     out["planned_events"], out["charged_events"] = json.loads(row["planned_events"]), json.loads(row["charged_events"])
     return out
+
+
+def _charge_and_record(con, run_id: str) -> tuple[Charge, dict]:
+    """The charge after a change and its trail record, from one read of the row."""
+    row = _rows(con, "SELECT * FROM charges WHERE run_id = ?", [run_id])[0]
+    return Charge.from_row(row), charge_record(row)
 
 
 def _record(con, run_id: str) -> dict:
