@@ -72,17 +72,26 @@ class SecureGaussian:
 
 
 def _secure_add_noise(self: DPOptimizer) -> None:
-    """DPOptimizer.add_noise with the secure generator (rank 0 only under DPDDP, as opacus does)."""
+    """DPOptimizer.add_noise with the secure generator (rank 0 only under DPDDP, as opacus does). One draw
+    for all parameters of a device: one keystream call instead of one per tensor."""
     noisy = getattr(self, "rank", 0) == 0
-    for p in self.params:
-        _check_processed_flag(p.summed_grad)
-        if noisy:
-            noise = self.secure_gaussian.noise(p.summed_grad.shape, self.noise_multiplier * self.max_grad_norm,
-                                               p.summed_grad.device)
-            p.grad = (p.summed_grad.to(torch.float64) + noise).to(p.summed_grad.dtype).view_as(p)
-        else:
-            p.grad = p.summed_grad.view_as(p)
-        _mark_as_processed(p.summed_grad)
+    grads = [p.summed_grad for p in self.params]
+    for g in grads:
+        _check_processed_flag(g)
+    noises = noise_like(self.secure_gaussian, grads, self.noise_multiplier * self.max_grad_norm) if noisy else None
+    for i, (p, g) in enumerate(zip(self.params, grads)):
+        p.grad = ((g.to(torch.float64) + noises[i]).to(g.dtype) if noisy else g).view_as(p)
+        _mark_as_processed(g)
+
+
+def noise_like(gen: SecureGaussian, tensors: list[torch.Tensor], std: float) -> list[torch.Tensor]:
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for device in {t.device for t in tensors}:
+        idx = [i for i, t in enumerate(tensors) if t.device == device]
+        flat = gen.noise((sum(tensors[i].numel() for i in idx),), std, device)
+        for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx])):
+            out[i] = chunk.view(tensors[i].shape)
+    return out
 
 
 def install(optimizer: DPOptimizer) -> DPOptimizer:
