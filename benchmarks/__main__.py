@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and write BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,ksalsa,verify,audit]
+    python -m benchmarks [--full] [--only accounting,privimage,ksalsa,verify,audit,secure_noise]
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from benchmarks.common import machine, timer, today
 
 SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
             "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
-            "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench"}
+            "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench",
+            "secure_noise": "benchmarks.secure_noise_bench"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
