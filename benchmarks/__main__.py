@@ -14,7 +14,7 @@ from benchmarks.common import machine, timer, today
 SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
             "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
             "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench",
-            "secure_noise": "benchmarks.secure_noise_bench"}
+            "secure_noise": "benchmarks.secure_noise_bench", "distributed": "benchmarks.distributed_bench"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
