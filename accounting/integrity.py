@@ -225,7 +225,7 @@ def verify_store(store: Store, checkpoint_files: Iterable[Path] = (),
     with store._lock:  # one consistent snapshot: no commit lands between the reads
         rows = trail.read_rows(store)
         v = trail.verify_rows(rows, trail.recorded_head(store),
-                              trail._read_head(store.workspace.root / trail.PENDING_NAME))
+                              trail._read_head(store.workspace.root / trail.PENDING_NAME), shared=store.shared)
         problems, spend = reconcile(store, rows)
         stewards = {r["name"]: r["public_key"] for r in
                     store.query("SELECT name, public_key FROM identities WHERE role = 'steward'")}

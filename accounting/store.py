@@ -10,6 +10,8 @@ an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-no
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from contextlib import contextmanager
@@ -70,6 +72,7 @@ class Workspace:
     db_path = property(lambda self: self.root / "store.duckdb")
     config_path = property(lambda self: self.root / "config.toml")
     lock_path = property(lambda self: self.root / "store.lock")
+    pg_lock_path = property(lambda self: self.root / "store-pg.lock")  # this host's writers, PostgreSQL store
     artifacts = property(lambda self: self.root / "artifacts")
     keys = property(lambda self: self.root / "keys")
     bundles = property(lambda self: self.root / "bundles")
@@ -104,7 +107,7 @@ class Workspace:
         """Create the workspace if needed; returns True if it was created now. Idempotent. `store_url`
         (postgresql://...) keeps the tables in that database instead of store.duckdb."""
         if store_url is not None:
-            _check_url(store_url)
+            check_store_url(store_url)
             if self.initialised and self.store_url != store_url:
                 raise PrivReleaseError(
                     f"The workspace at {self.root} already has its store ({redact(self.store_url or str(self.db_path))})."
@@ -121,9 +124,17 @@ class Workspace:
             fd = os.open(self.hmac_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(32))
+        previous = self.store_url
         if store_url is not None:
             self.set_store_url(store_url)
-        create_schema(Store(self, _allow_uninitialised=True))
+        try:
+            store = Store(self, _allow_uninitialised=True)
+            create_schema(store)
+            if store.shared:
+                check_fingerprint_key(self, store)
+        except PrivReleaseError:
+            self.set_store_url(previous)  # not left pointing at a store it could not use
+            raise
         for path in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal"), self.lock_path):
             if path.exists():
                 os.chmod(path, 0o600)
@@ -133,7 +144,7 @@ class Workspace:
         return self.hmac_key_path.read_bytes()
 
 
-def _check_url(url: str) -> None:
+def check_store_url(url: str) -> None:
     if not is_postgres_url(url):
         raise PrivReleaseError(f"--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
                                f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb.")
@@ -143,6 +154,21 @@ def create_schema(store: "Store") -> None:
     with store.transaction() as con:
         con.execute(SCHEMA)
         con.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [str(SCHEMA_VERSION)])
+
+
+def check_fingerprint_key(ws: Workspace, store: "Store") -> None:
+    """Every workspace sharing a store must fingerprint with the same HMAC key: a dataset registered on one
+    host is re-checked against its fingerprint when a release on another host reads it. The store keeps
+    an HMAC of a constant under the key (not the key) and refuses a workspace whose key differs."""
+    key_id = hmac.new(ws.hmac_key(), b"privrelease fingerprint key id", hashlib.sha256).hexdigest()[:32]
+    with store.transaction() as con:
+        con.execute("INSERT INTO meta VALUES ('fingerprint_key_id', ?) ON CONFLICT DO NOTHING", [key_id])
+        stored = con.execute("SELECT value FROM meta WHERE key = 'fingerprint_key_id'").fetchone()[0]
+    if stored != key_id:
+        raise PrivReleaseError(
+            f"The store {redact(ws.store_url or '')} is used by workspaces with another fingerprint key. Copy "
+            f"keys/fingerprint.key from a workspace that uses this store to {ws.hmac_key_path} (mode 0600) and run "
+            "`privrelease init --store URL` again (README, \"A shared ledger on PostgreSQL\").")
 
 
 class Store:
@@ -159,7 +185,7 @@ class Store:
         # images, bundles) is its owner's only: files 0600, folders 0700 (README, "Trust model").
         os.umask(os.umask(0o077) | 0o077)
         url = self.workspace.store_url
-        self.backend = (PostgresBackend(url, self.workspace.lock_path) if url
+        self.backend = (PostgresBackend(url, self.workspace.pg_lock_path) if url
                         else DuckDBBackend(self.workspace.db_path, self.workspace.lock_path))
         self.before_commit: list = []
         self.after_commit: list = []

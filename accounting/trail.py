@@ -136,9 +136,12 @@ def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
 
 
 def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | str | None,
-                pending_head: tuple[int, str] | str | None = None) -> TrailVerification:
+                pending_head: tuple[int, str] | str | None = None, *, shared: bool = False) -> TrailVerification:
     """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order,
-    against the recorded head (and the write-ahead pending head, if a crash left one)."""
+    against the recorded head (and the write-ahead pending head, if a crash left one). With a `shared` store
+    (PostgreSQL) other hosts append too: this workspace's head pins the chain up to what it last wrote."""
+    if shared and _pinned_prefix(rows, recorded_head):
+        recorded_head = (len(rows), rows[-1][6]) if rows else None
     problems, broken = _chain_problems(rows)
     end = (len(rows), rows[-1][6] if rows else GENESIS)
     notes: list[str] = []
@@ -163,6 +166,16 @@ def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | str | None,
     return TrailVerification(not problems, len(rows), end[1], problems, broken, status, notes)
 
 
+def _pinned_prefix(rows: list[tuple], recorded: tuple[int, str] | str | None) -> bool:
+    """True if the recorded head is absent (this host never wrote) or an entry of the chain, hash included."""
+    if recorded is None:
+        return True
+    if isinstance(recorded, str) or not 1 <= recorded[0] <= len(rows):
+        return False
+    row = rows[recorded[0] - 1]
+    return row[0] == recorded[0] and row[6] == recorded[1]
+
+
 def _extends(rows: list[tuple], recorded: tuple[int, str] | None) -> bool:
     """True if the recorded head is the entry just before the chain's end (or absent for a 1-entry chain)."""
     if recorded is None:
@@ -184,7 +197,8 @@ def recorded_head(store: Store) -> tuple[int, str] | str | None:
 def verify(store: Store) -> TrailVerification:
     with store._lock:  # rows and head files read together, not between a commit and its head record
         rows = read_rows(store)
-        return verify_rows(rows, recorded_head(store), _read_head(store.workspace.root / PENDING_NAME))
+        return verify_rows(rows, recorded_head(store), _read_head(store.workspace.root / PENDING_NAME),
+                           shared=store.shared)
 
 
 def entries(store: Store, limit: int | None = None) -> list[dict]:

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from accounting.errors import PrivReleaseError
 from accounting.store import Store
-from release.cli import audit_trail, budget, datasets, keys_verify, releases, synth_cmds
+from release.cli import audit_trail, budget, datasets, keys_verify, releases, store_cmd, synth_cmds
 from release.cli.common import STATE, console, err_console, workspace
 
 app = typer.Typer(help="privrelease: privacy-accounted releases of image datasets.", no_args_is_help=True,
@@ -21,6 +21,7 @@ app.add_typer(audit_trail.app, name="audit")
 app.add_typer(releases.app, name="release")
 app.add_typer(keys_verify.keys_app, name="keys")
 app.add_typer(synth_cmds.app, name="synth")
+app.add_typer(store_cmd.app, name="store")
 app.command("verify")(keys_verify.verify)
 
 
@@ -47,13 +48,16 @@ def root(
 
 @app.command("init")
 def init(steward: str = typer.Option(None, "--steward", help="Create the workspace's first steward (only a steward "
-                                                             "can add identities later).")) -> None:
+                                                             "can add identities later)."),
+         store_url: str = typer.Option(None, "--store", help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: keep "
+                                       "the ledger in this shared database instead of the workspace's store.duckdb "
+                                       "(README, \"A shared ledger on PostgreSQL\").")) -> None:
     """Create the workspace (store, keys, artifacts, bundles; mode 0700). Safe to run again."""
     from accounting.errors import PermissionDeniedError
     from release import keys
 
     ws = workspace()
-    created = ws.init()
+    created = ws.init(store_url=store_url)
     console.print(f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at {ws.root.resolve()}")
     if steward is not None:
         s = Store(ws)
