@@ -2,7 +2,6 @@
 demo's and the default UNet's trainable parameter counts: `python -m benchmarks.secure_noise_bench`."""
 from __future__ import annotations
 
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import torch
 from opacus.optimizers.optimizer import DPOptimizer
 
+from benchmarks.common import machine, today
 from synth import secure_noise
 from synth.privimage.model import make_unet
 from synth.privimage.training import dp_finetune
@@ -69,19 +69,30 @@ def in_training(secure: bool, device: torch.device, workdir: Path, steps: int = 
     return total / steps * 1e3, sum(spent) / steps * 1e3
 
 
-def main() -> None:
+def run(quick: bool = True) -> str:
+    """The "Secure noise" section of BENCHMARKS.md (same settings quick or full)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"device: {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}")
+    rows = []
     for ch in ((16, 32, 32), (32, 64, 64)):
         r = bench(ch, device)
-        print(f"UNet {ch}: {r['params']:,} params  torch.normal {r['torch_ms']:.1f} ms  "
-              f"secure {r['secure_ms']:.1f} ms per step ({r['secure_ms'] / r['torch_ms']:.0f}x)")
+        rows.append(f"| UNet {ch} | {r['params']:,} | {r['torch_ms']:.1f} | {r['secure_ms']:.1f} |")
     with tempfile.TemporaryDirectory() as tmp:
-        for secure in (False, True):
-            step, noise = in_training(secure, device, Path(tmp) / str(secure))
-            print(f"demo DP-SGD step (UNet (16, 32, 32), batch 250), {'secure' if secure else 'torch'} noise: "
-                  f"{step:.0f} ms per step, of which adding noise {noise:.1f} ms ({100 * noise / step:.1f}%)")
+        steps = {secure: in_training(secure, device, Path(tmp) / str(secure)) for secure in (False, True)}
+    lines = [f"| {'secure (default)' if s else 'torch generator'} | {t:.0f} | {n:.1f} | {100 * n / t:.1f}% |"
+             for s, (t, n) in steps.items()]
+    return "\n".join([
+        "## Secure noise", "",
+        f"{today()}, {machine()}, {torch.get_num_threads()} torch thread(s), device {device}. "
+        "`python -m benchmarks.secure_noise_bench`. DP-SGD noise for every trainable parameter, once per step: torch's "
+        "generator (`torch.normal`) vs. synth/secure_noise.py (AES-256-CTR keystream, float64 Box-Muller, sum of 4 "
+        "normals). Best of 5.", "",
+        "| model | parameters | torch.normal ms | secure ms |", "|---|---|---|---|", *rows, "",
+        "Inside DP-SGD (demo UNet, expected batch 250 of 2,000 images, 4 steps; step and noise timed in the same run):",
+        "", "| noise | ms per step | of which adding noise, ms | share |", "|---|---|---|---|", *lines])
+
+
+def main() -> None:
+    print(run())
 
 
 if __name__ == "__main__":
