@@ -89,3 +89,25 @@ def one_run_bound(scores: np.ndarray, included: np.ndarray, delta: float, confid
     best = max(rows, key=lambda row: row[2])
     ceiling = epsilon_from_guesses(m, 2 * counts[-1], 2 * counts[-1], delta, alpha)
     return OneRunBound(best[2], best[0], best[1], m, confidence, float(delta), ceiling, tuple(rows))
+
+
+def ceiling(m: int, delta: float, confidence: float = 0.95,
+            guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS) -> float:
+    """The most one_run_bound can certify with m canaries: every guess at the largest count right."""
+    counts = sorted({max(1, int(f * m / 2)) for f in guess_fractions})
+    return epsilon_from_guesses(m, 2 * counts[-1], 2 * counts[-1], delta, (1 - confidence) / len(counts))
+
+
+def ceiling_search(eps: float, delta: float, confidence: float = 0.95, most: int = 256_000) -> tuple[int | None, float]:
+    """(smallest canary count, 1,000 x a power of 2 up to `most`, whose ceiling exceeds eps, or None; the
+    highest ceiling seen). The 2 m delta term of Theorem 5.2 grows with m, so the ceiling peaks (about 6.1
+    at m = 4,000 for delta = 1e-5) and then falls; the search stops there."""
+    m, peak = 1000, -math.inf
+    while m <= most:
+        c = ceiling(m, delta, confidence)
+        if c > eps:
+            return m, c
+        if c < peak:
+            return None, peak
+        m, peak = 2 * m, c
+    return None, peak

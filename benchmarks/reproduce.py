@@ -1,13 +1,15 @@
 """`make reproduce`: reproduce the shape of the seed papers' result tables and write REPRODUCTION.md
 with PNG plots in reproduction/.
 
-    python -m benchmarks.reproduce [--micro | --full] [--out REPRODUCTION.md] [--only privimage,ksalsa]
+    python -m benchmarks.reproduce [--micro | --full] [--out REPRODUCTION.md] [--only privimage,ksalsa,audit]
+    python -m benchmarks.reproduce --only audit      # the one-run DP-SGD audit alone (about a minute)
     python -m benchmarks.reproduce --report-only     # re-write the report from reproduction/results.json
 
 Default: CPU-sized settings (about 70 min on 2 CPU cores). --micro: a smoke run of the whole pipeline
 (minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
 Raw numbers go to reproduction/results.json; a section not re-run (--only) is taken from there
-when its mode matches, so a long run can be completed piecewise.
+when its mode matches, so a long run can be completed piecewise. `--only audit` rewrites only the
+audit section (3) of an existing REPRODUCTION.md, leaving the other sections' text as it was.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from benchmarks.common import machine, today
 from benchmarks.reproduce_settings import AUDIT_EPSILONS, EPSILONS, KS, settings
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("privimage", "ksalsa")
+SECTIONS = ("privimage", "ksalsa", "audit")
+AUDIT_HEADING = "## 3. "
 MODE_TEXT = {
     "micro": "MICRO smoke run (pipeline check only: tiny models, a few steps; the numbers mean nothing)",
     "cpu": ("CPU default (`make reproduce`): small models and short training, sized for about 70 min on 2 CPU "
@@ -51,8 +54,6 @@ def _unjson(x: Any) -> Any:
 
 
 def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
-    from benchmarks.reproduce_report import audit_section, ksalsa_section, privimage_section
-
     s = results["settings"]
     L = ["# Reproduction of the seed papers' result tables", "",
          f"Written by `python -m benchmarks.reproduce{'' if s['mode'] == 'cpu' else ' --' + s['mode']}` on "
@@ -72,14 +73,7 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
          f"Total time: {results['seconds'] / 60:.1f} min.", ""]
     for name, err in results.get("errors", {}).items():
         L += [f"**Section {name} FAILED**: `{err}`", ""]
-    for name, section in (("privimage", privimage_section), ("ksalsa", ksalsa_section), ("privimage", audit_section)):
-        if name in results:
-            r = results[name]
-            text = section(r, r.get("settings", s), plots)
-            if r.get("mode", s["mode"]) != s["mode"]:  # a section completed by a run in another mode
-                head, _, rest = text.partition("\n")
-                text = f"{head}\n\n**This section: {MODE_TEXT[r['mode']]}.**\n{rest}"
-            L.append(text)
+    L += section_texts(results, plots).values()
     L += ["## Settings of the other modes", "",
           "CPU default vs `--full` (GPU) vs `--micro` (smoke); see benchmarks/reproduce_settings.py:", ""]
     from benchmarks.reproduce_settings import MODES
@@ -91,6 +85,32 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+def section_texts(results: dict[str, Any], plots: dict[str, Any]) -> dict[str, str]:
+    """The report's numbered sections present in `results`, in order: privimage, ksalsa, audit."""
+    from benchmarks.reproduce_report import audit_section, ksalsa_section, privimage_section
+
+    s, out = results["settings"], {}
+    for name in ("privimage", "ksalsa"):
+        if name in results:
+            r = results[name]
+            text = {"privimage": privimage_section, "ksalsa": ksalsa_section}[name](r, r.get("settings", s), plots)
+            out[name] = _mode_note(text, r.get("mode", s["mode"]), s["mode"])
+    if "privimage" in results or "audit" in results:  # the MIA comes from privimage, the one-run audit from audit
+        mia, one_run = results.get("privimage"), results.get("audit")
+        text = audit_section(mia, one_run, (mia or one_run).get("settings", s), plots)
+        modes = {r.get("mode", s["mode"]) for r in (mia, one_run) if r}
+        out["audit"] = _mode_note(text, modes.pop() if len(modes) == 1 else s["mode"], s["mode"])
+    return out
+
+
+def _mode_note(text: str, section_mode: str, mode: str) -> str:
+    """A section completed by a run in another mode says so under its heading."""
+    if section_mode == mode:
+        return text
+    head, _, rest = text.partition("\n")
+    return f"{head}\n\n**This section: {MODE_TEXT[section_mode]}.**\n{rest}"
+
+
 def write_plots(results: dict[str, Any], out_dir: Path, grids: list[str]) -> dict[str, Any]:
     from benchmarks import reproduce_plots as rp
 
@@ -98,8 +118,8 @@ def write_plots(results: dict[str, Any], out_dir: Path, grids: list[str]) -> dic
     if "privimage" in results:
         plots["privimage"] = rp.privimage_curves(results["privimage"], out_dir)
         plots["audit"] = rp.audit_roc(results["privimage"]["audit"], out_dir)
-        if results["privimage"].get("one_run"):
-            plots["one_run"] = rp.one_run_scores(results["privimage"]["one_run"], out_dir)
+    if results.get("audit", {}).get("rows"):
+        plots["one_run"] = rp.one_run_scores(results["audit"]["rows"], out_dir)
     if "ksalsa" in results:
         plots["ksalsa"] = rp.ksalsa_curves(results["ksalsa"], out_dir)
     return plots
@@ -132,6 +152,34 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _run_section(name: str, s: dict[str, Any], tmp: Path, grid: Any, out_dir: Path) -> dict[str, Any]:
+    if name == "privimage":
+        from benchmarks.reproduce_privimage import run as run_privimage
+
+        return run_privimage(s, tmp, grid, samples_dir=out_dir / "samples")
+    if name == "audit":
+        from benchmarks.reproduce_audit import run as run_audit
+
+        return {**run_audit(s), "date": today(), "machine": machine()}
+    from benchmarks.reproduce_ksalsa import run as run_ksalsa
+
+    return run_ksalsa(s, tmp, grid)
+
+
+def splice_audit_section(results: dict[str, Any], out: Path) -> bool:
+    """Replace section 3 of an existing report with the current one (plots re-drawn); False if `out`
+    has no such section (then the caller writes the whole report)."""
+    text = out.read_text() if out.exists() else ""
+    start = text.find("\n" + AUDIT_HEADING)
+    if start < 0:
+        return False
+    end = text.find("\n## ", start + 1)
+    plots = write_plots(results, out.resolve().parent / "reproduction", [])
+    section = section_texts(results, plots)["audit"]
+    out.write_text(text[:start + 1] + section + (text[end:] if end >= 0 else "\n"))
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     import torch
 
@@ -155,8 +203,12 @@ def main(argv: list[str] | None = None) -> None:
     previous = _unjson(json.loads(raw_path.read_text())) if raw_path.exists() else {}
     if previous.get("settings", {}).get("mode") != mode:
         previous = {}
+    audit_only = only == ["audit"] and bool(previous)  # the header keeps describing the main run
     results: dict[str, Any] = {"settings": s, "machine": machine(), "date": today(),
                                "threads": torch.get_num_threads(), "errors": {}}
+    if audit_only:
+        results.update({k: previous[k] for k in ("machine", "date", "threads") if k in previous})
+    results["errors"] = {k: v for k, v in previous.get("errors", {}).items() if k not in only}
     grids: list[str] = [p.name for p in out_dir.glob("*_grid*.png")] if previous else []
     results.update({old: previous[old] for old in SECTIONS if old not in only and old in previous})
 
@@ -171,15 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in only:
             print(f"== {name} ({mode})", file=sys.stderr, flush=True)
             try:
-                if name == "privimage":
-                    from benchmarks.reproduce_privimage import run as run_privimage
-
-                    section = run_privimage(s, Path(tmp), grid, samples_dir=out_dir / "samples")
-                else:
-                    from benchmarks.reproduce_ksalsa import run as run_ksalsa
-
-                    section = run_ksalsa(s, Path(tmp), grid)
-                results[name] = {**section, "mode": mode, "settings": s}
+                results[name] = {**_run_section(name, s, Path(tmp), grid, out_dir), "mode": mode, "settings": s}
             except Exception as exc:  # keep the other section's results; say what failed
                 traceback.print_exc()
                 results["errors"][name] = f"{type(exc).__name__}: {exc}"
@@ -187,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     results["seconds"] = time.time() - t0 + sum(previous.get(x, {}).get("seconds", 0.0) for x in SECTIONS
                                                   if x not in only and x in previous)
     raw_path.write_text(json.dumps(_jsonable(results), indent=1))
-    write_report(results, args.out, grids)
+    if not (audit_only and "audit" in results and splice_audit_section(results, args.out)):
+        write_report(results, args.out, grids)
     print(f"wrote {args.out} and {out_dir}/", file=sys.stderr)
     if results["errors"]:
         sys.exit(1)

@@ -4,10 +4,10 @@ For epsilon in EPSILONS x {PrivImage, DPDM-style, PDP-Diffusion-style}: one char
 `release.runner.run_direct` on a throw-away workspace, then FID (EfficientNet-Lite0 features)
 against the sensitive set and LR / MLP / CNN accuracy on the real held-out set (audit package).
 Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
-on the same UNet trained without DP (epsilon = infinity)."""
+on the same UNet trained without DP (epsilon = infinity). The one-run audit of the DP-SGD code is its own
+section (benchmarks/reproduce_audit.py)."""
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
@@ -47,38 +47,6 @@ def _mia(loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], members: Image
     return {"n": min(n, len(members), len(nonmembers)), "auc": a["auc"], "tpr_at_1pct_fpr": a["tpr_at_1pct_fpr"],
             "eps_lower": a["epsilon_bound"]["eps_lower"], "eps_point": a["epsilon_bound"]["eps_point"],
             "roc": {"fpr": np.asarray(a["roc"]["fpr"]).tolist(), "tpr": np.asarray(a["roc"]["tpr"]).tolist()}}
-
-
-def one_run_audits(runs: list[tuple[float, Any]], public: ImageDataset, canaries: int, seed: int) -> list[dict]:
-    """One-run audit (audit.dpsgd_audit) of dp_finetune at each audited run's DP-SGD settings, and at the
-    largest epsilon's settings with the noise switched off (epsilon = infinity): the separation plot."""
-    from audit.dpsgd_audit import compute_implementation_audit
-    from synth.privimage.training import dp_finetune
-
-    def no_noise(model, x, y, **kw):
-        return dp_finetune(model, x, y, **{**kw, "noise_multiplier": 0.0})
-
-    out = []
-    for eps, setting in runs + [(float("inf"), runs[-1][1])]:
-        audit = compute_implementation_audit(setting, public, trainer=None if math.isfinite(eps) else no_noise,
-                                             m=canaries, seed=seed)
-        b = audit.bound
-        out.append({"epsilon": eps, "claimed_epsilon": audit.claimed_epsilon if math.isfinite(eps) else float("inf"),
-                    "eps_lower": b.eps_lower, "max_certifiable": b.max_certifiable, "canaries": b.m,
-                    "gaussian_eps": audit.gaussian.eps, "seconds": audit.run.seconds,
-                    "scores_in": audit.run.scores[audit.run.included].tolist(),
-                    "scores_out": audit.run.scores[~audit.run.included].tolist()})
-        _log(f"one-run audit eps={eps:g}: bound {b.eps_lower:.2f} (ceiling {b.max_certifiable:.2f})")
-    return out
-
-
-def _dpsgd_setting(res, cfg, n: int):
-    from audit.dpsgd_audit import DpSgdSetting
-    from synth.privimage.plan import sample_rate_for
-
-    p = res.parameters
-    q = p.get("sample_rate") or sample_rate_for(n, cfg.batch_size)
-    return DpSgdSetting(q, p["noise_multiplier"], p["steps"], cfg.max_grad_norm, cfg.delta, cfg.lr, cfg.ema_decay)
 
 
 def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tmp: Path):
@@ -166,7 +134,6 @@ def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -
     # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
     # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
     shared_pdp_pretrain: Path | None = None
-    audited: list[tuple[float, Any]] = []
     base = PrivImageConfig(epsilon=max(s["epsilons"]), delta=delta, device=str(dev), seed=seed,
                            query_sigma=s["query_sigma"], **pi)
     for eps in s["epsilons"]:
@@ -197,11 +164,8 @@ def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -
                 m = _mia(lambda im, lb: per_sample_diffusion_loss(model_path, im, lb), sens, test,
                          s["mia_samples"], delta, seed)
                 out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
-                audited.append((eps, _dpsgd_setting(res, cfg, len(sens))))
                 _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
     _nonprivate(out, sens, test, base, s, dev, tmp, grid)
-    if audited:
-        out["one_run"] = one_run_audits(audited, pub, s.get("one_run_canaries", 1000), seed)
     _log(f"non-private diffusion: {out['nonprivate_diffusion']}; audit {out['audit'][-1]['auc']:.3f}")
     out["seconds"] = time.time() - t_all
     return out

@@ -104,16 +104,71 @@ def test_matching_digit_classes_counts_semantically_right_choices() -> None:
     assert matching_digit_classes(chosen) == 2
 
 
+def _toy_one_run(rng: np.random.Generator) -> dict:
+    rows = []
+    for e, c, lb, shift in ((1.0, 0.98, 0.0, 0.1), (10.0, 9.997, 0.8, 1.0), (math.inf, math.inf, 5.19, 1e12)):
+        scores = {k: {"eps_lower": lb, "correct": 90, "guesses": 100, "gaussian_eps_lower": lb, "seconds": 1.5,
+                      "scores_in": (rng.normal(shift, 1, 100)).tolist(), "scores_out": rng.normal(0, 1, 100).tolist()}
+                  for k in ("model", "gradients")}
+        rows.append({"epsilon": e, "claimed_epsilon": c, "sample_rate": 0.05, "noise_multiplier": 2.0, "steps": 80,
+                     "canaries": 200, "max_certifiable": 5.19, "scores": scores})
+    return {"rows": rows, "public": "pool", "n_public": 100, "seconds": 9.0, "date": "d", "machine": "m",
+            "mode": "micro"}
+
+
 def test_one_run_audit_separation_plot_and_table(tmp_path) -> None:
     res = _toy_results(paper_order=True)
-    rng = np.random.default_rng(0)
-    res["privimage"]["one_run"] = [
-        {"epsilon": e, "claimed_epsilon": c, "eps_lower": lb, "max_certifiable": 5.2, "canaries": 200,
-         "gaussian_eps": lb + 0.5, "seconds": 3.0, "scores_in": (rng.normal(shift, 1, 100)).tolist(),
-         "scores_out": rng.normal(0, 1, 100).tolist()}
-        for e, c, lb, shift in ((1.0, 0.9, 0.0, 0.2), (10.0, 9.5, 0.8, 1.0), (math.inf, math.inf, 4.9, 8.0))]
+    res["audit"] = _toy_one_run(np.random.default_rng(0))
     plots = write_plots(res, tmp_path, [])
     assert (tmp_path / plots["one_run"]).stat().st_size > 1000
     md = build_report(res, plots)
-    assert "One-run audit of the DP-SGD implementation" in md and "inf (noise off)" in md
-    assert f"(reproduction/{plots['one_run']})" in md and "| 4.900 |" in md
+    assert "3a. One-run audit of the DP-SGD implementation" in md and "inf (noise off)" in md
+    assert f"(reproduction/{plots['one_run']})" in md and "| 5.19 |" in md
+    assert "No lower bound exceeds its charged epsilon" in md and "separate completely" in md
+    assert "cannot prove that epsilon 10.00 is exceeded" in md  # charged 9.997 > ceiling 5.19
+    assert "3b. Membership inference" in md and "cannot tell a private model from a non-private one" in md
+    res["audit"]["rows"][0]["scores"]["gradients"]["eps_lower"] = 1.5  # above the charged 0.98
+    assert "leaks more than it charges" in build_report(res, plots)
+
+
+def test_only_audit_rewrites_just_its_section(tmp_path) -> None:
+    """`--only audit` (a real micro-sized audit, seconds) keeps sections 1-2 and the header as they are in
+    the file, replaces section 3, and its numbers show the separation: noise off at the ceiling, the honest
+    runs below their charge."""
+    import json
+
+    from benchmarks import reproduce
+
+    res = _toy_results(paper_order=True)
+    out = tmp_path / "REPRODUCTION.md"
+    (tmp_path / "reproduction").mkdir()
+    (tmp_path / "reproduction" / "results.json").write_text(json.dumps(_jsonable(res)))
+    reproduce.write_report(res, out, [])
+    edited = out.read_text().replace("## 1. PrivImage", "HAND-EDITED LINE\n\n## 1. PrivImage")
+    out.write_text(edited)
+    reproduce.main(["--micro", "--only", "audit", "--out", str(out)])
+    text = out.read_text()
+    assert text.startswith(edited[:edited.index("## 3. ")]) and "HAND-EDITED LINE" in text
+    assert "3a. One-run audit" in text and text.count("## 3. ") == 1 and "## Settings of the other modes" in text
+    assert (tmp_path / "reproduction" / "audit_one_run_scores.png").stat().st_size > 1000
+    saved = _unjson(json.loads((tmp_path / "reproduction" / "results.json").read_text()))
+    assert saved["date"] == res["date"] and "privimage" in saved
+    rows = saved["audit"]["rows"]
+    assert [r["epsilon"] for r in rows] == [*AUDIT_EPSILONS, math.inf] and set(rows[0]["scores"]) == {"model",
+                                                                                                       "gradients"}
+    assert rows[2]["scores"]["gradients"]["eps_lower"] > 0.9 * rows[2]["max_certifiable"]
+    assert all(r["scores"][k]["eps_lower"] < r["claimed_epsilon"] for r in rows[:2] for k in r["scores"])
+
+
+def test_audit_settings_are_the_privimage_runs_plans() -> None:
+    from benchmarks.reproduce_audit import audit_settings
+    from synth.privimage import PrivImageConfig
+    from synth.privimage.plan import plan_privimage
+
+    s = {**settings("cpu"), "audit_epsilons": [1.0, 10.0]}
+    sets = audit_settings(s)
+    plan = plan_privimage(PrivImageConfig(epsilon=1.0, delta=s["delta"], query_sigma=s["query_sigma"],
+                                          **s["privimage"]), 4000)
+    assert (sets[0][1].sample_rate, sets[0][1].noise_multiplier, sets[0][1].steps) == \
+        (plan.sample_rate, plan.noise_multiplier, plan.steps)
+    assert sets[0][1].noise_multiplier > sets[1][1].noise_multiplier and sets[0][1].claimed_epsilon < 1.0

@@ -39,16 +39,19 @@ def dpsgd_setting_for(spec_path: Path):
 def implementation(spec: Path = typer.Argument(..., help="Release spec (TOML) whose DP-SGD settings are audited."),
                    canaries: int = typer.Option(1000, "--canaries", min=10, help="m canaries, each included w.p. 1/2."),
                    out: Path = typer.Option(None, "--out", help="Folder for the canary-score PNG and JSON."),
+                   score: str = typer.Option("gradients", "--score",
+                                             help="gradients: every step's privatised gradient (white-box, stronger "
+                                                  "at small noise); model: the final weights only."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
     """One-run privacy audit (Steinke, Nasr & Jagielski 2023) of the DP-SGD implementation at SPEC's
     settings: public data plus canaries only, no budget spent. Exit 1 if the implementation leaks
-    more than it charges."""
+    more than it charges; when it passes, the report says what it could not have detected."""
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
     from release.cli.progress import rich_progress
 
     setting, public = dpsgd_setting_for(spec)
     with rich_progress() as progress:
-        audit = compute_implementation_audit(setting, public, m=canaries, progress=progress)
+        audit = compute_implementation_audit(setting, public, m=canaries, progress=progress, score=score)
     result = check_implementation_audit(audit, out)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
