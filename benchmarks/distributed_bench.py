@@ -95,8 +95,7 @@ def section(results: list[dict], steps: int) -> str:
     return (f"## Distributed DP-SGD (`python -m benchmarks.distributed_bench`)\n\n"
             f"{today()}, {machine()}. CPU only, gloo, `torchrun --standalone`. MNIST-5k ({N_IMAGES} images), "
             f"demo UNet {DEMO_WIDTHS} ({r0['mb']:.2f} MiB of float32 weights in {r0['tensors']} tensors), "
-            f"expected batch {BATCH}, {steps} timed steps after 2 warm-up steps; the cores are split between "
-            "the processes.\n\n"
+            f"expected batch {BATCH}, {steps} timed steps after 2 warm-up steps.\n\n"
             + md_table(["processes", "threads each", "s / DP-SGD step", "examples / s", "speed-up",
                         "all-reduce ms / step", "all-reduce share of a step"], rows))
 

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from accounting import ledger
 from accounting.errors import InvalidParameterError, PrivReleaseError
-from accounting.events import DpSgd
+from accounting.events import DpSgd, event_from_json
 from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
@@ -227,3 +227,129 @@ def test_lockstep_sampler_yields_every_step_on_every_rank() -> None:
         assert ours == 200 and opacus_count < 200  # opacus skips this rank's empty batches
         assert set(seen) <= set(range(40))
     assert not set(result[0][2]) & set(result[1][2])  # disjoint shards: one Poisson sample of the whole set
+
+
+COORDINATOR = """
+import sys
+from pathlib import Path
+import numpy as np
+from accounting import ledger
+from accounting.store import Store, Workspace
+from release import runner
+from release.manager import dataset_info
+from synth import registry
+from synth.datasets import load_source, uci_digits
+from synth.privimage import PrivImageConfig
+root = Path(sys.argv[1])
+sens = load_source("builtin:mnist5k")
+sens = sens.subset(np.concatenate([np.flatnonzero(sens.labels == c)[:12] for c in range(10)]))
+ws = Workspace(root / "ws"); ws.init(); store = Store(ws)
+ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
+                        labels=sens.label_set, image_shape=[28, 28], epsilon_cap=10.0, delta_cap=1e-4)
+cfg = PrivImageConfig.tiny(4.0, 1e-4, selection="none", finetune_epochs=4.0)
+b = ledger.budget(store, "mnist")
+plan = registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, uci_digits())
+runner.run_charged(store, run_id="r", dataset="mnist", data=sens, public=uci_digits(), mechanism="privimage",
+                   config=cfg, plan=plan, workdir=root / "w", nproc=2)
+"""
+
+
+def _wait(condition, seconds: float) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow
+def test_killing_the_coordinator_stops_its_workers(tmp_path: Path) -> None:
+    """No orphan keeps training (and writing the step counter) once the process holding the lease is gone."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "coordinator.py"
+    script.write_text(COORDINATOR)
+    wd = tmp_path / "w"
+    coord = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=Path(__file__).parent.parent,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: state.read_json(wd / state.WAL, {"started": 0})["started"] >= 2, 240)
+        assert len(_worker_pids(str(wd))) == 2
+    finally:
+        coord.kill()
+        coord.wait()
+    assert _wait(lambda: not _worker_pids(str(wd)), 30), _worker_pids(str(wd))
+    started = state.read_json(wd / state.WAL)["started"]
+    assert not _wait(lambda: state.read_json(wd / state.WAL)["started"] != started, 3)
+
+
+@pytest.mark.slow
+def test_release_run_nproc_through_the_cli(store: Store, tmp_path: Path) -> None:
+    """`privrelease release run ID --as S --nproc 2`: the steward's command, charged once, as planned."""
+    from typer.testing import CliRunner
+
+    from release import keys, manager
+    from release.cli import app
+    from release.data import register_from_source
+    from release.spec import ReleaseSpec
+
+    train = load_source("builtin:mnist5k")
+    idx = np.random.default_rng(0).choice(len(train), 120, replace=False)
+    np.savez(tmp_path / "train.npz", images=train.images[idx], labels=train.labels[idx])
+    keys.create_identity(store, "alice", "steward")
+    keys.ensure_release_key(store.workspace)
+    register_from_source(store, "digits", str(tmp_path / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4, labels="0-9")
+    spec = {"release": {"dataset": "digits", "mechanism": "privimage", "n_images": 20},
+            "privimage": {"epsilon": 6.0, "preset": "tiny", "public": "builtin:uci-digits", "selection": "none"},
+            "policy": {"mia_samples": 20, "feature_samples": 40, "fid_samples": 40, "utility_train_samples": 60,
+                       "cnn_epochs": 1, "min_utility_gain": None}}
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    r = CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "release", "run", rel["release_id"],
+                                 "--as", "alice", "--nproc", "2"])
+    assert r.exit_code == 0, r.output
+    (charge,) = ledger.budget(store, "digits").charges
+    assert charge.state == "committed"
+    assert list(charge.charged_events) == [event_from_json(e) for e in rel["plan"]["events"]]
+    assert manager.get_release(store, rel["release_id"])["state"] == "checked"
+    assert (manager.release_dir(store, rel["release_id"]) / "work" / "dist_finetune_sample.log").exists()
+
+
+def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:
+    """A DP-SGD step whose clipped gradients are all zero (zero inputs): what is left is the noise."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from synth.privimage import training
+    from synth.secure_noise import install
+
+    model = torch.nn.Linear(20_000, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = torch.zeros(64, 20_000), torch.zeros(64, dtype=torch.long)
+    _, dp_model, dp_opt, loader = training._make_private(model, opt, x, y, 16, 2.0, 3.0, 1 / 4,
+                                                         torch.device("cpu"), world_size=world)
+    install(dp_opt)  # as dp_finetune does by default
+    xb, _ = next(iter(loader))
+    if len(xb):
+        dp_opt.zero_grad()
+        dp_model(xb).sum().backward()
+    else:
+        training._empty_batch(dp_opt, list(model.parameters()))
+    dp_opt.step()
+    out[rank] = model.weight.grad.detach().clone().reshape(-1)
+    torch.distributed.destroy_process_group()
+
+
+def test_the_noise_is_added_once_not_once_per_process() -> None:
+    """sigma * C on the summed gradient, as in one process: not sqrt(2) times it (every rank adding noise,
+    only less useful) and not 0 (no rank adding it: no privacy)."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_one_noisy_step, args=(2, 29500 + (os.getpid() + 7) % 1000, out), nprocs=2, join=True)
+        grads = dict(out)
+    assert torch.equal(grads[0], grads[1])  # every replica applies the same update
+    expected_batch = 64 // 4
+    assert float(grads[0].std() * expected_batch) == pytest.approx(2.0 * 3.0, rel=0.05)

@@ -149,13 +149,23 @@ def launch(stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progre
     return result
 
 
+# torchrun's agent, started through a tiny exec wrapper that first asks to die with this process
+# (preexec_fn would be unsafe here: the runner's lease heartbeat is a thread). PDEATHSIG survives exec.
+_EXEC_DYING_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "    if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
+    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
+
+
 def _torchrun(job_path: Path, nproc: int, log_path: Path, progress: ProgressFn) -> tuple[int, deque]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "synth.privimage.worker", str(job_path)]
+    cmd = [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), "-m", "torch.distributed.run",
+           "--standalone", f"--nproc-per-node={nproc}", "-m", "synth.privimage.worker", str(job_path)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc)))}
     tail: deque = deque(maxlen=LOG_TAIL_LINES)
     with open(log_path, "w") as log, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                       text=True, env=env, preexec_fn=die_with_parent) as proc:
+                                                       text=True, env=env) as proc:
         try:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_TAG):
