@@ -307,7 +307,8 @@ def one_run_findings(rows: list[dict[str, Any]]) -> list[str]:
                        f"ceiling {ceil:.2f}: included and excluded canaries {'separate completely' if b >= 0.95 * ceil else 'separate'} "
                        "(right-hand panels), so a model trained without noise is caught.")
         else:
-            shape = "overlap (nothing certified)" if b == 0 else f"separate partly (bound {b:.2f})"
+            shape = ("overlap (nothing certified)" if b == 0 else f"overlap almost entirely (bound {b:.2f})"
+                     if b < 0.5 else f"separate partly (bound {b:.2f})")
             out.append(f"At epsilon {a['epsilon']:g} (charged {a['claimed_epsilon']:.2f}) the two distributions "
                        f"{shape}.")
     finite = [a for a in rows if math.isfinite(a["claimed_epsilon"]) and a["claimed_epsilon"] >= a["max_certifiable"]]

@@ -146,6 +146,10 @@ def test_cli_audit_implementation(tmp_path):
     out = json.loads(r.output[r.output.index("{"):])
     assert out["status"] == "consistent" and out["eps_lower"] < out["claimed_epsilon"]
     assert out["setting"]["sample_rate"] == pytest.approx(0.1) and out["canaries"] == 200
+    assert out["score"] == "gradients"  # the CLI's default: every step's privatised gradient
+    assert "certifies only part of a leak" in out["summary"] and "sampling at 2q" in out["summary"]
+    r = runner.invoke(app, ["--workspace", str(ws), "audit", "implementation", str(spec), "--score", "loss"])
+    assert isinstance(r.exception, InvalidParameterError) and "score must be one of" in str(r.exception)
     assert (tmp_path / "out" / "canary_scores.png").exists() and (tmp_path / "out" / "implementation_audit.json").exists()
     bad = tmp_path / "bad.toml"
     bad.write_text('[release]\ndataset = "mnist"\nmechanism = "ksalsa"\n[ksalsa]\nk = 5\n')
