@@ -15,12 +15,12 @@ the data). A canary's score is how far its row moved against that direction. Any
 implementation makes to sampling, clipping or noise changes exactly that movement, whatever the
 network: DP-SGD's guarantee holds for every model, so a worst-case probe is a fair test of the code.
 
-Two scores (`score=`): "model" reads only the final weights (the release's view). "gradients" is the
-white-box auditor of Nasr et al. (2023) and Steinke et al.'s Section 7: it records the privatised gradient
-the optimiser receives at every step (the T outputs DP-SGD's accounting covers) and scores each canary by
-the log-likelihood ratio of "its clipped gradient was in this step's noisy sum with probability q" summed
-over steps. At small noise this sees the individual steps' inclusions, which a sum over steps averages
-away, so it certifies more (it is what catches sampling at 2q at epsilon 1; see BENCHMARKS.md).
+Two scores (`score=`): "model" reads only the final weights (the release's view). "gradients" is a
+white-box auditor (as in Nasr et al. 2023 and Steinke et al.'s white-box experiments): it records the
+privatised gradient the optimiser receives at every step (the T outputs DP-SGD's accounting covers) and
+scores each canary by the log-likelihood ratio of "its clipped gradient was in this step's noisy sum with
+probability q", summed over steps. At small noise this sees the individual steps' inclusions, which a sum
+over steps averages away, so it certifies more; at large noise the two are alike (BENCHMARKS.md).
 """
 from __future__ import annotations
 
