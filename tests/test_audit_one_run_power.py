@@ -106,3 +106,24 @@ def test_below_ceiling_pass_names_the_blind_spot(setting, public):
     assert status == "consistent" and audit.bound.max_certifiable > audit.claimed_epsilon
     assert "certifies only part of a leak" in text and "sampling at 2q = 0.2 while charging q (eps 4.26)" in text
     assert not math.isnan(audit.bound.eps_lower)
+
+
+def test_audit_bench_counts_proofs_and_flags(public):
+    """The repeated-run benchmark's numbers: the true epsilon of each variant, and its proven / flagged counts."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ours, not opacus' `benchmarks` package
+    for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+        if "site-packages" in str(getattr(sys.modules[name], "__file__", "")):
+            del sys.modules[name]
+    from benchmarks.audit_bench import repeated, true_epsilon
+
+    s = DpSgdSetting(0.1, calibrate_dpsgd_sigma(1.0, 1e-5, 0.1, 30), 30, 1.0, 1e-5)
+    assert true_epsilon("DP on (honest)", s) == pytest.approx(s.claimed_epsilon)
+    assert true_epsilon("sampling at 2q, charged q", s) > 1.5 * s.claimed_epsilon
+    assert math.isinf(true_epsilon("noise off", s))
+    honest = repeated(s, public, None, 200, 2, "gradients")
+    broken = repeated(s, public, no_noise, 200, 2, "gradients")
+    assert honest["proven"] == 0 and len(honest["bounds"]) == 2
+    assert broken["proven"] == broken["flagged"] == 2 and broken["ceiling"] == pytest.approx(ceiling(200, 1e-5))
