@@ -303,9 +303,12 @@ def one_run_findings(rows: list[dict[str, Any]]) -> list[str]:
     for a in rows:
         b, ceil = best[id(a)], a["max_certifiable"]
         if math.isinf(a["epsilon"]):
+            sc = a["scores"]["model"] if "model" in a["scores"] else next(iter(a["scores"].values()))
+            above = float(np.mean(np.asarray(sc["scores_in"]) > max(sc["scores_out"])))
             out.append(f"With the noise off the bound is {b:.2f}, {'at' if b >= 0.95 * ceil else 'towards'} the "
-                       f"ceiling {ceil:.2f}: included and excluded canaries {'separate completely' if b >= 0.95 * ceil else 'separate'} "
-                       "(right-hand panels), so a model trained without noise is caught.")
+                       f"ceiling {ceil:.2f}: {above:.0%} of the included canaries score above every excluded one "
+                       f"(the others were never sampled in {a['steps']} steps at rate {a['sample_rate']:g}: they "
+                       "left no trace), so a model trained without noise is caught (right-hand panels).")
         else:
             shape = ("overlap (nothing certified)" if b == 0 else f"overlap almost entirely (bound {b:.2f})"
                      if b < 0.5 else f"separate partly (bound {b:.2f})")
