@@ -289,11 +289,11 @@ def one_run_section(res: dict[str, Any], s: dict[str, Any], plots: dict[str, str
     L.append("")
     if plots.get("one_run"):
         L += [f"![{plots['one_run']}](reproduction/{plots['one_run']})", ""]
-    L += [" ".join(one_run_findings(rows)), ""]
+    L += [" ".join(one_run_findings(rows, s["delta"])), ""]
     return L
 
 
-def one_run_findings(rows: list[dict[str, Any]]) -> list[str]:
+def one_run_findings(rows: list[dict[str, Any]], delta: float) -> list[str]:
     """Sentences read off the one-run audit's numbers: what separates, and what the audit cannot see."""
     out = []
     best = {id(a): max(v["eps_lower"] for v in a["scores"].values()) for a in rows}
@@ -316,10 +316,15 @@ def one_run_findings(rows: list[dict[str, Any]]) -> list[str]:
                        f"{shape}.")
     finite = [a for a in rows if math.isfinite(a["claimed_epsilon"]) and a["claimed_epsilon"] >= a["max_certifiable"]]
     if finite:
+        from audit.one_run import ceiling_search
+
         a = finite[0]
+        need, peak = ceiling_search(a["claimed_epsilon"], delta)
+        more = (f"{need:,} canaries would be needed" if need else
+                f"no canary count lifts it past {peak:.1f} at delta {delta:g}")
         out.append(f"What it cannot show: at epsilon {a['epsilon']:g} the charge exceeds what {a['canaries']} canaries "
-                   f"can certify (ceiling {a['max_certifiable']:.2f}), so the audit shows that noise is there but "
-                   f"cannot prove that epsilon {a['claimed_epsilon']:.2f} is exceeded: a leak between the ceiling "
+                   f"can certify (ceiling {a['max_certifiable']:.2f}; {more}), so the audit shows that noise is there "
+                   f"but cannot prove that epsilon {a['claimed_epsilon']:.2f} is exceeded: a leak between the ceiling "
                    "and the charge would pass. BENCHMARKS.md (one-run audit) gives the detection rate of each broken "
                    "variant over repeated runs.")
     return out

@@ -126,6 +126,7 @@ def test_one_run_audit_separation_plot_and_table(tmp_path) -> None:
     assert f"(reproduction/{plots['one_run']})" in md and "| 5.19 |" in md
     assert "No lower bound exceeds its charged epsilon" in md and "100% of the included canaries score above" in md
     assert "cannot prove that epsilon 10.00 is exceeded" in md  # charged 9.997 > ceiling 5.19
+    assert "no canary count lifts it past 6.1 at delta 1e-05" in md
     assert "3b. Membership inference" in md and "cannot tell a private model from a non-private one" in md
     res["audit"]["rows"][0]["scores"]["gradients"]["eps_lower"] = 1.5  # above the charged 0.98
     assert "leaks more than it charges" in build_report(res, plots)
