@@ -140,10 +140,10 @@ def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | str | None,
     """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order,
     against the recorded head (and the write-ahead pending head, if a crash left one). With a `shared` store
     (PostgreSQL) other hosts append too: this workspace's head pins the chain up to what it last wrote."""
-    if shared and _pinned_prefix(rows, recorded_head):
-        recorded_head = (len(rows), rows[-1][6]) if rows else None
-    problems, broken = _chain_problems(rows)
     end = (len(rows), rows[-1][6] if rows else GENESIS)
+    if shared and pending_head != end and _pinned_prefix(rows, recorded_head):
+        recorded_head = end if rows else None  # later entries are other hosts' (a crash of ours: pending == end)
+    problems, broken = _chain_problems(rows)
     notes: list[str] = []
     if isinstance(recorded_head, str):
         problems.append(f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, "
