@@ -20,7 +20,7 @@ def register(store, cap=CAP, delta=DELTA):
 
 
 def gaussian_rdp(sigma: float) -> np.ndarray:
-    return np.asarray(RDP_ORDERS) / (2 * sigma ** 2)  # Mironov 2017, Prop. 7: sensitivity 1
+    return privacy_filter.ORDERS / (2 * sigma ** 2)  # Mironov 2017, Prop. 7: sensitivity 1, at the filter's orders
 
 
 def orders_within(sigma: float, cap: float = CAP, delta: float = DELTA) -> int:
@@ -37,18 +37,30 @@ def sigma_with_one_order_left() -> float:
     return hi
 
 
-def test_budget_per_order_agrees_with_dp_accountings_conversion():
-    """Independent check: dp-accounting's (tighter) conversion at (α, B(α)) gives exactly ε minus its documented
-    improvement over Mironov's, so B(α) is Mironov's budget and never looser than what epsilon reports."""
-    for alpha in (1.5, 2.0, 3.0, 8.0, 32.0, 256.0):
-        i = RDP_ORDERS.index(alpha)
-        b = privacy_filter.order_budgets(CAP, DELTA)[i]
+def test_budget_per_order_is_dp_accountings_conversion_at_its_share_of_delta():
+    """Independent check: at (α, B(α)), dp-accounting's conversion (Canonne-Kamath-Steinke) gives exactly ε at
+    δ·g(α), the share of δ the theorem gives order α, and at most ε at δ."""
+    for alpha, b in zip(privacy_filter.FILTER_ORDERS, privacy_filter.order_budgets(CAP, DELTA)):
         if b <= 0:
             continue
-        eps_dp, _ = rdp_lib.compute_epsilon([alpha], [b], DELTA)
-        improvement = math.log(alpha) / (alpha - 1) - math.log1p(-1 / alpha)
-        assert eps_dp == pytest.approx(CAP - improvement, rel=1e-12, abs=1e-12)
-        assert eps_dp <= CAP
+        eps_share, _ = rdp_lib.compute_epsilon([alpha], [b], DELTA * privacy_filter.slack(alpha))
+        assert eps_share == pytest.approx(CAP, rel=1e-12)
+        assert rdp_lib.compute_epsilon([alpha], [b], DELTA)[0] <= CAP
+
+
+def test_the_grid_meets_the_theorems_condition_and_the_full_grid_would_not():
+    assert sum(privacy_filter.slack(a) for a in privacy_filter.FILTER_ORDERS) <= 1.0
+    assert set(privacy_filter.FILTER_ORDERS) <= set(RDP_ORDERS)
+    assert sum(privacy_filter.slack(a) for a in RDP_ORDERS) > 1.0  # why the filter does not use all 156 orders
+
+
+@pytest.mark.parametrize("alpha", [2.0, 3.0, 8.0, 63.0])
+def test_holder_step_costs_at_most_delta_times_g(alpha):
+    """Step (3) of the proof: max over q of (e^B q)^(1-1/α) - e^ε q equals δ·g(α) (numerically, on a fine grid)."""
+    b = privacy_filter.order_budgets(CAP, DELTA)[privacy_filter.FILTER_ORDERS.index(alpha)]
+    q = np.exp(np.linspace(math.log(1e-20), 0, 400_001))
+    worst = np.max((math.exp(b) * q) ** (1 - 1 / alpha) - math.exp(CAP) * q)
+    assert worst == pytest.approx(DELTA * privacy_filter.slack(alpha), rel=1e-4)
 
 
 def test_filter_epsilon_is_never_below_the_reported_epsilon():
@@ -86,8 +98,8 @@ def test_boundary_within_float_tolerance(store):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if orders_within(mid) >= 1 else (mid, hi)
     sigma = hi
-    slack = privacy_filter.order_budgets(CAP, DELTA) - curve.curve_of([GaussianQuery(sigma)]).rdp
-    assert abs(np.max(slack)) < 1e-12  # the binding order sits on its budget
+    on_grid = curve.curve_of([GaussianQuery(sigma)]).rdp[[RDP_ORDERS.index(a) for a in privacy_filter.FILTER_ORDERS]]
+    assert abs(np.max(privacy_filter.order_budgets(CAP, DELTA) - on_grid)) < 1e-12  # the binding order sits on B
     rdp = curve.curve_of([GaussianQuery(sigma)]).rdp
     assert privacy_filter.admits(rdp, CAP, DELTA)
     assert not privacy_filter.admits(rdp, CAP - 1e-6, DELTA)

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from accounting import curve, ledger
 from accounting import filter as privacy_filter
+from accounting.epsilon import RDP_ORDERS
 from accounting.events import DpSgd, GaussianQuery
 from release.cli import app
 
@@ -22,15 +23,17 @@ def test_odometer_is_the_smallest_grid_budget_whose_filter_admits():
         odo = privacy_filter.odometer(rdp, 1e-5)
         k = int(np.argmin(np.abs(grid - odo)))
         assert grid[k] == odo
-        assert privacy_filter.admits(rdp, odo, 1e-5 / K)           # its filter (at delta/K) has not stopped
-        assert k == 0 or not privacy_filter.admits(rdp, grid[k - 1], 1e-5 / K)  # the one below has
-        # never below the fixed-sequence epsilon, and within one grid step of the filter at delta/K
-        assert odo >= curve.curve_of([DpSgd(0.01, 1.0, t)]).epsilon(1e-5)
-        assert odo <= privacy_filter.filter_epsilon(rdp, 1e-5 / K) * privacy_filter.ODOMETER_RATIO + 1e-12
+        share = 1e-5 / (K * len(privacy_filter.FILTER_ORDERS))
+        assert privacy_filter.odometer_delta(1e-5) == pytest.approx(share)
+        assert privacy_filter.admits(rdp, odo, share)           # its budget still holds at some order ...
+        assert k == 0 or not privacy_filter.admits(rdp, grid[k - 1], share)  # ... the one below at none
+        # never below the fixed-sequence epsilon nor the cap filter's, and within one grid step of its own need
+        assert odo >= max(curve.curve_of([DpSgd(0.01, 1.0, t)]).epsilon(1e-5), privacy_filter.filter_epsilon(rdp, 1e-5))
+        assert odo <= privacy_filter.filter_epsilon(rdp, share) * privacy_filter.ODOMETER_RATIO + 1e-12
 
 
 def test_odometer_of_nothing_is_zero_and_past_the_grid_is_infinite():
-    assert privacy_filter.odometer(np.zeros(len(privacy_filter.ORDERS)), 1e-5) == 0.0
+    assert privacy_filter.odometer(np.zeros(len(RDP_ORDERS)), 1e-5) == 0.0
     assert math.isinf(privacy_filter.odometer(curve.curve_of([GaussianQuery(0.1, count=100)]).rdp, 1e-5))
 
 
