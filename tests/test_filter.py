@@ -1,4 +1,5 @@
 """The cap as a privacy filter: the ledger refuses exactly where the multi-order RDP filter must stop."""
+import json
 import math
 
 import numpy as np
@@ -132,3 +133,19 @@ def test_commit_may_not_exceed_the_reservation_at_any_order(store):
     with pytest.raises(LedgerStateError, match="executed more"):
         ledger.commit(store, "r", executed)
     assert ledger.get_charge(store, "r").state == "reserved"
+
+
+def test_budget_plan_asks_the_filter_not_the_fixed_sequence_epsilon(tmp_path):
+    """A what-if whose RDP epsilon fits the cap but whose filter epsilon does not is reported as not fitting."""
+    from typer.testing import CliRunner
+
+    from release.cli import app
+
+    runner, ws = CliRunner(), str(tmp_path / "ws")
+    assert runner.invoke(app, ["--workspace", ws, "init", "--steward", "alice"]).exit_code == 0
+    assert runner.invoke(app, ["--workspace", ws, "dataset", "register", "mnist", "--source", "builtin:mnist5k",
+                               "--epsilon", "2", "--delta", "1e-5", "--as", "alice"]).exit_code == 0
+    r = runner.invoke(app, ["--workspace", ws, "budget", "plan", "--sigma", "1.0", "--sample-rate", "0.01",
+                            "--steps", "600", "--dataset", "mnist", "--json"])
+    out = json.loads(r.output)
+    assert out["epsilon_rdp"] < 2.0 < out["filter_epsilon"] and out["fits_cap"] is False
