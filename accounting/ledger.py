@@ -2,8 +2,8 @@
 
 Epsilon is always derived from the whole composed history by RDP (the reference) and PLD (reported
 beside it). The cap is enforced as a privacy filter over the running RDP curve (accounting.filter: the
-stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A charge is `reserved` (its planned events count),
-`committed` (the executed events count) or `refunded` (nothing counts).
+stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A charge is
+`reserved` (its planned events count), `committed` (the executed events count) or `refunded` (nothing counts).
 """
 from __future__ import annotations
 
