@@ -123,6 +123,19 @@ def canary_sweep(canaries: tuple[int, ...] = (1000, 2000, 4000), repeats: int = 
                      "s per run", "canaries"], rows)
 
 
+def summary(rows: list[list[Any]]) -> list[str]:
+    """Sentences read off the table: honest runs below the charge, each broken variant's detection rate."""
+    honest = [r for r in rows if r[2] == "DP on (honest)"]
+    below = all(r[8].startswith("0/") for r in honest)
+    out = [f"The honest implementation stayed below its charge in {'every' if below else 'NOT every'} run: "
+           + ", ".join(f"{r[0]} {r[3]} {int(r[8].split('/')[1]) - int(r[8].split('/')[0])}/{r[8].split('/')[1]}"
+                       for r in honest) + "."]
+    for variant in dict.fromkeys(r[2] for r in rows if r[2] != "DP on (honest)"):
+        out.append(f"{variant}: " + "; ".join(f"{r[0]} ({r[3]}) proven {r[8]}, flagged {r[9]}"
+                                              for r in rows if r[2] == variant) + ".")
+    return out
+
+
 def _section(rows: list[list[Any]], m: int, repeats: int, seconds: float, sweep: str = "") -> str:
     lines = ["## One-run audit of the DP-SGD implementation", "",
              f"audit.dpsgd_audit: the mechanism's dp_finetune at each setting's q, sigma, steps and clipping, on UCI "
@@ -138,6 +151,7 @@ def _section(rows: list[list[Any]], m: int, repeats: int, seconds: float, sweep:
              "the honest implementation both must stay at 0; for a broken one they are its detection rate.",
              "", md_table(["setting", "DP-SGD", "implementation", "score", "eps charged", "eps true", "ceiling",
                            "bound: median [min, max]", "proven", "flagged", "s per run"], rows), "",
+             " ".join(summary(rows)), "",
              *(["More canaries against sampling at 2q at the reproduction's epsilon 1, where the charge is below "
                 "the ceiling (5 audits each):", "", sweep, ""] if sweep else []),
              f"Total: {seconds:.0f} s."]
