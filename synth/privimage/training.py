@@ -174,12 +174,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
                 optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
                 world_size: int = 1, secure_noise: bool = True) -> DpSgdOutcome:
-    """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA).
-
-    With `world_size` > 1 (inside an initialised process group) the model is wrapped in opacus' DPDDP
-    and each rank Poisson-samples its shard at the same rate (synth/privimage/distributed.py): the
-    union is one Poisson sample of the whole set, noise is added once (rank 0), so the accounted
-    events are those of one process. Only rank 0 writes the counter and checkpoints.
+    """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA); with `world_size`
+    > 1, one rank of opacus' DPDDP, charged as one process (synth/privimage/distributed.py).
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse)."""
@@ -188,7 +184,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
            else torch.optim.Adam(params, lr=lr))
     ema = EMAModel(model.parameters(), decay=ema_decay)
-    wal_path, ckpt_path = workdir / state.WAL, workdir / state.FINETUNE
+    wal_path, ckpt_path, writer = workdir / state.WAL, workdir / state.FINETUNE, _writer(world_size)
     wal = state.read_json(wal_path, {"started": 0, "redo": []})
     done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
     if wal["started"] > 0:
@@ -201,7 +197,6 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                                                         sample_rate, device, world_size)
     if secure_noise:  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
         install_secure_noise(dp_opt)
-    writer = _writer(world_size)
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
 
@@ -217,14 +212,9 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                                 optimizer=dp_opt) as mem_loader:
             for xb, yb in mem_loader:
                 if not in_step:  # first physical batch of a logical step: write ahead
-                    wal["started"] += 1
-                    if writer:
-                        state.write_json(wal_path, wal)
+                    _write_ahead(wal, wal_path, writer)
                     in_step = True
-                if len(xb) > 0:
-                    _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device)
-                else:
-                    _empty_batch(dp_opt, params)
+                _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device)
                 dp_opt.step()
                 if dp_opt._is_last_step_skipped:
                     continue
@@ -239,8 +229,17 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
 
 
+def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
+    """Count one more step as started, durably, before it runs (rank 0 alone writes under torchrun)."""
+    wal["started"] += 1
+    if writer:
+        state.write_json(wal_path, wal)
+
+
 def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimizer, sched, params: list,
                           xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device) -> None:
+    if len(xb) == 0:
+        return _empty_batch(dp_opt, params)
     dp_opt.zero_grad()
     ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device), yb.repeat_interleave(reps, 0).to(device)
               ).backward()
