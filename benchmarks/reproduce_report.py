@@ -272,7 +272,8 @@ def one_run_section(res: dict[str, Any], s: dict[str, Any], plots: dict[str, str
          f"q, sigma, steps and clipping (their plan, semantic query included), on the public pool ({res['public']}) "
          f"plus {m} canaries, each included with probability 1/2; eps = inf: epsilon "
          f"{max(s['audit_epsilons']):g}'s settings with the noise switched off. Two canary scores: the final model "
-         "only, and every step's privatised gradient (white-box). The bound holds at 95%; the ceiling is what "
+         "only, and every step's privatised gradient (white-box). Each score's bound holds at 95% on its own (the "
+         "best of the two, quoted below, is a finding to check, not a 95% proof); the ceiling is what "
          f"all-correct guesses could certify with {m} canaries. Run on {res.get('machine', '?')}, "
          f"{res.get('date', '?')}, {res['seconds']:.0f} s for the whole section "
          "(`python -m benchmarks.reproduce --only audit` re-runs it alone).", ""]
