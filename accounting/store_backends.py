@@ -41,6 +41,7 @@ class _DuckHold:
         self.lock = FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S, mode=0o600, thread_local=False)
         self.waiting = lock_path.with_name(lock_path.name + ".waiting")
         self.con: duckdb.DuckDBPyConnection | None = None
+        self.inode: int | None = None
         self.depth = 0
         self.generation = 0
         self.timer: threading.Timer | None = None
@@ -65,10 +66,13 @@ class _DuckHold:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.con is not None and _inode(self.db_path) != self.inode:
+            self.close()  # the file was removed or replaced behind us (a workspace deleted and made again)
         if self.con is None:
             self.acquire_file_lock()
             try:
                 self.con = duckdb.connect(str(self.db_path))
+                self.inode = _inode(self.db_path)
             except BaseException:
                 self.lock.release()
                 raise
@@ -113,6 +117,13 @@ class _DuckHold:
                 self.close()
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -126,11 +137,17 @@ def _alive(pid: int) -> bool:
 _HOLDS: dict[str, _DuckHold] = {}
 _ORPHANS: list[_DuckHold] = []
 _HOLDS_MUTEX = threading.Lock()
+_HOOKED = False
 
 
 def _hold_for(db_path: Path, lock_path: Path) -> _DuckHold:
+    global _HOOKED
     key = os.path.realpath(db_path)
     with _HOLDS_MUTEX:
+        if not _HOOKED:  # registered on first use, not at import (importing changes no process state)
+            os.register_at_fork(after_in_child=_forget_after_fork)
+            atexit.register(_close_all)
+            _HOOKED = True
         if key not in _HOLDS:
             _HOLDS[key] = _DuckHold(db_path, lock_path)
         return _HOLDS[key]
@@ -149,9 +166,6 @@ def _close_all() -> None:
         hold.generation += 1
         hold.close()
 
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-atexit.register(_close_all)
 
 
 class DuckDBBackend:

@@ -57,6 +57,16 @@ def test_duckdb_connection_is_kept_across_transactions_and_let_go_when_idle(tmp_
     assert r.returncode == 0, r.stderr  # idle: the file is free for any other process, even without our lock
 
 
+def test_a_workspace_removed_and_made_again_gets_a_fresh_store(tmp_path):
+    for _ in range(2):  # the kept connection must not go on writing into the removed file
+        ws = Workspace(tmp_path / "ws")
+        ws.init()
+        store = Store(ws)
+        _register(store)
+        assert [d.name for d in ledger.list_datasets(store)] == ["d"] and trail.verify(store).ok
+        shutil.rmtree(ws.root)
+
+
 def test_a_waiting_process_gets_the_store_while_this_one_keeps_charging(tmp_path):
     ws = Workspace(tmp_path / "ws")
     ws.init()
