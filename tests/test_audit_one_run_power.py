@@ -117,7 +117,7 @@ def test_audit_bench_counts_proofs_and_flags(public):
     for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
         if "site-packages" in str(getattr(sys.modules[name], "__file__", "")):
             del sys.modules[name]
-    from benchmarks.audit_bench import repeated, true_epsilon
+    from benchmarks.audit_bench import _row, repeated, summary, true_epsilon
 
     s = DpSgdSetting(0.1, calibrate_dpsgd_sigma(1.0, 1e-5, 0.1, 30), 30, 1.0, 1e-5)
     assert true_epsilon("DP on (honest)", s) == pytest.approx(s.claimed_epsilon)
@@ -127,3 +127,7 @@ def test_audit_bench_counts_proofs_and_flags(public):
     broken = repeated(s, public, no_noise, 200, 2, "gradients")
     assert honest["proven"] == 0 and len(honest["bounds"]) == 2
     assert broken["proven"] == broken["flagged"] == 2 and broken["ceiling"] == pytest.approx(ceiling(200, 1e-5))
+    rows = [_row("toy", s, "DP on (honest)", "gradients", honest, 2), _row("toy", s, "noise off", "gradients", broken, 2)]
+    text = " ".join(summary(rows))
+    assert "stayed below its charge in every run: toy gradients 2/2" in text
+    assert "noise off: toy (gradients) proven 2/2, flagged 2/2" in text
