@@ -353,3 +353,20 @@ def test_the_noise_is_added_once_not_once_per_process() -> None:
     assert torch.equal(grads[0], grads[1])  # every replica applies the same update
     expected_batch = 64 // 4
     assert float(grads[0].std() * expected_batch) == pytest.approx(2.0 * 3.0, rel=0.05)
+
+
+@pytest.mark.slow
+def test_semantic_release_on_two_processes_pretrains_with_ddp_and_charges_the_plan(data, tmp_path: Path) -> None:
+    """The whole PrivImage path: query in the coordinator, DDP pre-training and DP-SGD + sampling on 2 ranks."""
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA)
+    store = _store(tmp_path / "ws", sens)
+    stages: set[str] = set()
+    plan, res = _run(store, sens, pub, cfg, tmp_path / "w", 2, progress=lambda s, d, t: stages.add(s))
+    assert stages == {"query classifier", "pretraining", "DP fine-tuning", "sampling"}
+    charge = ledger.get_charge(store, "r")
+    assert charge.state == "committed" and list(charge.charged_events) == list(plan.events) and len(plan.events) == 2
+    assert len(res.parameters["selected_public_classes"]) == 10
+    cached = list((store.workspace.root / "cache").glob("pretrain-*.pt"))
+    assert len(cached) == 1 and "partial" not in cached[0].name  # one cache entry, keyed on world size 2
+    assert res.images.shape == (20, 28, 28)
