@@ -127,6 +127,11 @@ def test_replicas_train_identically_and_sampling_is_gathered_in_order(data, tmp_
     gap = np.abs(again.astype(int) - r2["images"][1::2].astype(int)).mean()
     assert gap < 1.0 < np.abs(again.astype(int) - r2["images"][0:6:2].astype(int)).mean()
     assert state.read_json(tmp_path / state.WAL)["started"] == 5
+    # rank 0's checkpoint is an ordinary one: one process continues it (a resume with another --nproc)
+    resumed: list = []
+    more = dp_finetune(_unet(), x, y, **{**finetune, "steps": 7}, device=torch.device("cpu"), workdir=tmp_path,
+                       on_resume=lambda started, done: resumed.append((started, done)))
+    assert resumed == [(5, 5)] and more.steps == 7 and [list(h) for h in more.opacus_history] == [[1.0, 1 / 8, 7]]
 
 
 def _worker_pids(marker: str) -> list[tuple[int, int]]:
