@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from accounting import ledger
+from accounting import curve, ledger
+from accounting import filter as privacy_filter
 from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.events import MechanismEvent, events_from_text, events_to_text
 from accounting.store import Store, Workspace
@@ -38,3 +39,10 @@ def _report(events_text: str, delta: float) -> tuple[float, float, float]:
 
 def report(events: list[MechanismEvent], delta: float) -> EpsilonReport:
     return EpsilonReport(*_report(events_to_text(events), float(delta)))
+
+
+def cap_check(events: list[MechanismEvent], epsilon_cap: float, delta_cap: float) -> tuple[bool, float]:
+    """The ledger's own stop rule for this history: (would the cap's privacy filter admit it, the filter's
+    epsilon). The same check `ledger.reserve` makes, so the what-if never disagrees with the ledger."""
+    rdp = curve.curve_of(events).rdp
+    return privacy_filter.admits(rdp, epsilon_cap, delta_cap), privacy_filter.filter_epsilon(rdp, delta_cap)

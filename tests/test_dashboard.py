@@ -9,7 +9,9 @@ import duckdb
 import pytest
 import torch
 
-from accounting import ledger, trail
+from accounting import curve, ledger, trail
+from accounting import filter as privacy_filter
+from accounting.errors import BudgetExceededError
 from accounting.epsilon import epsilon_report
 from accounting.events import DpSgd
 from dashboard.common import fmt_eps
@@ -179,6 +181,21 @@ def test_what_if_matches_the_accountant_and_flags_the_cap(built):
     _what_if(at, 0.0, 0.2, 50)
     assert any("noise multiplier" in e.value and "must be > 0" in e.value for e in at.error)
     assert ledger.budget(built.store, "mnist").history == b.history  # nothing was charged
+
+
+def test_what_if_gives_the_ledgers_filter_verdict_not_rdp_under_the_cap(built):
+    """Regression: the panel said "Fits the cap" whenever RDP epsilon <= cap, while the ledger refuses by its
+    privacy filter, which is stricter. Find a run the RDP figure would admit and the filter refuses."""
+    b = ledger.budget(built.store, "mnist")
+    cap, delta = b.dataset.epsilon_cap, b.dataset.delta_cap
+    steps = next(t for t in range(50, 5000, 10)
+                 if not privacy_filter.admits(curve.curve_of(b.history + [DpSgd(0.02, 1.1, t)]).rdp, cap, delta))
+    assert epsilon_report(b.history + [DpSgd(0.02, 1.1, steps)], delta).epsilon_rdp < cap  # RDP alone would admit
+    at = _what_if(sign_in("alice", "Ledger"), 1.1, 0.02, steps)
+    assert any(f"Exceeds the cap {cap:g}" in e.value and "privacy filter" in e.value for e in at.error)
+    assert not any("Fits the cap" in s.value for s in at.success)
+    with pytest.raises(BudgetExceededError):  # and the ledger agrees
+        ledger.reserve(built.store, "mnist", [DpSgd(0.02, 1.1, steps)], run_id="whatif-check", actor="alice")
 
 
 # ------------------------------------------------------------------ releases: approve / reject

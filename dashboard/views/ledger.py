@@ -113,9 +113,17 @@ def what_if(store: Store, names: list[str]) -> None:
             if b.dp_void:
                 st.warning("This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
                            "whatever noise is used.", icon=":material/warning:")
-            elif after.epsilon_rdp <= cap:
-                st.success(f"Fits the cap {cap:g}: {cap - after.epsilon_rdp:.3f} would remain (RDP).", icon=":material/check_circle:")
             else:
-                st.error(f"Exceeds the cap {cap:g} by {after.epsilon_rdp - cap:.3f}: the ledger would refuse this run. "
-                         "Use more noise, a smaller q or fewer steps.", icon=":material/block:")
+                _cap_verdict(*data.cap_check(b.history + [planned], cap, b.dataset.delta_cap), cap, after.epsilon_rdp)
             st.caption("Blue dashed tick on the gauge: ε after the planned run.")
+
+
+def _cap_verdict(admitted: bool, filter_eps: float, cap: float, eps_rdp: float) -> None:
+    """The ledger's verdict (its privacy filter, README "Privacy guarantees"), not RDP epsilon <= cap: the
+    filter is what keeps the cap valid when releases are chosen after seeing earlier ones."""
+    if admitted:
+        st.success(f"Fits the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f} (RDP ε after: "
+                   f"{eps_rdp:.3f}).", icon=":material/check_circle:")
+    else:
+        st.error(f"Exceeds the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f}, so the ledger "
+                 "would refuse this run. Use more noise, a smaller q or fewer steps.", icon=":material/block:")
