@@ -26,6 +26,9 @@ class AuditPolicy:
     mia_confidence: float = 0.95                    # Clopper-Pearson level of the epsilon lower bound
     # one-run audit of the DP-SGD implementation at the release's settings (public data + canaries)
     one_run_canaries: int | None = 1000
+    # canary score: "gradients" (every step's privatised gradient; certifies more at small noise, and stayed
+    # below the charge in 20/20 honest runs, BENCHMARKS.md "One-run audit") or "model" (final weights only)
+    one_run_score: str = "gradients"
     # memorisation / distance to closest record
     near_copy_ratio: float = 0.5          # d_train / d_heldout below this ...
     near_copy_max_distance: float = 0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
@@ -65,6 +68,11 @@ class AuditPolicy:
                     raise InvalidParameterError(f"audit policy {f.name} must be true or false, got {value!r}.")
                 continue
             if value is None and "None" in str(f.type):
+                continue
+            if f.name == "one_run_score":
+                if value not in ("gradients", "model"):
+                    raise InvalidParameterError(f"audit policy one_run_score must be \"gradients\" or \"model\", "
+                                                f"got {value!r}.")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise InvalidParameterError(f"audit policy {f.name} must be a finite number, got {value!r}.")

@@ -109,7 +109,8 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
     from synth.datasets import uci_digits
 
     public = inputs.selected_public if inputs.selected_public is not None else uci_digits()
-    audit = compute_implementation_audit(inputs.dpsgd, public, m=int(policy.one_run_canaries), seed=policy.seed)
+    audit = compute_implementation_audit(inputs.dpsgd, public, m=int(policy.one_run_canaries), seed=policy.seed,
+                                         score=policy.one_run_score)
     return check_implementation_audit(audit, inputs.artifacts_dir)
 
 

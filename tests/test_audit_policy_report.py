@@ -21,7 +21,8 @@ def test_policy_defaults_and_from_dict():
 @pytest.mark.parametrize("bad", [{"mia_max_aux": 0.5}, {"mia_max_auc": math.nan}, {"mia_max_auc": 1.5},
                                  {"max_near_copy_fraction": -0.1}, {"mia_samples": 0}, {"mia_samples": 2.5},
                                  {"max_fid": math.inf}, {"require_attacks": "yes"}, {"near_copy_ratio": 0},
-                                 {"kanon_max_reid_rate": "high"}])
+                                 {"kanon_max_reid_rate": "high"}, {"one_run_score": "weights"},
+                                 {"one_run_score": 1}])
 def test_policy_rejects_bad_values(bad):
     with pytest.raises(InvalidParameterError) as exc:
         AuditPolicy.from_dict(bad)

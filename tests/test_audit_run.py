@@ -179,6 +179,7 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
     report = run_audit(_inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy)
     one_run = next(r for r in report.results if r.name == "dpsgd_one_run_audit")
     assert one_run.passed and one_run.details["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
+    assert one_run.details["score"] == "gradients"  # the policy's default: the stronger white-box score
     assert one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary
     assert (tmp_path / "artifacts" / "canary_scores.png").exists()
     mia = next(r for r in report.results if r.name == "membership_inference")
