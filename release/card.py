@@ -103,7 +103,20 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
         f"- epsilon by RDP (reference accountant): **{_eps(rdp)}**",
         f"- epsilon by PLD (tighter accountant): **{_eps(pld)}**", "",
         f"The privacy unit is **{dataset['privacy_unit']}** (add/remove one record). It covers the synthetic images "
-        "and labels (DP-SGD) and the choice of public classes named below (DP Gaussian query).", ""]
+        "and labels (DP-SGD) and the choice of public classes named below (DP Gaussian query).", "",
+        *_adaptive_cap(dataset)]
+
+
+def _adaptive_cap(dataset: dict) -> list[str]:
+    """The figures above compose the history as if it had been fixed in advance; releases are in fact chosen
+    one after another. What holds under that adaptive choice is the ledger's cap, enforced by a privacy filter."""
+    if dataset.get("epsilon_cap") is None:
+        return []
+    return [f"Releases from this dataset are chosen one after another, each after seeing the earlier ones. The "
+            f"publisher's ledger admitted each only through a privacy filter with cap epsilon = "
+            f"{dataset['epsilon_cap']:g}, delta = {dataset['delta_cap']:g} (a multi-order Rényi filter, after "
+            "Feldman & Zrnic 2021): under that adaptive choice, every release from this dataset, past and future, "
+            f"is together ({dataset['epsilon_cap']:g}, {dataset['delta_cap']:g})-differentially private.", ""]
 
 
 def _how_made(release: dict, result: dict) -> list[str]:

@@ -210,6 +210,8 @@ def test_card_front_matter_and_sections(consumer_dir):
         assert f"## {heading}" in body, heading
     assert "- Preset: tiny" in body and "builtin:uci-digits" in body and "[3, 5]" in body
     assert "@misc{rel_3," in body
+    # the guarantee under adaptive choice: the ledger's filter and its cap, not only the composed figures
+    assert "privacy filter with cap epsilon = 20, delta = 1e-05" in " ".join(body.split())
 
 
 def test_default_license_when_the_spec_names_none():
