@@ -89,9 +89,9 @@ def _plan_and_approve(store: Store, root: Path) -> str:
     rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
     print_plan(rel)
     step("4. Steward approval (Ed25519 signature over the plan digest)")
-    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
-    console.print(f"  approved by alice: plan {rel['plan_digest'][:16]}…")
-    return rel["release_id"]
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    console.print(f"  approved by alice: plan {rel.plan_digest[:16]}…")
+    return rel.release_id
 
 
 def _run_and_audit(store: Store, rid: str) -> None:
@@ -112,7 +112,7 @@ def _run_and_audit(store: Store, rid: str) -> None:
 
 def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
     step("6. Publish the signed bundle")
-    bundle = manager.publish(store, rid, "alice")["result"]["bundle"]
+    bundle = manager.publish(store, rid, "alice").bundle
     console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
     step("7. Verify offline, as a consumer would (bundle + release.pub only)")
     result = verify_bundle(Path(bundle["tarball"]), release_pub)

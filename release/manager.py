@@ -22,19 +22,14 @@ from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
 from release.data import load_registered
+from release.records import Release
 from release.spec import Plan, ReleaseSpec, canonical
-from release.spec import digest as json_digest
 from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput
 
-STATES = ("planned", "approved", "rejected", "running", "checked", "published", "failed")
 TOOL = "privrelease"
-
-
-def plan_digest(plan: dict) -> str:
-    return json_digest(plan)
 
 
 def _approval_message(release_id: str, digest: str, decision: str, acknowledge_non_dp: bool, key_id: str) -> bytes:
@@ -42,25 +37,18 @@ def _approval_message(release_id: str, digest: str, decision: str, acknowledge_n
                       "acknowledge_non_dp": acknowledge_non_dp, "purpose": "privrelease plan approval"})
 
 
-def _row_to_release(row: dict) -> dict:
-    out = dict(row)
-    for key in ("spec", "plan", "result"):
-        out[key] = json.loads(out[key]) if out.get(key) else None
-    return out
-
-
-def get_release(store: Store, release_id: str) -> dict:
+def get_release(store: Store, release_id: str) -> Release:
     rows = store.query("SELECT * FROM releases WHERE release_id = ?", [release_id])
     if not rows:
         raise PrivReleaseError(f"Unknown release {release_id!r}. See `privrelease release list`.")
-    return _row_to_release(rows[0])
+    return Release.from_row(rows[0])
 
 
-def list_releases(store: Store, viewer: keys.Identity | None = None) -> list[dict]:
+def list_releases(store: Store, viewer: keys.Identity | None = None) -> list[Release]:
     """All releases, newest first; a consumer sees only published ones."""
-    rows = [_row_to_release(r) for r in store.query("SELECT * FROM releases ORDER BY created_at DESC")]
+    rows = [Release.from_row(r) for r in store.query("SELECT * FROM releases ORDER BY created_at DESC")]
     if viewer is not None and viewer.role == "consumer":
-        rows = [r for r in rows if r["state"] == "published"]
+        rows = [r for r in rows if r.state == "published"]
     return rows
 
 
@@ -190,7 +178,7 @@ def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:
             "requires_acknowledgement": mplan.requires_acknowledgement}
 
 
-def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> dict:
+def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> Release:
     """Store a plan: the events it will charge, epsilon before/after (RDP and PLD), warnings. The
     whole spec, policy and data compatibility are validated here, before anything is charged."""
     budget = ledger.budget(store, spec.dataset)
@@ -220,19 +208,19 @@ def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> dict:
 
 
 # ------------------------------------------------------------------ approval
-def _check_plan_intact(rel: dict) -> str:
-    digest = plan_digest(rel["plan"])
-    if digest != rel["plan_digest"]:
-        raise TamperError(f"Release {rel['release_id']}: the stored plan no longer matches its digest (edited after "
+def _check_plan_intact(rel: Release) -> str:
+    digest = rel.plan.digest
+    if digest != rel.plan_digest:
+        raise TamperError(f"Release {rel.release_id}: the stored plan no longer matches its digest (edited after "
                           "planning). Re-plan from the spec.")
-    if rel["spec"] != rel["plan"].get("spec"):
-        raise TamperError(f"Release {rel['release_id']}: the stored spec differs from the one in the signed plan "
+    if rel.spec != rel.plan.spec:
+        raise TamperError(f"Release {rel.release_id}: the stored spec differs from the one in the signed plan "
                           "(edited after planning). Re-plan from the spec.")
     return digest
 
 
 def approve(store: Store, release_id: str, steward: str, *, digest: str | None = None,
-            acknowledge_non_dp: bool = False) -> dict:
+            acknowledge_non_dp: bool = False) -> Release:
     """A steward signs the plan's digest. `digest` (what the steward reviewed) must match the plan."""
     ident = _steward(store, steward)
     rel = get_release(store, release_id)
@@ -240,7 +228,7 @@ def approve(store: Store, release_id: str, steward: str, *, digest: str | None =
     if digest is not None and digest != current:
         raise TamperError(f"You reviewed plan digest {digest[:16]}… but release {release_id}'s plan is "
                           f"{current[:16]}…: a different or edited plan. Review it again before approving.")
-    if rel["plan"]["requires_acknowledgement"] and not acknowledge_non_dp:
+    if rel.plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
             f"Release {release_id} is k-anonymous: it carries no DP guarantee and voids the dataset's DP meaning "
             "(README, \"Privacy guarantees and their limits\"). Approve with --acknowledge-non-dp to accept this.")
@@ -259,12 +247,12 @@ def approve(store: Store, release_id: str, steward: str, *, digest: str | None =
     return get_release(store, release_id)
 
 
-def reject(store: Store, release_id: str, steward: str, reason: str) -> dict:
+def reject(store: Store, release_id: str, steward: str, reason: str) -> Release:
     ident = _steward(store, steward)
     if not reason.strip():
         raise PrivReleaseError("Give a reason for the rejection (it goes into the audit trail).")
     rel = get_release(store, release_id)
-    digest = rel["plan_digest"]
+    digest = rel.plan_digest
     sig = keys.sign(store.workspace, ident.name, _approval_message(release_id, digest, "reject", False, ident.key_id))
     with store.transaction() as con:
         con.execute("INSERT INTO approvals VALUES (?, ?, 'reject', ?, ?, ?, ?)",
@@ -280,18 +268,18 @@ def _signed_key_ids(store: Store, release_id: str) -> set[str]:
             if e["action"] == "release.approve" and e["payload"].get("release_id") == release_id}
 
 
-def verified_approval(store: Store, rel: dict) -> dict:
+def verified_approval(store: Store, rel: Release) -> dict:
     """The approval of this exact plan by a steward whose key is the one recorded when approving,
     with a valid signature; refuses anything else."""
     digest = _check_plan_intact(rel)
-    recorded = _signed_key_ids(store, rel["release_id"])
+    recorded = _signed_key_ids(store, rel.release_id)
     swapped = False
-    for a in reversed(approvals(store, rel["release_id"])):
+    for a in reversed(approvals(store, rel.release_id)):
         if not a["decision"].startswith("approve"):
             continue
         ident = keys.get_identity(store, a["approver"])
         ack = a["decision"] == "approve-ack-non-dp"
-        msg = _approval_message(rel["release_id"], digest, "approve", ack, ident.key_id)
+        msg = _approval_message(rel.release_id, digest, "approve", ack, ident.key_id)
         if ident.key_id not in recorded:
             swapped = True
             continue
@@ -299,10 +287,10 @@ def verified_approval(store: Store, rel: dict) -> dict:
                 keys.verify_signature(ident.public_key, msg, bytes.fromhex(a["signature"])):
             return {**a, "acknowledge_non_dp": ack, "key_id": ident.key_id}
     if swapped:
-        raise TamperError(f"Release {rel['release_id']}: the approving steward's public key is not the key that "
+        raise TamperError(f"Release {rel.release_id}: the approving steward's public key is not the key that "
                           "signed the approval (the key was replaced after approval). Re-approve with the steward's "
                           "current key, or restore the key.")
-    raise TamperError(f"Release {rel['release_id']} has no valid steward approval of its current plan. "
+    raise TamperError(f"Release {rel.release_id} has no valid steward approval of its current plan. "
                       "Approve it with `privrelease release approve`.")
 
 
@@ -339,13 +327,13 @@ def load_release_data(store: Store, release_id: str) -> tuple[np.ndarray, np.nda
 def load_output(store: Store, release_id: str) -> MechanismOutput:
     """A synthesised release's output, typed (internal fields included: stewards and auditors only)."""
     rel = get_release(store, release_id)
-    if rel["result"] is None:
+    if rel.result is None:
         raise LedgerStateError(f"Release {release_id} has not been synthesised yet; run it first.")
     images, labels, dist = load_release_data(store, release_id)
     path = release_dir(store, release_id) / "internal.json"
     internal = json.loads(path.read_text()) if path.exists() else {}
     clusters, selected = internal.pop("clusters", None), internal.pop("selected_public_indices", None)
-    res = rel["result"]
+    res = rel.result
     return MechanismOutput(
         images=images, labels=labels, parameters=res["parameters"], label_distributions=dist,
         clusters=None if clusters is None else tuple(np.asarray(c, dtype=np.int64) for c in clusters),
@@ -353,9 +341,9 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
         internal=internal, generator=res.get("generator"), artifacts=res.get("artifacts", {}))
 
 
-def _bound_inputs(store: Store, rel: dict) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
+def _bound_inputs(store: Store, rel: Release) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
     """Everything the run reads, each checked against the signed plan before any sensitive data is used."""
-    plan = Plan.from_json(rel["plan"])
+    plan = rel.plan
     _spec_file_check(plan.spec_file, plan.spec)
     spec = ReleaseSpec.from_dict(plan.spec)
     ds, data = load_registered(store, spec.dataset)
@@ -369,15 +357,16 @@ def _bound_inputs(store: Store, rel: dict) -> tuple[Plan, ReleaseSpec, ledger.Da
     return plan, spec, ds, data, public
 
 
-def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, nproc: int = 1) -> dict:
+def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress,
+                nproc: int = 1) -> Release:
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit it.
     A failed release can be run again: it resumes under the same charge (no double charge)."""
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
-    if rel["state"] not in ("approved", "failed", "running"):
-        raise LedgerStateError(f"Release {release_id} is {rel['state']}; only an approved (or failed) release runs.")
+    if rel.state not in ("approved", "failed", "running"):
+        raise LedgerStateError(f"Release {release_id} is {rel.state}; only an approved (or failed) release runs.")
     approval = verified_approval(store, rel)
-    if rel["result"] is not None:  # synthesised and settled; only the audit was interrupted: audit it
+    if rel.result is not None:  # synthesised and settled; only the audit was interrupted: audit it
         return audit_release(store, release_id, ident.name, progress)
     plan, spec, ds, data, public = _bound_inputs(store, rel)
     mech = registry.get(plan.mechanism)
@@ -406,15 +395,15 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
     return audit_release(store, release_id, ident.name, progress, data=data, public=public)
 
 
-def abandon_release(store: Store, release_id: str, actor: str) -> dict:
+def abandon_release(store: Store, release_id: str, actor: str) -> Release:
     """Settle a failed release that will not be resumed: refunded if it never read sensitive data,
     else the DP-SGD steps it started (write-ahead counter) and every re-charge stay charged and the
     unexecuted remainder is released. It can no longer be resumed."""
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
-    if rel["state"] != "failed":
-        raise LedgerStateError(f"Release {release_id} is {rel['state']}; only a failed release can be abandoned.")
-    plan = Plan.from_json(rel["plan"])
+    if rel.state != "failed":
+        raise LedgerStateError(f"Release {release_id} is {rel.state}; only a failed release can be abandoned.")
+    plan = rel.plan
     ds = ledger.get_dataset(store, plan.dataset_id)
     charge = runner.abandon(store, run_id=release_id, dataset=ds.name, plan=plan.mechanism_view(),
                             workdir=release_dir(store, release_id) / "work", actor=ident.name)
@@ -426,7 +415,7 @@ def abandon_release(store: Store, release_id: str, actor: str) -> dict:
 
 
 def audit_release(store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, *,
-                  data: ImageDataset | None = None, public: ImageDataset | None = None) -> dict:
+                  data: ImageDataset | None = None, public: ImageDataset | None = None) -> Release:
     """Run every check on a synthesised release and store the (internal) report."""
     from audit import AuditInputs, AuditPolicy, run_audit, save_report
     from audit.dpsgd_audit import DpSgdSetting
@@ -434,23 +423,23 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
     ident = keys.authenticate(store, actor, "steward", "auditor")
     rel = get_release(store, release_id)
     out = load_output(store, release_id)
-    spec = ReleaseSpec.from_dict(rel["spec"])
+    spec = ReleaseSpec.from_dict(rel.spec)
     ds, sensitive = (ledger.get_dataset(store, spec.dataset), data) if data is not None \
         else load_registered(store, spec.dataset)
-    res = rel["result"]
-    g = res["guarantee"]
+    res = rel.result or {}
+    g = rel.guarantee
     selected = None
     if out.selected_public_indices is not None:
         selected = (public or load_source(spec.public_source)).subset(out.selected_public_indices)
     inputs = AuditInputs(
         release_id=release_id, images=out.images, labels=out.labels, ids=release_ids(release_id, len(out.images)),
-        expected_count=int(rel["plan"]["expected_count"]), label_set=list(ds.labels), sensitive=sensitive,
+        expected_count=int(rel.plan.expected_count), label_set=list(ds.labels), sensitive=sensitive,
         heldout=spec_heldout(spec, ds), record_fingerprint_key=store.workspace.hmac_key(), mechanism=res["mechanism"],
         claimed_epsilon=g.get("epsilon_rdp"), delta=g.get("delta"), k=g.get("k"),
         loss_fn=registry.get(res["mechanism"]).loss_function(out.generator),
         clusters=None if out.clusters is None else list(out.clusters), selected_public=selected,
         artifacts_dir=release_dir(store, release_id) / "audit",
-        dpsgd=DpSgdSetting.from_plan(rel["plan"].get("mechanism_plan") or {}, rel["plan"].get("config") or {}),
+        dpsgd=DpSgdSetting.from_plan(rel.plan.mechanism_plan or {}, rel.plan.config or {}),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
@@ -470,7 +459,7 @@ def release_ids(release_id: str, n: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ publish
-def publish(store: Store, release_id: str, actor: str) -> dict:
+def publish(store: Store, release_id: str, actor: str) -> Release:
     """Build the signed bundle; refuses unless every thresholded audit check passed."""
     from audit import load_report
     from release.bundle import write_bundle
@@ -479,8 +468,8 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
 
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
-    if rel["state"] != "checked":
-        raise LedgerStateError(f"Release {release_id} is {rel['state']}; only a checked release can be published.")
+    if rel.state != "checked":
+        raise LedgerStateError(f"Release {release_id} is {rel.state}; only a checked release can be published.")
     verified_approval(store, rel)
     report = load_report(store, release_id)
     if report is None:
@@ -489,13 +478,13 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
         names = ", ".join(f"{c.name} ({c.summary})" for c in report.failures)
         raise PermissionDeniedError(f"Release {release_id} failed its audit and cannot be published: {names}.")
     images, labels, dist = load_release_data(store, release_id)
-    ds = ledger.get_dataset(store, rel["dataset_id"])
+    ds = ledger.get_dataset(store, rel.dataset_id)
     integrity = verify_store(store)  # chain, head and the ledger replayed from the trail
     if not integrity.ok:
         raise TamperError("The audit trail or the ledger was altered (" + "; ".join(integrity.all_problems[:3])
                           + "); publishing is refused until `privrelease audit verify` passes.")
     head = integrity.trail
-    res = rel["result"]
+    res = rel.result or {}
     charge = ledger.get_charge(store, res.get("charge_id", release_id))
     verdicts = report.verdicts()
     predicate = {
@@ -505,12 +494,12 @@ def publish(store: Store, release_id: str, actor: str) -> dict:
         "events": res["executed_events"],
         "ledger_position": {"charge_position": charge.position if charge else None, "trail_seq": head.length,
                             "trail_head_sha256": head.head_hash},
-        "approval": {"plan_digest": rel["plan_digest"], "steward": [a["approver"] for a in approvals(store, release_id)
+        "approval": {"plan_digest": rel.plan_digest, "steward": [a["approver"] for a in approvals(store, release_id)
                                                                    if a["decision"].startswith("approve")]},
         "audit_verdicts": verdicts, "tool": {"name": TOOL, "version": _version()},
         "history": ledger_history(store, ds.dataset_id),  # whole ledger: consumers recompute epsilon
     }
-    card = dataset_card(rel, asdict(ds), res, len(images), verdicts, history=predicate["history"])
+    card = dataset_card(rel.to_dict(), asdict(ds), res, len(images), verdicts, history=predicate["history"])
     extra = {"label_distribution": dist} if dist is not None else None
     info = write_bundle(store.workspace.bundles / release_id, images=images, labels=labels,
                         ids=release_ids(release_id, len(images)), card_markdown=card, predicate=predicate,

@@ -17,6 +17,7 @@ from accounting.events import DpSgd
 from dashboard.common import fmt_eps
 from release import keys, manager
 from release.manager import charge_breakdown
+from release.records import Release
 from test_dashboard_support import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
                                     texts)
 
@@ -124,7 +125,7 @@ def test_overview_shows_budget_gauge_and_recent_releases(built):
     assert len(nodes(at, "image")) == 1  # the matplotlib budget gauge of the one dataset
     text = texts(at)
     assert "4,000 records" in text and "δ = 1e-05" in text
-    assert "Plans awaiting approval: 1" in text or "Plans awaiting approval" in text
+    assert "Plans awaiting approval: 1" in text  # the one planned k-SALSA release
     recent = at.dataframe[0].value
     assert built.planned[0] in list(recent["release"])
     assert b.spent.epsilon_rdp < b.dataset.epsilon_cap
@@ -199,7 +200,7 @@ def test_what_if_gives_the_ledgers_filter_verdict_not_rdp_under_the_cap(built):
 
 
 # ------------------------------------------------------------------ releases: approve / reject
-def _new_plan(built) -> dict:
+def _new_plan(built) -> Release:
     return manager.create_plan(built.store, ksalsa_spec(), "alice")
 
 
@@ -207,29 +208,29 @@ def test_plan_card_shows_epsilon_preview_and_warnings(built):
     rel = _new_plan(built)
     at = sign_in("alice", "Releases")
     text = texts(at)
-    assert rel["release_id"] in text and rel["plan_digest"][:16] in text
-    assert "ε before (RDP): " + fmt_eps(rel["plan"]["epsilon_before"]["epsilon_rdp"]) in text
+    assert rel.release_id in text and rel.plan_digest[:16] in text
+    assert "ε before (RDP): " + fmt_eps(rel.plan.epsilon_before["epsilon_rdp"]) in text
     assert "ε after (RDP): ∞ (no DP)" in text  # a k-anonymous release voids the DP guarantee
     assert any("NO differential-privacy guarantee" in w.value for w in at.warning)
 
 
 def test_steward_approves_only_with_acknowledgement(built):
     rel = _new_plan(built)
-    rid = rel["release_id"]
+    rid = rel.release_id
     at = sign_in("alice", "Releases")
     at.button(key=f"approve_{rid}").click().run()
     assert_clean(at)
     # The manager's refusal is shown as a message; nothing changed.
     assert any("acknowledge" in e.value.lower() and rid in e.value for e in at.error)
-    assert manager.get_release(built.store, rid)["state"] == "planned"
+    assert manager.get_release(built.store, rid).state == "planned"
     at.checkbox(key=f"ack_{rid}").check().run()
     at.button(key=f"approve_{rid}").click().run()
     assert_clean(at)
     assert any(f"Approved {rid}" in s.value for s in at.success)
-    assert manager.get_release(built.store, rid)["state"] == "approved"
+    assert manager.get_release(built.store, rid).state == "approved"
     (approval,) = manager.approvals(built.store, rid)
     assert approval["approver"] == "alice" and approval["decision"] == "approve-ack-non-dp"
-    assert approval["plan_digest"] == rel["plan_digest"]
+    assert approval["plan_digest"] == rel.plan_digest
     # The approved release is no longer waiting; its detail offers the steward the Run action.
     assert not [b for b in at.button if b.key == f"approve_{rid}"]
     at.selectbox(key="release").set_value(rid).run()
@@ -237,28 +238,28 @@ def test_steward_approves_only_with_acknowledgement(built):
 
 
 def test_steward_rejects_only_with_a_reason(built):
-    rid = _new_plan(built)["release_id"]
+    rid = _new_plan(built).release_id
     at = sign_in("alice", "Releases")
     at.button(key=f"reject_{rid}").click().run()
     assert any("Give a reason" in e.value for e in at.error)
-    assert manager.get_release(built.store, rid)["state"] == "planned"
+    assert manager.get_release(built.store, rid).state == "planned"
     at.text_input(key=f"reason_{rid}").input("k too small for this data").run()
     at.button(key=f"reject_{rid}").click().run()
     assert_clean(at)
     rel = manager.get_release(built.store, rid)
-    assert rel["state"] == "rejected" and rel["reason"] == "k too small for this data"
+    assert rel.state == "rejected" and rel.reason == "k too small for this data"
     assert trail.entries(built.store, limit=1)[0]["action"] == "release.reject"
 
 
 def test_auditor_sees_plans_but_no_actions(built):
-    rid = _new_plan(built)["release_id"]
+    rid = _new_plan(built).release_id
     at = sign_in("bob", "Releases")
     assert rid in texts(at)
     assert "Only a steward can approve or reject a plan." in texts(at)
     keys_shown = {b.key for b in at.button}
     assert not any(k and k.startswith(("approve_", "reject_", "run_", "publish_")) for k in keys_shown)
     assert not at.checkbox
-    assert manager.get_release(built.store, rid)["state"] == "planned"
+    assert manager.get_release(built.store, rid).state == "planned"
 
 
 def test_consumer_never_sees_plans_or_unpublished_releases(built):

@@ -33,7 +33,7 @@ def published(tmp_path_factory):
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
     assert any(f"Release {rid} ran and was audited: it is now checked" in s.value for s in at.success)
-    assert manager.get_release(built.store, rid)["state"] == "checked"
+    assert manager.get_release(built.store, rid).state == "checked"
     at.button(key=f"publish_{rid}").click().run(timeout=300)
     assert_clean(at)
     assert any(f"Published {rid}" in s.value for s in at.success)
@@ -59,7 +59,7 @@ def test_internal_roles_see_the_full_audit_report_and_clusters(published, name):
     rel = manager.get_release(built.store, rid)
     report = load_report(built.store, rid)
     at = _detail(name, rid)
-    assert rel["state"] == "published"
+    assert rel.state == "published"
     assert [t.label for t in at.tabs] == ["Parameters", "Audit report", "Samples", "Clusters"]
     text = texts(at)
     assert "Guarantee:** k-anonymous (k=5)" in text
@@ -101,7 +101,7 @@ def test_consumer_sees_verdicts_only(published):
 
 def test_downloads_offer_the_signed_bundle(published):
     built, rid = published
-    bundle = manager.get_release(built.store, rid)["result"]["bundle"]
+    bundle = manager.get_release(built.store, rid).result["bundle"]
     at = sign_in("carol", "Downloads")
     buttons = [d.proto.label for d in nodes(at, "download_button")]
     assert buttons[0] == "release.pub" and buttons[1].startswith(f"{rid}.tar.gz")

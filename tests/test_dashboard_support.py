@@ -67,7 +67,7 @@ def build_workspace(root: Path, *, run_release: bool = False) -> Built:
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.5, 100)], "run-sgd-2", description="aborted run", actor="alice")
     ledger.refund(store, "run-sgd-2", reason="failed before reading data", actor="alice")
     built = Built(store, root)
-    built.planned.append(manager.create_plan(store, ksalsa_spec(), "alice")["release_id"])
+    built.planned.append(manager.create_plan(store, ksalsa_spec(), "alice").release_id)
     if run_release:
         built.published = publish_small_release(store, root)
     return built
@@ -83,8 +83,8 @@ def approved_small_release(store: Store, root: Path) -> str:
     spec = ksalsa_spec("mnist-small", policy=FAST_POLICY, heldout="builtin:mnist5k-heldout",
                        description="small k-anonymous release")
     rel = manager.create_plan(store, spec, "alice")
-    rid = rel["release_id"]
-    manager.approve(store, rid, "alice", digest=rel["plan_digest"], acknowledge_non_dp=True)
+    rid = rel.release_id
+    manager.approve(store, rid, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
     return rid
 
 

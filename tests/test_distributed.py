@@ -313,15 +313,15 @@ def test_release_run_nproc_through_the_cli(store: Store, tmp_path: Path) -> None
             "policy": {"mia_samples": 20, "feature_samples": 40, "fid_samples": 40, "utility_train_samples": 60,
                        "cnn_epochs": 1, "min_utility_gain": None}}
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
-    r = CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "release", "run", rel["release_id"],
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    r = CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "release", "run", rel.release_id,
                                  "--as", "alice", "--nproc", "2"])
     assert r.exit_code == 0, r.output
     (charge,) = ledger.budget(store, "digits").charges
     assert charge.state == "committed"
-    assert list(charge.charged_events) == [event_from_json(e) for e in rel["plan"]["events"]]
-    assert manager.get_release(store, rel["release_id"])["state"] == "checked"
-    assert (manager.release_dir(store, rel["release_id"]) / "work" / "dist_finetune_sample.log").exists()
+    assert list(charge.charged_events) == [event_from_json(e) for e in rel.plan.events]
+    assert manager.get_release(store, rel.release_id).state == "checked"
+    assert (manager.release_dir(store, rel.release_id) / "work" / "dist_finetune_sample.log").exists()
 
 
 def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:

@@ -86,4 +86,4 @@ def test_plan_with_fashion_sensitive_refuses_the_default_pool(store):
     assert ledger.budget(store, "fashion").charges == [] and manager.list_releases(store) == []
     spec["privimage"]["public"] = "builtin:uci-digits"
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    assert rel["plan"]["dataset"] == "fashion"
+    assert rel.plan.dataset == "fashion"

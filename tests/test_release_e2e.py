@@ -41,10 +41,10 @@ def _setup(store, small_data):
 
 def _release(store, spec):
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"],
-                    acknowledge_non_dp=rel["plan"]["requires_acknowledgement"])
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest,
+                    acknowledge_non_dp=rel.plan.requires_acknowledgement)
     stages = []
-    rel = manager.run_release(store, rel["release_id"], "alice", lambda s, d, t: stages.append(s))
+    rel = manager.run_release(store, rel.release_id, "alice", lambda s, d, t: stages.append(s))
     assert stages, "long work reports progress"
     return rel
 
@@ -59,11 +59,11 @@ def test_privimage_release_end_to_end(store, small_data):
             # utility gate (tested on its own) is informational here
             "policy": {**POLICY, "min_utility_gain": None}}
     rel = _release(store, spec)
-    rid = rel["release_id"]
-    assert rel["state"] == "checked"
+    rid = rel.release_id
+    assert rel.state == "checked"
     b = ledger.budget(store, "digits")
     assert [c.state for c in b.charges] == ["committed"] and b.spent.epsilon_rdp <= 6.0 + 1e-9
-    g = rel["result"]["guarantee"]
+    g = rel.result["guarantee"]
     assert g["type"] == "dp" and g["epsilon_rdp"] == pytest.approx(b.spent.epsilon_rdp)
     with pytest.raises(PermissionDeniedError):
         manager.publish(store, rid, "carol")
@@ -72,7 +72,7 @@ def test_privimage_release_end_to_end(store, small_data):
     if not report.passed:
         pytest.fail("tiny release failed its audit: " + "; ".join(c.summary for c in report.failures))
     rel = manager.publish(store, rid, "alice")
-    bundle = rel["result"]["bundle"]
+    bundle = rel.result["bundle"]
     v = verify_bundle(bundle["tarball"], keys.public_key_path(store.workspace, "release"))
     assert v.ok, v.problems
     images, labels, ids = read_bundle_data(bundle["path"])
@@ -88,7 +88,7 @@ def test_privimage_release_end_to_end(store, small_data):
     card = (manager.release_dir(store, rid).parent.parent / "bundles" / rid / "README.md").read_text()
     assert "epsilon by RDP" in card and "dataset size is treated as public" in card
     assert trail.verify(store).ok
-    assert manager.list_releases(store, keys.get_identity(store, "carol"))[0]["release_id"] == rid
+    assert manager.list_releases(store, keys.get_identity(store, "carol"))[0].release_id == rid
 
 
 @pytest.mark.slow
@@ -97,9 +97,9 @@ def test_ksalsa_release_end_to_end(store, small_data):
     spec = {"release": {"dataset": "digits", "mechanism": "ksalsa", "heldout": str(small_data / "heldout.npz")},
             "ksalsa": {"k": 5, "preset": "tiny", "public": "builtin:uci-digits"}, "policy": POLICY}
     rel = _release(store, spec)
-    assert rel["state"] == "checked"
-    assert rel["result"]["guarantee"]["type"] == "k-anonymity"
-    images, labels, dist = manager.load_release_data(store, rel["release_id"])
+    assert rel.state == "checked"
+    assert rel.result["guarantee"]["type"] == "k-anonymity"
+    images, labels, dist = manager.load_release_data(store, rel.release_id)
     assert len(images) == 240 // 5 and dist.shape == (48, 10)
     b = ledger.budget(store, "digits")
     assert b.dp_void and math.isinf(b.spent.epsilon_rdp)

@@ -46,10 +46,10 @@ def test_spec_file_errors(tmp_path):
 
 def test_plan_previews_epsilon_and_changes_no_budget(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
-    p = rel["plan"]
-    assert rel["state"] == "planned" and p["epsilon_before"]["epsilon_rdp"] == 0
-    assert 0 < p["epsilon_after"]["epsilon_pld"] <= p["epsilon_after"]["epsilon_rdp"] <= 4.0 + 1e-9
-    assert p["events"][0]["mechanism"] == "gaussian_query" and p["events"][1]["mechanism"] == "dpsgd"
+    p = rel.plan
+    assert rel.state == "planned" and p.epsilon_before["epsilon_rdp"] == 0
+    assert 0 < p.epsilon_after["epsilon_pld"] <= p.epsilon_after["epsilon_rdp"] <= 4.0 + 1e-9
+    assert p.events[0]["mechanism"] == "gaussian_query" and p.events[1]["mechanism"] == "dpsgd"
     assert ledger.budget(ws_store, "mnist").charges == []  # planning reserves nothing
 
 
@@ -72,67 +72,67 @@ def test_bad_mechanism_parameter(ws_store):
 
 def test_ksalsa_plan_warns_and_needs_acknowledgement(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(KSALSA), "alice")
-    assert rel["plan"]["requires_acknowledgement"]
-    assert any("no longer hold" in w or "DP" in w for w in rel["plan"]["warnings"])
-    assert rel["plan"]["expected_count"] == 4000 // 5
+    assert rel.plan.requires_acknowledgement
+    assert any("no longer hold" in w for w in rel.plan.warnings)  # rule 5: the dataset loses its DP meaning
+    assert rel.plan.expected_count == 4000 // 5
     with pytest.raises(PermissionDeniedError, match="acknowledge"):
-        manager.approve(ws_store, rel["release_id"], "alice")
-    assert manager.get_release(ws_store, rel["release_id"])["state"] == "planned"
-    manager.approve(ws_store, rel["release_id"], "alice", acknowledge_non_dp=True)
-    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel["release_id"]))["acknowledge_non_dp"]
+        manager.approve(ws_store, rel.release_id, "alice")
+    assert manager.get_release(ws_store, rel.release_id).state == "planned"
+    manager.approve(ws_store, rel.release_id, "alice", acknowledge_non_dp=True)
+    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))["acknowledge_non_dp"]
 
 
 def test_only_a_steward_approves(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     for who in ("bob", "carol"):
         with pytest.raises(PermissionDeniedError, match="steward"):
-            manager.approve(ws_store, rel["release_id"], who)
+            manager.approve(ws_store, rel.release_id, who)
     with pytest.raises(PrivReleaseError):
-        manager.approve(ws_store, rel["release_id"], "mallory")
-    assert manager.approvals(ws_store, rel["release_id"]) == []
+        manager.approve(ws_store, rel.release_id, "mallory")
+    assert manager.approvals(ws_store, rel.release_id) == []
 
 
 def test_approval_of_a_different_plan_is_refused(ws_store):
     a = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     b = manager.create_plan(ws_store, ReleaseSpec.from_dict(KSALSA), "alice")
     with pytest.raises(TamperError, match="different or edited plan"):
-        manager.approve(ws_store, a["release_id"], "alice", digest=b["plan_digest"])
+        manager.approve(ws_store, a.release_id, "alice", digest=b.plan_digest)
 
 
 def test_plan_edited_after_approval_cannot_run(ws_store, tamper):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
-    manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    manager.approve(ws_store, rel.release_id, "alice", digest=rel.plan_digest)
     tamper(ws_store.workspace.db_path,
            "UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')")
     with pytest.raises(TamperError, match="edited"):
-        manager.run_release(ws_store, rel["release_id"], "alice")
+        manager.run_release(ws_store, rel.release_id, "alice")
     assert ledger.budget(ws_store, "mnist").charges == []  # nothing reserved
 
 
 def test_forged_approval_signature_is_refused(ws_store, tamper):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
-    manager.approve(ws_store, rel["release_id"], "alice", digest=rel["plan_digest"])
+    manager.approve(ws_store, rel.release_id, "alice", digest=rel.plan_digest)
     tamper(ws_store.workspace.db_path, "UPDATE approvals SET signature = repeat('ab', 64)")
     with pytest.raises(TamperError, match="no valid steward approval"):
-        manager.verified_approval(ws_store, manager.get_release(ws_store, rel["release_id"]))
+        manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))
 
 
 def test_unapproved_release_cannot_run_or_publish(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     with pytest.raises(LedgerStateError, match="planned"):
-        manager.run_release(ws_store, rel["release_id"], "alice")
+        manager.run_release(ws_store, rel.release_id, "alice")
     with pytest.raises(LedgerStateError):
-        manager.publish(ws_store, rel["release_id"], "alice")
+        manager.publish(ws_store, rel.release_id, "alice")
 
 
 def test_reject_needs_reason_and_is_final(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     with pytest.raises(PrivReleaseError, match="reason"):
-        manager.reject(ws_store, rel["release_id"], "alice", "  ")
-    manager.reject(ws_store, rel["release_id"], "alice", "epsilon too generous")
-    assert manager.get_release(ws_store, rel["release_id"])["state"] == "rejected"
+        manager.reject(ws_store, rel.release_id, "alice", "  ")
+    manager.reject(ws_store, rel.release_id, "alice", "epsilon too generous")
+    assert manager.get_release(ws_store, rel.release_id).state == "rejected"
     with pytest.raises(LedgerStateError):
-        manager.approve(ws_store, rel["release_id"], "alice")
+        manager.approve(ws_store, rel.release_id, "alice")
     assert trail.verify(ws_store).ok
 
 

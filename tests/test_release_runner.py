@@ -113,7 +113,7 @@ def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_no
             manager.run_release(store, rid, "alice")
     finally:
         held.release()
-    assert manager.get_release(store, rid)["state"] == "approved"
+    assert manager.get_release(store, rid).state == "approved"
     assert ledger.budget(store, "mnist").charges == []
 
 
@@ -133,12 +133,12 @@ def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp
 
     with pytest.raises(Crash):
         manager.run_release(store, rid, "alice", crash_at_step_3)
-    assert manager.get_release(store, rid)["state"] == "failed"
+    assert manager.get_release(store, rid).state == "failed"
     planned = ledger.get_charge(store, rid)
     assert planned.state == "reserved"  # it read the data: counted in full until resumed or abandoned
     rel = manager.abandon_release(store, rid, "alice")
     charge = ledger.get_charge(store, rid)
-    assert charge.state == "committed" and "abandoned by alice" in rel["reason"]
+    assert charge.state == "committed" and "abandoned by alice" in rel.reason
     assert [e.steps for e in charge.charged_events if isinstance(e, DpSgd)] == [3]
     assert any(e["action"] == "release.abandon" for e in trail.entries(store))
     with pytest.raises(Exception, match="already settled"):  # no silent re-run on a settled charge
@@ -154,8 +154,8 @@ def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(sm
     path = tmp_path / "rel.toml"
     path.write_text(tomli_w.dumps(spec))
     rel = manager.create_plan(store, ReleaseSpec.from_toml(path), "alice")
-    rid = rel["release_id"]
-    manager.approve(store, rid, "alice", digest=rel["plan_digest"], acknowledge_non_dp=True)
+    rid = rel.release_id
+    manager.approve(store, rid, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
 
     def crash_in_audit(stage, done, total):
         if stage == "expectations":
@@ -163,10 +163,10 @@ def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(sm
 
     with pytest.raises(Crash):
         manager.run_release(store, rid, "alice", crash_in_audit)
-    assert manager.get_release(store, rid)["result"] is not None
+    assert manager.get_release(store, rid).result is not None
     assert ledger.get_charge(store, rid).state == "committed"
     rel = manager.run_release(store, rid, "alice")
-    assert rel["state"] == "checked"
+    assert rel.state == "checked"
     assert [c.run_id for c in ledger.budget(store, "mnist").charges] == [rid]  # charged once
     assert sum(e["action"] == "run.sensitive_access" for e in trail.entries(store)) == 1  # not run again
 
@@ -206,8 +206,8 @@ def _spec(k=1, policy=None, public="builtin:uci-digits"):
 
 def _approved(store, spec_path):
     rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
-    manager.approve(store, rel["release_id"], "alice", digest=rel["plan_digest"])
-    return rel["release_id"]
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    return rel.release_id
 
 
 def test_spec_file_edited_after_approval_is_refused(small, tmp_path):
@@ -256,7 +256,7 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     # mallory swaps alice's public key for his own and re-signs the approval with it
     mallory = Ed25519PrivateKey.generate()
     pub_b64 = base64.b64encode(keys.raw_public_bytes(mallory.public_key())).decode()
-    digest = manager.get_release(store, rid)["plan_digest"]
+    digest = manager.get_release(store, rid).plan_digest
     sig = mallory.sign(manager._approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key())))
     tamper(store.workspace.db_path, f"UPDATE identities SET public_key = '{pub_b64}' WHERE name = 'alice'",
            f"UPDATE approvals SET signature = '{sig.hex()}'")

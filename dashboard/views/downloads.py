@@ -10,11 +10,12 @@ from dashboard.common import short_time
 from release import keys, manager
 from release.bundle import GRID_FILE
 from release.card import split_front_matter
+from release.records import Release
 
 
 def render(store: Store, ident: keys.Identity) -> None:
     st.title(":material/download: Downloads")
-    published = [r for r in manager.list_releases(store, ident) if r["state"] == "published"]
+    published = [r for r in manager.list_releases(store, ident) if r.state == "published"]
     public_key_panel(store)
     if not published:
         st.info("No published bundles yet.")
@@ -39,15 +40,15 @@ def public_key_panel(store: Store) -> None:
                    "publisher announced through another channel before trusting a bundle.")
 
 
-def bundle_card(rel: dict) -> None:
-    res, rid = rel["result"], rel["release_id"]
-    b = res["bundle"]
+def bundle_card(rel: Release) -> None:
+    res, rid = rel.result or {}, rel.release_id
+    b = rel.bundle or {}
     tarball = Path(b["tarball"])
     with st.container(border=True):
         head, button = st.columns([3, 1.2])
-        head.markdown(f"#### {rid} · {res['guarantee'].get('description', '')}")
-        head.caption(f"Published {short_time(rel['updated_at'])} UTC · {res.get('count', '?')} images · "
-                     f"dataset `{rel['dataset_id']}`")
+        head.markdown(f"#### {rid} · {rel.guarantee.get('description', '')}")
+        head.caption(f"Published {short_time(rel.updated_at)} UTC · {res.get('count', '?')} images · "
+                     f"dataset `{rel.dataset_id}`")
         if tarball.is_file():
             button.download_button(f"{tarball.name} ({tarball.stat().st_size / 1024:.0f} KiB)", data=tarball.read_bytes(),
                                    file_name=tarball.name, mime="application/gzip", key=f"dl_{rid}", type="primary",

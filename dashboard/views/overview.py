@@ -11,30 +11,31 @@ from dashboard import data
 from dashboard.charts import budget_gauge
 from dashboard.common import INTERNAL_ROLES, fmt_eps, short_time
 from release import keys, manager
+from release.records import Release
 
 STATE_COLOURS = {"planned": "#3566c2", "approved": "#2e9d5b", "rejected": "#8a1c1c", "running": "#e0a100",
                  "checked": "#2e7d8f", "published": "#2e9d5b", "failed": "#d64545"}
 STATE_ICONS = {s: s for s in STATE_COLOURS}  # plain text: emoji fonts are not everywhere
 
 
-def guarantee_text(rel: dict) -> str:
-    res = rel.get("result") or {}
-    g = res.get("guarantee")
+def guarantee_text(rel: Release) -> str:
+    g = rel.guarantee
     if g:
         return g.get("description") or str(g)
-    after = (rel.get("plan") or {}).get("epsilon_after") or {}
-    return "k-anonymous (no DP)" if (rel.get("plan") or {}).get("requires_acknowledgement") else f"planned ε ≤ {fmt_eps(after.get('epsilon_rdp'))}"
+    if rel.plan.requires_acknowledgement:
+        return "k-anonymous (no DP)"
+    return f"planned ε ≤ {fmt_eps(rel.plan.epsilon_after.get('epsilon_rdp'))}"
 
 
-def releases_frame(rels: list[dict]) -> pd.DataFrame:
+def releases_frame(rels: list[Release]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "release": r["release_id"], "dataset": (r.get("plan") or {}).get("dataset", r["dataset_id"]),
-        "mechanism": r["mechanism"], "state": STATE_ICONS.get(r["state"], r["state"]),
-        "guarantee": guarantee_text(r), "updated (UTC)": short_time(r["updated_at"]),
+        "release": r.release_id, "dataset": r.plan.dataset, "mechanism": r.mechanism,
+        "state": STATE_ICONS.get(r.state, r.state), "guarantee": guarantee_text(r),
+        "updated (UTC)": short_time(r.updated_at),
     } for r in rels])
 
 
-def styled_releases(rels: list[dict]) -> Styler:
+def styled_releases(rels: list[Release]) -> Styler:
     """The releases table with each state in its colour."""
     return releases_frame(rels).style.map(lambda v: f"color: {STATE_COLOURS.get(v, '#1f2933')}; font-weight: 600",
                                           subset=["state"])
@@ -48,9 +49,9 @@ def render(store: Store, ident: keys.Identity) -> None:
     c1.metric("Datasets", len(datasets))
     c2.metric("Releases" if ident.role in INTERNAL_ROLES else "Published releases", len(rels))
     if ident.role in INTERNAL_ROLES:
-        c3.metric("Plans awaiting approval", sum(r["state"] == "planned" for r in rels))
+        c3.metric("Plans awaiting approval", sum(r.state == "planned" for r in rels))
     else:
-        c3.metric("Downloadable bundles", sum(r["state"] == "published" for r in rels))
+        c3.metric("Downloadable bundles", sum(r.state == "published" for r in rels))
 
     st.subheader("Privacy budgets")
     st.caption("Filled arc: ε spent by RDP (the reference, checked against the cap). Black tick: PLD (tighter). "

@@ -13,26 +13,26 @@ from accounting.store import Store
 from dashboard.charts import image_grid, to_display
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from release import keys, manager
+from release.records import Release
 
 VERDICT_ICON = {"pass": "pass", "fail": "FAIL", "info": "info"}
 SAMPLE_COUNT = 40
 
 
-def render(store: Store, ident: keys.Identity, rel: dict) -> None:
-    rid, internal = rel["release_id"], ident.role in INTERNAL_ROLES
+def render(store: Store, ident: keys.Identity, rel: Release) -> None:
+    rid, internal = rel.release_id, ident.role in INTERNAL_ROLES
     st.markdown(f"### {rid}")
-    res = rel.get("result") or {}
-    g = res.get("guarantee") or {}
+    res, g, plan = rel.result or {}, rel.guarantee, rel.plan
     c1, c2, c3, c4 = st.columns(4)
-    c1.metric("State", rel["state"])
-    c2.metric("Mechanism", rel["mechanism"])
-    c3.metric("Dataset", rel["plan"]["dataset"])
-    c4.metric("Images", res.get("count", rel["plan"]["expected_count"]))
-    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if rel["plan"].get("requires_acknowledgement") else
-                                         f"planned ε ≤ {fmt_eps(rel['plan']['epsilon_after']['epsilon_rdp'])} (RDP)")
+    c1.metric("State", rel.state)
+    c2.metric("Mechanism", rel.mechanism)
+    c3.metric("Dataset", plan.dataset)
+    c4.metric("Images", res.get("count", plan.expected_count))
+    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if plan.requires_acknowledgement else
+                                         f"planned ε ≤ {fmt_eps(plan.epsilon_after['epsilon_rdp'])} (RDP)")
     st.markdown(f"**Guarantee:** {guarantee}")
-    if rel.get("reason"):
-        (st.error if rel["state"] == "failed" else st.info)(f"Reason: {rel['reason']}")
+    if rel.reason:
+        (st.error if rel.state == "failed" else st.info)(f"Reason: {rel.reason}")
     if ident.role == "steward":
         actions(store, ident, rel)
 
@@ -50,8 +50,8 @@ def render(store: Store, ident: keys.Identity, rel: dict) -> None:
                 cluster_viewer(store, ident, rel)
 
 
-def actions(store: Store, ident: keys.Identity, rel: dict) -> None:
-    rid, state = rel["release_id"], rel["state"]
+def actions(store: Store, ident: keys.Identity, rel: Release) -> None:
+    rid, state = rel.release_id, rel.state
     if state in ("approved", "failed"):
         label = "Run release" if state == "approved" else "Run again (resumes, no double charge)"
         if st.button(label, key=f"run_{rid}", type="primary", icon=":material/play_arrow:"):
@@ -62,7 +62,7 @@ def actions(store: Store, ident: keys.Identity, rel: dict) -> None:
 
             with guarded("running the release"):
                 out = manager.run_release(store, rid, ident.name, progress)
-                flash("success", f"Release {rid} ran and was audited: it is now {out['state']}.")
+                flash("success", f"Release {rid} ran and was audited: it is now {out.state}.")
                 st.rerun()
     elif state == "checked":
         if st.button("Publish (sign the bundle)", key=f"publish_{rid}", type="primary", icon=":material/publish:"):
@@ -72,16 +72,16 @@ def actions(store: Store, ident: keys.Identity, rel: dict) -> None:
                 st.rerun()
 
 
-def parameters(store: Store, rel: dict, internal: bool) -> None:
-    res = rel.get("result") or {}
+def parameters(store: Store, rel: Release, internal: bool) -> None:
+    res = rel.result or {}
     st.markdown("**Guarantee**")
-    st.json(res.get("guarantee") or {"planned_epsilon_after": rel["plan"]["epsilon_after"]}, expanded=True)
+    st.json(res.get("guarantee") or {"planned_epsilon_after": rel.plan.epsilon_after}, expanded=True)
     st.markdown("**Parameters**")
-    st.json(res.get("parameters") or rel["plan"].get("config") or {}, expanded=False)
+    st.json(res.get("parameters") or rel.plan.config or {}, expanded=False)
     if internal:
         st.markdown("**Plan**")
-        st.caption(f"Digest `{rel['plan_digest']}`; events: " + "; ".join(rel["plan"]["events_described"]))
-        rows = manager.approvals(store, rel["release_id"])
+        st.caption(f"Digest `{rel.plan_digest}`; events: " + "; ".join(rel.plan.events_described))
+        rows = manager.approvals(store, rel.release_id)
         if rows:
             st.markdown("**Approvals**")
             st.dataframe(pd.DataFrame([{"steward": a["approver"], "decision": a["decision"],
@@ -127,7 +127,7 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
 
 
 def samples(store: Store, rid: str) -> None:
-    if not manager.get_release(store, rid)["result"]:
+    if not manager.get_release(store, rid).result:
         st.info("No images yet: the release has not been synthesised.")
         return
     out = manager.load_output(store, rid)
@@ -139,8 +139,8 @@ def samples(store: Store, rid: str) -> None:
              caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}")
 
 
-def _has_clusters(store: Store, rel: dict) -> bool:
-    return bool(rel.get("result")) and manager.load_output(store, rel["release_id"]).clusters is not None
+def _has_clusters(store: Store, rel: Release) -> bool:
+    return bool(rel.result) and manager.load_output(store, rel.release_id).clusters is not None
 
 
 def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
@@ -154,18 +154,18 @@ def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
     return st.session_state[key]
 
 
-def cluster_viewer(store: Store, ident: keys.Identity, rel: dict) -> None:
+def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     """The k sensitive records beside the representative released for them (steward/auditor only)."""
     keys.require_role(ident, *INTERNAL_ROLES)
     from accounting import ledger
 
-    out = manager.load_output(store, rel["release_id"])
+    out = manager.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
-    ds = ledger.get_dataset(store, rel["dataset_id"])
+    ds = ledger.get_dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")
     i = st.number_input(f"Cluster (0–{len(clusters) - 1})", min_value=0, max_value=len(clusters) - 1, value=0,
-                        step=1, key=f"cluster_{rel['release_id']}")
+                        step=1, key=f"cluster_{rel.release_id}")
     members = np.asarray(clusters[int(i)], dtype=np.int64)
     left, right = st.columns([1, 4])
     with left:

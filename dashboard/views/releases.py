@@ -9,20 +9,21 @@ from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from dashboard.views import release_detail
 from dashboard.views.overview import styled_releases
 from release import keys, manager
+from release.records import Release
 
 
 def render(store: Store, ident: keys.Identity) -> None:
     st.title(":material/rocket_launch: Releases")
     rels = manager.list_releases(store, ident)  # a consumer gets published releases only
     if ident.role in INTERNAL_ROLES:
-        pending = [r for r in rels if r["state"] == "planned"]
+        pending = [r for r in rels if r.state == "planned"]
         st.subheader(f"Plans awaiting approval ({len(pending)})")
         if not pending:
             st.info("No plan is waiting for approval. Plan one with `privrelease release plan SPEC.toml`.")
         for rel in pending:
             plan_card(store, ident, rel)
     st.subheader("All releases" if ident.role in INTERNAL_ROLES else "Published releases")
-    ids = [r["release_id"] for r in rels]
+    ids = [r.release_id for r in rels]
     requested = st.session_state.get("release")
     if requested is not None and requested not in ids:
         # e.g. a consumer asking for an unpublished release: refuse rather than fall back silently
@@ -34,46 +35,46 @@ def render(store: Store, ident: keys.Identity) -> None:
         st.info("No releases yet." if ident.role in INTERNAL_ROLES else "No published releases yet.")
         return
     st.dataframe(styled_releases(rels), hide_index=True, width="stretch")
-    by_id = {r["release_id"]: r for r in rels}
+    by_id = {r.release_id: r for r in rels}
     chosen = st.selectbox("Release", ids, key="release",
-                          format_func=lambda i: f"{i} · {by_id[i]['mechanism']} on "
-                                                f"{by_id[i]['plan']['dataset']} · {by_id[i]['state']}")
+                          format_func=lambda i: f"{i} · {by_id[i].mechanism} on "
+                                                f"{by_id[i].plan.dataset} · {by_id[i].state}")
     release_detail.render(store, ident, manager.get_release(store, chosen))
 
 
-def plan_card(store: Store, ident: keys.Identity, rel: dict) -> None:
-    plan, rid = rel["plan"], rel["release_id"]
-    before, after = plan["epsilon_before"], plan["epsilon_after"]
+def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
+    plan, rid = rel.plan, rel.release_id
+    before, after = plan.epsilon_before, plan.epsilon_after
     with st.container(border=True):
-        st.markdown(f"#### {rid} · {plan['mechanism']} on **{plan['dataset']}**")
-        st.caption(f"Planned by {rel['created_by']} at {short_time(rel['created_at'])} UTC · "
-                   f"plan digest `{rel['plan_digest'][:16]}…`")
+        st.markdown(f"#### {rid} · {plan.mechanism} on **{plan.dataset}**")
+        st.caption(f"Planned by {rel.created_by} at {short_time(rel.created_at)} UTC · "
+                   f"plan digest `{rel.plan_digest[:16]}…`")
         m1, m2, m3, m4 = st.columns(4)
         m1.metric("ε before (RDP)", fmt_eps(before["epsilon_rdp"]))
         m2.metric("ε after (RDP)", fmt_eps(after["epsilon_rdp"]))
         m3.metric("ε after (PLD)", fmt_eps(after["epsilon_pld"]))
-        m4.metric("Images released", plan["expected_count"])
-        st.markdown("**Events charged:** " + "; ".join(plan["events_described"]))
-        st.caption(f"Cap ε {plan['epsilon_cap']:g} at δ = {after['delta']:g}; remaining after (RDP): "
-                   f"{fmt_eps(plan.get('remaining_after_rdp'))}")
-        for w in plan["warnings"]:
+        m4.metric("Images released", plan.expected_count)
+        st.markdown("**Events charged:** " + "; ".join(plan.events_described))
+        st.caption(f"Cap ε {plan.epsilon_cap:g} at δ = {after['delta']:g}; remaining after (RDP): "
+                   f"{fmt_eps(plan.remaining_after_rdp)}")
+        for w in plan.warnings:
             st.warning(w, icon=":material/warning:")
         with st.expander("Full plan (JSON)"):
-            st.json(plan, expanded=False)
+            st.json(plan.to_json(), expanded=False)
         if ident.role != "steward":
             st.caption("Only a steward can approve or reject a plan.")
             return
         approve_col, reject_col = st.columns(2)
         with approve_col:
             ack = False
-            if plan["requires_acknowledgement"]:
+            if plan.requires_acknowledgement:
                 ack = st.checkbox("I accept: no DP guarantee", key=f"ack_{rid}",
                                   help="This k-anonymous release carries no differential-privacy guarantee and voids "
                                        "the DP meaning of every release of this dataset (README, \"Privacy guarantees and their limits\").")
             if st.button("Approve (sign the plan)", key=f"approve_{rid}", type="primary", icon=":material/check:"):
                 with guarded("approving"):
                     # The digest shown above is what the steward reviewed; the manager refuses any other plan.
-                    manager.approve(store, rid, ident.name, digest=rel["plan_digest"], acknowledge_non_dp=ack)
+                    manager.approve(store, rid, ident.name, digest=rel.plan_digest, acknowledge_non_dp=ack)
                     flash("success", f"Approved {rid}. A steward can now run it (Releases → select it → Run).")
                     st.rerun()
         with reject_col:

@@ -95,7 +95,7 @@ def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
     who = acting(actor, "steward", "auditor")
     with rich_progress() as progress:
         rel = manager.audit_release(store(), release_id, who.name, progress)
-    console.print(f"Release {release_id} is {rel['state']}.")
+    console.print(f"Release {release_id} is {rel.state}.")
     report(release_id, actor=actor, as_json=False)
 
 

@@ -1,0 +1,69 @@
+"""The typed release record: one row of the store's `releases` table, as the release manager, the CLI
+and the dashboard see it. Frozen: a state change is a new row read back from the store."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from accounting.errors import TamperError
+from release.spec import Plan
+
+# The lifecycle (README, "Walkthrough of a release"): planned -> approved -> running -> checked -> published, or
+# rejected / failed on the way.
+STATES = ("planned", "approved", "rejected", "running", "checked", "published", "failed")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release as stored. `plan` is the signed plan, typed; `result` (what the run produced: mechanism,
+    guarantee, parameters, executed_events, generator, artifacts, count, charge_id and, once published,
+    bundle) stays a JSON dict because its fields vary with the mechanism and the state."""
+    release_id: str
+    dataset_id: str
+    mechanism: str
+    state: str
+    spec: dict[str, Any]
+    plan: Plan
+    plan_digest: str
+    created_by: str
+    created_at: str
+    updated_at: str
+    reason: str | None = None
+    result: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise TamperError(f"Release {self.release_id} has state {self.state!r}, which is none of {STATES}: the "
+                              "store was edited. Run `privrelease audit verify`.")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Release":
+        """A `releases` row (spec, plan and result are JSON text) as a typed record."""
+        plan_json = json.loads(row["plan"])
+        try:
+            plan = Plan.from_json(plan_json)
+        except TypeError as exc:  # missing or unknown keys: not a plan this tool wrote
+            raise TamperError(f"Release {row['release_id']}: the stored plan does not have the fields of a plan "
+                              f"({exc}); the store was edited. Re-plan from the spec.") from exc
+        return cls(release_id=row["release_id"], dataset_id=row["dataset_id"], mechanism=row["mechanism"],
+                   state=row["state"], spec=json.loads(row["spec"]), plan=plan, plan_digest=row["plan_digest"],
+                   created_by=row["created_by"], created_at=row["created_at"], updated_at=row["updated_at"],
+                   reason=row.get("reason"), result=json.loads(row["result"]) if row.get("result") else None)
+
+    @property
+    def guarantee(self) -> dict[str, Any]:
+        """The achieved guarantee once synthesised ({} before)."""
+        return dict((self.result or {}).get("guarantee") or {})
+
+    @property
+    def bundle(self) -> dict[str, Any] | None:
+        """The published bundle's paths and digests (None until published)."""
+        return (self.result or {}).get("bundle")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form `privrelease release show --json` prints (plan as its stored JSON)."""
+        return {"release_id": self.release_id, "dataset_id": self.dataset_id, "mechanism": self.mechanism,
+                "state": self.state, "spec": self.spec, "plan": self.plan.to_json(), "plan_digest": self.plan_digest,
+                "created_by": self.created_by, "created_at": self.created_at, "updated_at": self.updated_at,
+                "reason": self.reason, "result": self.result}
