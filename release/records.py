@@ -40,16 +40,17 @@ class Release:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Release":
         """A `releases` row (spec, plan and result are JSON text) as a typed record."""
-        plan_json = json.loads(row["plan"])
         try:
-            plan = Plan.from_json(plan_json)
-        except TypeError as exc:  # missing or unknown keys: not a plan this tool wrote
-            raise TamperError(f"Release {row['release_id']}: the stored plan does not have the fields of a plan "
-                              f"({exc}); the store was edited. Re-plan from the spec.") from exc
+            plan = Plan.from_json(json.loads(row["plan"]))
+            spec = json.loads(row["spec"])
+            result = json.loads(row["result"]) if row.get("result") else None
+        except (TypeError, ValueError) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
+            raise TamperError(f"Release {row['release_id']}: the stored plan, spec or result is not what privrelease "
+                              f"writes ({exc}); the store was edited. Re-plan from the spec.") from exc
         return cls(release_id=row["release_id"], dataset_id=row["dataset_id"], mechanism=row["mechanism"],
-                   state=row["state"], spec=json.loads(row["spec"]), plan=plan, plan_digest=row["plan_digest"],
+                   state=row["state"], spec=spec, plan=plan, plan_digest=row["plan_digest"],
                    created_by=row["created_by"], created_at=row["created_at"], updated_at=row["updated_at"],
-                   reason=row.get("reason"), result=json.loads(row["result"]) if row.get("result") else None)
+                   reason=row.get("reason"), result=result)
 
     @property
     def guarantee(self) -> dict[str, Any]:

@@ -59,5 +59,8 @@ def test_tampered_row_gives_a_clear_error(store, planned, tamper):
         manager.get_release(store, planned.release_id)
     tamper(store.workspace.db_path, "UPDATE releases SET state = 'planned'",
            "UPDATE releases SET plan = replace(plan, '\"expected_count\"', '\"count\"')")
-    with pytest.raises(TamperError, match="fields of a plan"):
+    with pytest.raises(TamperError, match="not what privrelease writes.*count"):
         manager.get_release(store, planned.release_id)
+    tamper(store.workspace.db_path, "UPDATE releases SET plan = '{not json'")
+    with pytest.raises(TamperError, match="store was edited"):
+        manager.list_releases(store)
