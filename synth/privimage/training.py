@@ -295,6 +295,8 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
             f"(N={len(x)}, batch={batch_size}); nothing was trained."
         )
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+    # opacus' functorch mode asks CPU autocast for float32, which autocast declines with a notice each step
+    warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype", category=UserWarning)
     return engine, dp_model, dp_opt, dp_loader
 
 
