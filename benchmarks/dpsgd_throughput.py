@@ -25,7 +25,6 @@ METHODS = {
     "plain, channels-last": dict(dp=False, channels_last=True),
     "opacus hooks": dict(dp=True, mode="hooks"),
     "opacus functorch (product default)": dict(dp=True, mode="functorch"),
-    "opacus functorch, channels-last": dict(dp=True, mode="functorch", channels_last=True),
     "opacus expanded weights": dict(dp=True, mode="ew"),
 }
 

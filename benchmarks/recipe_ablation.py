@@ -13,12 +13,14 @@ Slow on CPU: pre-training once (~7 min on 2 idle cores, then cached), each DP ro
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from accounting.calibration import calibrate_dpsgd_sigma
@@ -39,7 +41,9 @@ RESULTS = HERE / "results"
 CACHE = HERE.parent / ".privrelease-cache"
 BASE = dict(pretrain_steps=2000, finetune_epochs=3.0, batch_size=250, max_physical_batch=250, n_samples=1000)
 VARIANTS: dict[str, dict] = {
-    "public pre-training only (no DP stage)": {"dp_stage": False},
+    "public pre-training only (no DP stage)": {"dp_stage": False, "samples_sweep": [1000, 4000]},
+    "public pre-training only, elastic + sharpen": {"dp_stage": False, "pretrain_elastic": True,
+                                                    "samples_sweep": [1000, 4000]},
     "Adam lr 1e-3, all weights (old demo stage)": {"lr": 1e-3},
     "Adam lr 1e-4, all weights": {"lr": 1e-4},
     "Adam lr 3e-4, all weights": {"lr": 3e-4},
@@ -48,7 +52,8 @@ VARIANTS: dict[str, dict] = {
     "Adam lr 1e-4, 10 epochs": {"lr": 1e-4, "finetune_epochs": 10.0},
     "SGD lr 0.05, all weights": {"dp_optimizer": "sgd", "lr": 0.05},
     "Adam lr 1e-4, guidance 1.0": {"lr": 1e-4, "guidance": 1.0},
-    "Adam lr 3e-4, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "guidance_sweep": [0.0, 1.0, 3.0]},
+    "Adam lr 3e-4, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "guidance_sweep": [0.0, 1.0, 3.0],
+                                "samples_sweep": [1000, 4000]},
     "Adam lr 3e-4, 20 epochs": {"lr": 3e-4, "finetune_epochs": 20.0, "guidance_sweep": [0.0, 1.0]},
     "Adam lr 3e-4, decoder only, 10 epochs": {"lr": 3e-4, "finetune_epochs": 10.0, "trainable": "no_down"},
     "Adam lr 3e-3, norms + embeddings only, 10 epochs": {"lr": 3e-3, "finetune_epochs": 10.0,
@@ -64,7 +69,8 @@ def _pretrained(cfg: PrivImageConfig) -> torch.nn.Module:
     return pretrain_cached(model, to_tensor(pub.images), torch.from_numpy(pub.labels), cache_dir=CACHE,
                            workdir_ckpt=CACHE / "unused.pt", steps=cfg.pretrain_steps, batch=cfg.pretrain_batch,
                            lr=cfg.pretrain_lr, train_timesteps=cfg.train_timesteps, seed=cfg.seed,
-                           device=torch.device("cpu"), augment=cfg.pretrain_augment, label_dropout=cfg.label_dropout)
+                           device=torch.device("cpu"), augment=cfg.pretrain_augment, elastic=cfg.pretrain_elastic,
+                           label_dropout=cfg.label_dropout)
 
 
 def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
@@ -83,36 +89,56 @@ def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
 
 
 def run_variant(name: str, overrides: dict, epsilon: float) -> list[dict]:
-    """Train once; sample and score once per guidance weight in `guidance_sweep` (sampling reads no
-    sensitive data, so one trained model serves every weight)."""
+    """Train once (or reuse the weights a previous run of the same settings saved); sample and score once
+    per guidance weight in `guidance_sweep` and released-set size in `samples_sweep` (sampling reads no
+    sensitive data, so one trained model serves every weight and size)."""
     settings = {**BASE, **overrides}
     with_dp = settings.pop("dp_stage", True)
-    sweep = settings.pop("guidance_sweep", None)
+    guidances, sizes = settings.pop("guidance_sweep", None), settings.pop("samples_sweep", None)
     cfg = PrivImageConfig.demo(epsilon, 1e-5, k=1, **settings)
     sensitive, heldout = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
     t0 = time.time()
-    model = _pretrained(cfg)
-    dp = _dp_stage(model, cfg, sensitive) if with_dp else {"steps": 0}
+    model, dp = _trained(cfg, sensitive, with_dp)
     trained_s = round(time.time() - t0)
     rows = []
-    for guidance in sweep if sweep is not None else [cfg.guidance]:
-        label = f"{name}, guidance {guidance:g}" if sweep is not None else name
-        rows.append({"variant": label, "epsilon": epsilon if dp["steps"] else None, **dp,
-                     **_score(model, cfg.with_(guidance=guidance), heldout), "dp_and_pretrain_s": trained_s,
-                     "pretrain_recipe": PRETRAIN_RECIPE, "machine": machine(), "date": today(), "overrides": overrides})
+    for guidance in guidances if guidances is not None else [cfg.guidance]:
+        for n, scores in _score(model, cfg.with_(guidance=guidance), heldout, sizes or [cfg.n_samples]):
+            label = name + (f", guidance {guidance:g}" if guidances else "") + (f", {n} samples" if sizes else "")
+            rows.append({"variant": label, "epsilon": epsilon if dp["steps"] else None, **dp, **scores,
+                         "n_samples": n, "dp_and_pretrain_s": trained_s, "pretrain_recipe": "pretrain-v3" if cfg.pretrain_elastic else PRETRAIN_RECIPE,
+                         "machine": machine(), "date": today(), "overrides": overrides})
     return rows
 
 
-def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout) -> dict:
-    labels = balanced_labels(cfg.n_samples, 10)
+def _trained(cfg: PrivImageConfig, sensitive, with_dp: bool) -> tuple[torch.nn.Module, dict]:
+    key = hashlib.sha256(json.dumps([PRETRAIN_RECIPE, cfg.as_dict(), with_dp], sort_keys=True).encode()).hexdigest()
+    saved = CACHE / f"ablation-{key[:24]}.pt"
+    model = _pretrained(cfg)
+    if saved.exists():
+        state = torch.load(saved, weights_only=True)
+        model.load_state_dict(state["weights"])
+        return model, state["dp"]
+    dp = _dp_stage(model, cfg, sensitive) if with_dp else {"steps": 0}
+    torch.save({"weights": model.state_dict(), "dp": dp}, saved)
+    return model, dp
+
+
+def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[int]) -> list[tuple[int, dict]]:
+    """Sample max(sizes) images once; score a class-balanced subset of each size."""
+    labels = balanced_labels(max(sizes), 10)
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
                            device=torch.device("cpu"), guidance=cfg.guidance)
-    util = compute_utility(images, labels, None, heldout, AuditPolicy(cnn_epochs=10, utility_train_samples=1000))
     grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}.png"
     grid.write_bytes(sample_grid(images, labels))  # the grid a bundle carries
-    return {**{k: round(v, 3) for k, v in util.release.items()}, "mean_pixel": round(float(images.mean()), 1),
-            "grid": grid.name}
+    out = []
+    for n in sorted(sizes):
+        idx = np.concatenate([np.flatnonzero(labels == c)[: n // 10] for c in range(10)])
+        util = compute_utility(images[idx], labels[idx], None, heldout,
+                               AuditPolicy(cnn_epochs=10, utility_train_samples=n))
+        out.append((n, {**{k: round(v, 3) for k, v in util.release.items()},
+                        "mean_pixel": round(float(images.mean()), 1), "grid": grid.name}))
+    return out
 
 
 def render() -> str:
@@ -124,9 +150,9 @@ def render() -> str:
         return "-" if value is None else str(value)
 
     priors = {"pretrain-v2": "affine + thickness", "pretrain-v3": "+ elastic + sharpen"}
-    table = md_table(["public augmentation", "variant", "DP steps", "sigma", "LR", "MLP", "CNN", "mean pixel", "grid"],
+    table = md_table(["public augmentation", "variant", "images scored", "DP steps", "sigma", "LR", "MLP", "CNN", "mean pixel", "grid"],
                      [[priors.get(r.get("pretrain_recipe", "pretrain-v2"), r.get("pretrain_recipe")), r["variant"],
-                       r["steps"], cell(r.get("noise_multiplier")), cell(r.get("logreg")),
+                       r.get("n_samples", 1000), r["steps"], cell(r.get("noise_multiplier")), cell(r.get("logreg")),
                        cell(r.get("mlp")), r["cnn"], r["mean_pixel"], f"[png](benchmarks/results/{r['grid']})"]
                       for r in rows])
     harnesses = sorted({f"{r['date']}, {r['machine']}: {r.get('harness', 'benchmarks/recipe_ablation.py')}"

@@ -25,15 +25,16 @@ from release.cli.releases import print_plan
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 from release.verify import verify_bundle
+from synth.privimage.config import PrivImageConfig
 
 DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
 DEMO_SPEC = {
-    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 1000,
+    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 4000,
                 "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
     # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
     "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
     "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
-               "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 8},
+               "fid_samples": 500, "utility_train_samples": 4000, "cnn_epochs": 8},
 }
 
 
@@ -98,9 +99,11 @@ def _run_and_audit(store: Store, rid: str) -> None:
     from audit import load_report, render_report
 
     step("5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> audit")
-    console.print("  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): 2,000 public pre-training steps "
-                  f"(cached in {os.environ['PRIVRELEASE_CACHE']} for the next run) and 3 DP-SGD epochs. The images are "
-                  "recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
+    demo = PrivImageConfig.demo(DEMO_SPEC["privimage"]["epsilon"], 1e-5)
+    console.print(f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
+                  f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
+                  f"{demo.finetune_epochs:g} DP-SGD epochs, {DEMO_SPEC['release']['n_images']:,} images. The images "
+                  "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)
     report = load_report(store, rid)

@@ -55,6 +55,17 @@ def test_sharpening_and_elastic_distortion_change_what_they_claim() -> None:
     assert torch.equal(again, augment_public(x, torch.Generator().manual_seed(3), 1.0))  # seeded: reproducible
 
 
+def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -> None:
+    from synth.privimage.model import make_unet
+    from synth.privimage.training import _pretrain_key
+
+    x, y = _digits()
+    model = make_unet(16, 1, 10, (8, 16), 1)
+    base = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, augment=1.0, label_dropout=0.1)
+    assert _pretrain_key(model, x, y, {**base, "elastic": False}) == _pretrain_key(model, x, y, base)
+    assert _pretrain_key(model, x, y, {**base, "elastic": True}) != _pretrain_key(model, x, y, base)
+
+
 def test_pretraining_is_cached_by_content(tmp_path: Path) -> None:
     x, y = _digits()
     settings = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, device=CPU, augment=1.0,
@@ -128,7 +139,7 @@ def test_guidance_changes_samples_and_zero_is_plain_conditional() -> None:
 @pytest.mark.parametrize("field,value", [("noise_multiplicity", 0), ("noise_multiplicity", 1e308),
                                          ("dp_optimizer", "rmsprop"), ("trainable", "half"),
                                          ("guidance", float("nan")), ("label_dropout", 0.9),
-                                         ("pretrain_augment", -1.0)])
+                                         ("pretrain_augment", -1.0), ("pretrain_elastic", "yes")])
 def test_recipe_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(InvalidParameterError, match=field):
         PrivImageConfig.tiny(1.0, 1e-5, **{field: value})

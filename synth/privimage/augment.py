@@ -5,7 +5,8 @@ so they all share one stroke width, slant and size. Random affine maps (scale, r
 and random stroke thickness (grey-scale dilation/erosion) widen that prior; elastic distortion (Simard et al.
 2003) bends the strokes, and a contrast curve sharpens the blur that upsampling 8x8 scans leaves. Measured on
 MNIST-5k (the small CNN, 40 epochs on 1,797 augmented UCI digits, 2 seeds): affine + thickness 0.672, with
-elastic distortion and sharpening 0.727 (BENCHMARKS.md, "PrivImage recipe")."""
+elastic distortion and sharpening 0.727. Yet a diffusion model pre-trained on the latter draws blobbier digits
+(BENCHMARKS.md, "PrivImage recipe"), so pre-training leaves them off unless `pretrain_elastic` is set."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,7 @@ from torch.nn import functional as F
 
 
 def augment_public(x: torch.Tensor, gen: torch.Generator, strength: float = 1.0, *,
-                   elastic: bool = True, sharpen: bool = True) -> torch.Tensor:
+                   elastic: bool = False, sharpen: bool = False) -> torch.Tensor:
     """Randomly transformed copy of a batch x (N,C,H,W) in [-1, 1] with a black (-1) background.
 
     strength 0 returns x unchanged; 1 means scale +-15%, rotation +-14 deg, shear +-0.2, shift +-10%,

@@ -148,7 +148,7 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
     from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
     kw = dict(steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
               train_timesteps=config.train_timesteps, seed=config.seed, augment=config.pretrain_augment,
-              label_dropout=config.label_dropout)
+              elastic=config.pretrain_elastic, label_dropout=config.label_dropout)
     if _nproc(ctx) > 1:  # plain DDP under torchrun
         from synth.privimage import distributed
 
@@ -276,7 +276,8 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "lr": config.lr, "ema_decay": config.ema_decay, "dp_optimizer": config.dp_optimizer,
         "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
         "secure_noise": config.secure_noise,
-        "pretrain_augment": config.pretrain_augment, "label_dropout": config.label_dropout,
+        "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
+        "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0, "ddim_steps": config.ddim_steps,
         "n_samples": config.n_samples, "unet_channels": list(config.unet_channels), "target_epsilon": config.epsilon,
         "delta": config.delta, **selection_info,

@@ -39,7 +39,7 @@ def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: 
         for idx in torch.randperm(len(x), generator=gen).split(batch):
             xb = x[idx].to(device)
             if augmented:
-                xb = augment_public(xb, gen, elastic=False, sharpen=False)  # affine + thickness (as measured)
+                xb = augment_public(xb, gen)  # affine + stroke thickness: transfer to other digit styles
             loss = nn.functional.cross_entropy(net(xb), yt[idx].to(device))
             opt.zero_grad()
             loss.backward()

@@ -27,7 +27,7 @@ from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.progress import ProgressFn, no_progress
 from synth.secure_noise import install as install_secure_noise
 
-PRETRAIN_RECIPE = "pretrain-v3"  # bump when pretrain() changes what it computes (invalidates caches)
+PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
 # Per-sample gradients by vmap (torch.func) instead of opacus' module hooks: the same gradients (1e-6
 # relative) in about 0.85x the time on CPU (BENCHMARKS.md, "DP-SGD step cost").
 GRAD_SAMPLE_MODE = "functorch"
@@ -36,14 +36,15 @@ GRAD_SAMPLE_MODE = "functorch"
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
              train_timesteps: int, seed: int, device: torch.device, ckpt: Path, ckpt_every: int = 100,
              progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0,
-             world_size: int = 1) -> torch.nn.Module:
+             world_size: int = 1, elastic: bool = False) -> torch.nn.Module:
     """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`.
 
     With `world_size` > 1 (inside an initialised process group of that size) the model is wrapped in
     DistributedDataParallel and each rank draws `ceil(batch / world_size)` images, so the effective
     batch stays `batch`; only rank 0 writes the checkpoint.
 
-    `augment` is the strength of augment_public (0 = off); `label_dropout` is the fraction of labels
+    `augment` is the strength of augment_public (0 = off), `elastic` adds its elastic distortion and
+    sharpening; `label_dropout` is the fraction of labels
     replaced by the null class (the last class embedding), so that sampling can use classifier-free
     guidance."""
     sched = make_scheduler(train_timesteps)
@@ -66,7 +67,7 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
         start = saved["step"]
     for step in range(start, steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
-        xb, yb = augment_public(x[idx], gen, augment), y[idx].clone()
+        xb, yb = augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic), y[idx].clone()
         if label_dropout > 0:
             yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
         loss = ddpm_loss(net, sched, xb.to(device), yb.to(device), generator=None)
@@ -131,7 +132,9 @@ def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, settings: dict) -> str:
     h = hashlib.sha256(PRETRAIN_RECIPE.encode())
     h.update(json.dumps(dict(model.config), sort_keys=True, default=str).encode())
-    keep = {k: v for k, v in settings.items() if k not in ("device", "progress", "ckpt_every")}
+    # elastic=False computes exactly what recipe v2 did before the option existed: leave it out of the key
+    keep = {k: v for k, v in settings.items()
+            if k not in ("device", "progress", "ckpt_every") and not (k == "elastic" and v is False)}
     h.update(json.dumps(keep, sort_keys=True, default=str).encode())
     h.update(x.detach().cpu().numpy().tobytes())
     h.update(y.detach().cpu().numpy().tobytes())
