@@ -12,7 +12,7 @@ import torch
 from audit import load_report
 from release import manager
 from release.card import split_front_matter
-from test_dashboard_support import (approved_small_release, assert_clean, build_workspace, image_captions, nodes,
+from tests.support.dashboard_workspace import (approved_small_release, assert_clean, build_workspace, image_captions, nodes,
                                     sign_in, texts)
 
 pytestmark = pytest.mark.slow

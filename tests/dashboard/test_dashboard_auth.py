@@ -133,7 +133,7 @@ def test_password_change_ends_sessions(people):
 
 
 def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp_path, monkeypatch):
-    from test_dashboard_support import PASSWORDS, ROLES, assert_clean, new_app, sign_in as app_sign_in
+    from tests.support.dashboard_workspace import PASSWORDS, ROLES, assert_clean, new_app, sign_in as app_sign_in
 
     from accounting.store import Store, Workspace
 

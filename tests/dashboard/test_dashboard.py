@@ -18,7 +18,7 @@ from dashboard.common import fmt_eps
 from release import keys, manager
 from release.manager import charge_breakdown
 from release.records import Release
-from test_dashboard_support import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
+from tests.support.dashboard_workspace import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
                                     texts)
 
 torch.set_num_threads(1)

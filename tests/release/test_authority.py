@@ -15,7 +15,7 @@ from accounting.store import Store
 from release import keys
 from release.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 

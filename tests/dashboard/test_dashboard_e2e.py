@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from test_dashboard_support import PASSWORDS, build_workspace
+from tests.support.dashboard_workspace import PASSWORDS, build_workspace
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMEDRIVER = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists()

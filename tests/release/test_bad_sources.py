@@ -18,7 +18,7 @@ from accounting import ledger
 from accounting.errors import DataFormatError
 from release.data import register_from_source
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def png(arr: np.ndarray) -> bytes:

@@ -240,7 +240,7 @@ def test_cli_verify_exit_codes_and_light_imports(published, tmp_path):
              "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'dp_accounting', 'scipy', 'torch',"
              " 'typer', 'pyarrow', 'numpy'})\nprint('HEAVY', heavy, 'CODE', code)\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     ok = subprocess.run([sys.executable, "-c", probe, "verify", str(infos["rel-7"].tarball), "--key", str(pub)],
                         capture_output=True, text=True, env=env)
     assert "OK: signature valid" in ok.stdout and "HEAVY [] CODE 0" in ok.stdout, ok.stdout + ok.stderr

@@ -18,7 +18,7 @@ from accounting.store_backends import HOLD_IDLE_S, to_postgres
 from release import keys
 from release.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVENT = DpSgd(0.01, 1.0, 100)
 
 

@@ -184,7 +184,7 @@ def test_loading_models_prints_no_library_notices(tmp_path: Path) -> None:
         "load_model(d)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout == "" and "accelerate" not in out.stderr and "Loaded pretrained" not in out.stderr
 
@@ -207,6 +207,6 @@ def test_dp_finetune_prints_no_library_warnings(tmp_path: Path) -> None:
         f"            workdir=pathlib.Path({str(tmp_path)!r}), ckpt_every=10, on_resume=lambda a, b: None)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr

@@ -113,7 +113,7 @@ def test_audit_bench_counts_proofs_and_flags(public):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ours, not opacus' `benchmarks` package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # ours, not opacus' `benchmarks` package
     for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
         if "site-packages" in str(getattr(sys.modules[name], "__file__", "")):
             del sys.modules[name]

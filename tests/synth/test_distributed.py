@@ -279,7 +279,7 @@ def test_killing_the_coordinator_stops_its_workers(tmp_path: Path) -> None:
     script = tmp_path / "coordinator.py"
     script.write_text(COORDINATOR)
     wd = tmp_path / "w"
-    coord = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=Path(__file__).parent.parent,
+    coord = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert _wait(lambda: state.read_json(wd / state.WAL, {"started": 0})["started"] >= 2, 240)

@@ -20,7 +20,7 @@ from accounting.store import Workspace
 from accounting.store_backends import PgConnection
 from release import keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_publish_refuses_a_ledger_edited_behind_its_back(tmp_path: Path, tamper)
     """The chain alone stays intact when a charge row is edited; publishing replays the ledger from the
     trail and refuses (before: it checked only the chain and published over a lowered spend)."""
     from release import manager
-    from test_dashboard_support import approved_small_release, build_workspace
+    from tests.support.dashboard_workspace import approved_small_release, build_workspace
 
     built = build_workspace(tmp_path / "ws")
     rid = approved_small_release(built.store, built.root)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 # opacus installs its own top-level `benchmarks` package into site-packages; make ours win.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 for _name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
     if "site-packages" in str(getattr(sys.modules[_name], "__file__", "")):
         del sys.modules[_name]

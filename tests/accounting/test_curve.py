@@ -70,7 +70,7 @@ def test_cap_refuses_exactly_where_the_filter_stops(store):
         except BudgetExceededError:
             break
         n += 1
-    # the stop rule is the RDP filter's (accounting.filter; tests/test_filter.py checks it in depth)
+    # the stop rule is the RDP filter's (accounting.filter; tests/accounting/test_filter.py checks it in depth)
     fe = lambda k: privacy_filter.filter_epsilon(curve.curve_of([step] * k).rdp, 1e-6)  # noqa: E731
     assert fe(n) <= 2.0 < fe(n + 1)
 

@@ -26,7 +26,7 @@ KSALSA_SPEC = {"release": {"dataset": "mnist", "mechanism": "ksalsa", "descripti
                "ksalsa": {"k": 5, "preset": "tiny"}}
 
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 
 
 @dataclass
