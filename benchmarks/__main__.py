@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and write BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,ksalsa,verify,audit,secure_noise]
+    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput]
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from benchmarks.common import machine, timer, today
 SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
             "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
             "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench",
-            "secure_noise": "benchmarks.secure_noise_bench", "distributed": "benchmarks.distributed_bench"}
+            "secure_noise": "benchmarks.secure_noise_bench", "distributed": "benchmarks.distributed_bench",
+            "throughput": "benchmarks.dpsgd_throughput"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
