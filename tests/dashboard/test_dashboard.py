@@ -18,7 +18,7 @@ from dashboard.common import fmt_eps
 from release import keys, manager
 from release.manager import charge_breakdown
 from release.records import Release
-from tests.support.dashboard_workspace import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in,
+from tests.support.dashboard_workspace import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in, submit_sign_in,
                                     texts)
 
 torch.set_num_threads(1)
@@ -100,14 +100,7 @@ def test_each_role_sees_and_opens_only_its_pages(role):
 @pytest.mark.parametrize("page", ["Ledger", "Audit trail", "Nonexistent"])
 def test_consumer_is_refused_internal_pages(page):
     # A deep link (?page=NAME) to a page the role may not open: refused with a message, nothing rendered.
-    at = new_app()
-    at.query_params["page"] = page
-    at.run()
-    at.text_input(key="login_name").input("carol")
-    at.text_input(key="login_password").input(PASSWORDS["carol"])
-    at.button[0].click().run()
-    assert_clean(at)
-    assert at.session_state["user"] == "carol"
+    at = submit_sign_in("carol", page)
     shown = page if page != "Nonexistent" else "requested page does not exist or"  # unknown names are not echoed
     assert any(f"{shown} page is not available to a consumer" in e.value or
                f"{shown} is not available to a consumer" in e.value for e in at.error)

@@ -133,7 +133,7 @@ def test_password_change_ends_sessions(people):
 
 
 def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp_path, monkeypatch):
-    from tests.support.dashboard_workspace import PASSWORDS, ROLES, assert_clean, new_app, sign_in as app_sign_in
+    from tests.support.dashboard_workspace import PASSWORDS, ROLES, assert_clean, sign_in as app_sign_in, submit_sign_in
 
     from accounting.store import Store, Workspace
 
@@ -150,12 +150,6 @@ def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp
     assert_clean(at)
     assert "user" not in at.session_state and any("password changed" in w.value for w in at.warning)
     evil = "[prize](https://evil.example/x) https://evil.example"
-    at = new_app()
-    at.query_params["page"] = evil
-    at.run()
-    at.text_input(key="login_name").input("carol")
-    at.text_input(key="login_password").input(PASSWORDS["carol"])
-    at.button[0].click().run()
-    assert_clean(at)
+    at = submit_sign_in("carol", evil)
     errors = " ".join(e.value for e in at.error)
     assert "requested page does not exist" in errors and "evil" not in errors
