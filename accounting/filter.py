@@ -97,6 +97,11 @@ def odometer_delta(delta: float) -> float:
     return delta / (ODOMETER_STEPS * len(FILTER_ORDERS))
 
 
+def cap_check(rdp: np.ndarray, epsilon: float, delta: float) -> tuple[bool, float]:
+    """(would the cap's filter admit this running curve, the filter's epsilon): what a what-if reports."""
+    return admits(rdp, epsilon, delta), filter_epsilon(rdp, delta)
+
+
 def odometer_grid() -> np.ndarray:
     return ODOMETER_MIN * ODOMETER_RATIO ** np.arange(ODOMETER_STEPS)
 

@@ -44,5 +44,4 @@ def report(events: list[MechanismEvent], delta: float) -> EpsilonReport:
 def cap_check(events: list[MechanismEvent], epsilon_cap: float, delta_cap: float) -> tuple[bool, float]:
     """The ledger's own stop rule for this history: (would the cap's privacy filter admit it, the filter's
     epsilon). The same check `ledger.reserve` makes, so the what-if never disagrees with the ledger."""
-    rdp = curve.curve_of(events).rdp
-    return privacy_filter.admits(rdp, epsilon_cap, delta_cap), privacy_filter.filter_epsilon(rdp, delta_cap)
+    return privacy_filter.cap_check(curve.curve_of(events).rdp, epsilon_cap, delta_cap)

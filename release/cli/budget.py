@@ -95,8 +95,8 @@ def plan(
     if b is not None:
         result["epsilon_cap"] = b.dataset.epsilon_cap
         after = curve.curve_of(prior + [DpSgd(sample_rate, sigma, steps)])
-        result["filter_epsilon"] = privacy_filter.filter_epsilon(after.rdp, b.dataset.delta_cap)
-        result["fits_cap"] = privacy_filter.admits(after.rdp, b.dataset.epsilon_cap, b.dataset.delta_cap)
+        fits, result["filter_epsilon"] = privacy_filter.cap_check(after.rdp, b.dataset.epsilon_cap, b.dataset.delta_cap)
+        result["fits_cap"] = fits
         result["remaining_after_rdp"] = b.dataset.epsilon_cap - report.epsilon_rdp
     if as_json:
         print_json(result)
