@@ -32,7 +32,7 @@ def settings(mode: str) -> dict[str, Any]:
         "repeats": 1,  # every setting runs once (no error bars); the spread is discussed in the report
         "delta": DELTA,
         "privimage": privimage,
-        "query_sigma": 20.0,
+        "query_sigma": 10.0,
         # non-private diffusion model (epsilon = infinity) for the audit: same UNet, trained on the sensitive set
         "nonprivate_steps": {"micro": 30, "cpu": 1200, "full": 20000}[mode],
         "nonprivate_batch": {"micro": 32, "cpu": 64, "full": 128}[mode],

@@ -45,7 +45,7 @@ def privimage(
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon for the dataset's whole history."),
     delta: float = typer.Option(None, "--delta", help="Default: the dataset's delta cap."),
     k: int = typer.Option(3, "--k", help="Top-k public classes per image / per sensitive class."),
-    query_sigma: float = typer.Option(20.0, "--query-sigma"),
+    query_sigma: float = typer.Option(10.0, "--query-sigma", help="Noise multiplier of the DP semantic query."),
     n_samples: int = typer.Option(1000, "--n-samples"),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     write_spec: Path = WRITE,

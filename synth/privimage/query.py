@@ -21,10 +21,23 @@ def make_classifier(channels: int, n_classes: int) -> nn.Module:
     )
 
 
+def balanced_class_weights(y: np.ndarray, n_classes: int) -> torch.Tensor:
+    """Cross-entropy weights n / (C * count) per class, C the classes present (0 for an absent class): every
+    public class weighs the same in the loss and an image weighs 1 on average. The built-in pool holds 1,000 images
+    per clothing class but ~180 per digit, and an unweighted classifier leans ambiguous sensitive digits towards
+    clothing (BENCHMARKS.md, "Semantic query")."""
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    weights = np.divide(len(y), np.count_nonzero(counts) * counts, out=np.zeros(n_classes), where=counts > 0)
+    return torch.tensor(weights, dtype=torch.float32)
+
+
 def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: int, batch: int, seed: int,
                      device: torch.device, progress: ProgressFn = no_progress, stage: str = "query classifier",
-                     augmented: bool = False) -> nn.Module:
-    """Cross-entropy training of the semantic query function on the public labelled set."""
+                     augmented: bool = False, elastic: bool = True, balanced: bool = True) -> nn.Module:
+    """Cross-entropy training of the semantic query function on the public labelled set, class-balanced unless
+    `balanced` is False. `augmented` distorts every batch (affine, stroke thickness and, with `elastic`, elastic
+    distortion and sharpening) so the function transfers to other digit styles than the public set's. The
+    switches exist for the ablation (BENCHMARKS.md, "Semantic query"); the pipeline uses the defaults."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     net = make_classifier(x.shape[1], n_classes)
@@ -32,6 +45,7 @@ def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: 
     net = net.to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    weight = balanced_class_weights(y, n_classes).to(device) if balanced else None
     per_epoch = -(-len(x) // batch)
     total, done = epochs * per_epoch, 0
     net.train()
@@ -39,8 +53,8 @@ def train_classifier(x: torch.Tensor, y: np.ndarray, n_classes: int, *, epochs: 
         for idx in torch.randperm(len(x), generator=gen).split(batch):
             xb = x[idx].to(device)
             if augmented:
-                xb = augment_public(xb, gen)  # affine + stroke thickness: transfer to other digit styles
-            loss = nn.functional.cross_entropy(net(xb), yt[idx].to(device))
+                xb = augment_public(xb, gen, elastic=elastic, sharpen=elastic)
+            loss = nn.functional.cross_entropy(net(xb), yt[idx].to(device), weight=weight)
             opt.zero_grad()
             loss.backward()
             opt.step()
