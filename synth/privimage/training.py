@@ -131,7 +131,10 @@ def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 
 def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, settings: dict) -> str:
     h = hashlib.sha256(PRETRAIN_RECIPE.encode())
-    h.update(json.dumps(dict(model.config), sort_keys=True, default=str).encode())
+    # diffusers' private config entries ("_use_default_values" is a list made from a set, so its order changes
+    # with each process's string hashing) would make the key differ between runs: only public fields count
+    architecture = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
+    h.update(json.dumps(architecture, sort_keys=True, default=str).encode())
     # elastic=False computes exactly what recipe v2 did before the option existed: leave it out of the key
     keep = {k: v for k, v in settings.items()
             if k not in ("device", "progress", "ckpt_every") and not (k == "elastic" and v is False)}

@@ -66,6 +66,29 @@ def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -
     assert _pretrain_key(model, x, y, {**base, "elastic": True}) != _pretrain_key(model, x, y, base)
 
 
+_KEY_SCRIPT = """
+import torch
+from synth.privimage.model import make_unet
+from synth.privimage.training import _pretrain_key
+torch.manual_seed(0)
+x, y = torch.rand(6, 1, 16, 16) * 2 - 1, torch.arange(6) % 3
+print(_pretrain_key(make_unet(16, 1, 3, (8, 16), 1), x, y, dict(steps=4, batch=8, seed=0)))
+"""
+
+
+def test_pretraining_cache_key_is_the_same_in_every_process() -> None:
+    """diffusers' model config carries a list built from a set; its order follows the process's string-hash
+    seed, and while it was part of the key no `make demo` ever found the previous run's pre-training."""
+    import os
+    import subprocess
+    import sys
+
+    keys = {subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.split()[-1]
+            for seed in ("1", "2", "3")}
+    assert len(keys) == 1, keys
+
+
 def test_pretraining_is_cached_by_content(tmp_path: Path) -> None:
     x, y = _digits()
     settings = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, device=CPU, augment=1.0,
