@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and write BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput]
+    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput,query]
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmark
             "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
             "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench",
             "secure_noise": "benchmarks.secure_noise_bench", "distributed": "benchmarks.distributed_bench",
-            "throughput": "benchmarks.dpsgd_throughput"}
+            "throughput": "benchmarks.dpsgd_throughput",
+            "query": "benchmarks.semantic_query_bench"}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 

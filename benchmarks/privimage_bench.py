@@ -25,11 +25,11 @@ DELTA = 1e-5
 
 def settings(quick: bool) -> dict:
     if quick:  # ~15 minutes on 2 CPU cores for all 9 runs (about 3 minutes on one H100)
-        return dict(k=1, classifier_epochs=12, unet_channels=(16, 32, 32), pretrain_steps=150, pretrain_batch=64,
+        return dict(k=1, classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=150, pretrain_batch=64,
                     finetune_epochs=2.0, batch_size=200, max_physical_batch=100, checkpoint_every=50, ddim_steps=20,
                     n_samples=500, sample_batch=250)
     # sized for one GPU (about 5 minutes on an H100 for all 9 runs)
-    return dict(k=1, classifier_epochs=12, unet_channels=(32, 64, 64), pretrain_steps=1200, pretrain_batch=128,
+    return dict(k=1, classifier_epochs=6, unet_channels=(32, 64, 64), pretrain_steps=1200, pretrain_batch=128,
                 finetune_epochs=15.0, batch_size=500, max_physical_batch=500, checkpoint_every=100, ddim_steps=30,
                 n_samples=2000, sample_batch=1000)
 

@@ -6,8 +6,7 @@ and random stroke thickness (grey-scale dilation/erosion) widen that prior; elas
 2003) bends the strokes, and a contrast curve sharpens the blur that upsampling 8x8 scans leaves. Measured on
 MNIST-5k (the small CNN, 40 epochs on 1,797 augmented UCI digits, 2 seeds): affine + thickness 0.672, with
 elastic distortion and sharpening 0.727. Yet a diffusion model pre-trained on the latter draws blobbier digits
-(BENCHMARKS.md, "PrivImage recipe"), so pre-training leaves them off unless `pretrain_elastic` is set. The
-semantic query's classifier uses them all: there they lift the selection (BENCHMARKS.md, "Semantic query")."""
+(BENCHMARKS.md, "PrivImage recipe"), so pre-training leaves them off unless `pretrain_elastic` is set."""
 from __future__ import annotations
 
 import torch

@@ -36,7 +36,7 @@ class PrivImageConfig:
     image_size: int = 28                # 28 or 32
     selection: str = "semantic"         # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
     # semantic-query classifier (public data only)
-    classifier_epochs: int = 12
+    classifier_epochs: int = 6
     classifier_batch: int = 128
     # diffusion model
     unet_channels: tuple[int, ...] = (32, 64, 64)
@@ -121,7 +121,7 @@ class PrivImageConfig:
         """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
         later releases), 8 DP-SGD epochs with Adam at 3e-4, 4,000 samples (a classifier trained on 4,000
         synthetic digits scores far higher than on 1,000: BENCHMARKS.md, "PrivImage recipe")."""
-        base = dict(classifier_epochs=12, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
+        base = dict(classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
                     finetune_epochs=8.0, batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16,
                     ddim_steps=25, n_samples=4000, sample_batch=500)
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

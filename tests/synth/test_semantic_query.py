@@ -29,7 +29,7 @@ def test_balanced_weights_are_ones_for_a_balanced_set() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not fashion_available(), reason="needs dataset-fashion-mnist (the 20-class public pool)")
 def test_demo_query_classifier_sends_every_digit_to_its_own_public_digit() -> None:
-    """Before class balancing and elastic augmentation, the demo's classifier sent most MNIST 9s to 7 or 4 and
+    """Before class balancing, the demo's classifier sent most MNIST 9s to 7 or 4 and
     digit 9's noiseless count for public '9' was 41-66 of ~400, so the noisy query chose clothing for it in
     both measured demo runs. Now each digit's own class must win its row by a margin that noise rarely beats."""
     torch.set_num_threads(2)
