@@ -104,9 +104,7 @@ def test_lease_of_a_dead_holder_is_taken_over_and_recorded(store):
 
 def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_nothing(small, tmp_path):
     store = small[0]
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec()))
-    rid = _approved(store, path)
+    rid = _approved(store, tmp_path)
     held = runner.acquire_lease(store, rid, "alice")  # e.g. a first `release run` still in progress
     try:
         with pytest.raises(runner.RunInProgressError, match=f"Run {rid} is already running"):
@@ -123,9 +121,7 @@ class Crash(RuntimeError):
 
 def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp_path):
     store = small[0]
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec()))
-    rid = _approved(store, path)
+    rid = _approved(store, tmp_path)
 
     def crash_at_step_3(stage, done, total):
         if stage == "DP fine-tuning" and done == 3:
@@ -204,32 +200,33 @@ def _spec(k=1, policy=None, public="builtin:uci-digits"):
             "policy": policy or {"mia_max_auc": 0.6}}
 
 
-def _approved(store, spec_path):
+def _approved(store, tmp_path, spec=None):
+    """Plan `spec` (default `_spec()`) from the TOML file tmp_path/rel.toml, as `release plan` does, and approve it."""
+    spec_path = tmp_path / "rel.toml"
+    spec_path.write_text(tomli_w.dumps(spec or _spec()))
     rel = manager.create_plan(store, ReleaseSpec.from_toml(spec_path), "alice")
     manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
     return rel.release_id
 
 
-def test_spec_file_edited_after_approval_is_refused(small, tmp_path):
-    store = small[0]
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec(k=1)))
-    rid = _approved(store, path)
-    path.write_text(tomli_w.dumps(_spec(k=3)))
-    with pytest.raises(TamperError, match=r"edited after the plan.*\[privimage\] k"):
+def _refused_and_uncharged(store, rid, match):
+    with pytest.raises(TamperError, match=match):
         manager.run_release(store, rid, "alice")
     assert ledger.budget(store, "mnist").charges == []
+
+
+def test_spec_file_edited_after_approval_is_refused(small, tmp_path):
+    store = small[0]
+    rid = _approved(store, tmp_path, _spec(k=1))
+    (tmp_path / "rel.toml").write_text(tomli_w.dumps(_spec(k=3)))
+    _refused_and_uncharged(store, rid, r"edited after the plan.*\[privimage\] k")
 
 
 def test_policy_edited_in_the_store_after_approval_is_refused(small, tmp_path, tamper):
     store = small[0]
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec()))
-    rid = _approved(store, path)
+    rid = _approved(store, tmp_path)
     tamper(store.workspace.db_path, "UPDATE releases SET spec = replace(spec, '0.6', '0.99')")
-    with pytest.raises(TamperError, match="stored spec differs"):
-        manager.run_release(store, rid, "alice")
-    assert ledger.budget(store, "mnist").charges == []
+    _refused_and_uncharged(store, rid, "stored spec differs")
 
 
 def test_changed_public_data_after_approval_is_refused(small, tmp_path):
@@ -237,22 +234,16 @@ def test_changed_public_data_after_approval_is_refused(small, tmp_path):
     pub = uci_digits()
     pub_path = tmp_path / "public.npz"
     np.savez(pub_path, images=pub.images, labels=pub.labels)
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec(public=str(pub_path))))
-    rid = _approved(store, path)
+    rid = _approved(store, tmp_path, _spec(public=str(pub_path)))
     np.savez(pub_path, images=pub.images[::-1], labels=pub.labels[::-1])
-    with pytest.raises(TamperError, match="public data .* changed"):
-        manager.run_release(store, rid, "alice")
-    assert ledger.budget(store, "mnist").charges == []
+    _refused_and_uncharged(store, rid, "public data .* changed")
 
 
 def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     store = small[0]
-    path = tmp_path / "rel.toml"
-    path.write_text(tomli_w.dumps(_spec()))
-    rid = _approved(store, path)
+    rid = _approved(store, tmp_path)
     # mallory swaps alice's public key for his own and re-signs the approval with it
     mallory = Ed25519PrivateKey.generate()
     pub_b64 = base64.b64encode(keys.raw_public_bytes(mallory.public_key())).decode()
