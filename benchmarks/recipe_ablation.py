@@ -105,11 +105,12 @@ def run_variant(name: str, overrides: dict, epsilon: float) -> list[dict]:
     model, dp = _trained(cfg, sensitive, with_dp)
     trained_s = round(time.time() - t0)
     rows = []
+    recipe = "pretrain-v3" if cfg.pretrain_elastic else PRETRAIN_RECIPE
     for guidance in guidances if guidances is not None else [cfg.guidance]:
         for n, scores in _score(model, cfg.with_(guidance=guidance), heldout, sizes or [cfg.n_samples]):
             label = name + (f", guidance {guidance:g}" if guidances else "") + (f", {n} samples" if sizes else "")
             rows.append({"variant": label, "epsilon": epsilon if dp["steps"] else None, **dp, **scores,
-                         "n_samples": n, "dp_and_pretrain_s": trained_s, "pretrain_recipe": "pretrain-v3" if cfg.pretrain_elastic else PRETRAIN_RECIPE,
+                         "n_samples": n, "dp_and_pretrain_s": trained_s, "pretrain_recipe": recipe,
                          "machine": machine(), "date": today(), "overrides": overrides})
     return rows
 
@@ -157,13 +158,15 @@ def render() -> str:
     table = md_table(["public augmentation", "variant", "epsilon", "images scored", "DP steps", "sigma", "LR", "MLP",
                       "CNN", "mean pixel", "grid"],
                      [[priors.get(r.get("pretrain_recipe", "pretrain-v2"), r.get("pretrain_recipe")), r["variant"],
-                       cell(r.get("epsilon", 8.0) if r["steps"] else None), r.get("n_samples", 1000), r["steps"], cell(r.get("noise_multiplier")), cell(r.get("logreg")),
-                       cell(r.get("mlp")), r["cnn"], r["mean_pixel"], f"[png](benchmarks/results/{r['grid']})"]
+                       cell(r.get("epsilon", 8.0) if r["steps"] else None), r.get("n_samples", 1000), r["steps"],
+                       cell(r.get("noise_multiplier")), cell(r.get("logreg")), cell(r.get("mlp")), r["cnn"],
+                       r["mean_pixel"], f"[png](benchmarks/results/{r['grid']})"]
                       for r in rows])
     harnesses = sorted({f"{r['date']}, {r['machine']}: {r.get('harness', 'benchmarks/recipe_ablation.py')}"
                         for r in rows})
     return ("## PrivImage recipe ablation (MNIST-5k, epsilon 8 unless the row says otherwise, `make ablate`)\n\n"
-            "Accuracy of classifiers trained on 1,000 (or the row's number of) synthetic digits, tested on the 1,000 real held-out digits "
+            "Accuracy of classifiers trained on 1,000 (or the row's number of) synthetic digits, tested on the "
+            "1,000 real held-out digits "
             "(the same CNN trained on 1,000 real sensitive digits: about 0.9). Real MNIST has mean pixel 33; grey "
             "static about 119. Rows measured by:\n\n" + "\n".join(f"- {h}" for h in harnesses) + "\n\n" + table)
 

@@ -39,15 +39,23 @@ def correct_selection_rate(hist: np.ndarray, sigma: float, rng: np.random.Genera
     return float(np.mean([select_classes(hist + z, 1) == want for z in noise]))
 
 
-def _data() -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, int]:
+def query_data() -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, int]:
+    """(public images, public labels, sensitive images, sensitive labels, number of public classes) in model format."""
     pub, sens = load_source("builtin:public-pool"), load_source("builtin:mnist5k")
     px, py = to_tensor(to_format(pub.images, 28, 1)), label_index(pub.labels, pub.label_set)
     sx, sy = to_tensor(to_format(sens.images, 28, 1)), label_index(sens.labels, sens.label_set)
     return px, py, sx, sy, len(pub.label_set)
 
 
+def noiseless_histogram(net: torch.nn.Module, sx: torch.Tensor, sy: np.ndarray, n_public: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """The classifier's top-1 predictions on the sensitive digits, and their per-digit histogram without noise."""
+    top = top_k_predictions(net, sx, 1, torch.device("cpu"))
+    return top, semantic_histogram(top, sy, 10, n_public)
+
+
 def measure(seeds: int) -> list[list[object]]:
-    px, py, sx, sy, n_public = _data()
+    px, py, sx, sy, n_public = query_data()
     cpu, rng, rows = torch.device("cpu"), np.random.default_rng(0), []
     for name, (epochs, elastic, balanced) in VARIANTS.items():
         acc, weakest, rates, secs = [], [], {s: [] for s in SIGMAS}, []
@@ -56,8 +64,7 @@ def measure(seeds: int) -> list[list[object]]:
             net = train_classifier(px, py, n_public, epochs=epochs, batch=128, seed=seed, device=cpu, augmented=True,
                                    elastic=elastic, balanced=balanced)
             secs.append(time.perf_counter() - t0)
-            top = top_k_predictions(net, sx, 1, cpu)
-            hist = semantic_histogram(top, sy, 10, n_public)
+            top, hist = noiseless_histogram(net, sx, sy, n_public)
             acc.append(float((top[:, 0] == sy).mean()))
             own = np.diag(hist[:, :10])
             weakest.append(f"{int(own.min())} ({int(own.argmin())})")

@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from synth.datasets import fashion_available, load_source
+from benchmarks.semantic_query_bench import noiseless_histogram, query_data
+from synth.datasets import fashion_available
 from synth.privimage import PrivImageConfig
-from synth.privimage.data import label_index, to_format, to_tensor
-from synth.privimage.query import (balanced_class_weights, select_classes, semantic_histogram, top_k_predictions,
-                                   train_classifier)
+from synth.privimage.query import balanced_class_weights, select_classes, train_classifier
 
 
 def test_balanced_weights_make_every_class_weigh_the_same() -> None:
@@ -33,13 +32,11 @@ def test_demo_query_classifier_sends_every_digit_to_its_own_public_digit() -> No
     digit 9's noiseless count for public '9' was 41-66 of ~400, so the noisy query chose clothing for it in
     both measured demo runs. Now each digit's own class must win its row by a margin that noise rarely beats."""
     torch.set_num_threads(2)
-    pub, sens = load_source("builtin:public-pool"), load_source("builtin:mnist5k")
-    px, py = to_tensor(to_format(pub.images, 28, 1)), label_index(pub.labels, pub.label_set)
-    sx, sy = to_tensor(to_format(sens.images, 28, 1)), label_index(sens.labels, sens.label_set)
+    px, py, sx, sy, n_public = query_data()
     cfg = PrivImageConfig.demo(8.0, 1e-5, k=1)
-    net = train_classifier(px, py, len(pub.label_set), epochs=cfg.classifier_epochs, batch=cfg.classifier_batch,
+    net = train_classifier(px, py, n_public, epochs=cfg.classifier_epochs, batch=cfg.classifier_batch,
                            seed=0, device=torch.device("cpu"), augmented=True)
-    hist = semantic_histogram(top_k_predictions(net, sx, 1, torch.device("cpu")), sy, 10, len(pub.label_set))
+    _, hist = noiseless_histogram(net, sx, sy, n_public)
     assert select_classes(hist, 1) == [[d] for d in range(10)]
     clothing_best = hist[:, 10:].max(axis=1)
     margin = np.diag(hist[:, :10]) - clothing_best
