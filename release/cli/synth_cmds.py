@@ -47,6 +47,9 @@ def privimage(
     k: int = typer.Option(3, "--k", help="Top-k public classes per image / per sensitive class."),
     query_sigma: float = typer.Option(10.0, "--query-sigma", help="Noise multiplier of the DP semantic query."),
     n_samples: int = typer.Option(1000, "--n-samples"),
+    vote_sigma: float = typer.Option(None, "--vote-sigma",
+                                     help="Noise multiplier of the private vote on the samples (0 = off; "
+                                          "default: the preset's)."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     write_spec: Path = WRITE,
 ) -> None:
@@ -54,6 +57,8 @@ def privimage(
     params = {"public": public, "epsilon": epsilon, "k": k, "query_sigma": query_sigma, "preset": preset}
     if delta is not None:
         params["delta"] = delta
+    if vote_sigma is not None:
+        params["vote_sigma"] = vote_sigma
     _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
               "privimage": params}, write_spec)
 

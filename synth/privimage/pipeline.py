@@ -30,6 +30,7 @@ from synth.privimage.query import (build_selection, noisy_semantic_histogram, se
                                    train_classifier)
 from synth.privimage.sampling import balanced_labels, sample_images
 from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
+from synth.privimage.vote import vote_and_select
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 assert state.WAL == registry.STEP_COUNTER  # dp_finetune writes the runner's write-ahead counter
@@ -73,6 +74,10 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     if config.n_samples > MAX_SAMPLES:
         raise InvalidParameterError(f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; "
                                     "ask for fewer images.")
+    if config.vote_sigma and config.n_samples * config.vote_pool > MAX_SAMPLES:
+        raise InvalidParameterError(f"[privimage] the vote would draw {config.n_samples * config.vote_pool:,} "
+                                    f"candidates (n_samples x vote_pool), more than {MAX_SAMPLES:,}; ask for fewer "
+                                    "images or a smaller vote_pool.")
     if config.query_sigma > MAX_QUERY_SIGMA:
         raise InvalidParameterError(f"[privimage] query_sigma {config.query_sigma:g} is above {MAX_QUERY_SIGMA:g}: "
                                     "the query would be pure noise. Use a value like 5-50, or selection = \"all\".")
@@ -205,6 +210,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     ctx.on_sensitive_access()  # from here on, failures stay charged
     sens_x = to_tensor(to_format(data.images, config.image_size, prep.channels))
     sens_y = label_index(data.labels, prep.label_values)
+    sens_formatted = to_format(data.images, config.image_size, prep.channels)  # for the vote; before sens_x is freed
     info, selected = ({}, None)
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
@@ -212,10 +218,17 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
     t_dp = time.time()
-    images, labels, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
+    images, positions, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
+    t_sample = time.time()
+    vote_info, noisy_votes = {}, None
+    if p.vote_event is not None:
+        images, positions, vote_info, noisy_votes = _vote(images, positions, sens_formatted, sens_y, config, p, prep,
+                                                          ctx)
+    labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
     timings = {"classifier_and_pretraining": round(t_pre - t0, 2), "dp_finetuning": round(t_dp - t_pre, 2),
-               "sampling": round(time.time() - t_dp, 2)}
-    internal = {"noisy_histogram": info.pop("noisy_histogram", None),
+               "sampling": round(t_sample - t_dp, 2), "vote": round(time.time() - t_sample, 2)}
+    info.update(vote_info)
+    internal = {"noisy_histogram": info.pop("noisy_histogram", None), "noisy_votes": noisy_votes,
                 "opacus_history": [list(h) for h in outcome.opacus_history],
                 "opacus_epsilon_dpsgd": _opacus_epsilon(outcome.opacus_history, config.delta), "timings_s": timings}
     return MechanismOutput(images=images, labels=labels, parameters=_parameters(config, p, prep, info),
@@ -246,7 +259,9 @@ def _unet_args(config: PrivImageConfig, prep: _Prepared) -> tuple:
 
 
 def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
-    return dict(labels=balanced_labels(config.n_samples, len(prep.label_values)), image_size=config.image_size,
+    """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
+    n = config.n_samples * (config.vote_pool if config.vote_sigma else 1)
+    return dict(labels=balanced_labels(n, len(prep.label_values)), image_size=config.image_size,
                 channels=prep.channels, train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
                 batch=config.sample_batch, seed=config.seed, guidance=config.guidance)
 
@@ -263,7 +278,27 @@ def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _P
     positions = kw.pop("labels")
     if images is None:
         images = sample_images(model, positions, device=prep.device, progress=ctx.progress, **kw)
-    return images, np.asarray(prep.label_values, dtype=np.int64)[positions], model_dir
+    return images, positions, model_dir
+
+
+def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.ndarray, sens_pos: np.ndarray,
+          config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, ctx: RunContext
+          ) -> tuple[np.ndarray, np.ndarray, dict, list]:
+    """The private vote (once: a resumed run re-draws the same seeded candidates and reuses its selection)."""
+    saved = state.read_json(ctx.workdir / state.VOTE)
+    if saved is None:
+        wanted = balanced_labels(config.n_samples, len(prep.label_values))
+        ctx.progress("private vote", 0, 1)
+        keep, noisy = vote_and_select(sens_images, sens_pos, candidates, candidate_pos, wanted, p.vote_event.sigma)
+        saved = {"keep": keep.tolist(), "noisy_votes": noisy.round(3).tolist()}
+        state.write_json(ctx.workdir / state.VOTE, saved)
+        ctx.progress("private vote", 1, 1)
+    keep = np.asarray(saved["keep"], dtype=np.int64)
+    if len(keep) and keep.max() >= len(candidates):
+        raise LedgerStateError(f"{ctx.workdir / state.VOTE} selects candidates this run did not draw; re-plan the "
+                               "release.")
+    info = {"vote_candidates": int(len(candidates)), "vote_kept": int(len(keep))}
+    return candidates[keep], candidate_pos[keep], info, saved["noisy_votes"]
 
 
 def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, selection_info: dict) -> dict[str, Any]:
@@ -275,6 +310,7 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "max_grad_norm": config.max_grad_norm, "image_size": config.image_size, "channels": prep.channels,
         "lr": config.lr, "ema_decay": config.ema_decay, "dp_optimizer": config.dp_optimizer,
         "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
+        "vote_sigma": config.vote_sigma or None, "vote_pool": config.vote_pool if config.vote_sigma else None,
         "secure_noise": config.secure_noise,
         "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
         "label_dropout": config.label_dropout,
@@ -285,7 +321,8 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
 
 
 def _artifacts(workdir: Path, model_dir: Path) -> dict[str, str]:
-    found = {"pretrain_checkpoint": state.PRETRAIN, "finetune_checkpoint": state.FINETUNE, "query": state.QUERY}
+    found = {"pretrain_checkpoint": state.PRETRAIN, "finetune_checkpoint": state.FINETUNE, "query": state.QUERY,
+             "vote": state.VOTE}
     return {"model": str(model_dir), **{k: str(workdir / v) for k, v in found.items() if (workdir / v).exists()}}
 
 

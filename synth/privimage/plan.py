@@ -15,7 +15,8 @@ from synth.privimage.config import PrivImageConfig
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[MechanismEvent]        # [GaussianQuery, DpSgd] (no query for selection "none"/"all")
+    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery]: the query only for
+                                        # selection "semantic", the vote only with vote_sigma > 0
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -24,11 +25,21 @@ class PrivImagePlan:
 
     @property
     def query_event(self) -> GaussianQuery | None:
-        return next((e for e in self.events if isinstance(e, GaussianQuery)), None)
+        """The semantic query: the Gaussian query before DP-SGD."""
+        return next((e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)), None)
+
+    @property
+    def vote_event(self) -> GaussianQuery | None:
+        """The private vote on the samples: the Gaussian query after DP-SGD."""
+        return next((e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)), None)
 
     @property
     def dpsgd_event(self) -> DpSgd:
-        return next(e for e in self.events if isinstance(e, DpSgd))
+        return self.events[self._dpsgd_index]
+
+    @property
+    def _dpsgd_index(self) -> int:
+        return next(i for i, e in enumerate(self.events) if isinstance(e, DpSgd))
 
     @property
     def expected_batch(self) -> float:
@@ -59,9 +70,14 @@ def query_event(config: PrivImageConfig) -> GaussianQuery:
     return GaussianQuery(sigma=root_k * config.query_sigma, sensitivity=root_k)
 
 
+def vote_event(config: PrivImageConfig) -> GaussianQuery:
+    # One sensitive image adds 1 to one candidate's count (synth.privimage.vote): L2 sensitivity 1.
+    return GaussianQuery(sigma=config.vote_sigma, sensitivity=1.0)
+
+
 def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
     """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
-    the RDP epsilon of prior + query + DP-SGD <= config.epsilon."""
+    the RDP epsilon of prior + query + DP-SGD + vote <= config.epsilon."""
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
@@ -69,7 +85,8 @@ def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[M
         )
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
-    extra = [query_event(config)] if config.selection == "semantic" else []
-    sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=extra)
-    events: list[MechanismEvent] = [*extra, DpSgd(q, sigma, steps)]
+    before = [query_event(config)] if config.selection == "semantic" else []
+    after = [vote_event(config)] if config.vote_sigma else []
+    sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after)
+    events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
     return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta))

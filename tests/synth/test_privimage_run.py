@@ -221,3 +221,28 @@ def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Pa
     plan = plan_privimage(_cfg(), len(sens), ledger.budget(store, "mnist").history)
     assert epsilon_rdp(prior + plan.events, DELTA) == pytest.approx(4.0, rel=1e-3)
     assert epsilon_rdp(prior + plan.events, DELTA) <= 4.0
+
+
+def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume(store: Store, data,
+                                                                                 tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
+
+    def crash_after_vote(stage: str, done: int, total: int) -> None:
+        if stage == "private vote" and done == 1:
+            raise Crash("simulated crash after the vote")
+
+    with pytest.raises(Crash):
+        _run(store, sens, pub, cfg, "v", wd, progress=crash_after_vote, plan=plan)
+    saved = (wd / state.VOTE).read_text()
+    res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
+    assert (wd / state.VOTE).read_text() == saved  # one vote, one noise draw: the resumed run reused it
+    charged = ledger.get_charge(store, "v").charged_events  # the runner commits DP-SGD (started steps) last
+    assert [type(e) for e in charged] == [GaussianQuery, GaussianQuery, DpSgd]
+    assert charged[1] == GaussianQuery(sigma=2.0, sensitivity=1.0) and charged[2] == plan.step_event
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
+    assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
+    assert res.parameters["vote_candidates"] == 60 and res.parameters["vote_kept"] == 20
+    assert len(res.internal["noisy_votes"]) == 60 and "noisy_votes" not in res.parameters

@@ -1,0 +1,114 @@
+"""The private vote on PrivImage samples: nearest-candidate counts, their sensitivity, the noise, the
+selection, the plan's event and its epsilon (cross-checked with dp-accounting directly)."""
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from accounting.epsilon import epsilon_rdp
+from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd, GaussianQuery
+from synth.privimage import PrivImageConfig, plan_privimage
+from synth.privimage.vote import nearest_candidate_votes, noisy_votes, select_by_votes, vote_and_select
+
+
+def _data(seed: int, n: int = 60, m: int = 40, classes: int = 3):
+    rng = np.random.default_rng(seed)
+    sens = rng.integers(0, 256, (n, 6, 6), dtype=np.uint8)
+    cand = rng.integers(0, 256, (m, 6, 6), dtype=np.uint8)
+    return sens, rng.integers(0, classes, n), cand, np.arange(m) % classes
+
+
+def test_each_sensitive_image_votes_for_its_nearest_candidate_of_its_own_class() -> None:
+    cand = np.zeros((4, 2, 2), dtype=np.uint8)
+    cand[1], cand[3] = 200, 90                 # class 0: candidates 0 (black) and 2 (grey 100); class 1: 1 and 3
+    cand[2] = 100
+    sens = np.stack([np.full((2, 2), v, dtype=np.uint8) for v in (10, 95, 250, 80)])
+    votes = nearest_candidate_votes(sens, np.array([0, 0, 1, 1]), cand, np.array([0, 1, 0, 1]))
+    # 10 -> black (0); 95 -> grey 100 (2), not the nearer grey 90 of class 1; 250 -> 200 (1); 80 -> 90 (3)
+    assert votes.tolist() == [1, 1, 1, 1]
+    assert votes.sum() == len(sens)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_removing_one_sensitive_image_changes_one_count_by_one(seed: int) -> None:
+    """L2 (and L1) sensitivity 1 under add/remove-one: what the plan's GaussianQuery(sensitivity=1) assumes."""
+    sens, pos, cand, cpos = _data(seed)
+    full = nearest_candidate_votes(sens, pos, cand, cpos)
+    for i in range(len(sens)):
+        keep = np.arange(len(sens)) != i
+        diff = full - nearest_candidate_votes(sens[keep], pos[keep], cand, cpos)
+        assert np.abs(diff).sum() == 1 and np.linalg.norm(diff) == 1
+
+
+def test_noise_has_the_planned_std_and_is_fresh() -> None:
+    votes = np.zeros(20000, dtype=np.int64)
+    a, b = noisy_votes(votes, 3.0), noisy_votes(votes, 3.0)
+    assert a.std() == pytest.approx(3.0, rel=0.03) and abs(a.mean()) < 0.1
+    assert not np.array_equal(a, b)
+
+
+def test_selection_keeps_the_most_voted_of_each_class_in_the_wanted_numbers() -> None:
+    noisy = np.array([5.0, 1.0, 9.0, 0.5, 7.0, 2.0])
+    cpos = np.array([0, 1, 0, 1, 0, 1])
+    keep = select_by_votes(noisy, cpos, wanted_pos=np.array([0, 0, 1]))
+    assert sorted(keep[:2].tolist()) == [2, 4] and keep[2:].tolist() == [5]
+    with pytest.raises(InvalidParameterError, match="candidates for"):
+        select_by_votes(noisy, cpos, wanted_pos=np.array([1, 1, 1, 1]))
+
+
+def test_vote_refuses_mismatched_formats_and_missing_classes() -> None:
+    sens, pos, cand, cpos = _data(0)
+    with pytest.raises(InvalidParameterError, match="same format"):
+        nearest_candidate_votes(sens[:, :5], pos, cand, cpos)
+    with pytest.raises(InvalidParameterError, match="No candidate of class"):
+        nearest_candidate_votes(sens, pos, cand[cpos != 2], cpos[cpos != 2])
+
+
+def test_vote_and_select_releases_wanted_counts() -> None:
+    sens, pos, cand, cpos = _data(3, m=60)
+    keep, noisy = vote_and_select(sens, pos, cand, cpos, np.repeat(np.arange(3), 5), sigma=1.0)
+    assert len(keep) == 15 and len(set(keep.tolist())) == 15 and noisy.shape == (60,)
+    assert np.bincount(cpos[keep]).tolist() == [5, 5, 5]
+
+
+def test_plan_charges_the_vote_after_dpsgd_and_meets_the_target() -> None:
+    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
+                          vote_sigma=3.0)
+    plan = plan_privimage(cfg, 4000)
+    query, dp, vote = plan.events
+    assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd) and isinstance(vote, GaussianQuery)
+    assert plan.query_event is query and plan.vote_event is vote and plan.dpsgd_event is dp
+    assert vote.sigma == 3.0 and vote.sensitivity == 1.0
+    # independent: dp-accounting's RDP accountant fed the three mechanisms by hand
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(10.0))
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)),
+        dp.steps))
+    acc.compose(dp_accounting.GaussianDpEvent(3.0))
+    assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
+    assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
+    # the vote costs DP-SGD noise: more than without it, less than 2% more at this epsilon
+    without = plan_privimage(cfg.with_(vote_sigma=0.0), 4000)
+    assert without.vote_event is None and len(without.events) == 2
+    assert without.noise_multiplier < plan.noise_multiplier < 1.02 * without.noise_multiplier
+
+
+def test_baseline_plan_with_a_vote_has_no_query() -> None:
+    cfg = PrivImageConfig(epsilon=5.0, delta=1e-5, selection="none", finetune_epochs=1, batch_size=100,
+                          vote_sigma=4.0)
+    plan = plan_privimage(cfg, 1000)
+    assert plan.query_event is None and plan.vote_event is plan.events[-1]
+    assert [type(e) for e in plan.events] == [DpSgd, GaussianQuery]
+
+
+@pytest.mark.parametrize("bad", [{"vote_sigma": float("nan")}, {"vote_sigma": -1.0}, {"vote_sigma": 1e308},
+                                 {"vote_sigma": math.inf}, {"vote_sigma": "3"}, {"vote_sigma": 3.0, "vote_pool": 1},
+                                 {"vote_sigma": 3.0, "vote_pool": 1000}, {"vote_pool": 0}])
+def test_config_rejects_bad_vote_settings(bad: dict) -> None:
+    with pytest.raises(InvalidParameterError):
+        PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
