@@ -32,14 +32,16 @@ from synth.datasets import load_source, uci_digits
 from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import to_tensor
 from synth.privimage.model import make_unet
-from synth.privimage.plan import query_event, sample_rate_for
+from synth.privimage.plan import query_event, sample_rate_for, vote_event
 from synth.privimage.sampling import balanced_labels, sample_images
 from synth.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
+from synth.privimage.vote import vote_and_select
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CACHE = HERE.parent / ".privrelease-cache"
-BASE = dict(pretrain_steps=2000, finetune_epochs=3.0, batch_size=250, max_physical_batch=250, n_samples=1000)
+BASE = dict(pretrain_steps=2000, finetune_epochs=3.0, batch_size=250, max_physical_batch=250, n_samples=1000,
+            vote_sigma=0.0)
 VARIANTS: dict[str, dict] = {
     "public pre-training only (no DP stage)": {"dp_stage": False, "samples_sweep": [1000, 4000]},
     "public pre-training only, elastic + sharpen": {"dp_stage": False, "pretrain_elastic": True,
@@ -63,6 +65,12 @@ VARIANTS: dict[str, dict] = {
     "Adam lr 1e-3, batch 1000, 8 epochs": {"lr": 1e-3, "finetune_epochs": 8.0, "batch_size": 1000},
     # the demo's DP stage; run with --epsilon 1 / 5 / 10 for the recipe's epsilon curve on CPU
     "demo recipe (Adam lr 3e-4, 8 epochs)": {"lr": 3e-4, "finetune_epochs": 8.0, "samples_sweep": [1000, 4000]},
+    # the private vote keeps the most-voted quarter of 4 candidates per image; scored beside a random
+    # quarter of the same candidates (synth/privimage/vote.py)
+    "demo recipe + private vote (sigma 2, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0, "vote_sigma": 2.0,
+                                                     "vote_pool": 4},
+    "demo recipe + private vote (sigma 5, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0, "vote_sigma": 5.0,
+                                                     "vote_pool": 4},
 }
 
 
@@ -80,7 +88,8 @@ def _pretrained(cfg: PrivImageConfig) -> torch.nn.Module:
 def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
     q = sample_rate_for(len(sensitive), cfg.batch_size)
     steps = math.ceil(cfg.finetune_epochs / q)
-    sigma = calibrate_dpsgd_sigma(cfg.epsilon, cfg.delta, q, steps, extra=[query_event(cfg)])
+    extra = [query_event(cfg)] + ([vote_event(cfg)] if cfg.vote_sigma else [])
+    sigma = calibrate_dpsgd_sigma(cfg.epsilon, cfg.delta, q, steps, extra=extra)
     out = dp_finetune(model, to_tensor(sensitive.images), torch.from_numpy(sensitive.labels), sample_rate=q,
                       noise_multiplier=sigma, steps=steps, batch_size=cfg.batch_size,
                       max_physical_batch=cfg.max_physical_batch, max_grad_norm=cfg.max_grad_norm, lr=cfg.lr,
@@ -107,8 +116,10 @@ def run_variant(name: str, overrides: dict, epsilon: float) -> list[dict]:
     rows = []
     recipe = "pretrain-v3" if cfg.pretrain_elastic else PRETRAIN_RECIPE
     for guidance in guidances if guidances is not None else [cfg.guidance]:
-        for n, scores in _score(model, cfg.with_(guidance=guidance), heldout, sizes or [cfg.n_samples]):
-            label = name + (f", guidance {guidance:g}" if guidances else "") + (f", {n} samples" if sizes else "")
+        for n, pick, scores in _score(model, cfg.with_(guidance=guidance), heldout, sizes or [cfg.n_samples],
+                                      sensitive):
+            label = (name + (f", guidance {guidance:g}" if guidances else "") + (f", {n} samples" if sizes else "")
+                     + pick)
             rows.append({"variant": label, "epsilon": epsilon if dp["steps"] else None, **dp, **scores,
                          "n_samples": n, "dp_and_pretrain_s": trained_s, "pretrain_recipe": recipe,
                          "machine": machine(), "date": today(), "overrides": overrides})
@@ -128,21 +139,32 @@ def _trained(cfg: PrivImageConfig, sensitive, with_dp: bool) -> tuple[torch.nn.M
     return model, dp
 
 
-def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[int]) -> list[tuple[int, dict]]:
-    """Sample max(sizes) images once; score a class-balanced subset of each size."""
-    labels = balanced_labels(max(sizes), 10)
+def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[int], sensitive
+           ) -> list[tuple[int, str, dict]]:
+    """Sample max(sizes) images once (times vote_pool candidates with the private vote on); score a
+    class-balanced subset of each size: the voted one, and a random one of the same candidates."""
+    pool = cfg.vote_pool if cfg.vote_sigma else 1
+    labels = balanced_labels(max(sizes) * pool, 10)
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
                            device=torch.device("cpu"), guidance=cfg.guidance)
-    grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}.png"
-    grid.write_bytes(sample_grid(images, labels))  # the grid a bundle carries
+    picks = {"": np.arange(len(labels))}
+    if cfg.vote_sigma:
+        keep, _ = vote_and_select(sensitive.images, sensitive.labels, images, labels, balanced_labels(max(sizes), 10),
+                                  cfg.vote_sigma)
+        rng = np.random.default_rng(cfg.seed)
+        picks = {", voted": keep, ", random quarter of the same candidates": rng.permutation(len(labels))}
     out = []
-    for n in sorted(sizes):
-        idx = np.concatenate([np.flatnonzero(labels == c)[: n // 10] for c in range(10)])
-        util = compute_utility(images[idx], labels[idx], None, heldout,
-                               AuditPolicy(cnn_epochs=10, utility_train_samples=n))
-        out.append((n, {**{k: round(v, 3) for k, v in util.release.items()},
-                        "mean_pixel": round(float(images.mean()), 1), "grid": grid.name}))
+    for pick, order in picks.items():
+        imgs, labs = images[order], labels[order]
+        grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}{'-voted' if 'voted' in pick else ''}.png"
+        grid.write_bytes(sample_grid(imgs, labs))  # the grid a bundle carries
+        for n in sorted(sizes):
+            idx = np.concatenate([np.flatnonzero(labs == c)[: n // 10] for c in range(10)])
+            util = compute_utility(imgs[idx], labs[idx], None, heldout,
+                                   AuditPolicy(cnn_epochs=10, utility_train_samples=n))
+            out.append((n, pick, {**{k: round(v, 3) for k, v in util.release.items()},
+                                  "mean_pixel": round(float(imgs[idx].mean()), 1), "grid": grid.name}))
     return out
 
 
