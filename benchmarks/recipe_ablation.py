@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from accounting.calibration import calibrate_dpsgd_sigma
 from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from benchmarks.common import machine, md_table, today
@@ -32,7 +30,7 @@ from synth.datasets import load_source, uci_digits
 from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import to_tensor
 from synth.privimage.model import make_unet
-from synth.privimage.plan import query_event, sample_rate_for, vote_event
+from synth.privimage.plan import plan_privimage
 from synth.privimage.sampling import balanced_labels, sample_images
 from synth.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
 from synth.privimage.vote import vote_and_select
@@ -86,10 +84,8 @@ def _pretrained(cfg: PrivImageConfig) -> torch.nn.Module:
 
 
 def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
-    q = sample_rate_for(len(sensitive), cfg.batch_size)
-    steps = math.ceil(cfg.finetune_epochs / q)
-    extra = [query_event(cfg)] + ([vote_event(cfg)] if cfg.vote_sigma else [])
-    sigma = calibrate_dpsgd_sigma(cfg.epsilon, cfg.delta, q, steps, extra=extra)
+    plan = plan_privimage(cfg, len(sensitive))  # the product's calibration: query + DP-SGD (+ vote)
+    q, steps, sigma = plan.sample_rate, plan.steps, plan.noise_multiplier
     out = dp_finetune(model, to_tensor(sensitive.images), torch.from_numpy(sensitive.labels), sample_rate=q,
                       noise_multiplier=sigma, steps=steps, batch_size=cfg.batch_size,
                       max_physical_batch=cfg.max_physical_batch, max_grad_norm=cfg.max_grad_norm, lr=cfg.lr,
@@ -143,8 +139,7 @@ def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[in
            ) -> list[tuple[int, str, dict]]:
     """Sample max(sizes) images once (times vote_pool candidates with the private vote on); score a
     class-balanced subset of each size: the voted one, and a random one of the same candidates."""
-    pool = cfg.vote_pool if cfg.vote_sigma else 1
-    labels = balanced_labels(max(sizes) * pool, 10)
+    labels = balanced_labels(max(sizes) * cfg.candidates_per_image, 10)
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
                            device=torch.device("cpu"), guidance=cfg.guidance)

@@ -123,6 +123,11 @@ class PrivImageConfig:
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
             raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
 
+    @property
+    def candidates_per_image(self) -> int:
+        """Images drawn per released image: `vote_pool` with the private vote on, else 1."""
+        return self.vote_pool if self.vote_sigma else 1
+
     # ------------------------------------------------------------ presets
     @classmethod
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":

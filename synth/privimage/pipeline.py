@@ -74,7 +74,7 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     if config.n_samples > MAX_SAMPLES:
         raise InvalidParameterError(f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; "
                                     "ask for fewer images.")
-    if config.vote_sigma and config.n_samples * config.vote_pool > MAX_SAMPLES:
+    if config.n_samples * config.candidates_per_image > MAX_SAMPLES:
         raise InvalidParameterError(f"[privimage] the vote would draw {config.n_samples * config.vote_pool:,} "
                                     f"candidates (n_samples x vote_pool), more than {MAX_SAMPLES:,}; ask for fewer "
                                     "images or a smaller vote_pool.")
@@ -208,9 +208,9 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         check_nproc(_nproc(ctx), pick_device(config.device))
     prep = _prepare_public(data, ctx.public, config, ctx)
     ctx.on_sensitive_access()  # from here on, failures stay charged
-    sens_x = to_tensor(to_format(data.images, config.image_size, prep.channels))
+    sens_formatted = to_format(data.images, config.image_size, prep.channels)  # uint8; the vote reads it too
+    sens_x = to_tensor(sens_formatted)
     sens_y = label_index(data.labels, prep.label_values)
-    sens_formatted = to_format(data.images, config.image_size, prep.channels)  # for the vote; before sens_x is freed
     info, selected = ({}, None)
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
@@ -260,7 +260,7 @@ def _unet_args(config: PrivImageConfig, prep: _Prepared) -> tuple:
 
 def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
     """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
-    n = config.n_samples * (config.vote_pool if config.vote_sigma else 1)
+    n = config.n_samples * config.candidates_per_image
     return dict(labels=balanced_labels(n, len(prep.label_values)), image_size=config.image_size,
                 channels=prep.channels, train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
                 batch=config.sample_batch, seed=config.seed, guidance=config.guidance)

@@ -112,3 +112,8 @@ def test_baseline_plan_with_a_vote_has_no_query() -> None:
 def test_config_rejects_bad_vote_settings(bad: dict) -> None:
     with pytest.raises(InvalidParameterError):
         PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
+
+
+def test_candidates_per_image_is_the_pool_only_with_the_vote_on() -> None:
+    assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_pool=6).candidates_per_image == 1
+    assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_sigma=2.0, vote_pool=6).candidates_per_image == 6
