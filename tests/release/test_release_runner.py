@@ -264,6 +264,11 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     ({"finetune_epochs": 1e308}, "finetune_epochs"),
     ({"n_samples": 1e308}, "n_samples"),
     ({"image_size": 32}, "releases 32x32 images but dataset 'mnist' is 28x28"),
+    ({"vote_sigma": 1e308}, "vote_sigma"),
+    ({"vote_sigma": -1.0}, "vote_sigma"),
+    ({"vote_sigma": float("nan")}, "vote_sigma"),
+    ({"vote_sigma": 2.0, "vote_pool": 1}, "vote_pool must be between 2 and 64"),
+    ({"vote_sigma": 2.0, "vote_pool": 4, "n_samples": 300_000}, "the vote would draw 1,200,000 candidates"),
 ])
 def test_bad_mechanism_values_are_refused_at_plan_time(small, params, match):
     store = small[0]
