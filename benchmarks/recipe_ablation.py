@@ -30,10 +30,11 @@ from synth.datasets import load_source, uci_digits
 from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import to_tensor
 from synth.privimage.model import make_unet
+from synth.privimage.pipeline import variations_for
 from synth.privimage.plan import plan_privimage
 from synth.privimage.sampling import balanced_labels, sample_images
 from synth.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
-from synth.privimage.vote import vote_and_select
+from synth.privimage.vote import evolve
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -69,6 +70,9 @@ VARIANTS: dict[str, dict] = {
                                                      "vote_pool": 4},
     "demo recipe + private vote (sigma 5, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0, "vote_sigma": 5.0,
                                                      "vote_pool": 4},
+    # Private Evolution: rounds 2.. vote on 4 SDEdit variations (strength 0.5) of the last round's winners
+    "demo recipe + private vote, 4 rounds (sigma 2, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0,
+                                                               "vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 4},
 }
 
 
@@ -144,14 +148,16 @@ def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[in
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
                            device=torch.device("cpu"), guidance=cfg.guidance)
     picks = {"": np.arange(len(labels))}
+    picks = {"": (images, labels)}
     if cfg.vote_sigma:
-        keep, _ = vote_and_select(sensitive.images, sensitive.labels, images, labels, balanced_labels(max(sizes), 10),
-                                  cfg.vote_sigma)
-        rng = np.random.default_rng(cfg.seed)
-        picks = {", voted": keep, ", random quarter of the same candidates": rng.permutation(len(labels))}
+        plan = plan_privimage(cfg, len(sensitive))
+        voted = evolve(sensitive.images, sensitive.labels, images, labels, balanced_labels(max(sizes), 10),
+                       [e.sigma for e in plan.vote_events], variations_for(model, cfg, torch.device("cpu")),
+                       cfg.vote_pool)
+        order = np.random.default_rng(cfg.seed).permutation(len(labels))
+        picks = {", voted": voted, ", random quarter of the same candidates": (images[order], labels[order])}
     out = []
-    for pick, order in picks.items():
-        imgs, labs = images[order], labels[order]
+    for pick, (imgs, labs) in picks.items():
         grid = RESULTS / f"recipe-{time.strftime('%Y%m%d-%H%M%S')}{'-voted' if 'voted' in pick else ''}.png"
         grid.write_bytes(sample_grid(imgs, labs))  # the grid a bundle carries
         for n in sorted(sizes):

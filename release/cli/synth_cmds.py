@@ -50,6 +50,10 @@ def privimage(
     vote_sigma: float = typer.Option(None, "--vote-sigma",
                                      help="Noise multiplier of the private vote on the samples (0 = off; "
                                           "default: the preset's)."),
+    vote_rounds: int = typer.Option(None, "--vote-rounds",
+                                    help="Rounds of the private vote; each later round votes on variations of the "
+                                         "previous winners and is charged as one more Gaussian query "
+                                         "(default: the preset's)."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     write_spec: Path = WRITE,
 ) -> None:
@@ -59,6 +63,8 @@ def privimage(
         params["delta"] = delta
     if vote_sigma is not None:
         params["vote_sigma"] = vote_sigma
+    if vote_rounds is not None:
+        params["vote_rounds"] = vote_rounds
     _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
               "privimage": params}, write_spec)
 

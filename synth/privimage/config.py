@@ -66,6 +66,8 @@ class PrivImageConfig:
     guidance: float = 0.0               # classifier-free guidance weight at sampling (0 = plain conditional)
     vote_sigma: float = 0.0             # private vote on the samples (synth.privimage.vote); 0 = off
     vote_pool: int = 4                  # candidates drawn per released image when the vote is on
+    vote_rounds: int = 1                # Private Evolution rounds: each later round votes on variations
+    variation_strength: float = 0.5     # of the previous winners (SDEdit: re-noised to this fraction of T)
     n_samples: int = 5000               # total, balanced over the sensitive classes
     sample_batch: int = 250
     seed: int = 0
@@ -106,6 +108,10 @@ class PrivImageConfig:
         if self.vote_sigma and not 2 <= self.vote_pool <= 64:
             raise InvalidParameterError(f"vote_pool must be between 2 and 64 candidates per released image, "
                                         f"got {self.vote_pool}.")
+        self.vote_rounds = check_count(self.vote_rounds, "vote_rounds")
+        if self.vote_rounds > 8:
+            raise InvalidParameterError(f"vote_rounds must be between 1 and 8, got {self.vote_rounds}.")
+        self.variation_strength = _check_range(self.variation_strength, "variation_strength", 0.05, 1.0)
         if self.noise_multiplicity > 64:
             raise InvalidParameterError(f"noise_multiplicity must be at most 64, got {self.noise_multiplicity}.")
         if self.dp_optimizer not in DP_OPTIMIZERS:
@@ -132,12 +138,14 @@ class PrivImageConfig:
     @classmethod
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
         """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
-        later releases), 8 DP-SGD epochs with Adam at 3e-4, then the private vote keeps the best quarter of
-        4 candidates per released image (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). Sampling
-        batches of 125 run about 1.5x faster per image than 500 on 2 CPU cores (cache-sized activations)."""
+        later releases), 8 DP-SGD epochs with Adam at 3e-4, then three rounds of the private vote (Private
+        Evolution): 4 candidates per released image, then twice 4 SDEdit variations of each winner
+        (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). Sampling batches of 125 run about 1.5x
+        faster per image than 500 on 2 CPU cores (cache-sized activations)."""
         base = dict(classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
                     finetune_epochs=8.0, batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16,
-                    ddim_steps=25, n_samples=2000, sample_batch=125, vote_sigma=2.0, vote_pool=4)
+                    ddim_steps=25, n_samples=1000, sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=3,
+                    variation_strength=0.5)
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
 
     @classmethod

@@ -28,9 +28,10 @@ from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes, top_k_predictions,
                                    train_classifier)
-from synth.privimage.sampling import balanced_labels, sample_images
+from synth.privimage.sampling import balanced_labels, sample_images, vary_images
 from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
-from synth.privimage.vote import vote_and_select
+from synth.privimage.vote import VaryFn, evolve
+from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 assert state.WAL == registry.STEP_COUNTER  # dp_finetune writes the runner's write-ahead counter
@@ -218,12 +219,12 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
     t_dp = time.time()
-    images, positions, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
+    images, positions, model, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
     t_sample = time.time()
     vote_info, noisy_votes = {}, None
-    if p.vote_event is not None:
-        images, positions, vote_info, noisy_votes = _vote(images, positions, sens_formatted, sens_y, config, p, prep,
-                                                          ctx)
+    if p.vote_events:
+        images, positions, vote_info, noisy_votes = _vote(images, positions, sens_formatted, sens_y, model, config, p,
+                                                          prep, ctx)
     labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
     timings = {"classifier_and_pretraining": round(t_pre - t0, 2), "dp_finetuning": round(t_dp - t_pre, 2),
                "sampling": round(t_sample - t_dp, 2), "vote": round(time.time() - t_sample, 2)}
@@ -278,27 +279,45 @@ def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _P
     positions = kw.pop("labels")
     if images is None:
         images = sample_images(model, positions, device=prep.device, progress=ctx.progress, **kw)
-    return images, positions, model_dir
+    return images, positions, model, model_dir
 
 
 def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.ndarray, sens_pos: np.ndarray,
-          config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, ctx: RunContext
+          model: torch.nn.Module, config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, ctx: RunContext
           ) -> tuple[np.ndarray, np.ndarray, dict, list]:
-    """The private vote (once: a resumed run re-draws the same seeded candidates and reuses its selection)."""
-    saved = state.read_json(ctx.workdir / state.VOTE)
-    if saved is None:
-        wanted = balanced_labels(config.n_samples, len(prep.label_values))
-        ctx.progress("private vote", 0, 1)
-        keep, noisy = vote_and_select(sens_images, sens_pos, candidates, candidate_pos, wanted, p.vote_event.sigma)
-        saved = {"keep": keep.tolist(), "noisy_votes": noisy.round(3).tolist()}
-        state.write_json(ctx.workdir / state.VOTE, saved)
-        ctx.progress("private vote", 1, 1)
-    keep = np.asarray(saved["keep"], dtype=np.int64)
-    if len(keep) and keep.max() >= len(candidates):
-        raise LedgerStateError(f"{ctx.workdir / state.VOTE} selects candidates this run did not draw; re-plan the "
-                               "release.")
-    info = {"vote_candidates": int(len(candidates)), "vote_kept": int(len(keep))}
-    return candidates[keep], candidate_pos[keep], info, saved["noisy_votes"]
+    """The private vote, one round per planned vote event (Private Evolution, synth/privimage/vote.py). Each
+    round's selection is saved before the next starts: a resumed run re-draws the same seeded candidates and
+    variations and reuses the saved selections, so no round's noise is drawn (or charged) twice."""
+    path = ctx.workdir / state.VOTE
+    saved = state.read_json(path, {"rounds": []})
+    if "keep" in saved:  # a one-round vote.json from before the rounds existed
+        saved = {"rounds": [saved]}
+    n_rounds, first_pool = len(p.vote_events), len(candidates)
+    stage = (lambda r: "private vote") if n_rounds == 1 else (lambda r: f"private vote {r + 1}/{n_rounds}")
+
+    def record(r: int, keep: np.ndarray, noisy: np.ndarray) -> None:
+        saved["rounds"].append({"keep": keep.tolist(), "noisy_votes": noisy.round(3).tolist()})
+        state.write_json(path, saved)
+        ctx.progress(stage(r), 1, 1)
+
+    images, positions = evolve(sens_images, sens_pos, candidates, candidate_pos,
+                               balanced_labels(config.n_samples, len(prep.label_values)),
+                               [e.sigma for e in p.vote_events], variations_for(model, config, prep.device, ctx.progress),
+                               config.vote_pool,
+                               saved=[r["keep"] for r in saved["rounds"]], on_round=record)
+    info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}
+    return images, positions, info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
+
+
+def variations_for(model: torch.nn.Module, config: PrivImageConfig, device: torch.device,
+                   progress: ProgressFn = no_progress) -> VaryFn:
+    """The vote's later rounds: `vote_pool` SDEdit variations of each winner, seeded by config seed + round."""
+    def vary(images: np.ndarray, positions: np.ndarray, r: int) -> np.ndarray:
+        return vary_images(model, images, positions, strength=config.variation_strength, copies=config.vote_pool,
+                           train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
+                           batch=config.sample_batch, seed=config.seed + r, device=device, progress=progress,
+                           guidance=config.guidance, stage=f"variations {r + 1}/{config.vote_rounds}")
+    return vary
 
 
 def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, selection_info: dict) -> dict[str, Any]:
@@ -311,6 +330,8 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "lr": config.lr, "ema_decay": config.ema_decay, "dp_optimizer": config.dp_optimizer,
         "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
         "vote_sigma": config.vote_sigma or None, "vote_pool": config.vote_pool if config.vote_sigma else None,
+        "vote_rounds": config.vote_rounds if config.vote_sigma else None,
+        "variation_strength": config.variation_strength if config.vote_sigma and config.vote_rounds > 1 else None,
         "secure_noise": config.secure_noise,
         "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
         "label_dropout": config.label_dropout,

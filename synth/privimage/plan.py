@@ -15,8 +15,8 @@ from synth.privimage.config import PrivImageConfig
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery]: the query only for
-                                        # selection "semantic", the vote only with vote_sigma > 0
+    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery x vote_rounds]: the
+                                        # query only for selection "semantic", the votes only with vote_sigma > 0
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -29,9 +29,14 @@ class PrivImagePlan:
         return next((e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)), None)
 
     @property
+    def vote_events(self) -> list[GaussianQuery]:
+        """The private vote's rounds on the samples: the Gaussian queries after DP-SGD, one per round."""
+        return [e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)]
+
+    @property
     def vote_event(self) -> GaussianQuery | None:
-        """The private vote on the samples: the Gaussian query after DP-SGD."""
-        return next((e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)), None)
+        """The first round of the private vote (None without the vote)."""
+        return next(iter(self.vote_events), None)
 
     @property
     def dpsgd_event(self) -> DpSgd:
@@ -77,7 +82,7 @@ def vote_event(config: PrivImageConfig) -> GaussianQuery:
 
 def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
     """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
-    the RDP epsilon of prior + query + DP-SGD + vote <= config.epsilon."""
+    the RDP epsilon of prior + query + DP-SGD + every vote round <= config.epsilon."""
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
@@ -86,7 +91,7 @@ def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[M
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before = [query_event(config)] if config.selection == "semantic" else []
-    after = [vote_event(config)] if config.vote_sigma else []
+    after = [vote_event(config)] * config.vote_rounds if config.vote_sigma else []
     sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after)
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
     return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta))

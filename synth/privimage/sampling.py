@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from diffusers import DDIMScheduler
 
-from synth.privimage.data import to_uint8
+from synth.privimage.data import to_tensor, to_uint8
 from synth.progress import ProgressFn, no_progress
 
 
@@ -33,6 +33,31 @@ def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int
             x = sched.step(eps, t, x).prev_sample
         out.append(to_uint8(x))
         progress("sampling", min(start + batch, len(labels)), len(labels))
+    return np.concatenate(out)
+
+
+@torch.no_grad()
+def vary_images(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, strength: float, copies: int,
+                train_timesteps: int, ddim_steps: int, batch: int, seed: int, device: torch.device,
+                progress: ProgressFn = no_progress, guidance: float = 0.0, stage: str = "variations") -> np.ndarray:
+    """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the DDIM
+    timestep nearest `strength` x T, then denoise with the model under its label. Image i's copies are rows
+    i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths keep the image's shape."""
+    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
+    sched.set_timesteps(ddim_steps)
+    steps = [t for t in sched.timesteps if t <= strength * train_timesteps] or [sched.timesteps[-1]]
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).eval()
+    x0_all, y_all = np.repeat(images, copies, 0), np.repeat(labels, copies)
+    out = []
+    for start in range(0, len(y_all), batch):
+        x0 = to_tensor(x0_all[start:start + batch])
+        y = torch.from_numpy(y_all[start:start + batch]).to(device)
+        x = sched.add_noise(x0, torch.randn(x0.shape, generator=gen), steps[0].reshape(1)).to(device)
+        for t in steps:
+            x = sched.step(_guided_eps(model, x, t.to(device), y, guidance), t, x).prev_sample
+        out.append(to_uint8(x))
+        progress(stage, min(start + batch, len(y_all)), len(y_all))
     return np.concatenate(out)
 
 

@@ -7,12 +7,18 @@ candidate's count, and the most-voted candidates of each class are released. Add
 image changes one count by 1, so the vote histogram has L2 sensitivity 1 and is charged as one Gaussian query
 (noise multiplier `vote_sigma`). The candidates are post-processing of the DP model; the selection is
 post-processing of the noisy histogram, which stays in the internal report.
+
+With `vote_rounds` > 1 this is Private Evolution proper: each later round votes on variations of the previous
+round's winners (drawn by the DP model, so post-processing too) and is charged as one more Gaussian query.
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 
-from accounting.errors import InvalidParameterError
+from accounting.errors import InvalidParameterError, LedgerStateError
+from synth.privimage.state import VOTE as VOTE_FILE
 from synth.secure_noise import SecureGaussian
 
 _CHUNK = 512  # sensitive images per distance block (bounds memory at _CHUNK x candidates-of-a-class floats)
@@ -67,3 +73,30 @@ def vote_and_select(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates
     """(indices of the candidates to release, the noisy histogram)."""
     noisy = noisy_votes(nearest_candidate_votes(sensitive, sensitive_pos, candidates, candidate_pos), sigma)
     return select_by_votes(noisy, candidate_pos, wanted_pos), noisy
+
+
+VaryFn = Callable[[np.ndarray, np.ndarray, int], np.ndarray]   # (winners, their positions, round) -> variations
+RoundFn = Callable[[int, np.ndarray, np.ndarray], None]         # (round, kept indices, noisy histogram)
+
+
+def evolve(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndarray, candidate_pos: np.ndarray,
+           wanted_pos: np.ndarray, sigmas: Sequence[float], vary: VaryFn, copies: int,
+           saved: Sequence[np.ndarray] = (), on_round: RoundFn = lambda r, keep, noisy: None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """One vote per entry of `sigmas`: round 0 on `candidates`, round r > 0 on `copies` variations of each
+    winner of round r - 1 (`vary`, image i's copies in rows i*copies..). The kept indices of the first
+    len(`saved`) rounds are reused instead of voting again (a resumed run); every new round is reported to
+    `on_round` before the next starts. Returns the winners of the last round and their class positions."""
+    for r, sigma in enumerate(sigmas):
+        if r > 0:
+            candidates, candidate_pos = vary(candidates, candidate_pos, r), np.repeat(candidate_pos, copies)
+        if r < len(saved):
+            keep = np.asarray(saved[r], dtype=np.int64)
+            if len(keep) and keep.max() >= len(candidates):
+                raise LedgerStateError(f"The saved vote ({VOTE_FILE}) of round {r + 1} selects candidates this "
+                                       "run did not draw; re-plan the release.")
+        else:
+            keep, noisy = vote_and_select(sensitive, sensitive_pos, candidates, candidate_pos, wanted_pos, sigma)
+            on_round(r, keep, noisy)
+        candidates, candidate_pos = candidates[keep], candidate_pos[keep]
+    return candidates, candidate_pos

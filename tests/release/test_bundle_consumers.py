@@ -298,12 +298,13 @@ def test_long_histories_recompute_in_one_call_per_distinct_event():
     assert got["epsilon_rdp"] == pytest.approx(ref.epsilon_rdp, rel=0.2)
 
 
-@pytest.mark.parametrize("vote", [None, 2.0])
-def test_card_says_what_the_private_vote_chose_only_when_it_ran(vote):
+@pytest.mark.parametrize("vote,rounds", [(None, None), (2.0, 1), (2.0, 3)])
+def test_card_says_what_the_private_vote_chose_only_when_it_ran(vote, rounds):
     rel = {"release_id": "r", "spec": {"release": {"dataset": "d", "mechanism": "privimage"}, "privimage": {}}}
-    params = {"vote_sigma": vote, "vote_pool": 4 if vote else None}
+    params = {"vote_sigma": vote, "vote_pool": 4 if vote else None, "vote_rounds": rounds}
     result = {"mechanism": "privimage", "parameters": params,
               "guarantee": {"type": "dp", "epsilon_rdp": 8.0, "epsilon_pld": 7.1, "delta": 1e-5}}
     _, body = split_front_matter(dataset_card(rel, {"dataset_id": "d", "privacy_unit": "one image"}, result, 4, {}))
     assert ("chosen from 4 generated candidates by a differentially private vote" in body) == bool(vote)
     assert ("the choice of candidates (DP Gaussian vote)" in body) == bool(vote)
+    assert ("The vote ran 3 rounds" in body) == (rounds == 3)

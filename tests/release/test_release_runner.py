@@ -269,6 +269,9 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     ({"vote_sigma": float("nan")}, "vote_sigma"),
     ({"vote_sigma": 2.0, "vote_pool": 1}, "vote_pool must be between 2 and 64"),
     ({"vote_sigma": 2.0, "vote_pool": 4, "n_samples": 300_000}, "the vote would draw 1,200,000 candidates"),
+    ({"vote_sigma": 2.0, "vote_rounds": 1e308}, "vote_rounds"),
+    ({"vote_sigma": 2.0, "vote_rounds": 20}, "vote_rounds must be between 1 and 8"),
+    ({"vote_sigma": 2.0, "vote_rounds": 2, "variation_strength": -0.5}, "variation_strength"),
 ])
 def test_bad_mechanism_values_are_refused_at_plan_time(small, params, match):
     store = small[0]

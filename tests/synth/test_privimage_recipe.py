@@ -15,7 +15,7 @@ from accounting.errors import InvalidParameterError
 from synth.privimage import PrivImageConfig
 from synth.privimage.augment import augment_public
 from synth.privimage.model import make_unet
-from synth.privimage.sampling import sample_images
+from synth.privimage.sampling import sample_images, vary_images
 from synth.privimage.training import _average_draws, dp_finetune, pretrain_cached, select_trainable
 
 CPU = torch.device("cpu")
@@ -233,3 +233,20 @@ def test_dp_finetune_prints_no_library_warnings(tmp_path: Path) -> None:
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
+
+
+def test_variations_stay_near_their_parent_at_low_strength_and_come_in_order() -> None:
+    """SDEdit variations (the vote's later rounds): image i's copies are rows i*copies.., a low strength
+    keeps each near its parent, strength 1 draws afresh, and the same seed gives the same variations."""
+    torch.manual_seed(0)
+    model = make_unet(28, 1, 3, (8, 16), 1)
+    rng = np.random.default_rng(0)
+    parents = rng.integers(0, 256, (3, 28, 28), dtype=np.uint8)
+    kw = dict(copies=2, train_timesteps=100, ddim_steps=10, batch=4, seed=5, device=torch.device("cpu"))
+    near = vary_images(model, parents, np.arange(3), strength=0.05, **kw)
+    far = vary_images(model, parents, np.arange(3), strength=1.0, **kw)
+    assert near.shape == far.shape == (6, 28, 28) and near.dtype == np.uint8
+    gap = lambda v: np.abs(v.astype(int) - np.repeat(parents, 2, 0).astype(int)).mean()  # noqa: E731
+    assert gap(near) < 5 < gap(far)
+    assert np.array_equal(near, vary_images(model, parents, np.arange(3), strength=0.05, **kw))
+    assert not np.array_equal(near[0], near[1])  # the two copies of a parent differ

@@ -2,6 +2,8 @@
 crash/resume without double charging, abandon, per-sample loss."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import dp_accounting
@@ -245,4 +247,31 @@ def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume
     assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
     assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
     assert res.parameters["vote_candidates"] == 60 and res.parameters["vote_kept"] == 20
-    assert len(res.internal["noisy_votes"]) == 60 and "noisy_votes" not in res.parameters
+    assert [len(r) for r in res.internal["noisy_votes"]] == [60] and "noisy_votes" not in res.parameters
+
+
+def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_from_the_saved_rounds(
+        store: Store, data, tmp_path: Path) -> None:
+    sens, pub = data
+    _register(store, sens)
+    cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
+
+    def crash_after_round_two(stage: str, done: int, total: int) -> None:
+        if stage == "private vote 2/3" and done == 1:
+            raise Crash("simulated crash between vote rounds")
+
+    with pytest.raises(Crash):
+        _run(store, sens, pub, cfg, "v", wd, progress=crash_after_round_two, plan=plan)
+    first_two = json.loads((wd / state.VOTE).read_text())["rounds"]
+    assert len(first_two) == 2
+    res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
+    rounds = json.loads((wd / state.VOTE).read_text())["rounds"]
+    assert rounds[:2] == first_two and len(rounds) == 3  # the saved rounds were reused, the third drawn once
+    charged = ledger.get_charge(store, "v").charged_events
+    assert [type(e) for e in charged] == [GaussianQuery] * 4 + [DpSgd]
+    assert charged[1:4] == [GaussianQuery(sigma=2.0, sensitivity=1.0)] * 3
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
+    assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
+    assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
+    assert [len(r) for r in res.internal["noisy_votes"]] == [60, 60, 60]

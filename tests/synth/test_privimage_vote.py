@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from accounting.epsilon import epsilon_rdp
-from accounting.errors import InvalidParameterError
+from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import DpSgd, GaussianQuery
 from synth.privimage import PrivImageConfig, plan_privimage
-from synth.privimage.vote import nearest_candidate_votes, noisy_votes, select_by_votes, vote_and_select
+from synth.privimage.vote import evolve, nearest_candidate_votes, noisy_votes, select_by_votes, vote_and_select
 
 
 def _data(seed: int, n: int = 60, m: int = 40, classes: int = 3):
@@ -106,9 +106,32 @@ def test_baseline_plan_with_a_vote_has_no_query() -> None:
     assert [type(e) for e in plan.events] == [DpSgd, GaussianQuery]
 
 
+def test_plan_charges_one_gaussian_query_per_vote_round() -> None:
+    """Private Evolution rounds compose: three rounds at sigma 3 cost what dp-accounting says three Gaussian
+    queries cost, and more DP-SGD noise than one round."""
+    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
+                          vote_sigma=3.0, vote_rounds=3)
+    plan = plan_privimage(cfg, 4000)
+    assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd, GaussianQuery, GaussianQuery, GaussianQuery]
+    assert plan.vote_events == [GaussianQuery(sigma=3.0, sensitivity=1.0)] * 3 and plan.vote_event == plan.events[2]
+    dp = plan.dpsgd_event
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(10.0))
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)),
+        dp.steps))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 3))
+    assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
+    assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
+    assert plan.noise_multiplier > plan_privimage(cfg.with_(vote_rounds=1), 4000).noise_multiplier
+
+
 @pytest.mark.parametrize("bad", [{"vote_sigma": float("nan")}, {"vote_sigma": -1.0}, {"vote_sigma": 1e308},
                                  {"vote_sigma": math.inf}, {"vote_sigma": "3"}, {"vote_sigma": 3.0, "vote_pool": 1},
-                                 {"vote_sigma": 3.0, "vote_pool": 1000}, {"vote_pool": 0}])
+                                 {"vote_sigma": 3.0, "vote_pool": 1000}, {"vote_pool": 0}, {"vote_rounds": 0},
+                                 {"vote_rounds": 9}, {"vote_rounds": 2.5}, {"vote_rounds": 1e308},
+                                 {"variation_strength": 0.0}, {"variation_strength": 1.5},
+                                 {"variation_strength": float("nan")}, {"variation_strength": "0.5"}])
 def test_config_rejects_bad_vote_settings(bad: dict) -> None:
     with pytest.raises(InvalidParameterError):
         PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
@@ -117,3 +140,27 @@ def test_config_rejects_bad_vote_settings(bad: dict) -> None:
 def test_candidates_per_image_is_the_pool_only_with_the_vote_on() -> None:
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_pool=6).candidates_per_image == 1
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_sigma=2.0, vote_pool=6).candidates_per_image == 6
+
+
+def test_evolve_votes_each_round_on_variations_of_the_last_winners_and_reuses_saved_rounds() -> None:
+    sens, pos, cand, cpos = _data(4, m=60)
+    wanted = np.repeat(np.arange(3), 5)
+    seen: list[tuple[int, int]] = []
+
+    def vary(images: np.ndarray, positions: np.ndarray, r: int) -> np.ndarray:
+        seen.append((r, len(images)))
+        return np.repeat(images, 2, 0)  # two copies of each winner (a stand-in for SDEdit)
+
+    rounds: list[np.ndarray] = []
+    out, out_pos = evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0, 1.0], vary, 2,
+                          on_round=lambda r, keep, noisy: rounds.append(keep))
+    assert seen == [(1, 15), (2, 15)] and len(rounds) == 3  # each later round varies the 15 winners
+    assert out.shape == (15, 6, 6) and np.bincount(out_pos).tolist() == [5, 5, 5]
+    assert all(any((o == c).all() for c in cand) for o in out)  # copies of round-0 candidates, nothing else
+    # resuming after round 2: rounds 1-2 are not voted again, only round 3 is
+    again: list[int] = []
+    evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0, 1.0], vary, 2, saved=rounds[:2],
+           on_round=lambda r, keep, noisy: again.append(r))
+    assert again == [2]
+    with pytest.raises(LedgerStateError, match="round 2 selects candidates this run did not draw"):
+        evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0], vary, 2, saved=[rounds[0], np.array([10_000])])
