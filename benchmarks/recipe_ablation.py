@@ -152,7 +152,7 @@ def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[in
     if cfg.vote_sigma:
         plan = plan_privimage(cfg, len(sensitive))
         voted = evolve(sensitive.images, sensitive.labels, images, labels, balanced_labels(max(sizes), 10),
-                       [e.sigma for e in plan.vote_events], variations_for(model, cfg, torch.device("cpu")),
+                       plan.vote_sigmas, variations_for(model, cfg, torch.device("cpu")),
                        cfg.vote_pool)
         order = np.random.default_rng(cfg.seed).permutation(len(labels))
         picks = {", voted": voted, ", random quarter of the same candidates": (images[order], labels[order])}

@@ -222,7 +222,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     images, positions, model, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
     t_sample = time.time()
     vote_info, noisy_votes = {}, None
-    if p.vote_events:
+    if p.vote_event is not None:
         images, positions, vote_info, noisy_votes = _vote(images, positions, sens_formatted, sens_y, model, config, p,
                                                           prep, ctx)
     labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
@@ -285,14 +285,14 @@ def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _P
 def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.ndarray, sens_pos: np.ndarray,
           model: torch.nn.Module, config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, ctx: RunContext
           ) -> tuple[np.ndarray, np.ndarray, dict, list]:
-    """The private vote, one round per planned vote event (Private Evolution, synth/privimage/vote.py). Each
+    """The private vote, as many rounds as the planned vote event's count (Private Evolution, vote.py). Each
     round's selection is saved before the next starts: a resumed run re-draws the same seeded candidates and
     variations and reuses the saved selections, so no round's noise is drawn (or charged) twice."""
     path = ctx.workdir / state.VOTE
     saved = state.read_json(path, {"rounds": []})
     if "keep" in saved:  # a one-round vote.json from before the rounds existed
         saved = {"rounds": [saved]}
-    n_rounds, first_pool = len(p.vote_events), len(candidates)
+    n_rounds, first_pool = len(p.vote_sigmas), len(candidates)
     stage = (lambda r: "private vote") if n_rounds == 1 else (lambda r: f"private vote {r + 1}/{n_rounds}")
 
     def record(r: int, keep: np.ndarray, noisy: np.ndarray) -> None:
@@ -302,7 +302,7 @@ def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.nda
 
     images, positions = evolve(sens_images, sens_pos, candidates, candidate_pos,
                                balanced_labels(config.n_samples, len(prep.label_values)),
-                               [e.sigma for e in p.vote_events], variations_for(model, config, prep.device, ctx.progress),
+                               p.vote_sigmas, variations_for(model, config, prep.device, ctx.progress),
                                config.vote_pool,
                                saved=[r["keep"] for r in saved["rounds"]], on_round=record)
     info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}

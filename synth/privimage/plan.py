@@ -15,8 +15,8 @@ from synth.privimage.config import PrivImageConfig
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery x vote_rounds]: the
-                                        # query only for selection "semantic", the votes only with vote_sigma > 0
+    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery (count = rounds)]: the
+                                        # query only for selection "semantic", the vote only with vote_sigma > 0
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -29,14 +29,15 @@ class PrivImagePlan:
         return next((e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)), None)
 
     @property
-    def vote_events(self) -> list[GaussianQuery]:
-        """The private vote's rounds on the samples: the Gaussian queries after DP-SGD, one per round."""
-        return [e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)]
+    def vote_event(self) -> GaussianQuery | None:
+        """The private vote on the samples: the Gaussian query after DP-SGD, `count` = its rounds."""
+        return next((e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)), None)
 
     @property
-    def vote_event(self) -> GaussianQuery | None:
-        """The first round of the private vote (None without the vote)."""
-        return next(iter(self.vote_events), None)
+    def vote_sigmas(self) -> list[float]:
+        """The noise std of each round of the vote (empty without the vote)."""
+        vote = self.vote_event
+        return [vote.sigma] * vote.count if vote is not None else []
 
     @property
     def dpsgd_event(self) -> DpSgd:
@@ -76,8 +77,8 @@ def query_event(config: PrivImageConfig) -> GaussianQuery:
 
 
 def vote_event(config: PrivImageConfig) -> GaussianQuery:
-    # One sensitive image adds 1 to one candidate's count (synth.privimage.vote): L2 sensitivity 1.
-    return GaussianQuery(sigma=config.vote_sigma, sensitivity=1.0)
+    # Each round, one sensitive image adds 1 to one candidate's count (synth.privimage.vote): L2 sensitivity 1.
+    return GaussianQuery(sigma=config.vote_sigma, sensitivity=1.0, count=config.vote_rounds)
 
 
 def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
@@ -91,7 +92,7 @@ def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[M
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before = [query_event(config)] if config.selection == "semantic" else []
-    after = [vote_event(config)] * config.vote_rounds if config.vote_sigma else []
+    after = [vote_event(config)] if config.vote_sigma else []
     sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after)
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
     return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta))
