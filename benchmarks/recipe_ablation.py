@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CACHE = HERE.parent / ".privrelease-cache"
 BASE = dict(pretrain_steps=2000, finetune_epochs=3.0, batch_size=250, max_physical_batch=250, n_samples=1000,
-            vote_sigma=0.0)
+            vote_sigma=0.0, vote_rounds=1)
 VARIANTS: dict[str, dict] = {
     "public pre-training only (no DP stage)": {"dp_stage": False, "samples_sweep": [1000, 4000]},
     "public pre-training only, elastic + sharpen": {"dp_stage": False, "pretrain_elastic": True,
@@ -70,9 +70,11 @@ VARIANTS: dict[str, dict] = {
                                                      "vote_pool": 4},
     "demo recipe + private vote (sigma 5, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0, "vote_sigma": 5.0,
                                                      "vote_pool": 4},
-    # Private Evolution: rounds 2.. vote on 4 SDEdit variations (strength 0.5) of the last round's winners
-    "demo recipe + private vote, 4 rounds (sigma 2, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0,
+    # Private Evolution: rounds 2.. vote on 4 SDEdit variations (strength 0.4) of the last round's winners
+    "8 DP epochs + private vote, 4 rounds (sigma 2, pool 4)": {"lr": 3e-4, "finetune_epochs": 8.0,
                                                                "vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 4},
+    "demo preset: 4 DP epochs + private vote, 4 rounds (sigma 2, pool 4)": {
+        "lr": 3e-4, "finetune_epochs": 4.0, "vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 4},
 }
 
 

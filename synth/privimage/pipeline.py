@@ -305,8 +305,11 @@ def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.nda
                                p.vote_sigmas, variations_for(model, config, prep.device, ctx.progress),
                                config.vote_pool,
                                saved=[r["keep"] for r in saved["rounds"]], on_round=record)
+    # the winners come ranked by their noisy counts; release them in a seeded random order, so that the
+    # bundle's first rows (and its sample grid) are a fair sample, not the most voted
+    order = np.random.default_rng(config.seed).permutation(len(images))
     info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}
-    return images, positions, info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
+    return images[order], positions[order], info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
 
 
 def variations_for(model: torch.nn.Module, config: PrivImageConfig, device: torch.device,

@@ -274,4 +274,5 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
     assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
     assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
+    assert not np.all(np.diff(res.labels) >= 0)  # released in random order, not grouped and ranked by votes
     assert [len(r) for r in res.internal["noisy_votes"]] == [60, 60, 60]
