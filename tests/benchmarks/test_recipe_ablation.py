@@ -1,0 +1,33 @@
+"""The recipe ablation's scoring of a voted release (its training runs in `make ablate`): with vote rounds on,
+it scores the winners of the last round beside a random quarter of the first round's candidates."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import recipe_ablation
+from synth.datasets import ImageDataset, load_source
+from synth.privimage import PrivImageConfig
+from synth.privimage.model import make_unet
+
+
+def _subset(ds: ImageDataset, n: int) -> ImageDataset:
+    idx = np.concatenate([np.flatnonzero(ds.labels == c)[: n // 10] for c in range(10)])
+    return ImageDataset(ds.images[idx], ds.labels[idx], ds.class_names, ds.source)
+
+
+def test_voted_rows_score_the_last_rounds_winners_and_a_random_pick(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recipe_ablation, "RESULTS", tmp_path)  # the grids go here, not into the repository
+    torch.manual_seed(0)
+    model = make_unet(28, 1, 10, (8, 16), 1)
+    cfg = PrivImageConfig.tiny(8.0, 1e-5, k=1, vote_sigma=2.0, vote_pool=2, vote_rounds=2, n_samples=20)
+    sensitive = _subset(load_source("builtin:mnist5k"), 200)
+    heldout = _subset(load_source("builtin:mnist5k-heldout"), 100)
+    rows = recipe_ablation._score(model, cfg, heldout, [20], sensitive)
+    assert [(n, pick) for n, pick, _ in rows] == [(20, ", voted"), (20, ", random quarter of the same candidates")]
+    for _, _, scores in rows:
+        assert 0.0 <= scores["cnn"] <= 1.0 and (tmp_path / scores["grid"]).exists()
