@@ -178,9 +178,13 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
     policy = AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": 300})
     report = run_audit(_inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy)
     one_run = next(r for r in report.results if r.name == "dpsgd_one_run_audit")
-    assert one_run.passed and one_run.details["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
+    assert one_run.details["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
     assert one_run.details["score"] == "gradients"  # the policy's default: the stronger white-box score
-    assert one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary
+    assert one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary  # no proven violation
+    # The Gaussian estimate (not a proof) can flag a correct run by chance at 300 canaries: CI once saw
+    # "suspect" here with the proven bound at 1.05 (what it flags: test_audit_one_run*.py, BENCHMARKS.md).
+    assert one_run.details["status"] in ("consistent", "suspect")
+    assert one_run.passed == (one_run.details["status"] == "consistent")
     assert (tmp_path / "artifacts" / "canary_scores.png").exists()
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert set(mia.details["attacks"]) == {"loss", "calibrated"}
