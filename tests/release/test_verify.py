@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from accounting.errors import PrivReleaseError, TamperError
-from accounting.store import Workspace
+from accounting.store import Store, Workspace
 from release import dsse, keys
 from release.bundle import decode_png, encode_png, write_bundle
 from release.manifest import build_statement, parse_statement, statement_bytes
@@ -110,6 +110,9 @@ def published(tmp_path_factory) -> tuple[Path, Path, Path]:
                         workspace=ws, rows_per_file=4)
     pub = base / "release.pub"
     shutil.copy(info.public_key_path, pub)
+    # Let go of the kept store connection first: its idle-release timer would otherwise close it (and
+    # remove store.duckdb.wal) in the middle of rmtree, which then fails (seen once in CI).
+    Store(ws).backend.release()
     shutil.rmtree(ws.root)
     return info.path, info.tarball, pub
 
