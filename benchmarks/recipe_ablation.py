@@ -152,7 +152,6 @@ def _score(model: torch.nn.Module, cfg: PrivImageConfig, heldout, sizes: list[in
     images = sample_images(model, labels, image_size=28, channels=1, train_timesteps=cfg.train_timesteps,
                            ddim_steps=cfg.ddim_steps, batch=cfg.sample_batch, seed=cfg.seed,
                            device=torch.device("cpu"), guidance=cfg.guidance)
-    picks = {"": np.arange(len(labels))}
     picks = {"": (images, labels)}
     if cfg.vote_sigma:
         plan = plan_privimage(cfg, len(sensitive))

@@ -103,8 +103,9 @@ def _run_and_audit(store: Store, rid: str) -> None:
     console.print(f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
                   f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
                   f"{demo.finetune_epochs:g} DP-SGD epochs, {DEMO_SPEC['release']['n_images']:,} images kept by the "
-                  f"private vote ({demo.vote_rounds} rounds of {demo.candidates_per_image * DEMO_SPEC['release']['n_images']:,} "
-                  "candidates, each round on variations of the last one's winners). The images "
+                  f"private vote ({demo.vote_rounds} rounds of "
+                  f"{demo.candidates_per_image * DEMO_SPEC['release']['n_images']:,} candidates, each round on "
+                  "variations of the last one's winners). The images "
                   "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)

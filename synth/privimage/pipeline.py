@@ -293,12 +293,11 @@ def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.nda
     if "keep" in saved:  # a one-round vote.json from before the rounds existed
         saved = {"rounds": [saved]}
     n_rounds, first_pool = len(p.vote_sigmas), len(candidates)
-    stage = (lambda r: "private vote") if n_rounds == 1 else (lambda r: f"private vote {r + 1}/{n_rounds}")
 
     def record(r: int, keep: np.ndarray, noisy: np.ndarray) -> None:
         saved["rounds"].append({"keep": keep.tolist(), "noisy_votes": noisy.round(3).tolist()})
         state.write_json(path, saved)
-        ctx.progress(stage(r), 1, 1)
+        ctx.progress("private vote" if n_rounds == 1 else f"private vote {r + 1}/{n_rounds}", 1, 1)
 
     images, positions = evolve(sens_images, sens_pos, candidates, candidate_pos,
                                balanced_labels(config.n_samples, len(prep.label_values)),

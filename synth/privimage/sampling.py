@@ -1,4 +1,4 @@
-"""Class-conditional sampling with a DDIM scheduler, batched, with progress."""
+"""Class-conditional sampling and SDEdit variations with a DDIM scheduler, batched, with progress."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,18 +20,14 @@ def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int
                   progress: ProgressFn = no_progress, guidance: float = 0.0) -> np.ndarray:
     """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0, classifier-free
     guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the last class embedding."""
-    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
-    sched.set_timesteps(ddim_steps)
+    sched = _ddim(train_timesteps, ddim_steps)
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     out = []
     for start in range(0, len(labels), batch):
         y = torch.from_numpy(labels[start:start + batch]).to(device)
         x = torch.randn((len(y), channels, image_size, image_size), generator=gen).to(device)
-        for t in sched.timesteps:
-            eps = _guided_eps(model, x, t.to(device), y, guidance)
-            x = sched.step(eps, t, x).prev_sample
-        out.append(to_uint8(x))
+        out.append(to_uint8(_denoise(model, sched, x, y, sched.timesteps, guidance, device)))
         progress("sampling", min(start + batch, len(labels)), len(labels))
     return np.concatenate(out)
 
@@ -43,8 +39,7 @@ def vary_images(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, 
     """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the DDIM
     timestep nearest `strength` x T, then denoise with the model under its label. Image i's copies are rows
     i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths keep the image's shape."""
-    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
-    sched.set_timesteps(ddim_steps)
+    sched = _ddim(train_timesteps, ddim_steps)
     steps = [t for t in sched.timesteps if t <= strength * train_timesteps] or [sched.timesteps[-1]]
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
@@ -54,11 +49,23 @@ def vary_images(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, 
         x0 = to_tensor(x0_all[start:start + batch])
         y = torch.from_numpy(y_all[start:start + batch]).to(device)
         x = sched.add_noise(x0, torch.randn(x0.shape, generator=gen), steps[0].reshape(1)).to(device)
-        for t in steps:
-            x = sched.step(_guided_eps(model, x, t.to(device), y, guidance), t, x).prev_sample
-        out.append(to_uint8(x))
+        out.append(to_uint8(_denoise(model, sched, x, y, steps, guidance, device)))
         progress(stage, min(start + batch, len(y_all)), len(y_all))
     return np.concatenate(out)
+
+
+def _ddim(train_timesteps: int, ddim_steps: int) -> DDIMScheduler:
+    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
+    sched.set_timesteps(ddim_steps)
+    return sched
+
+
+def _denoise(model: torch.nn.Module, sched: DDIMScheduler, x: torch.Tensor, y: torch.Tensor, timesteps,
+             guidance: float, device: torch.device) -> torch.Tensor:
+    """DDIM steps from x at timesteps[0] down to timesteps[-1], conditioned on labels y."""
+    for t in timesteps:
+        x = sched.step(_guided_eps(model, x, t.to(device), y, guidance), t, x).prev_sample
+    return x
 
 
 def _guided_eps(model: torch.nn.Module, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, w: float) -> torch.Tensor:

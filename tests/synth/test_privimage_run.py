@@ -151,9 +151,9 @@ def test_too_few_public_classes_is_refused_at_plan_time(store: Store, data) -> N
     assert ledger.budget(store, "mnist").charges == []
 
 
-def _crash_at(step: int):
+def _crash_at(step: int, stage_name: str = "DP fine-tuning"):
     def progress(stage: str, done: int, total: int) -> None:
-        if stage == "DP fine-tuning" and done == step:
+        if stage == stage_name and done == step:
             raise Crash("simulated crash")
     return progress
 
@@ -225,27 +225,27 @@ def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Pa
     assert epsilon_rdp(prior + plan.events, DELTA) <= 4.0
 
 
+def _assert_vote_charged_once(store: Store, res, plan, vote: GaussianQuery) -> None:
+    """Query, vote, then DP-SGD (the runner commits the started steps last), within the target; 2 per digit."""
+    charged = ledger.get_charge(store, "v").charged_events
+    assert [type(e) for e in charged] == [GaussianQuery, GaussianQuery, DpSgd]
+    assert charged[1] == vote and charged[2] == plan.step_event
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
+    assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
+
+
 def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume(store: Store, data,
                                                                                  tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)
     cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3), tmp_path / "w"
     plan = _plan(store, pub, cfg)
-
-    def crash_after_vote(stage: str, done: int, total: int) -> None:
-        if stage == "private vote" and done == 1:
-            raise Crash("simulated crash after the vote")
-
-    with pytest.raises(Crash):
-        _run(store, sens, pub, cfg, "v", wd, progress=crash_after_vote, plan=plan)
+    with pytest.raises(Crash):  # right after the vote
+        _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(1, "private vote"), plan=plan)
     saved = (wd / state.VOTE).read_text()
     res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
     assert (wd / state.VOTE).read_text() == saved  # one vote, one noise draw: the resumed run reused it
-    charged = ledger.get_charge(store, "v").charged_events  # the runner commits DP-SGD (started steps) last
-    assert [type(e) for e in charged] == [GaussianQuery, GaussianQuery, DpSgd]
-    assert charged[1] == GaussianQuery(sigma=2.0, sensitivity=1.0) and charged[2] == plan.step_event
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
-    assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
+    _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))
     assert res.parameters["vote_candidates"] == 60 and res.parameters["vote_kept"] == 20
     assert [len(r) for r in res.internal["noisy_votes"]] == [60] and "noisy_votes" not in res.parameters
 
@@ -256,23 +256,14 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     _register(store, sens)
     cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5), tmp_path / "w"
     plan = _plan(store, pub, cfg)
-
-    def crash_after_round_two(stage: str, done: int, total: int) -> None:
-        if stage == "private vote 2/3" and done == 1:
-            raise Crash("simulated crash between vote rounds")
-
-    with pytest.raises(Crash):
-        _run(store, sens, pub, cfg, "v", wd, progress=crash_after_round_two, plan=plan)
+    with pytest.raises(Crash):  # between vote rounds 2 and 3
+        _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(1, "private vote 2/3"), plan=plan)
     first_two = json.loads((wd / state.VOTE).read_text())["rounds"]
     assert len(first_two) == 2
     res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
     rounds = json.loads((wd / state.VOTE).read_text())["rounds"]
     assert rounds[:2] == first_two and len(rounds) == 3  # the saved rounds were reused, the third drawn once
-    charged = ledger.get_charge(store, "v").charged_events
-    assert [type(e) for e in charged] == [GaussianQuery, GaussianQuery, DpSgd]
-    assert charged[1] == GaussianQuery(sigma=2.0, sensitivity=1.0, count=3)
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
-    assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
+    _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0, count=3))
     assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
     assert not np.all(np.diff(res.labels) >= 0)  # released in random order, not grouped and ranked by votes
     assert [len(r) for r in res.internal["noisy_votes"]] == [60, 60, 60]
