@@ -5,7 +5,7 @@ with PNG plots in reproduction/.
     python -m benchmarks.reproduce --only audit      # the one-run DP-SGD audit alone (about a minute)
     python -m benchmarks.reproduce --report-only     # re-write the report from reproduction/results.json
 
-Default: CPU-sized settings (about 70 min on 2 CPU cores). --micro: a smoke run of the whole pipeline
+Default: CPU-sized settings (the demo's recipe; PrivImage three times per epsilon). --micro: a smoke run of the whole pipeline
 (minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
 Raw numbers go to reproduction/results.json; a section not re-run (--only) is taken from there
 when its mode matches, so a long run can be completed piecewise. `--only audit` rewrites only the
@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,8 +32,9 @@ SECTIONS = ("privimage", "ksalsa", "audit")
 AUDIT_HEADING = "## 3. "
 MODE_TEXT = {
     "micro": "MICRO smoke run (pipeline check only: tiny models, a few steps; the numbers mean nothing)",
-    "cpu": ("CPU default (`make reproduce`): small models and short training, sized for about 70 min on 2 CPU "
-            "cores (this run's time is given below)"),
+    "cpu": ("CPU default (`make reproduce`): the demo's recipe on 2 CPU cores (small UNet, 2,000 public "
+            "pre-training steps, 4 DP-SGD epochs, the private vote), PrivImage three times per epsilon (this "
+            "run's time is given below)"),
     "full": "full (`--full`): GPU-sized settings",
 }
 
@@ -59,15 +60,16 @@ def build_report(results: dict[str, Any], plots: dict[str, Any]) -> str:
          f"Written by `python -m benchmarks.reproduce{'' if s['mode'] == 'cpu' else ' --' + s['mode']}` on "
          f"{results['date']}.", "",
          f"**Mode: {MODE_TEXT[s['mode']]}.**", "",
-         *(["> This file comes from the micro smoke run: it shows that the whole pipeline (9 charged PrivImage runs, "
+         *(["> This file comes from the micro smoke run: it shows that the whole pipeline (the charged PrivImage runs, "
             "the audit, 15 k-SALSA releases, tables, plots) runs end to end, but its models are a few optimisation "
             "steps old, so no number or ordering below says anything about the papers (except in a section "
             "marked with another mode). Run `make reproduce` (CPU "
-            "default, about 70 min on 2 CPU cores) or `python -m benchmarks.reproduce --full` on a "
+            "default) or `python -m benchmarks.reproduce --full` on a "
             "GPU for meaningful tables.", ""] if s["mode"] == "micro" else []),
          f"Hardware: {results['machine']}; torch threads {results['threads']}.",
          f"Seeds: {s['seed']} (data subsets, model initialisation, sampling noise, classifiers, attack splits). "
-         f"Repeats: {s['repeats']} per setting (no error bars). The DP noise and the "
+         f"Repeats: {s.get('privimage_repeats', 1)} runs of each PrivImage setting (mean and spread below), "
+         f"{s['repeats']} of every other setting. The DP noise and the "
          "Poisson sampling of DP-SGD are seeded from OS entropy by design (a public seed would let anyone subtract the "
          "noise), so DP rows are not bit-reproducible and differ run to run.",
          f"Total time: {results['seconds'] / 60:.1f} min.", ""]
@@ -152,11 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _run_section(name: str, s: dict[str, Any], tmp: Path, grid: Any, out_dir: Path) -> dict[str, Any]:
+def _run_section(name: str, s: dict[str, Any], tmp: Path, grid: Any, out_dir: Path,
+                 save: Callable[[dict], None]) -> dict[str, Any]:
     if name == "privimage":
         from benchmarks.reproduce_privimage import run as run_privimage
 
-        return run_privimage(s, tmp, grid, samples_dir=out_dir / "samples")
+        return run_privimage(s, tmp, grid, samples_dir=out_dir / "samples", save=save)
     if name == "audit":
         from benchmarks.reproduce_audit import run as run_audit
 
@@ -222,8 +225,14 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="privrelease-reproduce-") as tmp:
         for name in only:
             print(f"== {name} ({mode})", file=sys.stderr, flush=True)
+            def save(partial: dict[str, Any], name: str = name) -> None:  # kept if the run stops early
+                results[f"{name}_partial"] = {**partial, "mode": mode, "settings": s}
+                raw_path.write_text(json.dumps(_jsonable(results), indent=1))
+
             try:
-                results[name] = {**_run_section(name, s, Path(tmp), grid, out_dir), "mode": mode, "settings": s}
+                results[name] = {**_run_section(name, s, Path(tmp), grid, out_dir, save), "mode": mode,
+                                 "settings": s}
+                results.pop(f"{name}_partial", None)
             except Exception as exc:  # keep the other section's results; say what failed
                 traceback.print_exc()
                 results["errors"][name] = f"{type(exc).__name__}: {exc}"

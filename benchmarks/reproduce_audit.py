@@ -20,13 +20,12 @@ N_SENSITIVE = 4000   # builtin:mnist5k's training images: the record count the r
 def audit_settings(s: dict[str, Any]) -> list[tuple[float, Any]]:
     """(epsilon, DpSgdSetting) of the PrivImage (semantic selection) run at each audited epsilon."""
     from audit.dpsgd_audit import DpSgdSetting
-    from synth.privimage import PrivImageConfig
+    from benchmarks.reproduce_settings import privimage_config
     from synth.privimage.plan import plan_privimage
 
     out = []
     for eps in s["audit_epsilons"]:
-        cfg = PrivImageConfig(epsilon=eps, delta=s["delta"], seed=s["seed"], query_sigma=s["query_sigma"],
-                              selection="semantic", **s["privimage"])
+        cfg = privimage_config(s, eps)
         plan = plan_privimage(cfg, N_SENSITIVE)
         out.append((eps, DpSgdSetting(plan.sample_rate, plan.noise_multiplier, plan.steps, cfg.max_grad_norm,
                                       cfg.delta, cfg.lr, cfg.ema_decay, f"PrivImage at epsilon {eps:g}",

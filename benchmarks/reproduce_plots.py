@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.reproduce_report import mean_rows  # noqa: E402
+
 CLASSIFIERS = (("logreg", "LR"), ("mlp", "MLP"), ("cnn", "CNN"))
 
 
@@ -39,14 +41,16 @@ def image_grid(path: Path, images: np.ndarray, labels: np.ndarray, title: str, p
 
 
 def privimage_curves(res: dict[str, Any], out_dir: Path) -> list[str]:
-    rows = res["rows"]
+    rows = mean_rows(res["rows"])  # several runs of a setting: their mean, with bars from min to max
     methods = list(dict.fromkeys(r["method"] for r in rows))
     files = []
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, (key, label) in zip(axes, CLASSIFIERS):
         for m in methods:
             rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["epsilon"])
-            ax.plot([r["epsilon"] for r in rs], [r["acc"][key] for r in rs], "o-", label=m)
+            mean = np.array([r["acc"][key] for r in rs])
+            bars = [mean - [r["acc_min"][key] for r in rs], [r["acc_max"][key] for r in rs] - mean]
+            ax.errorbar([r["epsilon"] for r in rs], mean, yerr=bars, fmt="o-", capsize=3, label=m)
         ax.axhline(res["real"]["acc"][key], color="k", ls="--", lw=0.8, label="real data (non-private)")
         ax.set_xlabel("epsilon"), ax.set_ylabel(f"{label} accuracy on real held-out"), ax.set_title(label)
         ax.set_ylim(0, 1)

@@ -1,18 +1,19 @@
 """PrivImage reproduction (paper Table 3 / Figure 5 shape) and its privacy audit.
 
 For epsilon in EPSILONS x {PrivImage, DPDM-style, PDP-Diffusion-style}: one charged run through
-`release.runner.run_direct` on a throw-away workspace, then FID (EfficientNet-Lite0 features)
+`release.runner.run_direct` on a throw-away workspace (PrivImage: `privimage_repeats` runs), then FID (EfficientNet-Lite0 features)
 against the sensitive set and LR / MLP / CNN accuracy on the real held-out set (audit package).
 Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
 on the same UNet trained without DP (epsilon = infinity). The one-run audit of the DP-SGD code is its own
 section (benchmarks/reproduce_audit.py)."""
 from __future__ import annotations
 
-import shutil
+import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -23,12 +24,13 @@ from audit.mia import compute_mia
 from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from benchmarks.common import throwaway_store
+from benchmarks.reproduce_settings import privimage_config
 from synth.datasets import ImageDataset
-from synth.privimage.state import PRETRAIN
 
 METHODS = (("PrivImage", "semantic"), ("DPDM-style (no pre-training)", "none"),
            ("PDP-Diffusion-style (all public)", "all"))
 GridFn = Callable[[str, np.ndarray, np.ndarray], None]
+SaveFn = Callable[[dict], None]
 
 
 def _log(msg: str) -> None:
@@ -64,10 +66,12 @@ def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tm
                     train_timesteps=cfg.train_timesteps, seed=cfg.seed, device=device, ckpt=tmp / "nonprivate.pt")
 
 
-def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None) -> dict[str, Any]:
-    """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining."""
+def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None,
+        save: SaveFn = lambda partial: None) -> dict[str, Any]:
+    """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining.
+    `save` gets the section's results so far after every run (a long reproduction keeps what it measured)."""
     with audit_cache():  # FID statistics of the sensitive set: computed once, dropped at the end
-        return _run(s, tmp, grid, samples_dir)
+        return _run(s, tmp, grid, samples_dir, save)
 
 
 def _real_reference(sens: ImageDataset, test: ImageDataset, n_fake: int, s: dict[str, Any]) -> dict[str, Any]:
@@ -116,56 +120,75 @@ def _nonprivate(out: dict[str, Any], sens: ImageDataset, test: ImageDataset, bas
     grid("privimage_nonprivate", imgs, labels)
 
 
-def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None) -> dict[str, Any]:
+def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None, save: SaveFn) -> dict[str, Any]:
     from synth.datasets import fashion_available, load_source, public_pool
-    from release.runner import run_direct
-    from synth.privimage import PrivImageConfig, per_sample_diffusion_loss
     from synth.privimage.data import pick_device
 
     t_all = time.time()
     dev = pick_device("auto")
     sens, test, pub = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout"), public_pool()
-    pi, delta, seed = s["privimage"], s["delta"], s["seed"]
     out: dict[str, Any] = {"device": str(dev), "n_sensitive": len(sens), "n_test": len(test), "public": pub.source,
                            "n_public": len(pub), "public_classes": len(pub.label_set),
                            "fashion_installed": fashion_available(), "rows": [], "audit": []}
-    out["real"] = _real_reference(sens, test, pi["n_samples"], s)
-    # The PDP-Diffusion-style pre-training reads public data only and does not depend on epsilon: train it
-    # once and seed later runs' workdirs with the finished checkpoint (pretrain() resumes from it at its end).
-    # PrivImage's pre-training depends on its DP selection, so each of its runs trains its own.
-    shared_pdp_pretrain: Path | None = None
-    base = PrivImageConfig(epsilon=max(s["epsilons"]), delta=delta, device=str(dev), seed=seed,
-                           query_sigma=s["query_sigma"], **pi)
-    for eps in s["epsilons"]:
-        for name, mode in METHODS:
-            root = tmp / f"privimage-{mode}-{eps:g}"
-            if mode == "all" and shared_pdp_pretrain is not None:
-                (root / "run").mkdir(parents=True)
-                shutil.copy(shared_pdp_pretrain, root / "run" / PRETRAIN)
-            store = throwaway_store(root / "ws", "mnist5k", sens, eps, delta)
-            cfg = base.with_(epsilon=eps, selection=mode)
-            t = time.time()
-            res = run_direct(store, "mnist5k", sens, pub, "privimage", cfg, run_id=f"reproduce-{mode}-{eps:g}",
-                                workdir=root / "run")
-            t_run = time.time() - t
-            if samples_dir is not None:
-                samples_dir.mkdir(parents=True, exist_ok=True)
-                np.savez_compressed(samples_dir / f"{mode}-eps{eps:g}.npz", images=res.images, labels=res.labels)
-            if mode == "all" and shared_pdp_pretrain is None:
-                shared_pdp_pretrain = root / "run" / PRETRAIN
-            row = _row(res, eps, name, mode, t_run, sens, test, s)
-            out["rows"].append(row)
-            _log(f"privimage eps={eps:g} {name}: fid {row['fid']:.2f} acc {row['acc']} ({t_run:.0f} s)")
-            if eps == max(s["epsilons"]):
-                grid(f"privimage_{mode}", res.images, res.labels)
-            if mode == "semantic" and eps in s["audit_epsilons"]:
-                t = time.time()
-                model_path = res.artifacts["model"]
-                m = _mia(lambda im, lb: per_sample_diffusion_loss(model_path, im, lb), sens, test,
-                         s["mia_samples"], delta, seed)
-                out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
-                _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")
-    _nonprivate(out, sens, test, base, s, dev, tmp, grid)
+    out["real"] = _real_reference(sens, test, s["privimage"]["n_samples"], s)
+    # Pre-training reads public data only, so runs share it through the public cache (a fresh one per
+    # reproduction): PDP-Diffusion-style pre-trains once for all epsilons, PrivImage once per distinct DP
+    # selection. Each run's "run s" includes a pre-training only where it trained one.
+    with _public_cache(tmp / "public-cache"):
+        # First pass: every method once per epsilon; then the further PrivImage runs (the spread).
+        for repeat in range(s.get("privimage_repeats", 1)):
+            for eps in s["epsilons"]:
+                for name, mode in METHODS if repeat == 0 else METHODS[:1]:
+                    _one_run(out, s, eps, name, mode, repeat, dev, sens, test, pub, tmp, grid, samples_dir)
+                    out["seconds"] = time.time() - t_all
+                    save(out)
+        base = privimage_config(s, max(s["epsilons"]), device=str(dev))
+        _nonprivate(out, sens, test, base, s, dev, tmp, grid)
     _log(f"non-private diffusion: {out['nonprivate_diffusion']}; audit {out['audit'][-1]['auc']:.3f}")
     out["seconds"] = time.time() - t_all
     return out
+
+
+@contextmanager
+def _public_cache(path: Path) -> Iterator[None]:
+    before = os.environ.get("PRIVRELEASE_CACHE")
+    os.environ["PRIVRELEASE_CACHE"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PRIVRELEASE_CACHE", None)
+        else:
+            os.environ["PRIVRELEASE_CACHE"] = before
+
+
+def _one_run(out: dict[str, Any], s: dict[str, Any], eps: float, name: str, mode: str, repeat: int,
+             dev: torch.device, sens: ImageDataset, test: ImageDataset, pub: ImageDataset, tmp: Path, grid: GridFn,
+             samples_dir: Path | None) -> None:
+    """One charged run on a throw-away workspace, scored into out["rows"] (and the MIA audit on the first
+    PrivImage model at each audited epsilon)."""
+    from release.runner import run_direct
+    from synth.privimage import per_sample_diffusion_loss
+
+    tag = f"{mode}-{eps:g}-{repeat + 1}"
+    store = throwaway_store(tmp / f"privimage-{tag}" / "ws", "mnist5k", sens, eps, s["delta"])
+    t = time.time()
+    res = run_direct(store, "mnist5k", sens, pub, "privimage", privimage_config(s, eps, mode, str(dev)),
+                     run_id=f"reproduce-{tag}", workdir=tmp / f"privimage-{tag}" / "run")
+    t_run = time.time() - t
+    if samples_dir is not None:
+        samples_dir.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(samples_dir / f"{mode}-eps{eps:g}-run{repeat + 1}.npz", images=res.images,
+                            labels=res.labels)
+    row = {**_row(res, eps, name, mode, t_run, sens, test, s), "run": repeat + 1}
+    out["rows"].append(row)
+    _log(f"privimage eps={eps:g} {name} run {repeat + 1}: fid {row['fid']:.2f} acc {row['acc']} ({t_run:.0f} s)")
+    if repeat == 0 and eps == max(s["epsilons"]):
+        grid(f"privimage_{mode}", res.images, res.labels)
+    if repeat == 0 and mode == "semantic" and eps in s["audit_epsilons"]:
+        t = time.time()
+        model_path = res.artifacts["model"]
+        m = _mia(lambda im, lb: per_sample_diffusion_loss(model_path, im, lb), sens, test,
+                 s["mia_samples"], s["delta"], s["seed"])
+        out["audit"].append({"epsilon": eps, **m, "seconds": time.time() - t})
+        _log(f"audit eps={eps:g}: auc {m['auc']:.3f} tpr@1% {m['tpr_at_1pct_fpr']:.3f}")

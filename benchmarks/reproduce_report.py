@@ -26,8 +26,38 @@ def _acc(a: dict[str, float]) -> list[str]:
     return [_f(a["logreg"]), _f(a["mlp"]), _f(a["cnn"])]
 
 
+def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (epsilon, method), in first-seen order: the mean FID and accuracies of its runs, with each
+    accuracy's min, max and standard deviation over the runs ("runs": how many)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["epsilon"], r["method"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        accs = {c: [r["acc"][c] for r in rs] for c in CLASSIFIERS}
+        out.append({**rs[0], "runs": len(rs), "fid": float(np.mean([r["fid"] for r in rs])),
+                    "acc": {c: float(np.mean(v)) for c, v in accs.items()},
+                    "acc_min": {c: min(v) for c, v in accs.items()}, "acc_max": {c: max(v) for c, v in accs.items()},
+                    "acc_std": {c: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for c, v in accs.items()}})
+    return out
+
+
+def privimage_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PrivImage's mean rows, by epsilon, each with `rises`: whether its mean CNN accuracy exceeds the previous
+    epsilon's by more than the two runs' spreads (max - min) together; None at the first epsilon."""
+    ours = sorted((r for r in mean_rows(rows) if r["method"] == PAPER_PRIVIMAGE[0]), key=lambda r: r["epsilon"])
+    for prev, cur in zip([None, *ours], ours):
+        spread = 0.0 if prev is None else (prev["acc_max"]["cnn"] - prev["acc_min"]["cnn"]
+                                           + cur["acc_max"]["cnn"] - cur["acc_min"]["cnn"])
+        cur["rises"] = None if prev is None else cur["acc"]["cnn"] - prev["acc"]["cnn"] > spread
+        cur["falls"] = False if prev is None else cur["acc"]["cnn"] < prev["acc"]["cnn"] - spread
+    return ours
+
+
 def privimage_orderings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per epsilon: does ours follow the paper's PrivImage > PDP-Diffusion > DPDM (FID lower, CNN acc higher)?"""
+    """Per epsilon: does ours follow the paper's PrivImage > PDP-Diffusion > DPDM (FID lower, CNN acc higher)?
+    Methods with several runs are compared by their means."""
+    rows = mean_rows(rows)
     out = []
     for eps in sorted({r["epsilon"] for r in rows}):
         by = {r["method"]: r for r in rows if r["epsilon"] == eps}
@@ -102,19 +132,36 @@ def privimage_findings(r: dict[str, Any], s: dict[str, Any], orders: list[dict[s
     elif orders:
         lost = [f"{o['epsilon']:g}" for o in orders if not o["mean_acc_best"]]
         out.append(f"PrivImage does not have the best mean accuracy at epsilon {', '.join(lost)}.")
-    base = [float(np.mean([x["acc"][c] for c in CLASSIFIERS])) for x in r["rows"] if x["method"] != PAPER_PRIVIMAGE[0]]
+    base = [float(np.mean([x["acc"][c] for c in CLASSIFIERS])) for x in mean_rows(r["rows"])
+            if x["method"] != PAPER_PRIVIMAGE[0]]
     if base and max(base) < 0.15:
         out.append(f"Both baselines stay near chance at every epsilon (mean accuracy at most {max(base):.3f}; chance "
                    "0.1), so their order relative to each other compares two failures and is noise.")
     sel = [x for x in r["rows"] if x["selected"]]
+    spread = privimage_spread(r["rows"])
+    if len(spread) > 1 and spread[0]["runs"] > 1:
+        cnn = " / ".join(f"{x['acc']['cnn']:.3f}" for x in spread)
+        eps = " / ".join(f"{x['epsilon']:g}" for x in spread)
+        if any(x["falls"] for x in spread):
+            verdict = "it falls somewhere by more than the runs' spread"
+        elif all(x["rises"] for x in spread[1:]):
+            verdict = "each step up in epsilon raises it by more than the runs' spread"
+        else:
+            verdict = "it never falls by more than the runs' spread, but not every step up is larger than the spread"
+        out.append(f"PrivImage's mean CNN accuracy over {spread[0]['runs']} runs is {cnn} at epsilon {eps}: "
+                   f"{verdict}.")
     if sel:
         hits = [matching_digit_classes(x["selected"]) for x in sel]
         span = f"{min(hits)}" if min(hits) == max(hits) else f"{min(hits)}-{max(hits)}"
-        out.append(f"The semantic query chose the matching UCI digit for {span} of "
-                   f"{len(sel[0]['selected'])} sensitive classes: the public classifier "
-                   f"({s['privimage']['classifier_epochs']} epochs on the public "
-                   "pool only) maps some MNIST digits to other digits or to clothes, so part of the pre-training "
-                   "teaches the wrong shapes for those labels.")
+        n_classes = len(sel[0]["selected"])
+        if min(hits) == n_classes:
+            out.append(f"The semantic query chose the matching UCI digit for all {n_classes} sensitive classes in "
+                       "every run, so PrivImage pre-trains each label on the right public digit.")
+        else:
+                out.append(f"The semantic query chose the matching UCI digit for {span} of {n_classes} sensitive "
+                       f"classes: the public classifier ({s['privimage']['classifier_epochs']} epochs on the public "
+                       "pool only) maps some MNIST digits to other digits or to clothes, so part of the "
+                       "pre-training teaches the wrong shapes for those labels.")
     return out
 
 
@@ -130,12 +177,17 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
              f"would equal the PDP-Diffusion-style baseline). Downstream classifiers: audit.utility (LR, MLP (128), "
              f"small CNN, {s['cnn_epochs']} epochs) trained on the {pi['n_samples']} synthetic images, tested on the "
              f"real held-out set. {FID_NAME}: {pi['n_samples']} synthetic vs the {r['n_sensitive']} sensitive images.")
-    L.append("Baselines: DPDM-style = the same UNet and DP-SGD without pre-training; PDP-Diffusion-style = "
-             "unconditional pre-training on the whole public pool, then the same DP-SGD. The noise multiplier is "
-             "calibrated so that the whole history (semantic query + DP-SGD) stays within epsilon. The "
-             "PDP-Diffusion-style pre-training (public data only, independent of epsilon) is trained once and reused "
-             "at every epsilon, so its 'run s' counts it only at the first epsilon; PrivImage's pre-training depends "
-             "on its DP selection and is redone in every run.")
+    if "vote" in s:
+        L.append("Private vote (all methods; after DP-SGD, each sensitive image votes for its nearest candidate, "
+                 "Gaussian noise on the counts, later rounds vote on variations of the winners): "
+                 + "; ".join(f"epsilon {e}: {v['vote_rounds']} round{'s' if v['vote_rounds'] > 1 else ''} at "
+                             f"sigma {v['vote_sigma']:g}" for e, v in s["vote"].items()) + ".")
+    L.append("Baselines: DPDM-style = the same UNet, DP-SGD and vote without pre-training; PDP-Diffusion-style = "
+             "unconditional pre-training on the whole public pool, then the same DP-SGD and vote. The noise "
+             "multiplier is calibrated so that the whole history (semantic query + DP-SGD + vote) stays within "
+             "epsilon. Pre-training reads public data only, so runs share it through a public cache: the "
+             "PDP-Diffusion-style pre-training is trained once, PrivImage's once per distinct DP selection; a "
+             "run's 'run s' includes a pre-training only where it trained one.")
     return L
 
 
@@ -148,18 +200,29 @@ def privimage_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str
     npd = r["nonprivate_diffusion"]
     rows.append([f"same UNet, no DP (eps = inf, {npd['train_steps']} steps on sensitive)", "inf", _f(npd["fid"], 2),
                  *_acc(npd["acc"]), "-", "-", "-", _f(npd["train_seconds"], 0)])
-    for x in r["rows"]:
+    for x in sorted(r["rows"], key=lambda x: (x["epsilon"], PAPER_PRIVIMAGE.index(x["method"])
+                                              if x["method"] in PAPER_PRIVIMAGE else 9, x.get("run", 1))):
         ratio = "-" if x["selection_ratio"] is None else f"{x['selection_ratio']:.2f}"
-        rows.append([x["method"], f"{x['epsilon']:g}", _f(x["fid"], 2), *_acc(x["acc"]),
-                     f"{x['eps_rdp']:.3f} / {x['eps_pld']:.3f}", f"{x['noise_multiplier']:.3f}", ratio,
-                     _f(x["seconds_run"], 0)])
+        rows.append([x["method"] + (f" (run {x['run']})" if x.get("run", 1) > 1 else ""), f"{x['epsilon']:g}",
+                     _f(x["fid"], 2), *_acc(x["acc"]), f"{x['eps_rdp']:.3f} / {x['eps_pld']:.3f}",
+                     f"{x['noise_multiplier']:.3f}", ratio, _f(x["seconds_run"], 0)])
     L.append(md_table(["method", "epsilon", "FID", "acc LR", "acc MLP", "acc CNN", "spent eps RDP / PLD",
                        "noise mult.", "selection ratio", "run s"], rows))
     L.append("")
+    spread = privimage_spread(r["rows"])
+    if spread and spread[0]["runs"] > 1:
+        L.append("PrivImage over its runs (mean, min-max, standard deviation; the runs differ only in the DP noise "
+                 "and the vote's noise):")
+        L.append("")
+        L.append(md_table(["epsilon", "runs", "acc LR", "acc MLP", "acc CNN", "CNN min-max", "CNN std"],
+                          [[f"{x['epsilon']:g}", str(x["runs"]), *_acc(x["acc"]),
+                            f"{x['acc_min']['cnn']:.3f}-{x['acc_max']['cnn']:.3f}", _f(x["acc_std"]["cnn"])]
+                           for x in spread]))
+        L.append("")
     L.append("Selected public classes (PrivImage, sensitive class -> chosen public class):")
     L.append("")
     for x in r["rows"]:
-        if x["selected"]:
+        if x["selected"] and x.get("run", 1) == 1:
             L.append(f"- epsilon {x['epsilon']:g} ({matching_digit_classes(x['selected'])} of "
                      f"{len(x['selected'])} sensitive classes chose the same UCI digit): "
                      + "; ".join(f"{k} -> {', '.join(v)}" for k, v in x["selected"].items()))
@@ -205,12 +268,13 @@ def _privimage_comparison(r: dict[str, Any], s: dict[str, Any], pi: dict[str, An
                  "stroke style differs from MNIST, and pre-training on everything (PDP-Diffusion-style) is then "
                  "mostly Fashion-MNIST, so the gap between the two pre-trainings is driven by 1,797 "
                  "low-resolution digits; (3) the semantic query spends part of the budget (PrivImage's DP-SGD runs "
-                 "with a slightly larger noise multiplier than the baselines at the same epsilon); (4) one repeat: "
-                 "the DP noise is drawn from OS entropy by design, and differences of a few points are within the "
-                 "run-to-run spread; (5) our FID uses EfficientNet-Lite0 features at 64 px, not Inception, on "
+                 "with a slightly larger noise multiplier than the baselines at the same epsilon); (4) "
+                 f"{s.get('privimage_repeats', 1)} run(s) of PrivImage and one of each baseline: the DP noise is "
+                 "drawn from OS entropy by design, and differences of a few points are within the run-to-run spread; (5) our FID uses EfficientNet-Lite0 features at 64 px, not Inception, on "
                  f"{pi['n_samples']} samples (small-sample FID is biased upwards).")
     else:
-        L.append("Our ordering matches the paper's at every epsilon (one repeat; see the caveats in the notes).")
+        L.append("Our ordering matches the paper's at every epsilon (PrivImage by its mean; one run of each "
+                 "baseline).")
     L.append("")
     return L
 

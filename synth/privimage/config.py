@@ -27,6 +27,13 @@ def _check_decay(value: object) -> float:
     return float(value)
 
 
+# The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
+DEMO_RECIPE: dict[str, Any] = dict(
+    classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64, finetune_epochs=4.0,
+    batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=1000,
+    sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4, variation_strength=0.4)
+
+
 @dataclass
 class PrivImageConfig:
     epsilon: float
@@ -142,11 +149,7 @@ class PrivImageConfig:
         Evolution): 4 candidates per released image, then three times 4 SDEdit variations of each winner at
         strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). Sampling batches of 125 run
         about 1.5x faster per image than 500 on 2 CPU cores (cache-sized activations)."""
-        base = dict(classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64,
-                    finetune_epochs=4.0, batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16,
-                    ddim_steps=25, n_samples=1000, sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4,
-                    variation_strength=0.4)
-        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
+        return cls(epsilon=epsilon, delta=delta, **{**DEMO_RECIPE, **overrides})
 
     @classmethod
     def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
