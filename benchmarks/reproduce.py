@@ -5,8 +5,8 @@ with PNG plots in reproduction/.
     python -m benchmarks.reproduce --only audit      # the one-run DP-SGD audit alone (about a minute)
     python -m benchmarks.reproduce --report-only     # re-write the report from reproduction/results.json
 
-Default: CPU-sized settings (the demo's recipe; PrivImage three times per epsilon). --micro: a smoke run of the whole pipeline
-(minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
+Default: CPU-sized settings (the demo's recipe; PrivImage three times per epsilon). --micro: a smoke run
+of the whole pipeline (minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
 Raw numbers go to reproduction/results.json; a section not re-run (--only) is taken from there
 when its mode matches, so a long run can be completed piecewise. `--only audit` rewrites only the
 audit section (3) of an existing REPRODUCTION.md, leaving the other sections' text as it was.

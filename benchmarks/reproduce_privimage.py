@@ -1,9 +1,9 @@
 """PrivImage reproduction (paper Table 3 / Figure 5 shape) and its privacy audit.
 
 For epsilon in EPSILONS x {PrivImage, DPDM-style, PDP-Diffusion-style}: one charged run through
-`release.runner.run_direct` on a throw-away workspace (PrivImage: `privimage_repeats` runs), then FID (EfficientNet-Lite0 features)
-against the sensitive set and LR / MLP / CNN accuracy on the real held-out set (audit package).
-Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
+`release.runner.run_direct` on a throw-away workspace (PrivImage: `privimage_repeats` runs), then FID
+(EfficientNet-Lite0 features) against the sensitive set and LR / MLP / CNN accuracy on the real held-out set
+(audit package). Audit: loss-threshold membership inference on the PrivImage models at epsilon in AUDIT_EPSILONS and
 on the same UNet trained without DP (epsilon = infinity). The one-run audit of the DP-SGD code is its own
 section (benchmarks/reproduce_audit.py)."""
 from __future__ import annotations

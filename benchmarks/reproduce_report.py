@@ -43,8 +43,9 @@ def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def privimage_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """PrivImage's mean rows, by epsilon, each with `rises`: whether its mean CNN accuracy exceeds the previous
-    epsilon's by more than the two runs' spreads (max - min) together; None at the first epsilon."""
+    """PrivImage's mean rows, by epsilon, each with `rises` / `falls`: whether its mean CNN accuracy is above /
+    below the previous epsilon's by more than the two settings' spreads (max - min) together (None / False at
+    the first epsilon)."""
     ours = sorted((r for r in mean_rows(rows) if r["method"] == PAPER_PRIVIMAGE[0]), key=lambda r: r["epsilon"])
     for prev, cur in zip([None, *ours], ours):
         spread = 0.0 if prev is None else (prev["acc_max"]["cnn"] - prev["acc_min"]["cnn"]
@@ -158,7 +159,7 @@ def privimage_findings(r: dict[str, Any], s: dict[str, Any], orders: list[dict[s
             out.append(f"The semantic query chose the matching UCI digit for all {n_classes} sensitive classes in "
                        "every run, so PrivImage pre-trains each label on the right public digit.")
         else:
-                out.append(f"The semantic query chose the matching UCI digit for {span} of {n_classes} sensitive "
+            out.append(f"The semantic query chose the matching UCI digit for {span} of {n_classes} sensitive "
                        f"classes: the public classifier ({s['privimage']['classifier_epochs']} epochs on the public "
                        "pool only) maps some MNIST digits to other digits or to clothes, so part of the "
                        "pre-training teaches the wrong shapes for those labels.")
@@ -270,7 +271,8 @@ def _privimage_comparison(r: dict[str, Any], s: dict[str, Any], pi: dict[str, An
                  "low-resolution digits; (3) the semantic query spends part of the budget (PrivImage's DP-SGD runs "
                  "with a slightly larger noise multiplier than the baselines at the same epsilon); (4) "
                  f"{s.get('privimage_repeats', 1)} run(s) of PrivImage and one of each baseline: the DP noise is "
-                 "drawn from OS entropy by design, and differences of a few points are within the run-to-run spread; (5) our FID uses EfficientNet-Lite0 features at 64 px, not Inception, on "
+                 "drawn from OS entropy by design, and differences of a few points are within the run-to-run "
+                 "spread; (5) our FID uses EfficientNet-Lite0 features at 64 px, not Inception, on "
                  f"{pi['n_samples']} samples (small-sample FID is biased upwards).")
     else:
         L.append("Our ordering matches the paper's at every epsilon (PrivImage by its mean; one run of each "
