@@ -46,7 +46,7 @@ def settings(mode: str) -> dict[str, Any]:
         privimage = dict(k=1, classifier_epochs=1, unet_channels=(8, 16), train_timesteps=200, pretrain_steps=20,
                          pretrain_batch=32, finetune_epochs=0.15, batch_size=200, max_physical_batch=100,
                          checkpoint_every=50, ddim_steps=5, n_samples=100, sample_batch=100, vote_pool=2,
-                         variation_strength=0.4)
+                         variation_strength=0.4, release_variations=1)
     elif mode == "cpu":  # the demo preset's recipe (PrivImageConfig.demo), the vote set per epsilon below
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | {"k": 1}
     else:  # the PrivImage benchmark's full (GPU) settings, with the demo's vote

@@ -29,12 +29,12 @@ from synth.privimage.config import PrivImageConfig
 
 DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
 DEMO_SPEC = {
-    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 1000,
+    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 4000,
                 "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
     # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
     "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
     "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
-               "fid_samples": 500, "utility_train_samples": 1000, "cnn_epochs": 8},
+               "fid_samples": 500, "utility_train_samples": 4000, "cnn_epochs": 8},
 }
 
 
@@ -99,13 +99,13 @@ def _run_and_audit(store: Store, rid: str) -> None:
     from audit import load_report, render_report
 
     step("5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> vote -> audit")
-    demo = PrivImageConfig.demo(DEMO_SPEC["privimage"]["epsilon"], 1e-5)
+    demo = PrivImageConfig.demo(DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"])
     console.print(f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
                   f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
-                  f"{demo.finetune_epochs:g} DP-SGD epochs, {DEMO_SPEC['release']['n_images']:,} images kept by the "
-                  f"private vote ({demo.vote_rounds} rounds of "
-                  f"{demo.candidates_per_image * DEMO_SPEC['release']['n_images']:,} candidates, each round on "
-                  "variations of the last one's winners). The images "
+                  f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the private vote "
+                  f"({demo.vote_rounds} rounds of {demo.candidates_per_image * demo.base_images:,} candidates, each "
+                  f"round on variations of the last one's winners), each released with {demo.release_variations} "
+                  f"light variations ({demo.n_samples:,} images). The images "
                   "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)

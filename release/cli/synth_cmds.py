@@ -54,6 +54,9 @@ def privimage(
                                     help="Rounds of the private vote; each later round votes on variations of the "
                                          "previous winners and is charged as one more Gaussian query "
                                          "(default: the preset's)."),
+    release_variations: int = typer.Option(None, "--release-variations",
+                                           help="Light variations released beside each voted image (post-processing, "
+                                                "no budget; default: the preset's)."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     write_spec: Path = WRITE,
 ) -> None:
@@ -65,6 +68,8 @@ def privimage(
         params["vote_sigma"] = vote_sigma
     if vote_rounds is not None:
         params["vote_rounds"] = vote_rounds
+    if release_variations is not None:
+        params["release_variations"] = release_variations
     _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
               "privimage": params}, write_spec)
 

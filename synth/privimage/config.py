@@ -30,8 +30,9 @@ def _check_decay(value: object) -> float:
 # The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64, finetune_epochs=4.0,
-    batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=1000,
-    sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4, variation_strength=0.4)
+    batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=4000,
+    sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4, variation_strength=0.4, release_variations=3,
+    release_variation_strength=0.15)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class PrivImageConfig:
     vote_pool: int = 4                  # candidates drawn per released image when the vote is on
     vote_rounds: int = 1                # Private Evolution rounds: each later round votes on variations
     variation_strength: float = 0.5     # of the previous winners (SDEdit: re-noised to this fraction of T)
+    release_variations: int = 0         # low-strength variations released beside each voted (or sampled) image
+    release_variation_strength: float = 0.15  # their SDEdit strength (post-processing: no privacy cost)
     n_samples: int = 5000               # total, balanced over the sensitive classes
     sample_batch: int = 250
     seed: int = 0
@@ -119,6 +122,12 @@ class PrivImageConfig:
         if self.vote_rounds > 8:
             raise InvalidParameterError(f"vote_rounds must be between 1 and 8, got {self.vote_rounds}.")
         self.variation_strength = _check_range(self.variation_strength, "variation_strength", 0.05, 1.0)
+        if not isinstance(self.release_variations, int) or isinstance(self.release_variations, bool) \
+                or not 0 <= self.release_variations <= 15:
+            raise InvalidParameterError(f"release_variations must be a whole number between 0 and 15 variations per "
+                                        f"generated image, got {self.release_variations!r}.")
+        self.release_variation_strength = _check_range(self.release_variation_strength,
+                                                       "release_variation_strength", 0.05, 1.0)
         if self.noise_multiplicity > 64:
             raise InvalidParameterError(f"noise_multiplicity must be at most 64, got {self.noise_multiplicity}.")
         if self.dp_optimizer not in DP_OPTIMIZERS:
@@ -135,6 +144,12 @@ class PrivImageConfig:
             raise InvalidParameterError(f"secure_noise must be true or false, got {self.secure_noise!r}.")
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
             raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
+
+    @property
+    def base_images(self) -> int:
+        """Images drawn (and voted on) before each gets `release_variations` variations; the release keeps the
+        first `n_samples` of them and their variations."""
+        return -(-self.n_samples // (1 + self.release_variations))
 
     @property
     def candidates_per_image(self) -> int:

@@ -75,10 +75,11 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     if config.n_samples > MAX_SAMPLES:
         raise InvalidParameterError(f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; "
                                     "ask for fewer images.")
-    if config.n_samples * config.candidates_per_image > MAX_SAMPLES:
-        raise InvalidParameterError(f"[privimage] the vote would draw {config.n_samples * config.vote_pool:,} "
-                                    f"candidates (n_samples x vote_pool), more than {MAX_SAMPLES:,}; ask for fewer "
-                                    "images or a smaller vote_pool.")
+    drawn = config.base_images * config.candidates_per_image
+    if drawn > MAX_SAMPLES:
+        raise InvalidParameterError(f"[privimage] the vote would draw {drawn:,} candidates (n_samples / "
+                                    f"(release_variations + 1) x vote_pool), more than {MAX_SAMPLES:,}; ask for "
+                                    "fewer images or a smaller vote_pool.")
     if config.query_sigma > MAX_QUERY_SIGMA:
         raise InvalidParameterError(f"[privimage] query_sigma {config.query_sigma:g} is above {MAX_QUERY_SIGMA:g}: "
                                     "the query would be pure noise. Use a value like 5-50, or selection = \"all\".")
@@ -225,9 +226,17 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     if p.vote_event is not None:
         images, positions, vote_info, noisy_votes = _vote(images, positions, sens_formatted, sens_y, model, config, p,
                                                           prep, ctx)
+    t_vote = time.time()
+    images, positions = _with_variations(images, positions, model, config, prep, ctx)
+    if p.vote_event is not None or config.release_variations:
+        # the winners come ranked by their noisy counts, the variations beside their image: release them in a
+        # seeded random order, so that the bundle's first rows (and its sample grid) are a fair sample
+        order = np.random.default_rng(config.seed).permutation(len(images))
+        images, positions = images[order], positions[order]
     labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
     timings = {"classifier_and_pretraining": round(t_pre - t0, 2), "dp_finetuning": round(t_dp - t_pre, 2),
-               "sampling": round(t_sample - t_dp, 2), "vote": round(time.time() - t_sample, 2)}
+               "sampling": round(t_sample - t_dp, 2), "vote": round(t_vote - t_sample, 2),
+               "release_variations": round(time.time() - t_vote, 2)}
     info.update(vote_info)
     internal = {"noisy_histogram": info.pop("noisy_histogram", None), "noisy_votes": noisy_votes,
                 "opacus_history": [list(h) for h in outcome.opacus_history],
@@ -261,7 +270,7 @@ def _unet_args(config: PrivImageConfig, prep: _Prepared) -> tuple:
 
 def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
     """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
-    n = config.n_samples * config.candidates_per_image
+    n = config.base_images * config.candidates_per_image
     return dict(labels=balanced_labels(n, len(prep.label_values)), image_size=config.image_size,
                 channels=prep.channels, train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
                 batch=config.sample_batch, seed=config.seed, guidance=config.guidance)
@@ -300,15 +309,29 @@ def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.nda
         ctx.progress("private vote" if n_rounds == 1 else f"private vote {r + 1}/{n_rounds}", 1, 1)
 
     images, positions = evolve(sens_images, sens_pos, candidates, candidate_pos,
-                               balanced_labels(config.n_samples, len(prep.label_values)),
+                               balanced_labels(config.base_images, len(prep.label_values)),
                                p.vote_sigmas, variations_for(model, config, prep.device, ctx.progress),
                                config.vote_pool,
                                saved=[r["keep"] for r in saved["rounds"]], on_round=record)
-    # the winners come ranked by their noisy counts; release them in a seeded random order, so that the
-    # bundle's first rows (and its sample grid) are a fair sample, not the most voted
-    order = np.random.default_rng(config.seed).permutation(len(images))
     info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}
-    return images[order], positions[order], info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
+    return images, positions, info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
+
+
+def _with_variations(images: np.ndarray, positions: np.ndarray, model: torch.nn.Module, config: PrivImageConfig,
+                     prep: _Prepared, ctx: RunContext) -> tuple[np.ndarray, np.ndarray]:
+    """Each image followed by `release_variations` low-strength SDEdit variations of it drawn by the DP model
+    (post-processing of DP outputs: no privacy cost), cut to `n_samples`. A larger release of the same digits
+    with small changes of stroke and shape: classifiers trained on it generalise better (BENCHMARKS.md)."""
+    copies = config.release_variations
+    if not copies:
+        return images, positions
+    varied = vary_images(model, images, positions, strength=config.release_variation_strength, copies=copies,
+                         train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
+                         batch=config.sample_batch, seed=config.seed + 1000, device=prep.device,
+                         progress=ctx.progress, guidance=config.guidance, stage="release variations")
+    images = np.concatenate([images[:, None], varied.reshape(len(images), copies, *images.shape[1:])], axis=1)
+    positions = np.repeat(positions, copies + 1)
+    return images.reshape(-1, *images.shape[2:])[:config.n_samples], positions[:config.n_samples]
 
 
 def variations_for(model: torch.nn.Module, config: PrivImageConfig, device: torch.device,
@@ -334,6 +357,8 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "vote_sigma": config.vote_sigma or None, "vote_pool": config.vote_pool if config.vote_sigma else None,
         "vote_rounds": config.vote_rounds if config.vote_sigma else None,
         "variation_strength": config.variation_strength if config.vote_sigma and config.vote_rounds > 1 else None,
+        "release_variations": config.release_variations,
+        "release_variation_strength": config.release_variation_strength if config.release_variations else None,
         "secure_noise": config.secure_noise,
         "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
         "label_dropout": config.label_dropout,

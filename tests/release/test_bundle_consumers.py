@@ -308,3 +308,15 @@ def test_card_says_what_the_private_vote_chose_only_when_it_ran(vote, rounds):
     assert ("chosen from 4 generated candidates by a differentially private vote" in body) == bool(vote)
     assert ("the choice of candidates (DP Gaussian vote)" in body) == bool(vote)
     assert ("The vote ran 3 rounds" in body) == (rounds == 3)
+
+
+@pytest.mark.parametrize("copies", [0, 1, 3])
+def test_card_warns_that_release_variations_are_near_duplicates(copies):
+    rel = {"release_id": "r", "spec": {"release": {"dataset": "d", "mechanism": "privimage"}, "privimage": {}}}
+    params = {"vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 4, "release_variations": copies,
+              "release_variation_strength": 0.15 if copies else None}
+    result = {"mechanism": "privimage", "parameters": params,
+              "guarantee": {"type": "dp", "epsilon_rdp": 8.0, "epsilon_pld": 7.1, "delta": 1e-5}}
+    _, body = split_front_matter(dataset_card(rel, {"dataset_id": "d", "privacy_unit": "one image"}, result, 8, {}))
+    assert (f"groups of {copies + 1} images are near-duplicates" in body) == bool(copies)
+    assert ("Each voted image was then chosen from 4 generated candidates" in body) == bool(copies)

@@ -85,6 +85,13 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
             "builtin:uci-digits", "--k", "1", "--write-spec", str(spec))
     assert r.exit_code == 0, r.output
     assert "nothing was read or charged" in r.output and "privrelease release plan" in r.output
+    varied = tmp_path / "varied.toml"
+    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
+            "builtin:uci-digits", "--k", "1", "--release-variations", "1", "--write-spec", str(varied))
+    assert r.exit_code == 0 and "release_variations = 1" in varied.read_text(), r.output
+    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
+            "builtin:uci-digits", "--k", "1", "--release-variations", "16")
+    assert r.exit_code != 0 and "release_variations must be" in str(r.exception)
     r = cli(ws, "synth", "ksalsa", "--dataset", "user", "--k", "5", "--preset", "tiny")
     assert r.exit_code == 0, r.output
     store = Store(ws)

@@ -267,3 +267,24 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
     assert not np.all(np.diff(res.labels) >= 0)  # released in random order, not grouped and ranked by votes
     assert [len(r) for r in res.internal["noisy_votes"]] == [60, 60, 60]
+
+
+def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(store: Store, data,
+                                                                             tmp_path: Path) -> None:
+    """Each voted image is released with one variation: the plan charges exactly what the same run without
+    them charges, the vote runs on half as many images, and a crash while drawing the variations resumes
+    without a second vote (no noise drawn or charged twice)."""
+    sens, pub = data
+    _register(store, sens)
+    cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3, release_variations=1), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
+    assert plan.events == _plan(store, pub, cfg.with_(release_variations=0)).events
+    with pytest.raises(Crash):
+        _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(10, "release variations"), plan=plan)
+    saved = (wd / state.VOTE).read_text()
+    res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
+    assert (wd / state.VOTE).read_text() == saved
+    _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))
+    assert res.parameters["vote_candidates"] == 30 and res.parameters["vote_kept"] == 10
+    assert res.parameters["release_variations"] == 1 and res.parameters["release_variation_strength"] == 0.15
+    assert len(np.unique(res.images.reshape(20, -1), axis=0)) == 20  # the variations are new images

@@ -165,3 +165,19 @@ def test_evolve_votes_each_round_on_variations_of_the_last_winners_and_reuses_sa
     assert again == [2]
     with pytest.raises(LedgerStateError, match="round 2 selects candidates this run did not draw"):
         evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0], vary, 2, saved=[rounds[0], np.array([10_000])])
+
+
+@pytest.mark.parametrize("bad", [{"release_variations": -1}, {"release_variations": 16},
+                                 {"release_variations": 2.5}, {"release_variations": True},
+                                 {"release_variations": "3"}, {"release_variation_strength": 0.0},
+                                 {"release_variation_strength": float("nan")}, {"release_variation_strength": 1e308}])
+def test_config_rejects_bad_release_variations(bad: dict) -> None:
+    with pytest.raises(InvalidParameterError, match="release_variation"):
+        PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
+
+
+def test_release_variations_shrink_what_is_drawn_and_voted_not_what_is_released() -> None:
+    demo = PrivImageConfig.demo(8.0, 1e-5)
+    assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (4000, 1000, 4000)
+    assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10, release_variations=3).base_images == 3
+    assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10).base_images == 10
