@@ -184,11 +184,13 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
                  + "; ".join(f"epsilon {e}: {v['vote_rounds']} round{'s' if v['vote_rounds'] > 1 else ''} at "
                              f"sigma {v['vote_sigma']:g}" for e, v in s["vote"].items()) + ".")
     if pi.get("release_variations"):
-        v = pi["release_variations"]
-        L.append(f"Released set (all methods): {pi['n_samples']} images = the vote's "
-                 f"{-(-pi['n_samples'] // (v + 1))} winners, each with {v} variations of strength "
-                 f"{pi.get('release_variation_strength', 0.15):g} drawn by the same DP model (post-processing, no "
-                 "privacy cost); as many synthetic images as sensitive training images, as DPImageBench does.")
+        from synth.privimage import PrivImageConfig
+
+        cfg = PrivImageConfig(epsilon=1.0, delta=s["delta"], **pi)  # base_images and defaults as the runs had them
+        L.append(f"Released set (all methods): {cfg.n_samples} images = the vote's {cfg.base_images} winners, each "
+                 f"with {cfg.release_variations} variations of strength {cfg.release_variation_strength:g} drawn by "
+                 "the same DP model (post-processing, no privacy cost); as many synthetic images as sensitive "
+                 "training images, as DPImageBench does.")
     L.append("Baselines: DPDM-style = the same UNet, DP-SGD and vote without pre-training; PDP-Diffusion-style = "
              "unconditional pre-training on the whole public pool, then the same DP-SGD and vote. The noise "
              "multiplier is calibrated so that the whole history (semantic query + DP-SGD + vote) stays within "

@@ -272,8 +272,13 @@ def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
     """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
     n = config.base_images * config.candidates_per_image
     return dict(labels=balanced_labels(n, len(prep.label_values)), image_size=config.image_size,
-                channels=prep.channels, train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
-                batch=config.sample_batch, seed=config.seed, guidance=config.guidance)
+                channels=prep.channels, seed=config.seed, **_denoising(config))
+
+
+def _denoising(config: PrivImageConfig) -> dict[str, Any]:
+    """The DDIM settings shared by sampling and every variation pass."""
+    return dict(train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps, batch=config.sample_batch,
+                guidance=config.guidance)
 
 
 def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _Prepared, ctx: RunContext,
@@ -326,9 +331,8 @@ def _with_variations(images: np.ndarray, positions: np.ndarray, model: torch.nn.
     if not copies:
         return images, positions
     varied = vary_images(model, images, positions, strength=config.release_variation_strength, copies=copies,
-                         train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
-                         batch=config.sample_batch, seed=config.seed + 1000, device=prep.device,
-                         progress=ctx.progress, guidance=config.guidance, stage="release variations")
+                         seed=config.seed + 1000, device=prep.device, progress=ctx.progress,
+                         stage="release variations", **_denoising(config))
     images = np.concatenate([images[:, None], varied.reshape(len(images), copies, *images.shape[1:])], axis=1)
     positions = np.repeat(positions, copies + 1)
     return images.reshape(-1, *images.shape[2:])[:config.n_samples], positions[:config.n_samples]
@@ -339,9 +343,8 @@ def variations_for(model: torch.nn.Module, config: PrivImageConfig, device: torc
     """The vote's later rounds: `vote_pool` SDEdit variations of each winner, seeded by config seed + round."""
     def vary(images: np.ndarray, positions: np.ndarray, r: int) -> np.ndarray:
         return vary_images(model, images, positions, strength=config.variation_strength, copies=config.vote_pool,
-                           train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps,
-                           batch=config.sample_batch, seed=config.seed + r, device=device, progress=progress,
-                           guidance=config.guidance, stage=f"variations {r + 1}/{config.vote_rounds}")
+                           seed=config.seed + r, device=device, progress=progress,
+                           stage=f"variations {r + 1}/{config.vote_rounds}", **_denoising(config))
     return vary
 
 
