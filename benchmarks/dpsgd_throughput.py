@@ -1,10 +1,13 @@
-"""DP-SGD step cost vs a plain step, by per-sample-gradient method (issue: DP-SGD throughput).
+"""DP-SGD step cost vs a plain step, by per-sample-gradient method and compute precision (issue: DP-SGD
+throughput), and the cost of a sampling step in each precision.
 
     python -m benchmarks.dpsgd_throughput [--batch 100] [--rounds 3]
 
-Same UNet, same batch, same Adam, one process; the methods are interleaved round by round and each
-figure is the median of the rounds, so machine noise hits every method alike. DP steps include
-opacus' per-sample clipping and noise. Methods that fail are reported with their error.
+Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
+interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
+alike. DP steps include opacus' per-sample clipping (in float32) and noise. bfloat16 rows run under autocast
+and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
+fail are reported with their error.
 """
 from __future__ import annotations
 
@@ -18,14 +21,21 @@ import torch
 
 from benchmarks.common import machine, md_table, today
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
+from synth.privimage.precision import autocast, native_bfloat16
 
-WIDTHS = (16, 32, 32)
+WIDTHS, LAYERS = (16, 32, 32), 1
+BF16 = dict(precision="bfloat16")
 METHODS = {
     "plain (no DP)": dict(dp=False),
     "plain, channels-last": dict(dp=False, channels_last=True),
     "opacus hooks": dict(dp=True, mode="hooks"),
-    "opacus functorch (product default)": dict(dp=True, mode="functorch"),
+    "opacus functorch (product in float32)": dict(dp=True, mode="functorch"),
     "opacus expanded weights": dict(dp=True, mode="ew"),
+    "plain, bfloat16 autocast": dict(dp=False, **BF16),
+    "opacus hooks, bfloat16 autocast (product where bfloat16 is native)": dict(dp=True, mode="hooks", **BF16),
+    "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
+    "sampling step (UNet forward, no grad)": dict(sampling=True),
+    "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
 }
 
 
@@ -34,12 +44,22 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
     from opacus.optimizers import DPOptimizer
 
     torch.manual_seed(0)
-    model = make_unet(28, 1, 10, WIDTHS, 2)
+    model = make_unet(28, 1, 10, WIDTHS, LAYERS)
     fmt = torch.channels_last if method.get("channels_last") else torch.contiguous_format
     model = model.to(memory_format=fmt)
     x = torch.randn(batch, 1, 28, 28).to(memory_format=fmt)
     y = torch.randint(0, 10, (batch,))
     sched = make_scheduler(1000)
+    cpu, precision = torch.device("cpu"), method.get("precision", "float32")
+    if method.get("sampling"):
+        model.eval()
+        t = torch.full((batch,), 500)
+
+        @torch.no_grad()
+        def forward() -> None:
+            with autocast(cpu, precision):
+                model(x, t, class_labels=y).sample.float()
+        return forward
     if method["dp"]:
         mode = method["mode"]
         gsm_cls = get_gsm_class("hooks" if mode == "functorch" else mode)
@@ -52,7 +72,12 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
 
     def step() -> None:
         opt.zero_grad()
-        ddpm_loss(model, sched, x, y).backward()
+        with autocast(cpu, precision):
+            loss = ddpm_loss(model, sched, x, y)
+        loss.backward()
+        for p in model.parameters():  # as the product does: clip float32 per-example gradients
+            if getattr(p, "grad_sample", None) is not None and p.grad_sample.dtype != p.dtype:
+                p.grad_sample = p.grad_sample.float()
         opt.step()
     return step
 
@@ -69,6 +94,9 @@ def measure(batch: int = 100, rounds: int = 3, reps: int = 3) -> dict[str, float
     """Seconds per step for every method (or the error text of a method that cannot run)."""
     times: dict[str, list[float]] = {name: [] for name in METHODS}
     errors: dict[str, str] = {}
+    if not native_bfloat16(torch.device("cpu")):
+        errors.update({name: "no native bfloat16 on this CPU" for name, m in METHODS.items()
+                       if m.get("precision") == "bfloat16"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(rounds):
@@ -82,13 +110,28 @@ def measure(batch: int = 100, rounds: int = 3, reps: int = 3) -> dict[str, float
     return {name: errors.get(name) or statistics.median(times[name]) for name in METHODS}
 
 
+def _baseline(name: str, result: dict[str, float | str]) -> float | str:
+    """The plain step of the same precision (a sampling step is compared with the float32 sampling step)."""
+    if METHODS[name].get("sampling"):
+        return result["sampling step (UNet forward, no grad)"]
+    return result["plain, bfloat16 autocast" if METHODS[name].get("precision") == "bfloat16" else "plain (no DP)"]
+
+
 def render(result: dict[str, float | str], batch: int, seconds: float) -> str:
-    base = result["plain (no DP)"]
-    rows = [[name, f"{v * 1000:.0f}" if isinstance(v, float) else "-",
-             f"{v / base:.2f}x" if isinstance(v, float) else f"fails ({v})"] for name, v in result.items()]
+    fp32 = result["plain (no DP)"]
+    rows = []
+    for name, v in result.items():
+        same = _baseline(name, result)
+        if not isinstance(v, float):
+            rows.append([name, "-", f"fails ({v})", "-"])
+            continue
+        rows.append([name, f"{v * 1000:.0f}", f"{v / fp32:.2f}x" if not METHODS[name].get("sampling") else "-",
+                     f"{v / same:.2f}x" if isinstance(same, float) else "-"])
     return (f"## DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)\n\n"
-            f"UNet {list(WIDTHS)}, batch {batch}, Adam, CPU; methods interleaved, median of rounds. {today()}, "
-            f"{machine()}, {seconds:.0f} s.\n\n" + md_table(["method", "ms per step", "vs plain step"], rows))
+            f"UNet {list(WIDTHS)} ({LAYERS} layer per block), batch {batch}, Adam, CPU; methods interleaved, median "
+            f"of rounds. {today()}, {machine()}, {seconds:.0f} s.\n\n"
+            + md_table(["method", "ms per step", "vs plain float32 step", "vs same-precision plain step "
+                        "(sampling: vs float32 sampling)"], rows))
 
 
 def run(quick: bool = True) -> str:

@@ -56,6 +56,7 @@ def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tm
     the pre-training code)."""
     from synth.privimage.data import label_index, to_format, to_tensor
     from synth.privimage.model import make_unet
+    from synth.privimage.precision import resolve_precision
     from synth.privimage.training import pretrain
 
     torch.manual_seed(cfg.seed)
@@ -63,7 +64,8 @@ def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tm
     x = to_tensor(to_format(sens.images, cfg.image_size, 1))
     y = torch.from_numpy(label_index(sens.labels, sens.label_set))
     return pretrain(model, x, y, steps=s["nonprivate_steps"], batch=s["nonprivate_batch"], lr=cfg.pretrain_lr,
-                    train_timesteps=cfg.train_timesteps, seed=cfg.seed, device=device, ckpt=tmp / "nonprivate.pt")
+                    train_timesteps=cfg.train_timesteps, seed=cfg.seed, device=device, ckpt=tmp / "nonprivate.pt",
+                    precision=resolve_precision(cfg.precision, device))
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None = None,
@@ -100,6 +102,7 @@ def _nonprivate(out: dict[str, Any], sens: ImageDataset, test: ImageDataset, bas
                 dev: torch.device, tmp: Path, grid: GridFn) -> None:
     """epsilon = infinity: the same UNet without DP, on the sensitive set (audit row and sample quality)."""
     from synth.privimage import per_sample_diffusion_loss
+    from synth.privimage.precision import resolve_precision
     from synth.privimage.sampling import balanced_labels, sample_images
 
     seed = s["seed"]
@@ -112,7 +115,8 @@ def _nonprivate(out: dict[str, Any], sens: ImageDataset, test: ImageDataset, bas
     out["audit"].append({"epsilon": float("inf"), **m, "seconds": time.time() - t, "train_seconds": t_train})
     pos = balanced_labels(s["privimage"]["n_samples"], 10)
     imgs = sample_images(model, pos, image_size=base.image_size, channels=1, train_timesteps=T,
-                         ddim_steps=base.ddim_steps, batch=base.sample_batch, seed=seed, device=dev)
+                         ddim_steps=base.ddim_steps, batch=base.sample_batch, seed=seed, device=dev,
+                         precision=resolve_precision(base.precision, dev))
     labels = np.asarray(sens.label_set, dtype=np.int64)[pos]
     out["nonprivate_diffusion"] = {"fid": fid(imgs, sens.images),
                                    "acc": _accuracies(imgs, labels, test, s["cnn_epochs"], seed),

@@ -57,6 +57,10 @@ def privimage(
     release_variations: int = typer.Option(None, "--release-variations",
                                            help="Light variations released beside each voted image (post-processing, "
                                                 "no budget; default: the preset's)."),
+    precision: str = typer.Option(None, "--precision",
+                                  help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
+                                       "else float32) | float32 | bfloat16. Changes speed, not the guarantee "
+                                       "(default: auto)."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     write_spec: Path = WRITE,
 ) -> None:
@@ -70,6 +74,8 @@ def privimage(
         params["vote_rounds"] = vote_rounds
     if release_variations is not None:
         params["release_variations"] = release_variations
+    if precision is not None:
+        params["precision"] = precision
     _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
               "privimage": params}, write_spec)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from accounting.errors import InvalidParameterError
 from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity, check_sigma
+from synth.privimage.precision import PRECISIONS
 
 DP_OPTIMIZERS = ("adam", "sgd")
 TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
@@ -82,6 +83,7 @@ class PrivImageConfig:
     sample_batch: int = 250
     seed: int = 0
     device: str = "auto"                # "auto" = cuda if available, else cpu
+    precision: str = "auto"             # UNet compute: "auto" (bfloat16 where native), "float32", "bfloat16"
 
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon, "target epsilon")
@@ -142,6 +144,8 @@ class PrivImageConfig:
             raise InvalidParameterError(f"pretrain_elastic must be true or false, got {self.pretrain_elastic!r}.")
         if not isinstance(self.secure_noise, bool):
             raise InvalidParameterError(f"secure_noise must be true or false, got {self.secure_noise!r}.")
+        if self.precision not in PRECISIONS:
+            raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
             raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
 

@@ -26,6 +26,7 @@ from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
 from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
+from synth.privimage.precision import resolve_precision
 from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes, top_k_predictions,
                                    train_classifier)
 from synth.privimage.sampling import balanced_labels, sample_images, vary_images
@@ -51,6 +52,7 @@ class _Prepared:
     pub_y: np.ndarray
     classifier: Any
     model: torch.nn.Module
+    precision: str          # resolved for the device: "float32" or "bfloat16"
 
 
 def make_config(params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str) -> PrivImageConfig:
@@ -133,6 +135,7 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
                     ) -> _Prepared:
     """Public data only: label sets and channel count of the sensitive set are registered metadata."""
     device = pick_device(config.device)
+    precision = resolve_precision(config.precision, device)
     label_values, channels, public_values = sensitive.label_set, channels_of(sensitive), public.label_set
     pub_x = to_tensor(to_format(public.images, config.image_size, channels))
     pub_y = label_index(public.labels, public_values)
@@ -147,7 +150,7 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
     if config.selection == "all":  # PDP-Diffusion-style: unconditional ("null" class) pre-training on everything
         null = torch.full((len(pub_x),), len(label_values), dtype=torch.long)
         model = _pretrain(model, pub_x, null, config, device, ctx)
-    return _Prepared(device, label_values, channels, public_values, pub_x, pub_y, classifier, model)
+    return _Prepared(device, label_values, channels, public_values, pub_x, pub_y, classifier, model, precision)
 
 
 def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
@@ -155,7 +158,8 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
     from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
     kw = dict(steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
               train_timesteps=config.train_timesteps, seed=config.seed, augment=config.pretrain_augment,
-              elastic=config.pretrain_elastic, label_dropout=config.label_dropout)
+              elastic=config.pretrain_elastic, label_dropout=config.label_dropout,
+              precision=resolve_precision(config.precision, device))
     if _nproc(ctx) > 1:  # plain DDP under torchrun
         from synth.privimage import distributed
 
@@ -254,7 +258,7 @@ def _finetune(sens_x: torch.Tensor, sens_y: torch.Tensor, config: PrivImageConfi
               max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
               train_timesteps=config.train_timesteps, seed=config.seed, ckpt_every=config.checkpoint_every,
               optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable,
-              secure_noise=config.secure_noise)
+              secure_noise=config.secure_noise, precision=prep.precision)
     if _nproc(ctx) == 1:
         return dp_finetune(prep.model, sens_x, sens_y, device=prep.device, workdir=ctx.workdir,
                            on_resume=ctx.charge_lost_steps, progress=ctx.progress, **kw), None
@@ -272,13 +276,13 @@ def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
     """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
     n = config.base_images * config.candidates_per_image
     return dict(labels=balanced_labels(n, len(prep.label_values)), image_size=config.image_size,
-                channels=prep.channels, seed=config.seed, **_denoising(config))
+                channels=prep.channels, seed=config.seed, **_denoising(config, prep.device))
 
 
-def _denoising(config: PrivImageConfig) -> dict[str, Any]:
+def _denoising(config: PrivImageConfig, device: torch.device) -> dict[str, Any]:
     """The DDIM settings shared by sampling and every variation pass."""
     return dict(train_timesteps=config.train_timesteps, ddim_steps=config.ddim_steps, batch=config.sample_batch,
-                guidance=config.guidance)
+                guidance=config.guidance, precision=resolve_precision(config.precision, device))
 
 
 def _sample(weights: dict, data: ImageDataset, config: PrivImageConfig, prep: _Prepared, ctx: RunContext,
@@ -332,7 +336,7 @@ def _with_variations(images: np.ndarray, positions: np.ndarray, model: torch.nn.
         return images, positions
     varied = vary_images(model, images, positions, strength=config.release_variation_strength, copies=copies,
                          seed=config.seed + 1000, device=prep.device, progress=ctx.progress,
-                         stage="release variations", **_denoising(config))
+                         stage="release variations", **_denoising(config, prep.device))
     images = np.concatenate([images[:, None], varied.reshape(len(images), copies, *images.shape[1:])], axis=1)
     positions = np.repeat(positions, copies + 1)
     return images.reshape(-1, *images.shape[2:])[:config.n_samples], positions[:config.n_samples]
@@ -344,7 +348,7 @@ def variations_for(model: torch.nn.Module, config: PrivImageConfig, device: torc
     def vary(images: np.ndarray, positions: np.ndarray, r: int) -> np.ndarray:
         return vary_images(model, images, positions, strength=config.variation_strength, copies=config.vote_pool,
                            seed=config.seed + r, device=device, progress=progress,
-                           stage=f"variations {r + 1}/{config.vote_rounds}", **_denoising(config))
+                           stage=f"variations {r + 1}/{config.vote_rounds}", **_denoising(config, device))
     return vary
 
 
@@ -362,7 +366,7 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "variation_strength": config.variation_strength if config.vote_sigma and config.vote_rounds > 1 else None,
         "release_variations": config.release_variations,
         "release_variation_strength": config.release_variation_strength if config.release_variations else None,
-        "secure_noise": config.secure_noise,
+        "secure_noise": config.secure_noise, "precision": prep.precision,
         "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
         "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0, "ddim_steps": config.ddim_steps,

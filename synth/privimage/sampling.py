@@ -6,6 +6,7 @@ import torch
 from diffusers import DDIMScheduler
 
 from synth.privimage.data import to_tensor, to_uint8
+from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 
 
@@ -17,9 +18,10 @@ def balanced_labels(n_samples: int, n_classes: int) -> np.ndarray:
 @torch.no_grad()
 def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int, channels: int, train_timesteps: int,
                   ddim_steps: int, batch: int, seed: int, device: torch.device,
-                  progress: ProgressFn = no_progress, guidance: float = 0.0) -> np.ndarray:
+                  progress: ProgressFn = no_progress, guidance: float = 0.0, precision: str = "float32") -> np.ndarray:
     """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0, classifier-free
-    guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the last class embedding."""
+    guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the last class embedding.
+    `precision` (resolved, synth.privimage.precision) is the UNet's; the DDIM update stays in float32."""
     sched = _ddim(train_timesteps, ddim_steps)
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
@@ -27,7 +29,7 @@ def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int
     for start in range(0, len(labels), batch):
         y = torch.from_numpy(labels[start:start + batch]).to(device)
         x = torch.randn((len(y), channels, image_size, image_size), generator=gen).to(device)
-        out.append(to_uint8(_denoise(model, sched, x, y, sched.timesteps, guidance, device)))
+        out.append(to_uint8(_denoise(model, sched, x, y, sched.timesteps, guidance, device, precision)))
         progress("sampling", min(start + batch, len(labels)), len(labels))
     return np.concatenate(out)
 
@@ -35,7 +37,8 @@ def sample_images(model: torch.nn.Module, labels: np.ndarray, *, image_size: int
 @torch.no_grad()
 def vary_images(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, strength: float, copies: int,
                 train_timesteps: int, ddim_steps: int, batch: int, seed: int, device: torch.device,
-                progress: ProgressFn = no_progress, guidance: float = 0.0, stage: str = "variations") -> np.ndarray:
+                progress: ProgressFn = no_progress, guidance: float = 0.0, stage: str = "variations",
+                precision: str = "float32") -> np.ndarray:
     """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the DDIM
     timestep nearest `strength` x T, then denoise with the model under its label. Image i's copies are rows
     i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths keep the image's shape."""
@@ -49,7 +52,7 @@ def vary_images(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, 
         x0 = to_tensor(x0_all[start:start + batch])
         y = torch.from_numpy(y_all[start:start + batch]).to(device)
         x = sched.add_noise(x0, torch.randn(x0.shape, generator=gen), steps[0].reshape(1)).to(device)
-        out.append(to_uint8(_denoise(model, sched, x, y, steps, guidance, device)))
+        out.append(to_uint8(_denoise(model, sched, x, y, steps, guidance, device, precision)))
         progress(stage, min(start + batch, len(y_all)), len(y_all))
     return np.concatenate(out)
 
@@ -61,10 +64,12 @@ def _ddim(train_timesteps: int, ddim_steps: int) -> DDIMScheduler:
 
 
 def _denoise(model: torch.nn.Module, sched: DDIMScheduler, x: torch.Tensor, y: torch.Tensor, timesteps,
-             guidance: float, device: torch.device) -> torch.Tensor:
+             guidance: float, device: torch.device, precision: str = "float32") -> torch.Tensor:
     """DDIM steps from x at timesteps[0] down to timesteps[-1], conditioned on labels y."""
     for t in timesteps:
-        x = sched.step(_guided_eps(model, x, t.to(device), y, guidance), t, x).prev_sample
+        with autocast(device, precision):
+            eps = _guided_eps(model, x, t.to(device), y, guidance)
+        x = sched.step(eps.float(), t, x).prev_sample
     return x
 
 

@@ -24,19 +24,21 @@ from synth.privimage import state
 from synth.privimage.augment import augment_public
 from synth.privimage.config import TRAINABLE
 from synth.privimage.model import ddpm_loss, make_scheduler
+from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 from synth.secure_noise import install as install_secure_noise
 
 PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
-# Per-sample gradients by vmap (torch.func) instead of opacus' module hooks: the same gradients (1e-6
-# relative) in about 0.85x the time on CPU (BENCHMARKS.md, "DP-SGD step cost").
-GRAD_SAMPLE_MODE = "functorch"
+# Per-sample gradients by vmap (torch.func) instead of opacus' module hooks in float32: the same gradients
+# (1e-6 relative) in about 0.85x the time on CPU; under bfloat16 autocast the hooks are the faster of the two
+# (BENCHMARKS.md, "DP-SGD step cost").
+GRAD_SAMPLE_MODE = {"float32": "functorch", "bfloat16": "hooks"}
 
 
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
              train_timesteps: int, seed: int, device: torch.device, ckpt: Path, ckpt_every: int = 100,
              progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0,
-             world_size: int = 1, elastic: bool = False) -> torch.nn.Module:
+             world_size: int = 1, elastic: bool = False, precision: str = "float32") -> torch.nn.Module:
     """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`.
 
     With `world_size` > 1 (inside an initialised process group of that size) the model is wrapped in
@@ -46,7 +48,7 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
     `augment` is the strength of augment_public (0 = off), `elastic` adds its elastic distortion and
     sharpening; `label_dropout` is the fraction of labels
     replaced by the null class (the last class embedding), so that sampling can use classifier-free
-    guidance."""
+    guidance. `precision` is a resolved precision (synth.privimage.precision) for the forward pass."""
     sched = make_scheduler(train_timesteps)
     model.to(device).train()
     null_class = model.config.num_class_embeds - 1
@@ -70,7 +72,8 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
         xb, yb = augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic), y[idx].clone()
         if label_dropout > 0:
             yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
-        loss = ddpm_loss(net, sched, xb.to(device), yb.to(device), generator=None)
+        with autocast(device, precision):
+            loss = ddpm_loss(net, sched, xb.to(device), yb.to(device), generator=None)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -135,9 +138,9 @@ def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, sett
     # with each process's string hashing) would make the key differ between runs: only public fields count
     architecture = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     h.update(json.dumps(architecture, sort_keys=True, default=str).encode())
-    # elastic=False computes exactly what recipe v2 did before the option existed: leave it out of the key
-    keep = {k: v for k, v in settings.items()
-            if k not in ("device", "progress", "ckpt_every") and not (k == "elastic" and v is False)}
+    # elastic=False and float32 compute exactly what recipe v2 did before the options existed: leave them out
+    keep = {k: v for k, v in settings.items() if k not in ("device", "progress", "ckpt_every")
+            and not (k == "elastic" and v is False) and not (k == "precision" and v == "float32")}
     h.update(json.dumps(keep, sort_keys=True, default=str).encode())
     h.update(x.detach().cpu().numpy().tobytes())
     h.update(y.detach().cpu().numpy().tobytes())
@@ -179,12 +182,15 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
                 on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
                 optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
-                world_size: int = 1, secure_noise: bool = True) -> DpSgdOutcome:
+                world_size: int = 1, secure_noise: bool = True, precision: str = "float32") -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA); with `world_size`
     > 1, one rank of opacus' DPDDP, charged as one process (synth/privimage/distributed.py).
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
-    state behind; the caller charges executed-but-lost steps there (it may raise to refuse)."""
+    state behind; the caller charges executed-but-lost steps there (it may raise to refuse).
+
+    With `precision` "bfloat16" the forward and backward passes run under autocast; every per-example
+    gradient is brought to float32 before opacus clips, sums and noises it."""
     model.to(device).train()
     params = select_trainable(model, trainable)
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
@@ -200,7 +206,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         return DpSgdOutcome(_ema_weights(model, ema), done,
                             list(accountant_state["history"]) if accountant_state else [], sample_rate)
     engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
-                                                        sample_rate, device, world_size)
+                                                        sample_rate, device, world_size,
+                                                        GRAD_SAMPLE_MODE[precision])
     if secure_noise:  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
         install_secure_noise(dp_opt)
     if accountant_state is not None:
@@ -220,7 +227,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 if not in_step:  # first physical batch of a logical step: write ahead
                     _write_ahead(wal, wal_path, writer)
                     in_step = True
-                _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device)
+                _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device,
+                                      precision)
                 dp_opt.step()
                 if dp_opt._is_last_step_skipped:
                     continue
@@ -243,12 +251,18 @@ def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
 
 
 def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimizer, sched, params: list,
-                          xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device) -> None:
+                          xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device,
+                          precision: str = "float32") -> None:
     if len(xb) == 0:
         return _empty_batch(dp_opt, params)
     dp_opt.zero_grad()
-    ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device), yb.repeat_interleave(reps, 0).to(device)
-              ).backward()
+    with autocast(device, precision):
+        loss = ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device),
+                         yb.repeat_interleave(reps, 0).to(device))
+    loss.backward()
+    for p in params:  # opacus' hooks leave bfloat16 per-example gradients under autocast: clip in float32
+        if p.grad_sample.dtype != p.dtype:
+            p.grad_sample = p.grad_sample.to(p.dtype)
     if reps > 1:
         _average_draws(params, len(xb), reps)
 
@@ -275,7 +289,7 @@ def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
 
 def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                   batch_size: int, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                  device: torch.device, world_size: int = 1) -> tuple:
+                  device: torch.device, world_size: int = 1, grad_sample_mode: str = "functorch") -> tuple:
     # The DP noise and the Poisson sampling must not be predictable from the public config (a
     # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     sampling_gen = torch.Generator().manual_seed(secrets.randbits(63))
@@ -292,7 +306,7 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         dp_model, dp_opt, dp_loader = engine.make_private(
             module=module, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode=GRAD_SAMPLE_MODE,
+            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode=grad_sample_mode,
             noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
         )
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:

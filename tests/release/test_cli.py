@@ -92,6 +92,13 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
             "builtin:uci-digits", "--k", "1", "--release-variations", "16")
     assert r.exit_code != 0 and "release_variations must be" in str(r.exception)
+    half = tmp_path / "half.toml"
+    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
+            "builtin:uci-digits", "--k", "1", "--precision", "float32", "--write-spec", str(half))
+    assert r.exit_code == 0 and 'precision = "float32"' in half.read_text(), r.output
+    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
+            "builtin:uci-digits", "--k", "1", "--precision", "fp16")
+    assert r.exit_code != 0 and "precision must be one of" in str(r.exception)
     r = cli(ws, "synth", "ksalsa", "--dataset", "user", "--k", "5", "--preset", "tiny")
     assert r.exit_code == 0, r.output
     store = Store(ws)

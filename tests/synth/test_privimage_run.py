@@ -23,6 +23,7 @@ from synth.datasets import ImageDataset, load_source, uci_digits
 from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, plan_privimage
 from synth.privimage import state
 from synth.privimage.model import load_model
+from synth.privimage.precision import resolve_precision
 from synth.progress import no_progress
 
 DELTA = 1e-4
@@ -113,6 +114,8 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     assert len(res.parameters["selected_public_classes"]) == 10 and 0 < res.parameters["selection_ratio"] <= 1
     assert "noisy_histogram" not in res.parameters
     assert np.asarray(res.internal["noisy_histogram"]).shape == (10, 10)
+    # the precision the UNet ran in is recorded (config "auto" resolved for this machine)
+    assert res.parameters["precision"] == resolve_precision("auto", torch.device("cpu"))
     assert res.output.selected_public_indices is not None and len(res.output.selected_public_indices) > 0
     # a settled run is not executed again (that would need a new charge)
     before = _trail_len(store)
