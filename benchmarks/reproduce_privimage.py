@@ -127,13 +127,15 @@ def _nonprivate(out: dict[str, Any], sens: ImageDataset, test: ImageDataset, bas
 def _run(s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None, save: SaveFn) -> dict[str, Any]:
     from synth.datasets import fashion_available, load_source, public_pool
     from synth.privimage.data import pick_device
+    from synth.privimage.precision import resolve_precision
 
     t_all = time.time()
     dev = pick_device("auto")
     sens, test, pub = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout"), public_pool()
     out: dict[str, Any] = {"device": str(dev), "n_sensitive": len(sens), "n_test": len(test), "public": pub.source,
                            "n_public": len(pub), "public_classes": len(pub.label_set),
-                           "fashion_installed": fashion_available(), "rows": [], "audit": []}
+                           "fashion_installed": fashion_available(), "rows": [], "audit": [],
+                           "precision": resolve_precision("auto", dev)}
     out["real"] = _real_reference(sens, test, s["privimage"]["n_samples"], s)
     # Pre-training reads public data only, so runs share it through the public cache (a fresh one per
     # reproduction): PDP-Diffusion-style pre-trains once for all epsilons, PrivImage once per distinct DP

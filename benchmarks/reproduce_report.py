@@ -166,13 +166,22 @@ def privimage_findings(r: dict[str, Any], s: dict[str, Any], orders: list[dict[s
     return out
 
 
+def _precision(r: dict[str, Any]) -> str:
+    """The UNet's compute precision (PrivImageConfig.precision = auto, resolved on the run's device)."""
+    if "precision" not in r:
+        return ""
+    how = ("bfloat16 autocast, native on this hardware" if r["precision"] == "bfloat16"
+           else "float32; no native bfloat16 here")
+    return f", UNet compute precision {r['precision']} (precision = auto: {how})"
+
+
 def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -> list[str]:
     L = ["## 1. PrivImage (paper Table 3 / Figure 5 shape)", ""]
     L.append(f"Sensitive: builtin:mnist5k ({r['n_sensitive']} images, 10 classes); public pool: {r['public']} "
              f"({r['n_public']} images, {r['public_classes']} classes"
              f"{'' if r['fashion_installed'] else '; Fashion-MNIST NOT installed, digits only'}); test: "
-             f"builtin:mnist5k-heldout ({r['n_test']} real images). delta = {s['delta']:g}. Device: {r['device']}. "
-             f"Time: {r['seconds'] / 60:.1f} min for this section (audit included).")
+             f"builtin:mnist5k-heldout ({r['n_test']} real images). delta = {s['delta']:g}. Device: {r['device']}"
+             f"{_precision(r)}. Time: {r['seconds'] / 60:.1f} min for this section (audit included).")
     L.append(f"Settings: {pi}; query_sigma = {s['query_sigma']}; k = 1 (with 10 sensitive classes and 20 public "
              "classes, k >= 2 selects 10 x k >= 20 classes, i.e. the whole pool: selection ratio 1.0 and PrivImage "
              f"would equal the PDP-Diffusion-style baseline). Downstream classifiers: audit.utility (LR, MLP (128), "
