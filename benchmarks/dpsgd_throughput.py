@@ -22,6 +22,7 @@ import torch
 from benchmarks.common import machine, md_table, today
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.precision import autocast, native_bfloat16
+from synth.privimage.training import _per_sample_gradients
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
@@ -70,14 +71,16 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
+    params = list(model.parameters())
+
     def step() -> None:
-        opt.zero_grad()
-        with autocast(cpu, precision):
-            loss = ddpm_loss(model, sched, x, y)
-        loss.backward()
-        for p in model.parameters():  # as the product does: clip float32 per-example gradients
-            if getattr(p, "grad_sample", None) is not None and p.grad_sample.dtype != p.dtype:
-                p.grad_sample = p.grad_sample.float()
+        if method["dp"]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
+            _per_sample_gradients(model, opt, sched, params, x, y, 1, cpu, precision)
+        else:
+            opt.zero_grad()
+            with autocast(cpu, precision):
+                loss = ddpm_loss(model, sched, x, y)
+            loss.backward()
         opt.step()
     return step
 

@@ -80,24 +80,24 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
             "--labels", "0-9", "--as", "alice")
     assert r.exit_code == 0, r.output
     path.unlink()  # the sensitive data is gone: a preview must not need it
+
+    def preview(*extra: str):
+        return cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
+                   "builtin:uci-digits", "--k", "1", *extra)
+
     spec = tmp_path / "spec.toml"
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-            "builtin:uci-digits", "--k", "1", "--write-spec", str(spec))
+    r = preview("--write-spec", str(spec))
     assert r.exit_code == 0, r.output
     assert "nothing was read or charged" in r.output and "privrelease release plan" in r.output
     varied = tmp_path / "varied.toml"
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-            "builtin:uci-digits", "--k", "1", "--release-variations", "1", "--write-spec", str(varied))
+    r = preview("--release-variations", "1", "--write-spec", str(varied))
     assert r.exit_code == 0 and "release_variations = 1" in varied.read_text(), r.output
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-            "builtin:uci-digits", "--k", "1", "--release-variations", "16")
+    r = preview("--release-variations", "16")
     assert r.exit_code != 0 and "release_variations must be" in str(r.exception)
     half = tmp_path / "half.toml"
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-            "builtin:uci-digits", "--k", "1", "--precision", "float32", "--write-spec", str(half))
+    r = preview("--precision", "float32", "--write-spec", str(half))
     assert r.exit_code == 0 and 'precision = "float32"' in half.read_text(), r.output
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-            "builtin:uci-digits", "--k", "1", "--precision", "fp16")
+    r = preview("--precision", "fp16")
     assert r.exit_code != 0 and "precision must be one of" in str(r.exception)
     r = cli(ws, "synth", "ksalsa", "--dataset", "user", "--k", "5", "--preset", "tiny")
     assert r.exit_code == 0, r.output
