@@ -5,7 +5,8 @@ throughput), and the cost of a sampling step in each precision.
 
 Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
 interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
-alike. DP steps include opacus' per-sample clipping (in float32) and noise. bfloat16 rows run under autocast
+alike. DP steps include opacus' per-sample clipping (in float32) and noise; "grouped-conv" rows compute
+Conv2d per-example gradients by synth.privimage.conv_grad_sample, the others by opacus. bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
 fail are reported with their error.
 """
@@ -20,20 +21,26 @@ from typing import Callable
 import torch
 
 from benchmarks.common import machine, md_table, today
+from synth.privimage.conv_grad_sample import install as install_grouped_conv
+from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.precision import autocast, native_bfloat16
 from synth.privimage.training import _per_sample_gradients
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
+GROUPED = dict(mode="hooks", grouped_conv=True)
 METHODS = {
     "plain (no DP)": dict(dp=False),
     "plain, channels-last": dict(dp=False, channels_last=True),
-    "opacus hooks": dict(dp=True, mode="hooks"),
-    "opacus functorch (product in float32)": dict(dp=True, mode="functorch"),
+    "opacus hooks, grouped-conv per-example gradients (product in float32)": dict(dp=True, **GROUPED),
+    "opacus hooks, opacus' conv sampler": dict(dp=True, mode="hooks"),
+    "opacus functorch": dict(dp=True, mode="functorch"),
     "opacus expanded weights": dict(dp=True, mode="ew"),
     "plain, bfloat16 autocast": dict(dp=False, **BF16),
-    "opacus hooks, bfloat16 autocast (product where bfloat16 is native)": dict(dp=True, mode="hooks", **BF16),
+    "opacus hooks, grouped-conv, bfloat16 autocast (product where bfloat16 is native)": dict(dp=True, **GROUPED,
+                                                                                             **BF16),
+    "opacus hooks, opacus' conv sampler, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
@@ -75,6 +82,7 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
 
     def step() -> None:
         if method["dp"]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
+            (install_grouped_conv if method.get("grouped_conv") else uninstall_grouped_conv)()
             _per_sample_gradients(model, opt, sched, params, x, y, 1, cpu, precision)
         else:
             opt.zero_grad()

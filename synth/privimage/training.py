@@ -23,16 +23,17 @@ from accounting.errors import PrivReleaseError
 from synth.privimage import state
 from synth.privimage.augment import augment_public
 from synth.privimage.config import TRAINABLE
+from synth.privimage.conv_grad_sample import install as install_conv_grad_sample
 from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 from synth.secure_noise import install as install_secure_noise
 
 PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
-# Per-sample gradients by vmap (torch.func) instead of opacus' module hooks in float32: the same gradients
-# (1e-6 relative) in about 0.85x the time on CPU; under bfloat16 autocast the hooks are the faster of the two
-# (BENCHMARKS.md, "DP-SGD step cost").
-GRAD_SAMPLE_MODE = {"float32": "functorch", "bfloat16": "hooks"}
+# Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution backward
+# pass (synth/privimage/conv_grad_sample.py): faster on CPU than opacus' own conv sampler and than its
+# functorch (vmap) mode, in float32 and under bfloat16 autocast (BENCHMARKS.md, "DP-SGD step cost").
+GRAD_SAMPLE_MODE = "hooks"
 
 
 def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
@@ -206,8 +207,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         return DpSgdOutcome(_ema_weights(model, ema), done,
                             list(accountant_state["history"]) if accountant_state else [], sample_rate)
     engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
-                                                        sample_rate, device, world_size,
-                                                        GRAD_SAMPLE_MODE[precision])
+                                                        sample_rate, device, world_size)
     if secure_noise:  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
         install_secure_noise(dp_opt)
     if accountant_state is not None:
@@ -289,10 +289,11 @@ def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
 
 def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                   batch_size: int, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                  device: torch.device, world_size: int = 1, grad_sample_mode: str = "functorch") -> tuple:
+                  device: torch.device, world_size: int = 1) -> tuple:
     # The DP noise and the Poisson sampling must not be predictable from the public config (a
     # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     sampling_gen = torch.Generator().manual_seed(secrets.randbits(63))
+    install_conv_grad_sample()
     module, poisson = model, True
     if world_size > 1:  # opacus' DPDDP and a lockstep distributed Poisson loader (already Poisson)
         from synth.privimage.distributed import dpddp, lockstep_poisson_loader
@@ -306,7 +307,7 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         dp_model, dp_opt, dp_loader = engine.make_private(
             module=module, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode=grad_sample_mode,
+            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode=GRAD_SAMPLE_MODE,
             noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
         )
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
@@ -315,7 +316,7 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
             f"(N={len(x)}, batch={batch_size}); nothing was trained."
         )
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-    # opacus' functorch mode asks CPU autocast for float32, which autocast declines with a notice each step
+    # opacus' functorch path (layers without a hooks sampler) asks CPU autocast for float32: a notice per step
     warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype", category=UserWarning)
     return engine, dp_model, dp_opt, dp_loader
 

@@ -1,0 +1,61 @@
+"""Per-example Conv2d weight gradients as one grouped convolution backward pass (opacus grad sampler).
+
+opacus computes a Conv2d layer's per-example weight gradients by unfolding the layer's input (im2col, a
+copy k*k times its size) and one einsum per layer; on CPU that copy is most of a DP-SGD step's overhead.
+The same gradients are the weight gradient of a convolution with `groups = batch` over the batch folded
+into the channels (Rochette et al. 2019, "Efficient per-example gradient computations in convolutional
+neural networks"): example i's input channels see only example i's output gradients, so the backward
+pass of that grouped convolution returns every example's weight gradient at once, at about the cost of
+the ordinary (summed) weight gradient (BENCHMARKS.md, "DP-SGD step cost").
+
+`install()` registers it with opacus for nn.Conv2d through opacus' own extension point
+(`register_grad_sampler`); what it does not cover goes to opacus' sampler unchanged: grouped or
+string-padded convolutions and tensors off the CPU (measured on CPU only;
+on a GPU opacus' einsum is not the bottleneck it is here). The gradients are the same as opacus' (tested to
+float rounding); only how they are computed changes, so clipping, noise and accounting are untouched.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from opacus.grad_sample import register_grad_sampler
+from opacus.grad_sample.conv import compute_conv_grad_sample
+
+
+def covered(layer: nn.Conv2d, x: torch.Tensor) -> bool:
+    """Whether the grouped-backward path computes this layer's per-example gradients (else opacus' own)."""
+    return layer.groups == 1 and not isinstance(layer.padding, str) and x.device.type == "cpu" and x.shape[0] > 0
+
+
+def conv2d_grad_sample(layer: nn.Conv2d, activations: list[torch.Tensor],
+                       backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """opacus grad-sampler signature: {parameter: per-example gradients [n, *parameter.shape]}."""
+    if not covered(layer, activations[0]):
+        return compute_conv_grad_sample(layer, activations, backprops)
+    x = activations[0].to(backprops.dtype)  # as opacus: under autocast the input may be float32
+    n, padding = x.shape[0], list(layer.padding)
+    if layer.padding_mode != "zeros":  # as nn.Conv2d._conv_forward
+        x, padding = F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), [0, 0]
+    out: dict[nn.Parameter, torch.Tensor] = {}
+    if layer.weight.requires_grad:
+        c_in, c_out, kernel = layer.in_channels, layer.out_channels, layer.kernel_size
+        grouped_weight = torch.empty(n * c_out, c_in, *kernel, dtype=x.dtype, device=x.device)  # shape only
+        _, grad_weight, _ = torch.ops.aten.convolution_backward(
+            backprops.reshape(1, n * c_out, *backprops.shape[2:]), x.reshape(1, n * c_in, *x.shape[2:]),
+            grouped_weight, None, list(layer.stride), padding, list(layer.dilation), False, [0, 0],
+            n, [False, True, False])
+        out[layer.weight] = grad_weight.view(n, c_out, c_in, *kernel)
+    if layer.bias is not None and layer.bias.requires_grad:
+        out[layer.bias] = backprops.sum(dim=(2, 3))
+    return out
+
+
+def install() -> None:
+    """Make opacus' hooks use `conv2d_grad_sample` for nn.Conv2d (idempotent; process-wide, as opacus' registry)."""
+    register_grad_sampler(nn.Conv2d)(conv2d_grad_sample)
+
+
+def uninstall() -> None:
+    """Give nn.Conv2d back to opacus' own sampler (benchmarks compare the two in one process)."""
+    register_grad_sampler(nn.Conv2d)(compute_conv_grad_sample)
