@@ -182,7 +182,8 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
              f"{'' if r['fashion_installed'] else '; Fashion-MNIST NOT installed, digits only'}); test: "
              f"builtin:mnist5k-heldout ({r['n_test']} real images). delta = {s['delta']:g}. Device: {r['device']}"
              f"{_precision(r)}. Time: {r['seconds'] / 60:.1f} min for this section (audit included).")
-    L.append(f"Settings: {pi}; query_sigma = {s['query_sigma']}; k = 1 (with 10 sensitive classes and 20 public "
+    shown = {k: tuple(v) if isinstance(v, list) else v for k, v in pi.items()}  # results.json gives lists back
+    L.append(f"Settings: {shown}; query_sigma = {s['query_sigma']}; k = 1 (with 10 sensitive classes and 20 public "
              "classes, k >= 2 selects 10 x k >= 20 classes, i.e. the whole pool: selection ratio 1.0 and PrivImage "
              f"would equal the PDP-Diffusion-style baseline). Downstream classifiers: audit.utility (LR, MLP (128), "
              f"small CNN, {s['cnn_epochs']} epochs) trained on the {pi['n_samples']} synthetic images, tested on the "

@@ -138,6 +138,16 @@ def test_results_json_roundtrip_keeps_infinity() -> None:
     assert back["privimage"]["rows"][0]["fid"] == res["privimage"]["rows"][0]["fid"]
 
 
+def test_report_only_renders_the_same_report_as_the_run(tmp_path) -> None:
+    """`--report-only` re-reads results.json, where tuples (the UNet's channels) come back as lists."""
+    import json
+
+    res = _toy_results(paper_order=True)
+    back = _unjson(json.loads(json.dumps(_jsonable(res))))
+    plots = write_plots(res, tmp_path, [])
+    assert build_report(back, plots) == build_report(res, plots)
+
+
 def test_matching_digit_classes_counts_semantically_right_choices() -> None:
     chosen = {"0": ["digit 0"], "1": ["Trouser"], "2": ["digit 3", "digit 2"], "3": ["digit 8"]}
     assert matching_digit_classes(chosen) == 2
