@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +164,42 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
     if mplan.guarantee_kind == "dp" and not privacy_filter.admits(rdp_after, ds.epsilon_cap, ds.delta_cap):
         warnings.append(f"The cap's privacy filter would stop this release (filter epsilon after it "
                         f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
-                        f"epsilon {after.epsilon_rdp:.3f}): the run will be refused.")
+                        f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
+                        + _fitting_target_hint(spec, budget, public))
     return mplan, before, after, warnings
+
+
+def _filter_epsilon_at(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, epsilon: float) -> float:
+    """The cap filter's epsilon after the history plus this spec's plan at target `epsilon` (no data read)."""
+    trial = replace(spec, mechanism_params={**spec.mechanism_params, "epsilon": epsilon})
+    try:
+        events = registry.get(spec.mechanism).plan(mechanism_config(trial, budget.dataset), dataset_info(budget.dataset),
+                                                   budget.history, public).events
+    except InvalidParameterError:  # a target too small for the mechanism to calibrate
+        return float("inf")
+    return privacy_filter.filter_epsilon(curve.curve_of(budget.history + list(events)).rdp, budget.dataset.delta_cap)
+
+
+def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8) -> str:
+    """The largest target epsilon whose plan the cap's filter admits, by bisection over plans (`rounds` of them:
+    to target / 2**rounds, rounded down to 2 decimals). Bisection, because the filter's epsilon is monotone in
+    the target but not smooth: a plan's structure can change with it."""
+    target = getattr(mechanism_config(spec, budget.dataset), "epsilon", None)
+    if target is None:
+        return ""
+    cap = budget.dataset.epsilon_cap
+    fits, refused = 0.0, float(target)
+    for _ in range(rounds):
+        guess = (fits + refused) / 2
+        if _filter_epsilon_at(spec, budget, public, guess) <= cap:
+            fits = guess
+        else:
+            refused = guess
+    suggestion = np.floor(fits * 100) / 100
+    if suggestion <= 0:
+        return "No positive target epsilon fits what is left of the cap."
+    return (f"The largest target that fits is about epsilon = {suggestion:g} (set `epsilon = {suggestion:g}` in the "
+            f"spec's [{spec.mechanism}] table), or raise the dataset's cap.")
 
 
 def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from release import keys, manager
 from release.cli.common import console, default_actor, fmt_eps, print_json, store, table
@@ -32,7 +33,7 @@ def print_plan(rel: Release) -> None:
         console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")
     console.print(f"  images: {p.expected_count}")
     for w in p.warnings:
-        console.print(f"  [yellow]warning:[/] {w}")
+        console.print(f"  [yellow]warning:[/] {escape(w)}")
     if p.requires_acknowledgement:
         console.print("  [yellow]approval requires --acknowledge-non-dp[/]")
 
@@ -95,7 +96,7 @@ def approve(release_id: str, actor: str = AS,
 def reject(release_id: str, reason: str = typer.Option(..., "--reason"), actor: str = AS) -> None:
     """Reject a plan, with a reason (recorded in the audit trail)."""
     manager.reject(store(), release_id, _actor(actor), reason)
-    console.print(f"[yellow]Rejected[/] {release_id}: {reason}")
+    console.print(f"[yellow]Rejected[/] {release_id}: {escape(reason)}")
 
 
 @app.command("run")
@@ -113,7 +114,7 @@ def run(release_id: str, actor: str = AS,
 def abandon(release_id: str, actor: str = AS) -> None:
     """Settle a failed release for good: refunded if it never read the data, else the steps it started stay charged."""
     rel = manager.abandon_release(store(), release_id, _actor(actor))
-    console.print(f"[yellow]Abandoned[/] {release_id}: {rel.reason}")
+    console.print(f"[yellow]Abandoned[/] {release_id}: {escape(rel.reason)}")
 
 
 def _print_outcome(rel: Release) -> None:

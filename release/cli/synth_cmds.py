@@ -8,6 +8,7 @@ from typing import Any
 
 import tomli_w
 import typer
+from rich.markup import escape
 
 from release import manager
 from release.cli.common import console, fmt_eps, store
@@ -29,7 +30,7 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}")
     console.print(f"  images: {pv['expected_count']}")
     for w in pv["warnings"]:
-        console.print(f"  [yellow]warning:[/] {w}")
+        console.print(f"  [yellow]warning:[/] {escape(w)}")
     if write_spec is not None:
         write_spec.write_text(tomli_w.dumps(spec))
         console.print(f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "

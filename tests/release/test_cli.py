@@ -126,3 +126,18 @@ def test_errors_print_one_message_and_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "release.cli", "dataset", "list"], capture_output=True, text=True, env=env)
     assert p.returncode == 2
     assert "privrelease init" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_text_in_square_brackets_reaches_the_steward_verbatim(ws, tmp_path):
+    """Rich reads [..] as markup: a warning naming the spec's [privimage] table, or a reason a person typed, lost
+    its brackets (regression)."""
+    spec = tmp_path / "at-cap.toml"
+    spec.write_text('[release]\ndataset = "mnist"\nmechanism = "privimage"\nn_images = 100\n\n'
+                    '[privimage]\nepsilon = 3.0\npreset = "tiny"\npublic = "builtin:uci-digits"\n')
+    r = cli(ws, "release", "plan", str(spec), "--as", "alice")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "the run will be refused" in text and "in the spec's [privimage] table" in text
+    release_id = text.split("Release ")[1].split()[0]
+    r = cli(ws, "release", "reject", release_id, "--reason", "[bold]cap[/bold] too tight", "--as", "alice")
+    assert r.exit_code == 0 and "[bold]cap[/bold] too tight" in r.output

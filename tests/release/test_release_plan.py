@@ -152,3 +152,23 @@ def test_changed_data_is_refused(tmp_path, store):
     np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
     with pytest.raises(PrivReleaseError, match="changed since"):
         load_registered(store, "toy")
+
+
+def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_store):
+    """Target epsilon = the cap: the RDP epsilon is calibrated to the target, but the ledger admits through the
+    stricter filter, so the plan warns; the warning names a target that does fit (bisection over plans)."""
+    spec = ReleaseSpec.from_dict({**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": 10.0}})
+    warnings = manager.preview(ws_store, spec)["warnings"]
+    refusal = next(w for w in warnings if "will be refused" in w)
+    import re
+
+    suggested = float(re.search(r"largest target that fits is about epsilon = ([0-9.]+)", refusal).group(1))
+    assert 1.0 < suggested < 10.0
+    fits = ReleaseSpec.from_dict({**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}})
+    assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
+    from synth.datasets import load_public
+
+    budget = ledger.budget(ws_store, "mnist")  # and the largest, to the search's precision: 10 / 2**8
+    above = manager._filter_epsilon_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
+                                       suggested + 10 / 2**8 + 0.01)
+    assert above > 10.0
