@@ -10,9 +10,9 @@ the ordinary (summed) weight gradient (BENCHMARKS.md, "DP-SGD step cost").
 
 `install()` registers it with opacus for nn.Conv2d through opacus' own extension point
 (`register_grad_sampler`); what it does not cover goes to opacus' sampler unchanged: grouped or
-string-padded convolutions and tensors off the CPU (measured on CPU only;
-on a GPU opacus' einsum is not the bottleneck it is here). The gradients are the same as opacus' (tested to
-float rounding); only how they are computed changes, so clipping, noise and accounting are untouched.
+string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was available to compare
+the two there). The gradients are those of one backward pass per example (tested to float rounding); only
+how they are computed changes, so clipping, noise and accounting are untouched.
 """
 from __future__ import annotations
 
