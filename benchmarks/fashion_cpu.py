@@ -1,0 +1,81 @@
+"""PrivImage on Fashion-MNIST at CPU scale: DPImageBench's data protocol (60,000 sensitive training images, the
+10,000 test images for the classifiers), `make reproduce`'s CPU recipe, public = UCI digits (the only built-in
+public source disjoint from Fashion-MNIST). One charged run per epsilon through the product (`run_direct`), plus
+the classifiers trained on real Fashion-MNIST for reference. Needs the Debian package dataset-fashion-mnist.
+
+    python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real]
+
+Writes one JSON line per run to benchmarks/results/fashion-cpu.jsonl and a sample grid PNG per run beside it.
+Hours on 2 CPU cores (960 DP-SGD steps per run at batch 250); the GPU preset is the paper-sized version.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import machine, throwaway_store, today
+from benchmarks.reproduce_plots import image_grid
+from benchmarks.reproduce_privimage import _accuracies
+from benchmarks.reproduce_settings import privimage_config, settings
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _record(row: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / "fashion-cpu.jsonl").open("a") as f:
+        f.write(json.dumps({**row, "date": today(), "machine": machine()}, default=str) + "\n")
+    print(json.dumps(row, default=str), flush=True)
+
+
+def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path) -> None:
+    from release.runner import run_direct
+
+    tag = f"fashion-eps{epsilon:g}-{int(time.time())}"
+    store = throwaway_store(tmp / tag / "ws", "fashion", sens, epsilon, s["delta"])
+    started = time.time()
+    res = run_direct(store, "fashion", sens, pub, "privimage", privimage_config(s, epsilon), run_id=tag,
+                     workdir=tmp / tag / "run")
+    acc = _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])
+    grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels,
+                      f"PrivImage Fashion-MNIST eps {epsilon:g}", per_class=8)
+    p = res.parameters
+    _record({"epsilon": epsilon, "steps": p["steps"], "sigma": p["noise_multiplier"],
+             "selected": p.get("selected_public_classes"), "seconds": round(time.time() - started), "acc": acc,
+             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid})
+
+
+def run_real(s: dict, sens, test) -> None:
+    rng = np.random.default_rng(s["seed"])
+    for n in (4000, len(sens.labels)):
+        idx = np.sort(rng.permutation(len(sens.labels))[:n])
+        _record({"real_train_images": n, "acc": _accuracies(sens.images[idx], sens.labels[idx], test,
+                                                           s["cnn_epochs"], s["seed"])})
+
+
+def main() -> None:
+    from synth.datasets import load_source, public_pool
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epsilons", default="10,1")
+    parser.add_argument("--real", action="store_true", help="also the classifiers trained on real Fashion-MNIST")
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    s = settings("cpu")
+    sens, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
+    pub = public_pool(include_fashion=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        for eps in [float(e) for e in args.epsilons.split(",") if e]:
+            run_epsilon(eps, s, sens, test, pub, Path(tmp))
+    if args.real:
+        run_real(s, sens, test)
+
+
+if __name__ == "__main__":
+    main()
