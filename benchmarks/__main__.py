@@ -33,8 +33,8 @@ def section_key(heading: str) -> str:
 
 def _split(document: str) -> tuple[str, list[str]]:
     """The preamble (before the first '## ' heading) and the sections, each from its heading to the next."""
-    starts = [i for i, line in enumerate(document.splitlines(keepends=True)) if line.startswith("## ")]
     lines = document.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
     if not starts:
         return document, []
     bounds = starts + [len(lines)]

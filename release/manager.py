@@ -27,7 +27,7 @@ from release.spec import Plan, ReleaseSpec, canonical
 from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
 from synth.progress import ProgressFn, no_progress
-from synth.registry import DatasetInfo, MechanismOutput
+from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan
 
 TOOL = "privrelease"
 
@@ -153,15 +153,14 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
     """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read)."""
     _check_policy(spec)
     ds = budget.dataset
-    mech = registry.get(spec.mechanism)
-    mplan = mech.plan(mechanism_config(spec, ds), dataset_info(ds), budget.history, public)
+    mplan = _mechanism_plan(spec, budget, public)
     before = epsilon_report(budget.history, ds.delta_cap)
     after = epsilon_report(budget.history + list(mplan.events), ds.delta_cap)
     warnings = list(mplan.warnings)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
     rdp_after = curve.curve_of(budget.history + list(mplan.events)).rdp  # the cap is a privacy filter on this curve
-    if mplan.guarantee_kind == "dp" and not privacy_filter.admits(rdp_after, ds.epsilon_cap, ds.delta_cap):
+    if mplan.guarantee_kind == "dp" and not _admitted(rdp_after, ds):
         warnings.append(f"The cap's privacy filter would stop this release (filter epsilon after it "
                         f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
                         f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
@@ -169,15 +168,24 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
     return mplan, before, after, warnings
 
 
-def _filter_epsilon_at(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, epsilon: float) -> float:
-    """The cap filter's epsilon after the history plus this spec's plan at target `epsilon` (no data read)."""
-    trial = replace(spec, mechanism_params={**spec.mechanism_params, "epsilon": epsilon})
+def _mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset) -> MechanismPlan:
+    return registry.get(spec.mechanism).plan(mechanism_config(spec, budget.dataset), dataset_info(budget.dataset),
+                                             budget.history, public)
+
+
+def _admitted(rdp: np.ndarray, ds: ledger.Dataset) -> bool:
+    """The ledger's own stop rule for the dataset's cap, on a running RDP curve."""
+    return privacy_filter.admits(rdp, ds.epsilon_cap, ds.delta_cap)
+
+
+def _admitted_at(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, epsilon: float) -> bool:
+    """Whether the cap's filter admits the history plus this spec's plan at target `epsilon` (no data read)."""
     try:
-        events = registry.get(spec.mechanism).plan(mechanism_config(trial, budget.dataset), dataset_info(budget.dataset),
-                                                   budget.history, public).events
+        events = _mechanism_plan(replace(spec, mechanism_params={**spec.mechanism_params, "epsilon": epsilon}),
+                                 budget, public).events
     except InvalidParameterError:  # a target too small for the mechanism to calibrate
-        return float("inf")
-    return privacy_filter.filter_epsilon(curve.curve_of(budget.history + list(events)).rdp, budget.dataset.delta_cap)
+        return False
+    return _admitted(curve.curve_of(budget.history + list(events)).rdp, budget.dataset)
 
 
 def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8) -> str:
@@ -187,11 +195,10 @@ def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: Image
     target = getattr(mechanism_config(spec, budget.dataset), "epsilon", None)
     if target is None:
         return ""
-    cap = budget.dataset.epsilon_cap
     fits, refused = 0.0, float(target)
     for _ in range(rounds):
         guess = (fits + refused) / 2
-        if _filter_epsilon_at(spec, budget, public, guess) <= cap:
+        if _admitted_at(spec, budget, public, guess):
             fits = guess
         else:
             refused = guess

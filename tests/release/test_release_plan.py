@@ -169,6 +169,5 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
     from synth.datasets import load_public
 
     budget = ledger.budget(ws_store, "mnist")  # and the largest, to the search's precision: 10 / 2**8
-    above = manager._filter_epsilon_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
-                                       suggested + 10 / 2**8 + 0.01)
-    assert above > 10.0
+    assert not manager._admitted_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
+                                    suggested + 10 / 2**8 + 0.01)
