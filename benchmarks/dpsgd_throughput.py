@@ -6,7 +6,9 @@ throughput), and the cost of a sampling step in each precision.
 Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
 interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
 alike. DP steps include opacus' per-sample clipping (in float32) and noise; "grouped-conv" rows compute
-Conv2d per-example gradients by synth.privimage.conv_grad_sample, the others by opacus. bfloat16 rows run under autocast
+Conv2d per-example gradients by synth.privimage.conv_grad_sample, the others by opacus; "no summed conv
+gradients" rows also skip autograd's summed Conv2d weight/bias gradients, which the DP optimiser discards
+(conv_grad_sample.per_example_gradients_only, as dp_finetune does). bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
 fail are reported with their error.
 """
@@ -16,30 +18,35 @@ import argparse
 import statistics
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
 
 from benchmarks.common import machine, md_table, today
 from synth.privimage.conv_grad_sample import install as install_grouped_conv
+from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.precision import autocast, native_bfloat16
-from synth.privimage.training import _per_sample_gradients
+from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
 GROUPED = dict(mode="hooks", grouped_conv=True)
+PRODUCT = dict(**GROUPED, per_example_only=True)  # dp_finetune: also no summed conv gradients
 METHODS = {
     "plain (no DP)": dict(dp=False),
     "plain, channels-last": dict(dp=False, channels_last=True),
-    "opacus hooks, grouped-conv per-example gradients (product in float32)": dict(dp=True, **GROUPED),
+    "opacus hooks, grouped-conv, no summed conv gradients (product in float32)": dict(dp=True, **PRODUCT),
+    "opacus hooks, grouped-conv, summed conv gradients computed too": dict(dp=True, **GROUPED),
     "opacus hooks, opacus' conv sampler": dict(dp=True, mode="hooks"),
     "opacus functorch": dict(dp=True, mode="functorch"),
     "opacus expanded weights": dict(dp=True, mode="ew"),
     "plain, bfloat16 autocast": dict(dp=False, **BF16),
-    "opacus hooks, grouped-conv, bfloat16 autocast (product where bfloat16 is native)": dict(dp=True, **GROUPED,
-                                                                                             **BF16),
+    "opacus hooks, grouped-conv, no summed conv gradients, bfloat16 autocast (product where bfloat16 is "
+    "native)": dict(dp=True, **PRODUCT, **BF16),
+    "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
     "opacus hooks, opacus' conv sampler, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
@@ -72,7 +79,7 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
         mode = method["mode"]
         gsm_cls = get_gsm_class("hooks" if mode == "functorch" else mode)
         kwargs = {"force_functorch": True} if mode == "functorch" else {}
-        model = gsm_cls(model, batch_first=True, loss_reduction="mean", **kwargs)
+        model = gsm_cls(model, batch_first=True, loss_reduction=HOOKS_LOSS_REDUCTION, **kwargs)
         opt = DPOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), noise_multiplier=1.0, max_grad_norm=1.0,
                           expected_batch_size=batch)
     else:
@@ -83,7 +90,8 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
     def step() -> None:
         if method["dp"]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
             (install_grouped_conv if method.get("grouped_conv") else uninstall_grouped_conv)()
-            _per_sample_gradients(model, opt, sched, params, x, y, 1, cpu, precision)
+            with per_example_gradients_only(model) if method.get("per_example_only") else nullcontext():
+                _per_sample_gradients(model, opt, sched, params, x, y, 1, cpu, precision)
         else:
             opt.zero_grad()
             with autocast(cpu, precision):
@@ -147,7 +155,7 @@ def render(result: dict[str, float | str], batch: int, seconds: float) -> str:
 
 def run(quick: bool = True) -> str:
     t = time.time()
-    result = measure(rounds=2 if quick else 3)
+    result = measure(rounds=5 if quick else 9)  # this machine's steps vary by 10-20%: the median of several
     return render(result, 100, time.time() - t)
 
 

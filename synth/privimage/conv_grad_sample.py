@@ -6,15 +6,25 @@ The same gradients are the weight gradient of a convolution with `groups = batch
 into the channels (Rochette et al. 2019, "Efficient per-example gradient computations in convolutional
 neural networks"): example i's input channels see only example i's output gradients, so the backward
 pass of that grouped convolution returns every example's weight gradient at once, at about the cost of
-the ordinary (summed) weight gradient (BENCHMARKS.md, "DP-SGD step cost").
+the ordinary (summed) weight gradient (BENCHMARKS.md, "DP-SGD step cost"). A 1x1 convolution's (stride 1,
+no padding) are one batched matrix product of output gradients and inputs over the pixels.
 
 `install()` registers it with opacus for nn.Conv2d through opacus' own extension point
 (`register_grad_sampler`); what it does not cover goes to opacus' sampler unchanged: grouped or
 string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was available to compare
 the two there). The gradients are those of one backward pass per example (tested to float rounding); only
 how they are computed changes, so clipping, noise and accounting are untouched.
+
+`per_example_gradients_only(model)` also stops autograd from computing each Conv2d's *summed* weight and
+bias gradients during the DP backward pass: opacus' optimiser never reads them (it overwrites `p.grad` with
+the clipped, noised sum of the per-example gradients), yet oneDNN's backward that returns the input
+gradient together with the weight and bias gradients costs about twice the input gradient alone on CPU.
 """
 from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -28,6 +38,11 @@ def covered(layer: nn.Conv2d, x: torch.Tensor) -> bool:
     return layer.groups == 1 and not isinstance(layer.padding, str) and x.device.type == "cpu" and x.shape[0] > 0
 
 
+def _pointwise(layer: nn.Conv2d) -> bool:
+    return (tuple(layer.kernel_size) == (1, 1) and tuple(layer.stride) == (1, 1) and tuple(layer.padding) == (0, 0)
+            and tuple(layer.dilation) == (1, 1))
+
+
 def conv2d_grad_sample(layer: nn.Conv2d, activations: list[torch.Tensor],
                        backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """opacus grad-sampler signature: {parameter: per-example gradients [n, *parameter.shape]}."""
@@ -38,7 +53,9 @@ def conv2d_grad_sample(layer: nn.Conv2d, activations: list[torch.Tensor],
     if layer.padding_mode != "zeros":  # as nn.Conv2d._conv_forward
         x, padding = F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), [0, 0]
     out: dict[nn.Parameter, torch.Tensor] = {}
-    if layer.weight.requires_grad:
+    if layer.weight.requires_grad and _pointwise(layer):  # a 1x1 convolution is a per-pixel matrix product
+        out[layer.weight] = torch.bmm(backprops.flatten(2), x.flatten(2).transpose(1, 2)).view(n, *layer.weight.shape)
+    elif layer.weight.requires_grad:
         c_in, c_out, kernel = layer.in_channels, layer.out_channels, layer.kernel_size
         grouped_weight = torch.empty(n * c_out, c_in, *kernel, dtype=x.dtype, device=x.device)  # shape only
         _, grad_weight, _ = torch.ops.aten.convolution_backward(
@@ -59,3 +76,26 @@ def install() -> None:
 def uninstall() -> None:
     """Give nn.Conv2d back to opacus' own sampler (benchmarks compare the two in one process)."""
     register_grad_sampler(nn.Conv2d)(compute_conv_grad_sample)
+
+
+def _forward_without_summed_grads(self: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and x.requires_grad:  # the output still carries x's gradient, so opacus'
+        # backward hook fires with this layer's output gradients; only the summed parameter gradients go
+        return self._conv_forward(x, self.weight.detach(), None if self.bias is None else self.bias.detach())
+    return self._conv_forward(x, self.weight, self.bias)  # first layer (input needs no gradient): as usual
+
+
+@contextmanager
+def per_example_gradients_only(model: nn.Module) -> Iterator[None]:
+    """While inside, each nn.Conv2d of `model` whose input needs a gradient computes its output from detached
+    weight and bias: the backward pass returns only the input gradient the layers below need, and the layer's
+    own gradients come from opacus' per-example sampler alone (`p.grad` stays None until the DP optimiser sets
+    it to the noised sum). Only for a model whose parameters opacus' hooks sample; restored on exit."""
+    convs = [m for m in model.modules() if type(m) is nn.Conv2d and "forward" not in vars(m)]
+    for conv in convs:
+        conv.forward = types.MethodType(_forward_without_summed_grads, conv)
+    try:
+        yield
+    finally:
+        for conv in convs:
+            del conv.forward

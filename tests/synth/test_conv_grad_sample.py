@@ -3,6 +3,7 @@ one backward pass per example (the definition), for every convolution shape, and
 DP-SGD engine on the whole UNet."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn as nn
 from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.conv import compute_conv_grad_sample
 
-from synth.privimage.conv_grad_sample import conv2d_grad_sample, covered, install
+from synth.privimage.conv_grad_sample import conv2d_grad_sample, covered, install, per_example_gradients_only
 from synth.privimage.model import make_unet
 from synth.privimage.training import _make_private
 
@@ -40,6 +41,8 @@ def _backprops(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     dict(in_channels=3, out_channels=5, kernel_size=3, stride=2, padding=1),
     dict(in_channels=4, out_channels=2, kernel_size=(3, 2), padding=(1, 0), dilation=2),
     dict(in_channels=1, out_channels=4, kernel_size=1, bias=False),
+    dict(in_channels=5, out_channels=3, kernel_size=1),  # the matrix-product path
+    dict(in_channels=5, out_channels=3, kernel_size=1, stride=2),  # not it: strided
     dict(in_channels=4, out_channels=1, kernel_size=5, stride=(2, 1), padding=2),
     dict(in_channels=3, out_channels=5, kernel_size=3, padding=1, padding_mode="reflect"),
     dict(in_channels=3, out_channels=5, kernel_size=3, padding=(2, 1), padding_mode="circular"),
@@ -105,9 +108,11 @@ def test_an_empty_batch_gives_empty_gradients() -> None:
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bool) -> None:
-    """The whole UNet wrapped as dp_finetune wraps it (`_make_private`, hooks): every parameter's per-sample
-    gradient equals that example's own backward pass, with the grouped conv sampler and with opacus' own."""
+@pytest.mark.parametrize("summed", [True, False])
+def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bool, summed: bool) -> None:
+    """The whole UNet wrapped as dp_finetune wraps it (`_make_private`, hooks, no summed conv gradients): every
+    parameter's per-sample gradient equals that example's own backward pass, with the grouped conv sampler and
+    with opacus' own, with and without autograd's summed conv gradients."""
     torch.manual_seed(0)
     model = make_unet(16, 1, 2, (8, 16), 1)
     n = 4
@@ -126,13 +131,32 @@ def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bo
         from synth.privimage.conv_grad_sample import uninstall
         uninstall()
     try:
-        dp_opt.zero_grad()
-        out = dp_model(x, t, class_labels=y).sample
-        (out - target).pow(2).mean(dim=(1, 2, 3)).mean().backward()  # mean reduction: opacus rescales by n
+        model.zero_grad(set_to_none=True)  # (opacus' zero_grad would leave zero tensors: nothing to tell apart)
+        with per_example_gradients_only(model) if not summed else contextlib.nullcontext():
+            out = dp_model(x, t, class_labels=y).sample
+            (out - target).pow(2).mean(dim=(1, 2, 3)).sum().backward()  # summed over examples, as dp_finetune
     finally:
         install()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad_sample, truth[name], rtol=1e-4, atol=1e-6, msg=name)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    # Without the summed gradients only the first convolution (its input, the noisy image, needs no gradient)
+    # still gets them from autograd: the DP optimiser overwrites them with the noised sum anyway.
+    assert [m.weight.grad is not None for m in convs] == [True] + [summed] * (len(convs) - 1)
+
+
+def test_per_example_gradients_only_changes_no_output_and_is_undone_on_exit() -> None:
+    torch.manual_seed(0)
+    model = make_unet(16, 1, 2, (8, 16), 1)
+    x, t, y = torch.randn(2, 1, 16, 16), torch.tensor([3, 10]), torch.tensor([0, 1])
+    before = model(x, t, class_labels=y).sample
+    with pytest.raises(RuntimeError, match="boom"), per_example_gradients_only(model):
+        inside = model(x, t, class_labels=y).sample
+        raise RuntimeError("boom")  # an error inside (a failed step) still restores the layers
+    torch.testing.assert_close(inside, before, rtol=0, atol=0)
+    model(x, t, class_labels=y).sample.sum().backward()  # non-private training afterwards: full gradients
+    assert all(p.grad is not None for p in model.parameters())
+    assert not any("forward" in vars(m) for m in model.modules())
 
 
 def test_gradsamplemodule_built_outside_the_product_uses_the_fast_sampler_once_installed() -> None:

@@ -16,7 +16,7 @@ from synth.privimage import PrivImageConfig
 from synth.privimage.model import make_scheduler, make_unet
 from synth.privimage.precision import native_bfloat16, resolve_precision
 from synth.privimage.sampling import sample_images
-from synth.privimage.training import _per_sample_gradients, _pretrain_key
+from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, _pretrain_key
 
 CPU = torch.device("cpu")
 
@@ -58,7 +58,8 @@ def test_bfloat16_per_example_gradients_are_clipped_in_float32() -> None:
         warnings.simplefilter("ignore")
         dp_model, dp_opt, _ = engine.make_private(
             module=model, optimizer=opt, data_loader=DataLoader(TensorDataset(x, y), batch_size=1),
-            noise_multiplier=0.0, max_grad_norm=0.5, poisson_sampling=False, grad_sample_mode="hooks")
+            noise_multiplier=0.0, max_grad_norm=0.5, poisson_sampling=False, grad_sample_mode="hooks",
+            loss_reduction=HOOKS_LOSS_REDUCTION)
         params = [p for p in model.parameters() if p.requires_grad]
         _per_sample_gradients(dp_model, dp_opt, make_scheduler(50), params, x, y, 1, CPU, "bfloat16")
     assert {p.grad_sample.dtype for p in params} == {torch.float32}

@@ -14,9 +14,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from accounting.errors import InvalidParameterError
 from synth.privimage import PrivImageConfig
 from synth.privimage.augment import augment_public
-from synth.privimage.model import make_unet
+from synth.privimage.conv_grad_sample import per_example_gradients_only
+from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.sampling import sample_images, vary_images
-from synth.privimage.training import _average_draws, dp_finetune, pretrain_cached, select_trainable
+from synth.privimage.training import (_average_draws, _make_private, _per_sample_gradients, dp_finetune,
+                                      pretrain_cached, select_trainable)
 
 CPU = torch.device("cpu")
 
@@ -132,6 +134,41 @@ def test_multiplicity_keeps_each_example_to_one_clipped_gradient() -> None:
     dp_opt.pre_step()
     total = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
     assert total <= 1.0 + 1e-5
+
+
+@pytest.mark.parametrize("reps", [1, 2])
+def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the_expected_batch(reps: int) -> None:
+    """The product's DP step (summed loss, opacus hooks without their batch-size rescale, optimiser dividing by
+    the expected batch): example i's per-sample gradient is the gradient of its own denoising loss (mean of its
+    draws), and without clipping or noise the update is the ordinary gradient of the batch's mean loss."""
+    model, sched = _unet(), make_scheduler(50)
+    reference = make_unet(16, 1, 2, (8, 16), 1)
+    reference.load_state_dict(model.state_dict())
+    x, y = _digits(4)
+    _, dp_model, dp_opt, _ = _make_private(model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0,
+                                           1e6, 1.0, CPU)
+    params = list(model.parameters())
+    torch.manual_seed(7)
+    with per_example_gradients_only(model):  # as dp_finetune: no summed conv gradients
+        _per_sample_gradients(dp_model, dp_opt, sched, params, x, y, reps, CPU)
+    per_sample = {name: p.grad_sample.clone() for name, p in model.named_parameters()}
+    dp_opt.pre_step()  # clip (never engaged at C = 1e6), sum, noise (sigma 0), divide by the expected batch (4)
+
+    xr, yr = x.repeat_interleave(reps, 0), y.repeat_interleave(reps, 0)
+    torch.manual_seed(7)  # the same diffusion noise and timesteps as the DP step drew
+    noise, t = torch.randn(xr.shape), torch.randint(0, 50, (len(xr),))
+    for i in range(len(x)):
+        reference.zero_grad()
+        rows = slice(i * reps, (i + 1) * reps)
+        pred = reference(sched.add_noise(xr[rows], noise[rows], t[rows]), t[rows], class_labels=yr[rows]).sample
+        ((pred - noise[rows]) ** 2).mean().backward()
+        for name, p in reference.named_parameters():
+            torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    reference.zero_grad()
+    torch.manual_seed(7)
+    ddpm_loss(reference, sched, xr, yr).backward()
+    for (name, p), q in zip(reference.named_parameters(), params):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("which", ["norms_emb", "no_down"])
