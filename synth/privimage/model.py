@@ -36,16 +36,14 @@ def ddpm_loss(model: torch.nn.Module, scheduler: DDPMScheduler, x0: torch.Tensor
               generator: torch.Generator | None = None, reduction: str = "mean") -> torch.Tensor:
     """Each image's noise-prediction MSE (mean over its pixels), reduced over the batch by `reduction`:
     "mean", or "sum" (the DP backward pass, see training.HOOKS_LOSS_REDUCTION)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     noise = torch.randn(x0.shape, generator=generator, device=x0.device)
     t = torch.randint(0, scheduler.config.num_train_timesteps, (len(x0),), generator=generator, device=x0.device)
     x_t = scheduler.add_noise(x0, noise, t)
     pred = model(x_t, t, class_labels=y).sample
     loss = ((pred - noise) ** 2).mean()
-    if reduction == "sum":
-        return loss * len(x0)
-    if reduction != "mean":
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    return loss
+    return loss * len(x0) if reduction == "sum" else loss
 
 
 def save_model(model: UNet2DModel, path: Path, *, label_values: list[int], class_names: list[str], image_size: int,
