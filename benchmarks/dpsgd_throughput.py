@@ -6,7 +6,7 @@ throughput), and the cost of a sampling step in each precision.
 Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
 interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
 alike. DP steps include opacus' per-sample clipping (in float32) and noise; "grouped-conv" rows compute
-Conv2d per-example gradients by synth.privimage.conv_grad_sample, the others by opacus; "no summed conv
+Conv2d and GroupNorm per-example gradients by synth.privimage.conv_grad_sample, the others by opacus; "no summed conv
 gradients" rows also skip autograd's summed Conv2d weight/bias gradients, which the DP optimiser discards
 (conv_grad_sample.per_example_gradients_only, as dp_finetune does). bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
@@ -40,14 +40,14 @@ METHODS = {
     "plain, channels-last": dict(dp=False, channels_last=True),
     "opacus hooks, grouped-conv, no summed conv gradients (product in float32)": dict(dp=True, **PRODUCT),
     "opacus hooks, grouped-conv, summed conv gradients computed too": dict(dp=True, **GROUPED),
-    "opacus hooks, opacus' conv sampler": dict(dp=True, mode="hooks"),
+    "opacus hooks, opacus' own samplers": dict(dp=True, mode="hooks"),
     "opacus functorch": dict(dp=True, mode="functorch"),
     "opacus expanded weights": dict(dp=True, mode="ew"),
     "plain, bfloat16 autocast": dict(dp=False, **BF16),
     "opacus hooks, grouped-conv, no summed conv gradients, bfloat16 autocast (product where bfloat16 is "
     "native)": dict(dp=True, **PRODUCT, **BF16),
     "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
-    "opacus hooks, opacus' conv sampler, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
+    "opacus hooks, opacus' own samplers, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),

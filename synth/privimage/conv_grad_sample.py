@@ -1,4 +1,5 @@
-"""Per-example Conv2d weight gradients as one grouped convolution backward pass (opacus grad sampler).
+"""Per-example Conv2d weight gradients as one grouped convolution backward pass (opacus grad sampler);
+GroupNorm's by the same fold of the batch into the channels.
 
 opacus computes a Conv2d layer's per-example weight gradients by unfolding the layer's input (im2col, a
 copy k*k times its size) and one einsum per layer; on CPU that copy is most of a DP-SGD step's overhead.
@@ -9,7 +10,12 @@ pass of that grouped convolution returns every example's weight gradient at once
 the ordinary (summed) weight gradient (BENCHMARKS.md, "DP-SGD step cost"). A 1x1 convolution's (stride 1,
 no padding) are one batched matrix product of output gradients and inputs over the pixels.
 
-`install()` registers it with opacus for nn.Conv2d through opacus' own extension point
+GroupNorm normalises each (example, group) on its own, so a GroupNorm over the batch folded into one
+example with `batch x groups` groups has the same statistics, and its affine gradients (one per folded
+channel) are the per-example ones: one `native_group_norm_backward` call instead of opacus' re-normalisation,
+product and two reductions.
+
+`install()` registers it with opacus for nn.Conv2d (and `group_norm_grad_sample` for nn.GroupNorm) through opacus' own extension point
 (`register_grad_sampler`); what it does not cover goes to opacus' sampler unchanged: grouped or
 string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was available to compare
 the two there). The gradients are those of one backward pass per example (tested to float rounding); only
@@ -32,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from opacus.grad_sample import register_grad_sampler
 from opacus.grad_sample.conv import compute_conv_grad_sample
+from opacus.grad_sample.group_norm import compute_group_norm_grad_sample
 
 
 def covered(layer: nn.Conv2d, x: torch.Tensor) -> bool:
@@ -69,14 +76,39 @@ def conv2d_grad_sample(layer: nn.Conv2d, activations: list[torch.Tensor],
     return out
 
 
+def group_norm_grad_sample(layer: nn.GroupNorm, activations: list[torch.Tensor],
+                           backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """opacus grad-sampler signature for nn.GroupNorm (its affine weight and bias), by the folded batch."""
+    x = activations[0]
+    if x.device.type != "cpu" or x.shape[0] == 0:
+        return compute_group_norm_grad_sample(layer, activations, backprops)
+    n, c = x.shape[:2]
+    pixels, groups = x[0, 0].numel(), n * layer.num_groups
+    folded = x.reshape(1, n * c, pixels)
+    _, mean, rstd = torch.ops.aten.native_group_norm(folded, None, None, 1, n * c, pixels, groups, layer.eps)
+    ones = torch.ones(n * c, dtype=x.dtype, device=x.device)  # d(out)/d(gamma) does not depend on gamma
+    _, grad_weight, grad_bias = torch.ops.aten.native_group_norm_backward(
+        backprops.to(x.dtype).reshape(1, n * c, pixels), folded, mean, rstd, ones, 1, n * c, pixels, groups,
+        [False, True, True])
+    out: dict[nn.Parameter, torch.Tensor] = {}
+    if layer.weight is not None and layer.weight.requires_grad:
+        out[layer.weight] = grad_weight.view(n, c)
+    if layer.bias is not None and layer.bias.requires_grad:
+        out[layer.bias] = grad_bias.view(n, c)
+    return out
+
+
 def install() -> None:
-    """Make opacus' hooks use `conv2d_grad_sample` for nn.Conv2d (idempotent; process-wide, as opacus' registry)."""
+    """Make opacus' hooks use `conv2d_grad_sample` for nn.Conv2d and `group_norm_grad_sample` for nn.GroupNorm
+    (idempotent; process-wide, as opacus' registry)."""
     register_grad_sampler(nn.Conv2d)(conv2d_grad_sample)
+    register_grad_sampler(nn.GroupNorm)(group_norm_grad_sample)
 
 
 def uninstall() -> None:
-    """Give nn.Conv2d back to opacus' own sampler (benchmarks compare the two in one process)."""
+    """Give nn.Conv2d and nn.GroupNorm back to opacus' own samplers (benchmarks compare them in one process)."""
     register_grad_sampler(nn.Conv2d)(compute_conv_grad_sample)
+    register_grad_sampler(nn.GroupNorm)(compute_group_norm_grad_sample)
 
 
 def _forward_without_summed_grads(self: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
