@@ -15,10 +15,10 @@ example with `batch x groups` groups has the same statistics, and its affine gra
 channel) are the per-example ones: one `native_group_norm_backward` call instead of opacus' re-normalisation,
 product and two reductions.
 
-`install()` registers it with opacus for nn.Conv2d (and `group_norm_grad_sample` for nn.GroupNorm) through opacus' own extension point
-(`register_grad_sampler`); what it does not cover goes to opacus' sampler unchanged: grouped or
-string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was available to compare
-the two there). The gradients are those of one backward pass per example (tested to float rounding); only
+`install()` registers it with opacus for nn.Conv2d (and `group_norm_grad_sample` for nn.GroupNorm) through
+opacus' own extension point (`register_grad_sampler`); what it does not cover goes to opacus' sampler
+unchanged: grouped or string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was
+available to compare the two there). The gradients are those of one backward pass per example (tested to float rounding); only
 how they are computed changes, so clipping, noise and accounting are untouched.
 
 `per_example_gradients_only(model)` also stops autograd from computing each Conv2d's *summed* weight and

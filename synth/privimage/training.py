@@ -37,9 +37,9 @@ PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes
 GRAD_SAMPLE_MODE = "hooks"
 # The DP backward pass differentiates the *sum* of the per-example losses, so opacus' hooks take each layer's
 # output gradient as it is ("sum"); with a mean loss they would multiply every hooked layer's output gradient
-# by the batch size first (one full-size multiply per layer, ~5% of a CPU step). The optimiser still divides
-# the clipped, noised sum by the expected batch size (its own loss_reduction stays "mean"), so the update is
-# the same as before, only cheaper.
+# by the batch size first (one full-size multiply per layer, ~4% of a CPU step: BENCHMARKS.md). The optimiser
+# still divides the clipped, noised sum by the expected batch size (its own loss_reduction stays "mean"), so
+# the update is the same as before, only cheaper.
 HOOKS_LOSS_REDUCTION = "sum"
 
 
