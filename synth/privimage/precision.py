@@ -2,9 +2,12 @@
 
 bfloat16 autocast runs the convolutions in bfloat16 and keeps weights, optimiser state, losses, the DDIM
 update and DP-SGD's clipping and noise in float32. On a CPU with AVX512-BF16 (or AMX) it halves the cost
-of a sampling step; without native support it is emulated and slower, so "auto" only picks it where the
-hardware has it. Precision changes what the model computes, never what is charged: DP-SGD clips and
-noises whatever per-example gradient it is given, so the guarantee is the same in either precision."""
+of a sampling step; without native support it is emulated and slower, so "auto" only picks it there. On a
+GPU "auto" is float32: on an H200 our UNets are too small for bfloat16 tensor cores to pay for autocast's
+casts (32/64/64 UNet, batch 500: plain step equal, DP-SGD step 25% and sampling step 18% slower in
+bfloat16; BENCHMARKS.md, "DP-SGD step cost on one GPU"); an explicit "bfloat16" still runs there.
+Precision changes what the model computes, never what is charged: DP-SGD clips and noises whatever
+per-example gradient it is given, so the guarantee is the same in either precision."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
@@ -28,12 +31,13 @@ def native_bfloat16(device: torch.device) -> bool:
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """"float32" or "bfloat16" for this device: "auto" picks bfloat16 where it is native; an explicit
-    "bfloat16" on hardware that would only emulate it is refused (it would run several times slower)."""
+    """"float32" or "bfloat16" for this device: "auto" picks bfloat16 on a CPU where it is native (float32 on a
+    GPU, measured faster there); an explicit "bfloat16" on hardware that would only emulate it is refused (it
+    would run several times slower)."""
     if requested not in PRECISIONS:
         raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {requested!r}.")
     if requested == "auto":
-        return "bfloat16" if native_bfloat16(device) else "float32"
+        return "bfloat16" if device.type == "cpu" and native_bfloat16(device) else "float32"
     if requested == "bfloat16" and not native_bfloat16(device):
         raise InvalidParameterError(
             f"precision 'bfloat16' was asked for, but this {device.type} has no native bfloat16 support "
