@@ -1,7 +1,7 @@
 """DP-SGD step cost vs a plain step, by per-sample-gradient method and compute precision (issue: DP-SGD
 throughput), and the cost of a sampling step in each precision.
 
-    python -m benchmarks.dpsgd_throughput [--batch 100] [--rounds 3]
+    python -m benchmarks.dpsgd_throughput [--batch 100] [--rounds 3] [--device cuda --widths 32,64,64]
 
 Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
 interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
@@ -10,7 +10,8 @@ Conv2d and GroupNorm per-example gradients by synth.privimage.conv_grad_sample, 
 gradients" rows also skip autograd's summed Conv2d weight/bias gradients, which the DP optimiser discards
 (conv_grad_sample.per_example_gradients_only, as dp_finetune does). bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
-fail are reported with their error.
+fail are reported with their error. Off the CPU the product uses opacus' own samplers (the grouped backward
+is CPU-only, conv_grad_sample.GROUPED_DEVICES); rows marked "forced on this device" run it there for comparison.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Callable
 import torch
 
 from benchmarks.common import machine, md_table, today
+from synth.privimage import conv_grad_sample
 from synth.privimage.conv_grad_sample import install as install_grouped_conv
 from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
@@ -44,35 +46,41 @@ METHODS = {
     "opacus functorch": dict(dp=True, mode="functorch"),
     "opacus expanded weights": dict(dp=True, mode="ew"),
     "plain, bfloat16 autocast": dict(dp=False, **BF16),
-    "opacus hooks, grouped-conv, no summed conv gradients, bfloat16 autocast (product where bfloat16 is "
-    "native)": dict(dp=True, **PRODUCT, **BF16),
+    "opacus hooks, grouped-conv, no summed conv gradients, bfloat16 autocast (product on a CPU "
+    "with native bfloat16)": dict(dp=True, **PRODUCT, **BF16),
     "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
     "opacus hooks, opacus' own samplers, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
 }
+# off the CPU: the grouped backward where the product does not use it, side by side with the product
+FORCED = {
+    "opacus hooks, grouped-conv forced on this device, no summed conv gradients": dict(dp=True, **PRODUCT, force=True),
+    "opacus hooks, grouped-conv forced on this device, no summed conv gradients, bfloat16 autocast":
+        dict(dp=True, **PRODUCT, **BF16, force=True),
+}
 
 
-def _step_fn(method: dict, batch: int) -> Callable[[], None]:
+def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, ...]) -> Callable[[], None]:
     from opacus.grad_sample import get_gsm_class
     from opacus.optimizers import DPOptimizer
 
     torch.manual_seed(0)
-    model = make_unet(28, 1, 10, WIDTHS, LAYERS)
+    model = make_unet(28, 1, 10, widths, LAYERS)
     fmt = torch.channels_last if method.get("channels_last") else torch.contiguous_format
-    model = model.to(memory_format=fmt)
-    x = torch.randn(batch, 1, 28, 28).to(memory_format=fmt)
-    y = torch.randint(0, 10, (batch,))
+    model = model.to(device, memory_format=fmt)
+    x = torch.randn(batch, 1, 28, 28).to(device, memory_format=fmt)
+    y = torch.randint(0, 10, (batch,), device=device)
     sched = make_scheduler(1000)
-    cpu, precision = torch.device("cpu"), method.get("precision", "float32")
+    precision = method.get("precision", "float32")
     if method.get("sampling"):
         model.eval()
-        t = torch.full((batch,), 500)
+        t = torch.full((batch,), 500, device=device)
 
         @torch.no_grad()
         def forward() -> None:
-            with autocast(cpu, precision):
+            with autocast(device, precision):
                 model(x, t, class_labels=y).sample.float()
         return forward
     if method["dp"]:
@@ -90,53 +98,71 @@ def _step_fn(method: dict, batch: int) -> Callable[[], None]:
     def step() -> None:
         if method["dp"]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
             (install_grouped_conv if method.get("grouped_conv") else uninstall_grouped_conv)()
-            with per_example_gradients_only(model) if method.get("per_example_only") else nullcontext():
-                _per_sample_gradients(model, opt, sched, params, x, y, 1, cpu, precision)
+            added = {device.type} - conv_grad_sample.GROUPED_DEVICES if method.get("force") else set()
+            conv_grad_sample.GROUPED_DEVICES |= added
+            try:
+                with per_example_gradients_only(model) if method.get("per_example_only") else nullcontext():
+                    _per_sample_gradients(model, opt, sched, params, x, y, 1, device, precision)
+            finally:
+                conv_grad_sample.GROUPED_DEVICES -= added
         else:
             opt.zero_grad()
-            with autocast(cpu, precision):
+            with autocast(device, precision):
                 loss = ddpm_loss(model, sched, x, y)
             loss.backward()
         opt.step()
     return step
 
 
-def _time(step: Callable[[], None], reps: int) -> float:
+def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     step()  # warm-up
+    sync()
     t = time.perf_counter()
     for _ in range(reps):
         step()
+    sync()
     return (time.perf_counter() - t) / reps
 
 
-def measure(batch: int = 100, rounds: int = 3, reps: int = 3) -> dict[str, float | str]:
+def methods(device: torch.device) -> dict[str, dict]:
+    return METHODS if device.type == "cpu" else {**METHODS, **FORCED}
+
+
+def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.device = torch.device("cpu"),
+            widths: tuple[int, ...] = WIDTHS) -> dict[str, float | str]:
     """Seconds per step for every method (or the error text of a method that cannot run)."""
-    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    table = methods(device)
+    times: dict[str, list[float]] = {name: [] for name in table}
     errors: dict[str, str] = {}
-    if not native_bfloat16(torch.device("cpu")):
-        errors.update({name: "no native bfloat16 on this CPU" for name, m in METHODS.items()
+    if not native_bfloat16(device):
+        errors.update({name: f"no native bfloat16 on this {device.type}" for name, m in table.items()
                        if m.get("precision") == "bfloat16"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(rounds):
-            for name, method in METHODS.items():
+            for name, method in table.items():
                 if name in errors:
                     continue
                 try:
-                    times[name].append(_time(_step_fn(method, batch), reps))
+                    times[name].append(_time(_step_fn(method, batch, device, widths), reps, device))
                 except Exception as exc:  # a method opacus cannot apply to this model: report it, go on
                     errors[name] = f"{type(exc).__name__}: {str(exc)[:80]}"
-    return {name: errors.get(name) or statistics.median(times[name]) for name in METHODS}
+    return {name: errors.get(name) or statistics.median(times[name]) for name in table}
 
 
 def _baseline(name: str, result: dict[str, float | str]) -> float | str:
     """The plain step of the same precision (a sampling step is compared with the float32 sampling step)."""
-    if METHODS[name].get("sampling"):
+    method = {**METHODS, **FORCED}[name]
+    if method.get("sampling"):
         return result["sampling step (UNet forward, no grad)"]
-    return result["plain, bfloat16 autocast" if METHODS[name].get("precision") == "bfloat16" else "plain (no DP)"]
+    return result["plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)"]
 
 
-def render(result: dict[str, float | str], batch: int, seconds: float) -> str:
+def render(result: dict[str, float | str], batch: int, seconds: float, device: torch.device = torch.device("cpu"),
+           widths: tuple[int, ...] = WIDTHS) -> str:
     fp32 = result["plain (no DP)"]
     rows = []
     for name, v in result.items():
@@ -144,13 +170,22 @@ def render(result: dict[str, float | str], batch: int, seconds: float) -> str:
         if not isinstance(v, float):
             rows.append([name, "-", f"fails ({v})", "-"])
             continue
-        rows.append([name, f"{v * 1000:.0f}", f"{v / fp32:.2f}x" if not METHODS[name].get("sampling") else "-",
+        sampling = name.startswith("sampling step")
+        ms = f"{v * 1000:.1f}" if v < 0.1 else f"{v * 1000:.0f}"
+        rows.append([name, ms, f"{v / fp32:.2f}x" if not sampling else "-",
                      f"{v / same:.2f}x" if isinstance(same, float) else "-"])
-    return (f"## DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)\n\n"
-            f"UNet {list(WIDTHS)} ({LAYERS} layer per block), batch {batch}, Adam, CPU; methods interleaved, median "
-            f"of rounds. {today()}, {machine()}, {seconds:.0f} s.\n\n"
+    title = ("DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)"
+             if device.type == "cpu" else
+             "DP-SGD step cost on one GPU (`python -m benchmarks.dpsgd_throughput --device cuda`)")
+    return (f"## {title}\n\n"
+            f"UNet {list(widths)} ({LAYERS} layer per block), batch {batch}, Adam, {_device_name(device)}; methods "
+            f"interleaved, median of rounds. {today()}, {machine()}, {seconds:.0f} s.\n\n"
             + md_table(["method", "ms per step", "vs plain float32 step", "vs same-precision plain step "
                         "(sampling: vs float32 sampling)"], rows))
+
+
+def _device_name(device: torch.device) -> str:
+    return "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
 def run(quick: bool = True) -> str:
@@ -163,9 +198,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="steps timed per method and round")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="UNet channels, e.g. 32,64,64")
     args = parser.parse_args()
+    device, widths = torch.device(args.device), tuple(int(w) for w in args.widths.split(","))
     t = time.time()
-    print(render(measure(args.batch, args.rounds), args.batch, time.time() - t))
+    result = measure(args.batch, args.rounds, args.reps, device, widths)
+    print(render(result, args.batch, time.time() - t, device, widths))
 
 
 if __name__ == "__main__":

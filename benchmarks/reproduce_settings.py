@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.privimage_bench import settings as privimage_bench_settings
 from synth.privimage.config import DEMO_RECIPE
 
 MODES = ("micro", "cpu", "full")
@@ -49,8 +48,13 @@ def settings(mode: str) -> dict[str, Any]:
                          variation_strength=0.4, release_variations=1)
     elif mode == "cpu":  # the demo preset's recipe (PrivImageConfig.demo), the vote set per epsilon below
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | {"k": 1}
-    else:  # the PrivImage benchmark's full (GPU) settings, with the demo's vote
-        privimage = privimage_bench_settings(quick=False) | {"vote_pool": 4, "variation_strength": 0.4}
+    else:  # one GPU: the demo's recipe with the 4x wider UNet (BENCHMARKS.md, width ablation: 0.927 without DP vs
+        # 0.871), twice the pre-training steps at twice the batch, larger DP-SGD batches and more released images
+        privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | dict(
+            k=1, unet_channels=(32, 64, 64), pretrain_steps=4000, pretrain_batch=128, finetune_epochs=8.0,
+            batch_size=500, max_physical_batch=1000, checkpoint_every=100, n_samples=10000, sample_batch=1000)
+        # max_physical_batch: one pass per Poisson batch (at 500, about half the batches took two passes; measured
+        # with 500 on 2026-11-26, BENCHMARKS.md "PrivImage GPU preset")
     return {
         "mode": mode,
         "seed": SEED,

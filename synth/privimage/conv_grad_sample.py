@@ -41,9 +41,15 @@ from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.grad_sample.group_norm import compute_group_norm_grad_sample
 
 
+# Device types on which the grouped backward replaces opacus' samplers: measured faster on CPU (BENCHMARKS.md);
+# benchmarks/dpsgd_throughput.py --device cuda adds "cuda" for its side-by-side rows.
+GROUPED_DEVICES: set[str] = {"cpu"}
+
+
 def covered(layer: nn.Conv2d, x: torch.Tensor) -> bool:
     """Whether the grouped-backward path computes this layer's per-example gradients (else opacus' own)."""
-    return layer.groups == 1 and not isinstance(layer.padding, str) and x.device.type == "cpu" and x.shape[0] > 0
+    return (layer.groups == 1 and not isinstance(layer.padding, str) and x.device.type in GROUPED_DEVICES
+            and x.shape[0] > 0)
 
 
 def _pointwise(layer: nn.Conv2d) -> bool:
@@ -80,7 +86,7 @@ def group_norm_grad_sample(layer: nn.GroupNorm, activations: list[torch.Tensor],
                            backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """opacus grad-sampler signature for nn.GroupNorm (its affine weight and bias), by the folded batch."""
     x = activations[0]
-    if x.device.type != "cpu" or x.shape[0] == 0:
+    if x.device.type not in GROUPED_DEVICES or x.shape[0] == 0:
         return compute_group_norm_grad_sample(layer, activations, backprops)
     n, c = x.shape[:2]
     pixels, groups = x[0, 0].numel(), n * layer.num_groups

@@ -1,0 +1,109 @@
+"""The issue's GPU preset, sized for minutes on one GPU: PrivImage through the product (`run_direct`, one charged
+run per line) on Fashion-MNIST (60,000 sensitive training images, DPImageBench's protocol; public = UCI digits,
+the built-in source disjoint from it) and MNIST-5k (4,000; public = UCI digits + Fashion-MNIST), with
+`make reproduce --full`'s recipe (benchmarks/reproduce_settings.py, "full").
+
+    python -m benchmarks.gpu_preset --out DIR [--runs mnist5k:10,fashion:10,fashion:1] [--score]
+
+Each run writes to DIR: a JSON line in gpu-preset.jsonl (epsilon, sigma, steps, stage timings, machine) and the
+released images and labels (`<tag>.npz`). Scoring them (the audit's LR / MLP / CNN trained on the release,
+tested on the real held-out set) is CPU work, so it can run where the images are copied to: `--score` scores
+every npz in DIR that has no score yet, appends the accuracies to gpu-preset.jsonl and draws each run's grid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import machine, throwaway_store, today
+from benchmarks.reproduce_settings import privimage_config, settings
+
+SOURCES = {"mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
+           "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False)}
+LOG = "gpu-preset.jsonl"
+
+
+def _record(out: Path, row: dict) -> None:
+    with (out / LOG).open("a") as f:
+        f.write(json.dumps({**row, "date": today(), "machine": machine()}, default=str) + "\n")
+    print(json.dumps(row, default=str), flush=True)
+
+
+def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
+    """One charged PrivImage release of source `name` at `epsilon`; its images saved for scoring."""
+    from release.runner import run_direct
+    from synth.datasets import load_source, public_pool
+
+    source, _, with_fashion = SOURCES[name]
+    sens, pub = load_source(source), public_pool(include_fashion=with_fashion)
+    tag = f"{name}-eps{epsilon:g}-{int(time.time())}"
+    store = throwaway_store(tmp / tag / "ws", name, sens, epsilon, s["delta"])
+    started = time.time()
+    res = run_direct(store, name, sens, pub, "privimage", privimage_config(s, epsilon), run_id=tag,
+                     workdir=tmp / tag / "run")
+    np.savez_compressed(out / f"{tag}.npz", images=res.images, labels=res.labels)
+    p = res.parameters
+    _record(out, {"tag": tag, "dataset": name, "epsilon": epsilon, "steps": p["steps"],
+                  "sigma": p["noise_multiplier"], "selected": p.get("selected_public_classes"),
+                  "seconds": round(time.time() - started, 1), "n_released": len(res.images),
+                  "timings": res.internal.get("timings_s"), "device": _device(), "recipe": s["privimage"]})
+
+
+def score(out: Path, s: dict) -> None:
+    """Accuracies of the classifiers trained on each unscored release in `out`, and its grid."""
+    from benchmarks.reproduce_plots import image_grid
+    from benchmarks.reproduce_privimage import _accuracies
+    from synth.datasets import load_source
+
+    rows = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
+    scored = {r["tag"] for r in rows if "acc" in r}
+    for r in rows:
+        if "acc" in r or r["tag"] in scored or not (out / f"{r['tag']}.npz").exists():
+            continue
+        data = np.load(out / f"{r['tag']}.npz")
+        test = load_source(SOURCES[r["dataset"]][1])
+        acc = _accuracies(data["images"], data["labels"], test, s["cnn_epochs"], s["seed"])
+        grid = image_grid(out / f"{r['tag']}_grid.png", data["images"], data["labels"],
+                          f"PrivImage {r['dataset']} eps {r['epsilon']:g} ({r['device']})", per_class=8)
+        _record(out, {"tag": r["tag"], "dataset": r["dataset"], "epsilon": r["epsilon"], "acc": acc, "grid": grid,
+                      "scored_on": "this machine's CPU"})
+        scored.add(r["tag"])
+
+
+def _device() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", default="mnist5k:10,fashion:10,fashion:1", help="source:epsilon, comma-separated")
+    parser.add_argument("--score", action="store_true", help="score the saved releases in --out (CPU)")
+    parser.add_argument("--mode", default="full", choices=("full", "micro"), help="micro: a smoke run of the pipeline")
+    args = parser.parse_args()
+    s = settings(args.mode)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.score:
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+        score(args.out, s)
+        return
+    runs = [(r.split(":")[0], float(r.split(":")[1])) for r in args.runs.split(",") if r]
+    unknown = {n for n, _ in runs} - set(SOURCES)
+    if unknown:
+        parser.error(f"unknown source(s) {sorted(unknown)}; choose from {sorted(SOURCES)}")
+    with tempfile.TemporaryDirectory(prefix="privrelease-gpu-preset-") as tmp:
+        for name, eps in runs:
+            try:
+                run_one(name, eps, s, args.out, Path(tmp))
+            except Exception as exc:  # keep the other runs; say what failed
+                _record(args.out, {"dataset": name, "epsilon": eps, "error": f"{type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The GPU preset's pipeline at micro size on the CPU: one charged run writes its row and its released images,
+scoring adds accuracies and a grid once; and the throughput benchmark's device options."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import dpsgd_throughput, gpu_preset
+from synth.privimage import conv_grad_sample
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / gpu_preset.LOG).read_text().splitlines()]
+
+
+def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--runs", "mnist5k:10"])
+    gpu_preset.main()
+    (run,) = _rows(tmp_path)
+    assert run["dataset"] == "mnist5k" and run["epsilon"] == 10.0 and run["steps"] > 0 and run["sigma"] > 0
+    release = np.load(tmp_path / f"{run['tag']}.npz")
+    assert release["images"].shape == (run["n_released"], 28, 28) and release["images"].dtype == np.uint8
+    assert len(release["labels"]) == run["n_released"]
+
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--score"])
+    gpu_preset.main()
+    gpu_preset.main()  # a second scoring finds nothing left to score
+    rows = _rows(tmp_path)
+    assert len(rows) == 2
+    scored = rows[1]
+    assert scored["tag"] == run["tag"] and set(scored["acc"]) == {"logreg", "mlp", "cnn"}
+    assert all(0.0 <= a <= 1.0 for a in scored["acc"].values())
+    assert (tmp_path / scored["grid"]).stat().st_size > 0
+
+
+def test_an_unknown_source_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--runs", "cifar:10"])
+    with pytest.raises(SystemExit):
+        gpu_preset.main()
+    assert "unknown source(s) ['cifar']" in capsys.readouterr().err
+    assert not (tmp_path / gpu_preset.LOG).exists()
+
+
+def test_forced_grouped_rows_exist_only_off_the_cpu_and_restore_the_product_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not set(dpsgd_throughput.FORCED) & set(dpsgd_throughput.methods(torch.device("cpu")))
+    assert set(dpsgd_throughput.FORCED) <= set(dpsgd_throughput.methods(torch.device("cuda")))
+    # a device where the product does not use the grouped backward: forced for the step, then not again
+    monkeypatch.setattr(conv_grad_sample, "GROUPED_DEVICES", set())
+    seen: list[bool] = []
+    original = conv_grad_sample.covered
+    monkeypatch.setattr(conv_grad_sample, "covered", lambda layer, x: seen.append(original(layer, x)) or seen[-1])
+    name = next(iter(dpsgd_throughput.FORCED))
+    dpsgd_throughput._step_fn(dpsgd_throughput.FORCED[name], 4, torch.device("cpu"), (8, 16))()
+    assert seen and all(seen)
+    assert conv_grad_sample.GROUPED_DEVICES == set()
+    seen.clear()
+    product = dpsgd_throughput.METHODS["opacus hooks, grouped-conv, no summed conv gradients (product in float32)"]
+    dpsgd_throughput._step_fn(product, 4, torch.device("cpu"), (8, 16))()
+    assert seen and not any(seen)
+
+
+def test_the_gpu_table_gets_its_own_section_title(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make bench` splices the CPU table by its title: a GPU table under the same title would be overwritten."""
+    monkeypatch.setattr(dpsgd_throughput, "_device_name", lambda device: "a test GPU")
+    result = {name: 0.05 for name in dpsgd_throughput.methods(torch.device("cuda"))}
+    gpu = dpsgd_throughput.render(result, 8, 1.0, torch.device("cuda"), (32, 64, 64))
+    assert gpu.startswith("## DP-SGD step cost on one GPU") and "a test GPU" in gpu and "[32, 64, 64]" in gpu
+    assert "forced on this device" in gpu  # every measured row is rendered
+    cpu = dpsgd_throughput.render({n: 0.05 for n in dpsgd_throughput.METHODS}, 8, 1.0)
+    assert cpu.startswith("## DP-SGD step cost by per-sample-gradient method") and "forced" not in cpu
