@@ -3,7 +3,8 @@ run per line) on Fashion-MNIST (60,000 sensitive training images, DPImageBench's
 the built-in source disjoint from it) and MNIST-5k (4,000; public = UCI digits + Fashion-MNIST), with
 `make reproduce --full`'s recipe (benchmarks/reproduce_settings.py, "full").
 
-    python -m benchmarks.gpu_preset --out DIR [--runs mnist5k:10,fashion:10,fashion:1] [--score]
+    python -m benchmarks.gpu_preset --out DIR [--runs mnist5k:10,fashion:10,fashion:1] [--mode full|cpu|micro]
+                                    [--set KEY=JSON ...] [--score]
 
 Each run writes to DIR: a JSON line in gpu-preset.jsonl (epsilon, sigma, steps, stage timings, machine) and the
 released images and labels (`<tag>.npz`). Scoring them (the audit's LR / MLP / CNN trained on the release,
@@ -85,9 +86,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", default="mnist5k:10,fashion:10,fashion:1", help="source:epsilon, comma-separated")
     parser.add_argument("--score", action="store_true", help="score the saved releases in --out (CPU)")
-    parser.add_argument("--mode", default="full", choices=("full", "micro"), help="micro: a smoke run of the pipeline")
+    parser.add_argument("--mode", default="full", choices=("full", "cpu", "micro"),
+                        help="the recipe: full (GPU, default), cpu (make reproduce's), micro (a smoke run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="override one recipe setting for an ablation, e.g. --set batch_size=500")
     args = parser.parse_args()
     s = settings(args.mode)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in s["privimage"] or not value:
+            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(s['privimage'])}")
+        try:
+            s["privimage"][key] = json.loads(value)
+        except json.JSONDecodeError:
+            parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], \"text\")")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.score:
         torch.set_num_threads(min(2, torch.get_num_threads()))

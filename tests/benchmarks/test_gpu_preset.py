@@ -21,10 +21,12 @@ def _rows(out: Path) -> list[dict]:
 def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--runs", "mnist5k:10"])
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--runs", "mnist5k:10",
+                                      "--set", "n_samples=60"])
     gpu_preset.main()
     (run,) = _rows(tmp_path)
     assert run["dataset"] == "mnist5k" and run["epsilon"] == 10.0 and run["steps"] > 0 and run["sigma"] > 0
+    assert run["recipe"]["n_samples"] == run["n_released"] == 60
     release = np.load(tmp_path / f"{run['tag']}.npz")
     assert release["images"].shape == (run["n_released"], 28, 28) and release["images"].dtype == np.uint8
     assert len(release["labels"]) == run["n_released"]
@@ -46,6 +48,18 @@ def test_an_unknown_source_is_refused_before_anything_runs(tmp_path: Path, monke
     with pytest.raises(SystemExit):
         gpu_preset.main()
     assert "unknown source(s) ['cifar']" in capsys.readouterr().err
+    assert not (tmp_path / gpu_preset.LOG).exists()
+
+
+@pytest.mark.parametrize("setting, message", [("batch_size", "KEY=VALUE"), ("no_such_key=1", "KEY=VALUE with KEY one of"),
+                                              ("batch_size=big", "must be JSON")])
+def test_a_bad_override_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture, setting: str,
+                                                        message: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--set", setting])
+    with pytest.raises(SystemExit):
+        gpu_preset.main()
+    assert message in capsys.readouterr().err
     assert not (tmp_path / gpu_preset.LOG).exists()
 
 
