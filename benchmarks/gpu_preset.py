@@ -64,8 +64,8 @@ def score(out: Path, s: dict) -> None:
 
     rows = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
     scored = {r["tag"] for r in rows if "acc" in r}
-    for r in rows:
-        if "acc" in r or r["tag"] in scored or not (out / f"{r['tag']}.npz").exists():
+    for r in rows:  # run rows (an error row has no tag, a score row has "acc")
+        if "tag" not in r or "acc" in r or r["tag"] in scored or not (out / f"{r['tag']}.npz").exists():
             continue
         data = np.load(out / f"{r['tag']}.npz")
         test = load_source(SOURCES[r["dataset"]][1])
@@ -79,6 +79,17 @@ def score(out: Path, s: dict) -> None:
 
 def _device() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
+    """"source:epsilon" -> (source, epsilon); the epsilon itself is checked by the planner (a clear error row)."""
+    name, _, eps = text.partition(":")
+    if name not in SOURCES:
+        parser.error(f"--runs {text!r}: unknown source {name!r}; choose from {sorted(SOURCES)}")
+    try:
+        return name, float(eps)
+    except ValueError:
+        parser.error(f"--runs {text!r}: give source:epsilon, e.g. {name}:10")
 
 
 def main() -> None:
@@ -102,13 +113,12 @@ def main() -> None:
             parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], \"text\")")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.score:
+        if not (args.out / LOG).exists():
+            parser.error(f"nothing to score: {args.out / LOG} does not exist (run the preset with --out there first)")
         torch.set_num_threads(min(2, torch.get_num_threads()))
         score(args.out, s)
         return
-    runs = [(r.split(":")[0], float(r.split(":")[1])) for r in args.runs.split(",") if r]
-    unknown = {n for n, _ in runs} - set(SOURCES)
-    if unknown:
-        parser.error(f"unknown source(s) {sorted(unknown)}; choose from {sorted(SOURCES)}")
+    runs = [_run_spec(parser, r) for r in args.runs.split(",") if r]
     with tempfile.TemporaryDirectory(prefix="privrelease-gpu-preset-") as tmp:
         for name, eps in runs:
             try:

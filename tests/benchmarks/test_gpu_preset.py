@@ -42,13 +42,30 @@ def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_onc
     assert (tmp_path / scored["grid"]).stat().st_size > 0
 
 
-def test_an_unknown_source_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--runs", "cifar:10"])
+@pytest.mark.parametrize("runs, message", [("cifar:10", "unknown source 'cifar'"), ("mnist5k", "give source:epsilon"),
+                                           ("fashion:ten", "give source:epsilon")])
+def test_a_bad_run_list_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture, runs: str, message: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--runs", f"mnist5k:10,{runs}"])
     with pytest.raises(SystemExit):
         gpu_preset.main()
-    assert "unknown source(s) ['cifar']" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / gpu_preset.LOG).exists()
+
+
+def test_a_failed_run_is_recorded_and_scoring_skips_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--score"])
+    with pytest.raises(SystemExit):
+        gpu_preset.main()
+    assert "nothing to score" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--runs", "mnist5k:nan"])
+    gpu_preset.main()
+    (row,) = _rows(tmp_path)
+    assert row["dataset"] == "mnist5k" and "epsilon" in row["error"].lower()
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--score"])
+    gpu_preset.main()
+    assert len(_rows(tmp_path)) == 1
 
 
 @pytest.mark.parametrize("setting, message", [("batch_size", "KEY=VALUE"), ("no_such_key=1", "KEY=VALUE with KEY one of"),
