@@ -60,6 +60,7 @@ FORCED = {
     "opacus hooks, grouped-conv forced on this device, no summed conv gradients, bfloat16 autocast":
         dict(dp=True, **PRODUCT, **BF16, force=True),
 }
+ALL_METHODS = {**METHODS, **FORCED}
 
 
 def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, ...]) -> Callable[[], None]:
@@ -128,7 +129,7 @@ def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
 
 
 def methods(device: torch.device) -> dict[str, dict]:
-    return METHODS if device.type == "cpu" else {**METHODS, **FORCED}
+    return METHODS if device.type == "cpu" else ALL_METHODS
 
 
 def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.device = torch.device("cpu"),
@@ -155,7 +156,7 @@ def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.devi
 
 def _baseline(name: str, result: dict[str, float | str]) -> float | str:
     """The plain step of the same precision (a sampling step is compared with the float32 sampling step)."""
-    method = {**METHODS, **FORCED}[name]
+    method = ALL_METHODS[name]
     if method.get("sampling"):
         return result["sampling step (UNet forward, no grad)"]
     return result["plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)"]
@@ -170,9 +171,8 @@ def render(result: dict[str, float | str], batch: int, seconds: float, device: t
         if not isinstance(v, float):
             rows.append([name, "-", f"fails ({v})", "-"])
             continue
-        sampling = name.startswith("sampling step")
         ms = f"{v * 1000:.1f}" if v < 0.1 else f"{v * 1000:.0f}"
-        rows.append([name, ms, f"{v / fp32:.2f}x" if not sampling else "-",
+        rows.append([name, ms, f"{v / fp32:.2f}x" if not ALL_METHODS[name].get("sampling") else "-",
                      f"{v / same:.2f}x" if isinstance(same, float) else "-"])
     title = ("DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)"
              if device.type == "cpu" else

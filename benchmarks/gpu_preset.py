@@ -64,11 +64,14 @@ def score(out: Path, s: dict) -> None:
 
     rows = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
     scored = {r["tag"] for r in rows if "acc" in r}
+    tests: dict[str, object] = {}  # held-out set per dataset, loaded once
     for r in rows:  # run rows (an error row has no tag, a score row has "acc")
         if "tag" not in r or "acc" in r or r["tag"] in scored or not (out / f"{r['tag']}.npz").exists():
             continue
         data = np.load(out / f"{r['tag']}.npz")
-        test = load_source(SOURCES[r["dataset"]][1])
+        if r["dataset"] not in tests:
+            tests[r["dataset"]] = load_source(SOURCES[r["dataset"]][1])
+        test = tests[r["dataset"]]
         acc = _accuracies(data["images"], data["labels"], test, s["cnn_epochs"], s["seed"])
         grid = image_grid(out / f"{r['tag']}_grid.png", data["images"], data["labels"],
                           f"PrivImage {r['dataset']} eps {r['epsilon']:g} ({r['device']})", per_class=8)

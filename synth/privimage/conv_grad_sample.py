@@ -17,9 +17,10 @@ product and two reductions.
 
 `install()` registers it with opacus for nn.Conv2d (and `group_norm_grad_sample` for nn.GroupNorm) through
 opacus' own extension point (`register_grad_sampler`); what it does not cover goes to opacus' sampler
-unchanged: grouped or string-padded convolutions, and tensors off the CPU (only measured on CPU; no GPU was
-available to compare the two there). The gradients are those of one backward pass per example (tested to float rounding); only
-how they are computed changes, so clipping, noise and accounting are untouched.
+unchanged: grouped or string-padded convolutions, and tensors off the CPU (on an H200 the grouped backward was
+slower than opacus' samplers; BENCHMARKS.md, "DP-SGD step cost on one GPU"). The gradients are those of one
+backward pass per example (tested to float rounding); only how they are computed changes, so clipping, noise and
+accounting are untouched.
 
 `per_example_gradients_only(model)` also stops autograd from computing each Conv2d's *summed* weight and
 bias gradients during the DP backward pass: opacus' optimiser never reads them (it overwrites `p.grad` with
@@ -41,8 +42,8 @@ from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.grad_sample.group_norm import compute_group_norm_grad_sample
 
 
-# Device types on which the grouped backward replaces opacus' samplers: measured faster on CPU (BENCHMARKS.md);
-# benchmarks/dpsgd_throughput.py --device cuda adds "cuda" for its side-by-side rows.
+# Device types on which the grouped backward replaces opacus' samplers: measured faster on CPU, slower on an H200
+# (BENCHMARKS.md); benchmarks/dpsgd_throughput.py --device cuda adds "cuda" for its side-by-side rows.
 GROUPED_DEVICES: set[str] = {"cpu"}
 
 
