@@ -29,46 +29,91 @@ import os
 import types
 from typing import Any
 
-import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
 
 SUMMED_NORMALS = 4  # Holohan & Braghin's 2n with n = 2, as opacus' secure mode
 _MASK53 = (1 << 53) - 1
+_CHUNK = 1 << 17  # noise values per keystream call (4 MiB of keystream): the buffers below stay in cache
 
 
 class SecureGaussian:
-    """N(0, std^2) samples from an AES-CTR keystream; a fresh random key per instance."""
+    """N(0, std^2) samples from an AES-CTR keystream; a fresh random key per instance.
+
+    Only the keystream is made on the CPU (AES-NI); the raw 64-bit words go to the target device, where
+    the conversion to uniforms and Box-Muller run in place in a workspace kept between draws. Fresh
+    32 MiB tensors per draw cost more in page faults than the AES and the arithmetic together."""
 
     def __init__(self) -> None:
         key, counter = os.urandom(32), os.urandom(16)
         self._stream = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor()
+        self._zeros, self._keystream = bytes(), bytearray()
+        self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __reduce__(self) -> Any:  # pickling (torch.save, deepcopy) would write the key out
         raise TypeError("SecureGaussian holds a secret key and cannot be saved or copied; make a new one.")
 
-    def uniform(self, n: int) -> torch.Tensor:
-        """n float64 uniforms in (0, 1), 53 random bits each (never 0, so log() is safe)."""
-        raw = self._stream.update(bytes(8 * n))
-        bits = torch.from_numpy(np.frombuffer(raw, dtype=np.int64).copy())
-        return ((bits >> 11) & _MASK53).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
+    def _buffers(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n float64 values, n // 2 + 1 float64 values) of scratch space on `device`."""
+        work, half = self._workspace.get(device, (None, None))
+        if work is None or work.numel() < n:
+            work = torch.empty(n, dtype=torch.float64, device=device)
+            half = torch.empty(n // 2 + 1, dtype=torch.float64, device=device)
+            self._workspace[device] = work, half
+        return work[:n], half
+
+    def _uniform_into(self, out: torch.Tensor) -> torch.Tensor:
+        """Fill float64 `out` with uniforms in (0, 1), 53 random bits each (never 0, so log() is safe)."""
+        n = out.numel()
+        nbytes = 8 * n
+        if len(self._zeros) < nbytes:
+            self._zeros, self._keystream = bytes(nbytes), bytearray(nbytes + 15)  # CTR writes len(data); API: +15
+        self._stream.update_into(memoryview(self._zeros)[:nbytes], self._keystream)
+        words = torch.frombuffer(self._keystream, dtype=torch.int64, count=n)
+        if out.device.type == "cpu":
+            words.bitwise_and_(_MASK53)  # the low 53 bits of a random word are uniform
+            out.copy_(words)
+        else:  # ship the words, convert on the device
+            out.copy_(words.to(out.device).bitwise_and_(_MASK53))
+        return out.add_(0.5).mul_(2.0 ** -53)
+
+    def uniform(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """n float64 uniforms in (0, 1), 53 random bits each."""
+        out = torch.empty(n, dtype=torch.float64, device=device)
+        for start in range(0, n, _CHUNK):
+            self._uniform_into(out[start:start + _CHUNK])
+        return out
+
+    def _normals(self, n: int, device: torch.device) -> torch.Tensor:
+        """n (even, <= 4 x _CHUNK) float64 N(0, 1) samples by Box-Muller, in the workspace: valid until
+        the next draw."""
+        pairs = n // 2
+        u, cos = self._buffers(n, device)
+        self._uniform_into(u)
+        r, theta = u[:pairs].log_().mul_(-2.0).sqrt_(), u[pairs:].mul_(2.0 * math.pi)
+        torch.cos(theta, out=cos[:pairs])
+        theta.sin_().mul_(r)
+        r.mul_(cos[:pairs])
+        return u  # [r cos(theta), r sin(theta)]
 
     def standard_normal(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """n float64 N(0, 1) samples by Box-Muller (both outputs of each pair used)."""
-        pairs = (n + 1) // 2
-        u = self.uniform(2 * pairs).to(device)
-        r = torch.sqrt(-2.0 * torch.log(u[:pairs]))
-        theta = (2.0 * math.pi) * u[pairs:]
-        return torch.cat((r * torch.cos(theta), r * torch.sin(theta)))[:n]
+        """n float64 N(0, 1) samples (both outputs of each Box-Muller pair used)."""
+        out, device = torch.empty(n, dtype=torch.float64, device=device), torch.device(device)
+        for start in range(0, n, 2 * _CHUNK):
+            m = min(2 * _CHUNK, n - start)
+            out[start:start + m] = self._normals(m + m % 2, device)[:m]
+        return out
 
     def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
         """float64 N(0, std^2) noise of `shape`: the sum of 4 normals of std `std`, halved."""
-        n = math.prod(shape)
-        total = torch.zeros(n, dtype=torch.float64, device=device)
-        for _ in range(SUMMED_NORMALS):
-            total += self.standard_normal(n, device)
-        return (total * (std / math.sqrt(SUMMED_NORMALS))).reshape(shape)
+        n, device = math.prod(shape), torch.device(device)
+        total = torch.empty(n, dtype=torch.float64, device=device)
+        for start in range(0, n, _CHUNK):
+            m = min(_CHUNK, n - start)
+            draws = self._normals(SUMMED_NORMALS * m, device).view(SUMMED_NORMALS, m)
+            torch.sum(draws, 0, out=total[start:start + m])
+        return total.mul_(std / math.sqrt(SUMMED_NORMALS)).reshape(shape)
 
 
 def _secure_add_noise(self: DPOptimizer) -> None:

@@ -45,6 +45,31 @@ def test_two_generators_and_two_draws_differ():
     assert not torch.equal(first, second) and not torch.equal(first, b.noise((1000,), 1.0))
 
 
+def test_draws_never_alias_the_reused_workspace():
+    """The keystream and the Box-Muller scratch space are reused between draws: what a draw returned must not
+    change under the next one, and no chunk of a long draw may repeat another."""
+    g = SecureGaussian()
+    first = g.noise((1000,), 1.0)
+    kept = first.clone()
+    g.noise((1000,), 1.0), g.standard_normal(999), g.uniform(77)
+    assert torch.equal(first, kept)
+    n = 2 * secure_noise._CHUNK + 3  # three chunks, the last one short
+    z = g.noise((n,), SIGMA)
+    c = secure_noise._CHUNK
+    assert not torch.equal(z[:c], z[c:2 * c]) and z.shape == (n,)
+    assert abs(float(z.std()) - SIGMA) < 0.02
+    odd = g.standard_normal(4 * c + 1)  # odd length, more than one Box-Muller chunk
+    assert odd.shape == (4 * c + 1,) and not torch.equal(odd[:c], odd[2 * c:3 * c]) and abs(float(odd.std()) - 1) < 0.02
+
+
+def test_off_cpu_the_words_are_shipped_and_converted_on_the_device():
+    """The branch a GPU takes (keystream words copied to the device, converted and transformed there), run on
+    torch's meta device: shapes and dtypes only, so a CPU-only machine still executes every line of it."""
+    g = SecureGaussian()
+    assert g.noise((3, 5), 1.0, "meta").shape == (3, 5) and g.noise((3, 5), 1.0, "meta").dtype == torch.float64
+    assert g.standard_normal(7, "meta").shape == (7,) and g.uniform(5, "meta").device.type == "meta"
+
+
 def test_the_generator_cannot_be_saved_or_copied(tmp_path):
     g = SecureGaussian()
     with pytest.raises(TypeError, match="secret key"):
