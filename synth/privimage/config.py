@@ -29,9 +29,11 @@ def _check_decay(value: object) -> float:
 
 
 # The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
+# max_physical_batch 320: a Poisson batch of expected size 250 (sd ~15) almost always fits one pass; at 125 it took
+# two or three, and a DP-SGD step was 3-12% slower on 2 CPU cores (BENCHMARKS.md, "DP-SGD step cost: what the rows say").
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64, finetune_epochs=4.0,
-    batch_size=250, max_physical_batch=125, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=4000,
+    batch_size=250, max_physical_batch=320, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=4000,
     sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4, variation_strength=0.4, release_variations=3,
     release_variation_strength=0.15)
 
