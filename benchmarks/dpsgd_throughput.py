@@ -8,18 +8,23 @@ interleaved round by round and each figure is the median of the rounds, so machi
 alike. DP steps include opacus' per-sample clipping (in float32) and noise; "grouped-conv" rows compute
 Conv2d and GroupNorm per-example gradients by synth.privimage.conv_grad_sample, the others by opacus; "no summed conv
 gradients" rows also skip autograd's summed Conv2d weight/bias gradients, which the DP optimiser discards
-(conv_grad_sample.per_example_gradients_only, as dp_finetune does). bfloat16 rows run under autocast
+(conv_grad_sample.per_example_gradients_only, as dp_finetune does) and divide the noisy sum as dp_finetune's
+optimiser does (training.scale_grad_once). bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
-fail are reported with their error. Off the CPU the product uses opacus' own samplers (the grouped backward
+fail are reported with their error. "Whole DP-SGD loop" rows time a step of dp_finetune itself (the
+interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in one
+physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the CPU the product uses opacus' own samplers (the grouped backward
 is CPU-only, conv_grad_sample.GROUPED_DEVICES); rows marked "forced on this device" run it there for comparison.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 import warnings
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -31,7 +36,7 @@ from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.precision import autocast, native_bfloat16
-from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients
+from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, dp_finetune, scale_grad_once
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
@@ -51,6 +56,8 @@ METHODS = {
     "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
     "opacus hooks, opacus' own samplers, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
+    "the product's whole DP-SGD loop (dp_finetune), float32": dict(loop=True),
+    "the product's whole DP-SGD loop (dp_finetune), bfloat16 autocast": dict(loop=True, **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
 }
@@ -91,6 +98,8 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
         model = gsm_cls(model, batch_first=True, loss_reduction=HOOKS_LOSS_REDUCTION, **kwargs)
         opt = DPOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), noise_multiplier=1.0, max_grad_norm=1.0,
                           expected_batch_size=batch)
+        if method.get("per_example_only"):  # the product's rows: its optimiser as dp_finetune sets it up
+            scale_grad_once(opt)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -113,6 +122,26 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
             loss.backward()
         opt.step()
     return step
+
+
+def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int, ...], reps: int) -> float:
+    """Median seconds between consecutive steps of dp_finetune (the product's loop), `reps` intervals."""
+    stamps: list[float] = []
+
+    def progress(_stage: str, _done: int, _total: int) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        stamps.append(time.perf_counter())
+    torch.manual_seed(0)
+    n = 16 * batch
+    x, y = torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))
+    with tempfile.TemporaryDirectory() as workdir:
+        dp_finetune(make_unet(28, 1, 10, widths, LAYERS), x, y, sample_rate=1 / 16, noise_multiplier=1.0,
+                    steps=reps + 1, batch_size=batch, max_physical_batch=2 * batch, max_grad_norm=1.0, lr=1e-4,
+                    ema_decay=0.999, train_timesteps=1000, seed=0, device=device, workdir=Path(workdir),
+                    ckpt_every=10 ** 9, on_resume=lambda s, d: None, progress=progress,
+                    precision=method.get("precision", "float32"))
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
 def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
@@ -148,7 +177,8 @@ def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.devi
                 if name in errors:
                     continue
                 try:
-                    times[name].append(_time(_step_fn(method, batch, device, widths), reps, device))
+                    times[name].append(_loop_time(method, batch, device, widths, reps) if method.get("loop") else
+                                       _time(_step_fn(method, batch, device, widths), reps, device))
                 except Exception as exc:  # a method opacus cannot apply to this model: report it, go on
                     errors[name] = f"{type(exc).__name__}: {str(exc)[:80]}"
     return {name: errors.get(name) or statistics.median(times[name]) for name in table}

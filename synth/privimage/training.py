@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Callable
 import torch
 from diffusers.training_utils import EMAModel
 from opacus import PrivacyEngine
+from opacus.optimizers import DPOptimizer
 from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -251,6 +253,22 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
 
 
+def scale_grad_once(optimizer: DPOptimizer) -> DPOptimizer:
+    """Give this opacus optimiser the scale_grad below (this instance only)."""
+    optimizer.scale_grad = types.MethodType(_scale_grad, optimizer)
+    return optimizer
+
+
+def _scale_grad(self: DPOptimizer) -> None:
+    """opacus' DPOptimizer.scale_grad, reading `accumulated_iterations` once per step: opacus reads that
+    property (a pass over every parameter's per-sample gradients) once per parameter, O(P^2) Python work:
+    3.9 ms a step for the demo UNet's 143 tensors on this project's 2-core VM, 0.3 ms read once; host time a
+    GPU step, launch-bound at these sizes, pays in full (BENCHMARKS.md, "DP-SGD step cost: what the rows say")."""
+    if self.loss_reduction == "mean":
+        divisor = self.expected_batch_size * self.accumulated_iterations
+        torch._foreach_div_([p.grad for p in self.params], divisor)
+
+
 def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
     """Count one more step as started, durably, before it runs (rank 0 alone writes under torchrun)."""
     wal["started"] += 1
@@ -320,6 +338,7 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
             loss_reduction=HOOKS_LOSS_REDUCTION,
         )
     dp_opt.loss_reduction = "mean"  # average the noisy sum over the expected batch (see HOOKS_LOSS_REDUCTION)
+    scale_grad_once(dp_opt)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
             f"Internal error: opacus samples with q={dp_loader.sample_rate} but the plan charged q={sample_rate} "

@@ -108,3 +108,16 @@ def test_the_gpu_table_gets_its_own_section_title(monkeypatch: pytest.MonkeyPatc
     assert "forced on this device" in gpu  # every measured row is rendered
     cpu = dpsgd_throughput.render({n: 0.05 for n in dpsgd_throughput.METHODS}, 8, 1.0)
     assert cpu.startswith("## DP-SGD step cost by per-sample-gradient method") and "forced" not in cpu
+
+
+def test_the_whole_loop_rows_time_dp_finetune_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop rows run the product's dp_finetune (secure noise, EMA, write-ahead log) and report the median
+    interval between its steps: reps intervals need reps + 1 steps."""
+    calls: list[dict] = []
+    real = dpsgd_throughput.dp_finetune
+    monkeypatch.setattr(dpsgd_throughput, "dp_finetune", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    loops = [name for name, m in dpsgd_throughput.METHODS.items() if m.get("loop")]
+    assert len(loops) == 2
+    seconds = dpsgd_throughput._loop_time(dpsgd_throughput.METHODS[loops[0]], 8, torch.device("cpu"), (8, 16), 2)
+    assert seconds > 0 and calls[0]["steps"] == 3 and calls[0]["max_physical_batch"] >= 2 * 8
+    assert "secure_noise" not in calls[0]  # the product's default: secure noise on

@@ -171,6 +171,30 @@ def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_the_dp_optimisers_scale_grad_divides_as_opacus_does_with_accumulated_passes() -> None:
+    """dp_finetune's optimiser reads opacus' accumulated_iterations once per step instead of once per parameter;
+    the division must stay opacus' own, also when per-sample gradients of two passes are accumulated."""
+    from opacus.optimizers import DPOptimizer
+
+    x, y = _digits(4)
+    model = _unet()
+    _, _, dp_opt, _ = _make_private(model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0, 1e6, 1.0, CPU)
+    for p in dp_opt.params:  # per-sample gradients of two passes, as opacus keeps them when it accumulates
+        p.grad_sample = [torch.zeros(4, *p.shape), torch.zeros(4, *p.shape)]
+    assert dp_opt.accumulated_iterations == 2 and type(dp_opt).scale_grad is DPOptimizer.scale_grad
+    grads = [torch.randn_like(p) for p in dp_opt.params]
+    for p, g in zip(dp_opt.params, grads):
+        p.grad = g.clone()
+    dp_opt.scale_grad()  # the product's, bound to this instance
+    ours = [p.grad.clone() for p in dp_opt.params]
+    for p, g in zip(dp_opt.params, grads):
+        p.grad = g.clone()
+    DPOptimizer.scale_grad(dp_opt)  # opacus' own
+    for a, b in zip(ours, (p.grad for p in dp_opt.params)):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(ours[0], grads[0])  # it did divide (by 4 x 2)
+
+
 @pytest.mark.parametrize("which", ["norms_emb", "no_down"])
 def test_partial_fine_tuning_leaves_frozen_weights_untouched(tmp_path: Path, which: str) -> None:
     x, y = _digits(32)
