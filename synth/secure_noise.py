@@ -41,7 +41,7 @@ _CHUNK = 1 << 17  # noise values per keystream call (4 MiB of keystream): the bu
 class SecureGaussian:
     """N(0, std^2) samples from an AES-CTR keystream; a fresh random key per instance.
 
-    Only the keystream is made on the CPU (AES-NI); the raw 64-bit words go to the target device, where
+    Only the keystream is made on the CPU (OpenSSL AES); the raw 64-bit words go to the target device, where
     the conversion to uniforms and Box-Muller run in place in a workspace kept between draws. Fresh
     32 MiB tensors per draw cost more in page faults than the AES and the arithmetic together."""
 
