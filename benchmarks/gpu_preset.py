@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import machine, throwaway_store, today
-from benchmarks.reproduce_settings import privimage_config, settings
+from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
 
 SOURCES = {"mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
            "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False)}
@@ -53,7 +53,8 @@ def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
     _record(out, {"tag": tag, "dataset": name, "epsilon": epsilon, "steps": p["steps"],
                   "sigma": p["noise_multiplier"], "selected": p.get("selected_public_classes"),
                   "seconds": round(time.time() - started, 1), "n_released": len(res.images),
-                  "timings": res.internal.get("timings_s"), "device": _device(), "recipe": s["privimage"]})
+                  "timings": res.internal.get("timings_s"), "device": _device(),
+                  "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"]})
 
 
 def score(out: Path, s: dict) -> None:
@@ -108,12 +109,14 @@ def main() -> None:
     s = settings(args.mode)
     for item in args.set:
         key, _, value = item.partition("=")
-        if key not in s["privimage"] or not value:
-            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(s['privimage'])}")
+        if key not in {*s["privimage"], *VOTE_KEYS} or not value:
+            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted({*s['privimage'], *VOTE_KEYS})}")
         try:
-            s["privimage"][key] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
             parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], \"text\")")
+        for recipe in s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]:  # the vote is set per epsilon
+            recipe[key] = parsed
     args.out.mkdir(parents=True, exist_ok=True)
     if args.score:
         if not (args.out / LOG).exists():

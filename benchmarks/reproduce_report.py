@@ -192,7 +192,9 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
         L.append("Private vote (all methods; after DP-SGD, each sensitive image votes for its nearest candidate, "
                  "Gaussian noise on the counts, later rounds vote on variations of the winners): "
                  + "; ".join(f"epsilon {e}: {v['vote_rounds']} round{'s' if v['vote_rounds'] > 1 else ''} at "
-                             f"sigma {v['vote_sigma']:g}" for e, v in s["vote"].items()) + ".")
+                             f"sigma {v['vote_sigma']:g}"
+                             + (f", {v['vote_pool']} candidates per image" if v.get("vote_pool") else "")
+                             for e, v in s["vote"].items()) + ".")
     if pi.get("release_variations"):
         from synth.privimage import PrivImageConfig
 

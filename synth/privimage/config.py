@@ -29,12 +29,14 @@ def _check_decay(value: object) -> float:
 
 
 # The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
-# max_physical_batch 320: a Poisson batch of expected size 250 (sd ~15) almost always fits one pass; at 125 it took
-# two or three, and a DP-SGD step was 3-12% slower on 2 CPU cores (BENCHMARKS.md, "DP-SGD step cost: what the rows say").
+# vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four (CNN 0.886 against
+# 0.831 at epsilon 10, BENCHMARKS.md "Private vote"). max_physical_batch 320: a Poisson batch of expected size 250
+# (sd ~15) almost always fits one pass; at 125 it took two or three, and a DP-SGD step was 3-12% slower on 2 CPU
+# cores (BENCHMARKS.md, "DP-SGD step cost: what the rows say").
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64, finetune_epochs=4.0,
     batch_size=250, max_physical_batch=320, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=4000,
-    sample_batch=125, vote_sigma=2.0, vote_pool=4, vote_rounds=4, variation_strength=0.4, release_variations=3,
+    sample_batch=125, vote_sigma=2.0, vote_pool=8, vote_rounds=4, variation_strength=0.4, release_variations=3,
     release_variation_strength=0.15)
 
 
@@ -167,7 +169,7 @@ class PrivImageConfig:
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
         """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
         later releases), 4 DP-SGD epochs with Adam at 3e-4, then four rounds of the private vote (Private
-        Evolution): 4 candidates per released image, then three times 4 SDEdit variations of each winner at
+        Evolution): 8 candidates per released image, then three times 8 SDEdit variations of each winner at
         strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). Sampling batches of 125 run
         about 1.5x faster per image than 500 on 2 CPU cores (cache-sized activations)."""
         return cls(epsilon=epsilon, delta=delta, **{**DEMO_RECIPE, **overrides})

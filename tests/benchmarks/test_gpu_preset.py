@@ -22,9 +22,10 @@ def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_onc
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--mode", "micro", "--runs", "mnist5k:10",
-                                      "--set", "n_samples=60"])
+                                      "--set", "n_samples=60", "--set", "vote_pool=3"])
     gpu_preset.main()
     (run,) = _rows(tmp_path)
+    assert run["recipe"]["vote_pool"] == 3 and run["recipe"]["vote_sigma"] == 2.0  # the vote of epsilon 10, overridden
     assert run["dataset"] == "mnist5k" and run["epsilon"] == 10.0 and run["steps"] > 0 and run["sigma"] > 0
     assert run["recipe"]["n_samples"] == run["n_released"] == 60
     release = np.load(tmp_path / f"{run['tag']}.npz")

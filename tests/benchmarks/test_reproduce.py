@@ -122,11 +122,13 @@ def test_vote_settings_fit_every_reproduced_epsilon() -> None:
         s = settings(mode)
         for eps in EPSILONS:
             cfg = privimage_config(s, eps)
-            assert (cfg.vote_sigma, cfg.vote_rounds) == tuple(vote_settings(eps).values())
+            expected = vote_settings(eps) | ({"vote_pool": 2} if mode == "micro" else {})
+            assert {k: getattr(cfg, k) for k in expected} == expected
             plan = plan_privimage(cfg, 4000)
             assert plan.vote_event is not None and plan.epsilon.epsilon_rdp <= eps + 1e-9
-    low, high = vote_settings(1.0), vote_settings(10.0)
+    low, mid, high = vote_settings(1.0), vote_settings(5.0), vote_settings(10.0)
     assert low["vote_sigma"] > high["vote_sigma"] and low["vote_rounds"] < high["vote_rounds"]
+    assert mid["vote_pool"] == 4 < high["vote_pool"]  # eight candidates only where the vote noise is low
 
 
 def test_results_json_roundtrip_keeps_infinity() -> None:
