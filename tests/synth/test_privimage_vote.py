@@ -178,6 +178,6 @@ def test_config_rejects_bad_release_variations(bad: dict) -> None:
 
 def test_release_variations_shrink_what_is_drawn_and_voted_not_what_is_released() -> None:
     demo = PrivImageConfig.demo(8.0, 1e-5)
-    assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (4000, 1000, 4000)
+    assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (4000, 1000, 8000)
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10, release_variations=3).base_images == 3
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10).base_images == 10
