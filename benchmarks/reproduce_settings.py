@@ -23,7 +23,7 @@ def vote_settings(epsilon: float) -> dict[str, Any]:
     Four rounds at sigma 2 (the demo) compose to one Gaussian query at sigma 1: at epsilon 5 that would double
     the DP-SGD noise, so sigma 3 there; at epsilon 1 four rounds do not fit at any useful noise, so one round at
     sigma 8 (DP-SGD noise 2.92 instead of 2.53 without a vote). Eight candidates per image where the vote noise
-    is 2 (CNN 0.886 over 3 runs at epsilon 10 against 0.831 with four); at sigma 3 the eight share the votes
+    is 2 (CNN 0.883 over 5 runs at epsilon 10 against 0.831 with four); at sigma 3 the eight share the votes
     four would get and the noise drowns the difference (0.839 against 0.835 at epsilon 5), so four there."""
     if epsilon >= 8:
         return {"vote_sigma": 2.0, "vote_rounds": 4, "vote_pool": 8}
