@@ -56,3 +56,21 @@ def throwaway_store(root, name: str, data, epsilon: float, delta: float):
                             record_count=len(data), labels=data.label_set, image_shape=list(data.image_shape),
                             epsilon_cap=2 * epsilon, delta_cap=delta)
     return store
+
+
+def run_dp_finetune(n_images: int, *, widths: tuple[int, ...], layers: int, batch_size: int, max_physical_batch: int,
+                    steps: int, device, workdir, **options) -> None:
+    """The product's DP-SGD loop (synth.privimage.training.dp_finetune) on `n_images` random 28x28 images with
+    the demo's fixed settings (clip 1, noise 1, EMA 0.999, 1,000 diffusion steps), for benchmarks that time its
+    steps from outside; `options` go to dp_finetune (progress, secure_noise, precision, ...)."""
+    import torch
+
+    from synth.privimage.model import make_unet
+    from synth.privimage.training import dp_finetune
+
+    torch.manual_seed(0)
+    x, y = torch.rand(n_images, 1, 28, 28) * 2 - 1, torch.arange(n_images) % 10
+    dp_finetune(make_unet(28, 1, 10, widths, layers), x, y, sample_rate=batch_size / n_images, noise_multiplier=1.0,
+                steps=steps, batch_size=batch_size, max_physical_batch=max_physical_batch, max_grad_norm=1.0,
+                lr=3e-4, ema_decay=0.999, train_timesteps=1000, seed=0, device=device, workdir=workdir,
+                ckpt_every=10 ** 9, on_resume=lambda s, d: None, **options)

@@ -13,8 +13,9 @@ optimiser does (training.scale_grad_once). bfloat16 rows run under autocast
 and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
 fail are reported with their error. "Whole DP-SGD loop" rows time a step of dp_finetune itself (the
 interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in one
-physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the CPU the product uses opacus' own samplers (the grouped backward
-is CPU-only, conv_grad_sample.GROUPED_DEVICES); rows marked "forced on this device" run it there for comparison.
+physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the
+CPU the product uses opacus' own samplers (the grouped backward is CPU-only, conv_grad_sample.GROUPED_DEVICES);
+rows marked "forced on this device" run it there for comparison.
 """
 from __future__ import annotations
 
@@ -29,14 +30,14 @@ from typing import Callable
 
 import torch
 
-from benchmarks.common import machine, md_table, today
+from benchmarks.common import machine, md_table, run_dp_finetune, today
 from synth.privimage import conv_grad_sample
 from synth.privimage.conv_grad_sample import install as install_grouped_conv
 from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.precision import autocast, native_bfloat16
-from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, dp_finetune, scale_grad_once
+from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, scale_grad_once
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
@@ -132,15 +133,10 @@ def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stamps.append(time.perf_counter())
-    torch.manual_seed(0)
-    n = 16 * batch
-    x, y = torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))
     with tempfile.TemporaryDirectory() as workdir:
-        dp_finetune(make_unet(28, 1, 10, widths, LAYERS), x, y, sample_rate=1 / 16, noise_multiplier=1.0,
-                    steps=reps + 1, batch_size=batch, max_physical_batch=2 * batch, max_grad_norm=1.0, lr=1e-4,
-                    ema_decay=0.999, train_timesteps=1000, seed=0, device=device, workdir=Path(workdir),
-                    ckpt_every=10 ** 9, on_resume=lambda s, d: None, progress=progress,
-                    precision=method.get("precision", "float32"))
+        run_dp_finetune(16 * batch, widths=widths, layers=LAYERS, batch_size=batch, max_physical_batch=2 * batch,
+                        steps=reps + 1, device=device, workdir=Path(workdir), progress=progress,
+                        precision=method.get("precision", "float32"))
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import torch
 from opacus.optimizers.optimizer import DPOptimizer
 
-from benchmarks.common import machine, today
+from benchmarks.common import machine, run_dp_finetune, today
 from synth import secure_noise
 from synth.privimage.model import make_unet
-from synth.privimage.training import dp_finetune
 from synth.secure_noise import SecureGaussian, noise_like
 
 
@@ -56,13 +55,9 @@ def in_training(secure: bool, device: torch.device, workdir: Path, steps: int = 
     DPOptimizer.add_noise = _timed(DPOptimizer.add_noise, spent)
     secure_noise._secure_add_noise = _timed(secure_noise._secure_add_noise, spent)
     try:
-        x, y = torch.rand(2000, 1, 28, 28) * 2 - 1, torch.arange(2000) % 10
-        torch.manual_seed(0)
         t = time.perf_counter()
-        dp_finetune(make_unet(28, 1, 10, (16, 32, 32), 1), x, y, sample_rate=0.125, noise_multiplier=1.0, steps=steps,
-                    batch_size=250, max_physical_batch=125, max_grad_norm=1.0, lr=3e-4, ema_decay=0.999,
-                    train_timesteps=1000, seed=0, device=device, workdir=workdir, ckpt_every=100,
-                    on_resume=lambda s, d: None, secure_noise=secure)
+        run_dp_finetune(2000, widths=(16, 32, 32), layers=1, batch_size=250, max_physical_batch=125, steps=steps,
+                        device=device, workdir=workdir, secure_noise=secure)
         total = time.perf_counter() - t
     finally:
         DPOptimizer.add_noise, secure_noise._secure_add_noise = saved

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import dpsgd_throughput, gpu_preset
-from synth.privimage import conv_grad_sample
+from synth.privimage import conv_grad_sample, training
 
 
 def _rows(out: Path) -> list[dict]:
@@ -115,8 +115,8 @@ def test_the_whole_loop_rows_time_dp_finetune_steps(monkeypatch: pytest.MonkeyPa
     """The loop rows run the product's dp_finetune (secure noise, EMA, write-ahead log) and report the median
     interval between its steps: reps intervals need reps + 1 steps."""
     calls: list[dict] = []
-    real = dpsgd_throughput.dp_finetune
-    monkeypatch.setattr(dpsgd_throughput, "dp_finetune", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    real = training.dp_finetune  # benchmarks.common.run_dp_finetune imports it when called
+    monkeypatch.setattr(training, "dp_finetune", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     loops = [name for name, m in dpsgd_throughput.METHODS.items() if m.get("loop")]
     assert len(loops) == 2
     seconds = dpsgd_throughput._loop_time(dpsgd_throughput.METHODS[loops[0]], 8, torch.device("cpu"), (8, 16), 2)
