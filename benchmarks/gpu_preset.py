@@ -17,6 +17,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 
 from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
+from synth.privimage import PrivImageConfig
 
 SOURCES = {"mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
            "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False)}
@@ -107,10 +109,12 @@ def main() -> None:
                         help="override one recipe setting for an ablation, e.g. --set batch_size=500")
     args = parser.parse_args()
     s = settings(args.mode)
+    fixed = {"epsilon", "delta", "seed", "selection", "device", "query_sigma"}  # set per run or by the mode
+    settable = {f.name for f in fields(PrivImageConfig)} - fixed
     for item in args.set:
         key, _, value = item.partition("=")
-        if key not in {*s["privimage"], *VOTE_KEYS} or not value:
-            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted({*s['privimage'], *VOTE_KEYS})}")
+        if key not in settable or not value:
+            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(settable)}")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:

@@ -67,6 +67,7 @@ class PrivImageConfig:
     batch_size: int = 256               # expected logical batch (Poisson sampling)
     max_physical_batch: int = 64
     max_grad_norm: float = 1.0
+    finetune_t_min: float = 0.0         # DP-SGD trains on diffusion timesteps >= this fraction of T (0 = all)
     lr: float = 3e-4                    # Adam at 1e-3 under DP noise undoes pre-training (ablation)
     ema_decay: float = 0.999
     dp_optimizer: str = "adam"          # "adam" or "sgd" (momentum 0.9)
@@ -111,6 +112,7 @@ class PrivImageConfig:
             raise InvalidParameterError("At 28x28 the UNet can downsample at most twice: give at most 3 unet_channels.")
         self.finetune_epochs = check_sensitivity(self.finetune_epochs, "finetune_epochs")
         self.max_grad_norm = check_sensitivity(self.max_grad_norm, "max_grad_norm")
+        self.finetune_t_min = _check_range(self.finetune_t_min, "finetune_t_min", 0.0, 0.9)
         self.lr = check_sensitivity(self.lr, "lr")
         self.pretrain_lr = check_sensitivity(self.pretrain_lr, "pretrain_lr")
         self.ema_decay = _check_decay(self.ema_decay)

@@ -33,13 +33,15 @@ def make_scheduler(train_timesteps: int) -> DDPMScheduler:
 
 
 def ddpm_loss(model: torch.nn.Module, scheduler: DDPMScheduler, x0: torch.Tensor, y: torch.Tensor,
-              generator: torch.Generator | None = None, reduction: str = "mean") -> torch.Tensor:
+              generator: torch.Generator | None = None, reduction: str = "mean", t_min: float = 0.0) -> torch.Tensor:
     """Each image's noise-prediction MSE (mean over its pixels), reduced over the batch by `reduction`:
-    "mean", or "sum" (the DP backward pass, see training.HOOKS_LOSS_REDUCTION)."""
+    "mean", or "sum" (the DP backward pass, see training.HOOKS_LOSS_REDUCTION). Timesteps are uniform on
+    [t_min * T, T)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     noise = torch.randn(x0.shape, generator=generator, device=x0.device)
-    t = torch.randint(0, scheduler.config.num_train_timesteps, (len(x0),), generator=generator, device=x0.device)
+    steps = scheduler.config.num_train_timesteps
+    t = torch.randint(int(t_min * steps), steps, (len(x0),), generator=generator, device=x0.device)
     x_t = scheduler.add_noise(x0, noise, t)
     pred = model(x_t, t, class_labels=y).sample
     loss = ((pred - noise) ** 2).mean()

@@ -255,7 +255,7 @@ def _finetune(sens_x: torch.Tensor, sens_y: torch.Tensor, config: PrivImageConfi
     """DP-SGD in this process, or DP-SGD and sampling on ctx.nproc processes (images then come back too)."""
     kw = dict(sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier, steps=p.steps,
               batch_size=config.batch_size, max_physical_batch=config.max_physical_batch,
-              max_grad_norm=config.max_grad_norm, lr=config.lr, ema_decay=config.ema_decay,
+              max_grad_norm=config.max_grad_norm, t_min=config.finetune_t_min, lr=config.lr, ema_decay=config.ema_decay,
               train_timesteps=config.train_timesteps, seed=config.seed, ckpt_every=config.checkpoint_every,
               optimizer=config.dp_optimizer, noise_multiplicity=config.noise_multiplicity, trainable=config.trainable,
               secure_noise=config.secure_noise, precision=prep.precision)

@@ -192,7 +192,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
                 on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
                 optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
-                world_size: int = 1, secure_noise: bool = True, precision: str = "float32") -> DpSgdOutcome:
+                world_size: int = 1, secure_noise: bool = True, precision: str = "float32",
+                t_min: float = 0.0) -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA); with `world_size`
     > 1, one rank of opacus' DPDDP, charged as one process (synth/privimage/distributed.py).
 
@@ -200,7 +201,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse).
 
     With `precision` "bfloat16" the forward and backward passes run under autocast; every per-example
-    gradient is brought to float32 before opacus clips, sums and noises it."""
+    gradient is brought to float32 before opacus clips, sums and noises it. `t_min` > 0 trains on the
+    diffusion timesteps from t_min * T up only (the ones that set a digit's shape; the public model keeps the rest)."""
     model.to(device).train()
     params = select_trainable(model, trainable)
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
@@ -238,7 +240,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                         _write_ahead(wal, wal_path, writer)
                         in_step = True
                     _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device,
-                                          precision)
+                                          precision, t_min)
                     dp_opt.step()
                     if dp_opt._is_last_step_skipped:
                         continue
@@ -278,13 +280,13 @@ def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
 
 def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimizer, sched, params: list,
                           xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device,
-                          precision: str = "float32") -> None:
+                          precision: str = "float32", t_min: float = 0.0) -> None:
     if len(xb) == 0:
         return _empty_batch(dp_opt, params)
     dp_opt.zero_grad()
     with autocast(device, precision):
         loss = ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device),
-                         yb.repeat_interleave(reps, 0).to(device), reduction=HOOKS_LOSS_REDUCTION)
+                         yb.repeat_interleave(reps, 0).to(device), reduction=HOOKS_LOSS_REDUCTION, t_min=t_min)
     loss.backward()
     for p in params:  # opacus' hooks leave bfloat16 per-example gradients under autocast: clip in float32
         if p.grad_sample.dtype != p.dtype:

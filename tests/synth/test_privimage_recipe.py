@@ -223,10 +223,30 @@ def test_guidance_changes_samples_and_zero_is_plain_conditional() -> None:
 @pytest.mark.parametrize("field,value", [("noise_multiplicity", 0), ("noise_multiplicity", 1e308),
                                          ("dp_optimizer", "rmsprop"), ("trainable", "half"),
                                          ("guidance", float("nan")), ("label_dropout", 0.9),
-                                         ("pretrain_augment", -1.0), ("pretrain_elastic", "yes")])
+                                         ("pretrain_augment", -1.0), ("pretrain_elastic", "yes"),
+                                         ("finetune_t_min", 0.95), ("finetune_t_min", float("nan")),
+                                         ("finetune_t_min", -0.1)])
 def test_recipe_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(InvalidParameterError, match=field):
         PrivImageConfig.tiny(1.0, 1e-5, **{field: value})
+
+
+def test_dp_fine_tuning_draws_timesteps_from_t_min_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[torch.Tensor] = []
+    original = torch.randint
+
+    def recording_randint(low, high, size, **kw):  # noqa: ANN001, ANN202 - torch's own signature
+        t = original(low, high, size, **kw)
+        seen.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "randint", recording_randint)
+    x, y = _digits()
+    sched = make_scheduler(100)
+    ddpm_loss(_unet(), sched, x, y, t_min=0.6)
+    ddpm_loss(_unet(), sched, x, y)
+    assert seen[0].min() >= 60 and seen[0].max() < 100
+    assert seen[1].min() < 60  # the default still covers every timestep (24 draws below 60 are near-certain)
 
 
 @pytest.mark.parametrize("steps", [1, 3, 20, 39, 40])
