@@ -291,3 +291,28 @@ def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(st
     assert res.parameters["vote_candidates"] == 30 and res.parameters["vote_kept"] == 10
     assert res.parameters["release_variations"] == 1 and res.parameters["release_variation_strength"] == 0.15
     assert len(np.unique(res.images.reshape(20, -1), axis=0)) == 20  # the variations are new images
+
+
+def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(store: Store, data, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """finetune_t_min only narrows which diffusion timesteps the DP-SGD loss draws (data-independent): the plan
+    charges exactly what the default charges, the loss sees the setting, and the release records it."""
+    from synth.privimage import training
+
+    sens, pub = data
+    _register(store, sens)
+    cfg = _cfg(finetune_t_min=0.5)
+    assert _plan(store, pub, cfg).events == _plan(store, pub, cfg.with_(finetune_t_min=0.0)).events
+    seen: list[tuple[str, float]] = []
+    real_loss = training.ddpm_loss
+
+    def recording_loss(*args, **kw):  # noqa: ANN002, ANN003, ANN202 - passes everything to the real loss
+        seen.append((kw.get("reduction", "mean"), kw.get("t_min", 0.0)))
+        return real_loss(*args, **kw)
+
+    monkeypatch.setattr(training, "ddpm_loss", recording_loss)
+    res = _run(store, sens, pub, cfg, "late", tmp_path / "w")
+    dp_passes = {t for reduction, t in seen if reduction == training.HOOKS_LOSS_REDUCTION}
+    public_passes = {t for reduction, t in seen if reduction == "mean"}
+    assert dp_passes == {0.5} and public_passes == {0.0}  # pre-training keeps every timestep
+    assert res.parameters["finetune_t_min"] == 0.5
