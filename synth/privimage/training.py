@@ -201,8 +201,8 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse).
 
     With `precision` "bfloat16" the forward and backward passes run under autocast; every per-example
-    gradient is brought to float32 before opacus clips, sums and noises it. `t_min` > 0 trains on the
-    diffusion timesteps from t_min * T up only (the ones that set a digit's shape; the public model keeps the rest)."""
+    gradient is brought to float32 before opacus clips, sums and noises it. `t_min` > 0 draws the DP loss's
+    diffusion timesteps from t_min * T up only (the high-noise ones, which set a digit's shape)."""
     model.to(device).train()
     params = select_trainable(model, trainable)
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
