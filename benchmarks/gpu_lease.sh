@@ -3,7 +3,7 @@
 # PyTorch + CUDA but no network and none of our other packages).
 #
 #   bash benchmarks/gpu_lease.sh wheels        # here, with network: the missing packages as Python 3.12 wheels
-#                                              # in .whl/ (ignored by git; about 30 MB)
+#                                              # in .whl/ (ignored by git; about 35 MB)
 #   bash benchmarks/gpu_lease.sh run [RUNS]    # there, with .whl/ carried along; results under $OUT (or /tmp/gpu-out)
 #
 # `run` installs the wheels into /tmp/site, says which imports are still missing (and stops) if any, then
