@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from accounting.errors import DataFormatError
-from synth.datasets import ImageDataset, check_label_values
+from synth.image_dataset import ImageDataset, check_label_values
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 MAX_SIDE = 4096                # pixels per image side

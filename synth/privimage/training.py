@@ -324,7 +324,7 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
     install_conv_grad_sample()
     module, poisson = model, True
     if world_size > 1:  # opacus' DPDDP and a lockstep distributed Poisson loader (already Poisson)
-        from synth.privimage.distributed import dpddp, lockstep_poisson_loader
+        from synth.privimage.ddp import dpddp, lockstep_poisson_loader
 
         module, poisson = dpddp(model), False
         loader = lockstep_poisson_loader(TensorDataset(x, y), batch_size, sampling_gen)
