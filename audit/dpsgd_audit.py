@@ -1,7 +1,7 @@
 """One-run privacy audit of the DP-SGD implementation (Steinke, Nasr & Jagielski, NeurIPS 2023).
 
-The mechanism's own DP-SGD code (`synth.privimage.training.dp_finetune`, or anything with its
-signature) trains with the release's clipping norm, noise multiplier, sampling rate and step count on
+The mechanism's own DP-SGD code (its registry entry's `dpsgd_trainer`, PrivImage's `dp_finetune`,
+or anything with its signature) trains with the release's clipping norm, noise multiplier, sampling rate and step count on
 PUBLIC images plus m canaries, each included with probability 1/2. No sensitive data is read, so the
 audit costs no budget. The bound (audit.one_run) is compared with the epsilon the ledger charges for
 that DP-SGD run.
@@ -38,7 +38,8 @@ import torch
 
 from accounting.errors import InvalidParameterError
 from audit.one_run import OneRunBound, one_run_bound
-from synth.datasets import ImageDataset
+from synth import registry
+from synth.datasets import ImageDataset, to_format
 from synth.progress import ProgressFn, no_progress
 
 Trainer = Callable[..., Any]   # dp_finetune's signature; returns an object with `.weights` (state dict)
@@ -61,6 +62,7 @@ class DpSgdSetting:
     description: str = ""
     optimizer: str = "adam"        # how the release trains (not privacy-relevant, but audited as run)
     noise_multiplicity: int = 1
+    mechanism: str = "privimage"   # whose DP-SGD trainer runs (synth.registry.dpsgd_trainer)
 
     def __post_init__(self) -> None:
         k = round(1 / self.sample_rate) if 0 < self.sample_rate <= 1 else 0
@@ -73,7 +75,8 @@ class DpSgdSetting:
                                         f"{self.delta}.")
 
     @classmethod
-    def from_plan(cls, detail: dict[str, Any], config: dict[str, Any]) -> "DpSgdSetting | None":
+    def from_plan(cls, detail: dict[str, Any], config: dict[str, Any],
+                  mechanism: str = "privimage") -> "DpSgdSetting | None":
         """From a stored plan's mechanism detail (sample_rate, noise_multiplier, steps) and config
         (max_grad_norm, delta, lr, ema_decay); None when the plan runs no DP-SGD (e.g. k-SALSA)."""
         if not all(k in detail for k in ("sample_rate", "noise_multiplier", "steps")):
@@ -81,7 +84,7 @@ class DpSgdSetting:
         return cls(float(detail["sample_rate"]), float(detail["noise_multiplier"]), int(detail["steps"]),
                    float(config["max_grad_norm"]), float(config["delta"]), float(config.get("lr", 1e-3)),
                    float(config.get("ema_decay", 0.999)), "the release's planned DP-SGD",
-                   str(config.get("dp_optimizer", "adam")), int(config.get("noise_multiplicity", 1)))
+                   str(config.get("dp_optimizer", "adam")), int(config.get("noise_multiplicity", 1)), mechanism)
 
     @property
     def claimed_epsilon(self) -> float:
@@ -129,12 +132,11 @@ def _batch_for(rate: float, n_min: int) -> tuple[int, int]:
 
 
 def _dataset(public: ImageDataset, included: np.ndarray, n_total: int, rng: np.random.Generator):
-    from synth.privimage.data import label_index, to_format, to_tensor
-
     n_pub = n_total - int(included.sum())
     pick = rng.choice(len(public), n_pub, replace=n_pub > len(public))
-    x_pub = to_tensor(to_format(public.images[pick], 28, 1))
-    y_pub = torch.from_numpy(label_index(public.labels[pick], sorted({int(v) for v in public.labels})))
+    x_pub = torch.from_numpy(to_format(public.images[pick], 28, 1).astype(np.float32) / 127.5 - 1.0)[:, None]
+    classes = np.unique(public.labels)  # sorted: a label's class index is its position
+    y_pub = torch.from_numpy(np.searchsorted(classes, public.labels[pick]).astype(np.int64))
     n_classes = len({int(v) for v in public.labels})
     canary_ids = np.flatnonzero(included)
     x_can = torch.from_numpy(rng.uniform(-1, 1, (len(canary_ids), 1, 28, 28)).astype(np.float32))  # OOD noise
@@ -144,12 +146,11 @@ def _dataset(public: ImageDataset, included: np.ndarray, n_total: int, rng: np.r
 
 def run_canaries(setting: DpSgdSetting, public: ImageDataset, *, trainer: Trainer | None = None, m: int = 1000,
                  seed: int | None = None, progress: ProgressFn = no_progress, score: Score = "model") -> CanaryRun:
-    """Train `trainer` (default: the mechanism's dp_finetune) on public images + canaries; score them."""
-    from synth.privimage.training import dp_finetune
-
+    """Train `trainer` (default: the setting's mechanism's DP-SGD trainer) on public images + canaries; score
+    them."""
     if score not in SCORES:
         raise InvalidParameterError(f"score must be one of {SCORES}, got {score!r}.")
-    trainer = trainer or dp_finetune
+    trainer = trainer or registry.dpsgd_trainer(setting.mechanism)
     rng = np.random.default_rng(seed)
     included = rng.random(m) < 0.5
     b, n = _batch_for(setting.sample_rate, int(included.sum()) + max(m // 2, 1))

@@ -19,11 +19,9 @@ from accounting import ledger, trail
 from accounting.store import Store, Workspace
 from release import keys, manager
 from release.auth import set_password
-from release.cli.common import console, fmt_eps
-from release.cli.progress import rich_progress
-from release.cli.releases import print_plan
 from release.data import register_from_source
 from release.spec import ReleaseSpec
+from release.terminal import console, fmt_eps, print_plan, rich_progress
 from release.verify import verify_bundle
 from synth.privimage.config import PrivImageConfig
 

@@ -8,7 +8,7 @@ import json
 import uuid
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan
+
+if TYPE_CHECKING:
+    from audit.dpsgd_audit import DpSgdSetting
 
 TOOL = "privrelease"
 
@@ -217,6 +220,29 @@ def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:
     return {"events_described": [e.describe() for e in mplan.events], "epsilon_before": before.as_dict(),
             "epsilon_after": after.as_dict(), "expected_count": int(mplan.expected_count), "warnings": warnings,
             "requires_acknowledgement": mplan.requires_acknowledgement}
+
+
+def dpsgd_setting(store: Store, spec: ReleaseSpec, name: str = "") -> tuple[DpSgdSetting, ImageDataset]:
+    """The DP-SGD run `spec` would execute now (the plan's q, sigma, steps; the config's clipping, learning rate
+    and EMA) and the public data it names: what the one-run implementation audit trains. Stores nothing,
+    reads no sensitive data, charges nothing. `name` labels the setting (the spec file's path).
+
+    Raises:
+        InvalidParameterError: the spec's mechanism runs no DP-SGD.
+    """
+    from audit.dpsgd_audit import DpSgdSetting
+
+    budget = ledger.budget(store, spec.dataset)
+    public = load_public(spec.public_source, budget.dataset.source)
+    cfg = mechanism_config(spec, budget.dataset)
+    event = _mechanism_plan(spec, budget, public).step_event
+    if event is None:
+        raise InvalidParameterError(f"{name or 'the spec'}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is "
+                                    "no implementation to audit (see the README section 'Privacy guarantees').")
+    return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
+                        cfg.lr, cfg.ema_decay, f"{Path(name).name}: {event.describe()}" if name else event.describe(),
+                        getattr(cfg, "dp_optimizer", "adam"), getattr(cfg, "noise_multiplicity", 1),
+                        spec.mechanism), public
 
 
 def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> Release:
@@ -480,7 +506,7 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
         loss_fn=registry.get(res["mechanism"]).loss_function(out.generator),
         clusters=None if out.clusters is None else list(out.clusters), selected_public=selected,
         artifacts_dir=release_dir(store, release_id) / "audit",
-        dpsgd=DpSgdSetting.from_plan(rel.plan.mechanism_plan or {}, rel.plan.config or {}),
+        dpsgd=DpSgdSetting.from_plan(rel.plan.mechanism_plan or {}, rel.plan.config or {}, spec.mechanism),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)

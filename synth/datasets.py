@@ -31,6 +31,26 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.LANCZOS)) for im in images])
 
 
+def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:
+    """uint8 (N,H,W[,C]) -> uint8 (N,size,size[,channels]); grey<->RGB converted as needed."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
+        raise DataFormatError(f"Expected a non-empty uint8 stack (N,H,W[,C]), got {images.dtype} {images.shape}.")
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]
+    if images.ndim == 4 and images.shape[-1] not in (3, 4):
+        raise DataFormatError(f"Colour images need 3 (RGB) channels, got shape {images.shape}.")
+    if images.ndim == 4:
+        images = images[..., :3]
+    if channels == 1 and images.ndim == 4:
+        images = np.rint(images.astype(np.float32).mean(-1)).astype(np.uint8)
+    elif channels == 3 and images.ndim == 3:
+        images = np.repeat(images[..., None], 3, -1)
+    if images.ndim == 3:
+        return resize(images, size)
+    return np.stack([resize(images[..., c], size) for c in range(3)], -1)
+
+
 # ----------------------------------------------------------------- built-ins (README 'Built-in datasets')
 def _builtin(images: np.ndarray, labels: np.ndarray, names: list[str], source: str) -> ImageDataset:
     """A built-in declares its classes: every class of the collection, whatever rows are taken."""

@@ -138,6 +138,9 @@ class MechanismEntry:
     run: Callable[..., MechanismOutput]
     loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None]
     distributed: bool = False  # its run honours ctx.nproc > 1 (`release run --nproc`)
+    # its DP-SGD trainer, `(model, x, y, **settings) -> outcome with .weights`, for the one-run implementation
+    # audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with DP-SGD
+    dpsgd_trainer: Callable[..., Any] | None = None
 
 
 def names() -> tuple[str, ...]:
@@ -149,6 +152,16 @@ def get(name: str) -> Mechanism:
         raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(_ENTRIES)}.")
     module, attr = _ENTRIES[name].split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def dpsgd_trainer(name: str) -> Callable[..., Any]:
+    """The DP-SGD trainer of mechanism `name`, the code the implementation audit runs on canaries."""
+    trainer = getattr(get(name), "dpsgd_trainer", None)
+    if trainer is None:
+        with_dpsgd = [n for n in names() if getattr(get(n), "dpsgd_trainer", None) is not None]
+        raise InvalidParameterError(f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation "
+                                    f"to audit; the audit applies to {', '.join(with_dpsgd)}.")
+    return trainer
 
 
 # ------------------------------------------------------------------ write-ahead step counter

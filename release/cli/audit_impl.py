@@ -8,32 +8,15 @@ from pathlib import Path
 
 import typer
 
-from accounting.errors import InvalidParameterError
 from release.cli.common import console, print_json, store
 
 
 def dpsgd_setting_for(spec_path: Path):
-    """The DP-SGD run a spec would execute now (the plan's q, sigma, steps; the config's clipping,
-    learning rate and EMA), and the public data it names."""
-    from audit.dpsgd_audit import DpSgdSetting
-    from accounting import ledger
+    """The DP-SGD run a spec would execute now, and the public data it names (manager.dpsgd_setting)."""
     from release import manager
     from release.spec import ReleaseSpec
-    from synth import registry
-    from synth.datasets import load_public
 
-    spec = ReleaseSpec.from_toml(spec_path)
-    budget = ledger.budget(store(), spec.dataset)
-    ds = budget.dataset
-    cfg = manager.mechanism_config(spec, ds)
-    public = load_public(spec.public_source, ds.source)
-    event = registry.get(spec.mechanism).plan(cfg, manager.dataset_info(ds), budget.history, public).step_event
-    if event is None:
-        raise InvalidParameterError(f"{spec_path}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
-                                    "implementation to audit (see the README section 'Privacy guarantees').")
-    return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
-                        cfg.lr, cfg.ema_decay, f"{spec_path.name}: {event.describe()}",
-                        getattr(cfg, "dp_optimizer", "adam"), getattr(cfg, "noise_multiplicity", 1)), public
+    return manager.dpsgd_setting(store(), ReleaseSpec.from_toml(spec_path), str(spec_path))
 
 
 def implementation(spec: Path = typer.Argument(..., help="Release spec (TOML) whose DP-SGD settings are audited."),
@@ -47,7 +30,7 @@ def implementation(spec: Path = typer.Argument(..., help="Release spec (TOML) wh
     settings: public data plus canaries only, no budget spent. Exit 1 if the implementation leaks
     more than it charges; when it passes, the report says what it could not have detected."""
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
-    from release.cli.progress import rich_progress
+    from release.terminal import rich_progress
 
     setting, public = dpsgd_setting_for(spec)
     with rich_progress() as progress:

@@ -90,7 +90,7 @@ def show_trail(limit: int = typer.Option(30, "--limit"), as_json: bool = typer.O
 def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
     """(Re-)run every check on a synthesised release and store the internal report."""
     from release import manager
-    from release.cli.progress import rich_progress
+    from release.terminal import rich_progress
 
     who = acting(actor, "steward", "auditor")
     with rich_progress() as progress:

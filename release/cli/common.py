@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from accounting.store import Store, Workspace
+from release.terminal import console as console
+from release.terminal import err_console as err_console
+from release.terminal import fmt_eps as fmt_eps
 
-console = Console()
-err_console = Console(stderr=True)
 
 
 class State:
@@ -56,12 +56,6 @@ def _clean(obj: Any) -> Any:
 
 def print_json(obj: Any) -> None:
     print(json.dumps(_clean(obj), indent=2, sort_keys=True, default=str))
-
-
-def fmt_eps(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return "∞ (no DP guarantee)"
-    return f"{x:.4f}"
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:

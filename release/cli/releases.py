@@ -7,8 +7,8 @@ import typer
 from rich.markup import escape
 
 from release import keys, manager
-from release.cli.common import console, default_actor, fmt_eps, print_json, store, table
-from release.cli.progress import rich_progress
+from release.cli.common import console, default_actor, print_json, store, table
+from release.terminal import print_plan, rich_progress
 from release.records import Release
 from release.spec import ReleaseSpec
 
@@ -18,24 +18,6 @@ AS = typer.Option(None, "--as", help="Identity acting (see `privrelease keys lis
 
 def _actor(name: str | None) -> str:
     return name or default_actor()
-
-
-def print_plan(rel: Release) -> None:
-    p = rel.plan
-    console.print(f"[bold]Release {rel.release_id}[/] ({rel.state}) — {p.mechanism} on {p.dataset}")
-    console.print(f"  plan digest: {rel.plan_digest}")
-    console.print(f"  events: {'; '.join(p.events_described)}")
-    b, a = p.epsilon_before, p.epsilon_after
-    console.print(f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}")
-    console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
-                  f"   (cap {p.epsilon_cap:g}, delta {a['delta']:g})")
-    if p.remaining_after_rdp is not None:
-        console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")
-    console.print(f"  images: {p.expected_count}")
-    for w in p.warnings:
-        console.print(f"  [yellow]warning:[/] {escape(w)}")
-    if p.requires_acknowledgement:
-        console.print("  [yellow]approval requires --acknowledge-non-dp[/]")
 
 
 @app.command("plan")

@@ -4,32 +4,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accounting.errors import DataFormatError, InvalidParameterError
-from synth.datasets import ImageDataset, resize
+from accounting.errors import InvalidParameterError
+from synth.datasets import ImageDataset
+from synth.datasets import to_format as to_format
 
 
 def channels_of(ds: ImageDataset) -> int:
     return 1 if ds.images.ndim == 3 else int(ds.images.shape[-1])
-
-
-def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:
-    """uint8 (N,H,W[,C]) -> uint8 (N,size,size[,channels]); grey<->RGB converted as needed."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
-        raise DataFormatError(f"Expected a non-empty uint8 stack (N,H,W[,C]), got {images.dtype} {images.shape}.")
-    if images.ndim == 4 and images.shape[-1] == 1:
-        images = images[..., 0]
-    if images.ndim == 4 and images.shape[-1] not in (3, 4):
-        raise DataFormatError(f"Colour images need 3 (RGB) channels, got shape {images.shape}.")
-    if images.ndim == 4:
-        images = images[..., :3]
-    if channels == 1 and images.ndim == 4:
-        images = np.rint(images.astype(np.float32).mean(-1)).astype(np.uint8)
-    elif channels == 3 and images.ndim == 3:
-        images = np.repeat(images[..., None], 3, -1)
-    if images.ndim == 3:
-        return resize(images, size)
-    return np.stack([resize(images[..., c], size) for c in range(3)], -1)
 
 
 def to_tensor(images_uint8: np.ndarray) -> torch.Tensor:

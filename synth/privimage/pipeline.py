@@ -404,4 +404,4 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
 
 
 MECHANISM = registry.MechanismEntry("privimage", PrivImageConfig, "builtin:public-pool", make_config, plan, run,
-                                    loss_function, distributed=True)
+                                    loss_function, distributed=True, dpsgd_trainer=dp_finetune)

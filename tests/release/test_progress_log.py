@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from release.cli.progress import rich_progress
+from release.terminal import rich_progress
 
 
 def test_progress_prints_plain_lines_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,14 +1,45 @@
-"""Rich progress bars driven by the mechanisms' progress(stage, done, total) callback."""
+"""Terminal output shared by the CLI and `make demo`: the console, epsilon figures, progress bars driven
+by the mechanisms' progress(stage, done, total) callback, and a stored plan's summary."""
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from release.cli.common import console
+from release.records import Release
 from synth.progress import ProgressFn
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fmt_eps(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "∞ (no DP guarantee)"
+    return f"{x:.4f}"
+
+
+def print_plan(rel: Release) -> None:
+    p = rel.plan
+    console.print(f"[bold]Release {rel.release_id}[/] ({rel.state}) — {p.mechanism} on {p.dataset}")
+    console.print(f"  plan digest: {rel.plan_digest}")
+    console.print(f"  events: {'; '.join(p.events_described)}")
+    b, a = p.epsilon_before, p.epsilon_after
+    console.print(f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}")
+    console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
+                  f"   (cap {p.epsilon_cap:g}, delta {a['delta']:g})")
+    if p.remaining_after_rdp is not None:
+        console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")
+    console.print(f"  images: {p.expected_count}")
+    for w in p.warnings:
+        console.print(f"  [yellow]warning:[/] {escape(w)}")
+    if p.requires_acknowledgement:
+        console.print("  [yellow]approval requires --acknowledge-non-dp[/]")
 
 
 @contextmanager
