@@ -9,8 +9,7 @@ from typing import Iterator
 
 import streamlit as st
 
-from accounting.errors import PrivReleaseError
-from accounting.store import Store, Workspace
+from release.views import PrivReleaseError, Store, open_store
 
 ALL_ROLES = ("steward", "auditor", "consumer")
 INTERNAL_ROLES = ("steward", "auditor")   # may see internal audit results (ARCHITECTURE.md rule 4)
@@ -38,7 +37,7 @@ def get_store() -> Store:
     if not root:
         raise PrivReleaseError("PRIVRELEASE_HOME is not set. Start the dashboard with `privrelease dashboard` "
                                "(or set PRIVRELEASE_HOME to a workspace directory).")
-    return Store(Workspace(root))
+    return open_store(root)
 
 
 @contextmanager

@@ -106,34 +106,6 @@ def _check_policy(spec: ReleaseSpec) -> None:
 
 
 # ------------------------------------------------------------------ budget views (CLI and dashboard)
-def charge_breakdown(b: ledger.Budget) -> list[dict]:
-    """Per charge: its own epsilon and the cumulative epsilon of the history up to it."""
-    out, history = [], []
-    delta = b.dataset.delta_cap
-    for c in b.charges:
-        counted = c.counted_events
-        history += counted
-        own = epsilon_report(counted, delta)
-        cum = epsilon_report(history, delta)
-        out.append({
-            "position": c.position, "run_id": c.run_id, "state": c.state, "description": c.description,
-            "events": "; ".join(e.describe() for e in (counted or c.planned_events)), "actor": c.actor,
-            "reserved_at": c.reserved_at, "settled_at": c.settled_at,
-            "epsilon_rdp": own.epsilon_rdp, "epsilon_pld": own.epsilon_pld,
-            "cumulative_epsilon_rdp": cum.epsilon_rdp, "cumulative_epsilon_pld": cum.epsilon_pld,
-        })
-    return out
-
-
-def ledger_signature(store: Store) -> str:
-    """A cheap digest of every dataset's cap and every charge's state: changes whenever the ledger does
-    (a cache key for views that compose the history)."""
-    rows = [(d.dataset_id, d.epsilon_cap, d.delta_cap) for d in ledger.list_datasets(store)]
-    rows += [(c.dataset_id, c.run_id, c.state, [event_to_json(e) for e in c.charged_events], c.settled_at)
-             for _, c in ledger.all_charges(store)]
-    return hashlib.sha256(canonical(rows)).hexdigest()
-
-
 # ------------------------------------------------------------------ plan
 def _spec_file_check(spec_file: str | None, signed: dict) -> None:
     """The spec file the plan came from, if it still exists, must still say what was signed."""

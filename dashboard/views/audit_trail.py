@@ -6,10 +6,9 @@ import json
 import pandas as pd
 import streamlit as st
 
-from accounting import trail
-from accounting.store import Store
 from dashboard.common import short_time
-from release import keys
+from release import keys, views
+from release.views import Store
 
 BROKEN_STYLE = "background-color: #fde2e2; color: #8a1c1c; font-weight: 600"
 ROW_LIMIT = 1000
@@ -25,7 +24,7 @@ def trail_frame(rows: list[dict], broken: set[int]) -> pd.DataFrame:
 
 def render(store: Store, ident: keys.Identity) -> None:
     st.title(":material/link: Audit trail")
-    result = trail.verify(store)
+    result = views.verify_trail(store)
     if result.ok:
         st.success(f"Chain verified: {result.length} entries, each hashing the previous one. "
                    f"Head `{result.head_hash[:16]}…` matches the workspace's recorded head.", icon=":material/check_circle:")
@@ -34,7 +33,7 @@ def render(store: Store, ident: keys.Identity) -> None:
                  "refused until this is resolved.", icon=":material/gpp_bad:")
         for p in result.problems:
             st.markdown(f"- {p}")
-    rows = trail.entries(store)  # newest first
+    rows = views.trail_entries(store)  # newest first
     if not rows:
         st.info("The trail is empty.")
         return

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from accounting.store import Store
 from dashboard.common import short_time
 from release import keys, manager
 from release.bundle import GRID_FILE
 from release.card import split_front_matter
 from release.records import Release
+from release.views import Store
 
 
 def render(store: Store, ident: keys.Identity) -> None:

@@ -6,22 +6,20 @@ import math
 import pandas as pd
 import streamlit as st
 
-from accounting import ledger
-from accounting.events import DpSgd
-from accounting.store import Store
 from dashboard import data
 from dashboard.charts import budget_gauge, cumulative_epsilon_chart
 from dashboard.common import fmt_eps, guarded, short_time
-from release import keys
+from release import keys, views
+from release.views import Store
 
 
 def ledger_rows(store: Store) -> tuple[list[dict], dict[str, float]]:
-    """charge_breakdown for every dataset, tagged with the dataset; and each dataset's cap."""
+    """The budget breakdown of every dataset, tagged with the dataset; and each dataset's cap."""
     rows, caps = [], {}
-    for ds in ledger.list_datasets(store):
+    for ds in views.datasets(store):
         caps[ds.name] = ds.epsilon_cap
         for r in data.breakdown(store, ds.name):
-            rows.append({"dataset": ds.name, "time": r["settled_at"] or r["reserved_at"], **r})
+            rows.append({"dataset": ds.name, "time": r.settled_at or r.reserved_at, **r.to_dict()})
     return rows, caps
 
 
@@ -94,27 +92,26 @@ def what_if(store: Store, names: list[str]) -> None:
         steps = c4.number_input("Steps", min_value=0, value=500, step=50, key="whatif_steps")
         st.form_submit_button("Compute ε", icon=":material/calculate:")
     with guarded("computing the what-if"):
-        b = data.budget(store, name)
-        cap = b.dataset.epsilon_cap
-        planned = DpSgd(float(q), float(sigma), int(steps))
-        after = data.report(b.history + [planned], b.dataset.delta_cap)
+        now = data.summary(store, name)
+        w = data.what_if(store, name, q, sigma, steps)
+        cap = now.epsilon_cap
         m1, m2, m3, m4 = st.columns(4)
-        m1.metric("ε now (RDP)", fmt_eps(b.spent.epsilon_rdp))
-        m2.metric("ε after (RDP)", fmt_eps(after.epsilon_rdp),
-                  delta=None if not after.finite or not math.isfinite(b.spent.epsilon_rdp)
-                  else f"+{after.epsilon_rdp - b.spent.epsilon_rdp:.3f}", delta_color="inverse")
-        m3.metric("ε after (PLD)", fmt_eps(after.epsilon_pld))
-        m4.metric("Remaining after (cap − RDP)", fmt_eps(cap - after.epsilon_rdp) if after.finite else "—")
+        m1.metric("ε now (RDP)", fmt_eps(now.spent_epsilon_rdp))
+        m2.metric("ε after (RDP)", fmt_eps(w.epsilon_rdp),
+                  delta=None if not w.finite or not math.isfinite(now.spent_epsilon_rdp)
+                  else f"+{w.epsilon_rdp - now.spent_epsilon_rdp:.3f}", delta_color="inverse")
+        m3.metric("ε after (PLD)", fmt_eps(w.epsilon_pld))
+        m4.metric("Remaining after (cap − RDP)", fmt_eps(cap - w.epsilon_rdp) if w.finite else "—")
         g, verdict = st.columns([1, 2])
-        g.pyplot(budget_gauge(cap, b.spent.epsilon_rdp, b.spent.epsilon_pld, title=f"{name}: now → planned",
-                              planned_rdp=after.epsilon_rdp), width="stretch")
+        g.pyplot(budget_gauge(cap, now.spent_epsilon_rdp, now.spent_epsilon_pld, title=f"{name}: now → planned",
+                              planned_rdp=w.epsilon_rdp), width="stretch")
         with verdict:
-            st.markdown(f"**Planned run:** {planned.describe()}, δ = {b.dataset.delta_cap:g}")
-            if b.dp_void:
+            st.markdown(f"**Planned run:** {w.described}, δ = {w.delta:g}")
+            if now.dp_void:
                 st.warning("This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
                            "whatever noise is used.", icon=":material/warning:")
             else:
-                _cap_verdict(*data.cap_check(b.history + [planned], cap, b.dataset.delta_cap), cap, after.epsilon_rdp)
+                _cap_verdict(bool(w.fits_cap), float(w.filter_epsilon or 0.0), cap, w.epsilon_rdp)
             st.caption("Blue dashed tick on the gauge: ε after the planned run.")
 
 

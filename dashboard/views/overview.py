@@ -5,13 +5,12 @@ import pandas as pd
 from pandas.io.formats.style import Styler
 import streamlit as st
 
-from accounting import ledger
-from accounting.store import Store
 from dashboard import data
 from dashboard.charts import budget_gauge
 from dashboard.common import INTERNAL_ROLES, fmt_eps, short_time
-from release import keys, manager
+from release import keys, manager, views
 from release.records import Release
+from release.views import Store
 
 STATE_COLOURS = {"planned": "#3566c2", "approved": "#2e9d5b", "rejected": "#8a1c1c", "running": "#e0a100",
                  "checked": "#2e7d8f", "published": "#2e9d5b", "failed": "#d64545"}
@@ -43,7 +42,7 @@ def styled_releases(rels: list[Release]) -> Styler:
 
 def render(store: Store, ident: keys.Identity) -> None:
     st.title(":material/dashboard: Overview")
-    datasets = ledger.list_datasets(store)
+    datasets = views.datasets(store)
     rels = manager.list_releases(store, ident)
     c1, c2, c3 = st.columns(3)
     c1.metric("Datasets", len(datasets))
@@ -62,12 +61,12 @@ def render(store: Store, ident: keys.Identity) -> None:
     for start in range(0, len(datasets), per_row):
         cols = st.columns(per_row)
         for col, ds in zip(cols, datasets[start:start + per_row]):
-            b = data.budget(store, ds.name)
+            b = data.summary(store, ds.name)
             with col, st.container(border=True):
-                st.pyplot(budget_gauge(ds.epsilon_cap, b.spent.epsilon_rdp, b.spent.epsilon_pld, title=ds.name),
+                st.pyplot(budget_gauge(ds.epsilon_cap, b.spent_epsilon_rdp, b.spent_epsilon_pld, title=ds.name),
                           width="stretch")
                 st.caption(f"`{ds.dataset_id}` · {ds.record_count:,} records · δ = {ds.delta_cap:g} · "
-                           f"{sum(c.state != 'refunded' for c in b.charges)} charge(s)")
+                           f"{b.charges_counted} charge(s)")
                 if b.dp_void:
                     st.warning("A k-anonymous release was made from this dataset: its DP guarantees no longer hold.",
                                icon=":material/warning:")

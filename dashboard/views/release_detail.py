@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from accounting.store import Store
 from dashboard.charts import image_grid, to_display
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
-from release import keys, manager
+from release import keys, manager, views
 from release.records import Release
+from release.views import Store
 
 VERDICT_ICON = {"pass": "pass", "fail": "FAIL", "info": "info"}
 SAMPLE_COUNT = 40
@@ -91,9 +91,7 @@ def parameters(store: Store, rel: Release, internal: bool) -> None:
 
 
 def audit_section(store: Store, rid: str, internal: bool) -> None:
-    from audit import load_report
-
-    report = load_report(store, rid)
+    report = views.audit_report(store, rid)
     if report is None:
         st.info("Not audited yet: the audit runs after synthesis.")
         return
@@ -144,24 +142,20 @@ def _has_clusters(store: Store, rel: Release) -> bool:
 
 
 def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
-    """Kept for this browser session only (never in a process-wide cache of the server); load_registered
-    checks the content is the registered one."""
-    from release.data import load_registered
-
+    """Kept for this browser session only (never in a process-wide cache of the server); the read checks the
+    content is the registered one."""
     key = f"sensitive:{store.workspace.root}:{name}:{fingerprint}"
     if key not in st.session_state:
-        st.session_state[key] = load_registered(store, name)[1].images
+        st.session_state[key] = views.sensitive_images(store, name)
     return st.session_state[key]
 
 
 def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     """The k sensitive records beside the representative released for them (steward/auditor only)."""
     keys.require_role(ident, *INTERNAL_ROLES)
-    from accounting import ledger
-
     out = manager.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
-    ds = ledger.get_dataset(store, rel.dataset_id)
+    ds = views.dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")
     i = st.number_input(f"Cluster (0–{len(clusters) - 1})", min_value=0, max_value=len(clusters) - 1, value=0,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from accounting.store import Store
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from dashboard.views import release_detail
 from dashboard.views.overview import styled_releases
 from release import keys, manager
 from release.records import Release
+from release.views import Store
 
 
 def render(store: Store, ident: keys.Identity) -> None:

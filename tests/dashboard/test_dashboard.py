@@ -16,7 +16,7 @@ from accounting.epsilon import epsilon_report
 from accounting.events import DpSgd
 from dashboard.common import fmt_eps
 from release import keys, manager
-from release.manager import charge_breakdown
+from release.budget import breakdown
 from release.records import Release
 from tests.support.dashboard_workspace import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in, submit_sign_in,
                                     texts)
@@ -133,7 +133,7 @@ def test_consumer_overview_lists_no_unpublished_release(built):
 
 # ------------------------------------------------------------------ ledger
 def test_ledger_table_filters_and_cumulative_plot(built):
-    rows = charge_breakdown(ledger.budget(built.store, "mnist"))
+    rows = [r.to_dict() for r in breakdown(ledger.budget(built.store, "mnist"))]
     at = sign_in("bob", "Ledger")
     table = at.dataframe[0].value
     assert list(table["run"]) == [r["run_id"] for r in rows]

@@ -1,0 +1,53 @@
+"""Read-only views of a workspace for display (the dashboard): its datasets, audit trail, audit reports and,
+for stewards and auditors, a registered dataset's images. Nothing here writes; the release lifecycle is
+`release.manager`, the budget figures `release.budget`. The dashboard imports release only, so these are
+the accounting and audit reads it shows, in one place."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from accounting import ledger, trail
+from accounting.errors import PrivReleaseError
+from accounting.ledger import Dataset
+from accounting.store import Store, Workspace
+from audit.report import AuditReport, load_report
+from release.data import load_registered
+
+__all__ = ["AuditReport", "Dataset", "PrivReleaseError", "Store", "audit_report", "dataset", "datasets",
+           "open_store", "sensitive_images", "trail_entries", "verify_trail"]
+
+
+def open_store(root: str | Path) -> Store:
+    """The store of the workspace at `root`."""
+    return Store(Workspace(root))
+
+
+def datasets(store: Store) -> list[Dataset]:
+    """Every registered dataset, oldest first."""
+    return ledger.list_datasets(store)
+
+
+def dataset(store: Store, name_or_id: str) -> Dataset:
+    return ledger.get_dataset(store, name_or_id)
+
+
+def verify_trail(store: Store) -> trail.TrailVerification:
+    """The audit trail's chain and head, checked (what `privrelease audit verify` reports)."""
+    return trail.verify(store)
+
+
+def trail_entries(store: Store) -> list[dict]:
+    """Every trail entry, newest first: seq, ts, actor, action, payload (parsed), entry_hash."""
+    return trail.entries(store)
+
+
+def audit_report(store: Store, release_id: str) -> AuditReport | None:
+    """The stored audit of a release (internal: summaries and details are computed on sensitive data), or None."""
+    return load_report(store, release_id)
+
+
+def sensitive_images(store: Store, name: str) -> np.ndarray:
+    """The registered dataset's images, checked to be the registered content (steward and auditor views only)."""
+    return load_registered(store, name)[1].images
