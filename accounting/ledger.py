@@ -225,6 +225,54 @@ def reserve(
         return charge
 
 
+CHARGE_COLUMNS = ("position", "run_id", "dataset_id", "state", "planned_events", "charged_events", "description",
+                  "actor", "reserved_at", "settled_at")
+
+
+def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[MechanismEvent]], *, run_prefix: str,
+                description: str = "", actor: str = "system") -> list[Charge]:
+    """Reserve then commit each of `histories` (one charge each, run ids `run_prefix`1, 2, ...) in one
+    transaction, with the rows and trail entries `reserve` and `commit` would write one by one: for seeding a
+    large ledger (benchmarks/accounting_bench.py). The cap's filter is checked once, on the final curve, before
+    anything is written: RDP only grows as charges are added, so a final curve it admits admits every prefix.
+
+    Raises:
+        LedgerStateError: no charges, an empty one, a non-DP event, or a run id already used.
+        BudgetExceededError: the charges together would pass the cap's filter (nothing is written).
+    """
+    histories = [list(h) for h in histories]
+    if not histories or not all(histories):
+        raise LedgerStateError("charge_many needs at least one charge, each with at least one mechanism event.")
+    if any(isinstance(e, NonPrivateRelease) for h in histories for e in h):
+        raise LedgerStateError("charge_many records DP charges only; reserve a non-DP release on its own.")
+    with store.transaction() as con:
+        ds = _dataset_row(con, dataset)
+        if con.execute("SELECT count(*) FROM charges WHERE starts_with(run_id, ?)", [run_prefix]).fetchone()[0]:
+            raise LedgerStateError(f"Run ids starting with {run_prefix!r} are already in the ledger; use a new prefix.")
+        before = curve.load(con, ds.dataset_id)
+        after = before.plus(curve.curve_of([e for h in histories for e in h]))
+        if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
+            raise BudgetExceededError(_over_cap(ds, before, after))
+        pos = con.execute("SELECT coalesce(max(position), 0) + 1 FROM charges").fetchone()[0]
+        ts, running, rows, entries = trail.now(), before, [], []
+        for i, events in enumerate(histories):
+            text = events_to_text(events)
+            row = {"position": pos + i, "run_id": f"{run_prefix}{i + 1}", "dataset_id": ds.dataset_id,
+                   "state": "reserved", "planned_events": text, "charged_events": "[]", "description": description,
+                   "actor": actor, "reserved_at": ts, "settled_at": None}
+            running = running.plus(curve.curve_of(events))
+            entries.append(("budget.reserve", {**charge_record(row), "events": json.loads(text),
+                                               "epsilon_rdp_after": running.epsilon(ds.delta_cap),
+                                               "description": description}))
+            row = {**row, "state": "committed", "charged_events": text, "settled_at": ts}
+            entries.append(("budget.commit", {**charge_record(row), "events": json.loads(text)}))
+            rows.append([row[k] for k in CHARGE_COLUMNS])
+        trail._insert_many(con, "charges", CHARGE_COLUMNS, rows)
+        curve.save_change(con, ds.dataset_id, before, add=[e for h in histories for e in h])
+        trail.append_many(con, store, actor, entries)
+        return [Charge.from_row(dict(zip(CHARGE_COLUMNS, r))) for r in rows]
+
+
 def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
     if after.non_private:
         return (f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "

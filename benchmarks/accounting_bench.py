@@ -2,7 +2,6 @@
 one charge (reserve + commit) at 0, 10,000 and 100,000 prior charges."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -10,11 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
-from accounting import curve, ledger, trail
+from accounting import curve, ledger
 from accounting.epsilon import epsilon_pld, epsilon_rdp
-from accounting.events import DpSgd, GaussianQuery, event_to_json
+from accounting.events import DpSgd, GaussianQuery
 from accounting.store import Store, Workspace
 from benchmarks.common import md_table, timer
 
@@ -27,31 +24,10 @@ def _history(n: int, distinct: int, seed: int = 0) -> list:
     return [kinds[i % distinct] for i in range(n)]
 
 
-def _prefill(store: Store, dataset_id: str, history: list) -> None:
-    """Bulk-load `history` as committed charges, each with its chained budget.commit trail entry, as a ledger
-    built one charge at a time would hold them; the running curve is then rebuilt from the charges."""
-    (last,) = store.query("SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1")
-    seq, prev, ts = last["seq"], last["entry_hash"], trail.now()
-    charges, entries = [], []
-    for i, ev in enumerate(history, start=1):
-        text = json.dumps([event_to_json(ev)], sort_keys=True)
-        row = {"position": i, "run_id": f"pre-{i}", "dataset_id": dataset_id, "state": "committed",
-               "planned_events": text, "charged_events": text}
-        charges.append({**row, "description": "", "actor": "bench", "reserved_at": ts, "settled_at": ts})
-        payload = trail.canonical({**ledger.charge_record(row), "events": json.loads(text)})
-        seq += 1
-        h = trail.entry_hash(seq, ts, "bench", "budget.commit", payload, prev)
-        entries.append({"seq": seq, "ts": ts, "actor": "bench", "action": "budget.commit", "payload": payload,
-                        "prev_hash": prev, "entry_hash": h})
-        prev = h
-    with store.transaction() as con:
-        c_tab, t_tab = pa.Table.from_pylist(charges), pa.Table.from_pylist(entries)  # noqa: F841 (used by SQL)
-        con.execute("INSERT INTO charges SELECT * FROM c_tab")
-        con.execute("INSERT INTO audit_trail SELECT * FROM t_tab")
-        con.execute(curve.TABLE)
-        con.execute("DELETE FROM rdp_curves WHERE dataset_id = ?", [dataset_id])
-        curve.load(con, dataset_id)
-    store.workspace.trail_head_path.write_text(f"{seq} {prev}\n")
+def _prefill(store: Store, history: list) -> None:
+    """`history` as committed charges (one event each), with the rows and chained trail entries a ledger
+    built one charge at a time holds, written in one transaction by `ledger.charge_many`."""
+    ledger.charge_many(store, "bench", [[ev] for ev in history], run_prefix="pre-", actor="bench")
 
 
 def _charge_ms(store: Store, n: int, tag: str) -> float:
@@ -104,7 +80,7 @@ def _scale_rows(sizes: list[int], charges: int) -> list[list]:
                                             record_count=10_000_000, labels=[0], image_shape=[8, 8],
                                             epsilon_cap=1000, delta_cap=1e-8)
             if prior:
-                _prefill(store, ds.dataset_id, _history(prior, 100))
+                _prefill(store, _history(prior, 100))
             _charge_ms(store, 2, "warm")
             per_charge = _charge_ms(store, charges, "t")
             with timer() as t_first:
@@ -149,8 +125,9 @@ def run(quick: bool = True) -> str:
         md_table(["events", "distinct", "RDP ms", "PLD ms", "epsilon RDP", "epsilon PLD", "curve minus RDP"], rows),
         "",
         "The ledger keeps a **running per-order RDP curve** per dataset, updated in each charge's own transaction, so a "
-        "charge and a budget read no longer re-compose the history. Prior charges are bulk-loaded (committed, each "
-        "with its chained trail entry; 100 distinct DP-SGD/Gaussian settings), then charges are timed one by one "
+        "charge and a budget read no longer re-compose the history. Prior charges are written in one transaction by "
+        "`ledger.charge_many` (each reserved and committed, with its two chained trail entries; 100 distinct "
+        "DP-SGD/Gaussian settings), then charges are timed one by one "
         "(reserve + commit of one DP-SGD event: two locked DuckDB transactions, each with its audit-trail entry). "
         "`empty transaction ms` is the store's fixed cost per transaction (BEGIN + COMMIT: the process keeps its DuckDB "
         "connection and the file lock across a burst of transactions and lets go when another process waits or after "
