@@ -21,10 +21,10 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,15 @@ from accounting.store import Workspace
 from release import dsse, keys
 from release.card import DEFAULT_LICENSE, finish_card, label_feature, split_front_matter
 from release.card_croissant import CROISSANT_FILE, croissant_jsonld
-from release.manifest import ENVELOPE_FILE, STATEMENT_FILE, build_statement, file_sha256, statement_bytes, tool_info
+from release.manifest import (
+    ENVELOPE_FILE,
+    STATEMENT_FILE,
+    build_statement,
+    file_sha256,
+    statement_bytes,
+    tool_info,
+)
+from release.predicate import ReleasePredicate
 
 DATA_DIR = "data"
 CARD_FILE = "README.md"
@@ -213,7 +221,7 @@ def _sha256_bytes(data: bytes) -> str:
 # ---------------------------------------------------------------- public API
 
 def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: list[str], card_markdown: str,
-                 predicate: dict, workspace: Workspace, extra_columns: dict[str, np.ndarray] | None = None,
+                 predicate: dict | ReleasePredicate, workspace: Workspace, extra_columns: dict[str, np.ndarray] | None = None,
                  rows_per_file: int = 5000) -> BundleInfo:
     """Write, sign and archive a bundle at `out_dir` (and `<out_dir>.tar.gz`); never overwrites.
 
@@ -265,6 +273,8 @@ def write_bundle(out_dir: Path, *, images: np.ndarray, labels: np.ndarray, ids: 
 
 
 def _complete_predicate(predicate: object, name: str) -> dict:
+    if isinstance(predicate, ReleasePredicate):
+        predicate = predicate.to_json()
     if not isinstance(predicate, dict):
         raise InvalidParameterError("The release predicate must be a dict (JSON object).")
     rid = predicate.get("release_id", name)

@@ -11,12 +11,13 @@ to verify the bundle and recompute its epsilon.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
 from release.card_history import history_section
+from release.predicate import ReleasePredicate
 
 DEFAULT_LICENSE = "other"
 MAX_CLASS_NAMES = 10_000   # beyond this a label is typed as a plain integer, not a ClassLabel
@@ -73,8 +74,14 @@ def dataset_card(release: dict[str, Any], dataset: dict[str, Any], result: dict[
         from audit.policy import UTILITY_GATE_CHANNEL
 
         lines += ["", UTILITY_GATE_CHANNEL]
-    lines += _version_citation(release, dataset, meta["license"], published_at or datetime.now(timezone.utc))
+    lines += _version_citation(release, dataset, meta["license"], published_at or datetime.now(UTC))
     return "\n".join(lines) + "\n"
+
+
+def card_for(release: dict[str, Any], dataset: dict[str, Any], predicate: ReleasePredicate) -> str:
+    """The card of a release being published, from its signed predicate (what the card states is what is signed)."""
+    return dataset_card(release, dataset, predicate.to_json(), predicate.released_image_count, predicate.audit_verdicts,
+                        history=predicate.history)
 
 
 def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> list[str]:
@@ -163,7 +170,7 @@ def _limitations_and_use() -> list[str]:
 
 def _version_citation(release: dict, dataset: dict, license_id: str, when: datetime) -> list[str]:
     rid = release["release_id"]
-    stamp = when.astimezone(timezone.utc)
+    stamp = when.astimezone(UTC)
     license_text = (f"`{license_id}`" if license_id != DEFAULT_LICENSE else
                     "`other`: the publisher set no license in the release spec; ask them before redistributing")
     return [

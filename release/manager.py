@@ -14,15 +14,21 @@ import numpy as np
 
 from accounting import curve, ledger, trail
 from accounting import filter as privacy_filter
-from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
-                               TamperError)
 from accounting.epsilon import epsilon_report
+from accounting.errors import (
+    InvalidParameterError,
+    LedgerStateError,
+    PermissionDeniedError,
+    PrivReleaseError,
+    TamperError,
+)
 from accounting.events import event_to_json
 from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
 from release.data import load_registered
-from release.records import Release
+from release.predicate import Approval, LedgerPosition, ReleasePredicate
+from release.records import Release, RunRecord
 from release.spec import Plan, ReleaseSpec, canonical
 from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
@@ -338,7 +344,7 @@ def release_dir(store: Store, release_id: str) -> Path:
     return store.workspace.artifacts / release_id
 
 
-def _save_output(store: Store, release_id: str, result: runner.RunResult, mechanism: str) -> dict:
+def _save_output(store: Store, release_id: str, result: runner.RunResult, mechanism: str) -> RunRecord:
     """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived, internal)."""
     from audit.report import jsonable
 
@@ -355,7 +361,7 @@ def _save_output(store: Store, release_id: str, result: runner.RunResult, mechan
     summary = {"mechanism": mechanism, "guarantee": result.guarantee.as_dict(), "parameters": dict(o.parameters),
                "executed_events": [event_to_json(e) for e in result.executed_events], "generator": o.generator,
                "artifacts": dict(o.artifacts), "count": int(len(o.images)), "charge_id": result.charge_id}
-    return jsonable(summary)
+    return RunRecord.from_json(jsonable(summary))
 
 
 def load_release_data(store: Store, release_id: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -374,10 +380,10 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
     clusters, selected = internal.pop("clusters", None), internal.pop("selected_public_indices", None)
     res = rel.result
     return MechanismOutput(
-        images=images, labels=labels, parameters=res["parameters"], label_distributions=dist,
+        images=images, labels=labels, parameters=res.parameters, label_distributions=dist,
         clusters=None if clusters is None else tuple(np.asarray(c, dtype=np.int64) for c in clusters),
         selected_public_indices=None if selected is None else np.asarray(selected, dtype=np.int64),
-        internal=internal, generator=res.get("generator"), artifacts=res.get("artifacts", {}))
+        internal=internal, generator=res.generator, artifacts=res.artifacts)
 
 
 def _bound_inputs(store: Store, rel: Release) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
@@ -428,7 +434,7 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
             raise
         with store.transaction() as con:
             _set_state(con, store, release_id, ("running",), "running", ident.name, "release.synthesised",
-                       {"count": summary["count"], "guarantee": summary["guarantee"]}, result=summary)
+                       {"count": summary.count, "guarantee": summary.guarantee}, result=summary.to_json())
     finally:
         lease.release()
     return audit_release(store, release_id, ident.name, progress, data=data, public=public)
@@ -465,7 +471,7 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
     spec = ReleaseSpec.from_dict(rel.spec)
     ds, sensitive = (ledger.get_dataset(store, spec.dataset), data) if data is not None \
         else load_registered(store, spec.dataset)
-    res = rel.result or {}
+    mechanism = rel.result.mechanism if rel.result else rel.mechanism  # load_output refused a release not run
     g = rel.guarantee
     selected = None
     if out.selected_public_indices is not None:
@@ -473,9 +479,9 @@ def audit_release(store: Store, release_id: str, actor: str, progress: ProgressF
     inputs = AuditInputs(
         release_id=release_id, images=out.images, labels=out.labels, ids=release_ids(release_id, len(out.images)),
         expected_count=int(rel.plan.expected_count), label_set=list(ds.labels), sensitive=sensitive,
-        heldout=spec_heldout(spec, ds), record_fingerprint_key=store.workspace.hmac_key(), mechanism=res["mechanism"],
+        heldout=spec_heldout(spec, ds), record_fingerprint_key=store.workspace.hmac_key(), mechanism=mechanism,
         claimed_epsilon=g.get("epsilon_rdp"), delta=g.get("delta"), k=g.get("k"),
-        loss_fn=registry.get(res["mechanism"]).loss_function(out.generator),
+        loss_fn=registry.get(mechanism).loss_function(out.generator),
         clusters=None if out.clusters is None else list(out.clusters), selected_public=selected,
         artifacts_dir=release_dir(store, release_id) / "audit",
         dpsgd=DpSgdSetting.from_plan(rel.plan.mechanism_plan or {}, rel.plan.config or {}, spec.mechanism),
@@ -502,8 +508,7 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
     """Build the signed bundle; refuses unless every thresholded audit check passed."""
     from audit import load_report
     from release.bundle import write_bundle
-    from release.card import dataset_card
-    from release.card_history import ledger_history
+    from release.card import card_for
 
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
@@ -522,23 +527,11 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
     if not integrity.ok:
         raise TamperError("The audit trail or the ledger was altered (" + "; ".join(integrity.all_problems[:3])
                           + "); publishing is refused until `privrelease audit verify` passes.")
-    head = integrity.trail
-    res = rel.result or {}
-    charge = ledger.get_charge(store, res.get("charge_id", release_id))
-    verdicts = report.verdicts()
-    predicate = {
-        "release_id": release_id, "dataset_id": ds.dataset_id, "mechanism": res["mechanism"],
-        "parameters": res["parameters"], "guarantee": res["guarantee"], "released_image_count": int(len(images)),
-        "privacy_unit": ds.privacy_unit, "dataset_size_public": True,
-        "events": res["executed_events"],
-        "ledger_position": {"charge_position": charge.position if charge else None, "trail_seq": head.length,
-                            "trail_head_sha256": head.head_hash},
-        "approval": {"plan_digest": rel.plan_digest, "steward": [a["approver"] for a in approvals(store, release_id)
-                                                                   if a["decision"].startswith("approve")]},
-        "audit_verdicts": verdicts, "tool": {"name": TOOL, "version": _version()},
-        "history": ledger_history(store, ds.dataset_id),  # whole ledger: consumers recompute epsilon
-    }
-    card = dataset_card(rel.to_dict(), asdict(ds), res, len(images), verdicts, history=predicate["history"])
+    res = rel.result
+    if res is None:
+        raise LedgerStateError(f"Release {release_id} has not been synthesised yet; run it first.")
+    predicate = release_predicate(store, rel, res, ds, report.verdicts(), len(images), integrity.trail)
+    card = card_for(rel.to_dict(), asdict(ds), predicate)
     extra = {"label_distribution": dist} if dist is not None else None
     info = write_bundle(store.workspace.bundles / release_id, images=images, labels=labels,
                         ids=release_ids(release_id, len(images)), card_markdown=card, predicate=predicate,
@@ -547,8 +540,26 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
               "manifest_digest": info.manifest_digest, "key_id": info.key_id, "public_key": str(info.public_key_path)}
     with store.transaction() as con:
         _set_state(con, store, release_id, ("checked",), "published", ident.name, "release.publish", bundle,
-                   result={**res, "bundle": bundle})
+                   result=replace(res, bundle=bundle).to_json())
     return get_release(store, release_id)
+
+
+def release_predicate(store: Store, rel: Release, res: RunRecord, ds: ledger.Dataset, verdicts: dict[str, str],
+                      n_images: int, head: trail.TrailVerification) -> ReleasePredicate:
+    """The signed predicate of a release being published: what it is, what it cost, where the ledger stood."""
+    from release.card_history import ledger_history
+
+    charge = ledger.get_charge(store, res.charge_id or rel.release_id)
+    return ReleasePredicate(
+        release_id=rel.release_id, dataset_id=ds.dataset_id, mechanism=res.mechanism, parameters=res.parameters,
+        guarantee=res.guarantee, released_image_count=int(n_images), privacy_unit=ds.privacy_unit,
+        dataset_size_public=True, events=res.executed_events,
+        ledger_position=LedgerPosition(charge.position if charge else None, head.length, head.head_hash),
+        approval=Approval(rel.plan_digest, tuple(a["approver"] for a in approvals(store, rel.release_id)
+                                                  if a["decision"].startswith("approve"))),
+        audit_verdicts=verdicts, tool={"name": TOOL, "version": _version()},
+        history=ledger_history(store, ds.dataset_id),  # whole ledger: consumers recompute epsilon
+    )
 
 
 def _version() -> str:

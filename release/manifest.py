@@ -7,9 +7,9 @@ import re
 from pathlib import Path, PurePosixPath
 
 from accounting.errors import InvalidParameterError, TamperError
+from release.predicate import PREDICATE_TYPE, TYPE_PREFIX, UnsupportedPredicateError, version_of
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://privrelease.dev/release/v1"
 STATEMENT_FILE = "manifest.intoto.json"
 ENVELOPE_FILE = "manifest.dsse.json"
 MANIFEST_FILES = (STATEMENT_FILE, ENVELOPE_FILE)
@@ -84,6 +84,11 @@ def parse_statement(payload: bytes) -> dict:
     if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE:
         raise TamperError(f"{where}: not an in-toto Statement v1 (_type must be {STATEMENT_TYPE}).")
     if st.get("predicateType") != PREDICATE_TYPE:
+        if isinstance(st.get("predicateType"), str) and st["predicateType"].startswith(TYPE_PREFIX):
+            try:
+                version_of(st["predicateType"])
+            except UnsupportedPredicateError as exc:  # a privrelease predicate of another version
+                raise TamperError(f"{where}: {exc}") from None
         raise TamperError(f"{where}: predicateType is {st.get('predicateType')!r}, expected {PREDICATE_TYPE}; "
                           "this is not a privrelease release manifest.")
     subjects = st.get("subject")

@@ -3,7 +3,7 @@ and the dashboard see it. Frozen: a state change is a new row read back from the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accounting.errors import TamperError
@@ -15,10 +15,39 @@ STATES = ("planned", "approved", "rejected", "running", "checked", "published", 
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """What a release's run produced, as stored in its `result` column (JSON). `guarantee`, `parameters`,
+    `executed_events` (DpEvent JSON) and `artifacts` stay JSON: their keys vary with the mechanism."""
+    mechanism: str
+    guarantee: dict[str, Any]
+    parameters: dict[str, Any]
+    executed_events: list[dict[str, Any]]
+    generator: str | None = None           # path of the released generator, if the mechanism keeps one
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    count: int | None = None               # images released (None in records older than the count)
+    charge_id: str | None = None           # the ledger charge that paid for the run (older records: the release id)
+    bundle: dict[str, str] | None = None   # once published: path, tarball, tarball_sha256, manifest_digest, key_id,
+    #                                        public_key
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunRecord:
+        """Raises KeyError or TypeError on a record privrelease did not write."""
+        return cls(mechanism=d["mechanism"], guarantee=dict(d["guarantee"]), parameters=dict(d["parameters"]),
+                   executed_events=list(d["executed_events"]), generator=d.get("generator"),
+                   artifacts=dict(d.get("artifacts") or {}), count=d.get("count"), charge_id=d.get("charge_id"),
+                   bundle=d.get("bundle"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (and `release show --json`'s `result`)."""
+        out = {"mechanism": self.mechanism, "guarantee": self.guarantee, "parameters": self.parameters,
+               "executed_events": self.executed_events, "generator": self.generator, "artifacts": self.artifacts}
+        optional = {"count": self.count, "charge_id": self.charge_id, "bundle": self.bundle}
+        return {**out, **{k: v for k, v in optional.items() if v is not None}}
+
+
+@dataclass(frozen=True)
 class Release:
-    """A release as stored. `plan` is the signed plan, typed; `result` (what the run produced: mechanism,
-    guarantee, parameters, executed_events, generator, artifacts, count, charge_id and, once published,
-    bundle) stays a JSON dict because its fields vary with the mechanism and the state."""
+    """A release as stored. `plan` is the signed plan, typed; `result` what its run produced (None before)."""
     release_id: str
     dataset_id: str
     mechanism: str
@@ -30,7 +59,7 @@ class Release:
     created_at: str
     updated_at: str
     reason: str | None = None
-    result: dict[str, Any] | None = None
+    result: RunRecord | None = None
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -38,13 +67,13 @@ class Release:
                               "store was edited. Run `privrelease audit verify`.")
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Release":
+    def from_row(cls, row: dict[str, Any]) -> Release:
         """A `releases` row (spec, plan and result are JSON text) as a typed record."""
         try:
             plan = Plan.from_json(json.loads(row["plan"]))
             spec = json.loads(row["spec"])
-            result = json.loads(row["result"]) if row.get("result") else None
-        except (TypeError, ValueError) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
+            result = RunRecord.from_json(json.loads(row["result"])) if row.get("result") else None
+        except (TypeError, ValueError, KeyError) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
             raise TamperError(f"Release {row['release_id']}: the stored plan, spec or result is not what privrelease "
                               f"writes ({exc}); the store was edited. Re-plan from the spec.") from exc
         return cls(release_id=row["release_id"], dataset_id=row["dataset_id"], mechanism=row["mechanism"],
@@ -55,16 +84,16 @@ class Release:
     @property
     def guarantee(self) -> dict[str, Any]:
         """The achieved guarantee once synthesised ({} before)."""
-        return dict((self.result or {}).get("guarantee") or {})
+        return dict(self.result.guarantee) if self.result else {}
 
     @property
     def bundle(self) -> dict[str, Any] | None:
         """The published bundle's paths and digests (None until published)."""
-        return (self.result or {}).get("bundle")
+        return self.result.bundle if self.result else None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form `privrelease release show --json` prints (plan as its stored JSON)."""
         return {"release_id": self.release_id, "dataset_id": self.dataset_id, "mechanism": self.mechanism,
                 "state": self.state, "spec": self.spec, "plan": self.plan.to_json(), "plan_digest": self.plan_digest,
                 "created_by": self.created_by, "created_at": self.created_at, "updated_at": self.updated_at,
-                "reason": self.reason, "result": self.result}
+                "reason": self.reason, "result": self.result.to_json() if self.result else None}

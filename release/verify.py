@@ -28,9 +28,16 @@ from typing import IO
 
 from accounting.errors import InvalidParameterError, PrivReleaseError, TamperError
 from release import dsse
+from release.manifest import (
+    ENVELOPE_FILE,
+    MANIFEST_FILES,
+    STATEMENT_FILE,
+    file_sha256,
+    parse_statement,
+    safe_member_name,
+)
+from release.predicate import ReleasePredicate
 from release.pubkey import load_public_key
-from release.manifest import (ENVELOPE_FILE, MANIFEST_FILES, STATEMENT_FILE, file_sha256, parse_statement,
-                              safe_member_name)
 
 REFETCH = dsse.REFETCH
 CHUNK = 1 << 20
@@ -57,7 +64,19 @@ class VerificationResult:
 
     @property
     def predicate(self) -> dict | None:
+        """The signed predicate as JSON (None until the signature verified)."""
         return self.statement.get("predicate") if self.statement else None
+
+    @property
+    def release_predicate(self) -> ReleasePredicate | None:
+        """The signed predicate, typed (None until the signature verified).
+
+        Raises:
+            UnsupportedPredicateError: a predicate of another version, or not one privrelease publishes.
+        """
+        if not self.statement:
+            return None
+        return ReleasePredicate.from_json(self.statement.get("predicate"), self.statement.get("predicateType", ""))
 
 
 def verify_bundle(path: Path, public_key_path: Path, *, extract_to: Path | None = None,

@@ -4,6 +4,7 @@ for stewards and auditors, a registered dataset's images. Nothing here writes; t
 the accounting and audit reads it shows, in one place."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,12 @@ from accounting.ledger import Dataset
 from accounting.store import Store, Workspace
 from audit.report import AuditReport, load_report
 from release.data import load_registered
+from release.manifest import STATEMENT_FILE
+from release.predicate import ReleasePredicate
+from release.records import Release
 
 __all__ = ["AuditReport", "Dataset", "PrivReleaseError", "Store", "audit_report", "dataset", "datasets",
-           "open_store", "sensitive_images", "trail_entries", "verify_trail"]
+           "open_store", "published_predicate", "sensitive_images", "trail_entries", "verify_trail"]
 
 
 def open_store(root: str | Path) -> Store:
@@ -51,3 +55,13 @@ def audit_report(store: Store, release_id: str) -> AuditReport | None:
 def sensitive_images(store: Store, name: str) -> np.ndarray:
     """The registered dataset's images, checked to be the registered content (steward and auditor views only)."""
     return load_registered(store, name)[1].images
+
+
+def published_predicate(rel: Release) -> ReleasePredicate | None:
+    """The predicate signed into a published release's bundle, as the bundle states it (None before publication
+    or if the bundle folder is gone). Displayed, not verified: consumers verify with `privrelease verify`."""
+    path = Path(rel.bundle["path"]) / STATEMENT_FILE if rel.bundle else None
+    if path is None or not path.is_file():
+        return None
+    statement = json.loads(path.read_text())
+    return ReleasePredicate.from_json(statement.get("predicate"), statement.get("predicateType", ""))

@@ -6,7 +6,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard.common import short_time
-from release import keys, manager
+from release import keys, manager, views
 from release.bundle import GRID_FILE
 from release.card import split_front_matter
 from release.records import Release
@@ -41,13 +41,15 @@ def public_key_panel(store: Store) -> None:
 
 
 def bundle_card(rel: Release) -> None:
-    res, rid = rel.result or {}, rel.release_id
-    b = rel.bundle or {}
+    rid, b = rel.release_id, rel.bundle or {}
+    signed = views.published_predicate(rel)  # what the bundle asserts: its image count and guarantee
+    count = signed.released_image_count if signed else (rel.result.count if rel.result else None)
+    guarantee = (signed.guarantee if signed else rel.guarantee).get("description", "")
     tarball = Path(b["tarball"])
     with st.container(border=True):
         head, button = st.columns([3, 1.2])
-        head.markdown(f"#### {rid} · {rel.guarantee.get('description', '')}")
-        head.caption(f"Published {short_time(rel.updated_at)} UTC · {res.get('count', '?')} images · "
+        head.markdown(f"#### {rid} · {guarantee}")
+        head.caption(f"Published {short_time(rel.updated_at)} UTC · {'?' if count is None else count} images · "
                      f"dataset `{rel.dataset_id}`")
         if tarball.is_file():
             button.download_button(f"{tarball.name} ({tarball.stat().st_size / 1024:.0f} KiB)", data=tarball.read_bytes(),

@@ -22,12 +22,12 @@ SAMPLE_COUNT = 40
 def render(store: Store, ident: keys.Identity, rel: Release) -> None:
     rid, internal = rel.release_id, ident.role in INTERNAL_ROLES
     st.markdown(f"### {rid}")
-    res, g, plan = rel.result or {}, rel.guarantee, rel.plan
+    res, g, plan = rel.result, rel.guarantee, rel.plan
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("State", rel.state)
     c2.metric("Mechanism", rel.mechanism)
     c3.metric("Dataset", plan.dataset)
-    c4.metric("Images", res.get("count", plan.expected_count))
+    c4.metric("Images", res.count if res and res.count is not None else plan.expected_count)
     guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if plan.requires_acknowledgement else
                                          f"planned ε ≤ {fmt_eps(plan.epsilon_after['epsilon_rdp'])} (RDP)")
     st.markdown(f"**Guarantee:** {guarantee}")
@@ -73,11 +73,11 @@ def actions(store: Store, ident: keys.Identity, rel: Release) -> None:
 
 
 def parameters(store: Store, rel: Release, internal: bool) -> None:
-    res = rel.result or {}
+    res = rel.result
     st.markdown("**Guarantee**")
-    st.json(res.get("guarantee") or {"planned_epsilon_after": rel.plan.epsilon_after}, expanded=True)
+    st.json((res.guarantee if res else None) or {"planned_epsilon_after": rel.plan.epsilon_after}, expanded=True)
     st.markdown("**Parameters**")
-    st.json(res.get("parameters") or rel.plan.config or {}, expanded=False)
+    st.json((res.parameters if res else None) or rel.plan.config or {}, expanded=False)
     if internal:
         st.markdown("**Plan**")
         st.caption(f"Digest `{rel.plan_digest}`; events: " + "; ".join(rel.plan.events_described))

@@ -101,7 +101,7 @@ def test_consumer_sees_verdicts_only(published):
 
 def test_downloads_offer_the_signed_bundle(published):
     built, rid = published
-    bundle = manager.get_release(built.store, rid).result["bundle"]
+    bundle = manager.get_release(built.store, rid).result.bundle
     at = sign_in("carol", "Downloads")
     buttons = [d.proto.label for d in nodes(at, "download_button")]
     assert buttons[0] == "release.pub" and buttons[1].startswith(f"{rid}.tar.gz")

@@ -104,7 +104,7 @@ def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     images, _, dist = manager.load_release_data(store, rel.release_id)
     assert dist.shape == (len(images), 10)
     published = manager.publish(store, rel.release_id, "alice")
-    bundle = published.result["bundle"]
+    bundle = published.result.bundle
     v = verify_bundle(bundle["tarball"], keys.public_key_path(store.workspace, "release"))
     assert v.ok, v.problems
     assert v.predicate["released_image_count"] == len(images) == 63 // 3 and "record_count" not in v.predicate

@@ -63,7 +63,7 @@ def test_privimage_release_end_to_end(store, small_data):
     assert rel.state == "checked"
     b = ledger.budget(store, "digits")
     assert [c.state for c in b.charges] == ["committed"] and b.spent.epsilon_rdp <= 6.0 + 1e-9
-    g = rel.result["guarantee"]
+    g = rel.result.guarantee
     assert g["type"] == "dp" and g["epsilon_rdp"] == pytest.approx(b.spent.epsilon_rdp)
     with pytest.raises(PermissionDeniedError):
         manager.publish(store, rid, "carol")
@@ -72,7 +72,7 @@ def test_privimage_release_end_to_end(store, small_data):
     if not report.passed:
         pytest.fail("tiny release failed its audit: " + "; ".join(c.summary for c in report.failures))
     rel = manager.publish(store, rid, "alice")
-    bundle = rel.result["bundle"]
+    bundle = rel.result.bundle
     v = verify_bundle(bundle["tarball"], keys.public_key_path(store.workspace, "release"))
     assert v.ok, v.problems
     images, labels, ids = read_bundle_data(bundle["path"])
@@ -98,7 +98,7 @@ def test_ksalsa_release_end_to_end(store, small_data):
             "ksalsa": {"k": 5, "preset": "tiny", "public": "builtin:uci-digits"}, "policy": POLICY}
     rel = _release(store, spec)
     assert rel.state == "checked"
-    assert rel.result["guarantee"]["type"] == "k-anonymity"
+    assert rel.result.guarantee["type"] == "k-anonymity"
     images, labels, dist = manager.load_release_data(store, rel.release_id)
     assert len(images) == 240 // 5 and dist.shape == (48, 10)
     b = ledger.budget(store, "digits")

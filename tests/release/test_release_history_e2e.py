@@ -34,7 +34,7 @@ def test_consumer_recomputes_epsilon_after_three_releases(store, small_data, tmp
                             "heldout": str(small_data / "heldout.npz")},
                 "privimage": {"epsilon": target, "preset": "tiny", "public": "builtin:uci-digits"}, "policy": policy}
         rel = _release(store, spec)
-        published.append(manager.publish(store, rel.release_id, "alice").result["bundle"])
+        published.append(manager.publish(store, rel.release_id, "alice").result.bundle)
     consumer = tmp_path / "consumer"
     consumer.mkdir()
     tarball = shutil.copy(published[-1]["tarball"], consumer)
