@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench ablate reproduce dashboard clean venv
+.PHONY: demo test test-slow lint bench ablate reproduce dashboard clean venv
 
 venv: $(STAMP)
 
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+
+# ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
+lint: $(STAMP)
+	$(BIN)/ruff check accounting synth audit release dashboard
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests

@@ -3,7 +3,7 @@ included, has RDP epsilon <= target. dp-accounting's calibrate_dp_mechanism does
 check its answer with a fresh accountant and step towards safety if rounding ever overshoots."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import dp_accounting
 from dp_accounting import dp_event as dpe
@@ -11,8 +11,14 @@ from dp_accounting import dp_event as dpe
 from accounting.epsilon import epsilon_rdp, quiet_absl, rdp_accountant
 from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, compose
-from accounting.validation import (MIN_NOISE_MULTIPLIER, check_count, check_delta, check_epsilon, check_sample_rate,
-                                   check_sensitivity)
+from accounting.validation import (
+    MIN_NOISE_MULTIPLIER,
+    check_count,
+    check_delta,
+    check_epsilon,
+    check_sample_rate,
+    check_sensitivity,
+)
 
 MAX_SIGMA = 1e4
 

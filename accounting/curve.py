@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 import duckdb
 import numpy as np
@@ -43,18 +43,18 @@ class Curve:
             return 0.0
         return float(rdp_lib.compute_epsilon(RDP_ORDERS, self.rdp, delta)[0])
 
-    def plus(self, other: "Curve", sign: int = 1) -> "Curve":
+    def plus(self, other: Curve, sign: int = 1) -> Curve:
         with np.errstate(invalid="ignore"):  # inf - inf (an order where RDP is unbounded) is caught by the caller
             rdp = self.rdp + sign * other.rdp
         return Curve(rdp, self.non_private + sign * other.non_private, self.events + sign * other.events)
 
-    def max_difference(self, other: "Curve") -> float:
+    def max_difference(self, other: Curve) -> float:
         with np.errstate(invalid="ignore"):
             diff = np.abs(self.rdp - other.rdp)
         diff[self.rdp == other.rdp] = 0.0  # equal infinite orders agree
         return float(np.max(diff))
 
-    def close_to(self, other: "Curve") -> bool:
+    def close_to(self, other: Curve) -> bool:
         if (self.non_private, self.events) != (other.non_private, other.events):
             return False
         return bool(np.allclose(self.rdp, other.rdp, rtol=REL_TOLERANCE, atol=1e-12))

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Union
+from typing import TypeAlias
 
 import dp_accounting
 from dp_accounting import dp_event as dpe
@@ -46,7 +47,7 @@ def quiet_absl() -> Iterator[None]:
     yield
 
 
-History = Union[dpe.DpEvent, Iterable[MechanismEvent]]
+History: TypeAlias = dpe.DpEvent | Iterable[MechanismEvent]
 
 
 def _as_dp_event(history: History) -> dpe.DpEvent:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Union
+from typing import Any
 
 import attr
 import dp_accounting
@@ -122,7 +123,7 @@ class NonPrivateRelease:
         return f"non-private release ({self.reason})"
 
 
-MechanismEvent = Union[GaussianQuery, DpSgd, NonPrivateRelease]
+MechanismEvent = GaussianQuery | DpSgd | NonPrivateRelease
 _KINDS = {cls.mechanism: cls for cls in (GaussianQuery, DpSgd, NonPrivateRelease)}
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -85,7 +85,7 @@ def _apply(current: dict | None, action: str, p: dict) -> dict:
 
 
 def _counted(record: dict) -> list:
-    key = {"reserved": "planned_events", "committed": "charged_events"}.get(record.get("state"))
+    key = {"reserved": "planned_events", "committed": "charged_events"}.get(str(record.get("state")))
     return list(record.get(key) or []) if key else []
 
 
@@ -131,8 +131,8 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
             if changed:
                 problems.append(f"dataset {ds['name']}: {', '.join(changed)} differ from its registration entry (edited)")
         delta = float(rec["delta_cap"]) if rec and "delta_cap" in rec else ds["delta_cap"]
-        mine = lambda recs: [e for r in sorted(recs, key=lambda r: r.get("position") or 0)  # noqa: E731
-                             if r.get("dataset_id") == ds["dataset_id"] for e in _counted(r)]
+        mine = lambda recs, ds=ds: [e for r in sorted(recs, key=lambda r: r.get("position") or 0)  # noqa: E731
+                                    if r.get("dataset_id") == ds["dataset_id"] for e in _counted(r)]
         by_trail = _spend(mine(trail_charges.values()), delta)
         by_table = _spend(mine(ledger.charge_record(r) for r in table), delta)
         agree = by_trail == by_table or abs(by_trail - by_table) <= SPEND_TOLERANCE

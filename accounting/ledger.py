@@ -11,16 +11,20 @@ import hashlib
 import json
 import math
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
 from accounting import curve, trail
 from accounting import filter as privacy_filter
 from accounting.epsilon import EpsilonReport, epsilon_report
-from accounting.errors import (BudgetExceededError, DatasetConflictError, LedgerStateError,
-                               UnknownDatasetError)
+from accounting.errors import (
+    BudgetExceededError,
+    DatasetConflictError,
+    LedgerStateError,
+    UnknownDatasetError,
+)
 from accounting.events import MechanismEvent, NonPrivateRelease, events_from_text, events_to_text
 from accounting.store import Store
 from accounting.validation import check_count, check_delta, check_epsilon
@@ -46,7 +50,7 @@ class Dataset:
     registered_by: str
 
     @classmethod
-    def from_row(cls, row: dict) -> "Dataset":
+    def from_row(cls, row: dict) -> Dataset:
         row = dict(row)
         row["labels"] = json.loads(row["labels"])
         row["image_shape"] = json.loads(row["image_shape"])
@@ -71,7 +75,7 @@ class Charge:
         return {"reserved": self.planned_events, "committed": self.charged_events}.get(self.state, [])
 
     @classmethod
-    def from_row(cls, row: dict) -> "Charge":
+    def from_row(cls, row: dict) -> Charge:
         row = dict(row)
         row["planned_events"] = events_from_text(row["planned_events"])
         row["charged_events"] = events_from_text(row["charged_events"])
@@ -270,7 +274,7 @@ def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[Mechani
         trail._insert_many(con, "charges", CHARGE_COLUMNS, rows)
         curve.save_change(con, ds.dataset_id, before, add=[e for h in histories for e in h])
         trail.append_many(con, store, actor, entries)
-        return [Charge.from_row(dict(zip(CHARGE_COLUMNS, r))) for r in rows]
+        return [Charge.from_row(dict(zip(CHARGE_COLUMNS, r, strict=True))) for r in rows]
 
 
 def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
@@ -414,4 +418,4 @@ def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:
 def _rows(con, sql: str, params: Iterable = ()) -> list[dict]:
     cur = con.execute(sql, list(params))
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]

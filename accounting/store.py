@@ -14,11 +14,10 @@ import hashlib
 import hmac
 import os
 import secrets
+import tomllib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
-
-import tomllib
 from typing import Any
 
 import tomli_w
@@ -150,13 +149,13 @@ def check_store_url(url: str) -> None:
                                f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb.")
 
 
-def create_schema(store: "Store") -> None:
+def create_schema(store: Store) -> None:
     with store.transaction() as con:
         con.execute(SCHEMA)
         con.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [str(SCHEMA_VERSION)])
 
 
-def check_fingerprint_key(ws: Workspace, store: "Store") -> None:
+def check_fingerprint_key(ws: Workspace, store: Store) -> None:
     """Every workspace sharing a store must fingerprint with the same HMAC key: a dataset registered on one
     host is re-checked against its fingerprint when a release on another host reads it. The store keeps
     an HMAC of a constant under the key (not the key) and refuses a workspace whose key differs."""
@@ -173,6 +172,10 @@ def check_fingerprint_key(ws: Workspace, store: "Store") -> None:
 
 class Store:
     """All reads and writes of the workspace's tables, one serialised transaction at a time."""
+
+    # set by accounting.trail during a transaction: the head it will create, and whose hooks record it
+    _trail_new_head: tuple[int, str]
+    _trail_hooks_of: Any
 
     def __init__(self, workspace: Workspace | str | os.PathLike | None = None, *, _allow_uninitialised: bool = False):
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
@@ -220,4 +223,4 @@ class Store:
         with self.transaction() as con:
             cur = con.execute(sql, params or [])
             cols = [d[0] for d in cur.description]
-            return [dict(zip(cols, row)) for row in cur.fetchall()]
+            return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]

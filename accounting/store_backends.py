@@ -11,9 +11,10 @@ import atexit
 import os
 import re
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import duckdb
@@ -303,7 +304,7 @@ class PostgresBackend:
                 self._con = None
 
 
-def _run_begun(con: "PgConnection", before_commit: Hooks, after_commit: Hooks) -> Iterator[Any]:
+def _run_begun(con: PgConnection, before_commit: Hooks, after_commit: Hooks) -> Iterator[Any]:
     try:
         yield con
         before_commit()

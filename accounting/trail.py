@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 
@@ -28,7 +29,7 @@ HEAD_SQL = "SELECT seq, entry_hash FROM audit_trail WHERE seq = (SELECT max(seq)
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def canonical(obj: Any) -> str:

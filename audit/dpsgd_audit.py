@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ class DpSgdSetting:
 
     @classmethod
     def from_plan(cls, detail: dict[str, Any], config: dict[str, Any],
-                  mechanism: str = "privimage") -> "DpSgdSetting | None":
+                  mechanism: str = "privimage") -> DpSgdSetting | None:
         """From a stored plan's mechanism detail (sample_rate, noise_multiplier, steps) and config
         (max_grad_norm, delta, lr, ema_decay); None when the plan runs no DP-SGD (e.g. k-SALSA)."""
         if not all(k in detail for k in ("sample_rate", "noise_multiplier", "steps")):
@@ -145,7 +146,7 @@ def _dataset(public: ImageDataset, included: np.ndarray, n_total: int, rng: np.r
 
 
 def run_canaries(setting: DpSgdSetting, public: ImageDataset, *, trainer: Trainer | None = None, m: int = 1000,
-                 seed: int | None = None, progress: ProgressFn = no_progress, score: Score = "model") -> CanaryRun:
+                 seed: int | None = None, progress: ProgressFn = no_progress, score: str = "model") -> CanaryRun:
     """Train `trainer` (default: the setting's mechanism's DP-SGD trainer) on public images + canaries; score
     them."""
     if score not in SCORES:
@@ -180,7 +181,7 @@ def run_canaries(setting: DpSgdSetting, public: ImageDataset, *, trainer: Traine
 
 
 @contextmanager
-def _record_canary_gradients(table: torch.nn.Parameter, first: int, steps: list[np.ndarray],
+def _record_canary_gradients(table: torch.Tensor, first: int, steps: list[np.ndarray],
                              enabled: bool) -> Iterator[None]:
     """While active, append at every optimiser step each canary row's privatised gradient projected on
     the row's direction (the direction its clipped gradient points in). The hook is global because the
@@ -310,7 +311,7 @@ class ImplementationAudit:
 
 def compute_implementation_audit(setting: DpSgdSetting, public: ImageDataset, *, trainer: Trainer | None = None,
                                  m: int = 1000, confidence: float = 0.95, seed: int | None = None,
-                                 progress: ProgressFn = no_progress, score: Score = "model") -> ImplementationAudit:
+                                 progress: ProgressFn = no_progress, score: str = "model") -> ImplementationAudit:
     """Train once with canaries and compute the one-run epsilon lower bound beside the claimed epsilon.
     `score`: "model" (final weights only) or "gradients" (every step's privatised gradient; module doc)."""
     if m < 10:
@@ -369,7 +370,7 @@ def plot_canary_scores(audit: ImplementationAudit, path: Path, title: str = "") 
     run = audit.run
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     finite = run.scores[np.isfinite(run.scores)]
-    bins = np.linspace(finite.min(), finite.max(), 50) if finite.max() > finite.min() else 10
+    bins = np.linspace(finite.min(), finite.max(), 50).tolist() if finite.max() > finite.min() else 10
     ax.hist(run.scores[~run.included], bins=bins, alpha=0.6, label=f"excluded ({(~run.included).sum()})")
     ax.hist(run.scores[run.included], bins=bins, alpha=0.6, label=f"included ({run.included.sum()})")
     ax.set_xlabel("canary score (row movement against its gradient)")

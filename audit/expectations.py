@@ -64,8 +64,11 @@ def _offline() -> None:
 def _context():
     _offline()
     import great_expectations as gx
-    from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
-                                                            ProgressBarsConfig)
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
 
     config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,
                                progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False))

@@ -6,9 +6,10 @@ the audit that computed them (e.g. in a long-running dashboard server)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -63,17 +63,17 @@ def compute_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensit
     plans = []  # (rep, source indices, negative indices, negatives from held-out?)
     for r in reps:
         src = clusters[r]
-        if use_heldout:
+        if use_heldout and heldout is not None:
             neg = rng.choice(len(heldout), len(src), replace=False)
         else:
             pool = np.setdiff1d(np.arange(len(sensitive)), src)
             neg = rng.choice(pool, min(len(src), len(pool)), replace=False)
         plans.append((r, src, neg))
-    neg_images = heldout.images if use_heldout else sensitive.images
+    neg_images = heldout.images if use_heldout and heldout is not None else sensitive.images
 
     def space_precision(rep_vecs, sens_vec, neg_vec) -> float:
         vals = []
-        for j, (r, src, neg) in enumerate(plans):
+        for j, (_, src, neg) in enumerate(plans):
             cands = np.concatenate([sens_vec(src), neg_vec(neg)])
             member = np.r_[np.ones(len(src)), np.zeros(len(neg))]
             vals.append(_precision(rep_vecs[j], cands, member, len(src)))
@@ -89,8 +89,8 @@ def compute_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensit
     if features:
         used_s = np.unique(np.concatenate([p[1] for p in plans] + ([] if use_heldout else [p[2] for p in plans])))
         used_n = np.unique(np.concatenate([p[2] for p in plans])) if use_heldout else used_s
-        fs = dict(zip(used_s.tolist(), l2_normalise(embed_images(sensitive.images[used_s]))))
-        fn = dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])))) if use_heldout else fs
+        fs = dict(zip(used_s.tolist(), l2_normalise(embed_images(sensitive.images[used_s])), strict=True))
+        fn = dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])), strict=True)) if use_heldout else fs
         frep = l2_normalise(embed_images(images[reps]))
         precisions["feature"] = space_precision(frep, lambda i: np.stack([fs[int(x)] for x in i]),
                                                 lambda i: np.stack([fn[int(x)] for x in i]))

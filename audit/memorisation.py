@@ -62,7 +62,7 @@ def nn_grid(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset |
     fig, axes = plt.subplots(len(order), cols, figsize=(1.6 * cols, 1.6 * len(order)), squeeze=False)
     for r, i in enumerate(order):
         row = [(images[i], f"release #{i}"), (sensitive.images[idx_tr[i]], f"train d={d_tr[i]:.3f}")]
-        if heldout is not None:
+        if heldout is not None and idx_ho is not None:
             row.append((heldout.images[idx_ho[i]], "held-out"))
         for c, (im, title) in enumerate(row):
             axes[r, c].imshow(im, cmap="gray" if im.ndim == 2 else None, vmin=0, vmax=255)

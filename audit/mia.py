@@ -5,9 +5,9 @@ equally many of each. Score = -loss (a model fits its training images better). R
 TPR at 1% and 0.1% FPR, and an empirical epsilon lower bound compared with the claimed epsilon."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
@@ -53,7 +53,7 @@ def plot_roc(stats: dict, path: Path, title: str) -> str:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-    for ax, log in zip(axes, (False, True)):
+    for ax, log in zip(axes, (False, True), strict=True):
         ax.plot(stats["fpr"], stats["tpr"], label=f"attack (AUC {stats['auc']:.3f})")
         ax.plot([1e-4, 1], [1e-4, 1], "k--", lw=0.8, label="chance")
         if log:

@@ -90,7 +90,7 @@ class AuditPolicy:
                 raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "AuditPolicy":
+    def from_dict(cls, d: dict[str, Any] | None) -> AuditPolicy:
         """Build from the spec's [policy] table; unknown keys are refused (typos must not silently
         fall back to a default threshold)."""
         d = dict(d or {})

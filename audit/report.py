@@ -9,7 +9,7 @@ import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ class CheckResult:
 class AuditReport:
     release_id: str
     results: list[CheckResult] = field(default_factory=list)
-    checked_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    checked_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
     def passed(self) -> bool:
@@ -88,7 +88,7 @@ class AuditReport:
         return json.dumps(jsonable(self.to_dict()), indent=indent)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AuditReport":
+    def from_dict(cls, d: dict[str, Any]) -> AuditReport:
         try:
             return cls(d["release_id"], [CheckResult(**r) for r in d["results"]], d.get("checked_at", ""))
         except (KeyError, TypeError, ValueError) as exc:

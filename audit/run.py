@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -108,6 +109,8 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
     from synth.datasets import uci_digits
 
+    if inputs.dpsgd is None or policy.one_run_canaries is None:  # _attacks runs it only with both
+        raise InvalidParameterError("The implementation audit needs the executed DP-SGD settings and a canary count.")
     public = inputs.selected_public if inputs.selected_public is not None else uci_digits()
     audit = compute_implementation_audit(inputs.dpsgd, public, m=int(policy.one_run_canaries), seed=policy.seed,
                                          score=policy.one_run_score)
@@ -151,34 +154,37 @@ def _expectations(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, d
 def _attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None) -> list[CheckResult]:
     sens, ho = inputs.sensitive, inputs.heldout
     if inputs.mechanism != "privimage":
-        if inputs.clusters is None:
+        clusters = inputs.clusters
+        if clusters is None:
             return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
         from audit.kanon_attacks import run_kanon_attacks
         return _guard("kanon_attacks", "attack", lambda: run_kanon_attacks(
-            images, inputs.clusters, sens, ho, inputs.k, policy))
+            images, clusters, sens, ho, inputs.k, policy))
     out: list[CheckResult] = []
-    if inputs.loss_fn is None:
+    loss_fn = inputs.loss_fn
+    if loss_fn is None:
         out.append(_cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy))
     elif ho is None:
         out.append(_cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy))
     else:
         from audit.mia import run_mia
         out += _guard("membership_inference", "attack", lambda: run_mia(
-            inputs.loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art, inputs.reference_loss_fns))
+            loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art, inputs.reference_loss_fns))
     if inputs.dpsgd is not None and policy.one_run_canaries is not None:
         out += _guard("dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy))
     return out
 
 
 def _utility(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy) -> list[CheckResult]:
-    if inputs.heldout is None:
+    heldout = inputs.heldout
+    if heldout is None:
         gate = ("; the utility gate needs real held-out images: give `heldout = \"PATH\"` in [release] (README: "
                 "Walkthrough of a release)") if policy.utility_gated else ""
         return [CheckResult("downstream_accuracy", "utility", False if policy.utility_gated else None,
                             "not run: no held-out test data" + gate, {"reason": "no held-out data"})]
     from audit.utility import run_utility
     return _guard("downstream_accuracy", "utility",
-                  lambda: run_utility(images, labels, inputs.sensitive, inputs.heldout, policy))
+                  lambda: run_utility(images, labels, inputs.sensitive, heldout, policy))
 
 
 def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
@@ -216,9 +222,10 @@ def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: Progre
     tick("utility")
     report.results += _utility(inputs, images, labels, policy)
     tick("sds")
-    if inputs.selected_public is not None:
+    selected = inputs.selected_public
+    if selected is not None:
         from audit.sds import run_sds
         report.results += _guard("semantic_distribution_similarity", "fidelity",
-                                 lambda: run_sds(inputs.selected_public, sens, policy))
+                                 lambda: run_sds(selected, sens, policy))
     progress("done", len(stages), len(stages))
     return report

@@ -13,10 +13,12 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard
 
 import streamlit as st  # noqa: E402
 
-from release import auth  # noqa: E402
 from dashboard.common import PAGE_ICONS, ROLE_BADGE, get_store, guarded, pages_for, show_flash  # noqa: E402
 from dashboard.views import audit_trail, downloads, ledger, overview, releases  # noqa: E402
-from release import keys  # noqa: E402
+from release import (
+    auth,  # noqa: E402
+    keys,  # noqa: E402
+)
 from release.views import PrivReleaseError, Store  # noqa: E402
 
 VIEWS = {"Overview": overview, "Ledger": ledger, "Releases": releases, "Audit trail": audit_trail,

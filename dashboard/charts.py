@@ -3,7 +3,7 @@ and image grids (numpy -> one PNG-able uint8 array)."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import altair as alt
 import numpy as np
@@ -76,7 +76,7 @@ def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> al
     top = max([v for v in caps.values()] + [float(finite.max()) if finite.notna().any() else 0.0]) * 1.1 or 1.0
     long["no_dp"] = ~np.isfinite(long["epsilon"].astype(float))
     long["epsilon_shown"] = np.where(long["no_dp"], top, long["epsilon"].astype(float))
-    long["epsilon_label"] = [("∞ (no DP guarantee)" if nd else f"{e:.4f}") for nd, e in zip(long["no_dp"], long["epsilon"])]
+    long["epsilon_label"] = [("∞ (no DP guarantee)" if nd else f"{e:.4f}") for nd, e in zip(long["no_dp"], long["epsilon"], strict=True)]
     base = alt.Chart(long).encode(
         x=alt.X("time:T", title="time (UTC)"),
         y=alt.Y("epsilon_shown:Q", title="cumulative ε", scale=alt.Scale(domain=[0, top])),

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import streamlit as st
 

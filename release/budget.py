@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from accounting import curve, ledger
@@ -166,15 +166,14 @@ def what_if(sample_rate: float, steps: int, *, sigma: float | None = None, epsil
         sigma = calibrate_dpsgd_sigma(epsilon, delta, sample_rate, steps, prior=prior)
     planned = DpSgd(sample_rate, sigma, steps)
     report = epsilon_report(prior + [planned], delta)
-    base = dict(epsilon_rdp=report.epsilon_rdp, epsilon_pld=report.epsilon_pld, sigma=sigma, delta=delta,
-                sample_rate=sample_rate, steps=steps, described=planned.describe())
+    alone = WhatIf(report.epsilon_rdp, report.epsilon_pld, sigma, delta, sample_rate, steps, None, planned.describe())
     if history is None:
-        return WhatIf(**base, composed_with=None)
+        return alone
     cap = history.dataset.epsilon_cap
     fits, filter_eps = privacy_filter.cap_check(curve.curve_of(prior + [planned]).rdp, cap, history.dataset.delta_cap)
-    return WhatIf(**base, composed_with=history.dataset.name, spent_epsilon_rdp=history.spent.epsilon_rdp,
-                  epsilon_cap=cap, filter_epsilon=filter_eps, fits_cap=fits,
-                  remaining_after_rdp=cap - report.epsilon_rdp, dp_void=history.dp_void)
+    return replace(alone, composed_with=history.dataset.name, spent_epsilon_rdp=history.spent.epsilon_rdp,
+                   epsilon_cap=cap, filter_epsilon=filter_eps, fits_cap=fits,
+                   remaining_after_rdp=cap - report.epsilon_rdp, dp_void=history.dp_void)
 
 
 def ledger_signature(store: Store) -> str:

@@ -6,13 +6,13 @@ generates, the released label set) uses the declaration, so a class held by one 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from accounting import ledger
-from accounting.errors import DatasetConflictError, DataFormatError
+from accounting.errors import DataFormatError, DatasetConflictError
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store
 from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, load_source

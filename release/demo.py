@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 from rich.rule import Rule
@@ -26,7 +27,7 @@ from release.verify import verify_bundle
 from synth.privimage.config import PrivImageConfig
 
 DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
-DEMO_SPEC = {
+DEMO_SPEC: dict[str, dict[str, Any]] = {
     "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 4000,
                 "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
     # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
@@ -108,6 +109,8 @@ def _run_and_audit(store: Store, rid: str) -> None:
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)
     report = load_report(store, rid)
+    if report is None:  # run_release audits before it returns
+        raise SystemExit(f"Release {rid} has no audit report.")
     console.print(render_report(report))
     if not report.passed:
         console.print("[red]The audit failed: the release is not published (as designed).[/]")
@@ -117,6 +120,7 @@ def _run_and_audit(store: Store, rid: str) -> None:
 def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
     step("6. Publish the signed bundle")
     bundle = manager.publish(store, rid, "alice").bundle
+    assert bundle is not None  # a published release has its bundle
     console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
     step("7. Verify offline, as a consumer would (bundle + release.pub only)")
     result = verify_bundle(Path(bundle["tarball"]), release_pub)

@@ -17,7 +17,13 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from accounting.errors import InvalidParameterError, TamperError
-from release.pubkey import PublicKeyLike, key_id, load_public_key, raw_public_bytes, verify_signature
+from release.pubkey import (
+    PublicKeyLike,
+    key_id,
+    load_public_key,
+    raw_public_bytes,
+    verify_signature,
+)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 _STD = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")

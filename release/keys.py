@@ -23,9 +23,16 @@ from filelock import FileLock
 from accounting import trail
 from accounting.errors import DatasetConflictError, PermissionDeniedError, PrivReleaseError
 from accounting.store import Store, Workspace
+
 # Public-key parsing lives in a module light enough for `privrelease verify` to start fast.
-from release.pubkey import (KeyFileError, PublicKeyLike, key_id, load_public_key, raw_public_bytes,  # noqa: F401
-                            verify_signature)
+from release.pubkey import (  # noqa: F401
+    KeyFileError,
+    PublicKeyLike,
+    key_id,
+    load_public_key,
+    raw_public_bytes,
+    verify_signature,
+)
 
 ROLES = ("steward", "auditor", "consumer")
 RELEASE_KEY = "release"
@@ -80,9 +87,9 @@ def _check_name(name: object) -> str:
 
 
 def _check_role(role: object) -> str:
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise PrivReleaseError(f"Unknown role {role!r}: choose one of {', '.join(ROLES)}.")
-    return role  # type: ignore[return-value]
+    return role
 
 
 def _write_exclusive(path: Path, data: bytes, mode: int) -> None:

@@ -350,7 +350,7 @@ def _save_output(store: Store, release_id: str, result: runner.RunResult, mechan
 
     out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
-    arrays = {"images": o.images, "labels": o.labels}
+    arrays: dict[str, Any] = {"images": o.images, "labels": o.labels}
     if o.label_distributions is not None:
         arrays["label_distributions"] = o.label_distributions
     np.savez_compressed(out / "release.npz", **arrays)

@@ -60,7 +60,7 @@ class RunResult:
 def _rows(con, sql: str, params: list) -> list[dict]:
     cur = con.execute(sql, params)
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
 def _holder_alive(row: dict) -> bool:
@@ -148,7 +148,7 @@ class _Context:
                  progress: ProgressFn, public: ImageDataset, actor: str, nproc: int = 1) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
-        self.cache_dir = public_cache_dir(store)
+        self.cache_dir: Path | None = public_cache_dir(store)
         self.nproc = nproc  # this process stays the only one that charges, whatever the workers do
 
 
@@ -221,7 +221,7 @@ def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     own = lease is None
-    lease = acquire_lease(store, run_id, actor) if own else lease
+    lease = acquire_lease(store, run_id, actor) if lease is None else lease
     try:
         charge_id = _charge_for_attempt(store, lease, dataset)
         ledger.reserve(store, dataset, list(plan.events), charge_id, actor=actor, allow_non_private=acknowledge_non_dp,

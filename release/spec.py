@@ -63,14 +63,14 @@ class ReleaseSpec:
         return {k: v for k, v in self.mechanism_params.items() if k not in ("public", "preset")}
 
     def as_dict(self) -> dict[str, Any]:
-        rel = {"dataset": self.dataset, "mechanism": self.mechanism, "description": self.description}
+        rel: dict[str, Any] = {"dataset": self.dataset, "mechanism": self.mechanism, "description": self.description}
         rel.update({k: v for k, v in (("n_images", self.n_images), ("heldout", self.heldout),
                                                ("license", self.license)) if v is not None})
         return {"release": rel,
                 self.mechanism: dict(self.mechanism_params), "policy": dict(self.policy)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReleaseSpec":
+    def from_dict(cls, data: dict[str, Any]) -> ReleaseSpec:
         rel = data.get("release")
         if not isinstance(rel, dict):
             raise InvalidParameterError("The spec needs a [release] table with `dataset` and `mechanism`.")
@@ -103,7 +103,7 @@ class ReleaseSpec:
                    heldout, license=_license(rel.get("license")))
 
     @classmethod
-    def from_toml(cls, path: Path) -> "ReleaseSpec":
+    def from_toml(cls, path: Path) -> ReleaseSpec:
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError as exc:
@@ -158,7 +158,7 @@ class Plan:
         return json.loads(json.dumps(self.__dict__, allow_nan=False))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Plan":
+    def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(**data)
 
     @property

@@ -105,7 +105,7 @@ def verify_bundle(path: Path, public_key_path: Path, *, extract_to: Path | None 
 
 def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: str = "") -> None:
     """The signed release id must be the bundle's name: a renamed bundle of another release is not this one."""
-    if res.statement is None:
+    if res.predicate is None:
         return
     rid = res.predicate.get("release_id")
     if not isinstance(rid, str) or not rid:
@@ -233,7 +233,7 @@ class _ArchiveScan:
             return
         rel = m.name[len(self.top) + 1:]
         if rel in MANIFEST_FILES:
-            self.manifests[rel] = tar.extractfile(m).read()
+            self.manifests[rel] = _stream(tar, m).read()
             self.digests[rel] = hashlib.sha256(self.manifests[rel]).hexdigest()
             if rel == ENVELOPE_FILE:
                 self._open_envelope(self.manifests[rel])
@@ -247,7 +247,7 @@ class _ArchiveScan:
             self.problem = (f"member {m.name!r} comes before the signed manifest; privrelease archives put "
                             f"{ENVELOPE_FILE} first so that nothing unsigned is written to disk")
             return
-        self.digests[rel] = _hash_member(tar.extractfile(m), self.out_root / m.name if self.out_root else None)
+        self.digests[rel] = _hash_member(_stream(tar, m), self.out_root / m.name if self.out_root else None)
 
     def _open_envelope(self, data: bytes) -> None:
         try:
@@ -258,6 +258,13 @@ class _ArchiveScan:
             self.problem = "its signed manifest does not verify"
             return
         self.expected = {s["name"]: s["digest"]["sha256"] for s in self.statement["subject"]}
+
+
+def _stream(tar: tarfile.TarFile, m: tarfile.TarInfo) -> IO[bytes]:
+    stream = tar.extractfile(m)
+    if stream is None:  # header_problem refused every member but files and folders before this
+        raise tarfile.TarError(f"member {m.name!r} is not a regular file")
+    return stream
 
 
 def _hash_member(src: IO[bytes], dest: Path | None) -> str:
@@ -308,7 +315,7 @@ def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
     with open(archive, "rb") as raw:
         gz = _OneGzipMember(raw)
         try:
-            with tarfile.open(fileobj=gz, mode="r|", bufsize=CHUNK) as tar:
+            with tarfile.open(fileobj=gz, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
                 for m in tar:
                     scan.member(tar, m)
                     if scan.problem:
@@ -350,7 +357,7 @@ def _verify_archive(archive: Path, key, extract_to: Path | None, max_bytes: int 
         elif not res.problems:
             _compare(res, scan)
             _check_release_id(res, top, name, ARCHIVE_SUFFIX)
-        if staging is not None and not res.problems:
+        if staging is not None and extract_to is not None and not res.problems:
             res.extracted = _place(staging / top, Path(extract_to) / top)
     finally:
         if staging is not None:

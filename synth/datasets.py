@@ -7,8 +7,8 @@ ledger must not need it.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from PIL import Image
@@ -28,7 +28,7 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     """Resize uint8 images to size x size with Lanczos (PIL)."""
     if images.shape[1:3] == (size, size):
         return images
-    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.LANCZOS)) for im in images])
+    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.LANCZOS)) for im in images])
 
 
 def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:

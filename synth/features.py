@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,18 +47,19 @@ def prepare(x: torch.Tensor, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
     return (x - IMAGENET_MEAN.to(x.device)) / IMAGENET_STD.to(x.device)
 
 
-def feature_maps(net: torch.nn.Module, x: torch.Tensor, upto_block: int) -> list[torch.Tensor]:
-    """Feature maps after the stem and after blocks 0..upto_block (early layers carry style)."""
+def feature_maps(net: Any, x: torch.Tensor, upto_block: int) -> list[torch.Tensor]:
+    """Feature maps after the stem and after blocks 0..upto_block (early layers carry style). `net` is an
+    EfficientNet-Lite (untyped library): its stem and blocks are plain attributes."""
     out = []
     h = net._swish(net._bn0(net._conv_stem(x)))
     out.append(h)
-    for idx, block in enumerate(net._blocks[: upto_block + 1]):
+    for block in net._blocks[: upto_block + 1]:
         h = block(h, drop_connect_rate=0.0)
         out.append(h)
     return out
 
 
-def pooled_features(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def pooled_features(net: Any, x: torch.Tensor) -> torch.Tensor:
     """Global-average-pooled final features (1280-d), the content / FID embedding."""
     return net.extract_features(x).mean(dim=(2, 3))
 

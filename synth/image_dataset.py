@@ -101,10 +101,10 @@ class ImageDataset:
         """The labels that occur in the data: depends on the records, so never release it."""
         return sorted(int(x) for x in np.unique(self.labels))
 
-    def with_declared(self, labels: list[int]) -> "ImageDataset":
+    def with_declared(self, labels: list[int]) -> ImageDataset:
         return ImageDataset(self.images, self.labels, list(self.class_names), self.source, list(labels))
 
-    def subset(self, idx: np.ndarray) -> "ImageDataset":
+    def subset(self, idx: np.ndarray) -> ImageDataset:
         return ImageDataset(self.images[idx], self.labels[idx], list(self.class_names), self.source,
                             self.declared_labels)
 

@@ -2,7 +2,7 @@
 bars and the dashboard st.progress without the mechanisms knowing either."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # progress(stage, done, total): called as work advances; `stage` is a short human label.
 ProgressFn = Callable[[str, int, int], None]

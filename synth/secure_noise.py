@@ -48,7 +48,7 @@ class SecureGaussian:
     def __init__(self) -> None:
         key, counter = os.urandom(32), os.urandom(16)
         self._stream = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor()
-        self._zeros, self._keystream = bytes(), bytearray()
+        self._zeros, self._keystream = b"", bytearray()
         self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __reduce__(self) -> Any:  # pickling (torch.save, deepcopy) would write the key out
@@ -124,7 +124,7 @@ def _secure_add_noise(self: DPOptimizer) -> None:
     for g in grads:
         _check_processed_flag(g)
     noises = noise_like(self.secure_gaussian, grads, self.noise_multiplier * self.max_grad_norm) if noisy else None
-    for i, (p, g) in enumerate(zip(self.params, grads)):
+    for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
         p.grad = ((g.to(torch.float64) + noises[i]).to(g.dtype) if noisy else g).view_as(p)
         _mark_as_processed(g)
 
@@ -134,7 +134,7 @@ def noise_like(gen: SecureGaussian, tensors: list[torch.Tensor], std: float) -> 
     for device in {t.device for t in tensors}:
         idx = [i for i, t in enumerate(tensors) if t.device == device]
         flat = gen.noise((sum(tensors[i].numel() for i in idx),), std, device)
-        for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx])):
+        for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx]), strict=True):
             out[i] = chunk.view(tensors[i].shape)
     return out
 

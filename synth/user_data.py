@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -86,10 +87,10 @@ def _decode(data: bytes | Path, where: str) -> np.ndarray:
     return rgb[..., 0].copy() if grey else rgb
 
 
-def _decode_all(items: list[bytes | Path], names: list[str], where: str) -> np.ndarray:
+def _decode_all(items: Sequence[bytes | Path], names: list[str], where: str) -> np.ndarray:
     """Check every header (one size, within the limits), then decode; (N, H, W) or (N, H, W, 3)."""
-    probes = [_probe(item, name) for item, name in zip(items, names)]
-    for (_, shape), name in zip(probes, names):
+    probes = [_probe(item, name) for item, name in zip(items, names, strict=True)]
+    for (_, shape), name in zip(probes, names, strict=True):
         check_geometry(shape, len(items), name)
     sizes = [p[0] for p in probes]
     if len(set(sizes)) > 1:
@@ -98,7 +99,7 @@ def _decode_all(items: list[bytes | Path], names: list[str], where: str) -> np.n
             f"{where}: images have different sizes; e.g. {names[odd]} is {sizes[odd][0]}x{sizes[odd][1]} while "
             f"{names[0]} is {sizes[0][0]}x{sizes[0][1]}. Resize all images to one size first."
         )
-    arrays = [_decode(item, name) for item, name in zip(items, names)]
+    arrays = [_decode(item, name) for item, name in zip(items, names, strict=True)]
     if any(a.ndim == 3 for a in arrays):
         arrays = [np.repeat(a[..., None], 3, -1) if a.ndim == 2 else a for a in arrays]
     return np.stack(arrays)
@@ -196,7 +197,7 @@ def _bytes_type(t):
 
 
 # ----------------------------------------------------------------- NumPy
-def _npy_header(f: BinaryIO) -> tuple[tuple[int, ...], np.dtype]:
+def _npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(f)

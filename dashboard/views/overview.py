@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 import streamlit as st
+from pandas.io.formats.style import Styler
 
 from dashboard import data
 from dashboard.charts import budget_gauge
@@ -60,7 +60,7 @@ def render(store: Store, ident: keys.Identity) -> None:
     per_row = 3
     for start in range(0, len(datasets), per_row):
         cols = st.columns(per_row)
-        for col, ds in zip(cols, datasets[start:start + per_row]):
+        for col, ds in zip(cols, datasets[start:start + per_row], strict=False):
             b = data.summary(store, ds.name)
             with col, st.container(border=True):
                 st.pyplot(budget_gauge(ds.epsilon_cap, b.spent_epsilon_rdp, b.spent_epsilon_pld, title=ds.name),

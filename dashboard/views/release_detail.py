@@ -155,6 +155,9 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     keys.require_role(ident, *INTERNAL_ROLES)
     out = manager.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
+    if clusters is None:  # only k-anonymous releases keep clusters (the tab is shown for those only)
+        st.info("This release keeps no clusters.")
+        return
     ds = views.dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")

@@ -1,6 +1,7 @@
 """`privrelease budget show|plan` and `privrelease ledger show`."""
 from __future__ import annotations
 
+from typing import Any
 
 import typer
 
@@ -94,7 +95,7 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
 def ledger_show(dataset: str = typer.Option(None, "--dataset"), as_json: bool = typer.Option(False, "--json")) -> None:
     """Every charge in the ledger, oldest first (optionally one dataset)."""
     pairs = ledger.all_charges(store())
-    rows = [{"position": c.position, "dataset": d.name, "run_id": c.run_id, "state": c.state,
+    rows: list[dict[str, Any]] = [{"position": c.position, "dataset": d.name, "run_id": c.run_id, "state": c.state,
              "planned": "; ".join(e.describe() for e in c.planned_events),
              "charged": "; ".join(e.describe() for e in c.charged_events), "actor": c.actor,
              "reserved_at": c.reserved_at, "settled_at": c.settled_at, "description": c.description}

@@ -16,7 +16,6 @@ from release.terminal import err_console as err_console
 from release.terminal import fmt_eps as fmt_eps
 
 
-
 class State:
     workspace: Path | None = None
 

@@ -8,9 +8,9 @@ from rich.markup import escape
 
 from release import keys, manager
 from release.cli.common import console, default_actor, print_json, store, table
-from release.terminal import print_plan, rich_progress
 from release.records import Release
 from release.spec import ReleaseSpec
+from release.terminal import print_plan, rich_progress
 
 app = typer.Typer(help="Plan, approve, run and publish releases.", no_args_is_help=True)
 AS = typer.Option(None, "--as", help="Identity acting (see `privrelease keys list`); default $PRIVRELEASE_ACTOR.")
@@ -96,7 +96,7 @@ def run(release_id: str, actor: str = AS,
 def abandon(release_id: str, actor: str = AS) -> None:
     """Settle a failed release for good: refunded if it never read the data, else the steps it started stay charged."""
     rel = manager.abandon_release(store(), release_id, _actor(actor))
-    console.print(f"[yellow]Abandoned[/] {release_id}: {escape(rel.reason)}")
+    console.print(f"[yellow]Abandoned[/] {release_id}: {escape(rel.reason or '')}")
 
 
 def _print_outcome(rel: Release) -> None:

@@ -86,17 +86,17 @@ class KSalsaConfig:
             raise InvalidParameterError(f"device must be 'auto', 'cpu', 'cuda[:N]' or 'mps'; got {self.device!r}.")
 
     @classmethod
-    def demo(cls, k: int = 5, method: str = "ksalsa") -> "KSalsaConfig":
+    def demo(cls, k: int = 5, method: str = "ksalsa") -> KSalsaConfig:
         """Whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec training included."""
         return cls(k=k, method=method, steps=10, cluster_batch=64, feature_size=48, codec_epochs=15)
 
     @classmethod
-    def tiny(cls, k: int = 2, method: str = "ksalsa") -> "KSalsaConfig":
+    def tiny(cls, k: int = 2, method: str = "ksalsa") -> KSalsaConfig:
         """For tests: seconds on a few dozen images."""
         return cls(k=k, method=method, steps=3, cluster_batch=8, grid=2, feature_size=32, codec_epochs=1,
                    latent_dim=8, pca_components=4)
 
-    def with_(self, **changes: Any) -> "KSalsaConfig":
+    def with_(self, **changes: Any) -> KSalsaConfig:
         return replace(self, **changes)
 
     def codec_key(self) -> dict[str, Any]:

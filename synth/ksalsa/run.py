@@ -6,8 +6,9 @@ sensitive data was read stays charged: a non-DP computation saw the data (README
 guarantees and their limits": k-anonymity is not DP)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

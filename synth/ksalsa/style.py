@@ -14,7 +14,8 @@ VGG19 or MoCo weights can pass their own object with the same two methods.
 from __future__ import annotations
 
 import copy
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -45,7 +46,8 @@ class EfficientNetStyleContent:
         # caller asking for another device would move ours under us
         self.net = copy.deepcopy(features.efficientnet_lite0("cpu")).to(device)
         self.size, self.layers = size, tuple(layers)
-        n_maps = 1 + len(self.net._blocks)
+        blocks: Any = self.net._blocks  # EfficientNet-Lite's blocks (an untyped library's attribute)
+        n_maps = 1 + len(blocks)
         if max(self.layers) >= n_maps:
             from accounting.errors import InvalidParameterError
 
@@ -70,8 +72,8 @@ def patches(fmap: torch.Tensor, grid: int) -> torch.Tensor:
 
 def gram(p: torch.Tensor) -> torch.Tensor:
     """Gram matrices of patches (..., C, L) -> (..., C, C), normalised by C * L."""
-    c, l = p.shape[-2:]
-    return p @ p.transpose(-1, -2) / (c * l)
+    c, length = p.shape[-2:]
+    return p @ p.transpose(-1, -2) / (c * length)
 
 
 def match(src: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
@@ -97,8 +99,8 @@ def source_style(net: StyleContentNet, sources: torch.Tensor, grid: int) -> list
 def style_loss(net: StyleContentNet, rep: torch.Tensor, src_style: list[tuple[torch.Tensor, torch.Tensor]],
                grid: int) -> torch.Tensor:
     """Local style alignment loss per cluster, (B,). rep: (B, C, H, W) current representatives."""
-    total = 0.0
-    for fmap, (src_p, src_g) in zip(net.style_maps(rep), src_style):
+    total: Any = 0.0
+    for fmap, (src_p, src_g) in zip(net.style_maps(rep), src_style, strict=True):
         p = patches(fmap, grid)                                   # (B, Q, C, L)
         idx = match(src_p, p.detach().flatten(2))                # (B, K, P)
         rep_g = gram(p)                                          # (B, Q, C, C)
@@ -129,7 +131,8 @@ class SequentialStyleContent:
 
         if not style_layers or max(style_layers) >= len(body):
             raise InvalidParameterError(f"style_layers {tuple(style_layers)} must index the network's {len(body)} layers.")
-        self.body, self.layers, self.size, self.name = body.eval(), tuple(style_layers), size, name
+        self.body: torch.nn.Sequential = body.eval()
+        self.layers, self.size, self.name = tuple(style_layers), size, name
         for p in self.body.parameters():
             p.requires_grad_(False)
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
@@ -144,7 +147,8 @@ class SequentialStyleContent:
 
     def style_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
         h, out = self._prepare(x), []
-        for i, layer in enumerate(self.body[: max(self.layers) + 1]):
+        layers: Any = self.body[: max(self.layers) + 1]
+        for i, layer in enumerate(layers):
             h = layer(h)
             if i in self.layers:
                 out.append(h)

@@ -7,7 +7,13 @@ from numbers import Real
 from typing import Any
 
 from accounting.errors import InvalidParameterError
-from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity, check_sigma
+from accounting.validation import (
+    check_count,
+    check_delta,
+    check_epsilon,
+    check_sensitivity,
+    check_sigma,
+)
 from synth.privimage.precision import PRECISIONS
 
 DP_OPTIMIZERS = ("adam", "sgd")
@@ -168,7 +174,7 @@ class PrivImageConfig:
 
     # ------------------------------------------------------------ presets
     @classmethod
-    def demo(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
+    def demo(cls, epsilon: float, delta: float, **overrides: Any) -> PrivImageConfig:
         """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
         later releases), 4 DP-SGD epochs with Adam at 3e-4, then four rounds of the private vote (Private
         Evolution): 8 candidates per released image, then three times 8 SDEdit variations of each winner at
@@ -177,14 +183,14 @@ class PrivImageConfig:
         return cls(epsilon=epsilon, delta=delta, **{**DEMO_RECIPE, **overrides})
 
     @classmethod
-    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> "PrivImageConfig":
+    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> PrivImageConfig:
         """For tests: seconds, meaningless quality."""
         base = dict(classifier_epochs=1, classifier_batch=64, unet_channels=(8, 16), train_timesteps=100,
                     pretrain_steps=3, pretrain_batch=16, finetune_epochs=1.0, batch_size=16, max_physical_batch=8,
                     checkpoint_every=2, ddim_steps=3, n_samples=20, sample_batch=10)
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
 
-    def with_(self, **changes: Any) -> "PrivImageConfig":
+    def with_(self, **changes: Any) -> PrivImageConfig:
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
@@ -193,7 +199,7 @@ class PrivImageConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PrivImageConfig":
+    def from_dict(cls, data: dict[str, Any]) -> PrivImageConfig:
         data = dict(data)
         data["unet_channels"] = tuple(data.get("unet_channels", (32, 64, 64)))
         return cls(**data)

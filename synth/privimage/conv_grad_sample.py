@@ -31,8 +31,8 @@ this CPU (per layer of the demo UNet, batch 100).
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from opacus.grad_sample import register_grad_sampler
 from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.grad_sample.group_norm import compute_group_norm_grad_sample
-
 
 # Device types on which the grouped backward replaces opacus' samplers: measured faster on CPU, slower on an H200
 # (BENCHMARKS.md); benchmarks/dpsgd_throughput.py --device cuda adds "cuda" for its side-by-side rows.

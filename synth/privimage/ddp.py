@@ -6,7 +6,7 @@ coordinator do not import each other.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from opacus.data_loader import wrap_collate_with_empty

@@ -6,8 +6,8 @@ used for unconditional pre-training (PDP-Diffusion-style baseline)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +28,13 @@ from synth.privimage.data import channels_of, label_index, pick_device, to_forma
 from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.precision import resolve_precision
-from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes, top_k_predictions,
-                                   train_classifier)
+from synth.privimage.query import (
+    build_selection,
+    noisy_semantic_histogram,
+    select_classes,
+    top_k_predictions,
+    train_classifier,
+)
 from synth.privimage.sampling import balanced_labels, sample_images, vary_images
 from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
 from synth.privimage.vote import VaryFn, evolve
@@ -194,7 +200,7 @@ def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivIma
         return public.class_names[v] if v < len(public.class_names) else str(v)
 
     named = {(sensitive.class_names[v] if v < len(sensitive.class_names) else str(v)): [pub_name(j) for j in cols]
-             for v, cols in zip(prep.label_values, selection.chosen)}
+             for v, cols in zip(prep.label_values, selection.chosen, strict=True)}
     prep.model = _pretrain(prep.model, prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels),
                            config, prep.device, ctx)
     info = {"selected_public_classes": named, "selection_ratio": selection.ratio,

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.epsilon import EpsilonReport, epsilon_report
@@ -58,7 +59,7 @@ class PrivImagePlan:
                             "delta": self.epsilon.delta}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PrivImagePlan":
+    def from_json(cls, data: dict[str, Any]) -> PrivImagePlan:
         return cls([event_from_json(e) for e in data["events"]], float(data["noise_multiplier"]),
                    float(data["sample_rate"]), int(data["steps"]), int(data["record_count"]),
                    EpsilonReport(**data["epsilon"]))

@@ -10,9 +10,9 @@ import json
 import secrets
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from diffusers.training_utils import EMAModel

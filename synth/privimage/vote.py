@@ -13,7 +13,7 @@ round's winners (drawn by the DP model, so post-processing too) and is charged a
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def select_by_votes(noisy: np.ndarray, candidate_pos: np.ndarray, wanted_pos: np
     """Indices of the released candidates: for each class position, as many as `wanted_pos` holds, the
     highest noisy counts first; returned grouped the way `wanted_pos` orders its classes."""
     keep = []
-    for cls, n in zip(*np.unique(wanted_pos, return_counts=True)):
+    for cls, n in zip(*np.unique(wanted_pos, return_counts=True), strict=True):
         ci = np.flatnonzero(candidate_pos == cls)
         if len(ci) < n:
             raise InvalidParameterError(f"Class position {cls} has {len(ci)} candidates for {n} images to release.")
