@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from accounting import curve, ledger, trail
+from accounting import calibration, curve, ledger, trail
 from accounting import filter as privacy_filter
 from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
                                TamperError)
@@ -149,13 +149,24 @@ def _spec_file_check(spec_file: str | None, signed: dict) -> None:
                           "with `privrelease release plan`, or restore the file.")
 
 
-def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
-    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read)."""
+def _stage(progress: ProgressFn, name: str):
+    """progress for one stage of planning, labelled "plan: NAME"."""
+    return lambda done, total: progress(f"plan: {name}", done, total)
+
+
+def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, progress: ProgressFn = no_progress):
+    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read).
+    `progress` sees each stage, the noise calibration's accountant evaluations included."""
     _check_policy(spec)
     ds = budget.dataset
-    mplan = _mechanism_plan(spec, budget, public)
+    with calibration.reporting(lambda stage, done, total: progress(f"plan: {stage}", done, total)):
+        mplan = _mechanism_plan(spec, budget, public)
+    accounting_stage = _stage(progress, "epsilon before and after (RDP, PLD)")
+    accounting_stage(0, 2)
     before = epsilon_report(budget.history, ds.delta_cap)
+    accounting_stage(1, 2)
     after = epsilon_report(budget.history + list(mplan.events), ds.delta_cap)
+    accounting_stage(2, 2)
     warnings = list(mplan.warnings)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
@@ -164,7 +175,7 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
         warnings.append(f"The cap's privacy filter would stop this release (filter epsilon after it "
                         f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
                         f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
-                        + _fitting_target_hint(spec, budget, public))
+                        + _fitting_target_hint(spec, budget, public, progress=_stage(progress, "largest target that fits")))
     return mplan, before, after, warnings
 
 
@@ -188,7 +199,8 @@ def _admitted_at(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset,
     return _admitted(curve.curve_of(budget.history + list(events)).rdp, budget.dataset)
 
 
-def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8) -> str:
+def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8,
+                         progress=lambda done, total: None) -> str:
     """The largest target epsilon whose plan the cap's filter admits, by bisection over plans (`rounds` of them:
     to target / 2**rounds, rounded down to 2 decimals). Bisection, because the filter's epsilon is monotone in
     the target but not smooth: a plan's structure can change with it."""
@@ -196,12 +208,13 @@ def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: Image
     if target is None:
         return ""
     fits, refused = 0.0, float(target)
-    for _ in range(rounds):
+    progress(0, rounds)
+    for i in range(rounds):
         guess = (fits + refused) / 2
-        if _admitted_at(spec, budget, public, guess):
-            fits = guess
-        else:
-            refused = guess
+        with calibration.reporting(no_progress):  # one bar for the whole search, not one per plan
+            admitted = _admitted_at(spec, budget, public, guess)
+        fits, refused = (guess, refused) if admitted else (fits, guess)
+        progress(i + 1, rounds)
     suggestion = np.floor(fits * 100) / 100
     if suggestion <= 0:
         return "No positive target epsilon fits what is left of the cap."
@@ -209,23 +222,32 @@ def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: Image
             f"spec's [{spec.mechanism}] table), or raise the dataset's cap.")
 
 
-def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:
+def _public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> ImageDataset:
+    stage = _stage(progress, "public data and mechanism")
+    stage(0, 1)
+    public = load_public(spec.public_source, ds.source)
+    registry.get(spec.mechanism)  # imports the mechanism (torch): seconds on a slow machine
+    stage(1, 1)
+    return public
+
+
+def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress) -> dict[str, Any]:
     """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing, reads
     no sensitive data, charges nothing."""
     budget = ledger.budget(store, spec.dataset)
-    mplan, before, after, warnings = _preview(spec, budget, load_public(spec.public_source, budget.dataset.source))
+    mplan, before, after, warnings = _preview(spec, budget, _public(spec, budget.dataset, progress), progress)
     return {"events_described": [e.describe() for e in mplan.events], "epsilon_before": before.as_dict(),
             "epsilon_after": after.as_dict(), "expected_count": int(mplan.expected_count), "warnings": warnings,
             "requires_acknowledgement": mplan.requires_acknowledgement}
 
 
-def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> Release:
+def create_plan(store: Store, spec: ReleaseSpec, actor: str, progress: ProgressFn = no_progress) -> Release:
     """Store a plan: the events it will charge, epsilon before/after (RDP and PLD), warnings. The
     whole spec, policy and data compatibility are validated here, before anything is charged."""
     budget = ledger.budget(store, spec.dataset)
     ds = budget.dataset
-    public = load_public(spec.public_source, ds.source)
-    mplan, before, after, warnings = _preview(spec, budget, public)
+    public = _public(spec, ds, progress)
+    mplan, before, after, warnings = _preview(spec, budget, public, progress)
     release_id = "rel-" + uuid.uuid4().hex[:10]
     plan = Plan(
         release_id=release_id, dataset_id=ds.dataset_id, dataset=ds.name, dataset_fingerprint=ds.fingerprint,

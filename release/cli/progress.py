@@ -7,15 +7,17 @@ from typing import Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from release.cli.common import console
+from rich.console import Console
+
+from release.cli.common import console as stdout_console
 from synth.progress import ProgressFn
 
 
 @contextmanager
-def rich_progress() -> Iterator[ProgressFn]:
+def rich_progress(console: Console = stdout_console) -> Iterator[ProgressFn]:
     """Live bars on a terminal; in a log (CI, `make demo > file`) a plain line per stage every 10%."""
     if not console.is_terminal:
-        yield _log_lines()
+        yield _log_lines(console)
         return
     columns = (TextColumn("[bold blue]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn())
@@ -30,7 +32,7 @@ def rich_progress() -> Iterator[ProgressFn]:
         yield update
 
 
-def _log_lines() -> ProgressFn:
+def _log_lines(console: Console) -> ProgressFn:
     started = time.monotonic()
     last: dict[str, int] = {}
 

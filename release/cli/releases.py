@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 
 from release import keys, manager
-from release.cli.common import console, default_actor, fmt_eps, print_json, store, table
+from release.cli.common import console, default_actor, err_console, fmt_eps, print_json, store, table
 from release.cli.progress import rich_progress
 from release.records import Release
 from release.spec import ReleaseSpec
@@ -41,7 +41,8 @@ def print_plan(rel: Release) -> None:
 @app.command("plan")
 def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> None:
     """Store a plan from a spec (TOML): events, epsilon before/after by RDP and PLD, warnings."""
-    rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), _actor(actor))
+    with rich_progress(err_console if as_json else console) as progress:  # calibration takes a while
+        rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), _actor(actor), progress)
     if as_json:
         print_json(rel.to_dict())
         return

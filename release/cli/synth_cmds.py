@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from release import manager
 from release.cli.common import console, fmt_eps, store
+from release.cli.progress import rich_progress
 from release.spec import ReleaseSpec
 
 app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
@@ -21,7 +22,8 @@ WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, fo
 
 
 def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
-    pv = manager.preview(store(), ReleaseSpec.from_dict(spec))
+    with rich_progress() as progress:
+        pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
     b, a = pv["epsilon_before"], pv["epsilon_after"]
     console.print(f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "
                   f"{spec['release']['dataset']}")

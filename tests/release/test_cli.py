@@ -107,7 +107,8 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     # the written spec goes through the lifecycle: a plan, which a steward must approve before it runs
     r = cli(ws, "release", "plan", str(spec), "--json", "--as", "alice")
     assert r.exit_code == 0, r.output
-    rid = json.loads(r.output)["release_id"]
+    rid = json.loads(r.stdout)["release_id"]  # JSON alone on stdout; progress on stderr
+    assert "plan: epsilon before and after (RDP, PLD): 2/2 (100%" in r.stderr
     r = cli(ws, "release", "run", rid, "--as", "alice")
     assert r.exit_code != 0 and "planned" in str(r.exception)
     assert ledger.budget(store, "user").charges == []
@@ -138,6 +139,11 @@ def test_text_in_square_brackets_reaches_the_steward_verbatim(ws, tmp_path):
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "the run will be refused" in text and "in the spec's [privimage] table" in text
+    # progress while it calibrates, readable in a log: each stage reaches its total (issue 36)
+    for stage in ("public data and mechanism: 1/1", "calibrating the noise", "largest target that fits: 8/8"):
+        assert f"plan: {stage}" in text
+    assert any(line.strip().startswith("plan: calibrating the noise:") and "(100%" in line
+               for line in r.output.splitlines())
     release_id = text.split("Release ")[1].split()[0]
     r = cli(ws, "release", "reject", release_id, "--reason", "[bold]cap[/bold] too tight", "--as", "alice")
     assert r.exit_code == 0 and "[bold]cap[/bold] too tight" in r.output

@@ -171,3 +171,16 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
     budget = ledger.budget(ws_store, "mnist")  # and the largest, to the search's precision: 10 / 2**8
     assert not manager._admitted_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
                                     suggested + 10 / 2**8 + 0.01)
+
+
+def test_plan_reports_progress_while_it_calibrates(ws_store):
+    calls = []
+    manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice",
+                        lambda stage, done, total: calls.append((stage, done, total)))
+    last = {}
+    for stage, done, total in calls:
+        last[stage] = (done, total)
+    assert list(last) == ["plan: public data and mechanism", "plan: calibrating the noise",
+                          "plan: epsilon before and after (RDP, PLD)"]
+    assert all(done == total > 0 for done, total in last.values()), last
+    assert sum(stage == "plan: calibrating the noise" for stage, _, _ in calls) > 10
