@@ -446,16 +446,31 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
                 actor=ident.name, acknowledge_non_dp=approval["acknowledge_non_dp"], lease=lease, nproc=nproc)
             summary = _save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:
-            with store.transaction() as con:
-                _set_state(con, store, release_id, ("running",), "failed", ident.name, "release.fail",
-                           {"reason": f"{type(exc).__name__}: {exc}"}, reason=f"{type(exc).__name__}: {exc}")
+            _fail(store, release_id, ident.name, runner.why(exc))
             raise
         with store.transaction() as con:
             _set_state(con, store, release_id, ("running",), "running", ident.name, "release.synthesised",
                        {"count": summary["count"], "guarantee": summary["guarantee"]}, result=summary)
     finally:
         lease.release()
-    return audit_release(store, release_id, ident.name, progress, data=data, public=public)
+    try:
+        return audit_release(store, release_id, ident.name, progress, data=data, public=public)
+    except BaseException as exc:  # synthesised and settled: a re-run audits it again
+        _fail(store, release_id, ident.name, f"audit not finished: {runner.why(exc)}")
+        raise
+
+
+def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:
+    with store.transaction() as con:
+        _set_state(con, store, release_id, ("running",), "failed", actor, "release.fail", {"reason": reason},
+                   reason=reason)
+
+
+def run_status(store: Store, release_id: str) -> runner.RunStatus:
+    """Where a failed or interrupted release's run stands (its charge, data read, DP-SGD steps started)."""
+    rel = get_release(store, release_id)
+    return runner.run_status(store, run_id=release_id, dataset=rel.plan.dataset_id, plan=rel.plan.mechanism_view(),
+                             workdir=release_dir(store, release_id) / "work")
 
 
 def abandon_release(store: Store, release_id: str, actor: str) -> Release:
