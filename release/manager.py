@@ -168,6 +168,8 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, pro
     after = epsilon_report(budget.history + list(mplan.events), ds.delta_cap)
     accounting_stage(2, 2)
     warnings = list(mplan.warnings)
+    if mplan.guarantee_kind == "k-anonymity":
+        warnings += _kanon_audit_warning(spec, ds, mplan, public, progress)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
     rdp_after = curve.curve_of(budget.history + list(mplan.events)).rdp  # the cap is a privacy filter on this curve
@@ -177,6 +179,27 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, pro
                         f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
                         + _fitting_target_hint(spec, budget, public, progress=_stage(progress, "largest target that fits")))
     return mplan, before, after, warnings
+
+
+_KANON_ESTIMATES: dict[tuple, object] = {}  # public data only: the same question gets the same answer
+
+
+def _kanon_audit_warning(spec: ReleaseSpec, ds: ledger.Dataset, mplan: MechanismPlan, public: ImageDataset,
+                         progress: ProgressFn) -> list[str]:
+    """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release, re-enacted on
+    the public data (audit.kanon_estimate): reads nothing sensitive, so the warning may be shown as it is."""
+    from audit import AuditPolicy
+    from audit.kanon_estimate import estimate_membership
+
+    k, threshold = int(mplan.parameters["k"]), AuditPolicy.from_dict(spec.policy).kanon_max_attack_precision
+    key = (public_sha256(public), ds.record_count, k, tuple(mplan.output_shape), threshold)
+    if key not in _KANON_ESTIMATES:
+        _KANON_ESTIMATES[key] = estimate_membership(public, ds.record_count, k, tuple(mplan.output_shape), threshold,
+                                                    progress=lambda stage, done, total: progress(f"plan: {stage}",
+                                                                                                 done, total))
+    estimate = _KANON_ESTIMATES[key]
+    warning = estimate.warning() if estimate is not None else None
+    return [warning] if warning else []
 
 
 def _mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset) -> MechanismPlan:
