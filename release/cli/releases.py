@@ -146,12 +146,18 @@ def _second_interrupt_waits() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _events(events) -> str:
+    return "; ".join(e.describe() for e in events)
+
+
 def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] | None) -> None:
     """What a Ctrl-C left behind: the release's state, what is charged, and the commands that go on."""
     s = store()
     rel = manager.get_release(s, release_id)
     where = f" during {stage[0]} ({stage[1]}/{stage[2]})" if stage else ""
-    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731 - plain text, verbatim
+    def say(text: str) -> None:  # verbatim, and unwrapped so that a command stays on one line
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     say(f"Interrupted (Ctrl-C){where}: release {release_id} is {rel.state}.")
     resume = f"privrelease release run {release_id} --as {actor}"
     if rel.state in ("approved", "planned"):
@@ -160,10 +166,9 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
     st = manager.run_status(s, release_id)
     charge = st.charge
     if rel.result is not None:
-        say(f"Charged: the synthesis had finished and is settled ({'; '.join(e.describe() for e in charge.charged_events)}"
-            f" committed); only the audit was interrupted. Audit it again: {resume}" if charge else
-            f"Charged: the synthesis had finished and is settled; only the audit was interrupted. Audit it again: "
-            f"{resume}")
+        settled = f" ({_events(charge.charged_events)} committed)" if charge else ""
+        say(f"Charged: the synthesis had finished and is settled{settled}; only the audit was interrupted. "
+            f"Audit it again: {resume}")
         return
     if charge is None or charge.state == "refunded":
         say("Charged: nothing. It stopped before reading the sensitive data, so its reservation was refunded.")
@@ -171,7 +176,7 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
         return
     steps = (f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were started"
              if st.planned_steps is not None else "")
-    say(f"Charged: it had read the sensitive data, so its reservation ({'; '.join(e.describe() for e in charge.planned_events)})"
+    say(f"Charged: it had read the sensitive data, so its reservation ({_events(charge.planned_events)})"
         f" stays in force, counted in full against the cap, until you resume or settle it{steps}.")
     say(f"Resume (from its last checkpoint; steps lost since then are charged again first): {resume}")
     kept = "the DP-SGD steps it started" if st.planned_steps is not None else "the whole run"
