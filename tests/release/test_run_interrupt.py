@@ -94,3 +94,4 @@ def test_ctrl_c_after_reading_data_keeps_the_reservation_and_names_resume_and_ab
     charge = ledger.get_charge(store, status.charge.run_id)
     dpsgd = [e for e in charge.charged_events if getattr(e, "steps", None)]
     assert charge.state == "committed" and dpsgd[0].steps == status.started_steps
+
