@@ -1,9 +1,14 @@
 """Conservative calibration: the noise (or step count) whose *composed* history, prior spend
 included, has RDP epsilon <= target. dp-accounting's calibrate_dp_mechanism does the search; we
-check its answer with a fresh accountant and step towards safety if rounding ever overshoots."""
+check its answer with a fresh accountant and step towards safety if rounding ever overshoots.
+
+A search takes about 30 accountant evaluations (seconds each on a slow CPU): each is reported to a
+progress(stage, done, total) callback, passed in or set for a block with `reporting(progress)`."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import dp_accounting
 from dp_accounting import dp_event as dpe
@@ -21,12 +26,48 @@ from accounting.validation import (
 )
 
 MAX_SIGMA = 1e4
+EXPECTED_EVALUATIONS = 32  # brentq over the bracket: ~30 evaluations (a progress bar's initial total)
+
+Progress = Callable[[str, int, int], None]  # progress(stage, done, total), as synth.progress.ProgressFn
+_PROGRESS: ContextVar[Progress | None] = ContextVar("calibration_progress", default=None)
 
 
-def _history_event(prior: Iterable[MechanismEvent], make: Callable[[float], Sequence[MechanismEvent]]):
+@contextmanager
+def reporting(progress: Progress) -> Iterator[None]:
+    """Report every calibration in this block (e.g. inside a mechanism's plan) to `progress`."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+class _Counter:
+    """Counts accountant evaluations for a progress bar whose total grows if the search runs long."""
+
+    def __init__(self, stage: str, progress: Progress | None) -> None:
+        self.stage, self.progress, self.done = stage, progress or _PROGRESS.get(), 0
+        self._report(EXPECTED_EVALUATIONS)
+
+    def _report(self, total: int) -> None:
+        if self.progress is not None:
+            self.progress(self.stage, self.done, total)
+
+    def tick(self) -> None:
+        self.done += 1
+        self._report(max(EXPECTED_EVALUATIONS, self.done + 1))
+
+    def finish(self) -> None:
+        self._report(self.done)
+
+
+def _history_event(prior: Iterable[MechanismEvent], make: Callable[[float], Sequence[MechanismEvent]],
+                   counter: _Counter | None = None):
     prior = list(prior)
 
     def event(param: float) -> dpe.DpEvent:
+        if counter is not None:
+            counter.tick()
         return compose(prior + list(make(param)))
 
     return event
@@ -46,12 +87,20 @@ def calibrate_noise(
     delta: float,
     make_events: Callable[[float], Sequence[MechanismEvent]],
     prior: Iterable[MechanismEvent] = (),
+    progress: Progress | None = None,
 ) -> float:
     """Smallest noise parameter x such that epsilon_rdp(prior + make_events(x)) <= target."""
     target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
     prior = list(prior)
     _check_room(prior, target, delta)
-    event_of = _history_event(prior, make_events)
+    counter = _Counter("calibrating the noise", progress)
+    try:
+        return _search_noise(target, delta, _history_event(prior, make_events, counter))
+    finally:
+        counter.finish()
+
+
+def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.DpEvent]) -> float:
     if epsilon_rdp(event_of(MAX_SIGMA), delta) > target:
         raise BudgetExceededError(
             f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; the remaining budget "
@@ -72,29 +121,37 @@ def calibrate_noise(
 
 def calibrate_dpsgd_sigma(
     target_epsilon: float, delta: float, sample_rate: float, steps: int,
-    prior: Iterable[MechanismEvent] = (), extra: Sequence[MechanismEvent] = (),
+    prior: Iterable[MechanismEvent] = (), extra: Sequence[MechanismEvent] = (), progress: Progress | None = None,
 ) -> float:
     """Noise multiplier for DP-SGD (plus `extra` events of the same run, e.g. a DP query)."""
     q, t = check_sample_rate(sample_rate), check_count(steps)
-    return calibrate_noise(target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior)
+    return calibrate_noise(target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior, progress)
 
 
 def calibrate_gaussian_sigma(
-    target_epsilon: float, delta: float, sensitivity: float = 1.0, prior: Iterable[MechanismEvent] = ()
+    target_epsilon: float, delta: float, sensitivity: float = 1.0, prior: Iterable[MechanismEvent] = (),
+    progress: Progress | None = None,
 ) -> float:
     """Noise standard deviation for one Gaussian query with the given L2 sensitivity."""
     s = check_sensitivity(sensitivity)
-    return s * calibrate_noise(target_epsilon, delta, lambda m: [GaussianQuery(m * s, s)], prior)
+    return s * calibrate_noise(target_epsilon, delta, lambda m: [GaussianQuery(m * s, s)], prior, progress)
 
 
 def max_dpsgd_steps(
     target_epsilon: float, delta: float, sample_rate: float, noise_multiplier: float,
-    prior: Iterable[MechanismEvent] = (), limit: int = 10_000_000,
+    prior: Iterable[MechanismEvent] = (), limit: int = 10_000_000, progress: Progress | None = None,
 ) -> int:
     """Largest step count whose composed history stays <= target; 0 if not even one step fits."""
     target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
-    prior = list(prior)
-    event_of = _history_event(prior, lambda t: [DpSgd(sample_rate, noise_multiplier, int(t))])
+    counter = _Counter("calibrating the steps", progress)
+    try:
+        return _search_steps(target, delta, _history_event(
+            prior, lambda t: [DpSgd(sample_rate, noise_multiplier, int(t))], counter), limit)
+    finally:
+        counter.finish()
+
+
+def _search_steps(target: float, delta: float, event_of: Callable[[float], dpe.DpEvent], limit: int) -> int:
     if epsilon_rdp(event_of(1), delta) > target:
         return 0
     if epsilon_rdp(event_of(limit), delta) <= target:

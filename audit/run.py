@@ -187,45 +187,59 @@ def _utility(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy
                   lambda: run_utility(images, labels, inputs.sensitive, heldout, policy))
 
 
+class _Stages:
+    """Each audit stage is one bar, "audit: NAME" 0/1 while it runs and 1/1 (clock stopped) when it ends."""
+
+    def __init__(self, progress: ProgressFn) -> None:
+        self.progress: ProgressFn = progress
+        self.current: str | None = None
+
+    def begin(self, name: str) -> None:
+        self.end()
+        self.current = f"audit: {name}"
+        self.progress(self.current, 0, 1)
+
+    def end(self) -> None:
+        if self.current is not None:
+            self.progress(self.current, 1, 1)
+            self.current = None
+
+
 def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
     policy = policy or AuditPolicy()
     inputs.validate()
     images, labels = np.asarray(inputs.images), np.asarray(inputs.labels).astype(np.int64)
     sens, ho = inputs.sensitive, inputs.heldout
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
-    stages = ["expectations", "memorisation", "attacks", "fidelity", "utility", "sds"]
     report = AuditReport(inputs.release_id)
-    step = iter(range(len(stages)))
+    stage = _Stages(progress)
 
-    def tick(stage: str) -> None:
-        progress(stage, next(step), len(stages))
-
+    stage.begin("expectations")
     usable, d_tr, idx_tr = _training_distances(images, sens)
-    tick("expectations")
     report.results += _expectations(inputs, images, labels, d_tr)
     if not usable:  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
         report.results.append(CheckResult(
             "release_readable", "expectations", False,
             "attacks and metrics not run: release images are not non-empty uint8 images of the sensitive set's shape "
             f"{sens.image_shape} (got {images.dtype}, {images.shape})", {}))
-        progress("done", len(stages), len(stages))
+        stage.end()
         return report
-    tick("memorisation")
+    stage.begin("memorisation")
     from audit.memorisation import run_memorisation
     report.results += _guard("memorisation_dcr", "attack",
                              lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art))
-    tick("attacks")
+    stage.begin("attacks")
     report.results += _attacks(inputs, images, policy, art)
-    tick("fidelity")
+    stage.begin("fidelity")
     from audit.fidelity import CHECK_FID, run_fidelity
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
-    tick("utility")
+    stage.begin("utility")
     report.results += _utility(inputs, images, labels, policy)
-    tick("sds")
     selected = inputs.selected_public
     if selected is not None:
+        stage.begin("sds")
         from audit.sds import run_sds
         report.results += _guard("semantic_distribution_similarity", "fidelity",
                                  lambda: run_sds(selected, sens, policy))
-    progress("done", len(stages), len(stages))
+    stage.end()
     return report

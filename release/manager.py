@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accounting import curve, ledger, trail
+from accounting import calibration, curve, ledger, trail
 from accounting import filter as privacy_filter
 from accounting.epsilon import epsilon_report
 from accounting.errors import (
@@ -37,6 +37,7 @@ from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan
 
 if TYPE_CHECKING:
     from audit.dpsgd_audit import DpSgdSetting
+    from release.kanon_estimate import MembershipEstimate
 
 TOOL = "privrelease"
 
@@ -130,14 +131,27 @@ def _spec_file_check(spec_file: str | None, signed: dict) -> None:
                           "with `privrelease release plan`, or restore the file.")
 
 
-def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
-    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read)."""
+def _stage(progress: ProgressFn, name: str):
+    """progress for one stage of planning, labelled "plan: NAME"."""
+    return lambda done, total: progress(f"plan: {name}", done, total)
+
+
+def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, progress: ProgressFn = no_progress):
+    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read).
+    `progress` sees each stage, the noise calibration's accountant evaluations included."""
     _check_policy(spec)
     ds = budget.dataset
-    mplan = _mechanism_plan(spec, budget, public)
+    with calibration.reporting(lambda stage, done, total: progress(f"plan: {stage}", done, total)):
+        mplan = _mechanism_plan(spec, budget, public)
+    accounting_stage = _stage(progress, "epsilon before and after (RDP, PLD)")
+    accounting_stage(0, 2)
     before = epsilon_report(budget.history, ds.delta_cap)
+    accounting_stage(1, 2)
     after = epsilon_report(budget.history + list(mplan.events), ds.delta_cap)
+    accounting_stage(2, 2)
     warnings = list(mplan.warnings)
+    if mplan.guarantee_kind == "k-anonymity":
+        warnings += _kanon_audit_warning(spec, ds, mplan, public, progress)
     if budget.dp_void:
         warnings.append("A k-anonymous release was already made from this dataset: its DP guarantees no longer hold.")
     rdp_after = curve.curve_of(budget.history + list(mplan.events)).rdp  # the cap is a privacy filter on this curve
@@ -145,8 +159,29 @@ def _preview(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset):
         warnings.append(f"The cap's privacy filter would stop this release (filter epsilon after it "
                         f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
                         f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
-                        + _fitting_target_hint(spec, budget, public))
+                        + _fitting_target_hint(spec, budget, public, progress=_stage(progress, "largest target that fits")))
     return mplan, before, after, warnings
+
+
+_KANON_ESTIMATES: dict[tuple, MembershipEstimate | None] = {}  # public data only: the same question gets the same answer
+
+
+def _kanon_audit_warning(spec: ReleaseSpec, ds: ledger.Dataset, mplan: MechanismPlan, public: ImageDataset,
+                         progress: ProgressFn) -> list[str]:
+    """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release, re-enacted on
+    the public data (release.kanon_estimate): reads nothing sensitive, so the warning may be shown as it is."""
+    from audit import AuditPolicy
+    from release.kanon_estimate import estimate_membership
+
+    k, threshold = int(mplan.parameters["k"]), AuditPolicy.from_dict(spec.policy).kanon_max_attack_precision
+    key = (public_sha256(public), ds.record_count, k, tuple(mplan.output_shape), threshold)
+    if key not in _KANON_ESTIMATES:
+        _KANON_ESTIMATES[key] = estimate_membership(public, ds.record_count, k, tuple(mplan.output_shape), threshold,
+                                                    progress=lambda stage, done, total: progress(f"plan: {stage}",
+                                                                                                 done, total))
+    estimate = _KANON_ESTIMATES[key]
+    warning = estimate.warning() if estimate is not None else None
+    return [warning] if warning else []
 
 
 def _mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset) -> MechanismPlan:
@@ -169,7 +204,8 @@ def _admitted_at(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset,
     return _admitted(curve.curve_of(budget.history + list(events)).rdp, budget.dataset)
 
 
-def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8) -> str:
+def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, rounds: int = 8,
+                         progress=lambda done, total: None) -> str:
     """The largest target epsilon whose plan the cap's filter admits, by bisection over plans (`rounds` of them:
     to target / 2**rounds, rounded down to 2 decimals). Bisection, because the filter's epsilon is monotone in
     the target but not smooth: a plan's structure can change with it."""
@@ -177,12 +213,13 @@ def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: Image
     if target is None:
         return ""
     fits, refused = 0.0, float(target)
-    for _ in range(rounds):
+    progress(0, rounds)
+    for i in range(rounds):
         guess = (fits + refused) / 2
-        if _admitted_at(spec, budget, public, guess):
-            fits = guess
-        else:
-            refused = guess
+        with calibration.reporting(no_progress):  # one bar for the whole search, not one per plan
+            admitted = _admitted_at(spec, budget, public, guess)
+        fits, refused = (guess, refused) if admitted else (fits, guess)
+        progress(i + 1, rounds)
     suggestion = np.floor(fits * 100) / 100
     if suggestion <= 0:
         return "No positive target epsilon fits what is left of the cap."
@@ -190,11 +227,20 @@ def _fitting_target_hint(spec: ReleaseSpec, budget: ledger.Budget, public: Image
             f"spec's [{spec.mechanism}] table), or raise the dataset's cap.")
 
 
-def preview(store: Store, spec: ReleaseSpec) -> dict[str, Any]:
+def _public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> ImageDataset:
+    stage = _stage(progress, "public data and mechanism")
+    stage(0, 1)
+    public = load_public(spec.public_source, ds.source)
+    registry.get(spec.mechanism)  # imports the mechanism (torch): seconds on a slow machine
+    stage(1, 1)
+    return public
+
+
+def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress) -> dict[str, Any]:
     """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing, reads
     no sensitive data, charges nothing."""
     budget = ledger.budget(store, spec.dataset)
-    mplan, before, after, warnings = _preview(spec, budget, load_public(spec.public_source, budget.dataset.source))
+    mplan, before, after, warnings = _preview(spec, budget, _public(spec, budget.dataset, progress), progress)
     return {"events_described": [e.describe() for e in mplan.events], "epsilon_before": before.as_dict(),
             "epsilon_after": after.as_dict(), "expected_count": int(mplan.expected_count), "warnings": warnings,
             "requires_acknowledgement": mplan.requires_acknowledgement}
@@ -223,13 +269,13 @@ def dpsgd_setting(store: Store, spec: ReleaseSpec, name: str = "") -> tuple[DpSg
                         spec.mechanism), public
 
 
-def create_plan(store: Store, spec: ReleaseSpec, actor: str) -> Release:
+def create_plan(store: Store, spec: ReleaseSpec, actor: str, progress: ProgressFn = no_progress) -> Release:
     """Store a plan: the events it will charge, epsilon before/after (RDP and PLD), warnings. The
     whole spec, policy and data compatibility are validated here, before anything is charged."""
     budget = ledger.budget(store, spec.dataset)
     ds = budget.dataset
-    public = load_public(spec.public_source, ds.source)
-    mplan, before, after, warnings = _preview(spec, budget, public)
+    public = _public(spec, ds, progress)
+    mplan, before, after, warnings = _preview(spec, budget, public, progress)
     release_id = "rel-" + uuid.uuid4().hex[:10]
     plan = Plan(
         release_id=release_id, dataset_id=ds.dataset_id, dataset=ds.name, dataset_fingerprint=ds.fingerprint,
@@ -428,16 +474,31 @@ def run_release(store: Store, release_id: str, actor: str, progress: ProgressFn 
                 actor=ident.name, acknowledge_non_dp=approval["acknowledge_non_dp"], lease=lease, nproc=nproc)
             summary = _save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:
-            with store.transaction() as con:
-                _set_state(con, store, release_id, ("running",), "failed", ident.name, "release.fail",
-                           {"reason": f"{type(exc).__name__}: {exc}"}, reason=f"{type(exc).__name__}: {exc}")
+            _fail(store, release_id, ident.name, runner.why(exc))
             raise
         with store.transaction() as con:
             _set_state(con, store, release_id, ("running",), "running", ident.name, "release.synthesised",
                        {"count": summary.count, "guarantee": summary.guarantee}, result=summary.to_json())
     finally:
         lease.release()
-    return audit_release(store, release_id, ident.name, progress, data=data, public=public)
+    try:
+        return audit_release(store, release_id, ident.name, progress, data=data, public=public)
+    except BaseException as exc:  # synthesised and settled: a re-run audits it again
+        _fail(store, release_id, ident.name, f"audit not finished: {runner.why(exc)}")
+        raise
+
+
+def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:
+    with store.transaction() as con:
+        _set_state(con, store, release_id, ("running",), "failed", actor, "release.fail", {"reason": reason},
+                   reason=reason)
+
+
+def run_status(store: Store, release_id: str) -> runner.RunStatus:
+    """Where a failed or interrupted release's run stands (its charge, data read, DP-SGD steps started)."""
+    rel = get_release(store, release_id)
+    return runner.run_status(store, run_id=release_id, dataset=rel.plan.dataset_id, plan=rel.plan.mechanism_view(),
+                             workdir=release_dir(store, release_id) / "work")
 
 
 def abandon_release(store: Store, release_id: str, actor: str) -> Release:

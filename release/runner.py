@@ -26,6 +26,7 @@ from accounting import ledger, trail
 from accounting.errors import LedgerStateError, PermissionDeniedError, PrivReleaseError
 from accounting.events import MechanismEvent
 from accounting.store import Store
+from release import threads
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
@@ -227,17 +228,49 @@ def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, 
         ledger.reserve(store, dataset, list(plan.events), charge_id, actor=actor, allow_non_private=acknowledge_non_dp,
                        description=f"{mech.name} run {run_id}")
         ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
+        if nproc == 1:  # torchrun's workers choose their own
+            threads.apply()
         try:
             output = mech.run(config, data, ctx)
         except BaseException as exc:
             if not lease.row["accessed"]:  # nothing sensitive was read: refund (rule 2)
-                ledger.refund(store, charge_id, reason=f"failed before reading sensitive data: {exc}", actor=actor)
+                ledger.refund(store, charge_id, reason=f"failed before reading sensitive data: {why(exc)}",
+                              actor=actor)
             raise
         executed = _settle(store, dataset, plan, charge_id, workdir, actor)
         return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
     finally:
         if own:
             lease.release()
+
+
+def why(exc: BaseException) -> str:
+    """A failure in words for the store (a Ctrl-C's KeyboardInterrupt has no message of its own)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C / SIGINT)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Where a stopped run stands: its current charge, whether it read sensitive data, DP-SGD steps."""
+    charge: ledger.Charge | None   # the current attempt's charge (None: it never reserved)
+    accessed: bool                 # it read sensitive data: a reserved charge stays until resumed or abandoned
+    started_steps: int             # DP-SGD steps started, every attempt (the write-ahead counter)
+    planned_steps: int | None      # None: the mechanism runs no DP-SGD
+    redo: tuple[ledger.Charge, ...]  # re-charges of steps lost in crashes
+
+
+def run_status(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, workdir: Path) -> RunStatus:
+    with store.transaction() as con:
+        con.execute(LEASES)
+        rows = _rows(con, "SELECT charge_id, accessed FROM run_leases WHERE run_id = ?", [run_id])
+    charge_id = rows[0]["charge_id"] if rows else None
+    charge = ledger.get_charge(store, charge_id) if charge_id else None
+    redo = tuple(_redo_charges(store, dataset, charge_id)) if charge_id else ()
+    step = plan.step_event
+    return RunStatus(charge, bool(rows and rows[0]["accessed"]), int(registry.read_counter(workdir)["started"]),
+                     step.steps if step is not None else None, redo)
 
 
 def _executed(plan: MechanismPlan, main_steps: int) -> list[MechanismEvent]:

@@ -51,14 +51,16 @@ def print_plan(rel: Release) -> None:
 
 
 @contextmanager
-def rich_progress() -> Iterator[ProgressFn]:
-    """Live bars on a terminal; in a log (CI, `make demo > file`) a plain line per stage every 10%."""
-    if not console.is_terminal:
-        yield _log_lines()
+def rich_progress(out: Console | None = None) -> Iterator[ProgressFn]:
+    """Live bars on a terminal; in a log (CI, `make demo > file`) a plain line per stage every 10%.
+    `out` is the console to draw on (stdout's by default; stderr's where stdout carries JSON)."""
+    out = out or console
+    if not out.is_terminal:
+        yield _log_lines(out)
         return
     columns = (TextColumn("[bold blue]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
+    with Progress(*columns, console=out, transient=False) as bar:
         tasks: dict[str, TaskID] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -69,7 +71,7 @@ def rich_progress() -> Iterator[ProgressFn]:
         yield update
 
 
-def _log_lines() -> ProgressFn:
+def _log_lines(out: Console) -> ProgressFn:
     started = time.monotonic()
     last: dict[str, int] = {}
 
@@ -78,7 +80,7 @@ def _log_lines() -> ProgressFn:
         if last.get(stage) == tenth:
             return
         last[stage] = tenth
-        console.print(f"  {stage}: {done}/{total} ({100 * done // max(total, 1)}%, "
+        out.print(f"  {stage}: {done}/{total} ({100 * done // max(total, 1)}%, "
                       f"{time.monotonic() - started:.0f} s)", markup=False, highlight=False)
 
     return update

@@ -16,11 +16,12 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from accounting.errors import DataFormatError
-from synth.image_dataset import ImageDataset, check_label_values
+from synth.image_dataset import MAX_LABEL, ImageDataset, check_label_values
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 MAX_SIDE = 4096                # pixels per image side
 MAX_VALUES = 1 << 30           # decoded pixel values of a whole dataset (1 GiB as uint8)
+MAX_NAME = 200                 # characters in one class name of an .npz `class_names` array
 CHUNK = 4096                   # images converted to uint8 at a time (bounds the float64 copy)
 _UNREADABLE = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
@@ -230,19 +231,52 @@ def _check_npz_arrays(path: Path, headers: dict) -> None:
     if lshape != (shape[0],):
         raise DataFormatError(f"{path}: {shape[0]} images but labels of shape {lshape}.")
     check_label_values(np.zeros(0, ldtype), str(path))  # the dtype alone: text, complex, ...
+    if "class_names" in headers:
+        nshape, ndtype = headers["class_names"]
+        if ndtype.kind not in "U" or len(nshape) != 1:
+            raise DataFormatError(f"{path}: `class_names` is a {ndtype} array of shape {nshape}; give a 1-D array of "
+                                  "strings, one per label value, e.g. numpy.array(['cat', 'dog']).")
+        if not 1 <= nshape[0] <= MAX_LABEL + 1 or ndtype.itemsize // 4 > MAX_NAME:
+            raise DataFormatError(f"{path}: `class_names` holds {nshape[0]} names of up to {ndtype.itemsize // 4} "
+                                  f"characters; give 1 to {MAX_LABEL + 1} names of at most {MAX_NAME} characters.")
+
+
+SAVE_HINT = "numpy.savez(path, images=..., labels=..., class_names=numpy.array([...]))"
+
+
+def _class_names(names: np.ndarray, labels: np.ndarray, where: str) -> list[str]:
+    """`class_names[v]` names label value v: one per value up to the largest label, each a distinct
+    non-empty string."""
+    out = [str(n).strip() for n in names.tolist()]
+    top = int(labels.max())
+    if len(out) <= top:
+        raise DataFormatError(f"{where}: `class_names` has {len(out)} names but the labels go up to {top}; name every "
+                              f"label value 0..{top} in order (class_names[v] is the name of label v).")
+    empty = [i for i, n in enumerate(out) if not n]
+    if empty:
+        raise DataFormatError(f"{where}: `class_names` entries {empty[:10]} are empty; give every class a name.")
+    repeated = sorted({n for n in out if out.count(n) > 1})
+    if repeated:
+        raise DataFormatError(f"{where}: `class_names` repeats {repeated[:5]}; give each class its own name.")
+    return out
 
 
 def load_numpy(path: Path) -> ImageDataset:
-    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]) and `labels` (int)."""
-    _check_npz_arrays(path, _npz_headers(path))
+    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]), `labels` (int) and, optionally,
+    `class_names` (strings: class_names[v] names label value v)."""
+    headers = _npz_headers(path)
+    _check_npz_arrays(path, headers)
     try:
         with np.load(path, allow_pickle=False) as data:
             images, labels = data["images"], data["labels"]
+            names = data["class_names"] if "class_names" in headers else None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataFormatError(f"{path}: not a readable .npz file ({exc}).") from exc
+        raise DataFormatError(f"{path}: not a readable .npz file ({exc}). Save it with {SAVE_HINT}.") from exc
     if images.ndim == 4 and images.shape[3] == 1:
         images = images[..., 0]
-    return ImageDataset(to_uint8(images, str(path)), check_label_values(labels, str(path)), [], str(path))
+    labels = check_label_values(labels, str(path))
+    class_names = [] if names is None else _class_names(names, labels, str(path))
+    return ImageDataset(to_uint8(images, str(path)), labels, class_names, str(path))
 
 
 def to_uint8(images: np.ndarray, where: str) -> np.ndarray:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# Runs set torch's thread count from the free cores (release/threads.py); tests keep the one thread they set.
+os.environ.setdefault("PRIVRELEASE_THREADS", "1")
 
 from accounting.store import Store, Workspace  # noqa: E402
 

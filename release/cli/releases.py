@@ -1,13 +1,23 @@
 """`privrelease release plan|list|show|approve|reject|run|publish`."""
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
 from release import keys, manager
-from release.cli.common import console, default_actor, print_json, store, table
+from release.cli.common import (
+    console,
+    default_actor,
+    err_console,
+    print_json,
+    store,
+    table,
+)
 from release.records import Release
 from release.spec import ReleaseSpec
 from release.terminal import print_plan, rich_progress
@@ -23,7 +33,8 @@ def _actor(name: str | None) -> str:
 @app.command("plan")
 def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> None:
     """Store a plan from a spec (TOML): events, epsilon before/after by RDP and PLD, warnings."""
-    rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), _actor(actor))
+    with rich_progress(err_console if as_json else console) as progress:  # calibration takes a while
+        rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), _actor(actor), progress)
     if as_json:
         print_json(rel.to_dict())
         return
@@ -87,9 +98,79 @@ def run(release_id: str, actor: str = AS,
                                   "GPU, or CPU processes); charged once, exactly as one process. README: Scaling out.")
         ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed one to resume."""
-    with rich_progress() as progress:
-        rel = manager.run_release(store(), release_id, _actor(actor), progress, nproc=nproc)
+    from release import threads
+
+    name = _actor(actor)
+    if nproc == 1:
+        console.print(f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False)
+    last: list[tuple[str, int, int]] = []
+    try:
+        with _second_interrupt_waits(), rich_progress() as progress:
+            def track(stage: str, done: int, total: int) -> None:
+                last[:] = [(stage, done, total)]
+                progress(stage, done, total)
+
+            rel = manager.run_release(store(), release_id, name, track, nproc=nproc)
+    except KeyboardInterrupt:
+        _print_interrupted(release_id, name, last[0] if last else None)
+        raise typer.Exit(130) from None
     _print_outcome(rel)
+
+
+@contextmanager
+def _second_interrupt_waits() -> Iterator[None]:
+    """The first Ctrl-C stops the run; while the store records that (state, refund), a second one only
+    says to wait, so that it cannot leave the release half-recorded."""
+    def first(signum, frame) -> None:
+        signal.signal(signal.SIGINT, later)
+        raise KeyboardInterrupt
+
+    def later(signum, frame) -> None:
+        err_console.print("Stopping: recording the interruption in the store, one moment.")
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _events(events) -> str:
+    return "; ".join(e.describe() for e in events)
+
+
+def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] | None) -> None:
+    """What a Ctrl-C left behind: the release's state, what is charged, and the commands that go on."""
+    s = store()
+    rel = manager.get_release(s, release_id)
+    where = f" during {stage[0]} ({stage[1]}/{stage[2]})" if stage else ""
+    def say(text: str) -> None:  # verbatim, and unwrapped so that a command stays on one line
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    say(f"Interrupted (Ctrl-C){where}: release {release_id} is {rel.state}.")
+    resume = f"privrelease release run {release_id} --as {actor}"
+    if rel.state in ("approved", "planned"):
+        say(f"Charged: nothing (it stopped before reserving any budget). Run it: {resume}")
+        return
+    st = manager.run_status(s, release_id)
+    charge = st.charge
+    if rel.result is not None:
+        settled = f" ({_events(charge.charged_events)} committed)" if charge else ""
+        say(f"Charged: the synthesis had finished and is settled{settled}; only the audit was interrupted. "
+            f"Audit it again: {resume}")
+        return
+    if charge is None or charge.state == "refunded":
+        say("Charged: nothing. It stopped before reading the sensitive data, so its reservation was refunded.")
+        say(f"Resume (a new attempt, reserved again): {resume}")
+        return
+    steps = (f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were started"
+             if st.planned_steps is not None else "")
+    say(f"Charged: it had read the sensitive data, so its reservation ({_events(charge.planned_events)})"
+        f" stays in force, counted in full against the cap, until you resume or settle it{steps}.")
+    say(f"Resume (from its last checkpoint; steps lost since then are charged again first): {resume}")
+    kept = "the DP-SGD steps it started" if st.planned_steps is not None else "the whole run"
+    say(f"Or settle it for good (keeps {kept} charged, refunds the rest): "
+        f"privrelease release abandon {release_id} --as {actor}")
 
 
 @app.command("abandon")

@@ -10,18 +10,41 @@ import tomli_w
 import typer
 from rich.markup import escape
 
+from accounting import ledger
+from accounting.errors import DataFormatError
 from release import manager
 from release.cli.common import console, fmt_eps, store
 from release.spec import ReleaseSpec
+from release.terminal import rich_progress
+from synth.datasets import heldout_source
 
 app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
                        "To run it, plan and approve a release (see README, Walkthrough of a release).",
                   no_args_is_help=True)
 WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`.")
+HELDOUT = typer.Option(None, "--heldout", help="Real held-out images of the same distribution, not in the registered "
+                       "set (folder, .parquet, .npz): the audit's attacks and utility gate need them for user data. "
+                       "Default: the built-in dataset's own held-out split.")
+
+
+def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
+    """The spec with `heldout` in [release]: the given source, else a built-in dataset's own split (written out,
+    so the spec says what the audit will use)."""
+    if heldout is None:
+        ds = ledger.get_dataset(store(), spec["release"]["dataset"])
+        heldout = heldout_source(ds.source)
+    if heldout is not None:
+        if not heldout.startswith("builtin:") and not Path(heldout).exists():
+            raise DataFormatError(f"--heldout {heldout}: no such file or folder; give real held-out images (folder, "
+                                  ".parquet or .npz) of the registered data's format.")
+        local = not heldout.startswith("builtin:")
+        spec["release"]["heldout"] = str(Path(heldout).resolve()) if local else heldout  # plan from anywhere
+    return spec
 
 
 def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
-    pv = manager.preview(store(), ReleaseSpec.from_dict(spec))
+    with rich_progress() as progress:
+        pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
     b, a = pv["epsilon_before"], pv["epsilon_after"]
     console.print(f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "
                   f"{spec['release']['dataset']}")
@@ -31,6 +54,10 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     console.print(f"  images: {pv['expected_count']}")
     for w in pv["warnings"]:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
+    if "heldout" not in spec["release"]:
+        console.print("  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need real "
+                      "held-out images of this dataset (not in the registered set); add --heldout PATH (README: "
+                      "Registering data), or the audit will refuse the release.")
     if write_spec is not None:
         write_spec.write_text(tomli_w.dumps(spec))
         console.print(f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "
@@ -63,6 +90,7 @@ def privimage(
                                        "else float32) | float32 | bfloat16. Changes speed, not the guarantee "
                                        "(default: auto)."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
+    heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
     """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples (preview)."""
@@ -77,8 +105,8 @@ def privimage(
         params["release_variations"] = release_variations
     if precision is not None:
         params["precision"] = precision
-    _preview({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
-              "privimage": params}, write_spec)
+    _preview(_with_heldout({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
+                            "privimage": params}, heldout), write_spec)
 
 
 @app.command("ksalsa")
@@ -88,8 +116,10 @@ def ksalsa(
     method: str = typer.Option("ksalsa", "--method", help="ksalsa | centroid | pixel | pca"),
     public: str = typer.Option("builtin:uci-digits", "--public", help="Public set for the latent codec."),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
+    heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
     """k-SALSA / k-Same baselines: one averaged representative per cluster of k records (preview)."""
-    _preview({"release": {"dataset": dataset, "mechanism": "ksalsa"},
-              "ksalsa": {"k": k, "method": method, "public": public, "preset": preset}}, write_spec)
+    _preview(_with_heldout({"release": {"dataset": dataset, "mechanism": "ksalsa"},
+                            "ksalsa": {"k": k, "method": method, "public": public, "preset": preset}}, heldout),
+             write_spec)

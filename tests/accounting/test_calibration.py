@@ -60,3 +60,27 @@ def test_prior_spend_makes_sigma_larger():
 def test_no_room_left_is_a_clear_error():
     with pytest.raises(BudgetExceededError, match="prior spend"):
         calibrate_dpsgd_sigma(1.0, 1e-5, 0.01, 100, prior=[GaussianQuery(0.5)])
+
+
+def _recorder():
+    calls = []
+    return calls, lambda stage, done, total: calls.append((stage, done, total))
+
+
+def test_calibration_reports_each_accountant_evaluation_and_ends_complete():
+    from accounting.calibration import reporting
+
+    calls, progress = _recorder()
+    sigma = calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500, progress=progress)
+    assert sigma == calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500)  # reporting changes nothing
+    assert {c[0] for c in calls} == {"calibrating the noise"}
+    dones = [c[1] for c in calls]
+    assert dones[0] == 0 and dones == sorted(dones) and len(calls) > 10  # a live bar, not one jump
+    assert calls[-1][1] == calls[-1][2] == dones[-2]                     # ends at its total: the clock stops
+    seen, block = _recorder()
+    with reporting(block):  # a mechanism's plan calibrates without knowing about progress
+        max_dpsgd_steps(3.0, 1e-5, 0.01, 1.0)
+    assert seen[-1][0] == "calibrating the steps" and seen[-1][1] == seen[-1][2] > 0
+    n = len(seen)
+    max_dpsgd_steps(3.0, 1e-5, 0.01, 1.0)
+    assert len(seen) == n  # outside the block: not reported

@@ -30,6 +30,15 @@ def mean_pixel_loss(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return images.reshape(len(images), -1).mean(1).astype(np.float64)
 
 
+def assert_bars_complete(reports: list[tuple[str, int, int]], expected: list[str]) -> None:
+    """Every stage's bar ends at its total (a bar left short keeps its clock running: issue 36)."""
+    last = {}
+    for stage, done, total in reports:
+        last[stage] = (done, total)
+    assert list(last) == [f"audit: {s}" for s in expected]
+    assert all(done == total for done, total in last.values()), last
+
+
 def _inputs(parts, tmp_path, **kw) -> AuditInputs:
     sens, ho, rel, pub = parts
     args = dict(release_id="rel-ok", images=rel.images, labels=rel.labels, ids=[f"img-{i}" for i in range(len(rel))],
@@ -47,7 +56,7 @@ def test_clean_release_passes_with_all_checks(parts, tmp_path):
     assert {"memorisation_dcr", "membership_inference", "fid_efficientnet_lite0", "downstream_accuracy",
             "semantic_distribution_similarity", "expect_table_row_count_to_equal"} <= names
     assert report.passed, report_text(report)
-    assert stages[-1] == ("done", 6, 6)
+    assert_bars_complete(stages, ["expectations", "memorisation", "attacks", "fidelity", "utility", "sds"])
     utility = next(r for r in report.results if r.name == "downstream_accuracy")
     assert utility.details["release"]["logreg"] > 0.5 and "real" in utility.summary  # digits are learnable
     fid = next(r for r in report.results if r.name == "fid_efficientnet_lite0")
@@ -87,7 +96,9 @@ def test_unreadable_release_runs_expectations_only(parts, tmp_path):
     sens, ho, rel, pub = parts
     images = rel.images.astype(np.float32)
     images[0, 0, 0] = np.nan
-    report = run_audit(_inputs(parts, tmp_path, images=images), SMALL)
+    stages = []
+    report = run_audit(_inputs(parts, tmp_path, images=images), SMALL, lambda s, d, t: stages.append((s, d, t)))
+    assert_bars_complete(stages, ["expectations"])
     failed = {r.name for r in report.failures}
     assert {"expect_column_values_to_not_be_null(mean_pixel)", "expect_column_values_to_be_in_set(dtype)",
             "release_readable"} <= failed
@@ -127,7 +138,9 @@ def test_k_anonymous_release(parts, tmp_path):
     inputs = _inputs(parts, tmp_path, images=reps, labels=labels, ids=[f"rep-{i}" for i in range(len(reps))],
                      expected_count=len(reps), mechanism="ksalsa", k=k, claimed_epsilon=None, delta=None,
                      loss_fn=None, clusters=clusters, selected_public=None)
-    report = run_audit(inputs, SMALL)
+    stages = []
+    report = run_audit(inputs, SMALL, lambda s, d, t: stages.append((s, d, t)))
+    assert_bars_complete(stages, ["expectations", "memorisation", "attacks", "fidelity", "utility"])
     res = {r.name: r for r in report.results}
     assert "membership_inference" not in res
     assert res["kanon_cluster_membership"].details["attack_precision"] > 0.7  # plain averages leak membership

@@ -27,6 +27,11 @@ def png(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def named(tmp: Path, class_names) -> Path:
+    np.savez(tmp / "d.npz", images=U8, labels=np.array([0, 1, 0]), class_names=class_names)
+    return tmp / "d.npz"
+
+
 def npz(tmp: Path, images, labels) -> Path:
     np.savez(tmp / "d.npz", images=np.asarray(images), labels=np.asarray(labels))
     return tmp / "d.npz"
@@ -105,6 +110,15 @@ CASES = {
     "object-dtype labels": (lambda t: np.savez(t / "d.npz", images=U8, labels=np.array([0, 1, None], dtype=object))
                             or t / "d.npz", "0,1", "labels must be integer class indices, got dtype object"),
     "symlinked class folder out of the folder": (symlinked_class, "bird,cat,dog", "outside the folder"),
+    # optional `class_names` of an .npz (issue 36): strings, one per label value, distinct, non-empty
+    "class_names too short": (lambda t: named(t, ["cat"]), "0,1", "has 1 names but the labels go up to 1"),
+    "class_names of numbers": (lambda t: named(t, np.array([3, 4])), "0,1", "int64 array.*1-D array of strings"),
+    "class_names 2-D": (lambda t: named(t, np.array([["cat", "dog"]])), "0,1", r"shape \(1, 2\)"),
+    "class_names empty entry": (lambda t: named(t, ["cat", " "]), "0,1", r"entries \[1\] are empty"),
+    "class_names repeated": (lambda t: named(t, ["cat", "cat"]), "0,1", r"repeats \['cat'\]"),
+    "class_names as objects": (lambda t: named(t, np.array(["cat", "dog"], dtype=object)), "0,1",
+                               "object array.*1-D array of strings"),
+    "class_names of 300 characters": (lambda t: named(t, ["cat", "d" * 300]), "0,1", "at most 200 characters"),
 }
 
 
@@ -217,3 +231,15 @@ def test_parquet_size_is_checked_from_its_metadata(tmp_path, store, monkeypatch)
     with pytest.raises(DataFormatError, match="bytes of column data exceed the limit of 1,000"):
         register_from_source(store, "big", str(path), 1.0, 1e-3, labels="0,1")
     assert_nothing_registered(store)
+
+
+def test_npz_class_names_name_the_classes(tmp_path, store):
+    from release.data import load_registered
+
+    np.savez(tmp_path / "d.npz", images=U8, labels=np.array([0, 2, 0]), class_names=np.array(["cat", "dog", "emu"]))
+    ds, _ = register_from_source(store, "named", str(tmp_path / "d.npz"), 1.0, 1e-3, labels="0-3")
+    _, data = load_registered(store, "named")
+    assert data.class_names == ["cat", "dog", "emu", "3"]  # a declared class with no name keeps its number
+    np.savez(tmp_path / "plain.npz", images=U8, labels=np.array([0, 1, 0]))
+    ds, _ = register_from_source(store, "plain", str(tmp_path / "plain.npz"), 1.0, 1e-3, labels="0,1")
+    assert load_registered(store, "plain")[1].class_names == ["0", "1"]  # without the array: numbers, as before

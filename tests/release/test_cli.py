@@ -107,7 +107,8 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     # the written spec goes through the lifecycle: a plan, which a steward must approve before it runs
     r = cli(ws, "release", "plan", str(spec), "--json", "--as", "alice")
     assert r.exit_code == 0, r.output
-    rid = json.loads(r.output)["release_id"]
+    rid = json.loads(r.stdout)["release_id"]  # JSON alone on stdout; progress on stderr
+    assert "plan: epsilon before and after (RDP, PLD): 2/2 (100%" in r.stderr
     r = cli(ws, "release", "run", rid, "--as", "alice")
     assert r.exit_code != 0 and "planned" in str(r.exception)
     assert ledger.budget(store, "user").charges == []
@@ -138,6 +139,44 @@ def test_text_in_square_brackets_reaches_the_steward_verbatim(ws, tmp_path):
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "the run will be refused" in text and "in the spec's [privimage] table" in text
+    # progress while it calibrates, readable in a log: each stage reaches its total (issue 36)
+    for stage in ("public data and mechanism: 1/1", "calibrating the noise", "largest target that fits: 8/8"):
+        assert f"plan: {stage}" in text
+    assert any(line.strip().startswith("plan: calibrating the noise:") and "(100%" in line
+               for line in r.output.splitlines())
     release_id = text.split("Release ")[1].split()[0]
     r = cli(ws, "release", "reject", release_id, "--reason", "[bold]cap[/bold] too tight", "--as", "alice")
     assert r.exit_code == 0 and "[bold]cap[/bold] too tight" in r.output
+
+
+def test_write_spec_names_the_heldout_data_the_audit_needs(ws, tmp_path):
+    """Issue 36: `synth ksalsa --write-spec` left out `heldout`, which the audit of user data needs."""
+    import tomllib
+
+    import numpy as np
+
+    from synth.datasets import load_source
+
+    d = load_source("builtin:mnist5k")
+    np.savez(tmp_path / "user.npz", images=d.images[:60], labels=d.labels[:60])
+    np.savez(tmp_path / "heldout.npz", images=d.images[60:90], labels=d.labels[60:90])
+    r = cli(ws, "dataset", "register", "user", "--source", str(tmp_path / "user.npz"), "--epsilon", "3", "--delta",
+            "1e-5", "--labels", "0-9", "--as", "alice")
+    assert r.exit_code == 0, r.output
+    spec = tmp_path / "k.toml"
+
+    def written(dataset: str, *extra: str) -> tuple[dict, str]:
+        r = cli(ws, "synth", "ksalsa", "--dataset", dataset, "--k", "5", "--preset", "tiny", "--write-spec", str(spec),
+                *extra)
+        assert r.exit_code == 0, r.output
+        return tomllib.loads(spec.read_text())["release"], " ".join(r.output.split())
+
+    release, out = written("user")
+    assert "heldout" not in release and "no held-out data" in out and "--heldout PATH" in out
+    release, out = written("user", "--heldout", str(tmp_path / "heldout.npz"))
+    assert release["heldout"] == str((tmp_path / "heldout.npz").resolve()) and "no held-out data" not in out
+    release, _ = written("mnist")  # a built-in: its own split, written out
+    assert release["heldout"] == "builtin:mnist5k-heldout"
+    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--heldout",
+            str(tmp_path / "missing.npz"), "--write-spec", str(spec))
+    assert r.exit_code != 0 and "no such file or folder" in str(r.exception)

@@ -171,3 +171,38 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
     budget = ledger.budget(ws_store, "mnist")  # and the largest, to the search's precision: 10 / 2**8
     assert not manager._admitted_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
                                     suggested + 10 / 2**8 + 0.01)
+
+
+def test_plan_reports_progress_while_it_calibrates(ws_store):
+    calls = []
+    manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice",
+                        lambda stage, done, total: calls.append((stage, done, total)))
+    last = {}
+    for stage, done, total in calls:
+        last[stage] = (done, total)
+    assert list(last) == ["plan: public data and mechanism", "plan: calibrating the noise",
+                          "plan: epsilon before and after (RDP, PLD)"]
+    assert all(done == total > 0 for done, total in last.values()), last
+    assert sum(stage == "plan: calibrating the noise" for stage, _, _ in calls) > 10
+
+
+def test_ksalsa_plan_warns_when_the_membership_audit_will_likely_refuse(ws_store, tmp_path):
+    """Issue 36: estimated from public data, k and n only: the same for any data of that size and shape."""
+    import numpy as np
+
+    def plan_warnings(dataset: str, k: int) -> list[str]:
+        spec = {"release": {"dataset": dataset, "mechanism": "ksalsa"}, "ksalsa": {"k": k, "preset": "tiny"}}
+        calls = []
+        rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(spec), "alice", lambda *a: calls.append(a))
+        assert ("plan: k-anonymity attack estimate", 8, 8) in calls
+        return [w for w in rel.plan.warnings if "cluster-membership audit" in w]
+
+    [warning] = plan_warnings("mnist", 2)
+    assert "will likely refuse" in warning and "kanon_max_attack_precision 0.9" in warning
+    suggested = int(warning.split("; k = ")[1].split()[0])
+    assert plan_warnings("mnist", suggested) == []
+    noise = np.random.default_rng(0).integers(0, 256, (4000, 28, 28), dtype=np.uint8)
+    np.savez(tmp_path / "noise.npz", images=noise, labels=np.arange(4000) % 10)
+    register_from_source(ws_store, "noise", str(tmp_path / "noise.npz"), 10.0, 1e-5, labels="0-9")
+    manager._KANON_ESTIMATES.clear()  # computed afresh: it still reads nothing of the (different) data
+    assert plan_warnings("noise", 2) == [warning]

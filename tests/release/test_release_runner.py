@@ -154,12 +154,15 @@ def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(sm
     manager.approve(store, rid, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
 
     def crash_in_audit(stage, done, total):
-        if stage == "expectations":
+        if stage == "audit: expectations":
             raise Crash("killed during the audit")
 
     with pytest.raises(Crash):
         manager.run_release(store, rid, "alice", crash_in_audit)
-    assert manager.get_release(store, rid).result is not None
+    interrupted = manager.get_release(store, rid)
+    assert interrupted.result is not None
+    # failed, not left `running` with nothing running (issue 36)
+    assert interrupted.state == "failed" and interrupted.reason.startswith("audit not finished: Crash")
     assert ledger.get_charge(store, rid).state == "committed"
     rel = manager.run_release(store, rid, "alice")
     assert rel.state == "checked"
