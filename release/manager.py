@@ -271,8 +271,8 @@ def approve(store: Store, release_id: str, steward: str, *, digest: str | None =
                           f"{current[:16]}…: a different or edited plan. Review it again before approving.")
     if rel.plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
-            f"Release {release_id} is k-anonymous: it carries no DP guarantee and voids the dataset's DP meaning "
-            "(README, \"Privacy guarantees and their limits\"). Approve with --acknowledge-non-dp to accept this.")
+            f"Release {release_id} is k-anonymous: it carries no DP guarantee, and after it no release of this "
+            "dataset keeps one (its epsilon becomes infinite). Approve with --acknowledge-non-dp to accept this.")
     msg = _approval_message(release_id, current, "approve", acknowledge_non_dp, ident.key_id)
     sig = keys.sign(store.workspace, ident.name, msg)
     if not keys.verify_signature(ident.public_key, msg, sig):

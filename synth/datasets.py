@@ -33,8 +33,8 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
         sample = f" such as {labels.ravel()[0]!r}" if labels.size else f" (dtype {labels.dtype})"
         raise DataFormatError(
             f"{where}: labels must be integer class indices, got text{sample}. Map class names to "
-            "0..K-1 and declare them at registration (see README 'Registering data'), or use a folder of class "
-            "subfolders."
+            "0..K-1 and declare them at registration (`--labels 0-9`), or use a folder of class subfolders, whose "
+            "names are the classes."
         )
     if labels.dtype.kind == "c" or labels.dtype.kind == "b" or not np.issubdtype(labels.dtype, np.number):
         raise DataFormatError(f"{where}: labels must be integer class indices, got dtype {labels.dtype}.")
@@ -89,7 +89,7 @@ class ImageDataset:
         if undeclared:
             raise DataFormatError(
                 f"{self.source or 'dataset'}: the data has labels {undeclared[:10]} that are not in the declared set "
-                f"{_short(declared)}. Declare every class the data may hold (see README 'Registering data')."
+                f"{_short(declared)}. Register it again with --labels listing every class the data may hold."
             )
         self.declared_labels = declared
 
@@ -188,8 +188,7 @@ def fashion_mnist(split: str = "train") -> ImageDataset:
     if not img_file.exists() or not lab_file.exists():
         raise DataFormatError(
             f"Fashion-MNIST is not installed ({img_file if not img_file.exists() else lab_file} is missing). Install "
-            "the Debian package as root: `apt-get install dataset-fashion-mnist` (see README 'Built-in datasets'), "
-            "or choose another source."
+            "the Debian package as root: `apt-get install dataset-fashion-mnist`, or choose another source."
         )
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
     if pixels.size != labels.size * 28 * 28:
@@ -264,12 +263,12 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
             "Use a public set that holds none of it"
         raise DataFormatError(
             f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
-            f"({sensitive_source}); public and sensitive data must be disjoint. {hint} (see README 'Built-in "
-            "datasets')."
+            f"({sensitive_source}); public and sensitive data must be disjoint, or sensitive images would reach the "
+            f"release uncharged. {hint}."
         )
     if public_source == sensitive_source:
         raise DataFormatError(f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
-                              "that holds none of its records (see README 'Built-in datasets').")
+                              "that holds none of its records (`public = \"...\"` in the spec).")
 
 
 def load_public(public_source: str, sensitive_source: str) -> ImageDataset:

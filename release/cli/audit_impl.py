@@ -30,7 +30,7 @@ def dpsgd_setting_for(spec_path: Path):
     event = registry.get(spec.mechanism).plan(cfg, manager.dataset_info(ds), budget.history, public).step_event
     if event is None:
         raise InvalidParameterError(f"{spec_path}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
-                                    "implementation to audit (see the README section 'Privacy guarantees').")
+                                    "implementation to audit; give a PrivImage spec.")
     return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
                         cfg.lr, cfg.ema_decay, f"{spec_path.name}: {event.describe()}",
                         getattr(cfg, "dp_optimizer", "adam"), getattr(cfg, "noise_multiplicity", 1)), public

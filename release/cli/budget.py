@@ -37,8 +37,7 @@ def print_adaptive(b: ledger.Budget) -> None:
     console.print(f"  cap check (privacy filter): {fmt_eps(b.filter_epsilon)} of {d.epsilon_cap:g}")
     console.print(f"  spent so far (odometer): epsilon <= {fmt_eps(b.odometer_epsilon)} at delta={d.delta_cap:g}")
     console.print("  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it would pass "
-                  "the cap. Odometer: holds now and later, however releases were chosen. README, \"Privacy "
-                  "guarantees and their limits\".[/]")
+                  "the cap. Odometer: holds now and later, however releases were chosen (docs/privacy.md).[/]")
 
 
 @app.command("show")

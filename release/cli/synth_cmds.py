@@ -15,7 +15,8 @@ from release.cli.common import console, fmt_eps, store
 from release.spec import ReleaseSpec
 
 app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
-                       "To run it, plan and approve a release (see README, Walkthrough of a release).",
+                       "To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` and "
+                       "approve it.",
                   no_args_is_help=True)
 WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`.")
 
