@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("accounting", "audit", "release", "synth", "dashboard")
 # "(rule 2)", "rule 4", "README, Scaling out", "see README 'Registering data'"; README.md (a bundle's card) is a file
@@ -47,3 +49,27 @@ def test_the_check_finds_a_planted_pointer():
               'HELP = "see README, Scaling out"\nCARD = "README.md"\n'
     found = user_text_violations(planted, "planted.py")
     assert sorted(f.split(":")[1] for f in found) == ["3", "4"]
+
+
+def test_a_policy_that_is_not_a_table_says_how_to_write_one():
+    from accounting.errors import InvalidParameterError
+    from release.spec import ReleaseSpec
+
+    with pytest.raises(InvalidParameterError) as err:
+        ReleaseSpec.from_dict({"release": {"dataset": "d", "mechanism": "ksalsa"}, "ksalsa": {"k": 5},
+                               "policy": "strict"})
+    assert str(err.value) == ("[policy] must be a table of audit thresholds, e.g. a `[policy]` line followed by "
+                              "`mia_max_auc = 0.6`; remove it to use the default policy.")
+
+
+def test_an_unreadable_workspace_config_says_what_it_holds_and_how_to_fix_it(tmp_path):
+    from accounting.errors import PrivReleaseError
+    from accounting.store import Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    ws.root.mkdir()
+    ws.config_path.write_text("[store\nurl = 1\n")
+    with pytest.raises(PrivReleaseError) as err:
+        ws.store_url
+    assert "It holds the shared store's URL: fix its [store] url = \"postgresql://...\" line, or remove the file to " \
+           "use the workspace's own store.duckdb." in str(err.value)
