@@ -142,32 +142,63 @@ def test_split_commands_keeps_heredocs_and_continuations():
     assert split_commands(block) == ["a --x 1   # note", "cat > f <<'EOF'\nline\nEOF", "b \\\n  --y"]
 
 
+def help_text(path: list[str], capsys) -> str:
+    """`privrelease PATH --help`, failing the test if PATH is not a command."""
+    if path == ["verify"]:  # the executable dispatches it to release.verify_cmd before typer
+        from release.verify_cmd import main as verify_main
+
+        with pytest.raises(SystemExit) as done:
+            verify_main(["--help"])
+        assert done.value.code == 0
+        return capsys.readouterr().out
+    from release.cli import app
+
+    r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, f"`privrelease {' '.join(path)}` is not a command: {r.output}"
+    return r.output
+
+
+def check_invocation(argv: list[str], capsys) -> None:
+    """The command named by `argv` (the words after `privrelease`) exists and takes every --option in it."""
+    words = [w for w in argv if not w.startswith("-")]
+    path = words[:1] if words[0] in ("init", "dashboard", "verify") else words[:2]
+    text = help_text(path, capsys)
+    for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", " ".join(argv)):
+        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", text), \
+            f"`privrelease {' '.join(path)}` has no option {opt}"
+
+
 def test_every_walkthrough_command_and_option_exists(capsys):
     """Each `privrelease` invocation names a real command, and each of its --options is one that command takes."""
-    from release.cli import app
-    from release.verify_cmd import main as verify_main
+    invocations = [argv for command in walkthrough_commands() for argv in privrelease_argv(command)]
+    assert len(invocations) >= 12
+    for argv in invocations:
+        check_invocation(argv, capsys)
 
-    runner = CliRunner()
-    checked = 0
-    for command in walkthrough_commands():
-        for argv in privrelease_argv(command):
-            words = [w for w in argv if not w.startswith("-")]
-            if words[0] == "verify":  # the executable dispatches it to release.verify_cmd before typer
-                path = ["verify"]
-                with pytest.raises(SystemExit) as done:
-                    verify_main(["--help"])
-                assert done.value.code == 0
-                help_text = capsys.readouterr().out
-            else:
-                path = words[:1] if words[0] in ("init", "dashboard") else words[:2]
-                r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
-                assert r.exit_code == 0, f"`privrelease {' '.join(path)}` is not a command: {r.output}"
-                help_text = r.output
-            for opt in (w.split("=")[0] for w in argv if w.startswith("--")):
-                assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", help_text), \
-                    f"`privrelease {' '.join(path)}` has no option {opt}"
-            checked += 1
-    assert checked >= 12
+
+def cli_reference_invocations(readme: str) -> list[list[str]]:
+    """The commands of the CLI reference table: `privrelease a b ...` / `c d ...` (same program) per row."""
+    section = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for row in re.findall(r"^\| `privrelease (.+?)` \|", section, re.M):
+        for alternative in re.split(r"` / `", row.replace("\\|", "|")):
+            out.append(alternative.replace("privrelease ", "", 1).split())
+    return out
+
+
+def test_every_cli_reference_command_and_option_exists(capsys):
+    invocations = cli_reference_invocations((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(invocations) >= 30
+    for argv in invocations:
+        check_invocation(argv, capsys)
+
+
+def test_the_cli_check_catches_a_wrong_option(capsys):
+    check_invocation(["release", "approve", "REL", "--digest", "D"], capsys)
+    with pytest.raises(AssertionError, match="has no option --digets"):
+        check_invocation(["release", "approve", "REL", "--digets", "D"], capsys)
+    with pytest.raises(AssertionError, match="is not a command"):
+        check_invocation(["release", "aprove", "REL"], capsys)
 
 
 def test_walkthrough_spec_is_a_valid_release_spec(tmp_path):
