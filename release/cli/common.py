@@ -65,13 +65,14 @@ def _no_default_identity(s: Store, who: str, roles: tuple[str, ...]) -> str:
 
     source = ("from $PRIVRELEASE_ACTOR" if os.environ.get("PRIVRELEASE_ACTOR")
               else "your user name: no --as was given and $PRIVRELEASE_ACTOR is not set")
-    known = [i for i in keys.list_identities(s) if not roles or i.role in roles]
-    if not keys.list_identities(s):
+    everyone = keys.list_identities(s)
+    if not everyone:
         return (f"No identity named {who!r} ({source}), and this workspace has no identities yet: "
                 "create the first steward with `privrelease init --steward NAME`.")
-    needed = " or ".join(roles) if roles else "any role"
+    known = [i for i in everyone if not roles or i.role in roles]
+    which = f"Identities with the {' or '.join(roles)} role here" if roles else "Identities here"
     names = ", ".join(f"{i.name} ({i.role})" for i in known) or "none"
-    return (f"No identity named {who!r} ({source}). Identities with the {needed} role here: {names}. "
+    return (f"No identity named {who!r} ({source}). {which}: {names}. "
             "Act as one with `--as NAME`, or set it once with `export PRIVRELEASE_ACTOR=NAME`.")
 
 

@@ -51,3 +51,12 @@ def test_unknown_privrelease_actor_lists_the_stewards_for_a_steward_command(ws):
 def test_explicit_as_keeps_the_create_hint(ws):
     r = cli(ws, "audit", "report", "rel-0000000000", "--as", "dave", actor="bob")
     assert str(r.exception).startswith("No identity named 'dave'. Create one with `privrelease keys create dave")
+
+
+def test_a_workspace_without_identities_says_how_to_make_the_first(tmp_path):
+    root = tmp_path / "bare"
+    assert cli(root, "init").exit_code == 0
+    r = cli(root, "audit", "checkpoint")
+    assert str(r.exception) == (
+        "No identity named 'os-user' (your user name: no --as was given and $PRIVRELEASE_ACTOR is not set), and this "
+        "workspace has no identities yet: create the first steward with `privrelease init --steward NAME`.")
