@@ -194,8 +194,9 @@ def reserve(
     non_private = any(isinstance(e, NonPrivateRelease) for e in events)
     if non_private and not allow_non_private:
         raise LedgerStateError(
-            "This run makes a release without a DP guarantee, which voids the dataset's DP meaning (README, "
-            "\"Privacy guarantees and their limits\"). It needs the steward's explicit acknowledgement."
+            "This run makes a release without a DP guarantee, after which no release of this dataset keeps a DP "
+            "guarantee (its epsilon becomes infinite). Nothing was charged. To accept that, approve the release "
+            "with `privrelease release approve REL --acknowledge-non-dp`."
         )
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
@@ -281,8 +282,8 @@ def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
     if after.non_private:
         return (f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "
                 "a finite epsilon. Nothing was charged.")
-    return (f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter (README, \"Privacy guarantees and "
-            f"their limits\") would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
+    return (f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap valid however "
+            f"releases are chosen, would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
             f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
             f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap {ds.epsilon_cap:g} (RDP epsilon "
             f"{after.epsilon(ds.delta_cap):.4g}). Nothing was charged. Use more noise or fewer steps (see `privrelease "
@@ -337,7 +338,8 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
             return charge
         if charge.state == "committed":
             raise LedgerStateError(
-                f"Run {run_id!r} is committed: it read the data, so what it executed stays charged (rule 2)."
+                f"Run {run_id!r} is committed and cannot be refunded: it read the data, so what it executed stays "
+                "charged. Nothing was changed."
             )
         before = curve.load(con, charge.dataset_id)
         con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])

@@ -86,8 +86,9 @@ class Workspace:
         except FileNotFoundError:
             return None
         except (OSError, tomllib.TOMLDecodeError) as e:
-            raise PrivReleaseError(f"{self.config_path} is unreadable ({e}); fix or remove it (README, "
-                                   "\"A shared ledger on PostgreSQL\").") from None
+            raise PrivReleaseError(f"{self.config_path} is unreadable ({e}). It holds the shared store's URL: fix its "
+                                   "[store] url = \"postgresql://...\" line, or remove the file to use the "
+                                   "workspace's own store.duckdb.") from None
         return config.get("store", {}).get("url") or None
 
     def set_store_url(self, url: str | None) -> None:
@@ -167,7 +168,7 @@ def check_fingerprint_key(ws: Workspace, store: Store) -> None:
         raise PrivReleaseError(
             f"The store {redact(ws.store_url or '')} is used by workspaces with another fingerprint key. Copy "
             f"keys/fingerprint.key from a workspace that uses this store to {ws.hmac_key_path} (mode 0600) and run "
-            "`privrelease init --store URL` again (README, \"A shared ledger on PostgreSQL\").")
+            "`privrelease init --store URL` again.")
 
 
 class Store:

@@ -337,7 +337,7 @@ def connect_postgres(url: str) -> Any:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PrivReleaseError(
             f"Cannot reach the PostgreSQL store {redact(url)}: {first}. Check that the server runs and accepts this "
-            "user, and the URL given to `privrelease init --store` (README, \"A shared ledger on PostgreSQL\")."
+            "user (its password from ~/.pgpass or PGPASSWORD), and the URL given to `privrelease init --store`."
         ) from None
 
 

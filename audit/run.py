@@ -178,8 +178,9 @@ def _attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: 
 def _utility(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy) -> list[CheckResult]:
     heldout = inputs.heldout
     if heldout is None:
-        gate = ("; the utility gate needs real held-out images: give `heldout = \"PATH\"` in [release] (README: "
-                "Walkthrough of a release)") if policy.utility_gated else ""
+        gate = ("; the utility gate needs real held-out images: give `heldout = \"PATH\"` in the spec's [release] "
+                "table (real images not in the registered data), or set min_utility_gain = 0.0 in [policy] to turn "
+                "the gate off") if policy.utility_gated else ""
         return [CheckResult("downstream_accuracy", "utility", False if policy.utility_gated else None,
                             "not run: no held-out test data" + gate, {"reason": "no held-out data"})]
     from audit.utility import run_utility

@@ -19,7 +19,8 @@ from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, load_source
 
 LabelDeclaration = str | Sequence[int] | Sequence[str] | None
 DECLARE_HELP = ("Declare the label set with --labels: label values such as `0-9` or `0,1,2,5` for .npz/Parquet "
-                "data, the class subfolder names (e.g. `cat,dog`) for a folder; see README 'Registering data'.")
+                "data, the class subfolder names (e.g. `cat,dog`) for a folder. List every class the data may "
+                "hold, including classes with no images.")
 
 
 def _parse_values(text: str) -> list[int]:

@@ -32,3 +32,7 @@ def main() -> None:
         from release.cli import main as cli_main
 
         cli_main()
+
+
+if __name__ == "__main__":  # `python -m release.entry ...` runs this tree's CLI without the console script
+    main()

@@ -262,7 +262,7 @@ def dpsgd_setting(store: Store, spec: ReleaseSpec, name: str = "") -> tuple[DpSg
     event = _mechanism_plan(spec, budget, public).step_event
     if event is None:
         raise InvalidParameterError(f"{name or 'the spec'}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is "
-                                    "no implementation to audit (see the README section 'Privacy guarantees').")
+                                    "no implementation to audit; give a PrivImage spec.")
     return DpSgdSetting(event.sample_rate, event.noise_multiplier, event.steps, cfg.max_grad_norm, cfg.delta,
                         cfg.lr, cfg.ema_decay, f"{Path(name).name}: {event.describe()}" if name else event.describe(),
                         getattr(cfg, "dp_optimizer", "adam"), getattr(cfg, "noise_multiplicity", 1),
@@ -321,8 +321,8 @@ def approve(store: Store, release_id: str, steward: str, *, digest: str | None =
                           f"{current[:16]}…: a different or edited plan. Review it again before approving.")
     if rel.plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
-            f"Release {release_id} is k-anonymous: it carries no DP guarantee and voids the dataset's DP meaning "
-            "(README, \"Privacy guarantees and their limits\"). Approve with --acknowledge-non-dp to accept this.")
+            f"Release {release_id} is k-anonymous: it carries no DP guarantee, and after it no release of this "
+            "dataset keeps one (its epsilon becomes infinite). Approve with --acknowledge-non-dp to accept this.")
     msg = _approval_message(release_id, current, "approve", acknowledge_non_dp, ident.key_id)
     sig = keys.sign(store.workspace, ident.name, msg)
     if not keys.verify_signature(ident.public_key, msg, sig):

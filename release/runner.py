@@ -211,7 +211,7 @@ def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, 
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
     if nproc != 1 and not getattr(mech, "distributed", False):
         raise PrivReleaseError(f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out "
-                               "--nproc (see README, Scaling out).")
+                               "--nproc (only PrivImage trains on several processes). Nothing was charged.")
     if plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(f"Run {run_id} makes a release without a DP guarantee. "
                                     f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "

@@ -93,7 +93,8 @@ class ReleaseSpec:
             raise InvalidParameterError(f"Unknown table(s) in the spec: {sorted(extra)}.")
         params = dict(data.get(mechanism) or {})
         if not isinstance(data.get("policy", {}), dict):
-            raise InvalidParameterError("[policy] must be a table of audit thresholds (see README, Walkthrough).")
+            raise InvalidParameterError("[policy] must be a table of audit thresholds, e.g. a `[policy]` line "
+                                        "followed by `mia_max_auc = 0.6`; remove it to use the default policy.")
         if params.get("preset", "default") not in PRESETS:
             raise InvalidParameterError(f"[{mechanism}] preset must be one of {PRESETS}, got {params.get('preset')!r}.")
         heldout = rel.get("heldout")

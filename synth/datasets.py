@@ -105,8 +105,7 @@ def fashion_mnist(split: str = "train") -> ImageDataset:
     if not img_file.exists() or not lab_file.exists():
         raise DataFormatError(
             f"Fashion-MNIST is not installed ({img_file if not img_file.exists() else lab_file} is missing). Install "
-            "the Debian package as root: `apt-get install dataset-fashion-mnist` (see README 'Built-in datasets'), "
-            "or choose another source."
+            "the Debian package as root: `apt-get install dataset-fashion-mnist`, or choose another source."
         )
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
     if pixels.size != labels.size * 28 * 28:
@@ -181,12 +180,12 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
             "Use a public set that holds none of it"
         raise DataFormatError(
             f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
-            f"({sensitive_source}); public and sensitive data must be disjoint. {hint} (see README 'Built-in "
-            "datasets')."
+            f"({sensitive_source}); public and sensitive data must be disjoint, or sensitive images would reach the "
+            f"release uncharged. {hint}."
         )
     if public_source == sensitive_source:
         raise DataFormatError(f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
-                              "that holds none of its records (see README 'Built-in datasets').")
+                              "that holds none of its records (`public = \"...\"` in the spec).")
 
 
 def load_public(public_source: str, sensitive_source: str) -> ImageDataset:

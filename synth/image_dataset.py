@@ -24,8 +24,8 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
         sample = f" such as {labels.ravel()[0]!r}" if labels.size else f" (dtype {labels.dtype})"
         raise DataFormatError(
             f"{where}: labels must be integer class indices, got text{sample}. Map class names to "
-            "0..K-1 and declare them at registration (see README 'Registering data'), or use a folder of class "
-            "subfolders."
+            "0..K-1 and declare them at registration (`--labels 0-9`), or use a folder of class subfolders, whose "
+            "names are the classes."
         )
     if labels.dtype.kind == "c" or labels.dtype.kind == "b" or not np.issubdtype(labels.dtype, np.number):
         raise DataFormatError(f"{where}: labels must be integer class indices, got dtype {labels.dtype}.")
@@ -80,7 +80,7 @@ class ImageDataset:
         if undeclared:
             raise DataFormatError(
                 f"{self.source or 'dataset'}: the data has labels {undeclared[:10]} that are not in the declared set "
-                f"{_short(declared)}. Declare every class the data may hold (see README 'Registering data')."
+                f"{_short(declared)}. Register it again with --labels listing every class the data may hold."
             )
         self.declared_labels = declared
 

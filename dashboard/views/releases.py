@@ -70,7 +70,7 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
             if plan.requires_acknowledgement:
                 ack = st.checkbox("I accept: no DP guarantee", key=f"ack_{rid}",
                                   help="This k-anonymous release carries no differential-privacy guarantee and voids "
-                                       "the DP meaning of every release of this dataset (README, \"Privacy guarantees and their limits\").")
+                                       "the DP meaning of every release of this dataset: its epsilon becomes infinite.")
             if st.button("Approve (sign the plan)", key=f"approve_{rid}", type="primary", icon=":material/check:"):
                 with guarded("approving"):
                     # The digest shown above is what the steward reviewed; the manager refuses any other plan.

@@ -51,7 +51,7 @@ def init(steward: str = typer.Option(None, "--steward", help="Create the workspa
                                                              "can add identities later)."),
          store_url: str = typer.Option(None, "--store", help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: keep "
                                        "the ledger in this shared database instead of the workspace's store.duckdb "
-                                       "(README, \"A shared ledger on PostgreSQL\").")) -> None:
+                                       "(docs/scaling-out.md).")) -> None:
     """Create the workspace (store, keys, artifacts, bundles; mode 0700). Safe to run again."""
     from accounting.errors import PermissionDeniedError
     from release import keys

@@ -18,8 +18,7 @@ def print_adaptive(s: budgets.BudgetSummary) -> None:
     console.print(f"  cap check (privacy filter): {fmt_eps(s.filter_epsilon)} of {s.epsilon_cap:g}")
     console.print(f"  spent so far (odometer): epsilon <= {fmt_eps(s.odometer_epsilon)} at delta={s.delta:g}")
     console.print("  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it would pass "
-                  "the cap. Odometer: holds now and later, however releases were chosen. README, \"Privacy "
-                  "guarantees and their limits\".[/]")
+                  "the cap. Odometer: holds now and later, however releases were chosen (docs/privacy.md).[/]")
 
 
 @app.command("show")

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from release import keys, manager
 from release.cli.common import (
+    actor_name,
     console,
     default_actor,
     err_console,
@@ -27,14 +28,15 @@ AS = typer.Option(None, "--as", help="Identity acting (see `privrelease keys lis
 
 
 def _actor(name: str | None) -> str:
-    return name or default_actor()
+    """The steward acting on a release (see common.actor_name for the default)."""
+    return actor_name(name, "steward")
 
 
 @app.command("plan")
 def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> None:
     """Store a plan from a spec (TOML): events, epsilon before/after by RDP and PLD, warnings."""
     with rich_progress(err_console if as_json else console) as progress:  # calibration takes a while
-        rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), _actor(actor), progress)
+        rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), actor or default_actor(), progress)
     if as_json:
         print_json(rel.to_dict())
         return
@@ -95,7 +97,8 @@ def reject(release_id: str, reason: str = typer.Option(..., "--reason"), actor: 
 @app.command("run")
 def run(release_id: str, actor: str = AS,
         nproc: int = typer.Option(1, "--nproc", min=1, help="Train PrivImage on N processes under torchrun (one per "
-                                  "GPU, or CPU processes); charged once, exactly as one process. README: Scaling out.")
+                                  "GPU, or CPU processes); charged once, exactly as one process "
+                                  "(docs/scaling-out.md).")
         ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed one to resume."""
     from release import threads

@@ -19,7 +19,8 @@ from release.terminal import rich_progress
 from synth.datasets import heldout_source
 
 app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
-                       "To run it, plan and approve a release (see README, Walkthrough of a release).",
+                       "To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` and "
+                       "approve it.",
                   no_args_is_help=True)
 WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`.")
 HELDOUT = typer.Option(None, "--heldout", help="Real held-out images of the same distribution, not in the registered "

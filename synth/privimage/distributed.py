@@ -87,7 +87,7 @@ def check_nproc(nproc: int, device: torch.device) -> None:
     if device.type == "cuda" and nproc > torch.cuda.device_count():
         raise InvalidParameterError(
             f"--nproc {nproc} needs one GPU per process but this host has {torch.cuda.device_count()}; use "
-            f"--nproc {torch.cuda.device_count()} or fewer (see README, Scaling out).")
+            f"--nproc {torch.cuda.device_count()} or fewer, or choose the GPUs with CUDA_VISIBLE_DEVICES.")
 
 
 def launch(stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progress: ProgressFn) -> dict[str, Any]:
@@ -107,8 +107,9 @@ def launch(stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progre
     if rc != 0 or not result_path.exists():
         raise PrivReleaseError(
             f"Distributed {stage} failed: torchrun exited with {rc} (a worker failed or was killed). Last lines of "
-            f"{log_path}:\n" + "".join(tail) + "\nRun the release again to resume from its last checkpoint "
-            "(see README, Scaling out).")
+            f"{log_path}:\n" + "".join(tail) + "\nThe release is failed and its reservation stays in force. Run "
+            "`privrelease release run REL` again to resume from its last checkpoint, or `privrelease release abandon "
+            "REL` to settle it.")
     result = torch.load(result_path, map_location="cpu", weights_only=False)
     result_path.unlink()
     return result

@@ -122,8 +122,9 @@ def plan(config: PrivImageConfig, dataset: DatasetInfo, prior: Sequence[Mechanis
     try:
         p = plan_privimage(config, dataset.record_count, prior)
     except OverflowError as exc:
-        raise InvalidParameterError(f"[privimage] the parameters overflow the accountant ({exc}); use ordinary "
-                                    "values (see README, Walkthrough of a release).") from exc
+        raise InvalidParameterError(f"[privimage] the parameters overflow the accountant ({exc}): an epsilon, "
+                                    "noise or step count is far outside the usual range. Use values like those "
+                                    "of `privrelease synth privimage --write-spec FILE`.") from exc
     warnings = []
     if p.noise_multiplier < 0.5:
         warnings.append(f"DP-SGD noise multiplier {p.noise_multiplier:.3g} is small: utility will be good but the "

@@ -82,7 +82,8 @@ STAGES = {"pretrain": pretrain_stage, "finetune_sample": finetune_sample_stage}
 def main(argv: list[str]) -> int:
     distributed.die_with_parent()
     if len(argv) != 1:
-        print("usage: python -m synth.privimage.worker JOB (started by torchrun; see README, Scaling out)",
+        print("usage: python -m synth.privimage.worker JOB (started by torchrun for `privrelease release run "
+              "--nproc N`; not run by hand)",
               file=sys.stderr)
         return 2
     job = torch.load(argv[0], map_location="cpu", weights_only=False)

@@ -113,7 +113,8 @@ def test_refund_after_commit_is_refused(store):
     register(store)
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 100)], "r")
     ledger.commit(store, "r", [DpSgd(0.01, 1.0, 100)])
-    with pytest.raises(LedgerStateError, match="stays charged"):
+    with pytest.raises(LedgerStateError, match="cannot be refunded: it read the data, so what it executed stays "
+                       "charged. Nothing was changed."):
         ledger.refund(store, "r", reason="oops")
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 100)], "s")
     ledger.refund(store, "s", reason="x")
@@ -123,7 +124,8 @@ def test_refund_after_commit_is_refused(store):
 
 def test_non_private_release_needs_acknowledgement_and_voids_dp(store):
     register(store)
-    with pytest.raises(LedgerStateError, match="acknowledgement"):
+    with pytest.raises(LedgerStateError, match="Nothing was charged. To accept that, approve the release with "
+                       "`privrelease release approve REL --acknowledge-non-dp`"):
         ledger.reserve(store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k")
     ledger.reserve(store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k", allow_non_private=True)
     b = ledger.budget(store, "mnist")
