@@ -57,8 +57,8 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
     if "heldout" not in spec["release"]:
         console.print("  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need real "
-                      "held-out images of this dataset (not in the registered set); add --heldout PATH (README: "
-                      "Registering data), or the audit will refuse the release.")
+                      "held-out images of this dataset (not in the registered set); add --heldout PATH (a folder, "
+                      "Parquet or .npz file), or the audit will refuse the release.")
     if write_spec is not None:
         write_spec.write_text(tomli_w.dumps(spec))
         console.print(f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "
