@@ -114,3 +114,21 @@ def test_opacus_noise_comes_from_the_chosen_path(monkeypatch) -> None:
     assert set(draws) == {"ChaChaGaussian"}
     assert abs(float(p.detach().std()) - 3.0) < 0.1  # lr 1, batch 1: minus the noise of std 2 x 1.5
     assert isinstance(opt.secure_gaussian, secure_noise.SecureNoise)
+
+
+def test_a_compiler_that_fails_or_disagrees_leaves_the_eager_block_function(monkeypatch) -> None:
+    """ChaChaGaussian(compiled=True) on a machine without a working torch.compile (or with a wrong one) still draws
+    the right keystream, and says so."""
+    def broken(fn, **kwargs):
+        raise RuntimeError("no triton")
+
+    def wrong(fn, **kwargs):
+        return lambda key, nonce, counters: fn(key, nonce, counters) ^ 1
+    for compiler, message in [(broken, "failed"), (wrong, "disagrees")]:
+        monkeypatch.setattr(device_noise.torch, "compile", compiler)
+        g = ChaChaGaussian(compiled=True)
+        key, nonce = b"".join(w.to_bytes(4, "little") for w in g._key), b"".join(w.to_bytes(4, "little") for w in g._nonce)
+        with pytest.warns(UserWarning, match=message):
+            words = g.keystream_words(2, "cpu")
+        assert words.numpy().astype("<u4").tobytes() == _openssl(key, nonce, 0, 128)
+        assert g._blocks is chacha20_blocks
