@@ -185,10 +185,10 @@ def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
 
 def methods(device: torch.device, only: str = "", all_rows: bool = False) -> dict[str, dict]:
     """The rows to measure: the CPU's, or all off the CPU (or with `all_rows`); with `only`, the rows whose name
-    contains one of its comma-separated parts, plus the plain float32 step every ratio needs."""
+    contains one of its ";"-separated parts (row names have commas), plus the plain float32 step ratios need."""
     table = METHODS if device.type == "cpu" and not all_rows else ALL_METHODS
     if only:
-        parts = [p.strip() for p in only.split(",") if p.strip()]
+        parts = [p.strip() for p in only.split(";") if p.strip()]
         table = {k: v for k, v in table.items() if k == "plain (no DP)" or any(p in k for p in parts)}
     return table
 
@@ -351,7 +351,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="steps timed per method and round")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="UNet channels, e.g. 32,64,64")
-    parser.add_argument("--only", default="", help="comma-separated parts of row names to measure (plus the plain step)")
+    parser.add_argument("--only", default="", help="';'-separated parts of row names to measure (plus the plain step)")
     parser.add_argument("--all-rows", action="store_true", help="on the CPU too, the rows otherwise measured off it")
     parser.add_argument("--json", type=Path, help="also write the rows as a JSON list to this file")
     parser.add_argument("--profile", type=Path, help="instead: profile one step of dp_finetune, JSON to this file")

@@ -10,6 +10,8 @@
 #                     backward forced onto the GPU), the product's whole loop (dp_finetune), the loop as it was
 #                     before issue 34, the loop with the host's AES noise, the loop with torch's (insecure) noise
 #   3. profile.json   torch.profiler over one dp_finetune step: the parts' milliseconds and the top kernels
+#   4. noise_compiled.json  ChaCha20 eager against its torch.compile'd block function (last: compiling takes a while;
+#                     not with --tiny on the CPU)
 # --tiny (with --device cpu: the dry run the tests make) shrinks everything to seconds. Results go to --out (else
 # $OUT, else /tmp/gpu-out); wheels in .whl/ (benchmarks/gpu_lease.sh wheels) are installed first when present.
 # PY (default python3) picks the interpreter.
@@ -46,25 +48,30 @@ fi
 
 if [ "$tiny" = 1 ]; then
     size=(--widths 8,16 --batch 20 --rounds 1 --reps 1) noise=(--tiny)
-    rows="product in float32,the product's whole DP-SGD loop (dp_finetune), float32,before issue 34,AES keystream"
+    rows="product in float32;the product's whole DP-SGD loop (dp_finetune), float32;before issue 34"
 else
     size=(--widths 32,64,64 --batch 500 --rounds 3 --reps 5) noise=(--rounds 5)
-    rows="plain, channels-last,product in float32,no summed conv gradients, channels-last,forced on this device, no"
-    rows="$rows summed conv gradients,the product's whole DP-SGD loop (dp_finetune), float32,before issue 34"
-    rows="$rows,AES keystream,torch's generator for the noise"
+    rows="plain, channels-last;product in float32;no summed conv gradients, channels-last;forced on this device, no"
+    rows="$rows summed conv gradients;the product's whole DP-SGD loop (dp_finetune), float32;before issue 34"
+    rows="$rows;torch's generator for the noise"
 fi
 start=$SECONDS
 left() { echo $((budget - (SECONDS - start))); }
 [ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1 | tee "$out/gpu.txt" || true
 
-echo "== 1/3 noise paths ($(left) s left)"
-timeout $(( $(left) / 6 )) "$py" -m benchmarks.secure_noise_bench --paths --device "$device" "${noise[@]}" \
+echo "== 1/4 noise paths ($(left) s left)"
+timeout $(( $(left) / 5 )) "$py" -m benchmarks.secure_noise_bench --paths --device "$device" "${noise[@]}" \
     --json "$out/noise.json" 2>&1 | tee "$out/noise.txt" || echo "noise paths: failed or out of time" >&2
-echo "== 2/3 DP-SGD rows ($(left) s left)"
-timeout $(( $(left) * 3 / 4 )) "$py" -m benchmarks.dpsgd_throughput --device "$device" "${size[@]}" --all-rows \
+echo "== 2/4 DP-SGD rows ($(left) s left)"
+timeout $(( $(left) * 2 / 3 )) "$py" -m benchmarks.dpsgd_throughput --device "$device" "${size[@]}" --all-rows \
     --only "$rows" --json "$out/steps.json" 2>&1 | grep -v '^USDT' | tee "$out/steps.txt" \
     || echo "DP-SGD rows: failed or out of time" >&2
-echo "== 3/3 profile of one loop step ($(left) s left)"
-timeout "$(left)" "$py" -m benchmarks.dpsgd_throughput --device "$device" "${size[@]:0:4}" --profile "$out/profile.json" \
+echo "== 3/4 profile of one loop step ($(left) s left)"
+timeout $(( $(left) * 2 / 3 )) "$py" -m benchmarks.dpsgd_throughput --device "$device" "${size[@]:0:4}" --profile "$out/profile.json" \
     2>&1 | grep -v '^USDT' | tee "$out/profile.txt" || echo "profile: failed or out of time" >&2
+if [ "$tiny" = 0 ] || [ "$device" != cpu ]; then
+    echo "== 4/4 ChaCha20 compiled ($(left) s left)"
+    timeout "$(left)" "$py" -m benchmarks.secure_noise_bench --paths --compiled --device "$device" "${noise[@]}" \
+        --json "$out/noise_compiled.json" 2>&1 | tee "$out/noise_compiled.txt" || echo "compiled: failed or out of time" >&2
+fi
 echo "done in $((SECONDS - start)) s; results in $out"

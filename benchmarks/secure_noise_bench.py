@@ -130,21 +130,21 @@ def keystream_matches_cryptography(device: torch.device) -> bool:
     return got == first.update(bytes(64 * 2048)) + carried.update(bytes(64 * 2048))
 
 
-def paths(device: torch.device, n: int = MILLION, rounds: int = 5) -> list[dict]:
+def paths(device: torch.device, n: int = MILLION, rounds: int = 5, compiled: bool = False) -> list[dict]:
     """ms per million standard normals and per million DP noise values (sum of 4, halved), every path, rounds
     interleaved path by path so that the machine's load hits them alike; medians. The device's ChaCha20 keystream
-    is checked against `cryptography` first, its verdict in every row."""
+    is checked against `cryptography` first, its verdict in every row. `compiled`: the eager and the
+    torch.compile'd ChaCha20 only (compiling takes a while: the GPU script runs it last, on its own)."""
     checked = keystream_matches_cryptography(device)
     aes, chacha, gen = SecureGaussian(), ChaChaGaussian(), torch.Generator(device).manual_seed(0)
-    compiled = ChaChaGaussian(compiled=True) if device.type == "cuda" else None  # CPU inductor: minutes to build
+    fast = ChaChaGaussian(compiled=True) if compiled else None
     cases: dict[str, tuple[str, Callable[[], object], Callable[[], object]]] = {
         "AES-256-CTR keystream (OpenSSL, host), float64 Box-Muller": (
             "secure", lambda: aes.standard_normal(n, device), lambda: aes.noise((n,), 1.0, device)),
         "ChaCha20 in torch integer ops on the device, float64 Box-Muller": (
             "secure", lambda: chacha.standard_normal(n, device), lambda: chacha.noise((n,), 1.0, device)),
-        **({"ChaCha20 on the device, block function torch.compile'd, float64 Box-Muller": (
-            "secure", lambda: compiled.standard_normal(n, device), lambda: compiled.noise((n,), 1.0, device))}
-           if compiled is not None else {}),
+        "ChaCha20 on the device, block function torch.compile'd, float64 Box-Muller": (
+            "secure", lambda: fast.standard_normal(n, device), lambda: fast.noise((n,), 1.0, device)),
         "torch.randn float64 (not secure)": (
             "reference", lambda: torch.randn(n, generator=gen, device=device, dtype=torch.float64),
             lambda: torch.randn(4, n, generator=gen, device=device, dtype=torch.float64).sum(0).mul_(0.5)),
@@ -152,6 +152,10 @@ def paths(device: torch.device, n: int = MILLION, rounds: int = 5) -> list[dict]
             "reference", lambda: torch.randn(n, generator=gen, device=device),
             lambda: torch.randn(4, n, generator=gen, device=device).sum(0).mul_(0.5)),
     }
+    if compiled:
+        cases = {k: v for k, v in cases.items() if k.startswith("ChaCha20")}
+    else:
+        cases = {k: v for k, v in cases.items() if "compile" not in k}
     times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in cases}
     for _ in range(rounds):
         for name, (_, normals, noise) in cases.items():
@@ -185,12 +189,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (with --paths)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="2^14 values, 1 round: checks that every path runs")
+    parser.add_argument("--compiled", action="store_true",
+                        help="ChaCha20 eager against its torch.compile'd block function (with --paths)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
     args = parser.parse_args()
     if not args.paths:
         print(run())
         return
-    rows = paths(torch.device(args.device), 1 << 14 if args.tiny else MILLION, 1 if args.tiny else args.rounds)
+    rows = paths(torch.device(args.device), 1 << 14 if args.tiny else MILLION, 1 if args.tiny else args.rounds,
+                 args.compiled)
     print(render_paths(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -56,7 +56,7 @@ def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_p
 
 @pytest.mark.slow
 def test_cpu_dry_run_writes_every_row(tmp_path: Path) -> None:
-    done = _run("--device", "cpu", "--tiny", "--out", str(tmp_path), timeout=1500)
+    done = _run("--device", "cpu", "--tiny", "--budget", "1400", "--out", str(tmp_path), timeout=1500)
     assert done.returncode == 0, done.stderr[-2000:]
     noise = json.loads((tmp_path / "noise.json").read_text())
     assert {r["path"].split(" ")[0] for r in noise} == {"AES-256-CTR", "ChaCha20", "torch.randn"}
