@@ -74,3 +74,28 @@ def test_cpu_dry_run_writes_every_row(tmp_path: Path) -> None:
     assert profile["step_ms"] > 0 and "Adam" in profile["parts_ms"]
     assert "forward + backward + per-sample gradients (opacus hooks)" in profile["parts_ms"]
     assert sum(profile["parts_ms"].values()) <= profile["step_ms"] * 1.05
+
+
+def test_only_selects_rows_by_semicolon_separated_parts_and_keeps_the_plain_step() -> None:
+    import torch
+
+    from benchmarks.dpsgd_throughput import methods
+
+    rows = list(methods(torch.device("cuda"), "product in float32;before issue 34", all_rows=True))
+    assert rows == ["plain (no DP)", "opacus hooks, grouped-conv, no summed conv gradients (product in float32)",
+                    "the whole loop as before issue 34 (opacus DataLoader + BatchMemoryManager, per-tensor EMA), float32",
+                    "the whole loop, secure noise from the host's AES keystream (before issue 34), float32"]
+    assert "the whole loop, torch's generator for the noise (not secure; reference), float32" not in methods(
+        torch.device("cpu"))  # the noise-path rows are measured off the CPU (or with all_rows)
+
+
+def test_the_profiler_labels_are_removed_afterwards() -> None:
+    from opacus.optimizers.optimizer import DPOptimizer
+
+    from benchmarks.dpsgd_throughput import _labelled
+    from synth.privimage import training
+
+    before = DPOptimizer.clip_and_accumulate, training._per_sample_gradients
+    with _labelled():
+        assert DPOptimizer.clip_and_accumulate is not before[0]
+    assert (DPOptimizer.clip_and_accumulate, training._per_sample_gradients) == before
