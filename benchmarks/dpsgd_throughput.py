@@ -15,7 +15,10 @@ fail are reported with their error. "Whole DP-SGD loop" rows time a step of dp_f
 interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in one
 physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the
 CPU the product uses opacus' own samplers (the grouped backward is CPU-only, conv_grad_sample.GROUPED_DEVICES);
-rows marked "forced on this device" run it there for comparison.
+rows marked "forced on this device" run it there for comparison. "Before issue 34" is the loop through opacus'
+DataLoader and BatchMemoryManager with the per-tensor EMA (what torchrun still runs); off the CPU, the loop with
+the host's AES noise and with torch's generator show what the noise on the device saves. `--only`, `--json`,
+`--all-rows` and `--profile` serve benchmarks/gpu_speed.sh.
 """
 from __future__ import annotations
 
