@@ -15,23 +15,30 @@ fail are reported with their error. "Whole DP-SGD loop" rows time a step of dp_f
 interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in one
 physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the
 CPU the product uses opacus' own samplers (the grouped backward is CPU-only, conv_grad_sample.GROUPED_DEVICES);
-rows marked "forced on this device" run it there for comparison.
+rows marked "forced on this device" run it there for comparison. "Before issue 34" is the loop through opacus'
+DataLoader and BatchMemoryManager with the per-tensor EMA (what torchrun still runs); off the CPU, the loop with
+the host's AES noise and with torch's generator show what the noise on the device saves. `--only`, `--json`,
+`--all-rows` and `--profile` serve benchmarks/gpu_speed.sh.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import statistics
 import tempfile
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
+from diffusers.training_utils import EMAModel
 
 from benchmarks.common import machine, md_table, run_dp_finetune, today
-from synth.privimage import conv_grad_sample
+from synth import secure_noise
+from synth.privimage import conv_grad_sample, training
 from synth.privimage.conv_grad_sample import install as install_grouped_conv
 from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
@@ -57,7 +64,10 @@ METHODS = {
     "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
     "opacus hooks, opacus' own samplers, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
+    "opacus hooks, grouped-conv, no summed conv gradients, channels-last": dict(dp=True, **PRODUCT, channels_last=True),
     "the product's whole DP-SGD loop (dp_finetune), float32": dict(loop=True),
+    "the whole loop as before issue 34 (opacus DataLoader + BatchMemoryManager, per-tensor EMA), float32":
+        dict(loop=True, previous_loop=True),
     "the product's whole DP-SGD loop (dp_finetune), bfloat16 autocast": dict(loop=True, **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
@@ -68,6 +78,13 @@ FORCED = {
     "opacus hooks, grouped-conv forced on this device, no summed conv gradients, bfloat16 autocast":
         dict(dp=True, **PRODUCT, **BF16, force=True),
 }
+# off the CPU: where the loop's secure noise comes from (the CPU's product path is the AES one already)
+NOISE_ROWS = {
+    "the whole loop, secure noise from the host's AES keystream (before issue 34), float32":
+        dict(loop=True, noise="aes"),
+    "the whole loop, torch's generator for the noise (not secure; reference), float32": dict(loop=True, noise="torch"),
+}
+FORCED.update(NOISE_ROWS)
 ALL_METHODS = {**METHODS, **FORCED}
 
 
@@ -125,6 +142,22 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
     return step
 
 
+@contextmanager
+def loop_variant(method: dict) -> Iterator[None]:
+    """dp_finetune as `method` says: the loop before issue 34 (opacus' DataLoader through BatchMemoryManager, the
+    per-tensor EMA: what it still does under torchrun), or the secure noise from one path for every device."""
+    saved = training._presampled_steps, training.EMAModel, training.install_secure_noise
+    if method.get("previous_loop"):
+        training._presampled_steps = training._loader_steps
+        training.EMAModel = functools.partial(EMAModel, foreach=False)
+    if method.get("noise") in ("aes", "chacha"):
+        training.install_secure_noise = functools.partial(secure_noise.install, path=method["noise"])
+    try:
+        yield
+    finally:
+        training._presampled_steps, training.EMAModel, training.install_secure_noise = saved
+
+
 def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int, ...], reps: int) -> float:
     """Median seconds between consecutive steps of dp_finetune (the product's loop), `reps` intervals."""
     stamps: list[float] = []
@@ -133,10 +166,10 @@ def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stamps.append(time.perf_counter())
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as workdir, loop_variant(method):
         run_dp_finetune(16 * batch, widths=widths, layers=LAYERS, batch_size=batch, max_physical_batch=2 * batch,
                         steps=reps + 1, device=device, workdir=Path(workdir), progress=progress,
-                        precision=method.get("precision", "float32"))
+                        precision=method.get("precision", "float32"), secure_noise=method.get("noise") != "torch")
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
@@ -153,14 +186,20 @@ def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
     return (time.perf_counter() - t) / reps
 
 
-def methods(device: torch.device) -> dict[str, dict]:
-    return METHODS if device.type == "cpu" else ALL_METHODS
+def methods(device: torch.device, only: str = "", all_rows: bool = False) -> dict[str, dict]:
+    """The rows to measure: the CPU's, or all off the CPU (or with `all_rows`); with `only`, the rows whose name
+    contains one of its ";"-separated parts (row names have commas), plus the plain float32 step ratios need."""
+    table = METHODS if device.type == "cpu" and not all_rows else ALL_METHODS
+    if only:
+        parts = [p.strip() for p in only.split(";") if p.strip()]
+        table = {k: v for k, v in table.items() if k == "plain (no DP)" or any(p in k for p in parts)}
+    return table
 
 
 def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.device = torch.device("cpu"),
-            widths: tuple[int, ...] = WIDTHS) -> dict[str, float | str]:
+            widths: tuple[int, ...] = WIDTHS, table: dict[str, dict] | None = None) -> dict[str, float | str]:
     """Seconds per step for every method (or the error text of a method that cannot run)."""
-    table = methods(device)
+    table = methods(device) if table is None else table
     times: dict[str, list[float]] = {name: [] for name in table}
     errors: dict[str, str] = {}
     if not native_bfloat16(device):
@@ -184,8 +223,8 @@ def _baseline(name: str, result: dict[str, float | str]) -> float | str:
     """The plain step of the same precision (a sampling step is compared with the float32 sampling step)."""
     method = ALL_METHODS[name]
     if method.get("sampling"):
-        return result["sampling step (UNet forward, no grad)"]
-    return result["plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)"]
+        return result.get("sampling step (UNet forward, no grad)", "-")
+    return result.get("plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)", "-")
 
 
 def render(result: dict[str, float | str], batch: int, seconds: float, device: torch.device = torch.device("cpu"),
@@ -210,6 +249,94 @@ def render(result: dict[str, float | str], batch: int, seconds: float, device: t
                         "(sampling: vs float32 sampling)"], rows))
 
 
+def rows_json(result: dict[str, float | str], batch: int, device: torch.device, widths: tuple[int, ...]) -> list[dict]:
+    """One JSON object per row (ms per step, or the error), for the GPU script's $OUT."""
+    plain = result["plain (no DP)"]
+    return [{"row": name, "device": _device_name(device), "widths": list(widths), "batch": batch,
+             "ms_per_step": round(v * 1000, 3) if isinstance(v, float) else None,
+             "vs_plain": round(v / plain, 3) if isinstance(v, float) and isinstance(plain, float) else None,
+             "error": None if isinstance(v, float) else v, "when": today()} for name, v in result.items()]
+
+
+PROFILED = {  # label -> (object, attribute): the parts of a DP-SGD step timed by torch.profiler.record_function
+    "Poisson batch indices (drawn ahead)": ("synth.privimage.poisson_batches", "PoissonBatches.next"),
+    "write-ahead log": ("synth.privimage.training", "_write_ahead"),
+    "forward + backward + per-sample gradients (opacus hooks)": ("synth.privimage.training", "_per_sample_gradients"),
+    "per-sample norms and clipping (opacus)": ("opacus.optimizers.optimizer", "DPOptimizer.clip_and_accumulate"),
+    "secure noise (draw + add)": ("synth.secure_noise", "_secure_add_noise"),
+    "divide by the expected batch": ("synth.privimage.training", "_scale_grad"),
+    "Adam": ("torch.optim", "Adam.step"),
+    "EMA": ("diffusers.training_utils", "EMAModel.step"),
+}
+
+
+@contextmanager
+def _labelled() -> Iterator[None]:
+    import importlib
+
+    saved = []
+    for label, (module, attr) in PROFILED.items():
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        real = getattr(owner, name)
+
+        def wrapper(*args, _real=real, _label=label, **kwargs):
+            with torch.profiler.record_function(_label):
+                return _real(*args, **kwargs)
+        saved.append((owner, name, real))
+        setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        for owner, name, real in reversed(saved):
+            setattr(owner, name, real)
+
+
+def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step: int = 3) -> dict:
+    """torch.profiler over one step of dp_finetune (the `step`-th; the ones before warm up): wall ms of the step
+    and of each labelled part (PROFILED), the rest as "other", and the top operators by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof, marks = profile(activities=activities), {}
+
+    def progress(_stage: str, done: int, _total: int) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if done == step - 1:
+            prof.__enter__()
+            marks["start"] = time.perf_counter()
+        elif done == step:
+            marks["end"] = time.perf_counter()
+            prof.__exit__(None, None, None)
+    with tempfile.TemporaryDirectory() as workdir, _labelled(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_dp_finetune(16 * batch, widths=widths, layers=LAYERS, batch_size=batch, max_physical_batch=2 * batch,
+                        steps=step, device=device, workdir=Path(workdir), progress=progress)
+    events = {e.key: e for e in prof.key_averages()}
+    total = (marks["end"] - marks["start"]) * 1000
+    parts = {label: events[label].cpu_time_total / 1000 for label in PROFILED if label in events}
+    gpu_key = "device_time_total" if device.type == "cuda" else None
+    top = sorted((e for e in prof.key_averages() if e.key not in PROFILED), key=lambda e: -e.self_cpu_time_total)[:15]
+    return {"device": _device_name(device), "widths": list(widths), "batch": batch, "step_ms": round(total, 2),
+            "parts_ms": {k: round(v, 2) for k, v in parts.items()},
+            "other_ms": round(total - sum(parts.values()), 2),
+            "top_ops_self_cpu_ms": {e.key: round(e.self_cpu_time_total / 1000, 2) for e in top},
+            "top_ops_device_ms": ({e.key: round(getattr(e, gpu_key) / 1000, 2) for e in sorted(
+                prof.key_averages(), key=lambda e: -getattr(e, gpu_key))[:15]} if gpu_key else {}),
+            "when": today(), "machine": machine()}
+
+
+def render_profile(p: dict) -> str:
+    rows = [[k, f"{v:.1f}", f"{100 * v / p['step_ms']:.0f}%"] for k, v in p["parts_ms"].items()]
+    rows.append(["other (batch gather, opacus' bookkeeping, Python)", f"{p['other_ms']:.1f}",
+                 f"{100 * p['other_ms'] / p['step_ms']:.0f}%"])
+    return (f"One dp_finetune step under torch.profiler, UNet {p['widths']}, batch {p['batch']}, {p['device']}: "
+            f"{p['step_ms']:.0f} ms ({p['when']}).\n\n" + md_table(["part", "ms", "share"], rows))
+
+
 def _device_name(device: torch.device) -> str:
     return "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
 
@@ -227,11 +354,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="steps timed per method and round")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="UNet channels, e.g. 32,64,64")
+    parser.add_argument("--only", default="", help="';'-separated parts of row names to measure (plus the plain step)")
+    parser.add_argument("--all-rows", action="store_true", help="on the CPU too, the rows otherwise measured off it")
+    parser.add_argument("--json", type=Path, help="also write the rows as a JSON list to this file")
+    parser.add_argument("--profile", type=Path, help="instead: profile one step of dp_finetune, JSON to this file")
     args = parser.parse_args()
     device, widths = torch.device(args.device), tuple(int(w) for w in args.widths.split(","))
+    if args.profile:
+        p = profile_loop(args.batch, device, widths)
+        args.profile.write_text(json.dumps(p, indent=1))
+        print(render_profile(p))
+        return
     t = time.time()
-    result = measure(args.batch, args.rounds, args.reps, device, widths)
+    result = measure(args.batch, args.rounds, args.reps, device, widths, methods(device, args.only, args.all_rows))
     print(render(result, args.batch, time.time() - t, device, widths))
+    if args.json:
+        args.json.write_text(json.dumps(rows_json(result, args.batch, device, widths), indent=1))
 
 
 if __name__ == "__main__":

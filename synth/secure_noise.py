@@ -18,6 +18,10 @@ gives the same protection with the `cryptography` package:
   noise to the gradient in float64 and round only the noisy sum to the parameter's precision
   (rounding after the noise is post-processing).
 
+Where the gradients live on a GPU, the same uniforms, Box-Muller and sum come from a ChaCha20 keystream computed
+on the device itself (synth/device_noise.py; `SecureNoise` picks the generator by device), so no keystream is made
+on the host or copied per step.
+
 What it does not protect against: timing side channels of the training process, a compromised host
 (the key is in its memory while training), and anything outside the noise (the accountant's
 assumptions, the data pipeline).
@@ -78,15 +82,20 @@ class SecureGaussian:
             out.copy_(words.to(out.device).bitwise_and_(_MASK53))
         return out.add_(0.5).mul_(2.0 ** -53)
 
+    def _chunk_for(self, device: torch.device) -> int:
+        """Noise values per keystream call on `device`."""
+        return _CHUNK
+
     def uniform(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """n float64 uniforms in (0, 1), 53 random bits each."""
         out = torch.empty(n, dtype=torch.float64, device=device)
-        for start in range(0, n, _CHUNK):
-            self._uniform_into(out[start:start + _CHUNK])
+        chunk = self._chunk_for(out.device)
+        for start in range(0, n, chunk):
+            self._uniform_into(out[start:start + chunk])
         return out
 
     def _normals(self, n: int, device: torch.device) -> torch.Tensor:
-        """n (even, <= 4 x _CHUNK) float64 N(0, 1) samples by Box-Muller, in the workspace: valid until
+        """n (even, <= 4 x chunk) float64 N(0, 1) samples by Box-Muller, in the workspace: valid until
         the next draw."""
         pairs = n // 2
         u, cos = self._buffers(n, device)
@@ -100,17 +109,18 @@ class SecureGaussian:
     def standard_normal(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """n float64 N(0, 1) samples (both outputs of each Box-Muller pair used)."""
         out, device = torch.empty(n, dtype=torch.float64, device=device), torch.device(device)
-        for start in range(0, n, 2 * _CHUNK):
-            m = min(2 * _CHUNK, n - start)
+        chunk = self._chunk_for(device)
+        for start in range(0, n, 2 * chunk):
+            m = min(2 * chunk, n - start)
             out[start:start + m] = self._normals(m + m % 2, device)[:m]
         return out
 
     def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
         """float64 N(0, std^2) noise of `shape`: the sum of 4 normals of std `std`, halved."""
         n, device = math.prod(shape), torch.device(device)
-        total = torch.empty(n, dtype=torch.float64, device=device)
-        for start in range(0, n, _CHUNK):
-            m = min(_CHUNK, n - start)
+        total, chunk = torch.empty(n, dtype=torch.float64, device=device), self._chunk_for(device)
+        for start in range(0, n, chunk):
+            m = min(chunk, n - start)
             draws = self._normals(SUMMED_NORMALS * m, device).view(SUMMED_NORMALS, m)
             torch.sum(draws, 0, out=total[start:start + m])
         return total.mul_(std / math.sqrt(SUMMED_NORMALS)).reshape(shape)
@@ -129,7 +139,40 @@ def _secure_add_noise(self: DPOptimizer) -> None:
         _mark_as_processed(g)
 
 
-def noise_like(gen: SecureGaussian, tensors: list[torch.Tensor], std: float) -> list[torch.Tensor]:
+PATHS = ("auto", "aes", "chacha")
+
+
+class SecureNoise:
+    """The secure generator for each device: "auto" (the default) draws CPU tensors' noise from SecureGaussian
+    (OpenSSL's AES keystream) and any other device's from synth.device_noise.ChaChaGaussian (a ChaCha20
+    keystream computed on that device, no host work or copy per draw); "aes" or "chacha" use one for all.
+    Each generator gets its own fresh key on first use; none can be saved."""
+
+    def __init__(self, path: str = "auto") -> None:
+        if path not in PATHS:
+            raise ValueError(f"secure noise path must be one of {PATHS}, got {path!r}.")
+        self.path = path
+        self._generators: dict[str, SecureGaussian] = {}
+
+    def __reduce__(self) -> Any:
+        raise TypeError("SecureNoise holds secret keys and cannot be saved or copied; make a new one.")
+
+    def generator_for(self, device: torch.device | str) -> SecureGaussian:
+        kind = self.path if self.path != "auto" else ("aes" if torch.device(device).type in ("cpu", "meta")
+                                                      else "chacha")
+        if kind not in self._generators:
+            from synth.device_noise import (
+                ChaChaGaussian,  # it subclasses SecureGaussian: imported late
+            )
+
+            self._generators[kind] = SecureGaussian() if kind == "aes" else ChaChaGaussian()
+        return self._generators[kind]
+
+    def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
+        return self.generator_for(device).noise(shape, std, device)
+
+
+def noise_like(gen: SecureGaussian | SecureNoise, tensors: list[torch.Tensor], std: float) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for device in {t.device for t in tensors}:
         idx = [i for i, t in enumerate(tensors) if t.device == device]
@@ -139,10 +182,11 @@ def noise_like(gen: SecureGaussian, tensors: list[torch.Tensor], std: float) -> 
     return out
 
 
-def install(optimizer: DPOptimizer) -> DPOptimizer:
-    """Make an opacus DPOptimizer draw its DP noise from a fresh SecureGaussian (this instance only)."""
+def install(optimizer: DPOptimizer, path: str = "auto") -> DPOptimizer:
+    """Make an opacus DPOptimizer draw its DP noise from fresh secure generators (this instance only): by
+    `path` (SecureNoise), the AES keystream for CPU tensors and ChaCha20 on the device for GPU tensors."""
     if not isinstance(optimizer, DPOptimizer):
         raise TypeError(f"secure noise plugs into an opacus DPOptimizer, got {type(optimizer).__name__}")
-    optimizer.secure_gaussian = SecureGaussian()
+    optimizer.secure_gaussian = SecureNoise(path)
     optimizer.add_noise = types.MethodType(_secure_add_noise, optimizer)
     return optimizer

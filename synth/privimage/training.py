@@ -10,7 +10,7 @@ import json
 import secrets
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from synth.privimage.config import TRAINABLE
 from synth.privimage.conv_grad_sample import install as install_conv_grad_sample
 from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.model import ddpm_loss, make_scheduler
+from synth.privimage.poisson_batches import PoissonBatches, physical_batches
 from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 from synth.secure_noise import install as install_secure_noise
@@ -194,8 +195,10 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
                 world_size: int = 1, secure_noise: bool = True, precision: str = "float32",
                 t_min: float = 0.0) -> DpSgdOutcome:
-    """DP-SGD via opacus (Poisson sampling, per-sample clipping, BatchMemoryManager, EMA); with `world_size`
-    > 1, one rank of opacus' DPDDP, charged as one process (synth/privimage/distributed.py).
+    """DP-SGD via opacus (Poisson sampling, per-sample clipping, physical batches as BatchMemoryManager splits
+    them, EMA); with `world_size` > 1, one rank of opacus' DPDDP, charged as one process
+    (synth/privimage/distributed.py). In one process the Poisson batches are opacus' draws made many steps ahead
+    and the data sits on the device, so a step needs no host round-trip (poisson_batches.py).
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse).
@@ -207,7 +210,7 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     params = select_trainable(model, trainable)
     opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
            else torch.optim.Adam(params, lr=lr))
-    ema = EMAModel(model.parameters(), decay=ema_decay)
+    ema = EMAModel(model.parameters(), decay=ema_decay, foreach=True)  # a few fused kernels, not 3 per tensor
     wal_path, ckpt_path, writer = workdir / state.WAL, workdir / state.FINETUNE, _writer(world_size)
     wal = state.read_json(wal_path, {"started": 0, "redo": []})
     done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
@@ -229,30 +232,66 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                                      "step": step, "accountant": engine.accountant.state_dict()})
 
     sched = make_scheduler(train_timesteps)
-    in_step = False
     physical = max(1, max_physical_batch // noise_multiplicity)
+    steps_fn = _loader_steps if world_size > 1 else _presampled_steps
     with per_example_gradients_only(model):
-        while done < steps:
-            with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=physical,
-                                    optimizer=dp_opt) as mem_loader:
-                for xb, yb in mem_loader:
-                    if not in_step:  # first physical batch of a logical step: write ahead
-                        _write_ahead(wal, wal_path, writer)
-                        in_step = True
-                    _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device,
-                                          precision, t_min)
-                    dp_opt.step()
-                    if dp_opt._is_last_step_skipped:
-                        continue
-                    in_step = False
-                    done += 1
-                    ema.step(model.parameters())
-                    progress("DP fine-tuning", done, steps)
-                    if writer and (done % ckpt_every == 0 or done == steps):
-                        checkpoint(done)
-                    if done >= steps:
-                        break
+        for step_batches in steps_fn(dp_loader, dp_opt, x, y, physical, device):
+            _write_ahead(wal, wal_path, writer)  # before the step's first physical batch runs
+            for xb, yb in step_batches:
+                _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device,
+                                      precision, t_min)
+                dp_opt.step()
+            done += 1
+            ema.step(model.parameters())
+            progress("DP fine-tuning", done, steps)
+            if writer and (done % ckpt_every == 0 or done == steps):
+                checkpoint(done)
+            if done >= steps:
+                break
     return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
+
+
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _presampled_steps(dp_loader, dp_opt: DPOptimizer, x: torch.Tensor, y: torch.Tensor, physical: int,
+                      device: torch.device) -> Iterator[Batches]:
+    """One process: each logical step's physical batches, from Poisson indices drawn many steps ahead with the
+    loader's own generator and rate (exactly its draws: poisson_batches.py), gathered from data resident on the
+    device, split and signalled to the optimiser as opacus' BatchMemoryManager does. No host round-trip."""
+    x, y = x.to(device), y.to(device)
+    sampler = PoissonBatches(len(x), dp_loader.sample_rate, dp_loader.batch_sampler.generator, device,
+                             steps_per_epoch=len(dp_loader))
+
+    def one_step(indices: torch.Tensor) -> Batches:
+        parts = physical_batches(indices, physical)
+        for i, part in enumerate(parts):
+            dp_opt.signal_skip_step(do_skip=i < len(parts) - 1)
+            yield x[part], y[part]
+    while True:
+        yield one_step(sampler.next())
+
+
+def _loader_steps(dp_loader, dp_opt: DPOptimizer, x: torch.Tensor, y: torch.Tensor, physical: int,
+                  device: torch.device) -> Iterator[Batches]:
+    """Under torchrun: the lockstep distributed loader through opacus' BatchMemoryManager, epoch after epoch."""
+    while True:
+        with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=physical,
+                                optimizer=dp_opt) as mem_loader:
+            batches = iter(mem_loader)
+            for first in batches:
+                yield _until_step_end(first, batches, dp_opt)
+
+
+def _until_step_end(first: tuple, rest: Iterator, dp_opt: DPOptimizer) -> Batches:
+    """A logical step's physical batches: up to the one after which the optimiser took its step (the caller
+    steps it after each batch; BatchMemoryManager signalled the others as skipped)."""
+    batch = first
+    while True:
+        yield batch[0], batch[1]
+        if not dp_opt._is_last_step_skipped:
+            return
+        batch = next(rest)
 
 
 def scale_grad_once(optimizer: DPOptimizer) -> DPOptimizer:

@@ -12,43 +12,50 @@ from synth import secure_noise
 from synth.privimage import PrivImageConfig
 from synth.privimage.model import make_unet
 from synth.privimage.training import dp_finetune
+from synth.device_noise import ChaChaGaussian
 from synth.secure_noise import SecureGaussian
 
 N, SIGMA = 1_000_000, 1.7
+# the CPU path (AES keystream from OpenSSL) and the device path (ChaCha20 in torch ops, run here on the CPU)
+GENERATORS = pytest.mark.parametrize("make", [SecureGaussian, ChaChaGaussian], ids=["aes", "chacha"])
 
 
 def ks_distance(z: np.ndarray, sigma: float) -> float:
     return float(stats.kstest(z, stats.norm(0, sigma).cdf).statistic)
 
 
-def test_noise_has_the_requested_mean_and_std():
+@GENERATORS
+def test_noise_has_the_requested_mean_and_std(make):
     """Tolerances are ~10 standard errors (std of the sample std = sigma/sqrt(2N) = 0.0012): a correct sampler
     cannot fail them by chance, and a sampler off by a few percent in sigma (let alone x2) cannot pass them."""
-    z = SecureGaussian().noise((N,), SIGMA).numpy()
+    z = make().noise((N,), SIGMA).numpy()
     assert z.dtype == np.float64
     assert abs(z.mean()) < 0.02 and abs(z.std() - SIGMA) < 0.012
     assert ks_distance(z, SIGMA) < 0.004  # the 1e-6 critical value at N = 1e6 is ~0.0027
     assert ks_distance(z, 2 * SIGMA) > 0.1 and ks_distance(z, 1.05 * SIGMA) > 0.01  # the same test sees a wrong sigma
 
 
-def test_uniforms_are_in_the_open_interval_with_53_bits():
-    u = SecureGaussian().uniform(200_000)
+@GENERATORS
+def test_uniforms_are_in_the_open_interval_with_53_bits(make):
+    u = make().uniform(200_000)
     assert u.dtype == torch.float64 and float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.005
     frac = (u * 2.0 ** 53 - 0.5).numpy()
     assert np.all(frac == np.round(frac))  # on the 2^-53 grid, offset by half a step
 
 
-def test_two_generators_and_two_draws_differ():
-    a, b = SecureGaussian(), SecureGaussian()
+@GENERATORS
+def test_two_generators_and_two_draws_differ(make):
+    a, b = make(), make()
     first, second = a.noise((1000,), 1.0), a.noise((1000,), 1.0)
     assert not torch.equal(first, second) and not torch.equal(first, b.noise((1000,), 1.0))
 
 
-def test_draws_never_alias_the_reused_workspace():
+@GENERATORS
+def test_draws_never_alias_the_reused_workspace(make):
     """The keystream and the Box-Muller scratch space are reused between draws: what a draw returned must not
     change under the next one, and no chunk of a long draw may repeat another."""
-    g = SecureGaussian()
+    g = make()
     first = g.noise((1000,), 1.0)
     kept = first.clone()
     g.noise((1000,), 1.0), g.standard_normal(999), g.uniform(77)
@@ -62,16 +69,19 @@ def test_draws_never_alias_the_reused_workspace():
     assert odd.shape == (4 * c + 1,) and not torch.equal(odd[:c], odd[2 * c:3 * c]) and abs(float(odd.std()) - 1) < 0.02
 
 
-def test_off_cpu_the_words_are_shipped_and_converted_on_the_device():
+@GENERATORS
+def test_off_cpu_the_words_are_shipped_and_converted_on_the_device(make):
     """The branch a GPU takes (keystream words copied to the device, converted and transformed there), run on
-    torch's meta device: shapes and dtypes only, so a CPU-only machine still executes every line of it."""
-    g = SecureGaussian()
+    torch's meta device: shapes and dtypes only, so a CPU-only machine still executes every line of it (for
+    ChaCha20: the keystream and its conversion as ops on the device)."""
+    g = make()
     assert g.noise((3, 5), 1.0, "meta").shape == (3, 5) and g.noise((3, 5), 1.0, "meta").dtype == torch.float64
     assert g.standard_normal(7, "meta").shape == (7,) and g.uniform(5, "meta").device.type == "meta"
 
 
-def test_the_generator_cannot_be_saved_or_copied(tmp_path):
-    g = SecureGaussian()
+@pytest.mark.parametrize("make", [SecureGaussian, ChaChaGaussian, secure_noise.SecureNoise])
+def test_the_generator_cannot_be_saved_or_copied(tmp_path, make):
+    g = make()
     with pytest.raises(TypeError, match="secret key"):
         pickle.dumps(g)
     with pytest.raises(TypeError, match="secret key"):
