@@ -265,14 +265,14 @@ def test_vote_space_charges_the_same_events_and_is_validated() -> None:
 
 
 def test_evolve_featurises_the_sensitive_images_once_and_votes_in_the_given_space() -> None:
+    from synth.privimage.vote import pixel_features
+
     sens, pos, cand, cpos = _data(5, m=60)
     calls: list[int] = []
 
     def featurize(images: np.ndarray) -> np.ndarray:
         calls.append(len(images))
-        return -pixel_features_(images)  # a different space: the negated pixels (same distances)
-
-    from synth.privimage.vote import pixel_features as pixel_features_
+        return -pixel_features(images)  # another space: the negated pixels (same distances)
 
     wanted = np.repeat(np.arange(3), 5)
     out, _ = evolve(sens, pos, cand, cpos, wanted, [0.5, 0.5], lambda im, p, r: np.repeat(im, 2, 0), 2,
