@@ -102,17 +102,17 @@ def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> No
     """`--set KEY=VALUE` items into the mode's recipe `s`: VALUE is JSON (a number, true/false, [32, 64, 64]) or a
     bare word taken as text (vote_space=embedding); vote settings go into every epsilon's vote."""
     fixed = {"epsilon", "delta", "seed", "selection", "device", "query_sigma"}  # set per run or by the mode
-    settable = {f.name for f in fields(PrivImageConfig)} - fixed
+    types = {f.name: str(f.type) for f in fields(PrivImageConfig) if f.name not in fixed}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in settable or not value:
-            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(settable)}")
+        if key not in types or not value:
+            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(types)}")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
-            if not value.replace("_", "").replace("-", "").isalnum():
-                parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64]) or a "
-                             "word such as embedding")
+            if types[key] != "str" or not value.replace("_", "").replace("-", "").isalnum():
+                parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], "
+                             "\"text\"; a text setting also takes a bare word, e.g. vote_space=embedding)")
             parsed = value
         for recipe in s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]:  # the vote is set per epsilon
             recipe[key] = parsed

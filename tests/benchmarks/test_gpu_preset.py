@@ -134,7 +134,7 @@ def test_set_takes_json_or_a_bare_word_and_refuses_the_rest() -> None:
     gpu_preset.apply_sets(parser, s, ["vote_space=embedding", "vote_pool=16", "unet_channels=[32, 64, 64]"])
     assert s["privimage"]["vote_space"] == "embedding" and s["privimage"]["unet_channels"] == [32, 64, 64]
     assert {v["vote_pool"] for v in s["vote"].values()} == {16}  # vote settings go into every epsilon's vote
-    for bad in ("vote_space=two words", "epsilon=3", "nonsense=1", "vote_pool="):
+    for bad in ("vote_space=two words", "epsilon=3", "nonsense=1", "vote_pool=", "vote_pool=eight"):
         with pytest.raises(SystemExit):
             gpu_preset.apply_sets(parser, settings("cpu"), [bad])
 
