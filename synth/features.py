@@ -66,9 +66,16 @@ def pooled_features(net: Any, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def embed(images_pm1: torch.Tensor, device: str | torch.device = "cpu", batch: int = 256,
-          size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
-    """Pooled features of many images, batched, without gradients."""
+          size: int = DEFAULT_INPUT_SIZE, fixed_batch: bool = False) -> torch.Tensor:
+    """Pooled features of many images, batched, without gradients. `fixed_batch` pads the last batch to `batch`
+    images, so every forward pass has one shape and the same kernels: an image's features are then the same
+    whatever it is batched with (the private vote needs that: one record must not move another's vote)."""
     net = efficientnet_lite0(device)
-    parts = [pooled_features(net, prepare(images_pm1[i:i + batch].to(device), size)).cpu()
-             for i in range(0, len(images_pm1), batch)]
+    parts = []
+    for i in range(0, len(images_pm1), batch):
+        x = images_pm1[i:i + batch].to(device)
+        n = len(x)
+        if fixed_batch and n < batch:
+            x = torch.cat([x, x.new_zeros((batch - n, *x.shape[1:]))])
+        parts.append(pooled_features(net, prepare(x, size))[:n].float().cpu())
     return torch.cat(parts)

@@ -19,6 +19,7 @@ from synth.privimage.precision import PRECISIONS
 DP_OPTIMIZERS = ("adam", "sgd")
 TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
 SELECTIONS = ("semantic", "none", "all")  # PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style
+VOTE_SPACES = ("pixel", "embedding")  # where the private vote measures nearness (synth.privimage.vote)
 
 
 def _check_range(value: object, name: str, low: float, high: float) -> float:
@@ -87,6 +88,7 @@ class PrivImageConfig:
     vote_sigma: float = 0.0             # private vote on the samples (synth.privimage.vote); 0 = off
     vote_pool: int = 4                  # candidates drawn per released image when the vote is on
     vote_rounds: int = 1                # Private Evolution rounds: each later round votes on variations
+    vote_space: str = "pixel"           # nearest by pixel L2, or by cosine of EfficientNet-Lite0 features
     variation_strength: float = 0.5     # of the previous winners (SDEdit: re-noised to this fraction of T)
     release_variations: int = 0         # low-strength variations released beside each voted (or sampled) image
     release_variation_strength: float = 0.15  # their SDEdit strength (post-processing: no privacy cost)
@@ -135,6 +137,9 @@ class PrivImageConfig:
         self.vote_rounds = check_count(self.vote_rounds, "vote_rounds")
         if self.vote_rounds > 8:
             raise InvalidParameterError(f"vote_rounds must be between 1 and 8, got {self.vote_rounds}.")
+        if self.vote_space not in VOTE_SPACES:
+            raise InvalidParameterError(f"vote_space must be one of {VOTE_SPACES} (where the private vote measures "
+                                        f"which candidate is nearest), got {self.vote_space!r}.")
         self.variation_strength = _check_range(self.variation_strength, "variation_strength", 0.05, 1.0)
         if not isinstance(self.release_variations, int) or isinstance(self.release_variations, bool) \
                 or not 0 <= self.release_variations <= 15:

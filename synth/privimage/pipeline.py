@@ -37,7 +37,7 @@ from synth.privimage.query import (
 )
 from synth.privimage.sampling import balanced_labels, sample_images, vary_images
 from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
-from synth.privimage.vote import VaryFn, evolve
+from synth.privimage.vote import VaryFn, evolve, features_for
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
@@ -328,7 +328,8 @@ def _vote(candidates: np.ndarray, candidate_pos: np.ndarray, sens_images: np.nda
                                balanced_labels(config.base_images, len(prep.label_values)),
                                p.vote_sigmas, variations_for(model, config, prep.device, ctx.progress),
                                config.vote_pool,
-                               saved=[r["keep"] for r in saved["rounds"]], on_round=record)
+                               saved=[r["keep"] for r in saved["rounds"]], on_round=record,
+                               featurize=features_for(config.vote_space, prep.device, prep.precision))
     info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}
     return images, positions, info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
 
@@ -371,6 +372,7 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "noise_multiplicity": config.noise_multiplicity, "trainable": config.trainable, "guidance": config.guidance,
         "vote_sigma": config.vote_sigma or None, "vote_pool": config.vote_pool if config.vote_sigma else None,
         "vote_rounds": config.vote_rounds if config.vote_sigma else None,
+        "vote_space": config.vote_space if config.vote_sigma else None,
         "variation_strength": config.variation_strength if config.vote_sigma and config.vote_rounds > 1 else None,
         "release_variations": config.release_variations,
         "release_variation_strength": config.release_variation_strength if config.release_variations else None,

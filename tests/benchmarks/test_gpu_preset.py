@@ -122,3 +122,26 @@ def test_the_whole_loop_rows_time_dp_finetune_steps(monkeypatch: pytest.MonkeyPa
     seconds = dpsgd_throughput._loop_time(dpsgd_throughput.METHODS[loops[0]], 8, torch.device("cpu"), (8, 16), 2)
     assert seconds > 0 and calls[0]["steps"] == 3 and calls[0]["max_physical_batch"] >= 2 * 8
     assert "secure_noise" not in calls[0]  # the product's default: secure noise on
+
+
+def test_set_takes_json_or_a_bare_word_and_refuses_the_rest() -> None:
+    import argparse
+
+    from benchmarks.reproduce_settings import settings
+
+    parser = argparse.ArgumentParser()
+    s = settings("cpu")
+    gpu_preset.apply_sets(parser, s, ["vote_space=embedding", "vote_pool=16", "unet_channels=[32, 64, 64]"])
+    assert s["privimage"]["vote_space"] == "embedding" and s["privimage"]["unet_channels"] == [32, 64, 64]
+    assert {v["vote_pool"] for v in s["vote"].values()} == {16}  # vote settings go into every epsilon's vote
+    for bad in ("vote_space=two words", "epsilon=3", "nonsense=1", "vote_pool=", "vote_pool=eight"):
+        with pytest.raises(SystemExit):
+            gpu_preset.apply_sets(parser, settings("cpu"), [bad])
+
+
+def test_fashion_cpu_takes_set_too() -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "benchmarks.fashion_cpu", "--epsilons", "", "--set", "bogus=1"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and "--set 'bogus=1': give KEY=VALUE with KEY one of" in done.stderr

@@ -320,3 +320,14 @@ def test_card_warns_that_release_variations_are_near_duplicates(copies):
     _, body = split_front_matter(dataset_card(rel, {"dataset_id": "d", "privacy_unit": "one image"}, result, 8, {}))
     assert (f"groups of {copies + 1} images are near-duplicates" in body) == bool(copies)
     assert ("Each voted image was then chosen from 4 generated candidates" in body) == bool(copies)
+
+
+@pytest.mark.parametrize("space", [None, "pixel", "embedding"])
+def test_card_says_where_the_vote_measured_nearness(space):
+    rel = {"release_id": "r", "spec": {"release": {"dataset": "d", "mechanism": "privimage"}, "privimage": {}}}
+    params = {"vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 1, "vote_space": space}
+    result = {"mechanism": "privimage", "parameters": params,
+              "guarantee": {"type": "dp", "epsilon_rdp": 8.0, "epsilon_pld": 7.1, "delta": 1e-5}}
+    _, body = split_front_matter(dataset_card(rel, {"dataset_id": "d", "privacy_unit": "one image"}, result, 4, {}))
+    assert ("features of a public ImageNet-pretrained EfficientNet-Lite0" in body) == (space == "embedding")
+    assert "count of nearest sensitive images" in body

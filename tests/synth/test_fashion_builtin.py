@@ -29,6 +29,7 @@ def test_fashion_mnist_splits_and_registration(store):
 
 
 def test_missing_package_is_a_clear_error(tmp_path, monkeypatch, store):
+    monkeypatch.delenv(datasets.DATA_DIR_ENV, raising=False)
     monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path / "absent")
     with pytest.raises(DataFormatError, match="apt-get install dataset-fashion-mnist"):
         register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
@@ -43,6 +44,7 @@ def test_damaged_package_is_a_clear_error(tmp_path, monkeypatch):
     for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
         with gzip.open(tmp_path / name, "wb") as f:
             f.write(b"\x00" * 32)
+    monkeypatch.delenv(datasets.DATA_DIR_ENV, raising=False)
     monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path)
     with pytest.raises(DataFormatError, match="not an IDX file.*--reinstall"):
         load_source("builtin:fashion-mnist")
@@ -87,3 +89,41 @@ def test_plan_with_fashion_sensitive_refuses_the_default_pool(store):
     spec["privimage"]["public"] = "builtin:uci-digits"
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
     assert rel.plan.dataset == "fashion"
+
+
+def _write_idx(folder, n: int, opener) -> None:
+    rng = np.random.default_rng(1)
+    with opener(folder / "train-images-idx3-ubyte.xz", "wb") as f:
+        f.write((2051).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
+                + rng.integers(0, 256, n * 784).astype(np.uint8).tobytes())
+    with opener(folder / "train-labels-idx1-ubyte.xz", "wb") as f:
+        f.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + (np.arange(n) % 10).astype(np.uint8).tobytes())
+
+
+def test_data_dir_env_var_is_read_first_and_xz_files_load(tmp_path, monkeypatch):
+    """PRIVRELEASE_DATA_DIR with xz files (as gpu_lease.sh stages them) wins over the Debian package's folder:
+    a 30-image copy there is what loads, whatever /usr/share holds."""
+    import lzma
+
+    _write_idx(tmp_path, 30, lzma.open)
+    monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path))
+    assert datasets.fashion_dirs()[0] == tmp_path and fashion_available()
+    train = load_source("builtin:fashion-mnist")
+    assert train.images.shape == (30, 28, 28) and train.labels.tolist()[:11] == list(range(10)) + [0]
+    assert train.label_set == list(range(10))
+
+
+def test_without_the_files_anywhere_the_error_names_the_env_var(tmp_path, monkeypatch):
+    monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path / "staged"))
+    monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path / "absent")
+    with pytest.raises(DataFormatError, match=f"{tmp_path / 'staged'} or {tmp_path / 'absent'}.*PRIVRELEASE_DATA_DIR"):
+        load_source("builtin:fashion-mnist-test")
+    assert not fashion_available()
+
+
+def test_damaged_xz_file_is_a_clear_error(tmp_path, monkeypatch):
+    for name in ("train-images-idx3-ubyte.xz", "train-labels-idx1-ubyte.xz"):
+        (tmp_path / name).write_bytes(b"not xz at all")
+    monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path))
+    with pytest.raises(DataFormatError, match="unreadable.*PRIVRELEASE_DATA_DIR"):
+        load_source("builtin:fashion-mnist")

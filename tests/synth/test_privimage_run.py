@@ -316,3 +316,28 @@ def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(store
     public_passes = {t for reduction, t in seen if reduction == "mean"}
     assert dp_passes == {0.5} and public_passes == {0.0}  # pre-training keeps every timestep
     assert res.parameters["finetune_t_min"] == 0.5
+
+
+def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(store: Store, data, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """vote_space "embedding": the same events as the pixel vote, the network really featurises the sensitive
+    images (once) and the candidates, and the release records the space."""
+    import synth.features
+
+    sens, pub = data
+    _register(store, sens)
+    cfg = _cfg(vote_sigma=2.0, vote_pool=3, vote_space="embedding")
+    plan = _plan(store, pub, cfg)
+    assert plan.events == _plan(store, pub, cfg.with_(vote_space="pixel")).events
+    embedded: list[int] = []
+    real_embed = synth.features.embed
+
+    def recording_embed(images, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202 - passes all to the real one
+        embedded.append(len(images))
+        return real_embed(images, *args, **kw)
+
+    monkeypatch.setattr(synth.features, "embed", recording_embed)
+    res = _run(store, sens, pub, cfg, "v", tmp_path / "w", plan=plan)
+    assert embedded == [len(sens), 60]  # the 120 sensitive digits once, then the 60 candidates
+    _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))
+    assert res.parameters["vote_space"] == "embedding" and res.parameters["vote_kept"] == 20

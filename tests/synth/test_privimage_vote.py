@@ -2,6 +2,7 @@
 selection, the plan's event and its epsilon (cross-checked with dp-accounting directly)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import dp_accounting
@@ -181,3 +182,100 @@ def test_release_variations_shrink_what_is_drawn_and_voted_not_what_is_released(
     assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (4000, 1000, 8000)
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10, release_variations=3).base_images == 3
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10).base_images == 10
+
+
+# ------------------------------------------------------------------ the vote in EfficientNet-Lite0's space
+def _fast_precision() -> str:
+    import torch
+
+    from synth.privimage.precision import native_bfloat16
+
+    return "bfloat16" if native_bfloat16(torch.device("cpu")) else "float32"
+
+
+@functools.lru_cache(maxsize=4)
+def _shift_or_other_class(n: int, shift: int = 5):
+    """n MNIST digits; for each, two candidates of its class position: the digit shifted `shift` pixels right,
+    and a digit of another class that is close to it in pixels (the 6th nearest)."""
+    from synth.datasets import load_source
+
+    d = load_source("builtin:mnist5k")
+    idx = np.random.default_rng(0).choice(len(d.images), n, replace=False)
+    sens, cand = [], []
+    for i in idx:
+        others = d.images[d.labels != d.labels[i]]
+        near = np.argsort(((others.astype(np.float32) - d.images[i]) ** 2).sum((1, 2)))[5]
+        sens.append(d.images[i])
+        cand += [np.roll(d.images[i], shift, axis=1), others[near]]
+    return np.stack(sens), np.arange(n), np.stack(cand), np.repeat(np.arange(n), 2)
+
+
+def test_embedding_vote_picks_the_shifted_copy_where_pixel_l2_picks_another_class() -> None:
+    from synth.privimage.vote import embedding_features
+
+    sens, pos, cand, cpos = _shift_or_other_class(12)
+    pixel = nearest_candidate_votes(sens, pos, cand, cpos)
+    embedded = nearest_candidate_votes(sens, pos, cand, cpos, featurize=embedding_features("cpu", "float32"))
+    assert pixel[0::2].sum() == 0 and pixel[1::2].sum() == len(sens)  # pixels: every vote to the other class
+    assert embedded[0::2].sum() >= 0.75 * len(sens)  # features: (nearly) every vote to the shifted copy
+
+
+def test_embedding_features_do_not_depend_on_batchmates_and_are_unit_vectors() -> None:
+    """The vote's sensitivity needs one image's features to be the same whatever else is featurised with it
+    (float32 features of a batch of 1 and of 64 differ in the 5th digit without fixed-shape batches)."""
+    from synth.privimage.vote import embedding_features
+
+    sens, _, cand, _ = _shift_or_other_class(4)
+    featurize = embedding_features("cpu", "float32")
+    both = featurize(np.concatenate([sens, cand]))
+    assert np.array_equal(both[:1], featurize(sens[:1])) and np.array_equal(both[len(sens):], featurize(cand))
+    assert both.shape == (12, 1280) and np.allclose(np.linalg.norm(both, axis=1), 1.0, atol=1e-5)
+
+
+def test_removing_one_sensitive_image_changes_one_embedding_vote_by_one() -> None:
+    from synth.privimage.vote import embedding_features, nearest_votes
+
+    sens, pos, cand, cpos = _shift_or_other_class(4)
+    pos, cpos = pos % 2, cpos % 2  # two classes, four candidates each
+    featurize = embedding_features("cpu", _fast_precision())
+    cand_f = featurize(cand)
+    full = nearest_votes(featurize(sens), pos, cand_f, cpos)
+    assert full.sum() == len(sens)
+    for i in range(len(sens)):
+        keep = np.arange(len(sens)) != i
+        diff = full - nearest_votes(featurize(sens[keep]), pos[keep], cand_f, cpos)
+        assert np.abs(diff).sum() == 1 and np.linalg.norm(diff) == 1
+
+
+def test_vote_space_charges_the_same_events_and_is_validated() -> None:
+    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
+                          vote_sigma=2.0, vote_rounds=4)
+    pixel, embedding = plan_privimage(cfg, 4000), plan_privimage(cfg.with_(vote_space="embedding"), 4000)
+    assert pixel.events == embedding.events and pixel.noise_multiplier == embedding.noise_multiplier
+    assert PrivImageConfig(epsilon=5.0, delta=1e-5).vote_space == "pixel"
+    assert PrivImageConfig.from_dict(cfg.with_(vote_space="embedding").as_dict()).vote_space == "embedding"
+    for bad in ("inception", "", None, 1, "Embedding"):
+        with pytest.raises(InvalidParameterError, match="vote_space must be one of"):
+            PrivImageConfig(epsilon=5.0, delta=1e-5, vote_space=bad)
+    from synth.privimage.vote import features_for, pixel_features
+
+    assert features_for("pixel") is pixel_features
+    with pytest.raises(InvalidParameterError, match="vote_space"):
+        features_for("clip")
+
+
+def test_evolve_featurises_the_sensitive_images_once_and_votes_in_the_given_space() -> None:
+    from synth.privimage.vote import pixel_features
+
+    sens, pos, cand, cpos = _data(5, m=60)
+    calls: list[int] = []
+
+    def featurize(images: np.ndarray) -> np.ndarray:
+        calls.append(len(images))
+        return -pixel_features(images)  # another space: the negated pixels (same distances)
+
+    wanted = np.repeat(np.arange(3), 5)
+    out, _ = evolve(sens, pos, cand, cpos, wanted, [0.5, 0.5], lambda im, p, r: np.repeat(im, 2, 0), 2,
+                    featurize=featurize)
+    assert calls == [len(sens), 60, 30]  # sensitive once, then each round's candidates
+    assert out.shape == (15, 6, 6)
