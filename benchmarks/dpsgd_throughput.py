@@ -29,15 +29,15 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from diffusers.training_utils import EMAModel
 
 from benchmarks.common import machine, md_table, run_dp_finetune, today
-from synth import secure_noise
+from synth import dp_noise
 from synth.privimage import conv_grad_sample, training
 from synth.privimage.conv_grad_sample import install as install_grouped_conv
 from synth.privimage.conv_grad_sample import per_example_gradients_only
@@ -151,7 +151,7 @@ def loop_variant(method: dict) -> Iterator[None]:
         training._presampled_steps = training._loader_steps
         training.EMAModel = functools.partial(EMAModel, foreach=False)
     if method.get("noise") in ("aes", "chacha"):
-        training.install_secure_noise = functools.partial(secure_noise.install, path=method["noise"])
+        training.install_secure_noise = functools.partial(dp_noise.install, path=method["noise"])
     try:
         yield
     finally:

@@ -12,17 +12,18 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from opacus.optimizers.optimizer import DPOptimizer
 
 from benchmarks.common import machine, run_dp_finetune, today
-from synth import secure_noise
-from synth.privimage.model import make_unet
+from synth import dp_noise
 from synth.device_noise import ChaChaGaussian
-from synth.secure_noise import SecureGaussian, noise_like
+from synth.dp_noise import noise_like
+from synth.privimage.model import make_unet
+from synth.secure_noise import SecureGaussian
 
 MILLION = 1_000_000
 
@@ -63,16 +64,16 @@ def in_training(secure: bool, device: torch.device, workdir: Path, steps: int = 
     the same run so the shared machine's load affects them alike."""
     spent: list[float] = []
     workdir.mkdir(parents=True)
-    saved = DPOptimizer.add_noise, secure_noise._secure_add_noise
+    saved = DPOptimizer.add_noise, dp_noise._secure_add_noise
     DPOptimizer.add_noise = _timed(DPOptimizer.add_noise, spent)
-    secure_noise._secure_add_noise = _timed(secure_noise._secure_add_noise, spent)
+    dp_noise._secure_add_noise = _timed(dp_noise._secure_add_noise, spent)
     try:
         t = time.perf_counter()
         run_dp_finetune(2000, widths=(16, 32, 32), layers=1, batch_size=250, max_physical_batch=125, steps=steps,
                         device=device, workdir=workdir, secure_noise=secure)
         total = time.perf_counter() - t
     finally:
-        DPOptimizer.add_noise, secure_noise._secure_add_noise = saved
+        DPOptimizer.add_noise, dp_noise._secure_add_noise = saved
     return total / steps * 1e3, sum(spent) / steps * 1e3
 
 

@@ -22,6 +22,7 @@ from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import PrivReleaseError
+from synth.dp_noise import install as install_secure_noise
 from synth.privimage import state
 from synth.privimage.augment import augment_public
 from synth.privimage.config import TRAINABLE
@@ -31,7 +32,6 @@ from synth.privimage.model import ddpm_loss, make_scheduler
 from synth.privimage.poisson_batches import PoissonBatches, physical_batches
 from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
-from synth.secure_noise import install as install_secure_noise
 
 PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
 # Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution backward

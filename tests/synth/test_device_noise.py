@@ -11,9 +11,10 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from opacus.optimizers import DPOptimizer
 
-from synth import device_noise, secure_noise
+from synth import device_noise
 from synth.device_noise import ChaChaGaussian, chacha20_blocks
-from synth.secure_noise import SecureGaussian, SecureNoise, install
+from synth.dp_noise import SecureNoise, install
+from synth.secure_noise import SecureGaussian
 
 RFC_KEY = bytes(range(32))
 
@@ -113,7 +114,7 @@ def test_opacus_noise_comes_from_the_chosen_path(monkeypatch) -> None:
     opt.step()
     assert set(draws) == {"ChaChaGaussian"}
     assert abs(float(p.detach().std()) - 3.0) < 0.1  # lr 1, batch 1: minus the noise of std 2 x 1.5
-    assert isinstance(opt.secure_gaussian, secure_noise.SecureNoise)
+    assert isinstance(opt.secure_gaussian, SecureNoise)
 
 
 def test_a_compiler_that_fails_or_disagrees_leaves_the_eager_block_function(monkeypatch) -> None:

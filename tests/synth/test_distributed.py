@@ -328,8 +328,8 @@ def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:
     """A DP-SGD step whose clipped gradients are all zero (zero inputs): what is left is the noise."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from synth.dp_noise import install
     from synth.privimage import training
-    from synth.secure_noise import install
 
     model = torch.nn.Linear(20_000, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)

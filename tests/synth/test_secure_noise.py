@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy import stats
 
-from synth import secure_noise
+from synth import dp_noise, secure_noise
+from synth.device_noise import ChaChaGaussian
 from synth.privimage import PrivImageConfig
 from synth.privimage.model import make_unet
 from synth.privimage.training import dp_finetune
-from synth.device_noise import ChaChaGaussian
 from synth.secure_noise import SecureGaussian
 
 N, SIGMA = 1_000_000, 1.7
@@ -79,7 +79,7 @@ def test_off_cpu_the_words_are_shipped_and_converted_on_the_device(make):
     assert g.standard_normal(7, "meta").shape == (7,) and g.uniform(5, "meta").device.type == "meta"
 
 
-@pytest.mark.parametrize("make", [SecureGaussian, ChaChaGaussian, secure_noise.SecureNoise])
+@pytest.mark.parametrize("make", [SecureGaussian, ChaChaGaussian, dp_noise.SecureNoise])
 def test_the_generator_cannot_be_saved_or_copied(tmp_path, make):
     g = make()
     with pytest.raises(TypeError, match="secret key"):

@@ -1,0 +1,75 @@
+"""The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure generators,
+`SecureNoise` picking one per device: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream) for CPU
+tensors, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on the device) for any other."""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
+
+from synth.device_noise import ChaChaGaussian
+from synth.secure_noise import SecureGaussian
+
+
+def _secure_add_noise(self: DPOptimizer) -> None:
+    """DPOptimizer.add_noise with the secure generator (rank 0 only under DPDDP, as opacus does). One draw
+    for all parameters of a device: one keystream call instead of one per tensor."""
+    noisy = getattr(self, "rank", 0) == 0
+    grads = [p.summed_grad for p in self.params]
+    for g in grads:
+        _check_processed_flag(g)
+    noises = noise_like(self.secure_gaussian, grads, self.noise_multiplier * self.max_grad_norm) if noisy else None
+    for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+        p.grad = ((g.to(torch.float64) + noises[i]).to(g.dtype) if noises is not None else g).view_as(p)
+        _mark_as_processed(g)
+
+
+PATHS = ("auto", "aes", "chacha")
+
+
+class SecureNoise:
+    """The secure generator for each device: "auto" (the default) draws CPU tensors' noise from SecureGaussian
+    (OpenSSL's AES keystream) and any other device's from synth.device_noise.ChaChaGaussian (a ChaCha20
+    keystream computed on that device, no host work or copy per draw); "aes" or "chacha" use one for all.
+    Each generator gets its own fresh key on first use; none can be saved."""
+
+    def __init__(self, path: str = "auto") -> None:
+        if path not in PATHS:
+            raise ValueError(f"secure noise path must be one of {PATHS}, got {path!r}.")
+        self.path = path
+        self._generators: dict[str, SecureGaussian] = {}
+
+    def __reduce__(self) -> Any:
+        raise TypeError("SecureNoise holds secret keys and cannot be saved or copied; make a new one.")
+
+    def generator_for(self, device: torch.device | str) -> SecureGaussian:
+        kind = self.path if self.path != "auto" else ("aes" if torch.device(device).type in ("cpu", "meta")
+                                                      else "chacha")
+        if kind not in self._generators:
+            self._generators[kind] = SecureGaussian() if kind == "aes" else ChaChaGaussian()
+        return self._generators[kind]
+
+    def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
+        return self.generator_for(device).noise(shape, std, device)
+
+
+def noise_like(gen: SecureGaussian | SecureNoise, tensors: list[torch.Tensor], std: float) -> list[torch.Tensor]:
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for device in {t.device for t in tensors}:
+        idx = [i for i, t in enumerate(tensors) if t.device == device]
+        flat = gen.noise((sum(tensors[i].numel() for i in idx),), std, device)
+        for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx]), strict=True):
+            out[i] = chunk.view(tensors[i].shape)
+    return [t for t in out if t is not None]  # every index was filled: each tensor is on one of the devices
+
+
+def install(optimizer: DPOptimizer, path: str = "auto") -> DPOptimizer:
+    """Make an opacus DPOptimizer draw its DP noise from fresh secure generators (this instance only): by
+    `path` (SecureNoise), the AES keystream for CPU tensors and ChaCha20 on the device for GPU tensors."""
+    if not isinstance(optimizer, DPOptimizer):
+        raise TypeError(f"secure noise plugs into an opacus DPOptimizer, got {type(optimizer).__name__}")
+    optimizer.secure_gaussian = SecureNoise(path)
+    optimizer.add_noise = types.MethodType(_secure_add_noise, optimizer)
+    return optimizer
