@@ -64,11 +64,12 @@ def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path, overrides: 
                                                    for k, v in overrides.items()})
     res = run_direct(store, "fashion", sens, pub, "privimage", config, run_id=tag, workdir=tmp / tag / "run")
     acc = _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])
-    grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels,
-                      f"PrivImage Fashion-MNIST eps {epsilon:g} {label}".strip(), per_class=8)
+    title = f"PrivImage Fashion-MNIST eps {epsilon:g} {label}".strip()
+    grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels, title, per_class=8)
     p = res.parameters
     _record({"epsilon": epsilon, "label": label or None, "overrides": overrides, "n_sensitive": len(sens.labels),
-             "fitted": p.get("fitted_classes"), "fallback": p.get("fallback_classes"), "steps": p["steps"], "sigma": p["noise_multiplier"],
+             "fitted": p.get("fitted_classes"), "fallback": p.get("fallback_classes"), "steps": p["steps"],
+             "sigma": p["noise_multiplier"],
              "selected": p.get("selected_public_classes"), "seconds": round(time.time() - started), "acc": acc,
              "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid})
 

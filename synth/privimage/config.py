@@ -170,7 +170,8 @@ class PrivImageConfig:
     def _check_prior(self) -> None:
         self.fit_threshold = _check_range(self.fit_threshold, "fit_threshold", 0.0, 1.0)
         if not isinstance(self.share_public_classes, bool):
-            raise InvalidParameterError(f"share_public_classes must be true or false, got {self.share_public_classes!r}.")
+            raise InvalidParameterError(
+                f"share_public_classes must be true or false, got {self.share_public_classes!r}.")
         self.procedural_images = check_count(self.procedural_images, "procedural_images")
         if self.procedural_images > 100_000:
             raise InvalidParameterError(f"procedural_images must be at most 100,000, got {self.procedural_images}.")

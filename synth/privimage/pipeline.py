@@ -30,9 +30,8 @@ from synth.privimage.precision import resolve_precision
 from synth.privimage.procedural import procedural_images
 from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_fitting, top_k_predictions,
                                    train_classifier)
-from synth.privimage.training import pretrain
 from synth.privimage.sampling import balanced_labels, sample_images, vary_images
-from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
+from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain, pretrain_cached
 from synth.privimage.vote import VaryFn, evolve
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
@@ -126,7 +125,8 @@ def plan(config: PrivImageConfig, dataset: DatasetInfo, prior: Sequence[Mechanis
         warnings.append(f"DP-SGD noise multiplier {p.noise_multiplier:.3g} is small: utility will be good but the "
                         "guarantee rests on a generous epsilon.")
     n_public = len(np.unique(public.labels))
-    if config.selection == "semantic" and not config.share_public_classes and config.k * len(dataset.labels) >= n_public:
+    one_to_one = config.selection == "semantic" and not config.share_public_classes
+    if one_to_one and config.k * len(dataset.labels) >= n_public:
         warnings.append(f"k = {config.k} public classes for each of {len(dataset.labels)} sensitive classes uses the "
                         f"whole {n_public}-class public set: the selection chooses nothing.")
     return MechanismPlan(events=tuple(p.events), expected_count=config.n_samples,

@@ -19,8 +19,7 @@ from release import runner
 from release.manager import dataset_info
 from synth import registry
 from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.privimage import PrivImageConfig, plan_privimage
-from synth.privimage import central
+from synth.privimage import PrivImageConfig, central, plan_privimage
 from synth.privimage.procedural import KINDS, procedural_images
 from synth.privimage.query import build_selection, fit_floor, select_classes, select_fitting
 
@@ -160,8 +159,7 @@ def _run(store: Store, sens, pub, cfg: PrivImageConfig, wd: Path, stages: set | 
     plan = registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
     return runner.run_charged(store, run_id="r", dataset="mnist", data=sens, public=pub, mechanism="privimage",
                               config=cfg, plan=plan, workdir=wd,
-                              progress=(lambda s, d, t: stages.add(s)) if stages is not None else None or
-                              (lambda *a: None))
+                              progress=(lambda s, d, t: stages.add(s)) if stages is not None else lambda *a: None)
 
 
 def test_fallback_end_to_end_records_which_classes_fit_and_pretrains_on_procedural_images(data, tmp_path) -> None:
