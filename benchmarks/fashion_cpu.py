@@ -3,10 +3,11 @@
 public source disjoint from Fashion-MNIST). One charged run per epsilon through the product (`run_direct`), plus
 the classifiers trained on real Fashion-MNIST for reference. Needs the Debian package dataset-fashion-mnist.
 
-    python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real] [--set KEY=VALUE ...]
+    python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real] [--set central_images=2 --set selection=procedural]
+                                     [--label NAME] [--train-subset N]
 
-`--set` changes one recipe field for an ablation, as benchmarks.gpu_preset's does (e.g. --set vote_space=embedding);
-the row records what was set.
+`--set key=value` overrides one PrivImageConfig field of the recipe (the value read as JSON, else as a string);
+`--train-subset N` takes N sensitive images (balanced, seeded) for a reduced ablation, labelled as such in the row.
 
 Writes one JSON line per run to benchmarks/results/fashion-cpu.jsonl and a sample grid PNG per run beside it.
 Hours on 2 CPU cores (960 DP-SGD steps per run at batch 250); the GPU preset is the paper-sized version.
@@ -23,7 +24,6 @@ import numpy as np
 import torch
 
 from benchmarks.common import machine, throwaway_store, today
-from benchmarks.gpu_preset import apply_sets
 from benchmarks.reproduce_plots import image_grid
 from benchmarks.reproduce_privimage import _accuracies
 from benchmarks.reproduce_settings import privimage_config, settings
@@ -38,22 +38,46 @@ def _record(row: dict) -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path, sets: list[str] = ()) -> None:
+def parse_overrides(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
+    """`key=value` pairs, each key a PrivImageConfig field (checked before any data is loaded): the value as JSON
+    where it parses (numbers, true/false, lists), else the string."""
+    from dataclasses import fields
+
+    from synth.privimage import PrivImageConfig
+
+    known = sorted(f.name for f in fields(PrivImageConfig))
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            parser.error(f"--set {pair!r}: give KEY=VALUE with KEY one of {known}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path, overrides: dict | None = None,
+                label: str = "") -> None:
     from release.runner import run_direct
 
-    tag = f"fashion-eps{epsilon:g}-{int(time.time())}"
+    overrides = overrides or {}
+    tag = f"fashion-eps{epsilon:g}{'-' + label if label else ''}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", "fashion", sens, epsilon, s["delta"])
     started = time.time()
-    res = run_direct(store, "fashion", sens, pub, "privimage", privimage_config(s, epsilon), run_id=tag,
-                     workdir=tmp / tag / "run")
+    config = privimage_config(s, epsilon).with_(**{k: tuple(v) if isinstance(v, list) else v
+                                                   for k, v in overrides.items()})
+    res = run_direct(store, "fashion", sens, pub, "privimage", config, run_id=tag, workdir=tmp / tag / "run")
     acc = _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])
-    grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels,
-                      f"PrivImage Fashion-MNIST eps {epsilon:g}", per_class=8)
+    title = f"PrivImage Fashion-MNIST eps {epsilon:g} {label}".strip()
+    grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels, title, per_class=8)
     p = res.parameters
-    _record({"epsilon": epsilon, "steps": p["steps"], "sigma": p["noise_multiplier"],
+    _record({"epsilon": epsilon, "label": label or None, "overrides": overrides, "n_sensitive": len(sens.labels),
+             "fitted": p.get("fitted_classes"), "fallback": p.get("fallback_classes"), "steps": p["steps"],
+             "sigma": p["noise_multiplier"],
              "selected": p.get("selected_public_classes"), "seconds": round(time.time() - started), "acc": acc,
-             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid,
-             "set": list(sets)})
+             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid})
 
 
 def run_real(s: dict, sens, test) -> None:
@@ -71,16 +95,21 @@ def main() -> None:
     parser.add_argument("--epsilons", default="10,1")
     parser.add_argument("--real", action="store_true", help="also the classifiers trained on real Fashion-MNIST")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one recipe setting, e.g. --set vote_space=embedding (JSON or a word)")
+                        help="override one PrivImageConfig field of the recipe (repeatable)")
+    parser.add_argument("--label", default="", help="a name for the rows and grids of this variant")
+    parser.add_argument("--train-subset", type=int, default=0, help="reduced ablation: N sensitive images")
     args = parser.parse_args()
+    overrides = parse_overrides(parser, args.set)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     s = settings("cpu")
-    apply_sets(parser, s, args.set)
     sens, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
     pub = public_pool(include_fashion=False)
+    if args.train_subset:
+        idx = np.random.default_rng(s["seed"]).permutation(len(sens.labels))[:args.train_subset]
+        sens = sens.subset(np.sort(idx))
     with tempfile.TemporaryDirectory() as tmp:
         for eps in [float(e) for e in args.epsilons.split(",") if e]:
-            run_epsilon(eps, s, sens, test, pub, Path(tmp), args.set)
+            run_epsilon(eps, s, sens, test, pub, Path(tmp), overrides, args.label)
     if args.real:
         run_real(s, sens, test)
 

@@ -18,7 +18,8 @@ from synth.privimage.precision import PRECISIONS
 
 DP_OPTIMIZERS = ("adam", "sgd")
 TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
-SELECTIONS = ("semantic", "none", "all")  # PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style
+# PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style | procedural images only (docs/privimage-priors.md)
+SELECTIONS = ("semantic", "none", "all", "procedural")
 VOTE_SPACES = ("pixel", "embedding")  # where the private vote measures nearness (synth.privimage.vote)
 
 
@@ -69,6 +70,16 @@ class PrivImageConfig:
     pretrain_augment: float = 1.0       # strength of the public-image augmentation (0 = off; synth.privimage.augment)
     pretrain_elastic: bool = False      # add elastic distortion + sharpening to it (ablation: blobbier samples)
     label_dropout: float = 0.1          # fraction of pre-training labels replaced by the null class (for guidance)
+    # the prior when public data may not fit (docs/privimage-priors.md)
+    fit_threshold: float = 0.0          # a public class fits a sensitive class if its noisy count >= this fraction
+                                        # of the class's noisy size (and 4 noise stds); 0 = always fit (PrivImage)
+    share_public_classes: bool = False  # a public class may serve several sensitive classes (else one-to-one)
+    procedural_images: int = 6000       # procedural public images (synth.privimage.procedural) for selection
+                                        # "procedural" and for the classes that no public class fits
+    central_images: int = 0             # DP central images: noisy means per class (queries); 0 = off
+    central_sigma: float = 10.0         # their noise multiplier (synth.privimage.central)
+    central_clip: float = 8.0           # L2 clip of one half-resolution image with pixels in [0, 1]
+    central_steps: int = 500            # pre-training steps on the (augmented) central images
     # DP-SGD fine-tuning
     finetune_epochs: float = 20.0       # steps = ceil(epochs / q)
     batch_size: int = 256               # expected logical batch (Poisson sampling)
@@ -126,6 +137,7 @@ class PrivImageConfig:
         self.ema_decay = _check_decay(self.ema_decay)
         self.pretrain_augment = _check_range(self.pretrain_augment, "pretrain_augment", 0.0, 2.0)
         self.label_dropout = _check_range(self.label_dropout, "label_dropout", 0.0, 0.5)
+        self._check_prior()
         self.guidance = _check_range(self.guidance, "guidance", 0.0, 10.0)
         self.noise_multiplicity = check_count(self.noise_multiplicity, "noise_multiplicity")
         if self.vote_sigma != 0:  # 0 turns the vote off; anything else is a noise multiplier
@@ -165,6 +177,22 @@ class PrivImageConfig:
             raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
             raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
+
+    def _check_prior(self) -> None:
+        self.fit_threshold = _check_range(self.fit_threshold, "fit_threshold", 0.0, 1.0)
+        if not isinstance(self.share_public_classes, bool):
+            raise InvalidParameterError(
+                f"share_public_classes must be true or false, got {self.share_public_classes!r}.")
+        self.procedural_images = check_count(self.procedural_images, "procedural_images")
+        if self.procedural_images > 100_000:
+            raise InvalidParameterError(f"procedural_images must be at most 100,000, got {self.procedural_images}.")
+        if not isinstance(self.central_images, int) or isinstance(self.central_images, bool) \
+                or not 0 <= self.central_images <= 16:
+            raise InvalidParameterError(f"central_images must be a whole number of noisy means per class between 0 "
+                                        f"(off) and 16, got {self.central_images!r}.")
+        self.central_sigma = check_sigma(self.central_sigma, "central_sigma")
+        self.central_clip = check_sensitivity(self.central_clip, "central_clip")
+        self.central_steps = check_count(self.central_steps, "central_steps")
 
     @property
     def base_images(self) -> int:

@@ -22,21 +22,22 @@ from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
-from synth.privimage import state
+from synth.privimage import central, state
 from synth.privimage.config import PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
 from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.precision import resolve_precision
+from synth.privimage.procedural import procedural_images
 from synth.privimage.query import (
     build_selection,
     noisy_semantic_histogram,
-    select_classes,
+    select_fitting,
     top_k_predictions,
     train_classifier,
 )
 from synth.privimage.sampling import balanced_labels, sample_images, vary_images
-from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain_cached
+from synth.privimage.training import DpSgdOutcome, dp_finetune, pretrain, pretrain_cached
 from synth.privimage.vote import VaryFn, evolve, features_for
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
@@ -95,10 +96,11 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     if config.selection == "semantic" and config.k > n_public:
         raise InvalidParameterError(f"[privimage] k = {config.k:g} is more than the {n_public} classes of the public "
                                     f"set {public.source}; choose k <= {n_public}.")
-    if config.selection == "semantic" and n_public < len(dataset.labels):
+    if config.selection == "semantic" and n_public < len(dataset.labels) and not config.share_public_classes:
         raise InvalidParameterError(
             f"The public set {public.source} has {n_public} classes but the sensitive set {len(dataset.labels)}: the "
-            "semantic query needs at least one public class per sensitive class. Use a larger public set.")
+            "semantic query needs at least one public class per sensitive class. Use a larger public set, or "
+            "share_public_classes = true.")
     steps = config.finetune_epochs * math.ceil(dataset.record_count / config.batch_size)
     if steps > MAX_DPSGD_STEPS:
         raise InvalidParameterError(f"[privimage] finetune_epochs {config.finetune_epochs:g} means about {steps:.3g} "
@@ -130,7 +132,8 @@ def plan(config: PrivImageConfig, dataset: DatasetInfo, prior: Sequence[Mechanis
         warnings.append(f"DP-SGD noise multiplier {p.noise_multiplier:.3g} is small: utility will be good but the "
                         "guarantee rests on a generous epsilon.")
     n_public = len(np.unique(public.labels))
-    if config.selection == "semantic" and config.k * len(dataset.labels) >= n_public:
+    one_to_one = config.selection == "semantic" and not config.share_public_classes
+    if one_to_one and config.k * len(dataset.labels) >= n_public:
         warnings.append(f"k = {config.k} public classes for each of {len(dataset.labels)} sensitive classes uses the "
                         f"whole {n_public}-class public set: the selection chooses nothing.")
     return MechanismPlan(events=tuple(p.events), expected_count=config.n_samples,
@@ -157,7 +160,16 @@ def _prepare_public(sensitive: ImageDataset, public: ImageDataset, config: PrivI
     if config.selection == "all":  # PDP-Diffusion-style: unconditional ("null" class) pre-training on everything
         null = torch.full((len(pub_x),), len(label_values), dtype=torch.long)
         model = _pretrain(model, pub_x, null, config, device, ctx)
+    if config.selection == "procedural":  # a domain-agnostic prior: unconditional pre-training on generated images
+        proc_x = _procedural(config, channels)
+        model = _pretrain(model, proc_x, torch.full((len(proc_x),), len(label_values), dtype=torch.long), config,
+                          device, ctx)
     return _Prepared(device, label_values, channels, public_values, pub_x, pub_y, classifier, model, precision)
+
+
+def _procedural(config: PrivImageConfig, channels: int) -> torch.Tensor:
+    """The procedural public images (synth.privimage.procedural), seeded by the config's seed."""
+    return to_tensor(procedural_images(config.procedural_images, config.image_size, config.seed, channels).images)
 
 
 def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
@@ -183,7 +195,10 @@ def _nproc(ctx: RunContext) -> int:
 
 def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivImageConfig, p: PrivImagePlan,
                         prep: _Prepared, ctx: RunContext) -> tuple[dict, np.ndarray]:
-    """The DP query (once: a resumed run reuses its noisy histogram), then pre-training on the selection."""
+    """The DP query (once: a resumed run reuses its noisy histogram), then pre-training on the selection. Classes
+    that no public class fits (fit_threshold) fall back to the procedural images, which join the pre-training
+    set under the null class: they carry no class, so they shape the shared denoiser and leave the class
+    embeddings to the fitting public classes, the central images and DP-SGD."""
     query = state.read_json(ctx.workdir / state.QUERY)
     if query is None:
         if prep.classifier is None:
@@ -191,7 +206,9 @@ def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivIma
         top = top_k_predictions(prep.classifier, sens_x, config.k, prep.device)
         noisy = noisy_semantic_histogram(top, sens_y, len(prep.label_values), len(prep.public_values),
                                          p.query_event.sigma, np.random.default_rng())  # OS entropy
-        query = {"noisy_histogram": noisy.tolist(), "chosen": select_classes(noisy, config.k)}
+        chosen = select_fitting(noisy, config.k, fit_threshold=config.fit_threshold, noise_std=p.query_event.sigma,
+                                shared=config.share_public_classes)
+        query = {"noisy_histogram": noisy.tolist(), "chosen": chosen}
         state.write_json(ctx.workdir / state.QUERY, query)
     selection = build_selection(query["chosen"], prep.pub_y)
     public = ctx.public
@@ -200,13 +217,42 @@ def _semantic_selection(sens_x, sens_y, sensitive: ImageDataset, config: PrivIma
         v = prep.public_values[j]
         return public.class_names[v] if v < len(public.class_names) else str(v)
 
-    named = {(sensitive.class_names[v] if v < len(sensitive.class_names) else str(v)): [pub_name(j) for j in cols]
-             for v, cols in zip(prep.label_values, selection.chosen, strict=True)}
-    prep.model = _pretrain(prep.model, prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels),
-                           config, prep.device, ctx)
+    def sens_name(v: int) -> str:
+        return sensitive.class_names[v] if v < len(sensitive.class_names) else str(v)
+
+    named = {sens_name(v): [pub_name(j) for j in cols] for v, cols in zip(prep.label_values, selection.chosen, strict=True)}
+    fallback = [sens_name(v) for v, cols in zip(prep.label_values, selection.chosen, strict=True) if not cols]
+    x, y = prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels)
+    if fallback:
+        proc_x = _procedural(config, prep.channels)
+        x = torch.cat([x, proc_x])
+        y = torch.cat([y, torch.full((len(proc_x),), len(prep.label_values), dtype=torch.long)])
+    prep.model = _pretrain(prep.model, x, y, config, prep.device, ctx)
     info = {"selected_public_classes": named, "selection_ratio": selection.ratio,
-            "selected_images": int(len(selection.public_index)), "noisy_histogram": query["noisy_histogram"]}
-    return info, np.asarray(selection.public_index, dtype=np.int64)
+            "selected_images": int(len(selection.public_index)), "noisy_histogram": query["noisy_histogram"],
+            "fitted_classes": [sens_name(v) for v in prep.label_values if sens_name(v) not in fallback],
+            "fallback_classes": fallback}
+    return info, np.unique(np.asarray(selection.public_index, dtype=np.int64))
+
+
+def _central_warmup(sens_x: torch.Tensor, sens_y: np.ndarray, config: PrivImageConfig, prep: _Prepared,
+                    ctx: RunContext) -> dict[str, Any]:
+    """DP central images (charged as the plan's central event; computed once, a resumed run reuses them), then
+    pre-training on augmented copies of them labelled with their class, after any public pre-training."""
+    saved = central.load(ctx.workdir)
+    if saved is None:
+        saved = central.central_images(sens_x, sens_y, len(prep.label_values), queries=config.central_images,
+                                       clip=config.central_clip, noise_multiplier=config.central_sigma,
+                                       seed=config.seed, augment=config.pretrain_augment)
+        central.save(ctx.workdir, *saved)
+    images, labels = saved
+    prep.model = pretrain(prep.model, torch.from_numpy(images).float(), torch.from_numpy(labels).long(),
+                          steps=config.central_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
+                          train_timesteps=config.train_timesteps, seed=config.seed + 1, device=prep.device,
+                          ckpt=ctx.workdir / "central_pretrain.pt", progress=ctx.progress,
+                          augment=max(config.pretrain_augment, 1.0), label_dropout=config.label_dropout,
+                          precision=prep.precision)
+    return {"central_images_per_class": config.central_images}
 
 
 def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
@@ -227,6 +273,8 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     info, selected = ({}, None)
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
+    if p.central_event is not None:
+        info.update(_central_warmup(sens_x, sens_y, config, prep, ctx))
     t_pre = time.time()
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
@@ -380,14 +428,25 @@ def _parameters(config: PrivImageConfig, p: PrivImagePlan, prep: _Prepared, sele
         "pretrain_augment": config.pretrain_augment, "pretrain_elastic": config.pretrain_elastic,
         "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0, "ddim_steps": config.ddim_steps,
+        **_prior_parameters(config, p),
         "n_samples": config.n_samples, "unet_channels": list(config.unet_channels), "target_epsilon": config.epsilon,
         "delta": config.delta, **selection_info,
     }
 
 
+def _prior_parameters(config: PrivImageConfig, p: PrivImagePlan) -> dict[str, Any]:
+    """The prior's settings (docs/privimage-priors.md); the central images' noise as planned and charged."""
+    out: dict[str, Any] = {"fit_threshold": config.fit_threshold, "share_public_classes": config.share_public_classes,
+                           "procedural_images": config.procedural_images, "central_images": config.central_images}
+    if p.central_event is not None:
+        out.update(central_sigma=config.central_sigma, central_clip=config.central_clip,
+                   central_noise_std=p.central_event.sigma, central_steps=config.central_steps)
+    return out
+
+
 def _artifacts(workdir: Path, model_dir: Path) -> dict[str, str]:
     found = {"pretrain_checkpoint": state.PRETRAIN, "finetune_checkpoint": state.FINETUNE, "query": state.QUERY,
-             "vote": state.VOTE}
+             "vote": state.VOTE, "central_images": central.CENTRAL}
     return {"model": str(model_dir), **{k: str(workdir / v) for k, v in found.items() if (workdir / v).exists()}}
 
 

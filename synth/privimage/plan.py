@@ -11,23 +11,32 @@ from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, event_from_json, event_to_json
 from accounting.validation import check_count
+from synth.privimage.central import central_event
 from synth.privimage.config import PrivImageConfig
 
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[MechanismEvent]        # [query GaussianQuery, DpSgd, vote GaussianQuery (count = rounds)]: the
-                                        # query only for selection "semantic", the vote only with vote_sigma > 0
+    events: list[MechanismEvent]        # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery
+                                        # (count = rounds)]: the query only for selection "semantic", the central
+                                        # images only with central_images > 0, the vote only with vote_sigma > 0
     noise_multiplier: float
     sample_rate: float
     steps: int
     record_count: int
     epsilon: EpsilonReport              # of prior + events
+    central: bool = False               # the last Gaussian query before DP-SGD is the DP central images
 
     @property
     def query_event(self) -> GaussianQuery | None:
-        """The semantic query: the Gaussian query before DP-SGD."""
-        return next((e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)), None)
+        """The semantic query: the first Gaussian query before DP-SGD, unless that is the central images'."""
+        before = [e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)]
+        return next(iter(before[:-1] if self.central else before), None)
+
+    @property
+    def central_event(self) -> GaussianQuery | None:
+        """The DP central images (synth.privimage.central): the Gaussian query just before DP-SGD."""
+        return self.events[self._dpsgd_index - 1] if self.central else None  # type: ignore[return-value]
 
     @property
     def vote_event(self) -> GaussianQuery | None:
@@ -56,13 +65,13 @@ class PrivImagePlan:
         return {"events": [event_to_json(e) for e in self.events], "noise_multiplier": self.noise_multiplier,
                 "sample_rate": self.sample_rate, "steps": self.steps, "record_count": self.record_count,
                 "epsilon": {"epsilon_rdp": self.epsilon.epsilon_rdp, "epsilon_pld": self.epsilon.epsilon_pld,
-                            "delta": self.epsilon.delta}}
+                            "delta": self.epsilon.delta}, **({"central": True} if self.central else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PrivImagePlan:
         return cls([event_from_json(e) for e in data["events"]], float(data["noise_multiplier"]),
                    float(data["sample_rate"]), int(data["steps"]), int(data["record_count"]),
-                   EpsilonReport(**data["epsilon"]))
+                   EpsilonReport(**data["epsilon"]), bool(data.get("central", False)))
 
 
 def sample_rate_for(record_count: int, batch_size: int) -> float:
@@ -84,7 +93,7 @@ def vote_event(config: PrivImageConfig) -> GaussianQuery:
 
 def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
     """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
-    the RDP epsilon of prior + query + DP-SGD + every vote round <= config.epsilon."""
+    the RDP epsilon of prior + query + central images + DP-SGD + every vote round <= config.epsilon."""
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
@@ -93,7 +102,10 @@ def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[M
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before = [query_event(config)] if config.selection == "semantic" else []
+    if config.central_images:
+        before.append(central_event(config.central_sigma, config.central_images))
     after = [vote_event(config)] if config.vote_sigma else []
     sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after)
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
-    return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta))
+    return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta),
+                         central=bool(config.central_images))

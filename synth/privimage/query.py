@@ -97,6 +97,9 @@ class Selection:
     ratio: float                       # selected images / public images
 
 
+FIT_NOISE_STDS = 4.0  # a cell must also clear 4 noise stds: a pure-noise cell does so with probability 3e-5
+
+
 def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
     """Top-k public classes per row, disjoint across rows. Rounds: in each round every row that
     still wants a class takes its best remaining one, rows served in order of that class's noisy
@@ -106,7 +109,7 @@ def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
     if n_public < n_rows:
         raise InvalidParameterError(
             f"The public set has {n_public} classes but the sensitive set has {n_rows}: every sensitive class needs "
-            "at least one public class of its own. Use a public set with more classes."
+            "at least one public class of its own. Use a public set with more classes, or share_public_classes."
         )
     chosen: list[list[int]] = [[] for _ in range(n_rows)]
     taken: set[int] = set()
@@ -123,11 +126,34 @@ def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
     return chosen
 
 
+def fit_floor(noisy: np.ndarray, k: int, fit_threshold: float, noise_std: float) -> np.ndarray:
+    """Per row, the noisy count a public class needs to fit it: `fit_threshold` x the row's noisy size (its noisy
+    sum / k, post-processing of the DP histogram), and at least FIT_NOISE_STDS noise stds."""
+    size = np.maximum(np.asarray(noisy).sum(axis=1) / k, 0.0)
+    return np.maximum(fit_threshold * size, FIT_NOISE_STDS * noise_std)
+
+
+def select_fitting(noisy: np.ndarray, k: int, *, fit_threshold: float, noise_std: float, shared: bool
+                   ) -> list[list[int]]:
+    """Like select_classes, but a public class is chosen for a row only where its noisy count clears the row's
+    fit_floor, so a row can end with no class (it then falls back to the domain-agnostic prior); with `shared`
+    every row takes its own top-k fitting classes, a public class serving several rows."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    floor = fit_floor(noisy, k, fit_threshold, noise_std) if fit_threshold > 0 else np.full(len(noisy), -np.inf)
+    if shared:
+        return [[int(j) for j in np.argsort(-row, kind="stable")[:k] if row[j] >= f] for row, f in zip(noisy, floor, strict=True)]
+    fits = np.where(noisy >= floor[:, None], noisy, -np.inf)
+    chosen = select_classes(fits, k)
+    return [[j for j in cols if np.isfinite(fits[r, j])] for r, cols in enumerate(chosen)]
+
+
 def build_selection(chosen: list[list[int]], public_labels: np.ndarray) -> Selection:
-    owner = {j: r for r, cols in enumerate(chosen) for j in cols}
-    mask = np.array([int(v) in owner for v in public_labels])
-    idx = np.flatnonzero(mask)
-    if len(idx) == 0:
+    """The public images of every chosen class, labelled with the row that chose it; an image of a class shared
+    by several rows appears once per row. Empty when no row chose anything (all fell back)."""
+    labels = np.asarray(public_labels)
+    pairs = sorted((int(i), r) for r, cols in enumerate(chosen) for j in cols for i in np.flatnonzero(labels == j))
+    if any(chosen) and not pairs:
         raise InvalidParameterError("The selected public classes contain no images; check the public set's labels.")
-    new_labels = np.array([owner[int(public_labels[i])] for i in idx], dtype=np.int64)
-    return Selection(chosen, idx, new_labels, float(len(idx) / len(public_labels)))
+    idx = np.array([i for i, _ in pairs], dtype=np.int64)
+    new_labels = np.array([r for _, r in pairs], dtype=np.int64)
+    return Selection(chosen, idx, new_labels, float(len(np.unique(idx)) / len(labels)))
