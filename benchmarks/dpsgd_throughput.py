@@ -263,7 +263,7 @@ PROFILED = {  # label -> (object, attribute): the parts of a DP-SGD step timed b
     "write-ahead log": ("synth.privimage.training", "_write_ahead"),
     "forward + backward + per-sample gradients (opacus hooks)": ("synth.privimage.training", "_per_sample_gradients"),
     "per-sample norms and clipping (opacus)": ("opacus.optimizers.optimizer", "DPOptimizer.clip_and_accumulate"),
-    "secure noise (draw + add)": ("synth.secure_noise", "_secure_add_noise"),
+    "secure noise (draw + add)": ("synth.dp_noise", "_secure_add_noise"),
     "divide by the expected batch": ("synth.privimage.training", "_scale_grad"),
     "Adam": ("torch.optim", "Adam.step"),
     "EMA": ("diffusers.training_utils", "EMAModel.step"),

@@ -118,10 +118,10 @@ def test_the_whole_loop_rows_time_dp_finetune_steps(monkeypatch: pytest.MonkeyPa
     real = training.dp_finetune  # benchmarks.common.run_dp_finetune imports it when called
     monkeypatch.setattr(training, "dp_finetune", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     loops = [name for name, m in dpsgd_throughput.METHODS.items() if m.get("loop")]
-    assert len(loops) == 2
+    assert len(loops) == 3  # float32, the loop as before issue 34 (for the A/B), bfloat16 autocast
     seconds = dpsgd_throughput._loop_time(dpsgd_throughput.METHODS[loops[0]], 8, torch.device("cpu"), (8, 16), 2)
     assert seconds > 0 and calls[0]["steps"] == 3 and calls[0]["max_physical_batch"] >= 2 * 8
-    assert "secure_noise" not in calls[0]  # the product's default: secure noise on
+    assert calls[0].get("secure_noise", True) is True  # the product's default: secure noise on
 
 
 def test_set_takes_json_or_a_bare_word_and_refuses_the_rest() -> None:
