@@ -13,7 +13,8 @@
 #   4. noise_compiled.json  ChaCha20 eager against its torch.compile'd block function (last: compiling takes a while;
 #                     not with --tiny on the CPU)
 # --tiny (with --device cpu: the dry run the tests make) shrinks everything to seconds. Results go to --out (else
-# $OUT, else /tmp/gpu-out); wheels in .whl/ (benchmarks/gpu_lease.sh wheels) are installed first when present.
+# $OUT, else /tmp/gpu-out); the packages in .whl/ (benchmarks/gpu_lease.sh wheels: site.tar.xz, or loose wheels)
+# are unpacked into /tmp/site first when present.
 # PY (default python3) picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +35,11 @@ case "$device" in cpu|cuda|cuda:[0-9]*) ;; *) echo "gpu_speed.sh: --device must 
 case "$budget" in ''|*[!0-9]*) echo "gpu_speed.sh: --budget must be whole seconds, got '$budget'" >&2; exit 64 ;; esac
 mkdir -p "$out"
 
-if compgen -G ".whl/*.whl" > /dev/null && [ ! -d /tmp/site ]; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+if [ -f .whl/site.tar.xz ] && [ ! -d /tmp/site ]; then  # what `gpu_lease.sh wheels` packs now
+    mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site
+fi
+if compgen -G ".whl/*.whl" > /dev/null; then  # loose wheels, as its first version left them
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 missing=$("$py" -c "
