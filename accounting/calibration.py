@@ -4,6 +4,7 @@ check its answer with a fresh accountant and step towards safety if rounding eve
 
 A search takes about 30 accountant evaluations (seconds each on a slow CPU): each is reported to a
 progress(stage, done, total) callback, passed in or set for a block with `reporting(progress)`."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,9 +27,13 @@ from accounting.validation import (
 )
 
 MAX_SIGMA = 1e4
-EXPECTED_EVALUATIONS = 32  # brentq over the bracket: ~30 evaluations (a progress bar's initial total)
+EXPECTED_EVALUATIONS = (
+    32  # brentq over the bracket: ~30 evaluations (a progress bar's initial total)
+)
 
-Progress = Callable[[str, int, int], None]  # progress(stage, done, total), as synth.progress.ProgressFn
+Progress = Callable[
+    [str, int, int], None
+]  # progress(stage, done, total), as synth.progress.ProgressFn
 _PROGRESS: ContextVar[Progress | None] = ContextVar("calibration_progress", default=None)
 
 
@@ -61,8 +66,11 @@ class _Counter:
         self._report(self.done)
 
 
-def _history_event(prior: Iterable[MechanismEvent], make: Callable[[float], Sequence[MechanismEvent]],
-                   counter: _Counter | None = None):
+def _history_event(
+    prior: Iterable[MechanismEvent],
+    make: Callable[[float], Sequence[MechanismEvent]],
+    counter: _Counter | None = None,
+):
     prior = list(prior)
 
     def event(param: float) -> dpe.DpEvent:
@@ -104,14 +112,25 @@ def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.D
     if epsilon_rdp(event_of(MAX_SIGMA), delta) > target:
         raise BudgetExceededError(
             f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; the remaining budget "
-            "is too small for this run. Raise the target (within the cap) or run fewer steps.")
+            "is too small for this run. Raise the target (within the cap) or run fewer steps."
+        )
     if epsilon_rdp(event_of(MIN_NOISE_MULTIPLIER), delta) <= target:
-        return MIN_NOISE_MULTIPLIER  # the least noise accepted already fits: the target is very loose
+        return (
+            MIN_NOISE_MULTIPLIER  # the least noise accepted already fits: the target is very loose
+        )
     with quiet_absl():
-        x = float(dp_accounting.calibrate_dp_mechanism(
-            rdp_accountant, event_of, target, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_SIGMA), tol=1e-6,
-        ))
+        x = float(
+            dp_accounting.calibrate_dp_mechanism(
+                rdp_accountant,
+                event_of,
+                target,
+                delta,
+                bracket_interval=dp_accounting.ExplicitBracketInterval(
+                    MIN_NOISE_MULTIPLIER, MAX_SIGMA
+                ),
+                tol=1e-6,
+            )
+        )
     for _ in range(100):  # guard against rounding at the bracket's edge: never overshoot
         if epsilon_rdp(event_of(x), delta) <= target:
             break
@@ -120,49 +139,82 @@ def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.D
 
 
 def calibrate_dpsgd_sigma(
-    target_epsilon: float, delta: float, sample_rate: float, steps: int,
-    prior: Iterable[MechanismEvent] = (), extra: Sequence[MechanismEvent] = (), progress: Progress | None = None,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    prior: Iterable[MechanismEvent] = (),
+    extra: Sequence[MechanismEvent] = (),
+    progress: Progress | None = None,
 ) -> float:
     """Noise multiplier for DP-SGD (plus `extra` events of the same run, e.g. a DP query)."""
     q, t = check_sample_rate(sample_rate), check_count(steps)
-    return calibrate_noise(target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior, progress)
+    return calibrate_noise(
+        target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior, progress
+    )
 
 
 def calibrate_gaussian_sigma(
-    target_epsilon: float, delta: float, sensitivity: float = 1.0, prior: Iterable[MechanismEvent] = (),
+    target_epsilon: float,
+    delta: float,
+    sensitivity: float = 1.0,
+    prior: Iterable[MechanismEvent] = (),
     progress: Progress | None = None,
 ) -> float:
     """Noise standard deviation for one Gaussian query with the given L2 sensitivity."""
     s = check_sensitivity(sensitivity)
-    return s * calibrate_noise(target_epsilon, delta, lambda m: [GaussianQuery(m * s, s)], prior, progress)
+    return s * calibrate_noise(
+        target_epsilon, delta, lambda m: [GaussianQuery(m * s, s)], prior, progress
+    )
 
 
 def max_dpsgd_steps(
-    target_epsilon: float, delta: float, sample_rate: float, noise_multiplier: float,
-    prior: Iterable[MechanismEvent] = (), limit: int = 10_000_000, progress: Progress | None = None,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    noise_multiplier: float,
+    prior: Iterable[MechanismEvent] = (),
+    limit: int = 10_000_000,
+    progress: Progress | None = None,
 ) -> int:
     """Largest step count whose composed history stays <= target; 0 if not even one step fits."""
     target, delta = check_epsilon(target_epsilon, "target epsilon"), check_delta(delta)
     counter = _Counter("calibrating the steps", progress)
     try:
-        return _search_steps(target, delta, _history_event(
-            prior, lambda t: [DpSgd(sample_rate, noise_multiplier, int(t))], counter), limit)
+        return _search_steps(
+            target,
+            delta,
+            _history_event(
+                prior, lambda t: [DpSgd(sample_rate, noise_multiplier, int(t))], counter
+            ),
+            limit,
+        )
     finally:
         counter.finish()
 
 
-def _search_steps(target: float, delta: float, event_of: Callable[[float], dpe.DpEvent], limit: int) -> int:
+def _search_steps(
+    target: float, delta: float, event_of: Callable[[float], dpe.DpEvent], limit: int
+) -> int:
     if epsilon_rdp(event_of(1), delta) > target:
         return 0
     if epsilon_rdp(event_of(limit), delta) <= target:
         return limit
     with quiet_absl():
-        t = int(dp_accounting.calibrate_dp_mechanism(
-            rdp_accountant, event_of, target, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(1, limit), discrete=True,
-        ))
+        t = int(
+            dp_accounting.calibrate_dp_mechanism(
+                rdp_accountant,
+                event_of,
+                target,
+                delta,
+                bracket_interval=dp_accounting.ExplicitBracketInterval(1, limit),
+                discrete=True,
+            )
+        )
     while t > 0 and epsilon_rdp(event_of(t), delta) > target:
         t -= 1
     if t < 1:
-        raise InvalidParameterError("Calibration failed to find a step count; check the parameters.")
+        raise InvalidParameterError(
+            "Calibration failed to find a step count; check the parameters."
+        )
     return t

@@ -6,6 +6,7 @@ conversion its RdpAccountant uses). Keeping that sum per dataset, updated in the
 the charge that changes it, makes a charge cost one event's curve instead of the whole history's.
 `verify` recomputes every curve from the stored events (the auditor's check).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,8 @@ REL_TOLERANCE = 1e-9
 
 @dataclass(frozen=True)
 class Curve:
-    rdp: np.ndarray          # RDP at each order of RDP_ORDERS, DP events only
-    non_private: int = 0     # non-DP (k-anonymous) releases counted: any makes epsilon infinite
+    rdp: np.ndarray  # RDP at each order of RDP_ORDERS, DP events only
+    non_private: int = 0  # non-DP (k-anonymous) releases counted: any makes epsilon infinite
     events: int = 0
 
     def epsilon(self, delta: float) -> float:
@@ -44,9 +45,13 @@ class Curve:
         return float(rdp_lib.compute_epsilon(RDP_ORDERS, self.rdp, delta)[0])
 
     def plus(self, other: Curve, sign: int = 1) -> Curve:
-        with np.errstate(invalid="ignore"):  # inf - inf (an order where RDP is unbounded) is caught by the caller
+        with np.errstate(
+            invalid="ignore"
+        ):  # inf - inf (an order where RDP is unbounded) is caught by the caller
             rdp = self.rdp + sign * other.rdp
-        return Curve(rdp, self.non_private + sign * other.non_private, self.events + sign * other.events)
+        return Curve(
+            rdp, self.non_private + sign * other.non_private, self.events + sign * other.events
+        )
 
     def max_difference(self, other: Curve) -> float:
         with np.errstate(invalid="ignore"):
@@ -88,41 +93,59 @@ def _ensure_table(con: duckdb.DuckDBPyConnection) -> None:
 
 def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
     """The curve recomputed from the counted events of the dataset's charges table."""
-    rows = con.execute("SELECT state, planned_events, charged_events FROM charges WHERE dataset_id = ? "
-                       "ORDER BY position", [dataset_id]).fetchall()
-    counted = [e for state, planned, charged in rows
-               for e in events_from_text({"reserved": planned, "committed": charged}.get(state, "[]"))]
+    rows = con.execute(
+        "SELECT state, planned_events, charged_events FROM charges WHERE dataset_id = ? "
+        "ORDER BY position",
+        [dataset_id],
+    ).fetchall()
+    counted = [
+        e
+        for state, planned, charged in rows
+        for e in events_from_text({"reserved": planned, "committed": charged}.get(state, "[]"))
+    ]
     return curve_of(counted)
 
 
 def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
     """The stored running curve; built from the charges if there is none yet (or the order grid changed)."""
     _ensure_table(con)
-    row = con.execute("SELECT rdp, non_private, events, orders FROM rdp_curves WHERE dataset_id = ?",
-                      [dataset_id]).fetchone()
+    row = con.execute(
+        "SELECT rdp, non_private, events, orders FROM rdp_curves WHERE dataset_id = ?", [dataset_id]
+    ).fetchone()
     if row is None or row[3] != ORDERS_KEY:
         return _save(con, dataset_id, from_scratch(con, dataset_id))
     return Curve(np.asarray(json.loads(row[0]), dtype=np.float64), int(row[1]), int(row[2]))
 
 
 def _save(con: duckdb.DuckDBPyConnection, dataset_id: str, curve: Curve) -> Curve:
-    con.execute("INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-                "rdp = excluded.rdp, non_private = excluded.non_private, events = excluded.events, "
-                "orders = excluded.orders",
-                [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY])
+    con.execute(
+        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
+        "rdp = excluded.rdp, non_private = excluded.non_private, events = excluded.events, "
+        "orders = excluded.orders",
+        [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY],
+    )
     return curve
 
 
-def save_change(con: duckdb.DuckDBPyConnection, dataset_id: str, before: Curve,
-                add: Sequence[MechanismEvent] = (), remove: Sequence[MechanismEvent] = ()) -> Curve:
+def save_change(
+    con: duckdb.DuckDBPyConnection,
+    dataset_id: str,
+    before: Curve,
+    add: Sequence[MechanismEvent] = (),
+    remove: Sequence[MechanismEvent] = (),
+) -> Curve:
     """Store `before` (loaded before the charges table changed, same transaction) + events now counted -
     events no longer counted."""
     new = before.plus(curve_of(add)).plus(curve_of(remove), -1)
     if not np.all(np.isfinite(new.rdp)) or new.events < 0:
-        new = from_scratch(con, dataset_id)  # an infinite order cannot be subtracted back: recompute exactly
+        new = from_scratch(
+            con, dataset_id
+        )  # an infinite order cannot be subtracted back: recompute exactly
     # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per charge)
-    con.execute("UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id = ?",
-                [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id])
+    con.execute(
+        "UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id = ?",
+        [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id],
+    )
     return new
 
 
@@ -130,14 +153,29 @@ def verify(con: duckdb.DuckDBPyConnection) -> list[dict]:
     """Per dataset: the stored running curve against one recomputed from the stored events."""
     _ensure_table(con)
     out = []
-    for (dataset_id, name, delta) in con.execute("SELECT dataset_id, name, delta_cap FROM datasets ORDER BY name").fetchall():
-        row = con.execute("SELECT rdp, non_private, events FROM rdp_curves WHERE dataset_id = ?", [dataset_id]).fetchone()
+    for dataset_id, name, delta in con.execute(
+        "SELECT dataset_id, name, delta_cap FROM datasets ORDER BY name"
+    ).fetchall():
+        row = con.execute(
+            "SELECT rdp, non_private, events FROM rdp_curves WHERE dataset_id = ?", [dataset_id]
+        ).fetchone()
         fresh = from_scratch(con, dataset_id)
-        running = None if row is None else Curve(np.asarray(json.loads(row[0]), dtype=np.float64), int(row[1]), int(row[2]))
+        running = (
+            None
+            if row is None
+            else Curve(np.asarray(json.loads(row[0]), dtype=np.float64), int(row[1]), int(row[2]))
+        )
         agree = running.close_to(fresh) if running is not None else fresh.events == 0
-        out.append({"dataset": name, "dataset_id": dataset_id, "agree": agree,
-                    "epsilon_rdp_running": running.epsilon(delta) if running is not None else 0.0,
-                    "epsilon_rdp_recomputed": fresh.epsilon(delta),
-                    "max_abs_rdp_difference": running.max_difference(fresh)
-                    if running is not None and running.events == fresh.events else None})
+        out.append(
+            {
+                "dataset": name,
+                "dataset_id": dataset_id,
+                "agree": agree,
+                "epsilon_rdp_running": running.epsilon(delta) if running is not None else 0.0,
+                "epsilon_rdp_recomputed": fresh.epsilon(delta),
+                "max_abs_rdp_difference": running.max_difference(fresh)
+                if running is not None and running.events == fresh.events
+                else None,
+            }
+        )
     return out

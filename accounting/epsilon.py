@@ -3,6 +3,7 @@
 Both come from Google's dp-accounting; we never add epsilons. The add-or-remove-one neighbouring
 relation is used throughout (the privacy unit is one record), as in opacus' DP-SGD analysis.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,9 +20,10 @@ from accounting.events import MechanismEvent, compose
 from accounting.validation import check_delta
 
 # dp-accounting's default grid (156 orders from 1.1 to 1024).
-RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+RDP_ORDERS: tuple[float, ...] = tuple(
+    float(a) for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS
+)
 PLD_DISCRETIZATION = 1e-4
-
 
 
 class _ConvergenceNoise(logging.Filter):
@@ -90,7 +92,11 @@ class EpsilonReport:
         def clean(x: float) -> float | None:
             return x if math.isfinite(x) else None
 
-        return {"epsilon_rdp": clean(self.epsilon_rdp), "epsilon_pld": clean(self.epsilon_pld), "delta": self.delta}
+        return {
+            "epsilon_rdp": clean(self.epsilon_rdp),
+            "epsilon_pld": clean(self.epsilon_pld),
+            "delta": self.delta,
+        }
 
 
 # Above this RDP epsilon the PLD is not computed (its grid grows to gigabytes for very low noise, and no

@@ -8,6 +8,7 @@ An event is stored as JSON holding both our readable parameters and the DpEvent 
 
 so anyone can rebuild the DpEvent with dp-accounting alone and recompute epsilon independently.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,9 @@ def dp_event_from_json(data: dict[str, Any]) -> dpe.DpEvent:
             continue
         if isinstance(value, dict) and "type" in value:
             value = dp_event_from_json(value)
-        elif isinstance(value, list) and value and isinstance(value[0], dict) and "type" in value[0]:
+        elif (
+            isinstance(value, list) and value and isinstance(value[0], dict) and "type" in value[0]
+        ):
             value = [dp_event_from_json(v) for v in value]
         kwargs[key] = value
     return cls(**kwargs)
@@ -70,7 +73,9 @@ class GaussianQuery:
     def __post_init__(self) -> None:
         check_sensitivity(self.sigma, "Gaussian query sigma (noise std)")
         check_sensitivity(self.sensitivity, "Gaussian query L2 sensitivity")
-        check_sigma(self.sigma / self.sensitivity, "Gaussian query noise multiplier (sigma / sensitivity)")
+        check_sigma(
+            self.sigma / self.sensitivity, "Gaussian query noise multiplier (sigma / sensitivity)"
+        )
         check_count(self.count, "Gaussian query count")
 
     @property
@@ -81,7 +86,9 @@ class GaussianQuery:
         return _self_composed(dp_accounting.GaussianDpEvent(self.noise_multiplier), self.count)
 
     def describe(self) -> str:
-        return f"Gaussian query sigma={self.sigma:g}, sensitivity={self.sensitivity:g} x{self.count}"
+        return (
+            f"Gaussian query sigma={self.sigma:g}, sensitivity={self.sensitivity:g} x{self.count}"
+        )
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,11 @@ def _self_composed(event: dpe.DpEvent, count: int) -> dpe.DpEvent:
 
 
 def event_to_json(event: MechanismEvent) -> dict[str, Any]:
-    return {"mechanism": event.mechanism, "params": asdict(event), "dp_event": dp_event_to_json(event.to_dp_event())}
+    return {
+        "mechanism": event.mechanism,
+        "params": asdict(event),
+        "dp_event": dp_event_to_json(event.to_dp_event()),
+    }
 
 
 def event_from_json(data: dict[str, Any]) -> MechanismEvent:
@@ -142,7 +153,9 @@ def event_from_json(data: dict[str, Any]) -> MechanismEvent:
         raise InvalidParameterError(f"Unknown mechanism {data.get('mechanism')!r} in stored event.")
     event = cls(**data["params"])
     if "dp_event" in data and data["dp_event"] != dp_event_to_json(event.to_dp_event()):
-        raise InvalidParameterError(f"Stored DpEvent does not match the parameters of {event.describe()}.")
+        raise InvalidParameterError(
+            f"Stored DpEvent does not match the parameters of {event.describe()}."
+        )
     return event
 
 

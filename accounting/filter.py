@@ -36,6 +36,7 @@ Then P(at some time the privacy loss exceeds the reported value) <= δ: exp((α-
 supermartingale for each α (Feldman & Zrnic), Ville's inequality bounds each of the K·|Λ| events
 "loss > ε_k while order α is within its ε_k budget" by δ/(K·|Λ|), and a union bound adds them.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,31 @@ import numpy as np
 
 from accounting.epsilon import RDP_ORDERS
 
-FILTER_ORDERS: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 28.0, 32.0,
-                                    40.0, 48.0, 56.0, 63.0, 128.0, 256.0, 512.0, 1024.0)
+FILTER_ORDERS: tuple[float, ...] = (
+    2.0,
+    3.0,
+    4.0,
+    5.0,
+    6.0,
+    7.0,
+    8.0,
+    10.0,
+    12.0,
+    14.0,
+    16.0,
+    20.0,
+    24.0,
+    28.0,
+    32.0,
+    40.0,
+    48.0,
+    56.0,
+    63.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+)
 ORDERS = np.asarray(FILTER_ORDERS, dtype=np.float64)
 _INDEX = np.asarray([RDP_ORDERS.index(a) for a in FILTER_ORDERS])  # positions in the running curve
 
@@ -59,7 +83,7 @@ assert sum(slack(a) for a in FILTER_ORDERS) <= 1.0  # the theorem's condition on
 # Absolute slack on RDP(α) <= B(α): a sum of 10,000 doubles drifts ~1e-12; a real overshoot is far larger.
 TOLERANCE = 1e-9
 # Odometer grid: ε_k = ODOMETER_MIN * ODOMETER_RATIO**k, k < ODOMETER_STEPS (0.01 .. ~1100).
-ODOMETER_MIN, ODOMETER_RATIO, ODOMETER_STEPS = 0.01, 2 ** 0.25, 68
+ODOMETER_MIN, ODOMETER_RATIO, ODOMETER_STEPS = 0.01, 2**0.25, 68
 
 
 def order_budgets(epsilon: float, delta: float) -> np.ndarray:

@@ -4,6 +4,7 @@ A plain sha256 of a dataset would let anyone holding a candidate neighbour D' te
 the registered data; an HMAC under the workspace's secret key does not. Record fingerprints serve
 the audit's exact-copy check without ever putting a plain hash of a sensitive image anywhere.
 """
+
 from __future__ import annotations
 
 import hashlib

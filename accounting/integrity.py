@@ -8,6 +8,7 @@ charges SET state='refunded'` or a deleted charge shows up as a difference. Whoe
 store can still recompute the (unkeyed) chain; a checkpoint signed with a steward's Ed25519 key and
 kept outside the workspace pins the chain up to its entry, so that rewrite needs a steward's key.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,7 +36,9 @@ SPEND_TOLERANCE = 1e-9
 @dataclass
 class IntegrityReport:
     trail: trail.TrailVerification
-    problems: list[str] = field(default_factory=list)  # ledger and checkpoint problems (chain ones are in trail)
+    problems: list[str] = field(
+        default_factory=list
+    )  # ledger and checkpoint problems (chain ones are in trail)
     spend: list[dict] = field(default_factory=list)  # per dataset: trail vs tables
     checkpoints: list[dict] = field(default_factory=list)
 
@@ -73,10 +76,20 @@ def _apply(current: dict | None, action: str, p: dict) -> dict:
     if "state" in p and "planned_events" in p:
         return {k: p.get(k) for k in ledger.RECORD_FIELDS}
     # Entries written before charge records existed carry only what changed.
-    cur = dict(current or {"run_id": p["run_id"], "dataset_id": p.get("dataset_id"), "position": None,
-                           "planned_events": [], "charged_events": []})
+    cur = dict(
+        current
+        or {
+            "run_id": p["run_id"],
+            "dataset_id": p.get("dataset_id"),
+            "position": None,
+            "planned_events": [],
+            "charged_events": [],
+        }
+    )
     if action == "budget.reserve":
-        cur.update(state="reserved", planned_events=p.get("events", []), dataset_id=p.get("dataset_id"))
+        cur.update(
+            state="reserved", planned_events=p.get("events", []), dataset_id=p.get("dataset_id")
+        )
     elif action == "budget.commit":
         cur.update(state="committed", charged_events=p.get("events", []))
     elif action == "budget.refund":
@@ -85,7 +98,9 @@ def _apply(current: dict | None, action: str, p: dict) -> dict:
 
 
 def _counted(record: dict) -> list:
-    key = {"reserved": "planned_events", "committed": "charged_events"}.get(str(record.get("state")))
+    key = {"reserved": "planned_events", "committed": "charged_events"}.get(
+        str(record.get("state"))
+    )
     return list(record.get(key) or []) if key else []
 
 
@@ -95,15 +110,21 @@ def _compare_charges(trail_charges: dict[str, dict], table: list[dict]) -> list[
     for run_id, row in in_table.items():
         rec = trail_charges.get(run_id)
         if rec is None:
-            problems.append(f"charge {run_id}: in the charges table but never recorded in the trail (inserted)")
+            problems.append(
+                f"charge {run_id}: in the charges table but never recorded in the trail (inserted)"
+            )
             continue
         diff = [k for k in ledger.RECORD_FIELDS if rec.get(k) is not None and rec.get(k) != row[k]]
         if diff:
-            problems.append(f"charge {run_id}: the table's {', '.join(diff)} differ from the trail "
-                            f"(trail: state {rec.get('state')}; table: state {row['state']}) — edited")
+            problems.append(
+                f"charge {run_id}: the table's {', '.join(diff)} differ from the trail "
+                f"(trail: state {rec.get('state')}; table: state {row['state']}) — edited"
+            )
     for run_id in trail_charges.keys() - in_table.keys():
-        problems.append(f"charge {run_id}: recorded in the trail ({trail_charges[run_id].get('state')}) but missing "
-                        "from the charges table (deleted)")
+        problems.append(
+            f"charge {run_id}: recorded in the trail ({trail_charges[run_id].get('state')}) but missing "
+            "from the charges table (deleted)"
+        )
     return problems
 
 
@@ -111,7 +132,9 @@ def _spend(history_json: list, delta: float) -> float:
     if not history_json:
         return 0.0
     # The sum of per-event RDP curves (cached per distinct event): the same epsilon as composing the history.
-    return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(delta)  # inf after a non-DP release
+    return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(
+        delta
+    )  # inf after a non-DP release
 
 
 def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
@@ -125,37 +148,61 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
     for ds in datasets:
         rec = trail_datasets.get(ds["dataset_id"])
         if rec is None:
-            problems.append(f"dataset {ds['name']}: in the datasets table but never registered in the trail")
+            problems.append(
+                f"dataset {ds['name']}: in the datasets table but never registered in the trail"
+            )
         else:
             changed = [k for k in DATASET_FIELDS if k in rec and rec[k] != ds[k]]
             if changed:
-                problems.append(f"dataset {ds['name']}: {', '.join(changed)} differ from its registration entry (edited)")
+                problems.append(
+                    f"dataset {ds['name']}: {', '.join(changed)} differ from its registration entry (edited)"
+                )
         delta = float(rec["delta_cap"]) if rec and "delta_cap" in rec else ds["delta_cap"]
-        mine = lambda recs, ds=ds: [e for r in sorted(recs, key=lambda r: r.get("position") or 0)  # noqa: E731
-                                    if r.get("dataset_id") == ds["dataset_id"] for e in _counted(r)]
+
+        def mine(recs, ds=ds):
+            ordered = sorted(recs, key=lambda r: r.get("position") or 0)
+            return [
+                e for r in ordered if r.get("dataset_id") == ds["dataset_id"] for e in _counted(r)
+            ]
+
         by_trail = _spend(mine(trail_charges.values()), delta)
         by_table = _spend(mine(ledger.charge_record(r) for r in table), delta)
         agree = by_trail == by_table or abs(by_trail - by_table) <= SPEND_TOLERANCE
         if not agree:
-            problems.append(f"dataset {ds['name']}: spend recomputed from the trail is epsilon {by_trail:.6g} (RDP) "
-                            f"but the ledger tables give {by_table:.6g}")
-        spend.append({"dataset": ds["name"], "dataset_id": ds["dataset_id"], "epsilon_rdp_trail": by_trail,
-                      "epsilon_rdp_ledger": by_table, "agree": agree})
+            problems.append(
+                f"dataset {ds['name']}: spend recomputed from the trail is epsilon {by_trail:.6g} (RDP) "
+                f"but the ledger tables give {by_table:.6g}"
+            )
+        spend.append(
+            {
+                "dataset": ds["name"],
+                "dataset_id": ds["dataset_id"],
+                "epsilon_rdp_trail": by_trail,
+                "epsilon_rdp_ledger": by_table,
+                "agree": agree,
+            }
+        )
     with store.transaction() as con:
         for row in curve.verify(con):
             if not row["agree"]:
-                problems.append(f"dataset {row['dataset']}: the running RDP curve gives epsilon "
-                                f"{row['epsilon_rdp_running']:.6g} but the stored events give "
-                                f"{row['epsilon_rdp_recomputed']:.6g} (the curve was edited)")
+                problems.append(
+                    f"dataset {row['dataset']}: the running RDP curve gives epsilon "
+                    f"{row['epsilon_rdp_running']:.6g} but the stored events give "
+                    f"{row['epsilon_rdp_recomputed']:.6g} (the curve was edited)"
+                )
     for missing in trail_datasets.keys() - {d["dataset_id"] for d in datasets}:
-        problems.append(f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing from "
-                        "the datasets table (deleted)")
+        problems.append(
+            f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing from "
+            "the datasets table (deleted)"
+        )
     return problems, spend
 
 
 # ------------------------------------------------------------------ checkpoints
 def _message(cp: dict) -> bytes:
-    body = {k: cp[k] for k in ("purpose", "seq", "head_hash", "created_at", "steward", "public_key")}
+    body = {
+        k: cp[k] for k in ("purpose", "seq", "head_hash", "created_at", "steward", "public_key")
+    }
     return trail.canonical(body).encode()
 
 
@@ -164,17 +211,33 @@ def make_checkpoint(store: Store, steward: str, private_key: Ed25519PrivateKey) 
     Refused if the store does not verify: a signature must never vouch for an altered store."""
     report = verify_store(store)
     if not report.ok:
-        raise TamperError("The store does not verify, so its head cannot be checkpointed: "
-                          + "; ".join(report.all_problems[:3]))
+        raise TamperError(
+            "The store does not verify, so its head cannot be checkpointed: "
+            + "; ".join(report.all_problems[:3])
+        )
     raw = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     with store.transaction() as con:
-        row = con.execute("SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1").fetchone()
+        row = con.execute(
+            "SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
         if row is None:
             raise PrivReleaseError("The audit trail is empty; there is nothing to checkpoint yet.")
-        cp = {"purpose": CHECKPOINT_PURPOSE, "seq": int(row[0]), "head_hash": row[1], "created_at": trail.now(),
-              "steward": steward, "public_key": base64.b64encode(raw).decode("ascii")}
+        cp = {
+            "purpose": CHECKPOINT_PURPOSE,
+            "seq": int(row[0]),
+            "head_hash": row[1],
+            "created_at": trail.now(),
+            "steward": steward,
+            "public_key": base64.b64encode(raw).decode("ascii"),
+        }
         cp["signature"] = private_key.sign(_message(cp)).hex()
-        trail.append(con, store, steward, "trail.checkpoint", {k: cp[k] for k in ("seq", "head_hash", "public_key")})
+        trail.append(
+            con,
+            store,
+            steward,
+            "trail.checkpoint",
+            {k: cp[k] for k in ("seq", "head_hash", "public_key")},
+        )
     path = store.workspace.root / CHECKPOINT_DIR / f"{cp['seq']:08d}-{cp['head_hash'][:12]}.json"
     path.parent.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -189,13 +252,19 @@ def load_checkpoint(path: Path) -> dict:
         _message(cp)
         bytes.fromhex(cp["signature"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PrivReleaseError(f"{path} is not a privrelease checkpoint ({type(e).__name__}: {e}); give a file "
-                               "written by `privrelease audit checkpoint`.") from None
+        raise PrivReleaseError(
+            f"{path} is not a privrelease checkpoint ({type(e).__name__}: {e}); give a file "
+            "written by `privrelease audit checkpoint`."
+        ) from None
     return cp
 
 
-def check_checkpoint(cp: dict, rows: list[tuple], steward_keys: dict[str, str],
-                     trusted_keys: list[bytes] | None = None) -> list[str]:
+def check_checkpoint(
+    cp: dict,
+    rows: list[tuple],
+    steward_keys: dict[str, str],
+    trusted_keys: list[bytes] | None = None,
+) -> list[str]:
     """Problems of one checkpoint against the stored chain. The signer must be a trusted key (given from
     outside the store) or, failing that, a steward's key registered in the store."""
     where = f"checkpoint of entry {cp.get('seq')} by {cp.get('steward')}"
@@ -212,23 +281,34 @@ def check_checkpoint(cp: dict, rows: list[tuple], steward_keys: dict[str, str],
         return [f"{where}: signed by a key that is not steward {cp['steward']}'s registered key"]
     seq = int(cp["seq"])
     if seq > len(rows):
-        return [f"{where}: the chain now has only {len(rows)} entries (entries after a signed head were removed)"]
+        return [
+            f"{where}: the chain now has only {len(rows)} entries (entries after a signed head were removed)"
+        ]
     if rows[seq - 1][0] != seq or rows[seq - 1][6] != cp["head_hash"]:
-        return [f"{where}: the chain's entry {seq} no longer has the signed hash {cp['head_hash'][:12]}… "
-                "(the trail was rewritten and its hashes recomputed)"]
+        return [
+            f"{where}: the chain's entry {seq} no longer has the signed hash {cp['head_hash'][:12]}… "
+            "(the trail was rewritten and its hashes recomputed)"
+        ]
     return []
 
 
-def verify_store(store: Store, checkpoint_files: Iterable[Path] = (),
-                 trusted_keys: list[bytes] | None = None) -> IntegrityReport:
+def verify_store(
+    store: Store, checkpoint_files: Iterable[Path] = (), trusted_keys: list[bytes] | None = None
+) -> IntegrityReport:
     """Chain + head, ledger replayed from the trail, and every checkpoint (the workspace's and those given)."""
     with store._lock:  # one consistent snapshot: no commit lands between the reads
         rows = trail.read_rows(store)
-        v = trail.verify_rows(rows, trail.recorded_head(store),
-                              trail._read_head(store.workspace.root / trail.PENDING_NAME), shared=store.shared)
+        v = trail.verify_rows(
+            rows,
+            trail.recorded_head(store),
+            trail._read_head(store.workspace.root / trail.PENDING_NAME),
+            shared=store.shared,
+        )
         problems, spend = reconcile(store, rows)
-        stewards = {r["name"]: r["public_key"] for r in
-                    store.query("SELECT name, public_key FROM identities WHERE role = 'steward'")}
+        stewards = {
+            r["name"]: r["public_key"]
+            for r in store.query("SELECT name, public_key FROM identities WHERE role = 'steward'")
+        }
     report = IntegrityReport(v, problems, spend)
     folder = store.workspace.root / CHECKPOINT_DIR
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -236,6 +316,7 @@ def verify_store(store: Store, checkpoint_files: Iterable[Path] = (),
         cp = load_checkpoint(path)
         found = check_checkpoint(cp, rows, stewards, trusted_keys)
         report.problems += found
-        report.checkpoints.append({"path": str(path), "seq": cp.get("seq"), "steward": cp.get("steward"),
-                                   "ok": not found})
+        report.checkpoints.append(
+            {"path": str(path), "seq": cp.get("seq"), "steward": cp.get("steward"), "ok": not found}
+        )
     return report

@@ -5,6 +5,7 @@ beside it). The cap is enforced as a privacy filter over the running RDP curve (
 stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A charge is
 `reserved` (its planned events count), `committed` (the executed events count) or `refunded` (nothing counts).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,10 @@ from accounting.store import Store
 from accounting.validation import check_count, check_delta, check_epsilon
 
 ACTIVE_STATES = ("reserved", "committed")
-PLD_CACHE = ("CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT NULL, "
-             "epsilon_pld DOUBLE NOT NULL)")
+PLD_CACHE = (
+    "CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT NULL, "
+    "epsilon_pld DOUBLE NOT NULL)"
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class Charge:
 
     @property
     def counted_events(self) -> list[MechanismEvent]:
-        return {"reserved": self.planned_events, "committed": self.charged_events}.get(self.state, [])
+        return {"reserved": self.planned_events, "committed": self.charged_events}.get(
+            self.state, []
+        )
 
     @classmethod
     def from_row(cls, row: dict) -> Charge:
@@ -108,14 +113,25 @@ class Budget:
 
 # ------------------------------------------------------------------ datasets
 def register_dataset(
-    store: Store, *, name: str, source: str, fingerprint: str, record_count: int, labels: Sequence[int],
-    image_shape: Sequence[int], epsilon_cap: float, delta_cap: float, privacy_unit: str = "one image",
+    store: Store,
+    *,
+    name: str,
+    source: str,
+    fingerprint: str,
+    record_count: int,
+    labels: Sequence[int],
+    image_shape: Sequence[int],
+    epsilon_cap: float,
+    delta_cap: float,
+    privacy_unit: str = "one image",
     actor: str = "steward",
 ) -> tuple[Dataset, bool]:
     """Register a dataset; returns (dataset, created). Same name + same content is a no-op;
     same name + different content is refused (the ledger would otherwise mix two datasets)."""
     if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise DatasetConflictError(f"Dataset name {name!r} must be letters, digits, '-', '_' or '.'.")
+        raise DatasetConflictError(
+            f"Dataset name {name!r} must be letters, digits, '-', '_' or '.'."
+        )
     check_epsilon(epsilon_cap, "epsilon cap")
     check_delta(delta_cap, "delta cap")
     record_count = check_count(record_count, "record count")
@@ -125,7 +141,9 @@ def register_dataset(
             "publish a whole record. Choose delta well below 1/n."
         )
     with store.transaction() as con:
-        row = con.execute("SELECT fingerprint, dataset_id FROM datasets WHERE name = ?", [name]).fetchone()
+        row = con.execute(
+            "SELECT fingerprint, dataset_id FROM datasets WHERE name = ?", [name]
+        ).fetchone()
         if row is not None:
             if row[0] != fingerprint:
                 raise DatasetConflictError(
@@ -134,7 +152,9 @@ def register_dataset(
                 )
             existing = row[1]
         else:
-            twin = con.execute("SELECT name FROM datasets WHERE fingerprint = ?", [fingerprint]).fetchone()
+            twin = con.execute(
+                "SELECT name FROM datasets WHERE fingerprint = ?", [fingerprint]
+            ).fetchone()
             if twin is not None:
                 raise DatasetConflictError(
                     f"This content is already registered as {twin[0]!r}. One dataset has one budget: registering it "
@@ -142,14 +162,35 @@ def register_dataset(
                 )
             existing = None
             dataset_id = "ds-" + uuid.uuid4().hex[:12]
-            values = [dataset_id, name, source, fingerprint, record_count, json.dumps(sorted(int(x) for x in labels)),
-                      json.dumps([int(x) for x in image_shape]), privacy_unit, float(epsilon_cap), float(delta_cap),
-                      trail.now(), actor]
+            values = [
+                dataset_id,
+                name,
+                source,
+                fingerprint,
+                record_count,
+                json.dumps(sorted(int(x) for x in labels)),
+                json.dumps([int(x) for x in image_shape]),
+                privacy_unit,
+                float(epsilon_cap),
+                float(delta_cap),
+                trail.now(),
+                actor,
+            ]
             con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
-            trail.append(con, store, actor, "dataset.register", {
-                "dataset_id": dataset_id, "name": name, "record_count": record_count,
-                "epsilon_cap": float(epsilon_cap), "delta_cap": float(delta_cap), "fingerprint": fingerprint,
-            })
+            trail.append(
+                con,
+                store,
+                actor,
+                "dataset.register",
+                {
+                    "dataset_id": dataset_id,
+                    "name": name,
+                    "record_count": record_count,
+                    "epsilon_cap": float(epsilon_cap),
+                    "delta_cap": float(delta_cap),
+                    "fingerprint": fingerprint,
+                },
+            )
     return get_dataset(store, existing or dataset_id), existing is None
 
 
@@ -159,18 +200,30 @@ def get_dataset(store: Store, name_or_id: str) -> Dataset:
 
 
 def list_datasets(store: Store) -> list[Dataset]:
-    return [Dataset.from_row(r) for r in store.query("SELECT * FROM datasets ORDER BY registered_at")]
+    return [
+        Dataset.from_row(r) for r in store.query("SELECT * FROM datasets ORDER BY registered_at")
+    ]
 
 
 # ------------------------------------------------------------------ charges
 def _charges(con, dataset_id: str) -> list[Charge]:
-    return [Charge.from_row(r) for r in _rows(con, "SELECT * FROM charges WHERE dataset_id = ? ORDER BY position", [dataset_id])]
+    return [
+        Charge.from_row(r)
+        for r in _rows(
+            con, "SELECT * FROM charges WHERE dataset_id = ? ORDER BY position", [dataset_id]
+        )
+    ]
 
 
 def _dataset_row(con, name_or_id: str) -> Dataset:
-    rows = _rows(con, "SELECT * FROM datasets WHERE name = ? OR dataset_id = ?", [name_or_id, name_or_id])
+    rows = _rows(
+        con, "SELECT * FROM datasets WHERE name = ? OR dataset_id = ?", [name_or_id, name_or_id]
+    )
     if not rows:
-        known = ", ".join(r["name"] for r in _rows(con, "SELECT name FROM datasets ORDER BY name")) or "none yet"
+        known = (
+            ", ".join(r["name"] for r in _rows(con, "SELECT name FROM datasets ORDER BY name"))
+            or "none yet"
+        )
         raise UnknownDatasetError(
             f"Unknown dataset {name_or_id!r} (registered: {known}). Register it with `privrelease dataset register`."
         )
@@ -183,8 +236,14 @@ def _charge_row(con, run_id: str) -> Charge | None:
 
 
 def reserve(
-    store: Store, dataset: str, events: Sequence[MechanismEvent], run_id: str, *, description: str = "",
-    actor: str = "system", allow_non_private: bool = False,
+    store: Store,
+    dataset: str,
+    events: Sequence[MechanismEvent],
+    run_id: str,
+    *,
+    description: str = "",
+    actor: str = "system",
+    allow_non_private: bool = False,
 ) -> Charge:
     """Atomically check the composed epsilon (history + events) against the cap and record the
     reservation. Replaying the same run id with the same events returns the existing charge."""
@@ -202,16 +261,22 @@ def reserve(
         ds = _dataset_row(con, dataset)
         existing = _charge_row(con, run_id)
         if existing is not None:
-            if existing.dataset_id != ds.dataset_id or events_to_text(existing.planned_events) != events_to_text(events):
+            if existing.dataset_id != ds.dataset_id or events_to_text(
+                existing.planned_events
+            ) != events_to_text(events):
                 raise LedgerStateError(
                     f"Run id {run_id!r} was already used for a different reservation; use a new run id."
                 )
             return existing  # replay: no second charge
-        before = curve.load(con, ds.dataset_id)  # the running RDP curve: no re-composition of the history
+        before = curve.load(
+            con, ds.dataset_id
+        )  # the running RDP curve: no re-composition of the history
         if not non_private:
             after = before.plus(curve.curve_of(events))
             eps = after.epsilon(ds.delta_cap)
-            if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
+            if after.non_private or not privacy_filter.admits(
+                after.rdp, ds.epsilon_cap, ds.delta_cap
+            ):
                 raise BudgetExceededError(_over_cap(ds, before, after))
         else:
             eps = math.inf
@@ -223,19 +288,44 @@ def reserve(
         )
         curve.save_change(con, ds.dataset_id, before, add=events)
         charge, record = _charge_and_record(con, run_id)
-        trail.append(con, store, actor, "budget.reserve", {
-            **record, "events": json.loads(text),
-            "epsilon_rdp_after": None if math.isinf(eps) else eps, "description": description,
-        })
+        trail.append(
+            con,
+            store,
+            actor,
+            "budget.reserve",
+            {
+                **record,
+                "events": json.loads(text),
+                "epsilon_rdp_after": None if math.isinf(eps) else eps,
+                "description": description,
+            },
+        )
         return charge
 
 
-CHARGE_COLUMNS = ("position", "run_id", "dataset_id", "state", "planned_events", "charged_events", "description",
-                  "actor", "reserved_at", "settled_at")
+CHARGE_COLUMNS = (
+    "position",
+    "run_id",
+    "dataset_id",
+    "state",
+    "planned_events",
+    "charged_events",
+    "description",
+    "actor",
+    "reserved_at",
+    "settled_at",
+)
 
 
-def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[MechanismEvent]], *, run_prefix: str,
-                description: str = "", actor: str = "system") -> list[Charge]:
+def charge_many(
+    store: Store,
+    dataset: str,
+    histories: Sequence[Sequence[MechanismEvent]],
+    *,
+    run_prefix: str,
+    description: str = "",
+    actor: str = "system",
+) -> list[Charge]:
     """Reserve then commit each of `histories` (one charge each, run ids `run_prefix`1, 2, ...) in one
     transaction, with the rows and trail entries `reserve` and `commit` would write one by one: for seeding a
     large ledger (benchmarks/accounting_bench.py). The cap's filter is checked once, on the final curve, before
@@ -247,13 +337,21 @@ def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[Mechani
     """
     histories = [list(h) for h in histories]
     if not histories or not all(histories):
-        raise LedgerStateError("charge_many needs at least one charge, each with at least one mechanism event.")
+        raise LedgerStateError(
+            "charge_many needs at least one charge, each with at least one mechanism event."
+        )
     if any(isinstance(e, NonPrivateRelease) for h in histories for e in h):
-        raise LedgerStateError("charge_many records DP charges only; reserve a non-DP release on its own.")
+        raise LedgerStateError(
+            "charge_many records DP charges only; reserve a non-DP release on its own."
+        )
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
-        if con.execute("SELECT count(*) FROM charges WHERE starts_with(run_id, ?)", [run_prefix]).fetchone()[0]:
-            raise LedgerStateError(f"Run ids starting with {run_prefix!r} are already in the ledger; use a new prefix.")
+        if con.execute(
+            "SELECT count(*) FROM charges WHERE starts_with(run_id, ?)", [run_prefix]
+        ).fetchone()[0]:
+            raise LedgerStateError(
+                f"Run ids starting with {run_prefix!r} are already in the ledger; use a new prefix."
+            )
         before = curve.load(con, ds.dataset_id)
         after = before.plus(curve.curve_of([e for h in histories for e in h]))
         if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
@@ -262,13 +360,30 @@ def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[Mechani
         ts, running, rows, entries = trail.now(), before, [], []
         for i, events in enumerate(histories):
             text = events_to_text(events)
-            row = {"position": pos + i, "run_id": f"{run_prefix}{i + 1}", "dataset_id": ds.dataset_id,
-                   "state": "reserved", "planned_events": text, "charged_events": "[]", "description": description,
-                   "actor": actor, "reserved_at": ts, "settled_at": None}
+            row = {
+                "position": pos + i,
+                "run_id": f"{run_prefix}{i + 1}",
+                "dataset_id": ds.dataset_id,
+                "state": "reserved",
+                "planned_events": text,
+                "charged_events": "[]",
+                "description": description,
+                "actor": actor,
+                "reserved_at": ts,
+                "settled_at": None,
+            }
             running = running.plus(curve.curve_of(events))
-            entries.append(("budget.reserve", {**charge_record(row), "events": json.loads(text),
-                                               "epsilon_rdp_after": running.epsilon(ds.delta_cap),
-                                               "description": description}))
+            entries.append(
+                (
+                    "budget.reserve",
+                    {
+                        **charge_record(row),
+                        "events": json.loads(text),
+                        "epsilon_rdp_after": running.epsilon(ds.delta_cap),
+                        "description": description,
+                    },
+                )
+            )
             row = {**row, "state": "committed", "charged_events": text, "settled_at": ts}
             entries.append(("budget.commit", {**charge_record(row), "events": json.loads(text)}))
             rows.append([row[k] for k in CHARGE_COLUMNS])
@@ -280,17 +395,23 @@ def charge_many(store: Store, dataset: str, histories: Sequence[Sequence[Mechani
 
 def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
     if after.non_private:
-        return (f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "
-                "a finite epsilon. Nothing was charged.")
-    return (f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap valid however "
-            f"releases are chosen, would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
-            f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
-            f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap {ds.epsilon_cap:g} (RDP epsilon "
-            f"{after.epsilon(ds.delta_cap):.4g}). Nothing was charged. Use more noise or fewer steps (see `privrelease "
-            "budget plan`), or a smaller target epsilon.")
+        return (
+            f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "
+            "a finite epsilon. Nothing was charged."
+        )
+    return (
+        f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap valid however "
+        f"releases are chosen, would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
+        f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
+        f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap {ds.epsilon_cap:g} (RDP epsilon "
+        f"{after.epsilon(ds.delta_cap):.4g}). Nothing was charged. Use more noise or fewer steps (see `privrelease "
+        "budget plan`), or a smaller target epsilon."
+    )
 
 
-def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent], *, actor: str = "system") -> Charge:
+def commit(
+    store: Store, run_id: str, executed_events: Sequence[MechanismEvent], *, actor: str = "system"
+) -> Charge:
     """Settle a run that read data: what it executed stays charged, the unexecuted remainder is
     released. Executed events may not cost more than the reservation."""
     executed = list(executed_events)
@@ -304,28 +425,39 @@ def commit(store: Store, run_id: str, executed_events: Sequence[MechanismEvent],
                 return charge
             raise LedgerStateError(f"Run {run_id!r} is already committed with different events.")
         if charge.state == "refunded":
-            raise LedgerStateError(f"Run {run_id!r} was refunded; it cannot be committed. Start a new run.")
+            raise LedgerStateError(
+                f"Run {run_id!r} was refunded; it cannot be committed. Start a new run."
+            )
         ds = _dataset_row(con, charge.dataset_id)
         if not any(isinstance(e, NonPrivateRelease) for e in charge.planned_events):
             _check_within_reservation(run_id, charge.planned_events, executed, ds.delta_cap)
         before = curve.load(con, charge.dataset_id)
-        con.execute("UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
-                    [text, trail.now(), run_id])
-        curve.save_change(con, charge.dataset_id, before, add=executed, remove=charge.planned_events)
+        con.execute(
+            "UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
+            [text, trail.now(), run_id],
+        )
+        curve.save_change(
+            con, charge.dataset_id, before, add=executed, remove=charge.planned_events
+        )
         charge, record = _charge_and_record(con, run_id)
         trail.append(con, store, actor, "budget.commit", {**record, "events": json.loads(text)})
         return charge
 
 
-def _check_within_reservation(run_id: str, planned_events: list, executed: list, delta: float) -> None:
+def _check_within_reservation(
+    run_id: str, planned_events: list, executed: list, delta: float
+) -> None:
     """The filter admitted the reserved curve; what ran must not exceed it at any order."""
     planned, actual = curve.curve_of(planned_events), curve.curve_of(executed)
     with np.errstate(invalid="ignore"):
-        over = actual.rdp > planned.rdp + privacy_filter.TOLERANCE * np.maximum(1.0, np.abs(planned.rdp))
+        over = actual.rdp > planned.rdp + privacy_filter.TOLERANCE * np.maximum(
+            1.0, np.abs(planned.rdp)
+        )
     if actual.non_private or np.any(over):
         raise LedgerStateError(
             f"Run {run_id!r} executed more (epsilon {actual.epsilon(delta):.4g}) than it reserved "
-            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. Nothing was changed.")
+            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. Nothing was changed."
+        )
 
 
 def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> Charge:
@@ -342,7 +474,10 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
                 "charged. Nothing was changed."
             )
         before = curve.load(con, charge.dataset_id)
-        con.execute("UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?", [trail.now(), run_id])
+        con.execute(
+            "UPDATE charges SET state = 'refunded', settled_at = ? WHERE run_id = ?",
+            [trail.now(), run_id],
+        )
         curve.save_change(con, charge.dataset_id, before, remove=charge.planned_events)
         charge, record = _charge_and_record(con, run_id)
         trail.append(con, store, actor, "budget.refund", {**record, "reason": reason})
@@ -356,7 +491,10 @@ def charge_record(row: dict) -> dict:
     """What a budget.* trail entry commits to: the charge row's accounting fields (events as parsed
     JSON) after the change. `privrelease audit verify` replays these and compares them with the table."""
     out = {k: row[k] for k in RECORD_FIELDS}
-    out["planned_events"], out["charged_events"] = json.loads(row["planned_events"]), json.loads(row["charged_events"])
+    out["planned_events"], out["charged_events"] = (
+        json.loads(row["planned_events"]),
+        json.loads(row["charged_events"]),
+    )
     return out
 
 
@@ -384,20 +522,31 @@ def budget(store: Store, dataset: str) -> Budget:
     history = [e for c in charges for e in c.counted_events]
     rdp = running.epsilon(ds.delta_cap)  # the running curve: milliseconds at any ledger length
     void = math.isinf(rdp)
-    return Budget(ds, charges, EpsilonReport(rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp),
-                                             ds.delta_cap),
-                  filter_epsilon=math.inf if void else privacy_filter.filter_epsilon(running.rdp, ds.delta_cap),
-                  odometer_epsilon=math.inf if void else privacy_filter.odometer(running.rdp, ds.delta_cap))
+    return Budget(
+        ds,
+        charges,
+        EpsilonReport(
+            rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp), ds.delta_cap
+        ),
+        filter_epsilon=math.inf
+        if void
+        else privacy_filter.filter_epsilon(running.rdp, ds.delta_cap),
+        odometer_epsilon=math.inf if void else privacy_filter.odometer(running.rdp, ds.delta_cap),
+    )
 
 
-def pld_cached(store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float) -> float:
+def pld_cached(
+    store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float
+) -> float:
     """PLD epsilon of the history, cached in the store by the history's content (PLD of a long history takes
     seconds; it is recomputed only when the history changed, on the first read after a charge)."""
     key = hashlib.sha256(f"{delta!r}|{events_to_text(history)}".encode()).hexdigest()
     with store.transaction() as con:
         con.execute(PLD_CACHE)
-        row = con.execute("SELECT epsilon_pld FROM pld_cache WHERE dataset_id = ? AND history_key = ?",
-                          [dataset_id, key]).fetchone()
+        row = con.execute(
+            "SELECT epsilon_pld FROM pld_cache WHERE dataset_id = ? AND history_key = ?",
+            [dataset_id, key],
+        ).fetchone()
     if row is not None:
         return float(row[0])
     value = epsilon_report(history, delta).epsilon_pld if history else 0.0
@@ -405,14 +554,19 @@ def pld_cached(store: Store, dataset_id: str, history: list[MechanismEvent], del
         value = math.inf
     with store.transaction() as con:
         con.execute(PLD_CACHE)
-        con.execute("INSERT INTO pld_cache VALUES (?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-                    "history_key = excluded.history_key, epsilon_pld = excluded.epsilon_pld", [dataset_id, key, value])
+        con.execute(
+            "INSERT INTO pld_cache VALUES (?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
+            "history_key = excluded.history_key, epsilon_pld = excluded.epsilon_pld",
+            [dataset_id, key, value],
+        )
     return value
 
 
 def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:
     with store.transaction() as con:
-        datasets = {d["dataset_id"]: Dataset.from_row(d) for d in _rows(con, "SELECT * FROM datasets")}
+        datasets = {
+            d["dataset_id"]: Dataset.from_row(d) for d in _rows(con, "SELECT * FROM datasets")
+        }
         rows = _rows(con, "SELECT * FROM charges ORDER BY position")
     return [(datasets[r["dataset_id"]], Charge.from_row(r)) for r in rows]
 

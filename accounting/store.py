@@ -8,6 +8,7 @@ processes can run at once safely and a charge does not pay connect + checkpoint 
 PostgreSQL (`privrelease init --store postgresql://...`), transactions of every host are serialised by
 an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,7 +72,9 @@ class Workspace:
     db_path = property(lambda self: self.root / "store.duckdb")
     config_path = property(lambda self: self.root / "config.toml")
     lock_path = property(lambda self: self.root / "store.lock")
-    pg_lock_path = property(lambda self: self.root / "store-pg.lock")  # this host's writers, PostgreSQL store
+    pg_lock_path = property(
+        lambda self: self.root / "store-pg.lock"
+    )  # this host's writers, PostgreSQL store
     artifacts = property(lambda self: self.root / "artifacts")
     keys = property(lambda self: self.root / "keys")
     bundles = property(lambda self: self.root / "bundles")
@@ -86,9 +89,11 @@ class Workspace:
         except FileNotFoundError:
             return None
         except (OSError, tomllib.TOMLDecodeError) as e:
-            raise PrivReleaseError(f"{self.config_path} is unreadable ({e}). It holds the shared store's URL: fix its "
-                                   "[store] url = \"postgresql://...\" line, or remove the file to use the "
-                                   "workspace's own store.duckdb.") from None
+            raise PrivReleaseError(
+                f"{self.config_path} is unreadable ({e}). It holds the shared store's URL: fix its "
+                '[store] url = "postgresql://..." line, or remove the file to use the '
+                "workspace's own store.duckdb."
+            ) from None
         return config.get("store", {}).get("url") or None
 
     def set_store_url(self, url: str | None) -> None:
@@ -111,7 +116,8 @@ class Workspace:
             if self.initialised and self.store_url != store_url:
                 raise PrivReleaseError(
                     f"The workspace at {self.root} already has its store ({redact(self.store_url or str(self.db_path))})."
-                    " To move it to PostgreSQL use `privrelease store migrate --to URL`.")
+                    " To move it to PostgreSQL use `privrelease store migrate --to URL`."
+                )
         created = not self.initialised
         for d in (self.root, self.artifacts, self.keys, self.bundles):
             d.mkdir(parents=True, exist_ok=True)
@@ -135,7 +141,11 @@ class Workspace:
         except PrivReleaseError:
             self.set_store_url(previous)  # not left pointing at a store it could not use
             raise
-        for path in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal"), self.lock_path):
+        for path in (
+            self.db_path,
+            self.db_path.with_name(self.db_path.name + ".wal"),
+            self.lock_path,
+        ):
             if path.exists():
                 os.chmod(path, 0o600)
         return created
@@ -146,29 +156,41 @@ class Workspace:
 
 def check_store_url(url: str) -> None:
     if not is_postgres_url(url):
-        raise PrivReleaseError(f"--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
-                               f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb.")
+        raise PrivReleaseError(
+            f"--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
+            f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb."
+        )
 
 
 def create_schema(store: Store) -> None:
     with store.transaction() as con:
         con.execute(SCHEMA)
-        con.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING", [str(SCHEMA_VERSION)])
+        con.execute(
+            "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
+            [str(SCHEMA_VERSION)],
+        )
 
 
 def check_fingerprint_key(ws: Workspace, store: Store) -> None:
     """Every workspace sharing a store must fingerprint with the same HMAC key: a dataset registered on one
     host is re-checked against its fingerprint when a release on another host reads it. The store keeps
     an HMAC of a constant under the key (not the key) and refuses a workspace whose key differs."""
-    key_id = hmac.new(ws.hmac_key(), b"privrelease fingerprint key id", hashlib.sha256).hexdigest()[:32]
+    key_id = hmac.new(ws.hmac_key(), b"privrelease fingerprint key id", hashlib.sha256).hexdigest()[
+        :32
+    ]
     with store.transaction() as con:
-        con.execute("INSERT INTO meta VALUES ('fingerprint_key_id', ?) ON CONFLICT DO NOTHING", [key_id])
-        stored = con.execute("SELECT value FROM meta WHERE key = 'fingerprint_key_id'").fetchone()[0]
+        con.execute(
+            "INSERT INTO meta VALUES ('fingerprint_key_id', ?) ON CONFLICT DO NOTHING", [key_id]
+        )
+        stored = con.execute("SELECT value FROM meta WHERE key = 'fingerprint_key_id'").fetchone()[
+            0
+        ]
     if stored != key_id:
         raise PrivReleaseError(
             f"The store {redact(ws.store_url or '')} is used by workspaces with another fingerprint key. Copy "
             f"keys/fingerprint.key from a workspace that uses this store to {ws.hmac_key_path} (mode 0600) and run "
-            "`privrelease init --store URL` again.")
+            "`privrelease init --store URL` again."
+        )
 
 
 class Store:
@@ -178,7 +200,12 @@ class Store:
     _trail_new_head: tuple[int, str]
     _trail_hooks_of: Any
 
-    def __init__(self, workspace: Workspace | str | os.PathLike | None = None, *, _allow_uninitialised: bool = False):
+    def __init__(
+        self,
+        workspace: Workspace | str | os.PathLike | None = None,
+        *,
+        _allow_uninitialised: bool = False,
+    ):
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         if not _allow_uninitialised and not self.workspace.initialised:
             raise PrivReleaseError(
@@ -189,8 +216,11 @@ class Store:
         # images, bundles) is its owner's only: files 0600, folders 0700 (README, "Trust model").
         os.umask(os.umask(0o077) | 0o077)
         url = self.workspace.store_url
-        self.backend = (PostgresBackend(url, self.workspace.pg_lock_path) if url
-                        else DuckDBBackend(self.workspace.db_path, self.workspace.lock_path))
+        self.backend = (
+            PostgresBackend(url, self.workspace.pg_lock_path)
+            if url
+            else DuckDBBackend(self.workspace.db_path, self.workspace.lock_path)
+        )
         self.before_commit: list = []
         self.after_commit: list = []
 

@@ -5,6 +5,7 @@ the DuckDB dialect the code is written in (`?` parameters, `ORDER BY rowid`, `DO
 with `fetchone`, `fetchall` and `description`, inside one all-or-nothing transaction that no other writer
 interleaves with.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -97,7 +98,9 @@ class _DuckHold:
         for name in names:
             if name.isdigit() and _alive(int(name)):
                 return True
-            (self.waiting / name).unlink(missing_ok=True)  # a waiter that died: not waiting any more
+            (self.waiting / name).unlink(
+                missing_ok=True
+            )  # a waiter that died: not waiting any more
         return False
 
     def idle(self) -> None:
@@ -145,7 +148,9 @@ def _hold_for(db_path: Path, lock_path: Path) -> _DuckHold:
     global _HOOKED
     key = os.path.realpath(db_path)
     with _HOLDS_MUTEX:
-        if not _HOOKED:  # registered on first use, not at import (importing changes no process state)
+        if (
+            not _HOOKED
+        ):  # registered on first use, not at import (importing changes no process state)
             os.register_at_fork(after_in_child=_forget_after_fork)
             atexit.register(_close_all)
             _HOOKED = True
@@ -166,7 +171,6 @@ def _close_all() -> None:
     for hold in list(_HOLDS.values()):
         hold.generation += 1
         hold.close()
-
 
 
 class DuckDBBackend:
@@ -261,7 +265,9 @@ class PostgresBackend:
 
     def __init__(self, url: str, lock_path: Path) -> None:
         self.url = url
-        self._local = FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S, mode=0o600, thread_local=False)
+        self._local = FileLock(
+            str(lock_path), timeout=LOCK_TIMEOUT_S, mode=0o600, thread_local=False
+        )
         self._mutex = threading.RLock()
         self._con: Any = None
         self._pid = os.getpid()
@@ -349,6 +355,7 @@ _DOUBLE = re.compile(r"\bDOUBLE\b(?!\s+PRECISION)", re.IGNORECASE)
 def to_postgres(sql: str, has_params: bool) -> str:
     """DuckDB dialect -> PostgreSQL: `?` -> `%s` (and a literal `%` -> `%%` when psycopg parses parameters),
     `rowid` (storage order) -> `ctid`, `DOUBLE` -> `DOUBLE PRECISION`. Quoted text is left alone."""
+
     def sub(m: re.Match) -> str:
         tok = m.group(0)
         if tok == "?":
@@ -356,6 +363,7 @@ def to_postgres(sql: str, has_params: bool) -> str:
         if tok == "%":
             return "%%" if has_params else "%"
         return tok
+
     sql = _PARAM_OR_QUOTED.sub(sub, sql)
     return _DOUBLE.sub("DOUBLE PRECISION", _ROWID.sub("ctid", sql))
 

@@ -4,6 +4,7 @@ Every table is copied in storage order (the trail's order is part of what `audit
 PostgreSQL transaction, while the DuckDB store is locked; the workspace is switched to the new store only
 when the copy verifies: chain, recorded head, ledger replayed from the trail, and the same head entry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,23 +24,32 @@ class Migration:
 
 def _source_tables(src: Store) -> list[tuple[str, str]]:
     with src.transaction() as con:
-        return con.execute("SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' "
-                           "ORDER BY table_name").fetchall()
+        return con.execute(
+            "SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' "
+            "ORDER BY table_name"
+        ).fetchall()
 
 
 def _refuse_non_empty(con: PgConnection, url: str) -> None:
-    tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
-                                        "WHERE table_schema = current_schema()").fetchall()]
+    tables = [
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        ).fetchall()
+    ]
     filled = [t for t in tables if con.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()]
     if filled:
         raise PrivReleaseError(
             f"The target database {redact(url)} is not empty (tables with rows: {', '.join(sorted(filled))}). "
-            "Migrate into a new, empty database (e.g. `createdb privrelease`); nothing was copied.")
+            "Migrate into a new, empty database (e.g. `createdb privrelease`); nothing was copied."
+        )
 
 
 def _copy_table(src_con, dst: PgConnection, table: str, ddl: str) -> int:
     dst.execute(to_postgres(ddl.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1), False))
-    cur = src_con.execute(f'SELECT * FROM "{table}" ORDER BY rowid')  # storage order: the trail's is checked
+    cur = src_con.execute(
+        f'SELECT * FROM "{table}" ORDER BY rowid'
+    )  # storage order: the trail's is checked
     columns = ", ".join(f'"{d[0]}"' for d in cur.description)
     n = 0
     with dst.raw.cursor().copy(f'COPY "{table}" ({columns}) FROM STDIN') as copy:
@@ -52,8 +62,9 @@ def _copy_table(src_con, dst: PgConnection, table: str, ddl: str) -> int:
 
 def _head(store: Store) -> tuple[int, str] | None:
     with store.transaction() as con:
-        row = con.execute("SELECT seq, entry_hash FROM audit_trail WHERE seq = (SELECT max(seq) FROM audit_trail)"
-                          ).fetchone()
+        row = con.execute(
+            "SELECT seq, entry_hash FROM audit_trail WHERE seq = (SELECT max(seq) FROM audit_trail)"
+        ).fetchone()
     return (int(row[0]), row[1]) if row else None
 
 
@@ -61,18 +72,26 @@ def migrate_to_postgres(ws: Workspace, url: str) -> Migration:
     """Copy the workspace's DuckDB store into the empty PostgreSQL database at `url`, verify, switch."""
     check_store_url(url)
     if ws.store_url is not None:
-        raise PrivReleaseError(f"This workspace's store is already on PostgreSQL ({redact(ws.store_url)}).")
+        raise PrivReleaseError(
+            f"This workspace's store is already on PostgreSQL ({redact(ws.store_url)})."
+        )
     src = Store(ws)
     before = integrity.verify_store(src)
     if not before.ok:
-        raise TamperError("The workspace's store does not verify, so it is not migrated (the copy would carry the "
-                          "alteration over): " + "; ".join(before.all_problems[:3]) + ". See `privrelease audit verify`.")
+        raise TamperError(
+            "The workspace's store does not verify, so it is not migrated (the copy would carry the "
+            "alteration over): "
+            + "; ".join(before.all_problems[:3])
+            + ". See `privrelease audit verify`."
+        )
     head = _head(src)
     target = PostgresBackend(url, ws.pg_lock_path)
     rows: dict[str, int] = {}
     with src._lock, target.transaction(lambda: None, lambda: None) as dst:
         _refuse_non_empty(dst, url)
-        with src.transaction() as con:  # one DuckDB snapshot, no writer can come in (the lock is held)
+        with (
+            src.transaction() as con
+        ):  # one DuckDB snapshot, no writer can come in (the lock is held)
             for table, ddl in _source_tables(src):
                 rows[table] = _copy_table(con, dst, table, ddl)
     target.release()
@@ -87,11 +106,17 @@ def _switch_and_verify(ws: Workspace, url: str, head: tuple[int, str] | None) ->
         store = Store(ws)
         check_fingerprint_key(ws, store)
         report = integrity.verify_store(store)
-        problems = report.all_problems + ([] if _head(store) == head else
-                                          [f"the copied trail ends at {_head(store)}, not at {head}"])
+        problems = report.all_problems + (
+            []
+            if _head(store) == head
+            else [f"the copied trail ends at {_head(store)}, not at {head}"]
+        )
         if problems:
-            raise TamperError("The copy in PostgreSQL does not verify, so the workspace stays on store.duckdb: "
-                              + "; ".join(problems[:3]) + ". Drop the target database's tables and migrate again.")
+            raise TamperError(
+                "The copy in PostgreSQL does not verify, so the workspace stays on store.duckdb: "
+                + "; ".join(problems[:3])
+                + ". Drop the target database's tables and migrate again."
+            )
     except BaseException:
         ws.set_store_url(None)
         raise

@@ -7,6 +7,7 @@ outside the store, by steward-signed checkpoints (accounting/checkpoint.py) and 
 in every signed bundle. The chain itself is unkeyed: whoever can write the store can recompute it,
 which only a signed checkpoint kept elsewhere exposes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,40 +38,61 @@ def canonical(obj: Any) -> str:
 
 
 def entry_hash(seq: int, ts: str, actor: str, action: str, payload: str, prev_hash: str) -> str:
-    body = canonical({"seq": seq, "ts": ts, "actor": actor, "action": action, "payload": payload, "prev": prev_hash})
+    body = canonical(
+        {
+            "seq": seq,
+            "ts": ts,
+            "actor": actor,
+            "action": action,
+            "payload": payload,
+            "prev": prev_hash,
+        }
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def append(con: duckdb.DuckDBPyConnection, store: Store, actor: str, action: str, payload: dict) -> tuple[int, str]:
+def append(
+    con: duckdb.DuckDBPyConnection, store: Store, actor: str, action: str, payload: dict
+) -> tuple[int, str]:
     """Append one entry inside the caller's transaction; returns (seq, hash) of the new head.
 
     The head is recorded outside the table in two steps so that a crash can be told from an edit:
     `trail.head.pending` (the head this transaction will create) is written just before COMMIT and
     `trail.head` just after. A crash in between leaves pending == the stored chain's end, which
     `verify` reports as "interrupted" (not "altered") and the next append repairs."""
-    hooked = getattr(store, "_trail_hooks_of", None) is store.before_commit  # this transaction's hooks set?
+    hooked = (
+        getattr(store, "_trail_hooks_of", None) is store.before_commit
+    )  # this transaction's hooks set?
     if not hooked:
         _recover_head(con, store)
     row = con.execute(HEAD_SQL).fetchone()
     seq, prev = (row[0] + 1, row[1]) if row else (1, GENESIS)
     ts, text = now(), canonical(payload)
     h = entry_hash(seq, ts, actor, action, text, prev)
-    con.execute("INSERT INTO audit_trail VALUES (?, ?, ?, ?, ?, ?, ?)", [seq, ts, actor, action, text, prev, h])
+    con.execute(
+        "INSERT INTO audit_trail VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [seq, ts, actor, action, text, prev, h],
+    )
     store._trail_new_head = (seq, h)
     if not hooked:  # one pair of hooks per transaction, whatever the entry count
         store._trail_hooks_of = store.before_commit
-        store.before_commit.append(lambda: _write_head(store.workspace.root / PENDING_NAME, store._trail_new_head))
+        store.before_commit.append(
+            lambda: _write_head(store.workspace.root / PENDING_NAME, store._trail_new_head)
+        )
         store.after_commit.append(lambda: _promote_pending(store))
     return seq, h
 
 
-def append_many(con: duckdb.DuckDBPyConnection, store: Store, actor: str,
-                entries: Sequence[tuple[str, dict]]) -> tuple[int, str]:
+def append_many(
+    con: duckdb.DuckDBPyConnection, store: Store, actor: str, entries: Sequence[tuple[str, dict]]
+) -> tuple[int, str]:
     """Append (action, payload) entries in order inside the caller's transaction, chained as `append` chains
     them one by one; the head is read once (seeding a large store: `ledger.charge_many`)."""
     if not entries:
         raise ValueError("append_many needs at least one entry.")
-    seq, h = append(con, store, actor, entries[0][0], entries[0][1])  # recovers the head, sets the hooks
+    seq, h = append(
+        con, store, actor, entries[0][0], entries[0][1]
+    )  # recovers the head, sets the hooks
     ts, rows = now(), []
     for action, payload in entries[1:]:
         text, prev, seq = canonical(payload), h, seq + 1
@@ -90,7 +112,9 @@ def _insert_many(con: Any, table: str, columns: Sequence[str], rows: list[list])
         import pyarrow as pa
 
         bulk = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})  # noqa: F841 (scanned by name)
-        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM bulk")
+        con.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM bulk"
+        )
     else:
         sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         for row in rows:
@@ -148,7 +172,9 @@ class TrailVerification:
     head_hash: str
     problems: list[str] = field(default_factory=list)
     broken_seqs: list[int] = field(default_factory=list)
-    status: str = "intact"  # intact | interrupted (a crash between commit and head record) | altered
+    status: str = (
+        "intact"  # intact | interrupted (a crash between commit and head record) | altered
+    )
     notes: list[str] = field(default_factory=list)
 
 
@@ -156,12 +182,18 @@ def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
     problems: list[str] = []
     broken: list[int] = []
     prev = GENESIS
-    for expected_seq, (seq, ts, actor, action, payload, prev_hash, stored) in enumerate(rows, start=1):
+    for expected_seq, (seq, ts, actor, action, payload, prev_hash, stored) in enumerate(
+        rows, start=1
+    ):
         if seq != expected_seq:
-            problems.append(f"entry {seq}: expected sequence number {expected_seq} (an entry was deleted or moved)")
+            problems.append(
+                f"entry {seq}: expected sequence number {expected_seq} (an entry was deleted or moved)"
+            )
             broken.append(seq)
         if prev_hash != prev:
-            problems.append(f"entry {seq}: does not link to the previous entry (deleted, inserted or reordered)")
+            problems.append(
+                f"entry {seq}: does not link to the previous entry (deleted, inserted or reordered)"
+            )
             broken.append(seq)
         if entry_hash(seq, ts, actor, action, payload, prev_hash) != stored:
             problems.append(f"entry {seq} ({action}): content does not match its hash (edited)")
@@ -170,33 +202,47 @@ def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
     return problems, sorted(set(broken))
 
 
-def verify_rows(rows: list[tuple], recorded_head: tuple[int, str] | str | None,
-                pending_head: tuple[int, str] | str | None = None, *, shared: bool = False) -> TrailVerification:
+def verify_rows(
+    rows: list[tuple],
+    recorded_head: tuple[int, str] | str | None,
+    pending_head: tuple[int, str] | str | None = None,
+    *,
+    shared: bool = False,
+) -> TrailVerification:
     """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order,
     against the recorded head (and the write-ahead pending head, if a crash left one). With a `shared` store
     (PostgreSQL) other hosts append too: this workspace's head pins the chain up to what it last wrote."""
     end = (len(rows), rows[-1][6] if rows else GENESIS)
     if shared and pending_head != end and _pinned_prefix(rows, recorded_head):
-        recorded_head = end if rows else None  # later entries are other hosts' (a crash of ours: pending == end)
+        recorded_head = (
+            end if rows else None
+        )  # later entries are other hosts' (a crash of ours: pending == end)
     problems, broken = _chain_problems(rows)
     notes: list[str] = []
     if isinstance(recorded_head, str):
-        problems.append(f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, "
-                        "so it was edited")
+        problems.append(
+            f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, "
+            "so it was edited"
+        )
     elif recorded_head is None and not rows:
         pass
     elif recorded_head == end:
         pass
     elif pending_head == end and _extends(rows, recorded_head):
-        notes.append(f"the last transaction (entry {end[0]}) committed but its head record was interrupted "
-                     "(a crash or kill); the chain is consistent and the next write repairs the record")
+        notes.append(
+            f"the last transaction (entry {end[0]}) committed but its head record was interrupted "
+            "(a crash or kill); the chain is consistent and the next write repairs the record"
+        )
     elif recorded_head is None:
-        problems.append(f"the chain has {len(rows)} entries but the workspace has no recorded head "
-                        "(trail.head deleted)")
+        problems.append(
+            f"the chain has {len(rows)} entries but the workspace has no recorded head "
+            "(trail.head deleted)"
+        )
     else:
         problems.append(
             f"chain ends at entry {end[0]} {end[1][:12]}… but the workspace recorded head entry "
-            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the head file edited)")
+            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the head file edited)"
+        )
     status = "altered" if problems else ("interrupted" if notes else "intact")
     return TrailVerification(not problems, len(rows), end[1], problems, broken, status, notes)
 
@@ -222,7 +268,9 @@ def _extends(rows: list[tuple], recorded: tuple[int, str] | None) -> bool:
 def read_rows(store: Store) -> list[tuple]:
     with store.transaction() as con:
         # Storage order, not ORDER BY seq: a reordering must show up, not be sorted away.
-        return con.execute("SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER BY rowid").fetchall()
+        return con.execute(
+            "SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER BY rowid"
+        ).fetchall()
 
 
 def recorded_head(store: Store) -> tuple[int, str] | str | None:
@@ -232,8 +280,12 @@ def recorded_head(store: Store) -> tuple[int, str] | str | None:
 def verify(store: Store) -> TrailVerification:
     with store._lock:  # rows and head files read together, not between a commit and its head record
         rows = read_rows(store)
-        return verify_rows(rows, recorded_head(store), _read_head(store.workspace.root / PENDING_NAME),
-                           shared=store.shared)
+        return verify_rows(
+            rows,
+            recorded_head(store),
+            _read_head(store.workspace.root / PENDING_NAME),
+            shared=store.shared,
+        )
 
 
 def entries(store: Store, limit: int | None = None) -> list[dict]:

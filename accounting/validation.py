@@ -3,6 +3,7 @@
 dp-accounting and opacus accept some nonsense silently (a NaN sigma gives a NaN epsilon, a zero
 sigma an infinite one); we refuse it up front with a message that says what to do.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,9 @@ from accounting.errors import InvalidParameterError
 
 # Beyond these the numbers mean nothing and the accountants misbehave (overflow, division by zero, or a
 # PLD grid of petabytes), so they are refused with a message instead.
-MAX_EPSILON = 1000.0  # e**epsilon overflows a float near 710; no release is private at such a budget
+MAX_EPSILON = (
+    1000.0  # e**epsilon overflows a float near 710; no release is private at such a budget
+)
 MIN_NOISE_MULTIPLIER = 0.1  # one Gaussian query at 0.1 already costs epsilon ~ 96 (delta 1e-5)
 MAX_NOISE_MULTIPLIER = 1e6  # epsilon is 0 to float precision well before this
 MAX_COUNT = 10**9
@@ -32,7 +35,9 @@ def _finite(name: str, value: object) -> float:
 def check_epsilon(value: object, name: str = "epsilon") -> float:
     v = _finite(name, value)
     if v <= 0:
-        raise InvalidParameterError(f"{name} must be > 0, got {v}; a privacy budget of zero or less admits no release.")
+        raise InvalidParameterError(
+            f"{name} must be > 0, got {v}; a privacy budget of zero or less admits no release."
+        )
     if v > MAX_EPSILON:
         raise InvalidParameterError(
             f"{name} {v:g} is above {MAX_EPSILON:g}: at such a budget nothing is protected (e^epsilon overflows). "
@@ -54,7 +59,9 @@ def check_sigma(value: object, name: str = "sigma") -> float:
     """A noise multiplier (noise std / L2 sensitivity), within [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]."""
     v = _finite(name, value)
     if v <= 0:
-        raise InvalidParameterError(f"{name} (noise multiplier) must be > 0, got {v}; zero noise gives no privacy.")
+        raise InvalidParameterError(
+            f"{name} (noise multiplier) must be > 0, got {v}; zero noise gives no privacy."
+        )
     if v < MIN_NOISE_MULTIPLIER:
         raise InvalidParameterError(
             f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the sensitivity: so little noise gives no useful "
@@ -79,7 +86,9 @@ def check_sensitivity(value: object, name: str = "sensitivity") -> float:
 def check_sample_rate(value: object, name: str = "sample rate q") -> float:
     v = _finite(name, value)
     if not 0 < v <= 1:
-        raise InvalidParameterError(f"{name} must be in (0, 1], got {v}; it is batch size / dataset size.")
+        raise InvalidParameterError(
+            f"{name} must be in (0, 1], got {v}; it is batch size / dataset size."
+        )
     return v
 
 
@@ -90,5 +99,7 @@ def check_count(value: object, name: str = "steps") -> int:
     if v != int(v) or v < 1:
         raise InvalidParameterError(f"{name} must be a whole number >= 1, got {value!r}.")
     if v > MAX_COUNT:
-        raise InvalidParameterError(f"{name} {value!r} is above {MAX_COUNT:,}; give a realistic count.")
+        raise InvalidParameterError(
+            f"{name} {value!r} is above {MAX_COUNT:,}; give a realistic count."
+        )
     return int(v)

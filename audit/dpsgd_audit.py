@@ -22,6 +22,7 @@ scores each canary by the log-likelihood ratio of "its clipped gradient was in t
 probability q", summed over steps. At small noise this sees the individual steps' inclusions, which a sum
 over steps averages away, so it certifies more; at large noise the two are alike (BENCHMARKS.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,11 @@ from synth import registry
 from synth.datasets import ImageDataset, to_format
 from synth.progress import ProgressFn, no_progress
 
-Trainer = Callable[..., Any]   # dp_finetune's signature; returns an object with `.weights` (state dict)
-TABLE_DIM = 16                 # width of the class table: the probe's only parameters
-GRADIENT_OVER_CLIP = 1000.0    # a canary's raw gradient norm in units of the clipping norm
+Trainer = Callable[
+    ..., Any
+]  # dp_finetune's signature; returns an object with `.weights` (state dict)
+TABLE_DIM = 16  # width of the class table: the probe's only parameters
+GRADIENT_OVER_CLIP = 1000.0  # a canary's raw gradient norm in units of the clipping norm
 Score = Literal["model", "gradients"]
 SCORES = ("model", "gradients")
 
@@ -53,6 +56,7 @@ SCORES = ("model", "gradients")
 @dataclass(frozen=True)
 class DpSgdSetting:
     """The DP-SGD run under audit: what the ledger charges (q, sigma, steps) and how it trains."""
+
     sample_rate: float
     noise_multiplier: float
     steps: int
@@ -61,31 +65,50 @@ class DpSgdSetting:
     lr: float = 1e-3
     ema_decay: float = 0.999
     description: str = ""
-    optimizer: str = "adam"        # how the release trains (not privacy-relevant, but audited as run)
+    optimizer: str = "adam"  # how the release trains (not privacy-relevant, but audited as run)
     noise_multiplicity: int = 1
-    mechanism: str = "privimage"   # whose DP-SGD trainer runs (synth.registry.dpsgd_trainer)
+    mechanism: str = "privimage"  # whose DP-SGD trainer runs (synth.registry.dpsgd_trainer)
 
     def __post_init__(self) -> None:
         k = round(1 / self.sample_rate) if 0 < self.sample_rate <= 1 else 0
         if k < 1 or abs(1 / k - self.sample_rate) > 1e-12:
-            raise InvalidParameterError(f"sample rate must be 1/K for an integer K (opacus' Poisson loader samples "
-                                        f"with 1/ceil(N/B)), got {self.sample_rate!r}.")
-        if not (self.noise_multiplier > 0 and self.max_grad_norm > 0 and self.steps >= 1 and 0 < self.delta < 1):
-            raise InvalidParameterError("noise multiplier and clipping norm must be > 0, steps >= 1 and delta in "
-                                        f"(0, 1); got {self.noise_multiplier}, {self.max_grad_norm}, {self.steps}, "
-                                        f"{self.delta}.")
+            raise InvalidParameterError(
+                f"sample rate must be 1/K for an integer K (opacus' Poisson loader samples "
+                f"with 1/ceil(N/B)), got {self.sample_rate!r}."
+            )
+        if not (
+            self.noise_multiplier > 0
+            and self.max_grad_norm > 0
+            and self.steps >= 1
+            and 0 < self.delta < 1
+        ):
+            raise InvalidParameterError(
+                "noise multiplier and clipping norm must be > 0, steps >= 1 and delta in "
+                f"(0, 1); got {self.noise_multiplier}, {self.max_grad_norm}, {self.steps}, "
+                f"{self.delta}."
+            )
 
     @classmethod
-    def from_plan(cls, detail: dict[str, Any], config: dict[str, Any],
-                  mechanism: str = "privimage") -> DpSgdSetting | None:
+    def from_plan(
+        cls, detail: dict[str, Any], config: dict[str, Any], mechanism: str = "privimage"
+    ) -> DpSgdSetting | None:
         """From a stored plan's mechanism detail (sample_rate, noise_multiplier, steps) and config
         (max_grad_norm, delta, lr, ema_decay); None when the plan runs no DP-SGD (e.g. k-SALSA)."""
         if not all(k in detail for k in ("sample_rate", "noise_multiplier", "steps")):
             return None
-        return cls(float(detail["sample_rate"]), float(detail["noise_multiplier"]), int(detail["steps"]),
-                   float(config["max_grad_norm"]), float(config["delta"]), float(config.get("lr", 1e-3)),
-                   float(config.get("ema_decay", 0.999)), "the release's planned DP-SGD",
-                   str(config.get("dp_optimizer", "adam")), int(config.get("noise_multiplicity", 1)), mechanism)
+        return cls(
+            float(detail["sample_rate"]),
+            float(detail["noise_multiplier"]),
+            int(detail["steps"]),
+            float(config["max_grad_norm"]),
+            float(config["delta"]),
+            float(config.get("lr", 1e-3)),
+            float(config.get("ema_decay", 0.999)),
+            "the release's planned DP-SGD",
+            str(config.get("dp_optimizer", "adam")),
+            int(config.get("noise_multiplicity", 1)),
+            mechanism,
+        )
 
     @property
     def claimed_epsilon(self) -> float:
@@ -104,11 +127,13 @@ class CanaryProbe(torch.nn.Module):
         gen = torch.Generator().manual_seed(seed)
         pixels = int(np.prod(image_shape))
         basis, _ = torch.linalg.qr(torch.randn(pixels, TABLE_DIM, generator=gen))
-        self.register_buffer("basis", basis.T.contiguous())   # (TABLE_DIM, pixels), orthonormal rows
+        self.register_buffer("basis", basis.T.contiguous())  # (TABLE_DIM, pixels), orthonormal rows
         self.table = torch.nn.Embedding(rows, TABLE_DIM)
         self.gain = gain
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, class_labels: torch.Tensor) -> SimpleNamespace:
+    def forward(
+        self, x_t: torch.Tensor, t: torch.Tensor, class_labels: torch.Tensor
+    ) -> SimpleNamespace:
         pred = self.gain * self.table(class_labels) @ self.basis
         return SimpleNamespace(sample=pred.view_as(x_t))
 
@@ -116,13 +141,16 @@ class CanaryProbe(torch.nn.Module):
 @dataclass(frozen=True)
 class CanaryRun:
     """Scores of one audit training run (internal numbers, no verdict)."""
-    scores: np.ndarray        # per canary, higher = "included"
-    included: np.ndarray      # the coin flips
+
+    scores: np.ndarray  # per canary, higher = "included"
+    included: np.ndarray  # the coin flips
     n_public: int
     batch_size: int
     seconds: float
     score: str = "model"
-    linear: np.ndarray | None = None   # a score linear in the canary's signal, for the Gaussian fit (None: scores)
+    linear: np.ndarray | None = (
+        None  # a score linear in the canary's signal, for the Gaussian fit (None: scores)
+    )
 
 
 def _batch_for(rate: float, n_min: int) -> tuple[int, int]:
@@ -135,18 +163,32 @@ def _batch_for(rate: float, n_min: int) -> tuple[int, int]:
 def _dataset(public: ImageDataset, included: np.ndarray, n_total: int, rng: np.random.Generator):
     n_pub = n_total - int(included.sum())
     pick = rng.choice(len(public), n_pub, replace=n_pub > len(public))
-    x_pub = torch.from_numpy(to_format(public.images[pick], 28, 1).astype(np.float32) / 127.5 - 1.0)[:, None]
+    x_pub = torch.from_numpy(
+        to_format(public.images[pick], 28, 1).astype(np.float32) / 127.5 - 1.0
+    )[:, None]
     classes = np.unique(public.labels)  # sorted: a label's class index is its position
     y_pub = torch.from_numpy(np.searchsorted(classes, public.labels[pick]).astype(np.int64))
     n_classes = len({int(v) for v in public.labels})
     canary_ids = np.flatnonzero(included)
-    x_can = torch.from_numpy(rng.uniform(-1, 1, (len(canary_ids), 1, 28, 28)).astype(np.float32))  # OOD noise
-    y_can = torch.from_numpy(n_classes + canary_ids)  # each canary: its own label, held by no other record
+    x_can = torch.from_numpy(
+        rng.uniform(-1, 1, (len(canary_ids), 1, 28, 28)).astype(np.float32)
+    )  # OOD noise
+    y_can = torch.from_numpy(
+        n_classes + canary_ids
+    )  # each canary: its own label, held by no other record
     return torch.cat([x_pub, x_can]), torch.cat([y_pub, y_can]).long(), n_pub, n_classes
 
 
-def run_canaries(setting: DpSgdSetting, public: ImageDataset, *, trainer: Trainer | None = None, m: int = 1000,
-                 seed: int | None = None, progress: ProgressFn = no_progress, score: str = "model") -> CanaryRun:
+def run_canaries(
+    setting: DpSgdSetting,
+    public: ImageDataset,
+    *,
+    trainer: Trainer | None = None,
+    m: int = 1000,
+    seed: int | None = None,
+    progress: ProgressFn = no_progress,
+    score: str = "model",
+) -> CanaryRun:
     """Train `trainer` (default: the setting's mechanism's DP-SGD trainer) on public images + canaries; score
     them."""
     if score not in SCORES:
@@ -160,29 +202,40 @@ def run_canaries(setting: DpSgdSetting, public: ImageDataset, *, trainer: Traine
     probe = CanaryProbe(n_classes + m, (1, 28, 28), gain, int(rng.integers(2**31)))
     with torch.no_grad():
         probe.table.weight.zero_()
-        start = torch.nn.functional.normalize(torch.randn(m, TABLE_DIM, generator=torch.Generator().manual_seed(
-            int(rng.integers(2**31)))), dim=1)
+        start = torch.nn.functional.normalize(
+            torch.randn(
+                m, TABLE_DIM, generator=torch.Generator().manual_seed(int(rng.integers(2**31)))
+            ),
+            dim=1,
+        )
         probe.table.weight[n_classes:] = start
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the probe is tiny: extra threads only add contention
     steps: list[np.ndarray] = []
     try:
-        with _record_canary_gradients(probe.table.weight, n_classes, steps, enabled=score == "gradients"):
+        with _record_canary_gradients(
+            probe.table.weight, n_classes, steps, enabled=score == "gradients"
+        ):
             out = _train(trainer, probe, x, y, setting, n, b, progress)
     finally:
         torch.set_num_threads(threads)
     if score == "gradients":
-        scores, linear = gradient_scores(np.stack(steps, 1), setting.sample_rate, setting.noise_multiplier)
+        scores, linear = gradient_scores(
+            np.stack(steps, 1), setting.sample_rate, setting.noise_multiplier
+        )
         return CanaryRun(scores, included, n_pub, b, time.perf_counter() - t0, score, linear)
     final = out.weights["table.weight"][n_classes:].double()
-    scores = ((start.double() - final) * start.double()).sum(1).numpy()  # movement against the gradient
+    scores = (
+        ((start.double() - final) * start.double()).sum(1).numpy()
+    )  # movement against the gradient
     return CanaryRun(scores, included, n_pub, b, time.perf_counter() - t0)
 
 
 @contextmanager
-def _record_canary_gradients(table: torch.Tensor, first: int, steps: list[np.ndarray],
-                             enabled: bool) -> Iterator[None]:
+def _record_canary_gradients(
+    table: torch.Tensor, first: int, steps: list[np.ndarray], enabled: bool
+) -> Iterator[None]:
     """While active, append at every optimiser step each canary row's privatised gradient projected on
     the row's direction (the direction its clipped gradient points in). The hook is global because the
     trainer builds its own optimiser; it acts only on an optimiser that holds `table`, and never on
@@ -219,23 +272,49 @@ def gradient_scores(x: np.ndarray, q: float, sigma: float) -> tuple[np.ndarray, 
     log-likelihood ratio of that mixture against N(0, sigma^2). The scale is read from the data, not
     trusted from the claim, so an implementation that rescales noise and signal together is scored alike."""
     if x.ndim != 2 or x.shape[1] == 0:
-        raise InvalidParameterError("no optimiser step was recorded: the trainer did not train the probe.")
+        raise InvalidParameterError(
+            "no optimiser step was recorded: the trainer did not train the probe."
+        )
     mad = np.median(np.abs(x - np.median(x, axis=0)), axis=0) * 1.4826
-    scale = np.maximum(mad, np.abs(x).max(axis=0) * 1e-12) + 1e-300   # no noise at all: scale ~ 0
+    scale = np.maximum(mad, np.abs(x).max(axis=0) * 1e-12) + 1e-300  # no noise at all: scale ~ 0
     y = sigma * x / scale
     llr = np.logaddexp(math.log1p(-q), math.log(q) + (y - 0.5) / sigma**2).sum(1)
     return llr, y.sum(1)
 
 
-def _train(trainer: Trainer, probe: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, setting: DpSgdSetting,
-           n: int, b: int, progress: ProgressFn) -> Any:
+def _train(
+    trainer: Trainer,
+    probe: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    setting: DpSgdSetting,
+    n: int,
+    b: int,
+    progress: ProgressFn,
+) -> Any:
     with tempfile.TemporaryDirectory(prefix="privrelease-audit-") as tmp:
-        out = trainer(probe, x, y, sample_rate=1.0 / math.ceil(n / b), noise_multiplier=setting.noise_multiplier,
-                      steps=setting.steps, batch_size=b, max_physical_batch=max(4 * b, 256),
-                      max_grad_norm=setting.max_grad_norm, lr=setting.lr, ema_decay=setting.ema_decay,
-                      train_timesteps=1000, seed=0, device=torch.device("cpu"), workdir=Path(tmp),
-                      ckpt_every=setting.steps, on_resume=lambda started, done: None, progress=progress,
-                      optimizer=setting.optimizer, noise_multiplicity=setting.noise_multiplicity)
+        out = trainer(
+            probe,
+            x,
+            y,
+            sample_rate=1.0 / math.ceil(n / b),
+            noise_multiplier=setting.noise_multiplier,
+            steps=setting.steps,
+            batch_size=b,
+            max_physical_batch=max(4 * b, 256),
+            max_grad_norm=setting.max_grad_norm,
+            lr=setting.lr,
+            ema_decay=setting.ema_decay,
+            train_timesteps=1000,
+            seed=0,
+            device=torch.device("cpu"),
+            workdir=Path(tmp),
+            ckpt_every=setting.steps,
+            on_resume=lambda started, done: None,
+            progress=progress,
+            optimizer=setting.optimizer,
+            noise_multiplicity=setting.noise_multiplicity,
+        )
     return out
 
 
@@ -250,7 +329,9 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return math.inf
 
     def excess(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)) - delta
+        return (
+            norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)) - delta
+        )
 
     if excess(0.0) <= 0:
         return 0.0
@@ -263,8 +344,9 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 @dataclass(frozen=True)
 class GaussianEstimate:
     """Gaussian fit of the two score distributions (Andrew et al., ICLR 2024): an estimate, not a proof."""
+
     mu: float
-    mu_lower: float           # one-sided lower confidence limit of mu (normal approximation)
+    mu_lower: float  # one-sided lower confidence limit of mu (normal approximation)
     eps: float
     eps_lower: float
 
@@ -272,7 +354,9 @@ class GaussianEstimate:
 def gaussian_estimate(run: CanaryRun, delta: float, confidence: float = 0.95) -> GaussianEstimate:
     from scipy.stats import norm
 
-    linear = run.scores if run.linear is None else run.linear   # a log-likelihood ratio is not Gaussian
+    linear = (
+        run.scores if run.linear is None else run.linear
+    )  # a log-likelihood ratio is not Gaussian
     s_in, s_out = linear[run.included], linear[~run.included]
     sd = float(np.std(s_out, ddof=1))
     shift = float(np.mean(s_in)) - float(np.mean(s_out))
@@ -287,6 +371,7 @@ def gaussian_estimate(run: CanaryRun, delta: float, confidence: float = 0.95) ->
 @dataclass(frozen=True)
 class ImplementationAudit:
     """compute_implementation_audit's numbers; check_implementation_audit turns them into a verdict."""
+
     setting: DpSgdSetting
     claimed_epsilon: float
     bound: OneRunBound
@@ -296,44 +381,88 @@ class ImplementationAudit:
 
     def to_dict(self) -> dict[str, Any]:
         b, g, s = self.bound, self.gaussian, self.setting
-        return {"setting": {"sample_rate": s.sample_rate, "noise_multiplier": s.noise_multiplier, "steps": s.steps,
-                            "max_grad_norm": s.max_grad_norm, "delta": s.delta, "lr": s.lr, "ema_decay": s.ema_decay,
-                            "optimizer": s.optimizer, "noise_multiplicity": s.noise_multiplicity,
-                            "description": s.description},
-                "claimed_epsilon": self.claimed_epsilon, "eps_lower": b.eps_lower, "confidence": b.confidence,
-                "canaries": b.m, "guesses": b.guesses, "correct": b.correct, "max_certifiable": b.max_certifiable,
-                "per_guess_count": [list(r) for r in b.per_count],
-                "gaussian": {"mu": g.mu, "mu_lower": g.mu_lower, "eps": g.eps, "eps_lower": g.eps_lower},
-                "score": self.run.score, "n_public": self.run.n_public, "batch_size": self.run.batch_size,
-                "seconds": self.run.seconds,
-                **self.extra}
+        return {
+            "setting": {
+                "sample_rate": s.sample_rate,
+                "noise_multiplier": s.noise_multiplier,
+                "steps": s.steps,
+                "max_grad_norm": s.max_grad_norm,
+                "delta": s.delta,
+                "lr": s.lr,
+                "ema_decay": s.ema_decay,
+                "optimizer": s.optimizer,
+                "noise_multiplicity": s.noise_multiplicity,
+                "description": s.description,
+            },
+            "claimed_epsilon": self.claimed_epsilon,
+            "eps_lower": b.eps_lower,
+            "confidence": b.confidence,
+            "canaries": b.m,
+            "guesses": b.guesses,
+            "correct": b.correct,
+            "max_certifiable": b.max_certifiable,
+            "per_guess_count": [list(r) for r in b.per_count],
+            "gaussian": {
+                "mu": g.mu,
+                "mu_lower": g.mu_lower,
+                "eps": g.eps,
+                "eps_lower": g.eps_lower,
+            },
+            "score": self.run.score,
+            "n_public": self.run.n_public,
+            "batch_size": self.run.batch_size,
+            "seconds": self.run.seconds,
+            **self.extra,
+        }
 
 
-def compute_implementation_audit(setting: DpSgdSetting, public: ImageDataset, *, trainer: Trainer | None = None,
-                                 m: int = 1000, confidence: float = 0.95, seed: int | None = None,
-                                 progress: ProgressFn = no_progress, score: str = "model") -> ImplementationAudit:
+def compute_implementation_audit(
+    setting: DpSgdSetting,
+    public: ImageDataset,
+    *,
+    trainer: Trainer | None = None,
+    m: int = 1000,
+    confidence: float = 0.95,
+    seed: int | None = None,
+    progress: ProgressFn = no_progress,
+    score: str = "model",
+) -> ImplementationAudit:
     """Train once with canaries and compute the one-run epsilon lower bound beside the claimed epsilon.
     `score`: "model" (final weights only) or "gradients" (every step's privatised gradient; module doc)."""
     if m < 10:
         raise InvalidParameterError(f"the one-run audit needs at least 10 canaries, got {m}.")
-    run = run_canaries(setting, public, trainer=trainer, m=m, seed=seed, progress=progress, score=score)
+    run = run_canaries(
+        setting, public, trainer=trainer, m=m, seed=seed, progress=progress, score=score
+    )
     bound = one_run_bound(run.scores, run.included, setting.delta, confidence)
-    return ImplementationAudit(setting, setting.claimed_epsilon, bound,
-                               gaussian_estimate(run, setting.delta, confidence), run)
+    return ImplementationAudit(
+        setting,
+        setting.claimed_epsilon,
+        bound,
+        gaussian_estimate(run, setting.delta, confidence),
+        run,
+    )
 
 
 def detection_text(audit: ImplementationAudit) -> tuple[str, str]:
     """(status, explanation): "violation" (proven at the confidence level), "suspect" (Gaussian estimate
     above the claim) or "consistent" (with what the audit could and could not have seen)."""
     b, g, claim = audit.bound, audit.gaussian, audit.claimed_epsilon
-    head = (f"one-run bound eps >= {b.eps_lower:.3f} ({b.confidence:.0%}; {b.correct}/{b.guesses} guesses right, "
-            f"{b.m} canaries) vs claimed eps {claim:.3f}")
+    head = (
+        f"one-run bound eps >= {b.eps_lower:.3f} ({b.confidence:.0%}; {b.correct}/{b.guesses} guesses right, "
+        f"{b.m} canaries) vs claimed eps {claim:.3f}"
+    )
     if b.eps_lower > claim:
-        return "violation", f"{head}: the implementation leaks more than it charges (proven at {b.confidence:.0%})"
+        return (
+            "violation",
+            f"{head}: the implementation leaks more than it charges (proven at {b.confidence:.0%})",
+        )
     gauss = f"Gaussian estimate eps {g.eps:.3f} (lower limit {g.eps_lower:.3f}, mu {g.mu:.3f})"
     if g.eps_lower > claim:
-        return "suspect", (f"{head}; {gauss} exceeds the claim: the canaries move more than the charged noise "
-                           "allows (an estimate that assumes Gaussian scores, not a proof)")
+        return "suspect", (
+            f"{head}; {gauss} exceeds the claim: the canaries move more than the charged noise "
+            "allows (an estimate that assumes Gaussian scores, not a proof)"
+        )
     return "consistent", f"{head}; {blind_spot(audit)}; the {gauss} stays below the claim"
 
 
@@ -345,19 +474,30 @@ def blind_spot(audit: ImplementationAudit) -> str:
     from audit.one_run import ceiling_search
 
     b, s, claim = audit.bound, audit.setting, audit.claimed_epsilon
-    doubled = epsilon_rdp([DpSgd(min(1.0, 2 * s.sample_rate), s.noise_multiplier, s.steps)], s.delta)
-    example = f"sampling at 2q = {min(1.0, 2 * s.sample_rate):.4g} while charging q (eps {doubled:.2f})"
+    doubled = epsilon_rdp(
+        [DpSgd(min(1.0, 2 * s.sample_rate), s.noise_multiplier, s.steps)], s.delta
+    )
+    example = (
+        f"sampling at 2q = {min(1.0, 2 * s.sample_rate):.4g} while charging q (eps {doubled:.2f})"
+    )
     if b.max_certifiable <= claim:
         need, peak = ceiling_search(claim, s.delta, b.confidence)
-        more = (f"about {need:,} canaries would lift the ceiling above it" if need else
-                f"no canary count can at delta {s.delta:g} (the ceiling peaks near {peak:.2f}: the bound's "
-                "2 m delta term grows with m)")
-        return (f"could not prove a violation: with {b.m} canaries even all-correct guesses certify at most eps "
-                f"{b.max_certifiable:.2f} <= claimed {claim:.2f}, and {more}; a leak such as {example} "
-                "cannot be detected by this bound")
-    return (f"no violation detected, but the bound certifies only part of a leak (ceiling {b.max_certifiable:.2f} "
-            f"with {b.m} canaries): a subtler bug such as {example} can pass, its canaries separating too little "
-            "to push the 95% bound above the claim")
+        more = (
+            f"about {need:,} canaries would lift the ceiling above it"
+            if need
+            else f"no canary count can at delta {s.delta:g} (the ceiling peaks near {peak:.2f}: the bound's "
+            "2 m delta term grows with m)"
+        )
+        return (
+            f"could not prove a violation: with {b.m} canaries even all-correct guesses certify at most eps "
+            f"{b.max_certifiable:.2f} <= claimed {claim:.2f}, and {more}; a leak such as {example} "
+            "cannot be detected by this bound"
+        )
+    return (
+        f"no violation detected, but the bound certifies only part of a leak (ceiling {b.max_certifiable:.2f} "
+        f"with {b.m} canaries): a subtler bug such as {example} can pass, its canaries separating too little "
+        "to push the 95% bound above the claim"
+    )
 
 
 def plot_canary_scores(audit: ImplementationAudit, path: Path, title: str = "") -> str:
@@ -370,13 +510,22 @@ def plot_canary_scores(audit: ImplementationAudit, path: Path, title: str = "") 
     run = audit.run
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     finite = run.scores[np.isfinite(run.scores)]
-    bins = np.linspace(finite.min(), finite.max(), 50).tolist() if finite.max() > finite.min() else 10
-    ax.hist(run.scores[~run.included], bins=bins, alpha=0.6, label=f"excluded ({(~run.included).sum()})")
-    ax.hist(run.scores[run.included], bins=bins, alpha=0.6, label=f"included ({run.included.sum()})")
+    bins = (
+        np.linspace(finite.min(), finite.max(), 50).tolist() if finite.max() > finite.min() else 10
+    )
+    ax.hist(
+        run.scores[~run.included], bins=bins, alpha=0.6, label=f"excluded ({(~run.included).sum()})"
+    )
+    ax.hist(
+        run.scores[run.included], bins=bins, alpha=0.6, label=f"included ({run.included.sum()})"
+    )
     ax.set_xlabel("canary score (row movement against its gradient)")
     ax.set_ylabel("canaries")
-    ax.set_title(title or f"one-run audit: eps >= {audit.bound.eps_lower:.2f} vs claimed {audit.claimed_epsilon:.2f}",
-                 fontsize=9)
+    ax.set_title(
+        title
+        or f"one-run audit: eps >= {audit.bound.eps_lower:.2f} vs claimed {audit.claimed_epsilon:.2f}",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -392,6 +541,14 @@ def check_implementation_audit(audit: ImplementationAudit, artifacts_dir: Path |
     status, text = detection_text(audit)
     artifacts = {}
     if artifacts_dir is not None:
-        artifacts["canary_scores"] = plot_canary_scores(audit, Path(artifacts_dir) / "canary_scores.png")
-    return CheckResult("dpsgd_one_run_audit", "attack", status == "consistent", text,
-                       {"status": status, **audit.to_dict()}, artifacts)
+        artifacts["canary_scores"] = plot_canary_scores(
+            audit, Path(artifacts_dir) / "canary_scores.png"
+        )
+    return CheckResult(
+        "dpsgd_one_run_audit",
+        "attack",
+        status == "consistent",
+        text,
+        {"status": status, **audit.to_dict()},
+        artifacts,
+    )

@@ -4,6 +4,7 @@ GX runs offline in an ephemeral, in-memory context with analytics and progress b
 once per process (context creation and the GX import are the slow part). Each expectation becomes
 one CheckResult, so a failure names the expectation and the offending rows (image ids).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,18 @@ import pandas as pd
 from accounting.fingerprint import record_fingerprints
 from audit.report import CheckResult
 
-COLUMNS = ["id", "label", "shape", "dtype", "min_pixel", "max_pixel", "mean_pixel", "sha256", "synthetic_sha256",
-           "nearest_training_distance"]
+COLUMNS = [
+    "id",
+    "label",
+    "shape",
+    "dtype",
+    "min_pixel",
+    "max_pixel",
+    "mean_pixel",
+    "sha256",
+    "synthetic_sha256",
+    "nearest_training_distance",
+]
 MAX_LISTED_ROWS = 50
 
 
@@ -34,30 +45,39 @@ def _as_uint8_for_hash(images: np.ndarray) -> np.ndarray:
         return np.clip(np.nan_to_num(np.asarray(images, dtype=np.float64)), 0, 255).astype(np.uint8)
 
 
-def release_table(images: np.ndarray, labels: np.ndarray, ids: list[str], key: bytes,
-                  nearest_training_distance: np.ndarray) -> pd.DataFrame:
+def release_table(
+    images: np.ndarray,
+    labels: np.ndarray,
+    ids: list[str],
+    key: bytes,
+    nearest_training_distance: np.ndarray,
+) -> pd.DataFrame:
     """One row per released image. `sha256` is the HMAC record fingerprint (comparable with the
     sensitive set's HMACs, never a plain hash of sensitive data); `synthetic_sha256` is a plain hash
     of the released image itself."""
     images = np.asarray(images)
     x = images.reshape(len(images), int(np.prod(images.shape[1:]))).astype(np.float64)
     as_u8 = _as_uint8_for_hash(images)
-    return pd.DataFrame({
-        "id": [str(i) for i in ids],
-        "label": np.asarray(labels).astype(np.int64),
-        "shape": [shape_str(images.shape[1:])] * len(images),
-        "dtype": [str(images.dtype)] * len(images),
-        "min_pixel": x.min(1) if x.size else np.zeros(len(x)),
-        "max_pixel": x.max(1) if x.size else np.zeros(len(x)),
-        "mean_pixel": x.mean(1) if x.size else np.zeros(len(x)),
-        "sha256": record_fingerprints(key, as_u8),
-        "synthetic_sha256": [hashlib.sha256(im.tobytes()).hexdigest() for im in as_u8],
-        "nearest_training_distance": np.asarray(nearest_training_distance, dtype=np.float64),
-    })
+    return pd.DataFrame(
+        {
+            "id": [str(i) for i in ids],
+            "label": np.asarray(labels).astype(np.int64),
+            "shape": [shape_str(images.shape[1:])] * len(images),
+            "dtype": [str(images.dtype)] * len(images),
+            "min_pixel": x.min(1) if x.size else np.zeros(len(x)),
+            "max_pixel": x.max(1) if x.size else np.zeros(len(x)),
+            "mean_pixel": x.mean(1) if x.size else np.zeros(len(x)),
+            "sha256": record_fingerprints(key, as_u8),
+            "synthetic_sha256": [hashlib.sha256(im.tobytes()).hexdigest() for im in as_u8],
+            "nearest_training_distance": np.asarray(nearest_training_distance, dtype=np.float64),
+        }
+    )
 
 
 def _offline() -> None:
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # before GX is first imported; audits run offline
+    os.environ.setdefault(
+        "GX_ANALYTICS_ENABLED", "false"
+    )  # before GX is first imported; audits run offline
 
 
 @lru_cache(maxsize=1)
@@ -70,15 +90,22 @@ def _context():
         ProgressBarsConfig,
     )
 
-    config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,
-                               progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False))
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
     ctx = gx.get_context(mode="ephemeral", project_config=config)
     asset = ctx.data_sources.add_pandas("privrelease").add_dataframe_asset("release_table")
     return ctx, asset.add_batch_definition_whole_dataframe("whole_table")
 
 
-def build_suite(expected_count: int, label_set: list[int], image_shape: tuple[int, ...],
-                sensitive_hmacs: list[str]) -> list[Any]:
+def build_suite(
+    expected_count: int,
+    label_set: list[int],
+    image_shape: tuple[int, ...],
+    sensitive_hmacs: list[str],
+) -> list[Any]:
     """The expectations over a release table (GX expectation objects)."""
     _offline()
     import great_expectations.expectations as gxe
@@ -113,10 +140,14 @@ def validate_table(table: pd.DataFrame, expectations: list[Any]) -> list[CheckRe
     ctx, batch_def = _context()
     name = f"release-{uuid.uuid4().hex}"
     suite = ctx.suites.add(gx.ExpectationSuite(name=name, expectations=expectations))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch_def, suite=suite, name=name))
+    vd = ctx.validation_definitions.add(
+        gx.ValidationDefinition(data=batch_def, suite=suite, name=name)
+    )
     try:
-        res = vd.run(batch_parameters={"dataframe": table},
-                     result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["id"]})
+        res = vd.run(
+            batch_parameters={"dataframe": table},
+            result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["id"]},
+        )
     finally:
         ctx.validation_definitions.delete(name)
         ctx.suites.delete(name)
@@ -130,7 +161,11 @@ def validate_table(table: pd.DataFrame, expectations: list[Any]) -> list[CheckRe
         details: dict[str, Any] = {"expectation": cfg.type, "kwargs": kwargs}
         if "observed_value" in result:
             details["observed_value"] = result["observed_value"]
-        offending = [row.get("id") for row in (result.get("unexpected_index_list") or []) if isinstance(row, dict)]
+        offending = [
+            row.get("id")
+            for row in (result.get("unexpected_index_list") or [])
+            if isinstance(row, dict)
+        ]
         if offending or result.get("unexpected_count"):
             details["unexpected_count"] = result.get("unexpected_count", len(offending))
             details["offending_ids"] = offending[:MAX_LISTED_ROWS]
@@ -147,7 +182,11 @@ def _summary(kind: str, kwargs: dict, ok: bool, details: dict) -> str:
         return f"{what}: ok"
     if "offending_ids" in details:
         ids = details["offending_ids"][:5]
-        more = "" if details["unexpected_count"] <= 5 else f" (+{details['unexpected_count'] - 5} more)"
+        more = (
+            ""
+            if details["unexpected_count"] <= 5
+            else f" (+{details['unexpected_count'] - 5} more)"
+        )
         return f"{what}: {details['unexpected_count']} offending row(s), ids {ids}{more}"
     if "observed_value" in details:
         expected = {k: v for k, v in kwargs.items() if k != "column"}

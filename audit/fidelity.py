@@ -1,5 +1,6 @@
 """FID-style distance with ImageNet-pretrained EfficientNet-Lite0 pooled features (torchmetrics'
 FrechetInceptionDistance with a custom feature network). Not comparable with Inception FID."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class EfficientNetLite0Features(torch.nn.Module):
 
 def _update(metric, images: np.ndarray, real: bool, batch: int = 256) -> None:
     for s in range(0, len(images), batch):
-        metric.update(torch.from_numpy(to_pm1(images[s:s + batch])), real=real)
+        metric.update(torch.from_numpy(to_pm1(images[s : s + batch])), real=real)
 
 
 def compute_fid(fake: np.ndarray, real: np.ndarray) -> float:
@@ -47,8 +48,9 @@ def compute_fid(fake: np.ndarray, real: np.ndarray) -> float:
     cache, key = scoped_cache(), content_key("fid-real:", real)
     metric = cache.get(key) if cache is not None else None
     if metric is None:
-        metric = FrechetInceptionDistance(feature=EfficientNetLite0Features(), reset_real_features=False,
-                                          normalize=True)
+        metric = FrechetInceptionDistance(
+            feature=EfficientNetLite0Features(), reset_real_features=False, normalize=True
+        )
         _update(metric, real, real=True)
         if cache is not None:
             cache[key] = metric
@@ -59,14 +61,20 @@ def compute_fid(fake: np.ndarray, real: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class FidelityNumbers:
-    value: float | None                 # None: fewer than 2 images in a set
+    value: float | None  # None: fewer than 2 images in a set
     n_fake: int
     n_real: int
-    real_heldout_baseline: float | None  # FID of an equally large real held-out sample (small-sample floor)
+    real_heldout_baseline: (
+        float | None
+    )  # FID of an equally large real held-out sample (small-sample floor)
 
 
-def compute_fidelity(images: np.ndarray, sensitive: ImageDataset, policy: AuditPolicy,
-                     heldout: ImageDataset | None = None) -> FidelityNumbers:
+def compute_fidelity(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    policy: AuditPolicy,
+    heldout: ImageDataset | None = None,
+) -> FidelityNumbers:
     """FID of the release against the sensitive set; with held-out data, also the FID of an equally
     large real held-out sample (the floor this sample size allows: small-sample FID is biased)."""
     rng = np.random.default_rng(policy.seed)
@@ -83,18 +91,37 @@ def compute_fidelity(images: np.ndarray, sensitive: ImageDataset, policy: AuditP
 
 def check_fidelity(f: FidelityNumbers, policy: AuditPolicy) -> CheckResult:
     if f.value is None:
-        return CheckResult(CHECK_FID, "fidelity", None, f"{METRIC_NAME}: not computed (needs >= 2 images per set)",
-                           {"n_fake": f.n_fake, "n_real": f.n_real})
+        return CheckResult(
+            CHECK_FID,
+            "fidelity",
+            None,
+            f"{METRIC_NAME}: not computed (needs >= 2 images per set)",
+            {"n_fake": f.n_fake, "n_real": f.n_real},
+        )
     passed = None if policy.max_fid is None else f.value <= policy.max_fid
     limit = "informational, no threshold" if policy.max_fid is None else f"max {policy.max_fid}"
     baseline = f.real_heldout_baseline
-    return CheckResult(CHECK_FID, "fidelity", passed,
-                       f"{METRIC_NAME} vs sensitive set: {f.value:.2f} ({limit}; {f.n_fake} vs {f.n_real} images"
-                       + (f"; real held-out sample scores {baseline:.2f})" if baseline is not None else ")"),
-                       {"metric": METRIC_NAME, "value": f.value, "n_fake": f.n_fake, "n_real": f.n_real,
-                        "reference": "sensitive (training) images", "real_heldout_baseline": baseline})
+    return CheckResult(
+        CHECK_FID,
+        "fidelity",
+        passed,
+        f"{METRIC_NAME} vs sensitive set: {f.value:.2f} ({limit}; {f.n_fake} vs {f.n_real} images"
+        + (f"; real held-out sample scores {baseline:.2f})" if baseline is not None else ")"),
+        {
+            "metric": METRIC_NAME,
+            "value": f.value,
+            "n_fake": f.n_fake,
+            "n_real": f.n_real,
+            "reference": "sensitive (training) images",
+            "real_heldout_baseline": baseline,
+        },
+    )
 
 
-def run_fidelity(images: np.ndarray, sensitive: ImageDataset, policy: AuditPolicy,
-                 heldout: ImageDataset | None = None) -> CheckResult:
+def run_fidelity(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    policy: AuditPolicy,
+    heldout: ImageDataset | None = None,
+) -> CheckResult:
     return check_fidelity(compute_fidelity(images, sensitive, policy, heldout), policy)

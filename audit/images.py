@@ -3,6 +3,7 @@
 The cache lives in memory only (never on disk) and only inside `audit_cache()` (one audit, or one
 benchmark run): embeddings and FID statistics of sensitive images are sensitive, so nothing outlives
 the audit that computed them (e.g. in a long-running dashboard server)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,12 @@ def scoped_cache() -> dict[str, Any] | None:
 
 
 def content_key(kind: str, images: np.ndarray) -> str:
-    return kind + hashlib.sha256(repr(images.shape).encode() + np.ascontiguousarray(images).tobytes()).hexdigest()
+    return (
+        kind
+        + hashlib.sha256(
+            repr(images.shape).encode() + np.ascontiguousarray(images).tobytes()
+        ).hexdigest()
+    )
 
 
 def to_pm1(images: np.ndarray) -> np.ndarray:
@@ -54,11 +60,11 @@ def nearest(query: np.ndarray, ref: np.ndarray, chunk: int = 512) -> tuple[np.nd
     ref_sq = (ref * ref).sum(1)
     dists, idx = np.empty(len(query), np.float32), np.empty(len(query), np.int64)
     for s in range(0, len(query), chunk):
-        q = np.asarray(query[s:s + chunk], dtype=np.float32)
+        q = np.asarray(query[s : s + chunk], dtype=np.float32)
         d2 = (q * q).sum(1)[:, None] + ref_sq[None, :] - 2.0 * q @ ref.T
         j = d2.argmin(1)
-        idx[s:s + chunk] = j
-        dists[s:s + chunk] = np.sqrt(np.maximum(d2[np.arange(len(q)), j], 0.0))
+        idx[s : s + chunk] = j
+        dists[s : s + chunk] = np.sqrt(np.maximum(d2[np.arange(len(q)), j], 0.0))
     return dists, idx
 
 

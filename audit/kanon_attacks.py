@@ -7,6 +7,7 @@
 - Re-identification: is the single sensitive record nearest to the representative one of its
   sources (rate; chance k/n). Measures whether a representative points back to one individual.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,16 +22,22 @@ from audit.report import CheckResult
 from synth.datasets import ImageDataset
 
 
-def _validate_clusters(clusters: list[np.ndarray], n_reps: int, n_sensitive: int) -> list[np.ndarray]:
+def _validate_clusters(
+    clusters: list[np.ndarray], n_reps: int, n_sensitive: int
+) -> list[np.ndarray]:
     if len(clusters) != n_reps:
-        raise DataFormatError(f"{len(clusters)} clusters for {n_reps} released representatives; give one array of "
-                              "sensitive indices per representative, in release order.")
+        raise DataFormatError(
+            f"{len(clusters)} clusters for {n_reps} released representatives; give one array of "
+            "sensitive indices per representative, in release order."
+        )
     out = []
     for i, c in enumerate(clusters):
         c = np.asarray(c, dtype=np.int64).reshape(-1)
         if len(c) == 0 or c.min() < 0 or c.max() >= n_sensitive:
-            raise DataFormatError(f"cluster {i} has indices outside the sensitive set (0..{n_sensitive - 1}) or is "
-                                  "empty.")
+            raise DataFormatError(
+                f"cluster {i} has indices outside the sensitive set (0..{n_sensitive - 1}) or is "
+                "empty."
+            )
         out.append(c)
     return out
 
@@ -45,16 +52,23 @@ def _precision(rep: np.ndarray, cands: np.ndarray, is_member: np.ndarray, k: int
 @dataclass(frozen=True)
 class KanonNumbers:
     """compute_kanon_attacks' numbers: cluster-membership precision and re-identification rate."""
-    membership: dict[str, Any]     # precision_by_space, attack_precision, chance, cluster sizes, ...
+
+    membership: dict[str, Any]  # precision_by_space, attack_precision, chance, cluster sizes, ...
     reid_rate: float
     reid_chance: float
     n_representatives: int
     reidentified_rows: list[int]
 
 
-def compute_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive: ImageDataset,
-                          heldout: ImageDataset | None, k: int | None, policy: AuditPolicy,
-                          features: bool = True) -> KanonNumbers:
+def compute_kanon_attacks(
+    images: np.ndarray,
+    clusters: list[np.ndarray],
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    k: int | None,
+    policy: AuditPolicy,
+    features: bool = True,
+) -> KanonNumbers:
     clusters = _validate_clusters(clusters, len(images), len(sensitive))
     rng = np.random.default_rng(policy.seed)
     reps = sample_idx(len(images), policy.feature_samples, rng)
@@ -84,44 +98,90 @@ def compute_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensit
         f = flat01(x)
         return l2_normalise(f - f.mean(1, keepdims=True))
 
-    precisions = {"pixel": space_precision(pix(images[reps]), lambda i: pix(sensitive.images[i]),
-                                           lambda i: pix(neg_images[i]))}
+    precisions = {
+        "pixel": space_precision(
+            pix(images[reps]), lambda i: pix(sensitive.images[i]), lambda i: pix(neg_images[i])
+        )
+    }
     if features:
-        used_s = np.unique(np.concatenate([p[1] for p in plans] + ([] if use_heldout else [p[2] for p in plans])))
+        used_s = np.unique(
+            np.concatenate([p[1] for p in plans] + ([] if use_heldout else [p[2] for p in plans]))
+        )
         used_n = np.unique(np.concatenate([p[2] for p in plans])) if use_heldout else used_s
-        fs = dict(zip(used_s.tolist(), l2_normalise(embed_images(sensitive.images[used_s])), strict=True))
-        fn = dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])), strict=True)) if use_heldout else fs
+        fs = dict(
+            zip(used_s.tolist(), l2_normalise(embed_images(sensitive.images[used_s])), strict=True)
+        )
+        fn = (
+            dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])), strict=True))
+            if use_heldout
+            else fs
+        )
         frep = l2_normalise(embed_images(images[reps]))
-        precisions["feature"] = space_precision(frep, lambda i: np.stack([fs[int(x)] for x in i]),
-                                                lambda i: np.stack([fn[int(x)] for x in i]))
+        precisions["feature"] = space_precision(
+            frep,
+            lambda i: np.stack([fs[int(x)] for x in i]),
+            lambda i: np.stack([fn[int(x)] for x in i]),
+        )
     sizes = np.array([len(c) for c in clusters])
-    membership = {"n_representatives_attacked": len(reps), "precision_by_space": precisions,
-                  "attack_precision": max(precisions.values()), "chance": 0.5,
-                  "cluster_sizes": {"min": int(sizes.min()), "max": int(sizes.max())}, "k": k,
-                  "non_members": "held-out images" if use_heldout else "sensitive records outside the cluster"}
+    membership = {
+        "n_representatives_attacked": len(reps),
+        "precision_by_space": precisions,
+        "attack_precision": max(precisions.values()),
+        "chance": 0.5,
+        "cluster_sizes": {"min": int(sizes.min()), "max": int(sizes.max())},
+        "k": k,
+        "non_members": "held-out images"
+        if use_heldout
+        else "sensitive records outside the cluster",
+    }
     # re-identification: nearest sensitive record (pixel RMS, whole sensitive set) is a source
     _, nn = rms_nearest(images, sensitive.images)
     hits = np.array([nn[i] in set(clusters[i].tolist()) for i in range(len(images))])
-    return KanonNumbers(membership, float(hits.mean()), float(np.mean(sizes) / len(sensitive)), len(images),
-                        np.flatnonzero(hits)[:50].tolist())
+    return KanonNumbers(
+        membership,
+        float(hits.mean()),
+        float(np.mean(sizes) / len(sensitive)),
+        len(images),
+        np.flatnonzero(hits)[:50].tolist(),
+    )
 
 
 def check_kanon_attacks(n: KanonNumbers, policy: AuditPolicy) -> list[CheckResult]:
     best = n.membership["attack_precision"]
     mem = CheckResult(
-        "kanon_cluster_membership", "attack", best <= policy.kanon_max_attack_precision,
+        "kanon_cluster_membership",
+        "attack",
+        best <= policy.kanon_max_attack_precision,
         f"cluster-membership attack top-k precision {best:.3f} (best of pixel/feature ranking; chance 0.50, "
-        f"max {policy.kanon_max_attack_precision})", n.membership)
+        f"max {policy.kanon_max_attack_precision})",
+        n.membership,
+    )
     reid = CheckResult(
-        "kanon_reidentification", "attack", n.reid_rate <= policy.kanon_max_reid_rate,
+        "kanon_reidentification",
+        "attack",
+        n.reid_rate <= policy.kanon_max_reid_rate,
         f"re-identification: nearest record is a source for {n.reid_rate:.3f} of representatives (chance "
         f"{n.reid_chance:.4f}, max {policy.kanon_max_reid_rate})",
-        {"reid_rate": n.reid_rate, "chance": n.reid_chance, "n_representatives": n.n_representatives,
-         "space": "pixel RMS", "reidentified_rows": n.reidentified_rows})
+        {
+            "reid_rate": n.reid_rate,
+            "chance": n.reid_chance,
+            "n_representatives": n.n_representatives,
+            "space": "pixel RMS",
+            "reidentified_rows": n.reidentified_rows,
+        },
+    )
     return [mem, reid]
 
 
-def run_kanon_attacks(images: np.ndarray, clusters: list[np.ndarray], sensitive: ImageDataset,
-                      heldout: ImageDataset | None, k: int | None, policy: AuditPolicy,
-                      features: bool = True) -> list[CheckResult]:
-    return check_kanon_attacks(compute_kanon_attacks(images, clusters, sensitive, heldout, k, policy, features), policy)
+def run_kanon_attacks(
+    images: np.ndarray,
+    clusters: list[np.ndarray],
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    k: int | None,
+    policy: AuditPolicy,
+    features: bool = True,
+) -> list[CheckResult]:
+    return check_kanon_attacks(
+        compute_kanon_attacks(images, clusters, sensitive, heldout, k, policy, features), policy
+    )

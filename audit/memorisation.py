@@ -5,6 +5,7 @@ For each released image: d_tr (nearest training image), d_ho (nearest held-out i
 d_tr / d_ho < near_copy_ratio and pixel d_tr < near_copy_max_distance. The fraction of released
 images closer to training than to held-out is measured with training subsampled to the held-out
 size (then ~0.5 is what an independent sample gives)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,14 @@ from audit.report import CheckResult
 from synth.datasets import ImageDataset
 
 
-def closer_to_train(images: np.ndarray, sensitive_images: np.ndarray, d_heldout: np.ndarray, n_heldout: int,
-                    repeats: int, rng: np.random.Generator) -> dict:
+def closer_to_train(
+    images: np.ndarray,
+    sensitive_images: np.ndarray,
+    d_heldout: np.ndarray,
+    n_heldout: int,
+    repeats: int,
+    rng: np.random.Generator,
+) -> dict:
     """Fraction of released images nearer to a training image than to any held-out image, with the
     training set subsampled to the held-out size (a larger set is nearer by size alone), `repeats`
     times: mean and spread. About 0.5 is what a sample independent of the training set gives."""
@@ -29,12 +36,23 @@ def closer_to_train(images: np.ndarray, sensitive_images: np.ndarray, d_heldout:
         sub = sample_idx(len(sensitive_images), n_heldout, rng)
         fractions.append(float(np.mean(rms_nearest(images, sensitive_images[sub])[0] < d_heldout)))
     f = np.asarray(fractions)
-    return {"mean": float(f.mean()), "min": float(f.min()), "max": float(f.max()),
-            "std": float(f.std(ddof=1)) if len(f) > 1 else 0.0, "repeats": repeats, "n_per_set": int(n_heldout)}
+    return {
+        "mean": float(f.mean()),
+        "min": float(f.min()),
+        "max": float(f.max()),
+        "std": float(f.std(ddof=1)) if len(f) > 1 else 0.0,
+        "repeats": repeats,
+        "n_per_set": int(n_heldout),
+    }
 
 
-def _feature_dcr(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset, policy: AuditPolicy,
-                 rng: np.random.Generator) -> dict:
+def _feature_dcr(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    heldout: ImageDataset,
+    policy: AuditPolicy,
+    rng: np.random.Generator,
+) -> dict:
     m = min(policy.feature_samples, len(sensitive), len(heldout))
     q = sample_idx(len(images), policy.feature_samples, rng)
     fq = l2_normalise(embed_images(images[q]))
@@ -44,14 +62,27 @@ def _feature_dcr(images: np.ndarray, sensitive: ImageDataset, heldout: ImageData
     d_tr = nearest(fq, ftr)[0] ** 2 / 2
     d_ho = nearest(fq, fho)[0] ** 2 / 2
     ratio = d_tr / np.maximum(d_ho, 1e-12)
-    return {"n_release": len(q), "n_reference": m, "median_d_train": float(np.median(d_tr)),
-            "median_d_heldout": float(np.median(d_ho)), "median_ratio": float(np.median(ratio)),
-            "closer_to_train_fraction": float(np.mean(d_tr < d_ho)),
-            "fraction_ratio_below_threshold": float(np.mean(ratio < policy.near_copy_ratio))}
+    return {
+        "n_release": len(q),
+        "n_reference": m,
+        "median_d_train": float(np.median(d_tr)),
+        "median_d_heldout": float(np.median(d_ho)),
+        "median_ratio": float(np.median(ratio)),
+        "closer_to_train_fraction": float(np.mean(d_tr < d_ho)),
+        "fraction_ratio_below_threshold": float(np.mean(ratio < policy.near_copy_ratio)),
+    }
 
 
-def nn_grid(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None, order: np.ndarray,
-            idx_tr: np.ndarray, idx_ho: np.ndarray | None, d_tr: np.ndarray, path: Path) -> str:
+def nn_grid(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    order: np.ndarray,
+    idx_tr: np.ndarray,
+    idx_ho: np.ndarray | None,
+    d_tr: np.ndarray,
+    path: Path,
+) -> str:
     """PNG grid: for the closest pairs, released image | nearest training | nearest held-out."""
     import matplotlib
 
@@ -59,9 +90,14 @@ def nn_grid(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset |
     import matplotlib.pyplot as plt
 
     cols = 3 if heldout is not None else 2
-    fig, axes = plt.subplots(len(order), cols, figsize=(1.6 * cols, 1.6 * len(order)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(order), cols, figsize=(1.6 * cols, 1.6 * len(order)), squeeze=False
+    )
     for r, i in enumerate(order):
-        row = [(images[i], f"release #{i}"), (sensitive.images[idx_tr[i]], f"train d={d_tr[i]:.3f}")]
+        row = [
+            (images[i], f"release #{i}"),
+            (sensitive.images[idx_tr[i]], f"train d={d_tr[i]:.3f}"),
+        ]
         if heldout is not None and idx_ho is not None:
             row.append((heldout.images[idx_ho[i]], "held-out"))
         for c, (im, title) in enumerate(row):
@@ -78,33 +114,52 @@ def nn_grid(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset |
 @dataclass(frozen=True)
 class MemorisationNumbers:
     """compute_memorisation's numbers; `order` ranks released rows from most to least copy-like."""
+
     details: dict[str, Any]
     order: np.ndarray
     idx_heldout: np.ndarray | None
 
 
-def compute_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None,
-                         d_tr: np.ndarray, policy: AuditPolicy, features: bool = True) -> MemorisationNumbers:
+def compute_memorisation(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    d_tr: np.ndarray,
+    policy: AuditPolicy,
+    features: bool = True,
+) -> MemorisationNumbers:
     """`d_tr`: pixel RMS distance of each released image to its nearest training image."""
     rng = np.random.default_rng(policy.seed)
-    details: dict = {"n_release": len(images), "n_train": len(sensitive), "pixel_distance": "RMS, pixels in [0,1]",
-                     "near_copy_rule": f"d_tr/d_ho < {policy.near_copy_ratio} and d_tr < {policy.near_copy_max_distance}"}
+    details: dict = {
+        "n_release": len(images),
+        "n_train": len(sensitive),
+        "pixel_distance": "RMS, pixels in [0,1]",
+        "near_copy_rule": f"d_tr/d_ho < {policy.near_copy_ratio} and d_tr < {policy.near_copy_max_distance}",
+    }
     idx_ho = None
     if heldout is not None:
         d_ho, idx_ho = rms_nearest(images, heldout.images)
         ratio = d_tr / np.maximum(d_ho, 1e-12)
         near = (ratio < policy.near_copy_ratio) & (d_tr < policy.near_copy_max_distance)
-        spread = closer_to_train(images, sensitive.images, d_ho, len(heldout), policy.dcr_repeats, rng)
+        spread = closer_to_train(
+            images, sensitive.images, d_ho, len(heldout), policy.dcr_repeats, rng
+        )
         closer = spread["mean"]
-        details.update(median_d_train=float(np.median(d_tr)), median_d_heldout=float(np.median(d_ho)),
-                       median_ratio=float(np.median(ratio)), closer_to_train_fraction_pixel=closer,
-                       closer_to_train_spread=spread)
+        details.update(
+            median_d_train=float(np.median(d_tr)),
+            median_d_heldout=float(np.median(d_ho)),
+            median_ratio=float(np.median(ratio)),
+            closer_to_train_fraction_pixel=closer,
+            closer_to_train_spread=spread,
+        )
         order = np.argsort(ratio, kind="stable")
     else:
         # no held-out reference: only the absolute distance can flag a copy
         near = d_tr < policy.near_copy_max_distance
         closer = None
-        details.update(median_d_train=float(np.median(d_tr)), note="no held-out data: absolute distance only")
+        details.update(
+            median_d_train=float(np.median(d_tr)), note="no held-out data: absolute distance only"
+        )
         order = np.argsort(d_tr, kind="stable")
     details["near_copy_count"] = int(near.sum())
     details["near_copy_fraction"] = float(near.mean())
@@ -114,9 +169,16 @@ def compute_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: I
     return MemorisationNumbers(details, order, idx_ho)
 
 
-def check_memorisation(numbers: MemorisationNumbers, images: np.ndarray, sensitive: ImageDataset,
-                       heldout: ImageDataset | None, d_tr: np.ndarray, idx_tr: np.ndarray, policy: AuditPolicy,
-                       artifacts_dir: Path | None) -> CheckResult:
+def check_memorisation(
+    numbers: MemorisationNumbers,
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    d_tr: np.ndarray,
+    idx_tr: np.ndarray,
+    policy: AuditPolicy,
+    artifacts_dir: Path | None,
+) -> CheckResult:
     details, order, idx_ho = dict(numbers.details), numbers.order, numbers.idx_heldout
     closer = details.get("closer_to_train_fraction_pixel")
     checks = {"near_copies": details["near_copy_fraction"] <= policy.max_near_copy_fraction}
@@ -125,21 +187,48 @@ def check_memorisation(numbers: MemorisationNumbers, images: np.ndarray, sensiti
     details["checks"] = checks
     artifacts = {}
     if artifacts_dir is not None:
-        artifacts["nearest_neighbour_grid"] = nn_grid(images, sensitive, heldout, order[: policy.grid_pairs],
-                                                      idx_tr, idx_ho, d_tr, Path(artifacts_dir) / "nearest_pairs.png")
-    closer_txt = (f"{closer:.2f} closer to train than held-out (equal-size sets, {policy.dcr_repeats} draws, range "
-                  f"{details['closer_to_train_spread']['min']:.2f}-{details['closer_to_train_spread']['max']:.2f}; "
-                  "~0.5 healthy)") if closer is not None else "no held-out"
-    summary = (f"{details['near_copy_count']} near-copies ({details['near_copy_fraction']:.2%}, max "
-               f"{policy.max_near_copy_fraction:.2%}; rule {details['near_copy_rule']}); {closer_txt}")
+        artifacts["nearest_neighbour_grid"] = nn_grid(
+            images,
+            sensitive,
+            heldout,
+            order[: policy.grid_pairs],
+            idx_tr,
+            idx_ho,
+            d_tr,
+            Path(artifacts_dir) / "nearest_pairs.png",
+        )
+    closer_txt = (
+        (
+            f"{closer:.2f} closer to train than held-out (equal-size sets, {policy.dcr_repeats} draws, range "
+            f"{details['closer_to_train_spread']['min']:.2f}-{details['closer_to_train_spread']['max']:.2f}; "
+            "~0.5 healthy)"
+        )
+        if closer is not None
+        else "no held-out"
+    )
+    summary = (
+        f"{details['near_copy_count']} near-copies ({details['near_copy_fraction']:.2%}, max "
+        f"{policy.max_near_copy_fraction:.2%}; rule {details['near_copy_rule']}); {closer_txt}"
+    )
     if "feature_space" in details:
         summary += f"; feature-space closer fraction {details['feature_space']['closer_to_train_fraction']:.2f}"
-    return CheckResult("memorisation_dcr", "attack", all(checks.values()), summary, details, artifacts)
+    return CheckResult(
+        "memorisation_dcr", "attack", all(checks.values()), summary, details, artifacts
+    )
 
 
-def run_memorisation(images: np.ndarray, sensitive: ImageDataset, heldout: ImageDataset | None,
-                     d_tr: np.ndarray, idx_tr: np.ndarray, policy: AuditPolicy, artifacts_dir: Path | None,
-                     features: bool = True) -> CheckResult:
+def run_memorisation(
+    images: np.ndarray,
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    d_tr: np.ndarray,
+    idx_tr: np.ndarray,
+    policy: AuditPolicy,
+    artifacts_dir: Path | None,
+    features: bool = True,
+) -> CheckResult:
     """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training image."""
     numbers = compute_memorisation(images, sensitive, heldout, d_tr, policy, features)
-    return check_memorisation(numbers, images, sensitive, heldout, d_tr, idx_tr, policy, artifacts_dir)
+    return check_memorisation(
+        numbers, images, sensitive, heldout, d_tr, idx_tr, policy, artifacts_dir
+    )

@@ -13,6 +13,7 @@ paper's Algorithm 2 / its code listing in the appendix). The epsilon lower bound
 whose p-value is below 1 - confidence. The guess counts are fixed before looking at the scores and
 the level is split over them (Bonferroni), so reporting the best of them keeps the confidence.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,16 @@ from scipy import stats
 
 from accounting.errors import InvalidParameterError
 
-DEFAULT_GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)  # of m, guesses on each side = fraction * m / 2
+DEFAULT_GUESS_FRACTIONS = (
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+)  # of m, guesses on each side = fraction * m / 2
 
 
 def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -56,28 +66,41 @@ def epsilon_from_guesses(m: int, r: int, v: int, delta: float, alpha: float) -> 
 
 @dataclass(frozen=True)
 class OneRunBound:
-    eps_lower: float           # valid at `confidence` over the canary randomisation and the training noise
-    guesses: int               # r of the best pre-registered guess count
-    correct: int               # v at that count
-    m: int                     # canaries
+    eps_lower: float  # valid at `confidence` over the canary randomisation and the training noise
+    guesses: int  # r of the best pre-registered guess count
+    correct: int  # v at that count
+    m: int  # canaries
     confidence: float
     delta: float
-    max_certifiable: float     # the bound if every guess at the largest count were right: the audit's ceiling
+    max_certifiable: (
+        float  # the bound if every guess at the largest count were right: the audit's ceiling
+    )
     per_count: tuple[tuple[int, int, float], ...]  # (r, v, eps) for every pre-registered count
 
 
-def one_run_bound(scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95,
-                  guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS) -> OneRunBound:
+def one_run_bound(
+    scores: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    confidence: float = 0.95,
+    guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS,
+) -> OneRunBound:
     """Higher score = "included". `included`: the canaries' true inclusion bits (the coin flips)."""
     s, inc = np.asarray(scores, np.float64), np.asarray(included, bool)
     m = len(s)
     if inc.shape != s.shape or m < 10:
-        raise InvalidParameterError(f"need one inclusion bit per score and at least 10 canaries, got {m} scores "
-                                    f"and {inc.shape} bits.")
+        raise InvalidParameterError(
+            f"need one inclusion bit per score and at least 10 canaries, got {m} scores "
+            f"and {inc.shape} bits."
+        )
     if not np.isfinite(s).all():
-        raise InvalidParameterError("canary scores contain NaN or infinite values; check the trained model.")
+        raise InvalidParameterError(
+            "canary scores contain NaN or infinite values; check the trained model."
+        )
     if not 0 < confidence < 1 or not 0 <= delta < 1:
-        raise InvalidParameterError(f"confidence must be in (0, 1) and delta in [0, 1); got {confidence}, {delta}.")
+        raise InvalidParameterError(
+            f"confidence must be in (0, 1) and delta in [0, 1); got {confidence}, {delta}."
+        )
     counts = sorted({max(1, int(f * m / 2)) for f in guess_fractions})
     alpha = (1 - confidence) / len(counts)
     # ties broken at random so equal scores (e.g. no noise at all) carry no hidden information
@@ -91,14 +114,22 @@ def one_run_bound(scores: np.ndarray, included: np.ndarray, delta: float, confid
     return OneRunBound(best[2], best[0], best[1], m, confidence, float(delta), ceiling, tuple(rows))
 
 
-def ceiling(m: int, delta: float, confidence: float = 0.95,
-            guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS) -> float:
+def ceiling(
+    m: int,
+    delta: float,
+    confidence: float = 0.95,
+    guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS,
+) -> float:
     """The most one_run_bound can certify with m canaries: every guess at the largest count right."""
     counts = sorted({max(1, int(f * m / 2)) for f in guess_fractions})
-    return epsilon_from_guesses(m, 2 * counts[-1], 2 * counts[-1], delta, (1 - confidence) / len(counts))
+    return epsilon_from_guesses(
+        m, 2 * counts[-1], 2 * counts[-1], delta, (1 - confidence) / len(counts)
+    )
 
 
-def ceiling_search(eps: float, delta: float, confidence: float = 0.95, most: int = 256_000) -> tuple[int | None, float]:
+def ceiling_search(
+    eps: float, delta: float, confidence: float = 0.95, most: int = 256_000
+) -> tuple[int | None, float]:
     """(smallest canary count, 1,000 x a power of 2 up to `most`, whose ceiling exceeds eps, or None; the
     highest ceiling seen). The 2 m delta term of Theorem 5.2 grows with m, so the ceiling peaks (about 6.1
     at m = 4,000 for delta = 1e-5) and then falls; the search stops there."""

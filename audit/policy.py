@@ -1,5 +1,6 @@
 """Audit thresholds: the release spec's [policy] table. Each attack/metric with a threshold here
 gets a pass/fail verdict; a threshold of None makes that check informational."""
+
 from __future__ import annotations
 
 import math
@@ -9,35 +10,59 @@ from typing import Any
 from accounting.errors import InvalidParameterError
 
 # fields that are fractions / probabilities, checked to lie in [0, 1]
-_UNIT = {"mia_max_auc", "mia_max_tpr_at_1pct_fpr", "mia_max_tpr_at_01pct_fpr", "max_near_copy_fraction",
-         "max_closer_to_train_fraction", "kanon_max_attack_precision", "kanon_max_reid_rate",
-         "min_downstream_accuracy", "min_utility_gain", "min_sds", "mia_confidence", "near_copy_max_distance"}
-_POSITIVE_INT = {"one_run_canaries", "dcr_repeats", "mia_samples", "feature_samples", "fid_samples", "utility_train_samples", "cnn_epochs", "sds_clusters",
-                 "grid_pairs"}
+_UNIT = {
+    "mia_max_auc",
+    "mia_max_tpr_at_1pct_fpr",
+    "mia_max_tpr_at_01pct_fpr",
+    "max_near_copy_fraction",
+    "max_closer_to_train_fraction",
+    "kanon_max_attack_precision",
+    "kanon_max_reid_rate",
+    "min_downstream_accuracy",
+    "min_utility_gain",
+    "min_sds",
+    "mia_confidence",
+    "near_copy_max_distance",
+}
+_POSITIVE_INT = {
+    "one_run_canaries",
+    "dcr_repeats",
+    "mia_samples",
+    "feature_samples",
+    "fid_samples",
+    "utility_train_samples",
+    "cnn_epochs",
+    "sds_clusters",
+    "grid_pairs",
+}
 
 
 @dataclass
 class AuditPolicy:
     # membership inference on the released generator (loss-threshold attack)
     mia_max_auc: float = 0.6
-    mia_max_tpr_at_1pct_fpr: float = 0.05          # chance level is 0.01
+    mia_max_tpr_at_1pct_fpr: float = 0.05  # chance level is 0.01
     mia_max_tpr_at_01pct_fpr: float | None = None  # chance level is 0.001; informational by default
-    mia_samples: int = 500                          # members and non-members each
-    mia_confidence: float = 0.95                    # Clopper-Pearson level of the epsilon lower bound
+    mia_samples: int = 500  # members and non-members each
+    mia_confidence: float = 0.95  # Clopper-Pearson level of the epsilon lower bound
     # one-run audit of the DP-SGD implementation at the release's settings (public data + canaries)
     one_run_canaries: int | None = 1000
     # canary score: "gradients" (every step's privatised gradient; certifies more at small noise, and stayed
     # below the charge in 20/20 honest runs, BENCHMARKS.md "One-run audit") or "model" (final weights only)
     one_run_score: str = "gradients"
     # memorisation / distance to closest record
-    near_copy_ratio: float = 0.5          # d_train / d_heldout below this ...
-    near_copy_max_distance: float = 0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
+    near_copy_ratio: float = 0.5  # d_train / d_heldout below this ...
+    near_copy_max_distance: float = (
+        0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
+    )
     max_near_copy_fraction: float = 0.01
     max_closer_to_train_fraction: float | None = None  # ~0.5 is healthy; informational by default
-    dcr_repeats: int = 5                  # training subsampled to the held-out size this many times
+    dcr_repeats: int = 5  # training subsampled to the held-out size this many times
     # k-anonymous releases
-    kanon_max_attack_precision: float = 0.9   # cluster-membership attack top-k precision (chance 0.5)
-    kanon_max_reid_rate: float = 0.9          # representative -> top-1 nearest record is one of its sources
+    kanon_max_attack_precision: float = (
+        0.9  # cluster-membership attack top-k precision (chance 0.5)
+    )
+    kanon_max_reid_rate: float = 0.9  # representative -> top-1 nearest record is one of its sources
     # fidelity and utility
     # Utility gate: the best of LR / MLP / CNN trained on the release and tested on the real held-out set
     # must reach chance + min_utility_gain * (1 - chance), chance = the held-out majority-class rate.
@@ -47,12 +72,12 @@ class AuditPolicy:
     # turns the relative gate off (TOML has no null).
     min_utility_gain: float | None = 1 / 3
     min_downstream_accuracy: float | None = None
-    max_fid: float | None = None                   # FID (EfficientNet-Lite0 features)
+    max_fid: float | None = None  # FID (EfficientNet-Lite0 features)
     min_sds: float | None = None
     # an attack that cannot run (no held-out data, no loss function) fails instead of being skipped
     require_attacks: bool = True
     # cost controls
-    feature_samples: int = 1000   # images embedded per set for feature-space checks
+    feature_samples: int = 1000  # images embedded per set for feature-space checks
     fid_samples: int = 1000
     utility_train_samples: int = 2000
     cnn_epochs: int = 3
@@ -65,27 +90,44 @@ class AuditPolicy:
             value = getattr(self, f.name)
             if f.name in ("require_attacks",):
                 if not isinstance(value, bool):
-                    raise InvalidParameterError(f"audit policy {f.name} must be true or false, got {value!r}.")
+                    raise InvalidParameterError(
+                        f"audit policy {f.name} must be true or false, got {value!r}."
+                    )
                 continue
             if value is None and "None" in str(f.type):
                 continue
             if f.name == "one_run_score":
                 if value not in ("gradients", "model"):
-                    raise InvalidParameterError(f"audit policy one_run_score must be \"gradients\" or \"model\", "
-                                                f"got {value!r}.")
+                    raise InvalidParameterError(
+                        f'audit policy one_run_score must be "gradients" or "model", got {value!r}.'
+                    )
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InvalidParameterError(f"audit policy {f.name} must be a finite number, got {value!r}.")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
+                raise InvalidParameterError(
+                    f"audit policy {f.name} must be a finite number, got {value!r}."
+                )
             if f.name in _UNIT and not 0 <= value <= 1:
-                raise InvalidParameterError(f"audit policy {f.name} must be between 0 and 1, got {value}.")
+                raise InvalidParameterError(
+                    f"audit policy {f.name} must be between 0 and 1, got {value}."
+                )
             if f.name in _POSITIVE_INT and (int(value) != value or value < 1):
-                raise InvalidParameterError(f"audit policy {f.name} must be a positive integer, got {value}.")
+                raise InvalidParameterError(
+                    f"audit policy {f.name} must be a positive integer, got {value}."
+                )
             if f.name == "near_copy_ratio" and value <= 0:
-                raise InvalidParameterError(f"audit policy near_copy_ratio must be > 0, got {value}.")
+                raise InvalidParameterError(
+                    f"audit policy near_copy_ratio must be > 0, got {value}."
+                )
             if f.name == "max_fid" and value < 0:
                 raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
             if f.name == "one_run_canaries" and value < 10:
-                raise InvalidParameterError(f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}.")
+                raise InvalidParameterError(
+                    f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}."
+                )
             if f.name == "sds_clusters" and value < 2:
                 raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
 
@@ -98,7 +140,8 @@ class AuditPolicy:
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidParameterError(
-                f"Unknown audit policy key(s) {unknown}; valid keys are {sorted(known)}.")
+                f"Unknown audit policy key(s) {unknown}; valid keys are {sorted(known)}."
+            )
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +149,9 @@ class AuditPolicy:
 
     def utility_threshold(self, chance: float) -> float | None:
         """Accuracy the release must reach, given the held-out majority-class rate; None = no gate."""
-        limits = [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain else []  # 0 = off
+        limits = (
+            [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain else []
+        )  # 0 = off
         limits += [self.min_downstream_accuracy] if self.min_downstream_accuracy is not None else []
         return max(limits) if limits else None
 
@@ -121,4 +166,5 @@ UTILITY_GATE_CHANNEL = (
     "reached the required accuracy on a real held-out set that is not part of the registered dataset. "
     "The decision is a function of this DP release and of that held-out set only, so it is post-processing "
     "with respect to the registered records and spends no budget; it reveals about one bit about the "
-    "held-out set (whether the release is useful on it), which carries no DP guarantee.")
+    "held-out set (whether the release is useful on it), which carries no DP guarantee."
+)

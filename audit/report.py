@@ -3,6 +3,7 @@
 Everything here except `verdicts()` is computed on sensitive data and is internal (ARCHITECTURE.md rule 4):
 stewards and auditors see it; only the pass/fail strings may reach a consumer manifest.
 """
+
 from __future__ import annotations
 
 import io
@@ -45,9 +46,9 @@ def jsonable(obj: Any, inf_as_text: bool = False) -> Any:
 @dataclass
 class CheckResult:
     name: str
-    kind: str                      # "expectations" | "attack" | "fidelity" | "utility"
-    passed: bool | None            # None = informational (no threshold, or not applicable)
-    summary: str                   # one line, states the threshold
+    kind: str  # "expectations" | "attack" | "fidelity" | "utility"
+    passed: bool | None  # None = informational (no threshold, or not applicable)
+    summary: str  # one line, states the threshold
     details: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
 
@@ -81,8 +82,12 @@ class AuditReport:
         return {r.name: r.verdict for r in self.results}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"release_id": self.release_id, "checked_at": self.checked_at, "passed": self.passed,
-                "results": [asdict(r) for r in self.results]}
+        return {
+            "release_id": self.release_id,
+            "checked_at": self.checked_at,
+            "passed": self.passed,
+            "results": [asdict(r) for r in self.results],
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(jsonable(self.to_dict()), indent=indent)
@@ -90,15 +95,19 @@ class AuditReport:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AuditReport:
         try:
-            return cls(d["release_id"], [CheckResult(**r) for r in d["results"]], d.get("checked_at", ""))
+            return cls(
+                d["release_id"], [CheckResult(**r) for r in d["results"]], d.get("checked_at", "")
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataFormatError(f"Not an audit report ({exc}).") from exc
 
 
 # ------------------------------------------------------------------ store
 def _passed_nullable(con) -> bool:
-    rows = con.execute("SELECT is_nullable FROM information_schema.columns "
-                       "WHERE table_name = 'audit_results' AND column_name = 'passed'").fetchall()
+    rows = con.execute(
+        "SELECT is_nullable FROM information_schema.columns "
+        "WHERE table_name = 'audit_results' AND column_name = 'passed'"
+    ).fetchall()
     return bool(rows) and str(rows[0][0]).upper() == "YES"
 
 
@@ -108,30 +117,57 @@ def save_report(store, report: AuditReport) -> None:
     names = [r.name for r in report.results]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise InvalidParameterError(f"audit report for {report.release_id} has duplicate check names {dupes}; "
-                                    "each check must have a unique name.")
+        raise InvalidParameterError(
+            f"audit report for {report.release_id} has duplicate check names {dupes}; "
+            "each check must have a unique name."
+        )
     with store.transaction() as con:
         nullable = _passed_nullable(con)
         con.execute("DELETE FROM audit_results WHERE release_id = ?", [report.release_id])
         for r in report.results:
-            details = {"verdict": r.verdict, "kind": r.kind, "artifacts": r.artifacts, "details": r.details}
+            details = {
+                "verdict": r.verdict,
+                "kind": r.kind,
+                "artifacts": r.artifacts,
+                "details": r.details,
+            }
             passed = r.passed if (r.passed is not None or nullable) else True  # info never blocks
-            con.execute("INSERT INTO audit_results VALUES (?, ?, ?, ?, ?, ?)",
-                        [report.release_id, r.name, passed, r.summary, json.dumps(jsonable(details)),
-                         report.checked_at])
+            con.execute(
+                "INSERT INTO audit_results VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    report.release_id,
+                    r.name,
+                    passed,
+                    r.summary,
+                    json.dumps(jsonable(details)),
+                    report.checked_at,
+                ],
+            )
 
 
 def load_report(store, release_id: str) -> AuditReport | None:
-    rows = store.query("SELECT * FROM audit_results WHERE release_id = ? ORDER BY rowid", [release_id])
+    rows = store.query(
+        "SELECT * FROM audit_results WHERE release_id = ? ORDER BY rowid", [release_id]
+    )
     if not rows:
         return None
     results = []
     for row in rows:
         d = json.loads(row["details"])
         verdict = d.get("verdict")
-        passed = None if verdict == "info" else (row["passed"] if verdict is None else verdict == "pass")
-        results.append(CheckResult(row["check_name"], d.get("kind", "attack"), passed, row["summary"],
-                                   d.get("details", {}), d.get("artifacts", {})))
+        passed = (
+            None if verdict == "info" else (row["passed"] if verdict is None else verdict == "pass")
+        )
+        results.append(
+            CheckResult(
+                row["check_name"],
+                d.get("kind", "attack"),
+                passed,
+                row["summary"],
+                d.get("details", {}),
+                d.get("artifacts", {}),
+            )
+        )
     return AuditReport(release_id, results, rows[0]["checked_at"])
 
 
@@ -143,9 +179,15 @@ def render_report(report: AuditReport):
     """A rich Table (printable with rich.console.Console().print)."""
     from rich.table import Table
 
-    overall = "[green]PASSED[/]" if report.passed else f"[bold red]FAILED ({len(report.failures)} check(s))[/]"
-    table = Table(title=f"Audit of release {report.release_id} — {overall}  (checked {report.checked_at})",
-                  show_lines=False)
+    overall = (
+        "[green]PASSED[/]"
+        if report.passed
+        else f"[bold red]FAILED ({len(report.failures)} check(s))[/]"
+    )
+    table = Table(
+        title=f"Audit of release {report.release_id} — {overall}  (checked {report.checked_at})",
+        show_lines=False,
+    )
     table.add_column("kind")
     table.add_column("check")
     table.add_column("verdict")

@@ -3,6 +3,7 @@
 A check that cannot run for lack of inputs (no held-out data, no loss function) fails when the policy
 requires attacks, else it is reported as informational; a check that crashes is reported as failed
 with its error, so that no release is published unchecked."""
+
 from __future__ import annotations
 
 import math
@@ -30,76 +31,129 @@ MECHANISMS = ("privimage", "ksalsa")
 @dataclass
 class AuditInputs:
     release_id: str
-    images: np.ndarray                 # the release: uint8 (N, H, W[, C])
+    images: np.ndarray  # the release: uint8 (N, H, W[, C])
     labels: np.ndarray
     ids: list[str]
-    expected_count: int                # n requested, or floor(n / k) for k-anonymous releases
-    label_set: list[int]               # the registered label set
-    sensitive: ImageDataset            # training (member) data
-    heldout: ImageDataset | None       # real held-out data (non-members, utility test set)
-    record_fingerprint_key: bytes      # HMAC key for the exact-copy check
-    mechanism: str                     # "privimage" | "ksalsa"
+    expected_count: int  # n requested, or floor(n / k) for k-anonymous releases
+    label_set: list[int]  # the registered label set
+    sensitive: ImageDataset  # training (member) data
+    heldout: ImageDataset | None  # real held-out data (non-members, utility test set)
+    record_fingerprint_key: bytes  # HMAC key for the exact-copy check
+    mechanism: str  # "privimage" | "ksalsa"
     claimed_epsilon: float | None = None
     delta: float | None = None
     k: int | None = None
-    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None  # per-sample diffusion loss
-    clusters: list[np.ndarray] | None = None       # sensitive indices per representative (k-anonymous)
-    selected_public: ImageDataset | None = None    # PrivImage's selected public images (SDS)
-    artifacts_dir: Path | None = None              # PNGs go here
+    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = (
+        None  # per-sample diffusion loss
+    )
+    clusters: list[np.ndarray] | None = None  # sensitive indices per representative (k-anonymous)
+    selected_public: ImageDataset | None = None  # PrivImage's selected public images (SDS)
+    artifacts_dir: Path | None = None  # PNGs go here
     # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the MIA
     reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
-    dpsgd: DpSgdSetting | None = None              # the executed DP-SGD run: one-run audit of its implementation
+    dpsgd: DpSgdSetting | None = (
+        None  # the executed DP-SGD run: one-run audit of its implementation
+    )
 
     def validate(self) -> None:
         if not isinstance(self.sensitive, ImageDataset):
-            raise DataFormatError(f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}.")
+            raise DataFormatError(
+                f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}."
+            )
         if self.mechanism not in MECHANISMS:
-            raise InvalidParameterError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}.")
+            raise InvalidParameterError(
+                f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}."
+            )
         images = np.asarray(self.images)
         if images.ndim not in (3, 4):
-            raise DataFormatError(f"release images must be (N, H, W) or (N, H, W, C), got shape {images.shape}.")
+            raise DataFormatError(
+                f"release images must be (N, H, W) or (N, H, W, C), got shape {images.shape}."
+            )
         if np.asarray(self.labels).shape != (len(images),) or len(self.ids) != len(images):
-            raise DataFormatError(f"release has {len(images)} images, {np.asarray(self.labels).shape} labels and "
-                                  f"{len(self.ids)} ids; give one label and one id per image.")
+            raise DataFormatError(
+                f"release has {len(images)} images, {np.asarray(self.labels).shape} labels and "
+                f"{len(self.ids)} ids; give one label and one id per image."
+            )
         if not np.issubdtype(images.dtype, np.number):
             raise DataFormatError(f"release images have non-numeric dtype {images.dtype}.")
-        if not isinstance(self.expected_count, (int, np.integer)) or isinstance(self.expected_count, bool) \
-                or self.expected_count < 0:
-            raise InvalidParameterError(f"expected_count must be a non-negative integer, got {self.expected_count!r}.")
+        if (
+            not isinstance(self.expected_count, (int, np.integer))
+            or isinstance(self.expected_count, bool)
+            or self.expected_count < 0
+        ):
+            raise InvalidParameterError(
+                f"expected_count must be a non-negative integer, got {self.expected_count!r}."
+            )
         for name, other in (("heldout", self.heldout), ("selected_public", self.selected_public)):
             if other is not None and not isinstance(other, ImageDataset):
-                raise DataFormatError(f"{name} must be an ImageDataset or None, got {type(other).__name__}.")
+                raise DataFormatError(
+                    f"{name} must be an ImageDataset or None, got {type(other).__name__}."
+                )
         if self.heldout is not None and self.heldout.image_shape != self.sensitive.image_shape:
-            raise DataFormatError(f"held-out images have shape {self.heldout.image_shape} but the sensitive set "
-                                  f"{self.sensitive.image_shape}; give held-out data of the same format.")
-        if self.mechanism == "ksalsa" and self.clusters is not None and len(self.clusters) != len(images):
-            raise DataFormatError(f"{len(self.clusters)} clusters for {len(images)} released representatives; give "
-                                  "one array of sensitive indices per representative, in release order.")
+            raise DataFormatError(
+                f"held-out images have shape {self.heldout.image_shape} but the sensitive set "
+                f"{self.sensitive.image_shape}; give held-out data of the same format."
+            )
+        if (
+            self.mechanism == "ksalsa"
+            and self.clusters is not None
+            and len(self.clusters) != len(images)
+        ):
+            raise DataFormatError(
+                f"{len(self.clusters)} clusters for {len(images)} released representatives; give "
+                "one array of sensitive indices per representative, in release order."
+            )
         if not self.label_set:
             raise InvalidParameterError("label_set is empty; give the registered dataset's labels.")
-        if self.claimed_epsilon is not None and (not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0):
-            raise InvalidParameterError(f"claimed_epsilon must be a finite positive number or None, got "
-                                        f"{self.claimed_epsilon!r}.")
+        if self.claimed_epsilon is not None and (
+            not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0
+        ):
+            raise InvalidParameterError(
+                f"claimed_epsilon must be a finite positive number or None, got "
+                f"{self.claimed_epsilon!r}."
+            )
         if self.delta is not None and not (0 <= self.delta < 1):
             raise InvalidParameterError(f"delta must be in [0, 1) or None, got {self.delta!r}.")
         if self.mechanism == "ksalsa" and (self.k is None or int(self.k) != self.k or self.k < 1):
-            raise InvalidParameterError(f"a k-anonymous (ksalsa) release needs an integer k >= 1, got {self.k!r}.")
-        if not isinstance(self.record_fingerprint_key, (bytes, bytearray)) or not self.record_fingerprint_key:
-            raise InvalidParameterError("record_fingerprint_key must be the workspace's HMAC key (non-empty bytes).")
+            raise InvalidParameterError(
+                f"a k-anonymous (ksalsa) release needs an integer k >= 1, got {self.k!r}."
+            )
+        if (
+            not isinstance(self.record_fingerprint_key, (bytes, bytearray))
+            or not self.record_fingerprint_key
+        ):
+            raise InvalidParameterError(
+                "record_fingerprint_key must be the workspace's HMAC key (non-empty bytes)."
+            )
 
 
 def _cannot_run(name: str, kind: str, reason: str, policy: AuditPolicy) -> CheckResult:
     if policy.require_attacks and kind == "attack":
-        return CheckResult(name, kind, False, f"not run: {reason} (policy require_attacks = true)", {"reason": reason})
+        return CheckResult(
+            name,
+            kind,
+            False,
+            f"not run: {reason} (policy require_attacks = true)",
+            {"reason": reason},
+        )
     return CheckResult(name, kind, None, f"not run: {reason}", {"reason": reason})
 
 
-def _guard(name: str, kind: str, fn: Callable[[], CheckResult | list[CheckResult]]) -> list[CheckResult]:
+def _guard(
+    name: str, kind: str, fn: Callable[[], CheckResult | list[CheckResult]]
+) -> list[CheckResult]:
     try:
         out = fn()
     except Exception as exc:  # a crashing check must block publication, not vanish
-        return [CheckResult(name, kind, False, f"check failed to run: {type(exc).__name__}: {exc}",
-                            {"error": str(exc), "traceback": traceback.format_exc(limit=5)})]
+        return [
+            CheckResult(
+                name,
+                kind,
+                False,
+                f"check failed to run: {type(exc).__name__}: {exc}",
+                {"error": str(exc), "traceback": traceback.format_exc(limit=5)},
+            )
+        ]
     return out if isinstance(out, list) else [out]
 
 
@@ -110,15 +164,23 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
     from synth.datasets import uci_digits
 
     if inputs.dpsgd is None or policy.one_run_canaries is None:  # _attacks runs it only with both
-        raise InvalidParameterError("The implementation audit needs the executed DP-SGD settings and a canary count.")
+        raise InvalidParameterError(
+            "The implementation audit needs the executed DP-SGD settings and a canary count."
+        )
     public = inputs.selected_public if inputs.selected_public is not None else uci_digits()
-    audit = compute_implementation_audit(inputs.dpsgd, public, m=int(policy.one_run_canaries), seed=policy.seed,
-                                         score=policy.one_run_score)
+    audit = compute_implementation_audit(
+        inputs.dpsgd,
+        public,
+        m=int(policy.one_run_canaries),
+        seed=policy.seed,
+        score=policy.one_run_score,
+    )
     return check_implementation_audit(audit, inputs.artifacts_dir)
 
 
-def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
-              progress: ProgressFn = no_progress) -> AuditReport:
+def run_audit(
+    inputs: AuditInputs, policy: AuditPolicy | None = None, progress: ProgressFn = no_progress
+) -> AuditReport:
     """Every check in order; embeddings and FID statistics are cached for this audit only."""
     from audit.images import audit_cache
 
@@ -126,66 +188,124 @@ def run_audit(inputs: AuditInputs, policy: AuditPolicy | None = None,
         return _run_audit(inputs, policy, progress)
 
 
-def _training_distances(images: np.ndarray, sens: ImageDataset) -> tuple[bool, np.ndarray, np.ndarray]:
+def _training_distances(
+    images: np.ndarray, sens: ImageDataset
+) -> tuple[bool, np.ndarray, np.ndarray]:
     """(usable, d_tr, idx_tr): pixel distances to the nearest training image, for the release table and
     the memorisation check; `usable` = non-empty uint8 images of the sensitive set's shape."""
     from audit.images import rms_nearest
 
-    usable = images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
+    usable = (
+        images.dtype == np.uint8 and images.shape[1:] == sens.images.shape[1:] and len(images) > 0
+    )
     if usable:
         return True, *rms_nearest(images, sens.images)
-    if images.shape[1:] == sens.images.shape[1:] and len(images) > 0:  # e.g. float pixels: table stays informative
+    if (
+        images.shape[1:] == sens.images.shape[1:] and len(images) > 0
+    ):  # e.g. float pixels: table stays informative
         with np.errstate(invalid="ignore"):
             clean = np.clip(np.nan_to_num(images.astype(np.float64)), 0, 255).astype(np.uint8)
         return False, *rms_nearest(clean, sens.images)
     return False, np.full(len(images), np.nan), np.zeros(len(images), np.int64)
 
 
-def _expectations(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, d_tr: np.ndarray) -> list[CheckResult]:
+def _expectations(
+    inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, d_tr: np.ndarray
+) -> list[CheckResult]:
     from audit.expectations import build_suite, release_table, validate_table
 
     sens = inputs.sensitive
     table = release_table(images, labels, inputs.ids, inputs.record_fingerprint_key, d_tr)
-    suite = build_suite(inputs.expected_count, inputs.label_set, sens.image_shape,
-                        record_fingerprints(inputs.record_fingerprint_key, sens.images))
+    suite = build_suite(
+        inputs.expected_count,
+        inputs.label_set,
+        sens.image_shape,
+        record_fingerprints(inputs.record_fingerprint_key, sens.images),
+    )
     return validate_table(table, suite)
 
 
-def _attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None) -> list[CheckResult]:
+def _attacks(
+    inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
+) -> list[CheckResult]:
     sens, ho = inputs.sensitive, inputs.heldout
     if inputs.mechanism != "privimage":
         clusters = inputs.clusters
         if clusters is None:
-            return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
+            return [
+                _cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)
+            ]
         from audit.kanon_attacks import run_kanon_attacks
-        return _guard("kanon_attacks", "attack", lambda: run_kanon_attacks(
-            images, clusters, sens, ho, inputs.k, policy))
+
+        return _guard(
+            "kanon_attacks",
+            "attack",
+            lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
+        )
     out: list[CheckResult] = []
     loss_fn = inputs.loss_fn
     if loss_fn is None:
-        out.append(_cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy))
+        out.append(
+            _cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy)
+        )
     elif ho is None:
-        out.append(_cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy))
+        out.append(
+            _cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy)
+        )
     else:
         from audit.mia import run_mia
-        out += _guard("membership_inference", "attack", lambda: run_mia(
-            loss_fn, sens, ho, inputs.claimed_epsilon, inputs.delta, policy, art, inputs.reference_loss_fns))
+
+        out += _guard(
+            "membership_inference",
+            "attack",
+            lambda: run_mia(
+                loss_fn,
+                sens,
+                ho,
+                inputs.claimed_epsilon,
+                inputs.delta,
+                policy,
+                art,
+                inputs.reference_loss_fns,
+            ),
+        )
     if inputs.dpsgd is not None and policy.one_run_canaries is not None:
-        out += _guard("dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy))
+        out += _guard(
+            "dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy)
+        )
     return out
 
 
-def _utility(inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy) -> list[CheckResult]:
+def _utility(
+    inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy
+) -> list[CheckResult]:
     heldout = inputs.heldout
     if heldout is None:
-        gate = ("; the utility gate needs real held-out images: give `heldout = \"PATH\"` in the spec's [release] "
+        gate = (
+            (
+                '; the utility gate needs real held-out images: give `heldout = "PATH"` in the spec\'s [release] '
                 "table (real images not in the registered data), or set min_utility_gain = 0.0 in [policy] to turn "
-                "the gate off") if policy.utility_gated else ""
-        return [CheckResult("downstream_accuracy", "utility", False if policy.utility_gated else None,
-                            "not run: no held-out test data" + gate, {"reason": "no held-out data"})]
+                "the gate off"
+            )
+            if policy.utility_gated
+            else ""
+        )
+        return [
+            CheckResult(
+                "downstream_accuracy",
+                "utility",
+                False if policy.utility_gated else None,
+                "not run: no held-out test data" + gate,
+                {"reason": "no held-out data"},
+            )
+        ]
     from audit.utility import run_utility
-    return _guard("downstream_accuracy", "utility",
-                  lambda: run_utility(images, labels, inputs.sensitive, heldout, policy))
+
+    return _guard(
+        "downstream_accuracy",
+        "utility",
+        lambda: run_utility(images, labels, inputs.sensitive, heldout, policy),
+    )
 
 
 class _Stages:
@@ -206,7 +326,9 @@ class _Stages:
             self.current = None
 
 
-def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn) -> AuditReport:
+def _run_audit(
+    inputs: AuditInputs, policy: AuditPolicy | None, progress: ProgressFn
+) -> AuditReport:
     policy = policy or AuditPolicy()
     inputs.validate()
     images, labels = np.asarray(inputs.images), np.asarray(inputs.labels).astype(np.int64)
@@ -218,21 +340,34 @@ def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: Progre
     stage.begin("expectations")
     usable, d_tr, idx_tr = _training_distances(images, sens)
     report.results += _expectations(inputs, images, labels, d_tr)
-    if not usable:  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
-        report.results.append(CheckResult(
-            "release_readable", "expectations", False,
-            "attacks and metrics not run: release images are not non-empty uint8 images of the sensitive set's shape "
-            f"{sens.image_shape} (got {images.dtype}, {images.shape})", {}))
+    if (
+        not usable
+    ):  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
+        report.results.append(
+            CheckResult(
+                "release_readable",
+                "expectations",
+                False,
+                "attacks and metrics not run: release images are not non-empty uint8 images of the sensitive set's shape "
+                f"{sens.image_shape} (got {images.dtype}, {images.shape})",
+                {},
+            )
+        )
         stage.end()
         return report
     stage.begin("memorisation")
     from audit.memorisation import run_memorisation
-    report.results += _guard("memorisation_dcr", "attack",
-                             lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art))
+
+    report.results += _guard(
+        "memorisation_dcr",
+        "attack",
+        lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
+    )
     stage.begin("attacks")
     report.results += _attacks(inputs, images, policy, art)
     stage.begin("fidelity")
     from audit.fidelity import CHECK_FID, run_fidelity
+
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
     stage.begin("utility")
     report.results += _utility(inputs, images, labels, policy)
@@ -240,7 +375,9 @@ def _run_audit(inputs: AuditInputs, policy: AuditPolicy | None, progress: Progre
     if selected is not None:
         stage.begin("sds")
         from audit.sds import run_sds
-        report.results += _guard("semantic_distribution_similarity", "fidelity",
-                                 lambda: run_sds(selected, sens, policy))
+
+        report.results += _guard(
+            "semantic_distribution_similarity", "fidelity", lambda: run_sds(selected, sens, policy)
+        )
     stage.end()
     return report

@@ -6,6 +6,7 @@ Each measured section replaces the section of BENCHMARKS.md with the same title 
 any " ("); sections it does not measure (the main job, explorations, earlier ablations) are kept. A section
 that fails leaves its old figures in place, is reported, and makes the command exit non-zero.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,18 @@ from pathlib import Path
 
 from benchmarks.common import machine, timer, today
 
-SECTIONS = {"accounting": "benchmarks.accounting_bench", "privimage": "benchmarks.privimage_bench",
-            "recipe": "benchmarks.recipe_ablation", "ksalsa": "benchmarks.ksalsa_bench",
-            "verify": "benchmarks.verify_bench", "audit": "benchmarks.audit_bench",
-            "secure_noise": "benchmarks.secure_noise_bench", "distributed": "benchmarks.distributed_bench",
-            "throughput": "benchmarks.dpsgd_throughput",
-            "query": "benchmarks.semantic_query_bench"}
+SECTIONS = {
+    "accounting": "benchmarks.accounting_bench",
+    "privimage": "benchmarks.privimage_bench",
+    "recipe": "benchmarks.recipe_ablation",
+    "ksalsa": "benchmarks.ksalsa_bench",
+    "verify": "benchmarks.verify_bench",
+    "audit": "benchmarks.audit_bench",
+    "secure_noise": "benchmarks.secure_noise_bench",
+    "distributed": "benchmarks.distributed_bench",
+    "throughput": "benchmarks.dpsgd_throughput",
+    "query": "benchmarks.semantic_query_bench",
+}
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADER = "# Benchmarks\n"
 
@@ -38,13 +45,15 @@ def _split(document: str) -> tuple[str, list[str]]:
     if not starts:
         return document, []
     bounds = starts + [len(lines)]
-    return "".join(lines[:starts[0]]), ["".join(lines[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return "".join(lines[: starts[0]]), ["".join(lines[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def splice(document: str, section: str) -> str:
     """`document` with the section of `section`'s title replaced by it, or `section` appended if it is new."""
     if not section.startswith("## "):
-        raise ValueError(f"a benchmark section must start with a '## ' heading, got {section[:40]!r}")
+        raise ValueError(
+            f"a benchmark section must start with a '## ' heading, got {section[:40]!r}"
+        )
     preamble, sections = _split(document or HEADER)
     key = section_key(section.splitlines()[0])
     body = section.rstrip("\n") + "\n\n"
@@ -60,8 +69,12 @@ def splice(document: str, section: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--full", action="store_true", help="paper-sized settings (hours on CPU; use a GPU)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="paper-sized settings (hours on CPU; use a GPU)"
+    )
     parser.add_argument("--only", default=",".join(SECTIONS))
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -76,15 +89,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with timer() as t:
                 section = importlib.import_module(SECTIONS[name]).run(quick=not args.full)
-        except Exception:  # one broken section must not hide the others' figures, nor erase its old ones
+        except (
+            Exception
+        ):  # one broken section must not hide the others' figures, nor erase its old ones
             failed.append(name)
-            print(f"FAILED: {name} (its figures in {args.out.name} are left as they were)\n{traceback.format_exc()}",
-                  flush=True)
+            print(
+                f"FAILED: {name} (its figures in {args.out.name} are left as they were)\n{traceback.format_exc()}",
+                flush=True,
+            )
             continue
-        section = (section.rstrip("\n") + f"\n\n_Measured by `make bench` ({mode}) on {today()}, {machine()}; "
-                   f"section wall time {t[0]:.0f} s._\n")
+        section = (
+            section.rstrip("\n")
+            + f"\n\n_Measured by `make bench` ({mode}) on {today()}, {machine()}; "
+            f"section wall time {t[0]:.0f} s._\n"
+        )
         document = args.out.read_text() if args.out.exists() else ""
-        args.out.write_text(splice(document, section))  # after each section: a later failure keeps this one
+        args.out.write_text(
+            splice(document, section)
+        )  # after each section: a later failure keeps this one
         print(section, flush=True)
     print(f"updated {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

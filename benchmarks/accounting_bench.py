@@ -1,5 +1,6 @@
 """Accounting speed: epsilon of histories from scratch (RDP, PLD) and from the running RDP curve; the cost of
 one charge (reserve + commit) at 0, 10,000 and 100,000 prior charges."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,16 @@ from benchmarks.common import md_table, timer
 def _history(n: int, distinct: int, seed: int = 0) -> list:
     """n charges drawn from `distinct` parameter settings (a steward re-running a few configurations)."""
     rng = random.Random(seed)
-    kinds = [DpSgd(round(rng.uniform(0.001, 0.02), 4), round(rng.uniform(0.8, 3.0), 3), rng.randint(10, 200))
-             if i % 2 else GaussianQuery(round(rng.uniform(50, 500), 1)) for i in range(distinct)]
+    kinds = [
+        DpSgd(
+            round(rng.uniform(0.001, 0.02), 4),
+            round(rng.uniform(0.8, 3.0), 3),
+            rng.randint(10, 200),
+        )
+        if i % 2
+        else GaussianQuery(round(rng.uniform(50, 500), 1))
+        for i in range(distinct)
+    ]
     return [kinds[i % distinct] for i in range(n)]
 
 
@@ -76,9 +85,17 @@ def _scale_rows(sizes: list[int], charges: int) -> list[list]:
             ws = Workspace(Path(tmp) / "ws")
             ws.init()
             store = Store(ws)
-            ds, _ = ledger.register_dataset(store, name="bench", source="bench", fingerprint="f",
-                                            record_count=10_000_000, labels=[0], image_shape=[8, 8],
-                                            epsilon_cap=1000, delta_cap=1e-8)
+            ds, _ = ledger.register_dataset(
+                store,
+                name="bench",
+                source="bench",
+                fingerprint="f",
+                record_count=10_000_000,
+                labels=[0],
+                image_shape=[8, 8],
+                epsilon_cap=1000,
+                delta_cap=1e-8,
+            )
             if prior:
                 _prefill(store, _history(prior, 100))
             _charge_ms(store, 2, "warm")
@@ -94,10 +111,19 @@ def _scale_rows(sizes: list[int], charges: int) -> list[list]:
             with timer() as t_verify:
                 with store.transaction() as con:
                     ok = curve.verify(con)[0]["agree"]
-            rows.append([f"{prior:,}", f"{per_charge:.1f}", f"{_empty_transaction_ms(store):.2f}",
-                         f"{_fdatasync_ms(Path(tmp)):.1f}", f"{t_curve * 1000:.2f}",
-                         f"{running:.3f}", f"{t_verify[0]:.1f}", "yes" if ok else "NO",
-                         f"{t_first[0]:.1f} / {t_again[0]:.1f}" if eps is not None else "-"])
+            rows.append(
+                [
+                    f"{prior:,}",
+                    f"{per_charge:.1f}",
+                    f"{_empty_transaction_ms(store):.2f}",
+                    f"{_fdatasync_ms(Path(tmp)):.1f}",
+                    f"{t_curve * 1000:.2f}",
+                    f"{running:.3f}",
+                    f"{t_verify[0]:.1f}",
+                    "yes" if ok else "NO",
+                    f"{t_first[0]:.1f} / {t_again[0]:.1f}" if eps is not None else "-",
+                ]
+            )
     return rows
 
 
@@ -110,33 +136,68 @@ def run(quick: bool = True) -> str:
         with timer() as t_pld:
             e_pld = epsilon_pld(history, 1e-5)
         with timer() as t_curve:
-            e_curve = curve.curve_of(history).epsilon(1e-5)  # per-event curves cached after the first
-        rows.append([n, distinct, f"{t_rdp[0] * 1000:.1f}", f"{t_pld[0] * 1000:.1f}", f"{e_rdp:.3f}", f"{e_pld:.3f}",
-                     f"{abs(e_curve - e_rdp):.1e}"])
+            e_curve = curve.curve_of(history).epsilon(
+                1e-5
+            )  # per-event curves cached after the first
+        rows.append(
+            [
+                n,
+                distinct,
+                f"{t_rdp[0] * 1000:.1f}",
+                f"{t_pld[0] * 1000:.1f}",
+                f"{e_rdp:.3f}",
+                f"{e_pld:.3f}",
+                f"{abs(e_curve - e_rdp):.1e}",
+            ]
+        )
     scale = _scale_rows([0, 10_000, 100_000], 15 if quick else 50)
-    return "\n".join([
-        "## Accounting and ledger",
-        "",
-        "Epsilon (delta = 1e-5) of a history composed from scratch, by RDP (dp-accounting RdpAccountant, 156 orders) "
-        "and PLD (dp-accounting PLDAccountant, discretisation 1e-4). Identical events are grouped into one "
-        "SelfComposedDpEvent before accounting, so cost grows with the number of *distinct* events. The last column is "
-        "the difference from the same epsilon taken from a sum of per-event RDP curves (the running curve's method).",
-        "",
-        md_table(["events", "distinct", "RDP ms", "PLD ms", "epsilon RDP", "epsilon PLD", "curve minus RDP"], rows),
-        "",
-        "The ledger keeps a **running per-order RDP curve** per dataset, updated in each charge's own transaction, so a "
-        "charge and a budget read no longer re-compose the history. Prior charges are written in one transaction by "
-        "`ledger.charge_many` (each reserved and committed, with its two chained trail entries; 100 distinct "
-        "DP-SGD/Gaussian settings), then charges are timed one by one "
-        "(reserve + commit of one DP-SGD event: two locked DuckDB transactions, each with its audit-trail entry). "
-        "`empty transaction ms` is the store's fixed cost per transaction (BEGIN + COMMIT: the process keeps its DuckDB "
-        "connection and the file lock across a burst of transactions and lets go when another process waits or after "
-        "50 ms idle, instead of connecting and checkpointing each time). `fdatasync ms` is this disk's cost of one "
-        "durable small write: each write transaction's COMMIT does one, so a charge costs at least twice that. "
-        "`epsilon from curve` is reading the stored curve and converting it (delta 1e-8); `budget verify` recomputes "
-        "every curve from the stored events.",
-        "",
-        md_table(["prior charges", "charge ms (median)", "empty transaction ms", "fdatasync ms",
-                  "epsilon from curve ms", "epsilon RDP",
-                  "budget verify s", "curve = recomputed", "budget() s: 1st (PLD computed) / 2nd (cached)"], scale),
-    ])
+    return "\n".join(
+        [
+            "## Accounting and ledger",
+            "",
+            "Epsilon (delta = 1e-5) of a history composed from scratch, by RDP (dp-accounting RdpAccountant, 156 orders) "
+            "and PLD (dp-accounting PLDAccountant, discretisation 1e-4). Identical events are grouped into one "
+            "SelfComposedDpEvent before accounting, so cost grows with the number of *distinct* events. The last column is "
+            "the difference from the same epsilon taken from a sum of per-event RDP curves (the running curve's method).",
+            "",
+            md_table(
+                [
+                    "events",
+                    "distinct",
+                    "RDP ms",
+                    "PLD ms",
+                    "epsilon RDP",
+                    "epsilon PLD",
+                    "curve minus RDP",
+                ],
+                rows,
+            ),
+            "",
+            "The ledger keeps a **running per-order RDP curve** per dataset, updated in each charge's own transaction, so a "
+            "charge and a budget read no longer re-compose the history. Prior charges are written in one transaction by "
+            "`ledger.charge_many` (each reserved and committed, with its two chained trail entries; 100 distinct "
+            "DP-SGD/Gaussian settings), then charges are timed one by one "
+            "(reserve + commit of one DP-SGD event: two locked DuckDB transactions, each with its audit-trail entry). "
+            "`empty transaction ms` is the store's fixed cost per transaction (BEGIN + COMMIT: the process keeps its DuckDB "
+            "connection and the file lock across a burst of transactions and lets go when another process waits or after "
+            "50 ms idle, instead of connecting and checkpointing each time). `fdatasync ms` is this disk's cost of one "
+            "durable small write: each write transaction's COMMIT does one, so a charge costs at least twice that. "
+            "`epsilon from curve` is reading the stored curve and converting it (delta 1e-8); `budget verify` recomputes "
+            "every curve from the stored events.",
+            "",
+            md_table(
+                [
+                    "prior charges",
+                    "charge ms (median)",
+                    "empty transaction ms",
+                    "fdatasync ms",
+                    "epsilon from curve ms",
+                    "epsilon RDP",
+                    "budget verify s",
+                    "curve = recomputed",
+                    "budget() s: 1st (PLD computed) / 2nd (cached)",
+                ],
+                scale,
+            ),
+        ]
+    )

@@ -20,6 +20,7 @@ DataLoader and BatchMemoryManager with the per-tensor EMA (what torchrun still r
 the host's AES noise and with torch's generator show what the noise on the device saves. `--only`, `--json`,
 `--all-rows` and `--profile` serve benchmarks/gpu_speed.sh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,9 @@ PRODUCT = dict(**GROUPED, per_example_only=True)  # dp_finetune: also no summed 
 METHODS = {
     "plain (no DP)": dict(dp=False),
     "plain, channels-last": dict(dp=False, channels_last=True),
-    "opacus hooks, grouped-conv, no summed conv gradients (product in float32)": dict(dp=True, **PRODUCT),
+    "opacus hooks, grouped-conv, no summed conv gradients (product in float32)": dict(
+        dp=True, **PRODUCT
+    ),
     "opacus hooks, grouped-conv, summed conv gradients computed too": dict(dp=True, **GROUPED),
     "opacus hooks, opacus' own samplers": dict(dp=True, mode="hooks"),
     "opacus functorch": dict(dp=True, mode="functorch"),
@@ -61,34 +64,47 @@ METHODS = {
     "plain, bfloat16 autocast": dict(dp=False, **BF16),
     "opacus hooks, grouped-conv, no summed conv gradients, bfloat16 autocast (product on a CPU "
     "with native bfloat16)": dict(dp=True, **PRODUCT, **BF16),
-    "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(dp=True, **GROUPED, **BF16),
+    "opacus hooks, grouped-conv, summed conv gradients too, bfloat16 autocast": dict(
+        dp=True, **GROUPED, **BF16
+    ),
     "opacus hooks, opacus' own samplers, bfloat16 autocast": dict(dp=True, mode="hooks", **BF16),
     "opacus functorch, bfloat16 autocast": dict(dp=True, mode="functorch", **BF16),
-    "opacus hooks, grouped-conv, no summed conv gradients, channels-last": dict(dp=True, **PRODUCT, channels_last=True),
+    "opacus hooks, grouped-conv, no summed conv gradients, channels-last": dict(
+        dp=True, **PRODUCT, channels_last=True
+    ),
     "the product's whole DP-SGD loop (dp_finetune), float32": dict(loop=True),
-    "the whole loop as before issue 34 (opacus DataLoader + BatchMemoryManager, per-tensor EMA), float32":
-        dict(loop=True, previous_loop=True),
+    "the whole loop as before issue 34 (opacus DataLoader + BatchMemoryManager, per-tensor EMA), float32": dict(
+        loop=True, previous_loop=True
+    ),
     "the product's whole DP-SGD loop (dp_finetune), bfloat16 autocast": dict(loop=True, **BF16),
     "sampling step (UNet forward, no grad)": dict(sampling=True),
     "sampling step, bfloat16 autocast": dict(sampling=True, **BF16),
 }
 # off the CPU: the grouped backward where the product does not use it, side by side with the product
 FORCED = {
-    "opacus hooks, grouped-conv forced on this device, no summed conv gradients": dict(dp=True, **PRODUCT, force=True),
-    "opacus hooks, grouped-conv forced on this device, no summed conv gradients, bfloat16 autocast":
-        dict(dp=True, **PRODUCT, **BF16, force=True),
+    "opacus hooks, grouped-conv forced on this device, no summed conv gradients": dict(
+        dp=True, **PRODUCT, force=True
+    ),
+    "opacus hooks, grouped-conv forced on this device, no summed conv gradients, bfloat16 autocast": dict(
+        dp=True, **PRODUCT, **BF16, force=True
+    ),
 }
 # off the CPU: where the loop's secure noise comes from (the CPU's product path is the AES one already)
 NOISE_ROWS = {
-    "the whole loop, secure noise from the host's AES keystream (before issue 34), float32":
-        dict(loop=True, noise="aes"),
-    "the whole loop, torch's generator for the noise (not secure; reference), float32": dict(loop=True, noise="torch"),
+    "the whole loop, secure noise from the host's AES keystream (before issue 34), float32": dict(
+        loop=True, noise="aes"
+    ),
+    "the whole loop, torch's generator for the noise (not secure; reference), float32": dict(
+        loop=True, noise="torch"
+    ),
 }
 FORCED.update(NOISE_ROWS)
 ALL_METHODS = {**METHODS, **FORCED}
 
 
-def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, ...]) -> Callable[[], None]:
+def _step_fn(
+    method: dict, batch: int, device: torch.device, widths: tuple[int, ...]
+) -> Callable[[], None]:
     from opacus.grad_sample import get_gsm_class
     from opacus.optimizers import DPOptimizer
 
@@ -108,15 +124,22 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
         def forward() -> None:
             with autocast(device, precision):
                 model(x, t, class_labels=y).sample.float()
+
         return forward
     if method["dp"]:
         mode = method["mode"]
         gsm_cls = get_gsm_class("hooks" if mode == "functorch" else mode)
         kwargs = {"force_functorch": True} if mode == "functorch" else {}
         model = gsm_cls(model, batch_first=True, loss_reduction=HOOKS_LOSS_REDUCTION, **kwargs)
-        opt = DPOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), noise_multiplier=1.0, max_grad_norm=1.0,
-                          expected_batch_size=batch)
-        if method.get("per_example_only"):  # the product's rows: its optimiser as dp_finetune sets it up
+        opt = DPOptimizer(
+            torch.optim.Adam(model.parameters(), lr=1e-4),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=batch,
+        )
+        if method.get(
+            "per_example_only"
+        ):  # the product's rows: its optimiser as dp_finetune sets it up
             scale_grad_once(opt)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -124,12 +147,20 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
     params = list(model.parameters())
 
     def step() -> None:
-        if method["dp"]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
+        if method[
+            "dp"
+        ]:  # the product's DP forward/backward: autocast, then float32 per-example gradients
             (install_grouped_conv if method.get("grouped_conv") else uninstall_grouped_conv)()
-            added = {device.type} - conv_grad_sample.GROUPED_DEVICES if method.get("force") else set()
+            added = (
+                {device.type} - conv_grad_sample.GROUPED_DEVICES if method.get("force") else set()
+            )
             conv_grad_sample.GROUPED_DEVICES |= added
             try:
-                with per_example_gradients_only(model) if method.get("per_example_only") else nullcontext():
+                with (
+                    per_example_gradients_only(model)
+                    if method.get("per_example_only")
+                    else nullcontext()
+                ):
                     _per_sample_gradients(model, opt, sched, params, x, y, 1, device, precision)
             finally:
                 conv_grad_sample.GROUPED_DEVICES -= added
@@ -139,6 +170,7 @@ def _step_fn(method: dict, batch: int, device: torch.device, widths: tuple[int, 
                 loss = ddpm_loss(model, sched, x, y)
             loss.backward()
         opt.step()
+
     return step
 
 
@@ -158,7 +190,9 @@ def loop_variant(method: dict) -> Iterator[None]:
         training._presampled_steps, training.EMAModel, training.install_secure_noise = saved
 
 
-def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int, ...], reps: int) -> float:
+def _loop_time(
+    method: dict, batch: int, device: torch.device, widths: tuple[int, ...], reps: int
+) -> float:
     """Median seconds between consecutive steps of dp_finetune (the product's loop), `reps` intervals."""
     stamps: list[float] = []
 
@@ -166,10 +200,21 @@ def _loop_time(method: dict, batch: int, device: torch.device, widths: tuple[int
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stamps.append(time.perf_counter())
+
     with tempfile.TemporaryDirectory() as workdir, loop_variant(method):
-        run_dp_finetune(16 * batch, widths=widths, layers=LAYERS, batch_size=batch, max_physical_batch=2 * batch,
-                        steps=reps + 1, device=device, workdir=Path(workdir), progress=progress,
-                        precision=method.get("precision", "float32"), secure_noise=method.get("noise") != "torch")
+        run_dp_finetune(
+            16 * batch,
+            widths=widths,
+            layers=LAYERS,
+            batch_size=batch,
+            max_physical_batch=2 * batch,
+            steps=reps + 1,
+            device=device,
+            workdir=Path(workdir),
+            progress=progress,
+            precision=method.get("precision", "float32"),
+            secure_noise=method.get("noise") != "torch",
+        )
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
@@ -177,6 +222,7 @@ def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
     step()  # warm-up
     sync()
     t = time.perf_counter()
@@ -192,19 +238,32 @@ def methods(device: torch.device, only: str = "", all_rows: bool = False) -> dic
     table = METHODS if device.type == "cpu" and not all_rows else ALL_METHODS
     if only:
         parts = [p.strip() for p in only.split(";") if p.strip()]
-        table = {k: v for k, v in table.items() if k == "plain (no DP)" or any(p in k for p in parts)}
+        table = {
+            k: v for k, v in table.items() if k == "plain (no DP)" or any(p in k for p in parts)
+        }
     return table
 
 
-def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.device = torch.device("cpu"),
-            widths: tuple[int, ...] = WIDTHS, table: dict[str, dict] | None = None) -> dict[str, float | str]:
+def measure(
+    batch: int = 100,
+    rounds: int = 3,
+    reps: int = 3,
+    device: torch.device = torch.device("cpu"),
+    widths: tuple[int, ...] = WIDTHS,
+    table: dict[str, dict] | None = None,
+) -> dict[str, float | str]:
     """Seconds per step for every method (or the error text of a method that cannot run)."""
     table = methods(device) if table is None else table
     times: dict[str, list[float]] = {name: [] for name in table}
     errors: dict[str, str] = {}
     if not native_bfloat16(device):
-        errors.update({name: f"no native bfloat16 on this {device.type}" for name, m in table.items()
-                       if m.get("precision") == "bfloat16"})
+        errors.update(
+            {
+                name: f"no native bfloat16 on this {device.type}"
+                for name, m in table.items()
+                if m.get("precision") == "bfloat16"
+            }
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(rounds):
@@ -212,9 +271,14 @@ def measure(batch: int = 100, rounds: int = 3, reps: int = 3, device: torch.devi
                 if name in errors:
                     continue
                 try:
-                    times[name].append(_loop_time(method, batch, device, widths, reps) if method.get("loop") else
-                                       _time(_step_fn(method, batch, device, widths), reps, device))
-                except Exception as exc:  # a method opacus cannot apply to this model: report it, go on
+                    times[name].append(
+                        _loop_time(method, batch, device, widths, reps)
+                        if method.get("loop")
+                        else _time(_step_fn(method, batch, device, widths), reps, device)
+                    )
+                except (
+                    Exception
+                ) as exc:  # a method opacus cannot apply to this model: report it, go on
                     errors[name] = f"{type(exc).__name__}: {str(exc)[:80]}"
     return {name: errors.get(name) or statistics.median(times[name]) for name in table}
 
@@ -224,11 +288,19 @@ def _baseline(name: str, result: dict[str, float | str]) -> float | str:
     method = ALL_METHODS[name]
     if method.get("sampling"):
         return result.get("sampling step (UNet forward, no grad)", "-")
-    return result.get("plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)", "-")
+    return result.get(
+        "plain, bfloat16 autocast" if method.get("precision") == "bfloat16" else "plain (no DP)",
+        "-",
+    )
 
 
-def render(result: dict[str, float | str], batch: int, seconds: float, device: torch.device = torch.device("cpu"),
-           widths: tuple[int, ...] = WIDTHS) -> str:
+def render(
+    result: dict[str, float | str],
+    batch: int,
+    seconds: float,
+    device: torch.device = torch.device("cpu"),
+    widths: tuple[int, ...] = WIDTHS,
+) -> str:
     fp32 = result["plain (no DP)"]
     rows = []
     for name, v in result.items():
@@ -237,32 +309,71 @@ def render(result: dict[str, float | str], batch: int, seconds: float, device: t
             rows.append([name, "-", f"fails ({v})", "-"])
             continue
         ms = f"{v * 1000:.1f}" if v < 0.1 else f"{v * 1000:.0f}"
-        rows.append([name, ms, f"{v / fp32:.2f}x" if not ALL_METHODS[name].get("sampling") else "-",
-                     f"{v / same:.2f}x" if isinstance(same, float) else "-"])
-    title = ("DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)"
-             if device.type == "cpu" else
-             "DP-SGD step cost on one GPU (`python -m benchmarks.dpsgd_throughput --device cuda`)")
-    return (f"## {title}\n\n"
-            f"UNet {list(widths)} ({LAYERS} layer per block), batch {batch}, Adam, {_device_name(device)}; methods "
-            f"interleaved, median of rounds. {today()}, {machine()}, {seconds:.0f} s.\n\n"
-            + md_table(["method", "ms per step", "vs plain float32 step", "vs same-precision plain step "
-                        "(sampling: vs float32 sampling)"], rows))
+        rows.append(
+            [
+                name,
+                ms,
+                f"{v / fp32:.2f}x" if not ALL_METHODS[name].get("sampling") else "-",
+                f"{v / same:.2f}x" if isinstance(same, float) else "-",
+            ]
+        )
+    title = (
+        "DP-SGD step cost by per-sample-gradient method (`python -m benchmarks.dpsgd_throughput`)"
+        if device.type == "cpu"
+        else "DP-SGD step cost on one GPU (`python -m benchmarks.dpsgd_throughput --device cuda`)"
+    )
+    return (
+        f"## {title}\n\n"
+        f"UNet {list(widths)} ({LAYERS} layer per block), batch {batch}, Adam, {_device_name(device)}; methods "
+        f"interleaved, median of rounds. {today()}, {machine()}, {seconds:.0f} s.\n\n"
+        + md_table(
+            [
+                "method",
+                "ms per step",
+                "vs plain float32 step",
+                "vs same-precision plain step (sampling: vs float32 sampling)",
+            ],
+            rows,
+        )
+    )
 
 
-def rows_json(result: dict[str, float | str], batch: int, device: torch.device, widths: tuple[int, ...]) -> list[dict]:
+def rows_json(
+    result: dict[str, float | str], batch: int, device: torch.device, widths: tuple[int, ...]
+) -> list[dict]:
     """One JSON object per row (ms per step, or the error), for the GPU script's $OUT."""
     plain = result["plain (no DP)"]
-    return [{"row": name, "device": _device_name(device), "widths": list(widths), "batch": batch,
-             "ms_per_step": round(v * 1000, 3) if isinstance(v, float) else None,
-             "vs_plain": round(v / plain, 3) if isinstance(v, float) and isinstance(plain, float) else None,
-             "error": None if isinstance(v, float) else v, "when": today()} for name, v in result.items()]
+    return [
+        {
+            "row": name,
+            "device": _device_name(device),
+            "widths": list(widths),
+            "batch": batch,
+            "ms_per_step": round(v * 1000, 3) if isinstance(v, float) else None,
+            "vs_plain": round(v / plain, 3)
+            if isinstance(v, float) and isinstance(plain, float)
+            else None,
+            "error": None if isinstance(v, float) else v,
+            "when": today(),
+        }
+        for name, v in result.items()
+    ]
 
 
 PROFILED = {  # label -> (object, attribute): the parts of a DP-SGD step timed by torch.profiler.record_function
-    "Poisson batch indices (drawn ahead)": ("synth.privimage.poisson_batches", "PoissonBatches.next"),
+    "Poisson batch indices (drawn ahead)": (
+        "synth.privimage.poisson_batches",
+        "PoissonBatches.next",
+    ),
     "write-ahead log": ("synth.privimage.training", "_write_ahead"),
-    "forward + backward + per-sample gradients (opacus hooks)": ("synth.privimage.training", "_per_sample_gradients"),
-    "per-sample norms and clipping (opacus)": ("opacus.optimizers.optimizer", "DPOptimizer.clip_and_accumulate"),
+    "forward + backward + per-sample gradients (opacus hooks)": (
+        "synth.privimage.training",
+        "_per_sample_gradients",
+    ),
+    "per-sample norms and clipping (opacus)": (
+        "opacus.optimizers.optimizer",
+        "DPOptimizer.clip_and_accumulate",
+    ),
     "secure noise (draw + add)": ("synth.dp_noise", "_secure_add_noise"),
     "divide by the expected batch": ("synth.privimage.training", "_scale_grad"),
     "Adam": ("torch.optim", "Adam.step"),
@@ -285,6 +396,7 @@ def _labelled() -> Iterator[None]:
         def wrapper(*args, _real=real, _label=label, **kwargs):
             with torch.profiler.record_function(_label):
                 return _real(*args, **kwargs)
+
         saved.append((owner, name, real))
         setattr(owner, name, wrapper)
     try:
@@ -311,30 +423,62 @@ def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step
         elif done == step:
             marks["end"] = time.perf_counter()
             prof.__exit__(None, None, None)
+
     with tempfile.TemporaryDirectory() as workdir, _labelled(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_dp_finetune(16 * batch, widths=widths, layers=LAYERS, batch_size=batch, max_physical_batch=2 * batch,
-                        steps=step, device=device, workdir=Path(workdir), progress=progress)
+        run_dp_finetune(
+            16 * batch,
+            widths=widths,
+            layers=LAYERS,
+            batch_size=batch,
+            max_physical_batch=2 * batch,
+            steps=step,
+            device=device,
+            workdir=Path(workdir),
+            progress=progress,
+        )
     events = {e.key: e for e in prof.key_averages()}
     total = (marks["end"] - marks["start"]) * 1000
     parts = {label: events[label].cpu_time_total / 1000 for label in PROFILED if label in events}
     gpu_key = "device_time_total" if device.type == "cuda" else None
-    top = sorted((e for e in prof.key_averages() if e.key not in PROFILED), key=lambda e: -e.self_cpu_time_total)[:15]
-    return {"device": _device_name(device), "widths": list(widths), "batch": batch, "step_ms": round(total, 2),
-            "parts_ms": {k: round(v, 2) for k, v in parts.items()},
-            "other_ms": round(total - sum(parts.values()), 2),
-            "top_ops_self_cpu_ms": {e.key: round(e.self_cpu_time_total / 1000, 2) for e in top},
-            "top_ops_device_ms": ({e.key: round(getattr(e, gpu_key) / 1000, 2) for e in sorted(
-                prof.key_averages(), key=lambda e: -getattr(e, gpu_key))[:15]} if gpu_key else {}),
-            "when": today(), "machine": machine()}
+    top = sorted(
+        (e for e in prof.key_averages() if e.key not in PROFILED),
+        key=lambda e: -e.self_cpu_time_total,
+    )[:15]
+    return {
+        "device": _device_name(device),
+        "widths": list(widths),
+        "batch": batch,
+        "step_ms": round(total, 2),
+        "parts_ms": {k: round(v, 2) for k, v in parts.items()},
+        "other_ms": round(total - sum(parts.values()), 2),
+        "top_ops_self_cpu_ms": {e.key: round(e.self_cpu_time_total / 1000, 2) for e in top},
+        "top_ops_device_ms": (
+            {
+                e.key: round(getattr(e, gpu_key) / 1000, 2)
+                for e in sorted(prof.key_averages(), key=lambda e: -getattr(e, gpu_key))[:15]
+            }
+            if gpu_key
+            else {}
+        ),
+        "when": today(),
+        "machine": machine(),
+    }
 
 
 def render_profile(p: dict) -> str:
     rows = [[k, f"{v:.1f}", f"{100 * v / p['step_ms']:.0f}%"] for k, v in p["parts_ms"].items()]
-    rows.append(["other (batch gather, opacus' bookkeeping, Python)", f"{p['other_ms']:.1f}",
-                 f"{100 * p['other_ms'] / p['step_ms']:.0f}%"])
-    return (f"One dp_finetune step under torch.profiler, UNet {p['widths']}, batch {p['batch']}, {p['device']}: "
-            f"{p['step_ms']:.0f} ms ({p['when']}).\n\n" + md_table(["part", "ms", "share"], rows))
+    rows.append(
+        [
+            "other (batch gather, opacus' bookkeeping, Python)",
+            f"{p['other_ms']:.1f}",
+            f"{100 * p['other_ms'] / p['step_ms']:.0f}%",
+        ]
+    )
+    return (
+        f"One dp_finetune step under torch.profiler, UNet {p['widths']}, batch {p['batch']}, {p['device']}: "
+        f"{p['step_ms']:.0f} ms ({p['when']}).\n\n" + md_table(["part", "ms", "share"], rows)
+    )
 
 
 def _device_name(device: torch.device) -> str:
@@ -343,21 +487,35 @@ def _device_name(device: torch.device) -> str:
 
 def run(quick: bool = True) -> str:
     t = time.time()
-    result = measure(rounds=5 if quick else 9)  # this machine's steps vary by 10-20%: the median of several
+    result = measure(
+        rounds=5 if quick else 9
+    )  # this machine's steps vary by 10-20%: the median of several
     return render(result, 100, time.time() - t)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3, help="steps timed per method and round")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="UNet channels, e.g. 32,64,64")
-    parser.add_argument("--only", default="", help="';'-separated parts of row names to measure (plus the plain step)")
-    parser.add_argument("--all-rows", action="store_true", help="on the CPU too, the rows otherwise measured off it")
+    parser.add_argument(
+        "--widths", default=",".join(map(str, WIDTHS)), help="UNet channels, e.g. 32,64,64"
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="';'-separated parts of row names to measure (plus the plain step)",
+    )
+    parser.add_argument(
+        "--all-rows", action="store_true", help="on the CPU too, the rows otherwise measured off it"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows as a JSON list to this file")
-    parser.add_argument("--profile", type=Path, help="instead: profile one step of dp_finetune, JSON to this file")
+    parser.add_argument(
+        "--profile", type=Path, help="instead: profile one step of dp_finetune, JSON to this file"
+    )
     args = parser.parse_args()
     device, widths = torch.device(args.device), tuple(int(w) for w in args.widths.split(","))
     if args.profile:
@@ -366,7 +524,14 @@ def main() -> None:
         print(render_profile(p))
         return
     t = time.time()
-    result = measure(args.batch, args.rounds, args.reps, device, widths, methods(device, args.only, args.all_rows))
+    result = measure(
+        args.batch,
+        args.rounds,
+        args.reps,
+        device,
+        widths,
+        methods(device, args.only, args.all_rows),
+    )
     print(render(result, args.batch, time.time() - t, device, widths))
     if args.json:
         args.json.write_text(json.dumps(rows_json(result, args.batch, device, widths), indent=1))

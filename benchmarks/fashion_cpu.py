@@ -12,6 +12,7 @@ the classifiers trained on real Fashion-MNIST for reference. Needs the Debian pa
 Writes one JSON line per run to benchmarks/results/fashion-cpu.jsonl and a sample grid PNG per run beside it.
 Hours on 2 CPU cores (960 DP-SGD steps per run at batch 250); the GPU preset is the paper-sized version.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,46 +59,87 @@ def parse_overrides(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
     return out
 
 
-def run_epsilon(epsilon: float, s: dict, sens, test, pub, tmp: Path, overrides: dict | None = None,
-                label: str = "") -> None:
+def run_epsilon(
+    epsilon: float,
+    s: dict,
+    sens,
+    test,
+    pub,
+    tmp: Path,
+    overrides: dict | None = None,
+    label: str = "",
+) -> None:
     from release.runner import run_direct
 
     overrides = overrides or {}
     tag = f"fashion-eps{epsilon:g}{'-' + label if label else ''}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", "fashion", sens, epsilon, s["delta"])
     started = time.time()
-    config = privimage_config(s, epsilon).with_(**{k: tuple(v) if isinstance(v, list) else v
-                                                   for k, v in overrides.items()})
-    res = run_direct(store, "fashion", sens, pub, "privimage", config, run_id=tag, workdir=tmp / tag / "run")
+    config = privimage_config(s, epsilon).with_(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    )
+    res = run_direct(
+        store, "fashion", sens, pub, "privimage", config, run_id=tag, workdir=tmp / tag / "run"
+    )
     acc = _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])
     title = f"PrivImage Fashion-MNIST eps {epsilon:g} {label}".strip()
     grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels, title, per_class=8)
     p = res.parameters
-    _record({"epsilon": epsilon, "label": label or None, "overrides": overrides, "n_sensitive": len(sens.labels),
-             "fitted": p.get("fitted_classes"), "fallback": p.get("fallback_classes"), "steps": p["steps"],
-             "sigma": p["noise_multiplier"],
-             "selected": p.get("selected_public_classes"), "seconds": round(time.time() - started), "acc": acc,
-             "n_released": len(res.images), "timings": res.internal.get("timings_s"), "grid": grid})
+    _record(
+        {
+            "epsilon": epsilon,
+            "label": label or None,
+            "overrides": overrides,
+            "n_sensitive": len(sens.labels),
+            "fitted": p.get("fitted_classes"),
+            "fallback": p.get("fallback_classes"),
+            "steps": p["steps"],
+            "sigma": p["noise_multiplier"],
+            "selected": p.get("selected_public_classes"),
+            "seconds": round(time.time() - started),
+            "acc": acc,
+            "n_released": len(res.images),
+            "timings": res.internal.get("timings_s"),
+            "grid": grid,
+        }
+    )
 
 
 def run_real(s: dict, sens, test) -> None:
     rng = np.random.default_rng(s["seed"])
     for n in (4000, len(sens.labels)):
         idx = np.sort(rng.permutation(len(sens.labels))[:n])
-        _record({"real_train_images": n, "acc": _accuracies(sens.images[idx], sens.labels[idx], test,
-                                                           s["cnn_epochs"], s["seed"])})
+        _record(
+            {
+                "real_train_images": n,
+                "acc": _accuracies(
+                    sens.images[idx], sens.labels[idx], test, s["cnn_epochs"], s["seed"]
+                ),
+            }
+        )
 
 
 def main() -> None:
     from synth.datasets import load_source, public_pool
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epsilons", default="10,1")
-    parser.add_argument("--real", action="store_true", help="also the classifiers trained on real Fashion-MNIST")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one PrivImageConfig field of the recipe (repeatable)")
+    parser.add_argument(
+        "--real", action="store_true", help="also the classifiers trained on real Fashion-MNIST"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one PrivImageConfig field of the recipe (repeatable)",
+    )
     parser.add_argument("--label", default="", help="a name for the rows and grids of this variant")
-    parser.add_argument("--train-subset", type=int, default=0, help="reduced ablation: N sensitive images")
+    parser.add_argument(
+        "--train-subset", type=int, default=0, help="reduced ablation: N sensitive images"
+    )
     args = parser.parse_args()
     overrides = parse_overrides(parser, args.set)
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -105,7 +147,7 @@ def main() -> None:
     sens, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
     pub = public_pool(include_fashion=False)
     if args.train_subset:
-        idx = np.random.default_rng(s["seed"]).permutation(len(sens.labels))[:args.train_subset]
+        idx = np.random.default_rng(s["seed"]).permutation(len(sens.labels))[: args.train_subset]
         sens = sens.subset(np.sort(idx))
     with tempfile.TemporaryDirectory() as tmp:
         for eps in [float(e) for e in args.epsilons.split(",") if e]:

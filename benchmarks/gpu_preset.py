@@ -11,6 +11,7 @@ released images and labels (`<tag>.npz`). Scoring them (the audit's LR / MLP / C
 tested on the real held-out set) is CPU work, so it can run where the images are copied to: `--score` scores
 every npz in DIR that has no score yet, appends the accuracies to gpu-preset.jsonl and draws each run's grid.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
 from synth.privimage import PrivImageConfig
 
-SOURCES = {"mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
-           "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False)}
+SOURCES = {
+    "mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
+    "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False),
+}
 LOG = "gpu-preset.jsonl"
 
 
@@ -48,15 +51,35 @@ def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
     tag = f"{name}-eps{epsilon:g}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", name, sens, epsilon, s["delta"])
     started = time.time()
-    res = run_direct(store, name, sens, pub, "privimage", privimage_config(s, epsilon), run_id=tag,
-                     workdir=tmp / tag / "run")
+    res = run_direct(
+        store,
+        name,
+        sens,
+        pub,
+        "privimage",
+        privimage_config(s, epsilon),
+        run_id=tag,
+        workdir=tmp / tag / "run",
+    )
     np.savez_compressed(out / f"{tag}.npz", images=res.images, labels=res.labels)
     p = res.parameters
-    _record(out, {"tag": tag, "dataset": name, "n_sensitive": len(sens), "epsilon": epsilon, "steps": p["steps"],
-                  "sigma": p["noise_multiplier"], "selected": p.get("selected_public_classes"),
-                  "seconds": round(time.time() - started, 1), "n_released": len(res.images),
-                  "timings": res.internal.get("timings_s"), "device": _device(),
-                  "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"]})
+    _record(
+        out,
+        {
+            "tag": tag,
+            "dataset": name,
+            "n_sensitive": len(sens),
+            "epsilon": epsilon,
+            "steps": p["steps"],
+            "sigma": p["noise_multiplier"],
+            "selected": p.get("selected_public_classes"),
+            "seconds": round(time.time() - started, 1),
+            "n_released": len(res.images),
+            "timings": res.internal.get("timings_s"),
+            "device": _device(),
+            "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"],
+        },
+    )
 
 
 def score(out: Path, s: dict) -> None:
@@ -69,17 +92,36 @@ def score(out: Path, s: dict) -> None:
     scored = {r["tag"] for r in rows if "acc" in r}
     tests: dict[str, object] = {}  # held-out set per dataset, loaded once
     for r in rows:  # run rows (an error row has no tag, a score row has "acc")
-        if "tag" not in r or "acc" in r or r["tag"] in scored or not (out / f"{r['tag']}.npz").exists():
+        if (
+            "tag" not in r
+            or "acc" in r
+            or r["tag"] in scored
+            or not (out / f"{r['tag']}.npz").exists()
+        ):
             continue
         data = np.load(out / f"{r['tag']}.npz")
         if r["dataset"] not in tests:
             tests[r["dataset"]] = load_source(SOURCES[r["dataset"]][1])
         test = tests[r["dataset"]]
         acc = _accuracies(data["images"], data["labels"], test, s["cnn_epochs"], s["seed"])
-        grid = image_grid(out / f"{r['tag']}_grid.png", data["images"], data["labels"],
-                          f"PrivImage {r['dataset']} eps {r['epsilon']:g} ({r['device']})", per_class=8)
-        _record(out, {"tag": r["tag"], "dataset": r["dataset"], "epsilon": r["epsilon"], "acc": acc, "grid": grid,
-                      "scored_on": "this machine's CPU"})
+        grid = image_grid(
+            out / f"{r['tag']}_grid.png",
+            data["images"],
+            data["labels"],
+            f"PrivImage {r['dataset']} eps {r['epsilon']:g} ({r['device']})",
+            per_class=8,
+        )
+        _record(
+            out,
+            {
+                "tag": r["tag"],
+                "dataset": r["dataset"],
+                "epsilon": r["epsilon"],
+                "acc": acc,
+                "grid": grid,
+                "scored_on": "this machine's CPU",
+            },
+        )
         scored.add(r["tag"])
 
 
@@ -88,7 +130,7 @@ def _device() -> str:
 
 
 def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
-    """"source:epsilon" -> (source, epsilon); the epsilon itself is checked by the planner (a clear error row)."""
+    """ "source:epsilon" -> (source, epsilon); the epsilon itself is checked by the planner (a clear error row)."""
     name, _, eps = text.partition(":")
     if name not in SOURCES:
         parser.error(f"--runs {text!r}: unknown source {name!r}; choose from {sorted(SOURCES)}")
@@ -101,7 +143,14 @@ def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
 def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> None:
     """`--set KEY=VALUE` items into the mode's recipe `s`: VALUE is JSON (a number, true/false, [32, 64, 64]) or a
     bare word taken as text (vote_space=embedding); vote settings go into every epsilon's vote."""
-    fixed = {"epsilon", "delta", "seed", "selection", "device", "query_sigma"}  # set per run or by the mode
+    fixed = {
+        "epsilon",
+        "delta",
+        "seed",
+        "selection",
+        "device",
+        "query_sigma",
+    }  # set per run or by the mode
     types = {f.name: str(f.type) for f in fields(PrivImageConfig) if f.name not in fixed}
     for item in items:
         key, _, value = item.partition("=")
@@ -111,29 +160,50 @@ def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> No
             parsed = json.loads(value)
         except json.JSONDecodeError:
             if types[key] != "str" or not value.replace("_", "").replace("-", "").isalnum():
-                parser.error(f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], "
-                             "\"text\"; a text setting also takes a bare word, e.g. vote_space=embedding)")
+                parser.error(
+                    f"--set {item!r}: the value must be JSON (a number, true/false, [32, 64, 64], "
+                    '"text"; a text setting also takes a bare word, e.g. vote_space=embedding)'
+                )
             parsed = value
-        for recipe in s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]:  # the vote is set per epsilon
+        for recipe in (
+            s["vote"].values() if key in VOTE_KEYS else [s["privimage"]]
+        ):  # the vote is set per epsilon
             recipe[key] = parsed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", default="mnist5k:10,fashion:10,fashion:1", help="source:epsilon, comma-separated")
-    parser.add_argument("--score", action="store_true", help="score the saved releases in --out (CPU)")
-    parser.add_argument("--mode", default="full", choices=("full", "cpu", "micro"),
-                        help="the recipe: full (GPU, default), cpu (make reproduce's), micro (a smoke run)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                        help="override one recipe setting for an ablation, e.g. --set batch_size=500")
+    parser.add_argument(
+        "--runs", default="mnist5k:10,fashion:10,fashion:1", help="source:epsilon, comma-separated"
+    )
+    parser.add_argument(
+        "--score", action="store_true", help="score the saved releases in --out (CPU)"
+    )
+    parser.add_argument(
+        "--mode",
+        default="full",
+        choices=("full", "cpu", "micro"),
+        help="the recipe: full (GPU, default), cpu (make reproduce's), micro (a smoke run)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="override one recipe setting for an ablation, e.g. --set batch_size=500",
+    )
     args = parser.parse_args()
     s = settings(args.mode)
     apply_sets(parser, s, args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.score:
         if not (args.out / LOG).exists():
-            parser.error(f"nothing to score: {args.out / LOG} does not exist (run the preset with --out there first)")
+            parser.error(
+                f"nothing to score: {args.out / LOG} does not exist (run the preset with --out there first)"
+            )
         torch.set_num_threads(min(2, torch.get_num_threads()))
         score(args.out, s)
         return
@@ -143,7 +213,10 @@ def main() -> None:
             try:
                 run_one(name, eps, s, args.out, Path(tmp))
             except Exception as exc:  # keep the other runs; say what failed
-                _record(args.out, {"dataset": name, "epsilon": eps, "error": f"{type(exc).__name__}: {exc}"})
+                _record(
+                    args.out,
+                    {"dataset": name, "epsilon": eps, "error": f"{type(exc).__name__}: {exc}"},
+                )
 
 
 if __name__ == "__main__":

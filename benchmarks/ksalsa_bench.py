@@ -15,6 +15,7 @@ per class where installed), trained once and cached. Per (k, method):
 
 `python -m benchmarks.ksalsa_bench [--full]` prints the Markdown section.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,15 +52,28 @@ def _utility(images: np.ndarray, labels: np.ndarray, test: ImageDataset) -> str:
 
 
 def _subset(data: ImageDataset, per_class: int) -> ImageDataset:
-    idx = np.concatenate([np.flatnonzero(data.labels == c)[:per_class] for c in np.unique(data.labels)])
+    idx = np.concatenate(
+        [np.flatnonzero(data.labels == c)[:per_class] for c in np.unique(data.labels)]
+    )
     return data.subset(idx)
 
 
-def _rows(sensitive: ImageDataset, heldout: ImageDataset, codec, x: torch.Tensor, latents: torch.Tensor,
-          base: KSalsaConfig, device, net, t_start: float) -> list[str]:
-    rows = [f"| real held-out (reference, n={len(heldout)}) | - | - | "
-            f"{compute_fid(heldout.images, sensitive.images):.2f} | {_utility(sensitive.images, sensitive.labels, heldout)} "
-            "(trained on the real sensitive images) | - | - |"]
+def _rows(
+    sensitive: ImageDataset,
+    heldout: ImageDataset,
+    codec,
+    x: torch.Tensor,
+    latents: torch.Tensor,
+    base: KSalsaConfig,
+    device,
+    net,
+    t_start: float,
+) -> list[str]:
+    rows = [
+        f"| real held-out (reference, n={len(heldout)}) | - | - | "
+        f"{compute_fid(heldout.images, sensitive.images):.2f} | {_utility(sensitive.images, sensitive.labels, heldout)} "
+        "(trained on the real sensitive images) | - | - |"
+    ]
     for k in KS:
         t0 = time.perf_counter()
         cl = same_size_clusters(latents.numpy(), k)
@@ -70,12 +84,16 @@ def _rows(sensitive: ImageDataset, heldout: ImageDataset, codec, x: torch.Tensor
             reps, secs = representatives(method, codec, x, latents, cl.clusters, cfg, device, net)
             imgs = to_uint8(reps)
             attack = compute_kanon_attacks(imgs, list(cl.clusters), sensitive, heldout, k, POLICY)
-            print(f"ksalsa bench: k={k} {method} done at {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+            print(
+                f"ksalsa bench: k={k} {method} done at {time.perf_counter() - t_start:.0f} s",
+                file=sys.stderr,
+            )
             rows.append(
                 f"| k={k} | {method} | {len(cl.clusters)} / {len(cl.remainder)} | "
                 f"{compute_fid(imgs, sensitive.images):.2f} | {_utility(imgs, majority, heldout)} | "
                 f"{attack.membership['attack_precision']:.3f} | {secs / len(cl.clusters):.4f} (clustering "
-                f"{t_cluster:.1f} s) |")
+                f"{t_cluster:.1f} s) |"
+            )
     return rows
 
 
@@ -88,7 +106,11 @@ def run(quick: bool = True) -> str:
     public = public_pool(max_fashion_per_class=200)
     base = KSalsaConfig.demo(2)
     device = base.resolved_device()
-    workdir = Path(os.environ.get("KSALSA_BENCH_CACHE", Path(tempfile.gettempdir()) / "privrelease-ksalsa-bench"))
+    workdir = Path(
+        os.environ.get(
+            "KSALSA_BENCH_CACHE", Path(tempfile.gettempdir()) / "privrelease-ksalsa-bench"
+        )
+    )
 
     t0 = time.perf_counter()
     codec = train_codec(public, workdir, base, size=28, channels=1)
@@ -103,8 +125,11 @@ def run(quick: bool = True) -> str:
     with audit_cache():  # the sensitive set's FID statistics are computed once for all rows
         rows = _rows(sensitive, heldout, codec, x, latents, base, device, net, t_start)
     total = time.perf_counter() - t_start
-    mode = (f"quick: {len(sensitive)} MNIST-5k images (50 per class)" if quick
-            else f"full: all {len(sensitive)} MNIST-5k images")
+    mode = (
+        f"quick: {len(sensitive)} MNIST-5k images (50 per class)"
+        if quick
+        else f"full: all {len(sensitive)} MNIST-5k images"
+    )
     lines = [
         "## k-SALSA (k-anonymous release)",
         "",

@@ -5,6 +5,7 @@ switched off (epsilon = infinity), with both canary scores (final model; every s
 The settings come from the same plan the charged runs execute (plan_privimage on MNIST-5k's 4,000
 training images, semantic query included), so this section needs no diffusion training: seconds per
 run. `python -m benchmarks.reproduce --only audit` re-runs just this section."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,9 @@ from typing import Any
 
 from audit.dpsgd_audit import SCORES
 
-N_SENSITIVE = 4000   # builtin:mnist5k's training images: the record count the reproduction's runs plan with
+N_SENSITIVE = (
+    4000  # builtin:mnist5k's training images: the record count the reproduction's runs plan with
+)
 
 
 def audit_settings(s: dict[str, Any]) -> list[tuple[float, Any]]:
@@ -27,24 +30,49 @@ def audit_settings(s: dict[str, Any]) -> list[tuple[float, Any]]:
     for eps in s["audit_epsilons"]:
         cfg = privimage_config(s, eps)
         plan = plan_privimage(cfg, N_SENSITIVE)
-        out.append((eps, DpSgdSetting(plan.sample_rate, plan.noise_multiplier, plan.steps, cfg.max_grad_norm,
-                                      cfg.delta, cfg.lr, cfg.ema_decay, f"PrivImage at epsilon {eps:g}",
-                                      cfg.dp_optimizer, cfg.noise_multiplicity)))
+        out.append(
+            (
+                eps,
+                DpSgdSetting(
+                    plan.sample_rate,
+                    plan.noise_multiplier,
+                    plan.steps,
+                    cfg.max_grad_norm,
+                    cfg.delta,
+                    cfg.lr,
+                    cfg.ema_decay,
+                    f"PrivImage at epsilon {eps:g}",
+                    cfg.dp_optimizer,
+                    cfg.noise_multiplicity,
+                ),
+            )
+        )
     return out
 
 
 def _entry(eps: float, setting: Any, audits: dict[str, Any]) -> dict[str, Any]:
     first = next(iter(audits.values()))
-    row: dict[str, Any] = {"epsilon": eps, "claimed_epsilon": first.claimed_epsilon if math.isfinite(eps) else math.inf,
-                           "sample_rate": setting.sample_rate, "noise_multiplier": setting.noise_multiplier,
-                           "steps": setting.steps, "canaries": first.bound.m, "max_certifiable":
-                           first.bound.max_certifiable, "scores": {}}
+    row: dict[str, Any] = {
+        "epsilon": eps,
+        "claimed_epsilon": first.claimed_epsilon if math.isfinite(eps) else math.inf,
+        "sample_rate": setting.sample_rate,
+        "noise_multiplier": setting.noise_multiplier,
+        "steps": setting.steps,
+        "canaries": first.bound.m,
+        "max_certifiable": first.bound.max_certifiable,
+        "scores": {},
+    }
     for name, a in audits.items():
         run = a.run
-        row["scores"][name] = {"eps_lower": a.bound.eps_lower, "correct": a.bound.correct, "guesses": a.bound.guesses,
-                               "gaussian_eps_lower": a.gaussian.eps_lower, "seconds": run.seconds,
-                               "scores_in": run.scores[run.included].tolist(),
-                               "scores_out": run.scores[~run.included].tolist()}
+        row["scores"][name] = {
+            "eps_lower": a.bound.eps_lower,
+            "correct": a.bound.correct,
+            "guesses": a.bound.guesses,
+            "gaussian_eps_lower": a.gaussian.eps_lower,
+            "seconds": run.seconds,
+            "scores_in": run.scores[run.included].tolist(),
+            "scores_out": run.scores[~run.included].tolist(),
+        }
     return row
 
 
@@ -60,10 +88,27 @@ def run(s: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for eps, setting in settings + [(math.inf, settings[-1][1])]:
         trainer = None if math.isfinite(eps) else no_noise
-        audits = {score: compute_implementation_audit(setting, public, trainer=trainer, m=s["one_run_canaries"],
-                                                      seed=s["seed"], score=score) for score in SCORES}
+        audits = {
+            score: compute_implementation_audit(
+                setting,
+                public,
+                trainer=trainer,
+                m=s["one_run_canaries"],
+                seed=s["seed"],
+                score=score,
+            )
+            for score in SCORES
+        }
         rows.append(_entry(eps, setting, audits))
         text = ", ".join(f"{k} {v['eps_lower']:.2f}" for k, v in rows[-1]["scores"].items())
-        print(f"[reproduce] one-run audit eps={eps:g}: bound {text} (ceiling {rows[-1]['max_certifiable']:.2f})",
-              file=sys.stderr, flush=True)
-    return {"rows": rows, "public": public.source, "n_public": len(public), "seconds": time.time() - t0}
+        print(
+            f"[reproduce] one-run audit eps={eps:g}: bound {text} (ceiling {rows[-1]['max_certifiable']:.2f})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "rows": rows,
+        "public": public.source,
+        "n_public": len(public),
+        "seconds": time.time() - t0,
+    }

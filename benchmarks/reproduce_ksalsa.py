@@ -6,6 +6,7 @@ nothing to align) and the codec's own reconstructions (the paper's "GAN-inverted
 effect): FID (EfficientNet-Lite0 features) against the sensitive images, LR / MLP / CNN accuracy on
 the real held-out set (majority labels), cluster-membership attack (audit.kanon_attacks) and the
 nearest-record re-identification rate."""
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,13 @@ from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from synth.datasets import ImageDataset
 
-METHODS = (("k-Same-Pixel", "pixel", {}), ("k-Same-PCA", "pca", {}), ("k-Centroid", "centroid", {}),
-           ("k-SALSA", "ksalsa", {}), ("k-SALSA, no patch alignment (grid=1)", "ksalsa", {"grid": 1}))
+METHODS = (
+    ("k-Same-Pixel", "pixel", {}),
+    ("k-Same-PCA", "pca", {}),
+    ("k-Centroid", "centroid", {}),
+    ("k-SALSA", "ksalsa", {}),
+    ("k-SALSA, no patch alignment (grid=1)", "ksalsa", {"grid": 1}),
+)
 GridFn = Callable[[str, np.ndarray, np.ndarray], None]
 
 
@@ -32,19 +38,37 @@ def _log(msg: str) -> None:
 
 
 def class_subset(data: ImageDataset, per_class: int) -> ImageDataset:
-    idx = np.concatenate([np.flatnonzero(data.labels == c)[:per_class] for c in np.unique(data.labels)])
+    idx = np.concatenate(
+        [np.flatnonzero(data.labels == c)[:per_class] for c in np.unique(data.labels)]
+    )
     return data.subset(idx)
 
 
-def _evaluate(images: np.ndarray, labels: np.ndarray, clusters: list[np.ndarray], sens: ImageDataset,
-              test: ImageDataset, k: int | None, s: dict) -> dict[str, Any]:
-    policy = AuditPolicy(cnn_epochs=s["cnn_epochs"], seed=s["seed"], feature_samples=s["attack_samples"],
-                         utility_train_samples=len(images))
+def _evaluate(
+    images: np.ndarray,
+    labels: np.ndarray,
+    clusters: list[np.ndarray],
+    sens: ImageDataset,
+    test: ImageDataset,
+    k: int | None,
+    s: dict,
+) -> dict[str, Any]:
+    policy = AuditPolicy(
+        cnn_epochs=s["cnn_epochs"],
+        seed=s["seed"],
+        feature_samples=s["attack_samples"],
+        utility_train_samples=len(images),
+    )
     acc = dict(compute_utility(images, labels, None, test, policy).release)
     attack = compute_kanon_attacks(images, clusters, sens, test, k, policy)
-    return {"fid": compute_fid(images, sens.images), "acc": acc,
-            "attack": attack.membership["attack_precision"], "attack_by_space": attack.membership["precision_by_space"],
-            "reid": attack.reid_rate, "reid_chance": attack.reid_chance}
+    return {
+        "fid": compute_fid(images, sens.images),
+        "acc": acc,
+        "attack": attack.membership["attack_precision"],
+        "attack_by_space": attack.membership["precision_by_space"],
+        "reid": attack.reid_rate,
+        "reid_chance": attack.reid_chance,
+    }
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
@@ -66,17 +90,41 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
     t_codec = time.time() - t
     x = torch.from_numpy(conform(sens, 28, 1))
     latents = encode_all(codec, x, device)
-    out: dict[str, Any] = {"device": device, "n_sensitive": len(sens), "n_test": len(test), "public": public.source,
-                           "n_public": len(public), "codec": describe_codec(codec), "codec_seconds": t_codec,
-                           "config": base.public_parameters(), "rows": []}
+    out: dict[str, Any] = {
+        "device": device,
+        "n_sensitive": len(sens),
+        "n_test": len(test),
+        "public": public.source,
+        "n_public": len(public),
+        "codec": describe_codec(codec),
+        "codec_seconds": t_codec,
+        "config": base.public_parameters(),
+        "rows": [],
+    }
     # The codec's reconstructions: no anonymity at all (each "cluster" is one record).
     with torch.no_grad():
-        recon = torch.cat([codec.decode(latents[i:i + 512].to(device)).cpu() for i in range(0, len(latents), 512)])
+        recon = torch.cat(
+            [
+                codec.decode(latents[i : i + 512].to(device)).cpu()
+                for i in range(0, len(latents), 512)
+            ]
+        )
     rec_imgs = to_uint8(recon)
-    ev = _evaluate(rec_imgs, sens.labels, [np.array([i]) for i in range(len(sens))], sens, test, None, s)
+    ev = _evaluate(
+        rec_imgs, sens.labels, [np.array([i]) for i in range(len(sens))], sens, test, None, s
+    )
     out["reconstruction"] = {**ev, "mse_pm1": float(((recon - x) ** 2).mean())}
-    out["real_acc"] = dict(compute_utility(sens.images, sens.labels, None, test, AuditPolicy(
-        cnn_epochs=s["cnn_epochs"], seed=s["seed"], utility_train_samples=len(sens))).release)
+    out["real_acc"] = dict(
+        compute_utility(
+            sens.images,
+            sens.labels,
+            None,
+            test,
+            AuditPolicy(
+                cnn_epochs=s["cnn_epochs"], seed=s["seed"], utility_train_samples=len(sens)
+            ),
+        ).release
+    )
     grid("ksalsa_reconstruction", rec_imgs, sens.labels)
     _log(f"ksalsa: reconstruction {out['reconstruction']['fid']:.2f}")
     net = EfficientNetStyleContent(device, base.feature_size, base.style_layers)
@@ -90,9 +138,20 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
             reps, secs = representatives(method, codec, x, latents, cl.clusters, cfg, device, net)
             imgs = to_uint8(reps)
             ev = _evaluate(imgs, majority, cl.clusters, sens, test, k, s)
-            out["rows"].append({"k": k, "method": name, "released": len(cl.clusters), "dropped": len(cl.remainder),
-                                "seconds": secs, "seconds_clustering": t_cluster, **ev})
-            _log(f"ksalsa k={k} {name}: fid {ev['fid']:.2f} acc {ev['acc']} attack {ev['attack']:.3f}")
+            out["rows"].append(
+                {
+                    "k": k,
+                    "method": name,
+                    "released": len(cl.clusters),
+                    "dropped": len(cl.remainder),
+                    "seconds": secs,
+                    "seconds_clustering": t_cluster,
+                    **ev,
+                }
+            )
+            _log(
+                f"ksalsa k={k} {name}: fid {ev['fid']:.2f} acc {ev['acc']} attack {ev['attack']:.3f}"
+            )
             if k == 5 or (k == max(s["ks"]) and 5 not in s["ks"]):
                 grid(f"ksalsa_{method}{'_grid1' if extra else ''}", imgs, majority)
     out["seconds"] = time.time() - t_all

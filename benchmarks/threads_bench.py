@@ -4,6 +4,7 @@
 thread pool is fixed at the first parallel op) a short pre-training of the demo UNet on public UCI digits,
 settings interleaved so that they see the same contention; prints one markdown row per run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,11 +44,18 @@ print(json.dumps({"setting": setting, "threads": torch.get_num_threads(), "secon
 
 
 def run(setting: str, steps: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PRIVRELEASE_THREADS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PRIVRELEASE_THREADS")
+    }
     if setting.isdigit():
         env["PRIVRELEASE_THREADS"] = setting
-    out = subprocess.run([sys.executable, "-c", WORKER, setting, str(steps)], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER, setting, str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -57,13 +65,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settings", default="default,chosen,1,2")
     args = ap.parse_args()
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, {args.steps} steps")
-    print("| run | setting | threads | s / step | load at start | reason |\n|---|---|---|---|---|---|", flush=True)
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, {args.steps} steps"
+    )
+    print(
+        "| run | setting | threads | s / step | load at start | reason |\n|---|---|---|---|---|---|",
+        flush=True,
+    )
     for r in range(args.repeats):
         for setting in args.settings.split(","):
             row = run(setting, args.steps)
-            print(f"| {r + 1} | {setting} | {row['threads']} | {row['seconds_per_step']:.3f} | "
-                  f"{row['load_at_start']:.1f} | {row['reason']} |", flush=True)
+            print(
+                f"| {r + 1} | {setting} | {row['threads']} | {row['seconds_per_step']:.3f} | "
+                f"{row['load_at_start']:.1f} | {row['reason']} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@
 Run with `privrelease dashboard` (sets PRIVRELEASE_HOME). Every change goes through release/'s API,
 which enforces roles itself; the dashboard also hides what a role may not do.
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard/, not the repo, on sys.path
+if __package__ in (
+    None,
+    "",
+):  # `streamlit run dashboard/app.py` puts dashboard/, not the repo, on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
@@ -21,8 +25,13 @@ from release import (
 )
 from release.views import PrivReleaseError, Store  # noqa: E402
 
-VIEWS = {"Overview": overview, "Ledger": ledger, "Releases": releases, "Audit trail": audit_trail,
-         "Downloads": downloads}
+VIEWS = {
+    "Overview": overview,
+    "Ledger": ledger,
+    "Releases": releases,
+    "Audit trail": audit_trail,
+    "Downloads": downloads,
+}
 
 CSS = """
 <style>
@@ -44,7 +53,9 @@ def current_identity(store: Store) -> keys.Identity | None:
     if ident is None:
         for k in ("user", "epoch", "page", "release"):
             st.session_state.pop(k, None)
-        st.session_state["signed_out"] = "Your session ended (the identity's password changed): sign in again."
+        st.session_state["signed_out"] = (
+            "Your session ended (the identity's password changed): sign in again."
+        )
     return ident
 
 
@@ -52,24 +63,34 @@ def sign_in(store: Store) -> None:
     _, mid, _ = st.columns([1, 1.3, 1])
     with mid:
         st.markdown("## :material/shield_lock: privrelease")
-        st.markdown('<p class="pr-muted">Privacy-accounted releases of image datasets. Sign in with the identity '
-                    "and password the CLI created (<code>privrelease keys create</code>, "
-                    "<code>privrelease keys password</code>).</p>", unsafe_allow_html=True)
+        st.markdown(
+            '<p class="pr-muted">Privacy-accounted releases of image datasets. Sign in with the identity '
+            "and password the CLI created (<code>privrelease keys create</code>, "
+            "<code>privrelease keys password</code>).</p>",
+            unsafe_allow_html=True,
+        )
         prefill = st.query_params.get("user", "")  # only pre-fills the form; never signs anyone in
         with st.form("sign_in"):
-            name = st.text_input("Identity", value=prefill, key="login_name", placeholder="e.g. alice")
+            name = st.text_input(
+                "Identity", value=prefill, key="login_name", placeholder="e.g. alice"
+            )
             password = st.text_input("Password", type="password", key="login_password")
             submitted = st.form_submit_button("Sign in", type="primary", width="stretch")
         notice = st.session_state.pop("signed_out", None)
         if notice and not submitted:
             st.warning(notice, icon=":material/logout:")
         if submitted:
-            result = auth.sign_in(store, name, password)  # throttled; every attempt is an audit-trail entry
+            result = auth.sign_in(
+                store, name, password
+            )  # throttled; every attempt is an audit-trail entry
             if result.identity is None:
                 st.error(result.message, icon=":material/block:")
             else:
                 ident = result.identity
-                st.session_state["user"], st.session_state["epoch"] = ident.name, result.session_epoch
+                st.session_state["user"], st.session_state["epoch"] = (
+                    ident.name,
+                    result.session_epoch,
+                )
                 # ?page=NAME deep-links to a page; one the role may not open is refused with a message
                 st.session_state["page"] = st.query_params.get("page", "Overview")
                 st.rerun()
@@ -85,8 +106,13 @@ def sidebar(store: Store, ident: keys.Identity) -> tuple[str, str | None]:
     with st.sidebar:
         st.markdown("### :material/shield_lock: privrelease")
         st.markdown(f"Signed in as **{ident.name}**  \n{ROLE_BADGE.get(ident.role, ident.role)}")
-        st.radio("Page", allowed, key="page", format_func=lambda p: f"{PAGE_ICONS.get(p, '')} {p}",
-                 label_visibility="collapsed")
+        st.radio(
+            "Page",
+            allowed,
+            key="page",
+            format_func=lambda p: f"{PAGE_ICONS.get(p, '')} {p}",
+            label_visibility="collapsed",
+        )
         st.divider()
         if st.button("Sign out", width="stretch"):
             for k in ("user", "epoch", "page", "release"):
@@ -97,7 +123,9 @@ def sidebar(store: Store, ident: keys.Identity) -> tuple[str, str | None]:
 
 
 def main() -> None:
-    st.set_page_config(page_title="privrelease dashboard", page_icon=":material/shield_lock:", layout="wide")
+    st.set_page_config(
+        page_title="privrelease dashboard", page_icon=":material/shield_lock:", layout="wide"
+    )
     st.markdown(CSS, unsafe_allow_html=True)
     try:
         store = get_store()
@@ -111,9 +139,15 @@ def main() -> None:
     page, refused = sidebar(store, ident)
     if refused is not None:
         # Only a known page name is echoed: any other ?page= value is attacker-chosen text (a link, markup).
-        what = f"The {refused} page is" if refused in VIEWS else "The requested page does not exist or is"
-        st.error(f"{what} not available to a {ident.role}. You can open: {', '.join(pages_for(ident.role))}.",
-                 icon=":material/block:")
+        what = (
+            f"The {refused} page is"
+            if refused in VIEWS
+            else "The requested page does not exist or is"
+        )
+        st.error(
+            f"{what} not available to a {ident.role}. You can open: {', '.join(pages_for(ident.role))}.",
+            icon=":material/block:",
+        )
         return
     show_flash()
     with guarded(f"showing {page}"):

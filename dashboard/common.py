@@ -1,4 +1,5 @@
 """Shared dashboard plumbing: the store, which role sees which page, error display, formatting."""
+
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ import streamlit as st
 from release.views import PrivReleaseError, Store, open_store
 
 ALL_ROLES = ("steward", "auditor", "consumer")
-INTERNAL_ROLES = ("steward", "auditor")   # may see internal audit results (ARCHITECTURE.md rule 4)
+INTERNAL_ROLES = ("steward", "auditor")  # may see internal audit results (ARCHITECTURE.md rule 4)
 # Page -> roles allowed to open it. Consumers see published releases and bundles only.
 PAGE_ROLES: dict[str, tuple[str, ...]] = {
     "Overview": ALL_ROLES,
@@ -21,10 +22,18 @@ PAGE_ROLES: dict[str, tuple[str, ...]] = {
     "Audit trail": INTERNAL_ROLES,
     "Downloads": ALL_ROLES,
 }
-PAGE_ICONS = {"Overview": ":material/dashboard:", "Ledger": ":material/receipt_long:", "Releases": ":material/rocket_launch:",
-              "Audit trail": ":material/link:", "Downloads": ":material/download:"}
-ROLE_BADGE = {"steward": ":material/verified_user: steward", "auditor": ":material/policy: auditor",
-              "consumer": ":material/person: consumer"}
+PAGE_ICONS = {
+    "Overview": ":material/dashboard:",
+    "Ledger": ":material/receipt_long:",
+    "Releases": ":material/rocket_launch:",
+    "Audit trail": ":material/link:",
+    "Downloads": ":material/download:",
+}
+ROLE_BADGE = {
+    "steward": ":material/verified_user: steward",
+    "auditor": ":material/policy: auditor",
+    "consumer": ":material/person: consumer",
+}
 
 
 def pages_for(role: str) -> list[str]:
@@ -35,8 +44,10 @@ def get_store() -> Store:
     """The workspace named by PRIVRELEASE_HOME (set by `privrelease dashboard`)."""
     root = os.environ.get("PRIVRELEASE_HOME")
     if not root:
-        raise PrivReleaseError("PRIVRELEASE_HOME is not set. Start the dashboard with `privrelease dashboard` "
-                               "(or set PRIVRELEASE_HOME to a workspace directory).")
+        raise PrivReleaseError(
+            "PRIVRELEASE_HOME is not set. Start the dashboard with `privrelease dashboard` "
+            "(or set PRIVRELEASE_HOME to a workspace directory)."
+        )
     return open_store(root)
 
 
@@ -48,8 +59,13 @@ def guarded(what: str = "") -> Iterator[None]:
     except PrivReleaseError as exc:
         st.error(f"{what + ': ' if what else ''}{exc}", icon=":material/block:")
     except Exception as exc:  # noqa: BLE001 - an unexpected bug still must not show a traceback
-        logging.getLogger("privrelease.dashboard").exception("unexpected error while %s", what or "rendering")
-        st.error(f"Unexpected error{' while ' + what if what else ''}: {type(exc).__name__}: {exc}", icon=":material/warning:")
+        logging.getLogger("privrelease.dashboard").exception(
+            "unexpected error while %s", what or "rendering"
+        )
+        st.error(
+            f"Unexpected error{' while ' + what if what else ''}: {type(exc).__name__}: {exc}",
+            icon=":material/warning:",
+        )
 
 
 def flash(kind: str, message: str) -> None:

@@ -3,6 +3,7 @@
 Format: "scrypt$n$r$p$salt_b64$hash_b64". The password itself is never stored or logged; setting one
 appends an `identity.password` entry (name only) to the audit trail.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,7 +27,9 @@ _MAXMEM = 64 * 1024 * 1024
 
 
 def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=HASH_BYTES)
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=HASH_BYTES
+    )
 
 
 def hash_password(password: str) -> str:
@@ -52,7 +55,9 @@ def verify_hash(stored: str | None, password: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
-def set_password(store: Store, name: str, password: str, *, actor: str | None = None) -> keys.Identity:
+def set_password(
+    store: Store, name: str, password: str, *, actor: str | None = None
+) -> keys.Identity:
     """Set (or replace) the dashboard password of an existing identity; sessions opened with the old one
     end (see session_valid). Raises PrivReleaseError for an unknown identity or a password shorter than 8."""
     if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
@@ -91,8 +96,8 @@ SIGN_IN_ACTIONS = ("auth.sign_in", "auth.sign_in_failed")
 @dataclass(frozen=True)
 class SignIn:
     identity: keys.Identity | None
-    message: str = ""          # why it failed, for the person signing in
-    session_epoch: str = ""    # binds the session to the password it was opened with
+    message: str = ""  # why it failed, for the person signing in
+    session_epoch: str = ""  # binds the session to the password it was opened with
 
 
 def password_epoch(identity: keys.Identity) -> str:
@@ -106,7 +111,9 @@ def session_valid(store: Store, name: str, epoch: str) -> keys.Identity | None:
         ident = keys.get_identity(store, name)
     except keys.UnknownIdentityError:
         return None
-    return ident if ident.password_hash and hmac.compare_digest(password_epoch(ident), epoch) else None
+    return (
+        ident if ident.password_hash and hmac.compare_digest(password_epoch(ident), epoch) else None
+    )
 
 
 def _locked_for(store: Store, name: str, now: float) -> float:
@@ -114,7 +121,9 @@ def _locked_for(store: Store, name: str, now: float) -> float:
     needle = f'"name":{trail.canonical(name)}'
     rows = store.query(
         "SELECT action, ts FROM audit_trail WHERE action IN (?, ?) AND position(? IN payload) > 0 "
-        f"ORDER BY seq DESC LIMIT {MAX_FAILURES}", [*SIGN_IN_ACTIONS, needle])
+        f"ORDER BY seq DESC LIMIT {MAX_FAILURES}",
+        [*SIGN_IN_ACTIONS, needle],
+    )
     if len(rows) < MAX_FAILURES or any(r["action"] == "auth.sign_in" for r in rows):
         return 0.0
     last = datetime.fromisoformat(rows[0]["ts"]).timestamp()
@@ -129,15 +138,28 @@ def sign_in(store: Store, name: str, password: str, *, now: float | None = None)
     left = _locked_for(store, name, now)
     if left > 0:
         _record(store, name, "auth.sign_in_refused", "locked")
-        return SignIn(None, f"Too many failed sign-ins for this identity: try again in {int(left // 60) + 1} min.")
+        return SignIn(
+            None,
+            f"Too many failed sign-ins for this identity: try again in {int(left // 60) + 1} min.",
+        )
     ident = check_password(store, name, password)
     if ident is None:
-        _record(store, name, "auth.sign_in_failed", "unknown identity, no password set, or wrong password")
-        return SignIn(None, "Unknown identity or wrong password (or no password set: `privrelease keys password NAME`).")
+        _record(
+            store,
+            name,
+            "auth.sign_in_failed",
+            "unknown identity, no password set, or wrong password",
+        )
+        return SignIn(
+            None,
+            "Unknown identity or wrong password (or no password set: `privrelease keys password NAME`).",
+        )
     _record(store, name, "auth.sign_in", "ok")
     return SignIn(ident, "", password_epoch(ident))
 
 
 def _record(store: Store, name: str, action: str, result: str) -> None:
     with store.transaction() as con:
-        trail.append(con, store, name or "-", action, {"name": name, "result": result, "via": "dashboard"})
+        trail.append(
+            con, store, name or "-", action, {"name": name, "result": result, "via": "dashboard"}
+        )

@@ -4,6 +4,7 @@ The CLI (`budget show|plan`) and the dashboard only display what these return. E
 ledger's own: epsilon of the whole composed history (never a sum of epsilons), and the cap's privacy
 filter, the stop rule `ledger.reserve` applies, for "would this fit".
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +30,7 @@ def _finite(x: float) -> float | None:
 class BudgetSummary:
     """A dataset's cap and what its history spent. Epsilons of an empty history are 0; an infinite one
     (no DP guarantee) is inf here, None in `to_dict` (JSON has no infinity)."""
+
     dataset: str
     dataset_id: str
     epsilon_cap: float
@@ -37,10 +39,10 @@ class BudgetSummary:
     spent_epsilon_rdp: float
     spent_epsilon_pld: float
     remaining_epsilon_rdp: float
-    dp_void: bool                 # a k-anonymous release was made: DP guarantees no longer hold
-    filter_epsilon: float         # the cap's privacy filter on the history (the cap check)
-    odometer_epsilon: float       # holds now and later, however releases were chosen
-    charges_counted: int          # charges not refunded
+    dp_void: bool  # a k-anonymous release was made: DP guarantees no longer hold
+    filter_epsilon: float  # the cap's privacy filter on the history (the cap check)
+    odometer_epsilon: float  # holds now and later, however releases were chosen
+    charges_counted: int  # charges not refunded
 
     @property
     def filter_admits_more(self) -> bool:
@@ -49,22 +51,29 @@ class BudgetSummary:
     def to_dict(self) -> dict[str, Any]:
         """The `budget show --json` fields."""
         return {
-            "dataset": self.dataset, "dataset_id": self.dataset_id, "epsilon_cap": self.epsilon_cap,
-            "delta": self.delta, "spent_epsilon_rdp": self.spent_epsilon_rdp,
-            "spent_epsilon_pld": self.spent_epsilon_pld, "remaining_epsilon_rdp": self.remaining_epsilon_rdp,
-            "dp_void": self.dp_void, "filter_epsilon": _finite(self.filter_epsilon),
-            "filter_admits_more": self.filter_admits_more, "odometer_epsilon": _finite(self.odometer_epsilon),
+            "dataset": self.dataset,
+            "dataset_id": self.dataset_id,
+            "epsilon_cap": self.epsilon_cap,
+            "delta": self.delta,
+            "spent_epsilon_rdp": self.spent_epsilon_rdp,
+            "spent_epsilon_pld": self.spent_epsilon_pld,
+            "remaining_epsilon_rdp": self.remaining_epsilon_rdp,
+            "dp_void": self.dp_void,
+            "filter_epsilon": _finite(self.filter_epsilon),
+            "filter_admits_more": self.filter_admits_more,
+            "odometer_epsilon": _finite(self.odometer_epsilon),
         }
 
 
 @dataclass(frozen=True)
 class ChargeRow:
     """One charge of a dataset: its own epsilon and the epsilon of the history up to and including it."""
+
     position: int
     run_id: str
     state: str
     description: str
-    events: str                   # what it counts (or, refunded, what it planned), described
+    events: str  # what it counts (or, refunded, what it planned), described
     actor: str
     reserved_at: str
     settled_at: str | None
@@ -81,6 +90,7 @@ class ChargeRow:
 class WhatIf:
     """Epsilon of a planned DP-SGD run, alone or composed with a dataset's history. Changes nothing.
     The cap fields are None when no dataset was given."""
+
     epsilon_rdp: float
     epsilon_pld: float
     sigma: float
@@ -88,11 +98,11 @@ class WhatIf:
     sample_rate: float
     steps: int
     composed_with: str | None
-    described: str                       # the planned event, described
-    spent_epsilon_rdp: float = 0.0       # the history's RDP epsilon before the run
+    described: str  # the planned event, described
+    spent_epsilon_rdp: float = 0.0  # the history's RDP epsilon before the run
     epsilon_cap: float | None = None
     filter_epsilon: float | None = None  # the cap's privacy filter after the run
-    fits_cap: bool | None = None         # whether the ledger would admit the run
+    fits_cap: bool | None = None  # whether the ledger would admit the run
     remaining_after_rdp: float | None = None
     dp_void: bool = False
 
@@ -102,12 +112,22 @@ class WhatIf:
 
     def to_dict(self) -> dict[str, Any]:
         """The `budget plan --json` fields (the cap's only when composed with a dataset)."""
-        out: dict[str, Any] = {"epsilon_rdp": self.epsilon_rdp, "epsilon_pld": self.epsilon_pld, "sigma": self.sigma,
-                               "delta": self.delta, "sample_rate": self.sample_rate, "steps": self.steps,
-                               "composed_with": self.composed_with}
+        out: dict[str, Any] = {
+            "epsilon_rdp": self.epsilon_rdp,
+            "epsilon_pld": self.epsilon_pld,
+            "sigma": self.sigma,
+            "delta": self.delta,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+            "composed_with": self.composed_with,
+        }
         if self.epsilon_cap is not None:
-            out.update(epsilon_cap=self.epsilon_cap, filter_epsilon=self.filter_epsilon, fits_cap=self.fits_cap,
-                       remaining_after_rdp=self.remaining_after_rdp)
+            out.update(
+                epsilon_cap=self.epsilon_cap,
+                filter_epsilon=self.filter_epsilon,
+                fits_cap=self.fits_cap,
+                remaining_after_rdp=self.remaining_after_rdp,
+            )
         return out
 
 
@@ -118,9 +138,20 @@ def budget(store: Store, dataset: str) -> ledger.Budget:
 
 def summary(b: ledger.Budget) -> BudgetSummary:
     d = b.dataset
-    return BudgetSummary(d.name, d.dataset_id, d.epsilon_cap, d.delta_cap, d.record_count, b.spent.epsilon_rdp,
-                         b.spent.epsilon_pld, b.remaining_rdp, b.dp_void, b.filter_epsilon, b.odometer_epsilon,
-                         sum(c.state != "refunded" for c in b.charges))
+    return BudgetSummary(
+        d.name,
+        d.dataset_id,
+        d.epsilon_cap,
+        d.delta_cap,
+        d.record_count,
+        b.spent.epsilon_rdp,
+        b.spent.epsilon_pld,
+        b.remaining_rdp,
+        b.dp_void,
+        b.filter_epsilon,
+        b.odometer_epsilon,
+        sum(c.state != "refunded" for c in b.charges),
+    )
 
 
 def breakdown(b: ledger.Budget) -> list[ChargeRow]:
@@ -132,14 +163,34 @@ def breakdown(b: ledger.Budget) -> list[ChargeRow]:
         history += counted
         own = epsilon_report(counted, delta)
         cum = epsilon_report(history, delta)
-        out.append(ChargeRow(c.position, c.run_id, c.state, c.description,
-                             "; ".join(e.describe() for e in (counted or c.planned_events)), c.actor, c.reserved_at,
-                             c.settled_at, own.epsilon_rdp, own.epsilon_pld, cum.epsilon_rdp, cum.epsilon_pld))
+        out.append(
+            ChargeRow(
+                c.position,
+                c.run_id,
+                c.state,
+                c.description,
+                "; ".join(e.describe() for e in (counted or c.planned_events)),
+                c.actor,
+                c.reserved_at,
+                c.settled_at,
+                own.epsilon_rdp,
+                own.epsilon_pld,
+                cum.epsilon_rdp,
+                cum.epsilon_pld,
+            )
+        )
     return out
 
 
-def what_if(sample_rate: float, steps: int, *, sigma: float | None = None, epsilon: float | None = None,
-            delta: float | None = None, history: ledger.Budget | None = None) -> WhatIf:
+def what_if(
+    sample_rate: float,
+    steps: int,
+    *,
+    sigma: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    history: ledger.Budget | None = None,
+) -> WhatIf:
     """A DP-SGD run at (q, sigma, steps), or the conservative sigma for a target `epsilon`, composed with
     `history`'s spend when given (delta then defaults to its cap).
 
@@ -148,7 +199,9 @@ def what_if(sample_rate: float, steps: int, *, sigma: float | None = None, epsil
             the history's delta cap.
     """
     if (sigma is None) == (epsilon is None):
-        raise InvalidParameterError("Give exactly one of --sigma (to get epsilon) or --epsilon (to get sigma).")
+        raise InvalidParameterError(
+            "Give exactly one of --sigma (to get epsilon) or --epsilon (to get sigma)."
+        )
     prior: list = []
     if history is not None:
         d = history.dataset
@@ -157,7 +210,8 @@ def what_if(sample_rate: float, steps: int, *, sigma: float | None = None, epsil
             raise InvalidParameterError(
                 f"--delta {delta:g} is above {d.name}'s delta cap {d.delta_cap:g} (which is below 1/n = "
                 f"{1 / d.record_count:.3g}): its budget is stated at that delta. Leave --delta out to use the cap, "
-                "or give a smaller one.")
+                "or give a smaller one."
+            )
         delta = d.delta_cap if delta is None else delta
     if delta is None:
         raise InvalidParameterError("Give --delta (or --dataset to use its delta cap).")
@@ -166,20 +220,48 @@ def what_if(sample_rate: float, steps: int, *, sigma: float | None = None, epsil
         sigma = calibrate_dpsgd_sigma(epsilon, delta, sample_rate, steps, prior=prior)
     planned = DpSgd(sample_rate, sigma, steps)
     report = epsilon_report(prior + [planned], delta)
-    alone = WhatIf(report.epsilon_rdp, report.epsilon_pld, sigma, delta, sample_rate, steps, None, planned.describe())
+    alone = WhatIf(
+        report.epsilon_rdp,
+        report.epsilon_pld,
+        sigma,
+        delta,
+        sample_rate,
+        steps,
+        None,
+        planned.describe(),
+    )
     if history is None:
         return alone
     cap = history.dataset.epsilon_cap
-    fits, filter_eps = privacy_filter.cap_check(curve.curve_of(prior + [planned]).rdp, cap, history.dataset.delta_cap)
-    return replace(alone, composed_with=history.dataset.name, spent_epsilon_rdp=history.spent.epsilon_rdp,
-                   epsilon_cap=cap, filter_epsilon=filter_eps, fits_cap=fits,
-                   remaining_after_rdp=cap - report.epsilon_rdp, dp_void=history.dp_void)
+    fits, filter_eps = privacy_filter.cap_check(
+        curve.curve_of(prior + [planned]).rdp, cap, history.dataset.delta_cap
+    )
+    return replace(
+        alone,
+        composed_with=history.dataset.name,
+        spent_epsilon_rdp=history.spent.epsilon_rdp,
+        epsilon_cap=cap,
+        filter_epsilon=filter_eps,
+        fits_cap=fits,
+        remaining_after_rdp=cap - report.epsilon_rdp,
+        dp_void=history.dp_void,
+    )
 
 
 def ledger_signature(store: Store) -> str:
     """A cheap digest of every dataset's cap and every charge's state: changes whenever the ledger does
     (a cache key for views that compose the history)."""
-    rows: list[Any] = [(d.dataset_id, d.epsilon_cap, d.delta_cap) for d in ledger.list_datasets(store)]
-    rows += [(c.dataset_id, c.run_id, c.state, [event_to_json(e) for e in c.charged_events], c.settled_at)
-             for _, c in ledger.all_charges(store)]
+    rows: list[Any] = [
+        (d.dataset_id, d.epsilon_cap, d.delta_cap) for d in ledger.list_datasets(store)
+    ]
+    rows += [
+        (
+            c.dataset_id,
+            c.run_id,
+            c.state,
+            [event_to_json(e) for e in c.charged_events],
+            c.settled_at,
+        )
+        for _, c in ledger.all_charges(store)
+    ]
     return hashlib.sha256(canonical(rows)).hexdigest()

@@ -8,6 +8,7 @@ guarantee, how the data was made, limitations, intended use, version, citation a
 adds what only the bundle knows: the data features, the signing key's fingerprints and the recipes
 to verify the bundle and recompute its epsilon.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,9 +21,14 @@ from release.card_history import history_section
 from release.predicate import ReleasePredicate
 
 DEFAULT_LICENSE = "other"
-MAX_CLASS_NAMES = 10_000   # beyond this a label is typed as a plain integer, not a ClassLabel
-_SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
-          (10_000_000, "1M<n<10M"))
+MAX_CLASS_NAMES = 10_000  # beyond this a label is typed as a plain integer, not a ClassLabel
+_SIZES = (
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"),
+)
 
 
 def _eps(x: float | None) -> str:
@@ -39,10 +45,15 @@ def label_feature(labels: list[int], names: dict[int, str] | None = None) -> dic
     if min(labels, default=0) < 0 or top >= MAX_CLASS_NAMES:
         return {"name": "label", "dtype": "int64"}
     names = names or {}
-    return {"name": "label", "dtype": {"class_label": {"names": {str(i): str(names.get(i, i)) for i in range(top + 1)}}}}
+    return {
+        "name": "label",
+        "dtype": {"class_label": {"names": {str(i): str(names.get(i, i)) for i in range(top + 1)}}},
+    }
 
 
-def _front_matter(release: dict[str, Any], dataset: dict[str, Any], result: dict[str, Any], n: int) -> dict:
+def _front_matter(
+    release: dict[str, Any], dataset: dict[str, Any], result: dict[str, Any], n: int
+) -> dict:
     rel = release["spec"]["release"]
     dp = result["guarantee"]["type"] == "dp"
     return {
@@ -50,27 +61,50 @@ def _front_matter(release: dict[str, Any], dataset: dict[str, Any], result: dict
         "pretty_name": f"{release['release_id']}: {result['mechanism']} release of {dataset['dataset_id']}",
         "task_categories": ["image-classification"],
         "size_categories": [size_category(n)],
-        "tags": ["privrelease", "synthetic" if dp else "k-anonymity",
-                 "differential-privacy" if dp else "anonymized"],
+        "tags": [
+            "privrelease",
+            "synthetic" if dp else "k-anonymity",
+            "differential-privacy" if dp else "anonymized",
+        ],
         "dataset_info": {"features": [label_feature(list(dataset.get("labels") or []))]},
     }
 
 
-def dataset_card(release: dict[str, Any], dataset: dict[str, Any], result: dict[str, Any], n_records: int,
-                 verdicts: dict[str, str], *, history: dict[str, Any] | None = None,
-                 published_at: datetime | None = None) -> str:
+def dataset_card(
+    release: dict[str, Any],
+    dataset: dict[str, Any],
+    result: dict[str, Any],
+    n_records: int,
+    verdicts: dict[str, str],
+    *,
+    history: dict[str, Any] | None = None,
+    published_at: datetime | None = None,
+) -> str:
     """The card's text: YAML front matter and the sections a consumer needs to judge and cite the data."""
     meta = _front_matter(release, dataset, result, n_records)
-    lines = ["---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
-             f"# {meta['pretty_name']}", ""]
+    lines = [
+        "---",
+        yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(),
+        "---",
+        "",
+        f"# {meta['pretty_name']}",
+        "",
+    ]
     if release["spec"]["release"].get("description"):
         lines += [release["spec"]["release"]["description"], ""]
     lines += _guarantee(dataset, result, n_records, history)
     lines += _how_made(release, result)
     lines += _limitations_and_use()
-    lines += ["## Checks before publication", "", "Audit verdicts (details are internal to the publisher):", ""]
+    lines += [
+        "## Checks before publication",
+        "",
+        "Audit verdicts (details are internal to the publisher):",
+        "",
+    ]
     lines += [f"- {name}: {v}" for name, v in sorted(verdicts.items())]
-    if verdicts.get("downstream_accuracy") == "pass":  # the publication decision depended on the gate
+    if (
+        verdicts.get("downstream_accuracy") == "pass"
+    ):  # the publication decision depended on the gate
         from audit.policy import UTILITY_GATE_CHANNEL
 
         lines += ["", UTILITY_GATE_CHANNEL]
@@ -80,8 +114,14 @@ def dataset_card(release: dict[str, Any], dataset: dict[str, Any], result: dict[
 
 def card_for(release: dict[str, Any], dataset: dict[str, Any], predicate: ReleasePredicate) -> str:
     """The card of a release being published, from its signed predicate (what the card states is what is signed)."""
-    return dataset_card(release, dataset, predicate.to_json(), predicate.released_image_count, predicate.audit_verdicts,
-                        history=predicate.history)
+    return dataset_card(
+        release,
+        dataset,
+        predicate.to_json(),
+        predicate.released_image_count,
+        predicate.audit_verdicts,
+        history=predicate.history,
+    )
 
 
 def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> list[str]:
@@ -89,46 +129,74 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
     params = result["parameters"]
     if g["type"] != "dp":
         return [
-            "## What this is", "",
+            "## What this is",
+            "",
             f"{n} images, each the **average of k = {g['k']} records** of the sensitive dataset "
             f"(method: {g.get('method', params.get('method'))}), with the majority label of its group and the "
-            "group's label distribution.", "", "## Privacy guarantee", "",
+            "group's label distribution.",
+            "",
+            "## Privacy guarantee",
+            "",
             f"**k-anonymity with k = {g['k']}**: each released image is computed from a group of {g['k']} records. "
             "This is *not* differential privacy. Averages can leak attributes shared by a group, and the "
-            "source dataset's earlier DP guarantees no longer hold after this release.", ""]
+            "source dataset's earlier DP guarantees no longer hold after this release.",
+            "",
+        ]
     rdp, pld, delta = g.get("epsilon_rdp"), g.get("epsilon_pld"), g["delta"]
     if history is not None:
         rdp, pld, delta = history.get("epsilon_rdp"), history.get("epsilon_pld"), history["delta"]
     vote = params.get("vote_sigma")
     rounds = params.get("vote_rounds") or 1
-    evolved = (f" The vote ran {rounds} rounds: each later round voted again on variations of the previous "
-               "round's winners, drawn by the same model." if rounds > 1 else "")
+    evolved = (
+        f" The vote ran {rounds} rounds: each later round voted again on variations of the previous "
+        "round's winners, drawn by the same model."
+        if rounds > 1
+        else ""
+    )
     copies = params.get("release_variations") or 0
-    space_note = (", nearness measured on the features of a public ImageNet-pretrained EfficientNet-Lite0"
-                  if params.get("vote_space") == "embedding" else "")
-    voted = (f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} generated "
-             "candidates by a differentially private vote of the sensitive images (noise std "
-             f"{vote:g} on each candidate's count of nearest sensitive images"
-             f"{space_note}).{evolved}" if vote else "")
-    varied = (f" Each {'voted' if vote else 'generated'} image is released with {copies} "
-              f"variation{'s' if copies > 1 else ''} of it (the same model re-drawing it from a lightly noised copy, "
-              "strength "
-              f"{params.get('release_variation_strength'):g}): groups of {copies + 1} images are near-duplicates, so "
-              "do not count them as independent samples." if copies else "")
+    space_note = (
+        ", nearness measured on the features of a public ImageNet-pretrained EfficientNet-Lite0"
+        if params.get("vote_space") == "embedding"
+        else ""
+    )
+    voted = (
+        f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} generated "
+        "candidates by a differentially private vote of the sensitive images (noise std "
+        f"{vote:g} on each candidate's count of nearest sensitive images"
+        f"{space_note}).{evolved}"
+        if vote
+        else ""
+    )
+    varied = (
+        f" Each {'voted' if vote else 'generated'} image is released with {copies} "
+        f"variation{'s' if copies > 1 else ''} of it (the same model re-drawing it from a lightly noised copy, "
+        "strength "
+        f"{params.get('release_variation_strength'):g}): groups of {copies + 1} images are near-duplicates, so "
+        "do not count them as independent samples."
+        if copies
+        else ""
+    )
     return [
-        "## What this is", "",
+        "## What this is",
+        "",
         f"{n} **synthetic** labelled images generated by PrivImage: a diffusion model pre-trained on public "
         "images chosen by a differentially private semantic query, then fine-tuned on the sensitive dataset "
-        f"with DP-SGD.{voted}{varied} No image in this bundle is a record of the sensitive dataset.", "",
-        "## Privacy guarantee", "",
+        f"with DP-SGD.{voted}{varied} No image in this bundle is a record of the sensitive dataset.",
+        "",
+        "## Privacy guarantee",
+        "",
         "(epsilon, delta)-differential privacy for the whole history of releases from the source dataset "
-        f"{'as of publication ' if history is not None else ''}(this one included), with delta = {delta:g}:", "",
+        f"{'as of publication ' if history is not None else ''}(this one included), with delta = {delta:g}:",
+        "",
         f"- epsilon by RDP (reference accountant): **{_eps(rdp)}**",
-        f"- epsilon by PLD (tighter accountant): **{_eps(pld)}**", "",
+        f"- epsilon by PLD (tighter accountant): **{_eps(pld)}**",
+        "",
         f"The privacy unit is **{dataset['privacy_unit']}** (add/remove one record). It covers the synthetic images "
         "and labels (DP-SGD), the choice of public classes named below (DP Gaussian query)"
-        f"{' and the choice of candidates (DP Gaussian vote)' if vote else ''}.", "",
-        *_adaptive_cap(dataset)]
+        f"{' and the choice of candidates (DP Gaussian vote)' if vote else ''}.",
+        "",
+        *_adaptive_cap(dataset),
+    ]
 
 
 def _adaptive_cap(dataset: dict) -> list[str]:
@@ -136,57 +204,92 @@ def _adaptive_cap(dataset: dict) -> list[str]:
     one after another. What holds under that adaptive choice is the ledger's cap, enforced by a privacy filter."""
     if dataset.get("epsilon_cap") is None:
         return []
-    return [f"Releases from this dataset are chosen one after another, each after seeing the earlier ones. The "
-            f"publisher's ledger admitted each only through a privacy filter with cap epsilon = "
-            f"{dataset['epsilon_cap']:g}, delta = {dataset['delta_cap']:g} (a multi-order Rényi filter, after "
-            "Feldman & Zrnic 2021): under that adaptive choice, every release from this dataset, past and future, "
-            f"is together ({dataset['epsilon_cap']:g}, {dataset['delta_cap']:g})-differentially private.", ""]
+    return [
+        f"Releases from this dataset are chosen one after another, each after seeing the earlier ones. The "
+        f"publisher's ledger admitted each only through a privacy filter with cap epsilon = "
+        f"{dataset['epsilon_cap']:g}, delta = {dataset['delta_cap']:g} (a multi-order Rényi filter, after "
+        "Feldman & Zrnic 2021): under that adaptive choice, every release from this dataset, past and future, "
+        f"is together ({dataset['epsilon_cap']:g}, {dataset['delta_cap']:g})-differentially private.",
+        "",
+    ]
 
 
 def _how_made(release: dict, result: dict) -> list[str]:
     spec = release["spec"]
     mech = result["mechanism"]
     params = spec.get(mech, {}) if isinstance(spec.get(mech), dict) else {}
-    lines = ["## How it was made", "",
-             f"- Mechanism: {mech}", f"- Preset: {params.get('preset', 'default')}",
-             f"- Public data: {params.get('public', 'the mechanism default')} (public; not covered by the guarantee)"]
+    lines = [
+        "## How it was made",
+        "",
+        f"- Mechanism: {mech}",
+        f"- Preset: {params.get('preset', 'default')}",
+        f"- Public data: {params.get('public', 'the mechanism default')} (public; not covered by the guarantee)",
+    ]
     chosen = result["parameters"].get("selected_public_classes")
     if chosen is not None:
         lines.append(f"- Public classes selected by the DP query: {chosen}")
-    lines += ["", "Parameters:", ""] + [f"- {k}: {v}" for k, v in sorted(result["parameters"].items())] + [""]
+    lines += (
+        ["", "Parameters:", ""]
+        + [f"- {k}: {v}" for k, v in sorted(result["parameters"].items())]
+        + [""]
+    )
     return lines
 
 
 def _limitations_and_use() -> list[str]:
     return [
-        "## Limitations", "",
+        "## Limitations",
+        "",
         "- The dataset size is treated as public (it is not protected by the guarantee).",
         "- Synthetic or averaged images have lower fidelity than the originals; check the utility for your task.",
         "- The guarantee is about records of the source dataset; it says nothing about people who appear in "
         "several records unless the privacy unit covers them.",
         "- The publication itself depended on pass/fail audit checks computed on the sensitive data; see the "
-        "checks below.", "",
-        "## Intended use", "",
+        "checks below.",
+        "",
+        "## Intended use",
+        "",
         "Prototyping, teaching, method development and benchmarking where the original images cannot be shared. "
-        "Not for clinical or individual decisions, and not for re-identifying anyone.", ""]
+        "Not for clinical or individual decisions, and not for re-identifying anyone.",
+        "",
+    ]
 
 
 def _version_citation(release: dict, dataset: dict, license_id: str, when: datetime) -> list[str]:
     rid = release["release_id"]
     stamp = when.astimezone(UTC)
-    license_text = (f"`{license_id}`" if license_id != DEFAULT_LICENSE else
-                    "`other`: the publisher set no license in the release spec; ask them before redistributing")
+    license_text = (
+        f"`{license_id}`"
+        if license_id != DEFAULT_LICENSE
+        else "`other`: the publisher set no license in the release spec; ask them before redistributing"
+    )
     return [
-        "", "## Version", "", f"- Release id: `{rid}` (also the bundle's name, bound by the signature)",
-        f"- Source dataset id: `{dataset['dataset_id']}`", f"- Published: {stamp.strftime('%Y-%m-%d %H:%M UTC')}", "",
-        "## License", "", license_text, "",
-        "## Citation", "", "```bibtex", f"@misc{{{rid.replace('-', '_')},",
+        "",
+        "## Version",
+        "",
+        f"- Release id: `{rid}` (also the bundle's name, bound by the signature)",
+        f"- Source dataset id: `{dataset['dataset_id']}`",
+        f"- Published: {stamp.strftime('%Y-%m-%d %H:%M UTC')}",
+        "",
+        "## License",
+        "",
+        license_text,
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        f"@misc{{{rid.replace('-', '_')},",
         f"  title = {{{{{rid}}}: privacy-preserving release of dataset {dataset['dataset_id']}}},",
-        f"  year = {{{stamp.year}}},", f"  note = {{Release id {rid}, published {stamp.date().isoformat()}}}", "}",
-        "```", ""]
+        f"  year = {{{stamp.year}}},",
+        f"  note = {{Release id {rid}, published {stamp.date().isoformat()}}}",
+        "}",
+        "```",
+        "",
+    ]
 
 
 # ---------------------------------------------------------------- completed while the bundle is written
+
 
 def split_front_matter(card: str) -> tuple[dict[str, Any], str]:
     """(front matter, body) of a card; an empty dict when it has none."""
@@ -195,21 +298,33 @@ def split_front_matter(card: str) -> tuple[dict[str, Any], str]:
         if end > 0:
             meta = yaml.safe_load(card[4:end]) or {}
             if isinstance(meta, dict):
-                return meta, card[end + 5:]
+                return meta, card[end + 5 :]
     return {}, card
 
 
-def finish_card(card: str, *, release_id: str, features: list[dict[str, Any]], n: int, num_bytes: int,
-                key_fingerprints: tuple[str, str], predicate: dict[str, Any]) -> str:
+def finish_card(
+    card: str,
+    *,
+    release_id: str,
+    features: list[dict[str, Any]],
+    n: int,
+    num_bytes: int,
+    key_fingerprints: tuple[str, str],
+    predicate: dict[str, Any],
+) -> str:
     """The card with the data's `dataset_info`/`configs`, and the load, verify and recompute sections."""
     meta, body = split_front_matter(card)
     declared = {f.get("name"): f for f in (meta.get("dataset_info") or {}).get("features", [])}
     meta.setdefault("license", DEFAULT_LICENSE)
     meta.setdefault("task_categories", ["image-classification"])
     meta.setdefault("size_categories", [size_category(n)])
-    meta["dataset_info"] = {"features": [_declared_or(declared.get(f["name"]), f) for f in features],
-                            "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": n}]}
-    meta["configs"] = [{"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}]
+    meta["dataset_info"] = {
+        "features": [_declared_or(declared.get(f["name"]), f) for f in features],
+        "splits": [{"name": "train", "num_bytes": num_bytes, "num_examples": n}],
+    }
+    meta["configs"] = [
+        {"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}
+    ]
     tail = _use_section(release_id) + _verify_section(release_id, key_fingerprints)
     if isinstance(predicate.get("history"), dict):
         tail += history_section(release_id, predicate["history"])
@@ -221,8 +336,13 @@ def _declared_or(declared: dict | None, derived: dict) -> dict:
     """The card's declared feature (e.g. every label of the dataset, named), if it covers the data's values."""
     if declared is None:
         return derived
-    names = lambda f: (f.get("dtype") or {}).get("class_label", {}).get("names") if isinstance(f.get("dtype"), dict) \
-        else None  # noqa: E731
+
+    def names(f: dict) -> list | None:
+        dtype = f.get("dtype")
+        return (
+            (dtype or {}).get("class_label", {}).get("names") if isinstance(dtype, dict) else None
+        )
+
     have, need = names(declared), names(derived)
     if need is not None and (have is None or len(have) < len(need)):
         return derived
@@ -230,36 +350,56 @@ def _declared_or(declared: dict | None, derived: dict) -> dict:
 
 
 def _use_section(rid: str) -> list[str]:
-    return ["## Files and loading", "",
-            "- `data/part-*.parquet`: columns `image` (struct of PNG `bytes` and a `path` name, the Hugging Face "
-            "Image layout), `label` (integer class), `id` (row id), and any extra columns; row groups are small "
-            "enough to stream.",
-            "- `sample_grid.png`: a few images per class, for a first look.",
-            "- `croissant.json`: MLCommons Croissant metadata (files with sha256, fields, Responsible-AI properties), "
-            "e.g. `mlcroissant.Dataset(jsonld=\"croissant.json\").records(\"default\")`.", "",
-            "![sample grid](sample_grid.png)", "",
-            "```python", "from datasets import load_dataset",
-            f'ds = load_dataset("{rid}", split="train")   # the extracted bundle directory', "```", ""]
+    return [
+        "## Files and loading",
+        "",
+        "- `data/part-*.parquet`: columns `image` (struct of PNG `bytes` and a `path` name, the Hugging Face "
+        "Image layout), `label` (integer class), `id` (row id), and any extra columns; row groups are small "
+        "enough to stream.",
+        "- `sample_grid.png`: a few images per class, for a first look.",
+        "- `croissant.json`: MLCommons Croissant metadata (files with sha256, fields, Responsible-AI properties), "
+        'e.g. `mlcroissant.Dataset(jsonld="croissant.json").records("default")`.',
+        "",
+        "![sample grid](sample_grid.png)",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        f'ds = load_dataset("{rid}", split="train")   # the extracted bundle directory',
+        "```",
+        "",
+    ]
 
 
 def _verify_section(rid: str, fingerprints: tuple[str, str]) -> list[str]:
     keyid, raw_sha = fingerprints
-    return ["## Verify", "",
-            "The bundle is signed with the publisher's Ed25519 release key. Check its fingerprint against the one "
-            "the publisher gives you out of band:", "",
-            f"- keyid (securesystemslib default): `{keyid}`", f"- sha256 of the raw public key: `{raw_sha}`", "",
-            f"`privrelease verify {rid}.tar.gz --key release.pub` checks the DSSE signature over "
-            "`manifest.intoto.json`, every file's sha256 and that the archive's name is the signed release id, "
-            "offline. Without privrelease, with securesystemslib and the Python standard library:", "",
-            "```python", "import hashlib, json, pathlib",
-            "from cryptography.hazmat.primitives.serialization import load_pem_public_key",
-            "from securesystemslib.dsse import Envelope", "from securesystemslib.signer import SSlibKey", "",
-            'key = SSlibKey.from_crypto(load_pem_public_key(pathlib.Path("release.pub").read_bytes()))',
-            f'assert key.keyid == "{keyid}"',
-            f'envelope = Envelope.from_dict(json.loads(pathlib.Path("{rid}/manifest.dsse.json").read_bytes()))',
-            "envelope.verify([key], 1)  # raises unless the publisher's key signed it",
-            "statement = json.loads(envelope.payload)",
-            f'assert statement["predicate"]["release_id"] == "{rid}"',
-            'for s in statement["subject"]:',
-            f'    data = pathlib.Path("{rid}", s["name"]).read_bytes()',
-            '    assert hashlib.sha256(data).hexdigest() == s["digest"]["sha256"], s["name"]', "```", ""]
+    return [
+        "## Verify",
+        "",
+        "The bundle is signed with the publisher's Ed25519 release key. Check its fingerprint against the one "
+        "the publisher gives you out of band:",
+        "",
+        f"- keyid (securesystemslib default): `{keyid}`",
+        f"- sha256 of the raw public key: `{raw_sha}`",
+        "",
+        f"`privrelease verify {rid}.tar.gz --key release.pub` checks the DSSE signature over "
+        "`manifest.intoto.json`, every file's sha256 and that the archive's name is the signed release id, "
+        "offline. Without privrelease, with securesystemslib and the Python standard library:",
+        "",
+        "```python",
+        "import hashlib, json, pathlib",
+        "from cryptography.hazmat.primitives.serialization import load_pem_public_key",
+        "from securesystemslib.dsse import Envelope",
+        "from securesystemslib.signer import SSlibKey",
+        "",
+        'key = SSlibKey.from_crypto(load_pem_public_key(pathlib.Path("release.pub").read_bytes()))',
+        f'assert key.keyid == "{keyid}"',
+        f'envelope = Envelope.from_dict(json.loads(pathlib.Path("{rid}/manifest.dsse.json").read_bytes()))',
+        "envelope.verify([key], 1)  # raises unless the publisher's key signed it",
+        "statement = json.loads(envelope.payload)",
+        f'assert statement["predicate"]["release_id"] == "{rid}"',
+        'for s in statement["subject"]:',
+        f'    data = pathlib.Path("{rid}", s["name"]).read_bytes()',
+        '    assert hashlib.sha256(data).hexdigest() == s["digest"]["sha256"], s["name"]',
+        "```",
+        "",
+    ]

@@ -7,6 +7,7 @@ ComposedDpEvent of the distinct events (each self-composed as often as it occurs
 does), RDP on the ledger's orders and PLD at the ledger's discretisation, so a consumer can
 reproduce the numbers without privrelease.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,23 @@ def ledger_history(store: Any, dataset_id: str) -> dict[str, Any]:
     from accounting.events import event_to_json
 
     budget = ledger.budget(store, dataset_id)
-    entries = [{"position": c.position, "run_id": c.run_id, "state": c.state,
-                "events": [event_to_json(e) for e in c.counted_events]} for c in budget.charges]
-    history = {"dataset_id": budget.dataset.dataset_id, "delta": float(budget.dataset.delta_cap),
-               "neighbouring_relation": NEIGHBOURING, "rdp_orders": [float(a) for a in RDP_ORDERS],
-               "pld_value_discretization_interval": float(PLD_DISCRETIZATION), "entries": entries}
+    entries = [
+        {
+            "position": c.position,
+            "run_id": c.run_id,
+            "state": c.state,
+            "events": [event_to_json(e) for e in c.counted_events],
+        }
+        for c in budget.charges
+    ]
+    history = {
+        "dataset_id": budget.dataset.dataset_id,
+        "delta": float(budget.dataset.delta_cap),
+        "neighbouring_relation": NEIGHBOURING,
+        "rdp_orders": [float(a) for a in RDP_ORDERS],
+        "pld_value_discretization_interval": float(PLD_DISCRETIZATION),
+        "entries": entries,
+    }
     history.update(recompute_epsilon(history))
     return history
 
@@ -36,19 +49,26 @@ def recompute_epsilon(history: dict[str, Any]) -> dict[str, float | None]:
     """RDP and PLD epsilon of the history's events (None: no DP guarantee)."""
     import dp_accounting
 
-    counts = Counter(_dp_event(e["dp_event"]) for entry in history["entries"] for e in entry["events"])
+    counts = Counter(
+        _dp_event(e["dp_event"]) for entry in history["entries"] for e in entry["events"]
+    )
     composed = dp_accounting.ComposedDpEvent(
-        [dp_accounting.SelfComposedDpEvent(ev, n) if n > 1 else ev for ev, n in counts.items()])
+        [dp_accounting.SelfComposedDpEvent(ev, n) if n > 1 else ev for ev, n in counts.items()]
+    )
     rdp = dp_accounting.rdp.RdpAccountant(orders=history["rdp_orders"])
     rdp.compose(composed)
-    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=history["pld_value_discretization_interval"])
+    pld = dp_accounting.pld.PLDAccountant(
+        value_discretization_interval=history["pld_value_discretization_interval"]
+    )
     pld.compose(composed)
 
     def finite(x: float) -> float | None:  # JSON has no infinity: null means no DP guarantee
         return float(x) if math.isfinite(x) else None
 
-    return {"epsilon_rdp": finite(rdp.get_epsilon(history["delta"])),
-            "epsilon_pld": finite(pld.get_epsilon(history["delta"]))}
+    return {
+        "epsilon_rdp": finite(rdp.get_epsilon(history["delta"])),
+        "epsilon_pld": finite(pld.get_epsilon(history["delta"])),
+    }
 
 
 def _dp_event(data: Any) -> Any:
@@ -63,7 +83,7 @@ def _dp_event(data: Any) -> Any:
     return getattr(dpe, fields.pop("type"))(**{k: _dp_event(v) for k, v in fields.items()})
 
 
-RECIPE = '''\
+RECIPE = """\
 import json, dp_accounting
 from collections import Counter
 from dp_accounting import dp_event as dpe
@@ -89,20 +109,28 @@ pld = dp_accounting.pld.PLDAccountant(
     value_discretization_interval=history["pld_value_discretization_interval"])
 pld.compose(composed)
 print("epsilon RDP", rdp.get_epsilon(history["delta"]), "PLD", pld.get_epsilon(history["delta"]))
-'''
+"""
 
 
 def history_section(root: str, history: dict[str, Any]) -> list[str]:
     """Card lines: what the signed history holds and the dp-accounting recipe that recomputes it."""
     n_events = sum(len(e["events"]) for e in history["entries"])
-    lines = ["## Recompute the privacy loss yourself", "",
-             f"The signed manifest (`manifest.intoto.json`, predicate `history`) lists all {len(history['entries'])} "
-             f"charge(s) of the source dataset as of publication ({n_events} mechanism event(s)), in ledger order "
-             "with their positions, each event in Google dp-accounting's DpEvent JSON. Refunded charges are listed "
-             "with no events; a charge still `reserved` counts its planned events (conservative). With "
-             f"delta = {history['delta']:g} they compose to epsilon {_fmt(history.get('epsilon_rdp'))} (RDP) and "
-             f"{_fmt(history.get('epsilon_pld'))} (PLD). This recomputes both with dp-accounting alone "
-             "(`pip install dp-accounting`):", "", "```python", RECIPE.replace("{root}", root).rstrip(), "```", ""]
+    lines = [
+        "## Recompute the privacy loss yourself",
+        "",
+        f"The signed manifest (`manifest.intoto.json`, predicate `history`) lists all {len(history['entries'])} "
+        f"charge(s) of the source dataset as of publication ({n_events} mechanism event(s)), in ledger order "
+        "with their positions, each event in Google dp-accounting's DpEvent JSON. Refunded charges are listed "
+        "with no events; a charge still `reserved` counts its planned events (conservative). With "
+        f"delta = {history['delta']:g} they compose to epsilon {_fmt(history.get('epsilon_rdp'))} (RDP) and "
+        f"{_fmt(history.get('epsilon_pld'))} (PLD). This recomputes both with dp-accounting alone "
+        "(`pip install dp-accounting`):",
+        "",
+        "```python",
+        RECIPE.replace("{root}", root).rstrip(),
+        "```",
+        "",
+    ]
     return lines
 
 

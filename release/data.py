@@ -4,6 +4,7 @@ The label set is declared at registration (public metadata), never read off the 
 labels must be a subset of the declaration, and everything downstream (the classes a mechanism
 generates, the released label set) uses the declaration, so a class held by one record is not revealed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,9 +19,11 @@ from accounting.store import Store
 from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, load_source
 
 LabelDeclaration = str | Sequence[int] | Sequence[str] | None
-DECLARE_HELP = ("Declare the label set with --labels: label values such as `0-9` or `0,1,2,5` for .npz/Parquet "
-                "data, the class subfolder names (e.g. `cat,dog`) for a folder. List every class the data may "
-                "hold, including classes with no images.")
+DECLARE_HELP = (
+    "Declare the label set with --labels: label values such as `0-9` or `0,1,2,5` for .npz/Parquet "
+    "data, the class subfolder names (e.g. `cat,dog`) for a folder. List every class the data may "
+    "hold, including classes with no images."
+)
 
 
 def _parse_values(text: str) -> list[int]:
@@ -31,9 +34,13 @@ def _parse_values(text: str) -> list[int]:
         try:
             a, b = (int(lo), int(hi)) if sep else (int(part), int(part))
         except ValueError:
-            raise DataFormatError(f"--labels: {part!r} is not a label value or range. {DECLARE_HELP}") from None
+            raise DataFormatError(
+                f"--labels: {part!r} is not a label value or range. {DECLARE_HELP}"
+            ) from None
         if not 0 <= a <= b <= MAX_LABEL:
-            raise DataFormatError(f"--labels: {part!r} is not within 0..{MAX_LABEL} (low to high). {DECLARE_HELP}")
+            raise DataFormatError(
+                f"--labels: {part!r} is not within 0..{MAX_LABEL} (low to high). {DECLARE_HELP}"
+            )
         values.update(range(a, b + 1))
     return sorted(values)
 
@@ -41,12 +48,23 @@ def _parse_values(text: str) -> list[int]:
 def _folder_labels(data: ImageDataset, names: list[str]) -> list[int]:
     """A folder's classes are its subfolders (labels by sorted name); the declared names must be exactly those,
     an empty subfolder standing for a declared class without images."""
-    missing, extra = sorted(set(names) - set(data.class_names)), sorted(set(data.class_names) - set(names))
+    missing, extra = (
+        sorted(set(names) - set(data.class_names)),
+        sorted(set(data.class_names) - set(names)),
+    )
     if missing or extra:
         raise DataFormatError(
             f"{data.source}: the declared classes must be the class subfolders. "
-            + (f"No subfolder for {missing}: create an empty one for a class without images. " if missing else "")
-            + (f"Subfolders {extra} are not declared: add them to --labels or move them out. " if extra else "")
+            + (
+                f"No subfolder for {missing}: create an empty one for a class without images. "
+                if missing
+                else ""
+            )
+            + (
+                f"Subfolders {extra} are not declared: add them to --labels or move them out. "
+                if extra
+                else ""
+            )
         )
     return list(range(len(data.class_names)))
 
@@ -58,21 +76,34 @@ def declared_labels(source: str, data: ImageDataset, declaration: LabelDeclarati
         if source in BUILTINS:
             return list(data.label_set)
         raise DataFormatError(f"{source}: no label set was declared. {DECLARE_HELP}")
-    items = [s.strip() for s in declaration.split(",")] if isinstance(declaration, str) else list(declaration)
+    items = (
+        [s.strip() for s in declaration.split(",")]
+        if isinstance(declaration, str)
+        else list(declaration)
+    )
     is_folder = not source.startswith("builtin:") and Path(source).is_dir()
     if is_folder:
         labels = _folder_labels(data, [str(s) for s in items])
     elif isinstance(declaration, str):
         labels = _parse_values(declaration)
     else:
-        labels = _parse_values(",".join(str(int(v)) if isinstance(v, (int, np.integer)) else str(v) for v in items))
+        labels = _parse_values(
+            ",".join(str(int(v)) if isinstance(v, (int, np.integer)) else str(v) for v in items)
+        )
     data.with_declared(labels)  # refuses labels in the data outside the declaration
     return labels
 
 
 def register_from_source(
-    store: Store, name: str, source: str, epsilon_cap: float, delta_cap: float, *,
-    labels: LabelDeclaration = None, privacy_unit: str = "one image", actor: str = "steward",
+    store: Store,
+    name: str,
+    source: str,
+    epsilon_cap: float,
+    delta_cap: float,
+    *,
+    labels: LabelDeclaration = None,
+    privacy_unit: str = "one image",
+    actor: str = "steward",
 ) -> tuple[ledger.Dataset, bool]:
     """Load the data once to check and fingerprint it (HMAC, rule 4) and register it with its declared
     label set; the data stays where it is. Any problem raises before the store is touched."""
@@ -80,9 +111,17 @@ def register_from_source(
     label_set = declared_labels(source, data, labels)
     fp = dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels)
     return ledger.register_dataset(
-        store, name=name, source=source, fingerprint=fp, record_count=len(data), labels=label_set,
-        image_shape=list(data.image_shape), epsilon_cap=epsilon_cap, delta_cap=delta_cap,
-        privacy_unit=privacy_unit, actor=actor,
+        store,
+        name=name,
+        source=source,
+        fingerprint=fp,
+        record_count=len(data),
+        labels=label_set,
+        image_shape=list(data.image_shape),
+        epsilon_cap=epsilon_cap,
+        delta_cap=delta_cap,
+        privacy_unit=privacy_unit,
+        actor=actor,
     )
 
 

@@ -4,6 +4,7 @@ init -> identities -> register MNIST-5k with a budget -> what-if -> plan -> appr
 run (reserve, PrivImage, commit) -> audit -> publish -> verify offline -> budget and trail.
 Uses the `demo` preset (few training steps: about 5-10 minutes on 2 CPU cores); it says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,23 @@ from synth.privimage.config import PrivImageConfig
 
 DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
 DEMO_SPEC: dict[str, dict[str, Any]] = {
-    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 4000,
-                "description": "Synthetic MNIST-style digits for prototyping (privrelease demo)."},
+    "release": {
+        "dataset": "mnist",
+        "mechanism": "privimage",
+        "n_images": 4000,
+        "description": "Synthetic MNIST-style digits for prototyping (privrelease demo).",
+    },
     # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
     "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
-    "policy": {"mia_max_auc": 0.6, "max_near_copy_fraction": 0.01, "mia_samples": 300, "feature_samples": 500,
-               "fid_samples": 500, "utility_train_samples": 4000, "cnn_epochs": 8},
+    "policy": {
+        "mia_max_auc": 0.6,
+        "max_near_copy_fraction": 0.01,
+        "mia_samples": 300,
+        "feature_samples": 500,
+        "fid_samples": 500,
+        "utility_train_samples": 4000,
+        "cnn_epochs": 8,
+    },
 }
 
 
@@ -68,7 +80,9 @@ def _identities(root: Path) -> tuple[Store, Path]:
     for name, role in (("alice", "steward"), ("bob", "auditor"), ("carol", "consumer")):
         ident = keys.create_identity(store, name, role, actor="demo")
         set_password(store, name, DEMO_PASSWORD, actor="demo")
-        console.print(f"  {role:<9} {name}  key {ident.key_id[:16]}…  dashboard password: {DEMO_PASSWORD}")
+        console.print(
+            f"  {role:<9} {name}  key {ident.key_id[:16]}…  dashboard password: {DEMO_PASSWORD}"
+        )
     release_pub = keys.ensure_release_key(ws)
     console.print(f"  release-signing public key: {release_pub}")
     return store, release_pub
@@ -76,9 +90,13 @@ def _identities(root: Path) -> tuple[Store, Path]:
 
 def _register(store: Store) -> None:
     step("2. Register the sensitive dataset (MNIST-5k: 4,000 images; 1,000 held out for audits)")
-    ds, _ = register_from_source(store, "mnist", "builtin:mnist5k", epsilon_cap=10.0, delta_cap=1e-5, actor="alice")
-    console.print(f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap epsilon={ds.epsilon_cap:g}, "
-                  f"delta={ds.delta_cap:g}; fingerprint (HMAC) {ds.fingerprint[:16]}…")
+    ds, _ = register_from_source(
+        store, "mnist", "builtin:mnist5k", epsilon_cap=10.0, delta_cap=1e-5, actor="alice"
+    )
+    console.print(
+        f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap epsilon={ds.epsilon_cap:g}, "
+        f"delta={ds.delta_cap:g}; fingerprint (HMAC) {ds.fingerprint[:16]}…"
+    )
 
 
 def _plan_and_approve(store: Store, root: Path) -> str:
@@ -97,15 +115,21 @@ def _plan_and_approve(store: Store, root: Path) -> str:
 def _run_and_audit(store: Store, rid: str) -> None:
     from audit import load_report, render_report
 
-    step("5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> vote -> audit")
-    demo = PrivImageConfig.demo(DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"])
-    console.print(f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
-                  f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
-                  f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the private vote "
-                  f"({demo.vote_rounds} rounds of {demo.candidates_per_image * demo.base_images:,} candidates, each "
-                  f"round on variations of the last one's winners), each released with {demo.release_variations} "
-                  f"light variations ({demo.n_samples:,} images). The images "
-                  "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]")
+    step(
+        "5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> vote -> audit"
+    )
+    demo = PrivImageConfig.demo(
+        DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"]
+    )
+    console.print(
+        f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
+        f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
+        f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the private vote "
+        f"({demo.vote_rounds} rounds of {demo.candidates_per_image * demo.base_images:,} candidates, each "
+        f"round on variations of the last one's winners), each released with {demo.release_variations} "
+        f"light variations ({demo.n_samples:,} images). The images "
+        "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]"
+    )
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)
     report = load_report(store, rid)
@@ -121,11 +145,15 @@ def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
     step("6. Publish the signed bundle")
     bundle = manager.publish(store, rid, "alice").bundle
     assert bundle is not None  # a published release has its bundle
-    console.print(f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}")
+    console.print(
+        f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}"
+    )
     step("7. Verify offline, as a consumer would (bundle + release.pub only)")
     result = verify_bundle(Path(bundle["tarball"]), release_pub)
-    console.print(f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files match, "
-                  f"signature key {result.key_id[:16]}…")
+    console.print(
+        f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files match, "
+        f"signature key {result.key_id[:16]}…"
+    )
     if not result.ok:
         raise SystemExit(1)
     return bundle
@@ -134,18 +162,26 @@ def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
 def _summary(store: Store, root: Path, bundle: dict, release_pub: Path, t0: float) -> None:
     step("8. Budget and audit trail")
     b = ledger.budget(store, "mnist")
-    console.print(f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of cap "
-                  f"{b.dataset.epsilon_cap:g}; remaining {b.remaining_rdp:.3f}")
+    console.print(
+        f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of cap "
+        f"{b.dataset.epsilon_cap:g}; remaining {b.remaining_rdp:.3f}"
+    )
     for c in b.charges:
-        console.print(f"    {c.run_id}: {c.state}: {'; '.join(e.describe() for e in c.counted_events)}")
+        console.print(
+            f"    {c.run_id}: {c.state}: {'; '.join(e.describe() for e in c.counted_events)}"
+        )
     v = trail.verify(store)
-    console.print(f"  audit trail: {'intact' if v.ok else 'BROKEN'}, {v.length} entries, head {v.head_hash}")
+    console.print(
+        f"  audit trail: {'intact' if v.ok else 'BROKEN'}, {v.length} entries, head {v.head_hash}"
+    )
     console.print(Rule())
-    console.print(f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\n"
-                  f"Sample grid: {Path(bundle['path']) / 'sample_grid.png'}\n"
-                  f"Try: .venv/bin/privrelease --workspace {root} budget show mnist\n"
-                  f"     .venv/bin/privrelease verify {bundle['tarball']} --key {release_pub}\n"
-                  f"     .venv/bin/privrelease --workspace {root} dashboard")
+    console.print(
+        f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\n"
+        f"Sample grid: {Path(bundle['path']) / 'sample_grid.png'}\n"
+        f"Try: .venv/bin/privrelease --workspace {root} budget show mnist\n"
+        f"     .venv/bin/privrelease verify {bundle['tarball']} --key {release_pub}\n"
+        f"     .venv/bin/privrelease --workspace {root} dashboard"
+    )
 
 
 if __name__ == "__main__":

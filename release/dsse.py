@@ -6,6 +6,7 @@ without breaking it. The keyid is the one securesystemslib computes by default f
 without configuration; bundles signed before that used sha256 of the raw key, which is still
 accepted. A keyid only selects the signature to check, it is never trusted by itself.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,8 +35,11 @@ REFETCH = "Do not use this bundle; download it again from the publisher."
 def sslib_keyid(public_key: PublicKeyLike) -> str:
     """securesystemslib's default keyid of an Ed25519 key (`SSlibKey.from_crypto(key).keyid`)."""
     public_hex = raw_public_bytes(load_public_key(public_key)).hex()
-    canonical = json.dumps({"keytype": "ed25519", "keyval": {"public": public_hex}, "scheme": "ed25519"},
-                           sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(
+        {"keytype": "ed25519", "keyval": {"public": public_hex}, "scheme": "ed25519"},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
@@ -52,7 +56,9 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), bytes(payload))
 
 
-def sign_envelope(payload: bytes, private_key: Ed25519PrivateKey, *, payload_type: str = PAYLOAD_TYPE) -> dict:
+def sign_envelope(
+    payload: bytes, private_key: Ed25519PrivateKey, *, payload_type: str = PAYLOAD_TYPE
+) -> dict:
     """A DSSE envelope over `payload`, with one Ed25519 signature."""
     if not isinstance(private_key, Ed25519PrivateKey):
         raise InvalidParameterError("DSSE envelopes are signed with an Ed25519 private key.")
@@ -60,7 +66,12 @@ def sign_envelope(payload: bytes, private_key: Ed25519PrivateKey, *, payload_typ
     return {
         "payload": base64.b64encode(payload).decode("ascii"),
         "payloadType": payload_type,
-        "signatures": [{"keyid": sslib_keyid(private_key.public_key()), "sig": base64.b64encode(sig).decode("ascii")}],
+        "signatures": [
+            {
+                "keyid": sslib_keyid(private_key.public_key()),
+                "sig": base64.b64encode(sig).decode("ascii"),
+            }
+        ],
     }
 
 
@@ -74,23 +85,35 @@ def _b64(text: Any, what: str) -> bytes:
         return base64.b64decode(text, validate=True)
     if isinstance(text, str) and _URLSAFE.fullmatch(text):
         return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))  # padding is optional there
-    raise TamperError(f"manifest.dsse.json: the {what} is not valid base64 (corrupted or edited). {REFETCH}")
+    raise TamperError(
+        f"manifest.dsse.json: the {what} is not valid base64 (corrupted or edited). {REFETCH}"
+    )
 
 
-def verify_envelope(envelope: dict | str | bytes, public_key: PublicKeyLike, *,
-                    payload_type: str = PAYLOAD_TYPE) -> bytes:
+def verify_envelope(
+    envelope: dict | str | bytes, public_key: PublicKeyLike, *, payload_type: str = PAYLOAD_TYPE
+) -> bytes:
     """Check the envelope against `public_key`; returns the payload bytes or raises TamperError."""
     if isinstance(envelope, (str, bytes, bytearray)):
         try:
             envelope = json.loads(envelope)
         except (ValueError, UnicodeDecodeError):
-            raise TamperError(f"manifest.dsse.json: not valid JSON (corrupted or edited). {REFETCH}") from None
-    if not isinstance(envelope, dict) or not {"payload", "payloadType", "signatures"} <= envelope.keys():
-        raise TamperError("manifest.dsse.json: not a DSSE envelope (needs payload, payloadType and signatures). "
-                          + REFETCH)
+            raise TamperError(
+                f"manifest.dsse.json: not valid JSON (corrupted or edited). {REFETCH}"
+            ) from None
+    if (
+        not isinstance(envelope, dict)
+        or not {"payload", "payloadType", "signatures"} <= envelope.keys()
+    ):
+        raise TamperError(
+            "manifest.dsse.json: not a DSSE envelope (needs payload, payloadType and signatures). "
+            + REFETCH
+        )
     if envelope["payloadType"] != payload_type:
-        raise TamperError(f"manifest.dsse.json: payloadType is {envelope['payloadType']!r}, expected "
-                          f"{payload_type!r} (edited, or not a privrelease manifest). {REFETCH}")
+        raise TamperError(
+            f"manifest.dsse.json: payloadType is {envelope['payloadType']!r}, expected "
+            f"{payload_type!r} (edited, or not a privrelease manifest). {REFETCH}"
+        )
     payload = _b64(envelope["payload"], "payload")
     sigs = envelope["signatures"]
     if not isinstance(sigs, list) or not sigs:

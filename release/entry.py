@@ -1,6 +1,7 @@
 """The `privrelease` executable. `privrelease verify` is dispatched before the rest of the command line
 is imported (the ledger's accountants alone take most of a second to import); everything else goes
 to the full CLI in release.cli."""
+
 from __future__ import annotations
 
 import sys
@@ -27,12 +28,14 @@ def main() -> None:
     if command == "verify":
         from release.verify_cmd import main as verify_main
 
-        verify_main(sys.argv[2 + at:])
+        verify_main(sys.argv[2 + at :])
     else:
         from release.cli import main as cli_main
 
         cli_main()
 
 
-if __name__ == "__main__":  # `python -m release.entry ...` runs this tree's CLI without the console script
+if (
+    __name__ == "__main__"
+):  # `python -m release.entry ...` runs this tree's CLI without the console script
     main()

@@ -9,6 +9,7 @@ in pixel space (k-Same-Pixel, the average that gives membership away most), atta
 own code, held-out negatives from the rest of the public set. Nothing sensitive is read: the inputs
 are the public set, k, the record count and the image shape (all public).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,21 +21,21 @@ from audit.policy import AuditPolicy
 from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
 
-PROXY_MAX = 1200      # stand-in records at most (seconds per k on 2 CPU cores)
-HELDOUT_MIN = 200     # public images kept aside as the attack's non-members
-ATTACKED = 150        # representatives attacked per k
-SEARCH = 8            # at most this many k values tried in all
+PROXY_MAX = 1200  # stand-in records at most (seconds per k on 2 CPU cores)
+HELDOUT_MIN = 200  # public images kept aside as the attack's non-members
+ATTACKED = 150  # representatives attacked per k
+SEARCH = 8  # at most this many k values tried in all
 
 
 @dataclass(frozen=True)
 class MembershipEstimate:
     k: int
-    precision: float            # estimated attack precision at k
-    threshold: float            # the policy's kanon_max_attack_precision
-    proxy_records: int          # public stand-in records (the real record count may be larger)
+    precision: float  # estimated attack precision at k
+    threshold: float  # the policy's kanon_max_attack_precision
+    proxy_records: int  # public stand-in records (the real record count may be larger)
     record_count: int
     source: str
-    passing_k: int | None       # smallest k tried whose estimate stays <= threshold (None: none did)
+    passing_k: int | None  # smallest k tried whose estimate stays <= threshold (None: none did)
     tried: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -45,15 +46,24 @@ class MembershipEstimate:
         if not self.likely_refused:
             return None
         k_max = max(self.tried)
-        fix = (f"k = {self.passing_k} stayed under it there ({self.tried[self.passing_k]:.3f})" if self.passing_k
-               else f"no k up to {k_max} stayed under it there ({self.tried[k_max]:.3f} at k = {k_max})")
-        more = (f" Your {self.record_count} records may cluster more tightly than {self.proxy_records} public ones, so "
-                "the k that passes may be larger still." if self.record_count > self.proxy_records else "")
-        return (f"The cluster-membership audit will likely refuse this release: re-enacted on {self.proxy_records} "
-                f"public images of this shape ({self.source}), averages of k = {self.k} images let the attack reach "
-                f"top-k precision {self.precision:.3f} > the policy's kanon_max_attack_precision "
-                f"{self.threshold:g}; {fix}.{more} Raise k in the spec's [ksalsa] table before the run, or accept a "
-                "refused release. (Estimated from public data only: pixel averages, pixel-space ranking.)")
+        fix = (
+            f"k = {self.passing_k} stayed under it there ({self.tried[self.passing_k]:.3f})"
+            if self.passing_k
+            else f"no k up to {k_max} stayed under it there ({self.tried[k_max]:.3f} at k = {k_max})"
+        )
+        more = (
+            f" Your {self.record_count} records may cluster more tightly than {self.proxy_records} public ones, so "
+            "the k that passes may be larger still."
+            if self.record_count > self.proxy_records
+            else ""
+        )
+        return (
+            f"The cluster-membership audit will likely refuse this release: re-enacted on {self.proxy_records} "
+            f"public images of this shape ({self.source}), averages of k = {self.k} images let the attack reach "
+            f"top-k precision {self.precision:.3f} > the policy's kanon_max_attack_precision "
+            f"{self.threshold:g}; {fix}.{more} Raise k in the spec's [ksalsa] table before the run, or accept a "
+            "refused release. (Estimated from public data only: pixel averages, pixel-space ranking.)"
+        )
 
 
 def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
@@ -61,20 +71,31 @@ def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
     from synth.ksalsa.codec import conform
 
     channels = shape[2] if len(shape) == 3 else 1
-    x = conform(public, shape[0], channels)                       # (N, C, H, W) in [-1, 1]
+    x = conform(public, shape[0], channels)  # (N, C, H, W) in [-1, 1]
     x = np.rint((x + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
     return x[:, 0] if channels == 1 else np.moveaxis(x, 1, -1)
 
 
-def _precision(images: np.ndarray, codes: np.ndarray, heldout: np.ndarray, k: int, seed: int) -> float:
+def _precision(
+    images: np.ndarray, codes: np.ndarray, heldout: np.ndarray, k: int, seed: int
+) -> float:
     from synth.ksalsa.clustering import same_size_clusters
 
     clusters = same_size_clusters(codes, k).clusters
-    reps = np.stack([images[c].astype(np.float64).mean(0) for c in clusters]).round().astype(np.uint8)
+    reps = (
+        np.stack([images[c].astype(np.float64).mean(0) for c in clusters]).round().astype(np.uint8)
+    )
     labels = np.zeros(len(images), np.int64)  # labels play no part in the attack
     policy = AuditPolicy(feature_samples=ATTACKED, seed=seed)
-    numbers = compute_kanon_attacks(reps, clusters, ImageDataset(images, labels),
-                                    ImageDataset(heldout, np.zeros(len(heldout), np.int64)), k, policy, features=False)
+    numbers = compute_kanon_attacks(
+        reps,
+        clusters,
+        ImageDataset(images, labels),
+        ImageDataset(heldout, np.zeros(len(heldout), np.int64)),
+        k,
+        policy,
+        features=False,
+    )
     return float(numbers.membership["attack_precision"])
 
 
@@ -87,9 +108,16 @@ def _candidates(k: int, k_max: int) -> list[int]:
     return out
 
 
-def estimate_membership(public: ImageDataset, record_count: int, k: int, image_shape: tuple[int, ...],
-                        threshold: float, *, seed: int = 0, progress: ProgressFn = no_progress
-                        ) -> MembershipEstimate | None:
+def estimate_membership(
+    public: ImageDataset,
+    record_count: int,
+    k: int,
+    image_shape: tuple[int, ...],
+    threshold: float,
+    *,
+    seed: int = 0,
+    progress: ProgressFn = no_progress,
+) -> MembershipEstimate | None:
     """The attack's precision re-enacted on public data at `k` and, if that exceeds `threshold`, at larger k
     until one stays under it. None when the public set is too small to stand in for clusters of k."""
     from sklearn.decomposition import PCA
@@ -100,7 +128,7 @@ def estimate_membership(public: ImageDataset, record_count: int, k: int, image_s
     m = min(int(record_count), PROXY_MAX, len(images) - HELDOUT_MIN)
     if m < 4 * k:
         return None
-    stand_in, heldout = images[order[:m]], images[order[m:m + max(HELDOUT_MIN, 4 * k)]]
+    stand_in, heldout = images[order[:m]], images[order[m : m + max(HELDOUT_MIN, 4 * k)]]
     flat = stand_in.reshape(m, -1).astype(np.float64) / 255.0
     codes = PCA(min(32, m - 1, flat.shape[1]), random_state=seed).fit_transform(flat)
     tried: dict[int, float] = {}
@@ -112,14 +140,17 @@ def estimate_membership(public: ImageDataset, record_count: int, k: int, image_s
 
     progress("k-anonymity attack estimate", 0, SEARCH)
     passing, failing = (k, None) if attack(k) else (None, k)
-    for c in ([] if passing else _candidates(k, max(k, m // 4))):  # grow k until the estimate passes
+    for c in [] if passing else _candidates(k, max(k, m // 4)):  # grow k until the estimate passes
         if attack(c):
             passing = c
             break
         failing = c
-    while passing and failing and passing - failing > 1 and len(tried) < SEARCH:  # then narrow it down
+    while (
+        passing and failing and passing - failing > 1 and len(tried) < SEARCH
+    ):  # then narrow it down
         mid = (passing + failing) // 2
         passing, failing = (mid, failing) if attack(mid) else (passing, mid)
     progress("k-anonymity attack estimate", SEARCH, SEARCH)
-    return MembershipEstimate(k, tried[k], threshold, m, int(record_count), public.source or "public data", passing,
-                              tried)
+    return MembershipEstimate(
+        k, tried[k], threshold, m, int(record_count), public.source or "public data", passing, tried
+    )

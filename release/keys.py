@@ -6,6 +6,7 @@ public key is also stored (base64) in the store's `identities` table, so approva
 from the store alone. The release key (`release.key` / `release.pub`) is the platform's, not a
 person's: it signs bundles and is not an identity.
 """
+
 from __future__ import annotations
 
 import base64
@@ -75,14 +76,22 @@ def public_key_path(workspace: Workspace, name: str) -> Path:
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not name or len(name) > 64 or name.startswith(".") \
-            or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or not name.isascii():
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > 64
+        or name.startswith(".")
+        or not name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+        or not name.isascii()
+    ):
         raise PrivReleaseError(
             f"Identity name {name!r} is not usable: use 1-64 ASCII letters, digits, '-', '_' or '.', "
             "not starting with '.'."
         )
     if name.lower() in RESERVED_NAMES:
-        raise PrivReleaseError(f"Identity name {name!r} is reserved for the platform; choose another name.")
+        raise PrivReleaseError(
+            f"Identity name {name!r} is reserved for the platform; choose another name."
+        )
     return name
 
 
@@ -111,14 +120,18 @@ def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, 
     """Generate a key and write `<name>.key` (0600) and `<name>.pub`; returns the key and files written."""
     workspace.keys.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
-    priv_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
-    pub_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    priv_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    pub_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     written: list[Path] = []
     try:
-        for path, data, mode in ((private_key_path(workspace, name), priv_pem, 0o600),
-                                 (public_key_path(workspace, name), pub_pem, 0o644)):
+        for path, data, mode in (
+            (private_key_path(workspace, name), priv_pem, 0o600),
+            (public_key_path(workspace, name), pub_pem, 0o644),
+        ):
             try:
                 _write_exclusive(path, data, mode)
             except FileExistsError:
@@ -134,8 +147,9 @@ def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, 
     return key, written
 
 
-def create_identity(store: Store, name: str, role: str, *, actor: str = "system",
-                    endorser: str | None = None) -> Identity:
+def create_identity(
+    store: Store, name: str, role: str, *, actor: str = "system", endorser: str | None = None
+) -> Identity:
     """Create an identity with a fresh Ed25519 key; refuses a duplicate name or an unknown role.
     Once a steward exists, a new steward needs `endorser`: an existing steward, proven by their private
     key, whose signature over the new identity is recorded in the trail (the first one is made at init)."""
@@ -146,21 +160,37 @@ def create_identity(store: Store, name: str, role: str, *, actor: str = "system"
     try:
         with store.transaction() as con:
             if con.execute("SELECT 1 FROM identities WHERE name = ?", [name]).fetchone():
-                raise DatasetConflictError(f"An identity named {name!r} already exists; choose another name.")
-            has_steward = con.execute("SELECT count(*) FROM identities WHERE role = 'steward'").fetchone()[0] > 0
+                raise DatasetConflictError(
+                    f"An identity named {name!r} already exists; choose another name."
+                )
+            has_steward = (
+                con.execute("SELECT count(*) FROM identities WHERE role = 'steward'").fetchone()[0]
+                > 0
+            )
             if role == "steward" and has_steward and endorsing is None:
                 raise PermissionDeniedError(
                     f"Only an existing steward can create another steward: run `privrelease keys create {name} "
-                    "--role steward --as STEWARD` with that steward's private key in the workspace's keys/.")
+                    "--role steward --as STEWARD` with that steward's private key in the workspace's keys/."
+                )
             key, written = _write_keypair(ws, name)
             raw = raw_public_bytes(key.public_key())
             public_b64 = base64.b64encode(raw).decode("ascii")
             created_at = trail.now()
-            con.execute("INSERT INTO identities VALUES (?, ?, ?, NULL, ?)", [name, role, public_b64, created_at])
-            payload = {"name": name, "role": role, "public_key": public_b64, "key_id": hashlib.sha256(raw).hexdigest()}
+            con.execute(
+                "INSERT INTO identities VALUES (?, ?, ?, NULL, ?)",
+                [name, role, public_b64, created_at],
+            )
+            payload = {
+                "name": name,
+                "role": role,
+                "public_key": public_b64,
+                "key_id": hashlib.sha256(raw).hexdigest(),
+            }
             if endorsing is not None:
                 message = _endorsement_message(name, role, public_b64)
-                payload.update(endorsed_by=endorsing.name, endorsement=sign(ws, endorsing.name, message).hex())
+                payload.update(
+                    endorsed_by=endorsing.name, endorsement=sign(ws, endorsing.name, message).hex()
+                )
             trail.append(con, store, actor, "identity.create", payload)
     except BaseException:
         for p in written:  # the row was rolled back: leave no orphan key files either
@@ -170,8 +200,10 @@ def create_identity(store: Store, name: str, role: str, *, actor: str = "system"
 
 
 def get_identity(store: Store, name: str) -> Identity:
-    rows = store.query("SELECT name, role, public_key, created_at, password_hash FROM identities WHERE name = ?",
-                       [name])
+    rows = store.query(
+        "SELECT name, role, public_key, created_at, password_hash FROM identities WHERE name = ?",
+        [name],
+    )
     if not rows:
         raise UnknownIdentityError(
             f"No identity named {name!r}. Create one with `privrelease keys create {name} --role ROLE --as STEWARD` "
@@ -181,7 +213,9 @@ def get_identity(store: Store, name: str) -> Identity:
 
 
 def list_identities(store: Store) -> list[Identity]:
-    rows = store.query("SELECT name, role, public_key, created_at, password_hash FROM identities ORDER BY name")
+    rows = store.query(
+        "SELECT name, role, public_key, created_at, password_hash FROM identities ORDER BY name"
+    )
     return [Identity(**r) for r in rows]
 
 
@@ -197,8 +231,14 @@ def require_role(identity: Identity, *roles: str) -> Identity:
 
 
 def _endorsement_message(name: str, role: str, public_b64: str) -> bytes:
-    return trail.canonical({"purpose": "privrelease identity endorsement", "name": name, "role": role,
-                            "public_key": public_b64}).encode()
+    return trail.canonical(
+        {
+            "purpose": "privrelease identity endorsement",
+            "name": name,
+            "role": role,
+            "public_key": public_b64,
+        }
+    ).encode()
 
 
 def has_steward(store: Store) -> bool:
@@ -216,7 +256,9 @@ def authenticate(store: Store, name: str, *roles: str) -> Identity:
         key = load_private_key(store.workspace, name)
     except KeyFileError as e:
         raise KeyFileError(f"Acting as {name!r} needs {name}'s private key: {e}") from None
-    challenge = os.urandom(32)  # proof of possession: sign, then verify with the registered public key
+    challenge = os.urandom(
+        32
+    )  # proof of possession: sign, then verify with the registered public key
     try:
         ident.public_key_object().verify(key.sign(challenge), challenge)
     except InvalidSignature:
@@ -232,8 +274,11 @@ def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
     try:
         st = path.stat()
     except FileNotFoundError:
-        hint = ("it is created by the first signed release" if name == RELEASE_KEY
-                else f"create the identity with `privrelease keys create {name} --role ROLE --as STEWARD`")
+        hint = (
+            "it is created by the first signed release"
+            if name == RELEASE_KEY
+            else f"create the identity with `privrelease keys create {name} --role ROLE --as STEWARD`"
+        )
         raise KeyFileError(f"No private key for {name!r} at {path}: {hint}.") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
@@ -243,9 +288,13 @@ def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise KeyFileError(f"Private key {path} could not be read as an unencrypted PEM key ({e}).") from None
+        raise KeyFileError(
+            f"Private key {path} could not be read as an unencrypted PEM key ({e})."
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"Private key {path} is not an Ed25519 key; privrelease signs only with Ed25519.")
+        raise KeyFileError(
+            f"Private key {path} is not an Ed25519 key; privrelease signs only with Ed25519."
+        )
     return key
 
 
@@ -258,15 +307,21 @@ def ensure_release_key(workspace: Workspace) -> Path:
     """Create the platform's release-signing key if needed; returns the path of `release.pub`. Idempotent."""
     workspace.keys.mkdir(parents=True, exist_ok=True)
     with FileLock(str(workspace.keys / ".release.lock"), timeout=60):
-        priv, pub = private_key_path(workspace, RELEASE_KEY), public_key_path(workspace, RELEASE_KEY)
+        priv, pub = (
+            private_key_path(workspace, RELEASE_KEY),
+            public_key_path(workspace, RELEASE_KEY),
+        )
         if not priv.exists():
             pub.unlink(missing_ok=True)  # a .pub without its private key is useless
             _write_keypair(workspace, RELEASE_KEY)
             return pub
         key = load_private_key(workspace, RELEASE_KEY)
-        pem = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                            serialization.PublicFormat.SubjectPublicKeyInfo)
-        if not pub.exists() or pub.read_bytes() != pem:  # the export is derived: rewrite it if lost or edited
+        pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        if (
+            not pub.exists() or pub.read_bytes() != pem
+        ):  # the export is derived: rewrite it if lost or edited
             tmp = pub.with_name(".release.pub.tmp")
             tmp.unlink(missing_ok=True)
             _write_exclusive(tmp, pem, 0o644)

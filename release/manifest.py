@@ -1,4 +1,5 @@
 """in-toto Statement v1 listing every file of a bundle with its sha256, plus the release predicate."""
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,15 @@ def build_statement(root: Path, predicate: dict) -> dict:
     """The Statement for the bundle directory `root`: one subject per file, sorted by name."""
     if not isinstance(predicate, dict):
         raise InvalidParameterError("The release predicate must be a dict (JSON object).")
-    subjects = [{"name": n, "digest": {"sha256": file_sha256(Path(root) / n)}} for n in bundle_files(root)]
-    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+    subjects = [
+        {"name": n, "digest": {"sha256": file_sha256(Path(root) / n)}} for n in bundle_files(root)
+    ]
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": predicate,
+    }
 
 
 def statement_bytes(statement: dict) -> bytes:
@@ -58,11 +66,15 @@ def statement_bytes(statement: dict) -> bytes:
     try:
         text = json.dumps(statement, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     except ValueError as e:
-        raise InvalidParameterError(f"The release predicate holds a NaN or infinite number ({e}); "
-                                    "every figure in a manifest must be finite.") from None
+        raise InvalidParameterError(
+            f"The release predicate holds a NaN or infinite number ({e}); "
+            "every figure in a manifest must be finite."
+        ) from None
     except TypeError as e:
-        raise InvalidParameterError(f"The release predicate is not plain JSON data ({e}); convert numpy values "
-                                    "and paths to int/float/str first.") from None
+        raise InvalidParameterError(
+            f"The release predicate is not plain JSON data ({e}); convert numpy values "
+            "and paths to int/float/str first."
+        ) from None
     return (text + "\n").encode("utf-8")
 
 
@@ -71,7 +83,11 @@ def safe_member_name(name: object) -> bool:
     if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:
         return False
     parts = PurePosixPath(name).parts
-    return not name.startswith("/") and all(p not in ("", ".", "..") for p in parts) and "/".join(parts) == name
+    return (
+        not name.startswith("/")
+        and all(p not in ("", ".", "..") for p in parts)
+        and "/".join(parts) == name
+    )
 
 
 def parse_statement(payload: bytes) -> dict:
@@ -89,19 +105,29 @@ def parse_statement(payload: bytes) -> dict:
                 version_of(st["predicateType"])
             except UnsupportedPredicateError as exc:  # a privrelease predicate of another version
                 raise TamperError(f"{where}: {exc}") from None
-        raise TamperError(f"{where}: predicateType is {st.get('predicateType')!r}, expected {PREDICATE_TYPE}; "
-                          "this is not a privrelease release manifest.")
+        raise TamperError(
+            f"{where}: predicateType is {st.get('predicateType')!r}, expected {PREDICATE_TYPE}; "
+            "this is not a privrelease release manifest."
+        )
     subjects = st.get("subject")
     if not isinstance(subjects, list) or not subjects:
         raise TamperError(f"{where}: lists no subjects (files).")
     seen = set()
     for s in subjects:
         name = s.get("name") if isinstance(s, dict) else None
-        digest = s.get("digest", {}).get("sha256") if isinstance(s, dict) and isinstance(s.get("digest"), dict) else None
+        digest = (
+            s.get("digest", {}).get("sha256")
+            if isinstance(s, dict) and isinstance(s.get("digest"), dict)
+            else None
+        )
         if not safe_member_name(name):
-            raise TamperError(f"{where}: subject name {name!r} is not a plain relative path inside the bundle.")
+            raise TamperError(
+                f"{where}: subject name {name!r} is not a plain relative path inside the bundle."
+            )
         if name in MANIFEST_FILES or name in seen:
-            raise TamperError(f"{where}: subject {name!r} is listed twice or names a manifest file.")
+            raise TamperError(
+                f"{where}: subject {name!r} is listed twice or names a manifest file."
+            )
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise TamperError(f"{where}: subject {name!r} has no valid sha256 digest.")
         seen.add(name)

@@ -5,6 +5,7 @@ Its version is the one in the statement's `predicateType` (`https://privrelease.
 of a version never changes, so bundles already published keep verifying. A new version gets a new type
 URI and a reader for it here; a reader refuses a version it does not know.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,20 +28,24 @@ def version_of(predicate_type: str) -> int:
     Raises:
         UnsupportedPredicateError: not a privrelease release predicate type, or a version this tool does not read.
     """
-    tail = predicate_type[len(TYPE_PREFIX):] if isinstance(predicate_type, str) else ""
+    tail = predicate_type[len(TYPE_PREFIX) :] if isinstance(predicate_type, str) else ""
     if not predicate_type.startswith(TYPE_PREFIX) or not tail.isdigit():
-        raise UnsupportedPredicateError(f"The statement's predicate type {predicate_type!r} is not a privrelease "
-                                        f"release predicate ({PREDICATE_TYPE}); this is not a privrelease bundle.")
+        raise UnsupportedPredicateError(
+            f"The statement's predicate type {predicate_type!r} is not a privrelease "
+            f"release predicate ({PREDICATE_TYPE}); this is not a privrelease bundle."
+        )
     if int(tail) != VERSION:
         raise UnsupportedPredicateError(
             f"The bundle's release predicate is version {int(tail)}; this privrelease reads version {VERSION}. "
-            "Install the privrelease version that published it (its card names it) and verify with that.")
+            "Install the privrelease version that published it (its card names it) and verify with that."
+        )
     return int(tail)
 
 
 @dataclass(frozen=True)
 class LedgerPosition:
     """Where the release's charge sits in the ledger and the trail's head when it was published."""
+
     charge_position: int | None
     trail_seq: int
     trail_head_sha256: str
@@ -49,13 +54,14 @@ class LedgerPosition:
 @dataclass(frozen=True)
 class Approval:
     plan_digest: str
-    steward: tuple[str, ...]   # who approved the plan
+    steward: tuple[str, ...]  # who approved the plan
 
 
 @dataclass(frozen=True)
 class ReleasePredicate:
     """Version 1 of the predicate. JSON-valued fields (parameters, guarantee, events, verdicts, history) stay
     JSON: their keys vary with the mechanism; `events` are dp-accounting DpEvent JSON."""
+
     release_id: str
     dataset_id: str
     mechanism: str
@@ -69,8 +75,12 @@ class ReleasePredicate:
     approval: Approval
     audit_verdicts: dict[str, str]
     tool: dict[str, str]
-    history: dict[str, Any] | None = None   # the dataset's whole ledger (consumers recompute epsilon from it)
-    extra: dict[str, Any] = field(default_factory=dict)  # keys of a v1 predicate this reader does not name
+    history: dict[str, Any] | None = (
+        None  # the dataset's whole ledger (consumers recompute epsilon from it)
+    )
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # keys of a v1 predicate this reader does not name
 
     predicate_type = PREDICATE_TYPE
 
@@ -81,15 +91,26 @@ class ReleasePredicate:
     def to_json(self) -> dict[str, Any]:
         """The wire form (what is signed)."""
         out: dict[str, Any] = {
-            "release_id": self.release_id, "dataset_id": self.dataset_id, "mechanism": self.mechanism,
-            "parameters": self.parameters, "guarantee": self.guarantee,
-            "released_image_count": self.released_image_count, "privacy_unit": self.privacy_unit,
-            "dataset_size_public": self.dataset_size_public, "events": self.events,
-            "ledger_position": {"charge_position": self.ledger_position.charge_position,
-                                "trail_seq": self.ledger_position.trail_seq,
-                                "trail_head_sha256": self.ledger_position.trail_head_sha256},
-            "approval": {"plan_digest": self.approval.plan_digest, "steward": list(self.approval.steward)},
-            "audit_verdicts": self.audit_verdicts, "tool": self.tool,
+            "release_id": self.release_id,
+            "dataset_id": self.dataset_id,
+            "mechanism": self.mechanism,
+            "parameters": self.parameters,
+            "guarantee": self.guarantee,
+            "released_image_count": self.released_image_count,
+            "privacy_unit": self.privacy_unit,
+            "dataset_size_public": self.dataset_size_public,
+            "events": self.events,
+            "ledger_position": {
+                "charge_position": self.ledger_position.charge_position,
+                "trail_seq": self.ledger_position.trail_seq,
+                "trail_head_sha256": self.ledger_position.trail_head_sha256,
+            },
+            "approval": {
+                "plan_digest": self.approval.plan_digest,
+                "steward": list(self.approval.steward),
+            },
+            "audit_verdicts": self.audit_verdicts,
+            "tool": self.tool,
         }
         if self.history is not None:
             out["history"] = self.history
@@ -104,21 +125,34 @@ class ReleasePredicate:
         """
         version_of(predicate_type)
         if not isinstance(data, dict):
-            raise UnsupportedPredicateError("The release predicate is not a JSON object; this is not a privrelease "
-                                            "bundle, or it is damaged.")
+            raise UnsupportedPredicateError(
+                "The release predicate is not a JSON object; this is not a privrelease "
+                "bundle, or it is damaged."
+            )
         try:
             lp, ap = data["ledger_position"], data["approval"]
             known = {f for f in cls.__dataclass_fields__ if f != "extra"} | {"history"}
             return cls(
-                release_id=data["release_id"], dataset_id=data["dataset_id"], mechanism=data["mechanism"],
-                parameters=data["parameters"], guarantee=data["guarantee"],
-                released_image_count=data["released_image_count"], privacy_unit=data["privacy_unit"],
-                dataset_size_public=data["dataset_size_public"], events=data["events"],
-                ledger_position=LedgerPosition(lp["charge_position"], lp["trail_seq"], lp["trail_head_sha256"]),
-                approval=Approval(ap["plan_digest"], tuple(ap["steward"])), audit_verdicts=data["audit_verdicts"],
-                tool=data["tool"], history=data.get("history"),
-                extra={k: v for k, v in data.items() if k not in known})
+                release_id=data["release_id"],
+                dataset_id=data["dataset_id"],
+                mechanism=data["mechanism"],
+                parameters=data["parameters"],
+                guarantee=data["guarantee"],
+                released_image_count=data["released_image_count"],
+                privacy_unit=data["privacy_unit"],
+                dataset_size_public=data["dataset_size_public"],
+                events=data["events"],
+                ledger_position=LedgerPosition(
+                    lp["charge_position"], lp["trail_seq"], lp["trail_head_sha256"]
+                ),
+                approval=Approval(ap["plan_digest"], tuple(ap["steward"])),
+                audit_verdicts=data["audit_verdicts"],
+                tool=data["tool"],
+                history=data.get("history"),
+                extra={k: v for k, v in data.items() if k not in known},
+            )
         except (KeyError, TypeError) as exc:
             raise UnsupportedPredicateError(
                 f"The release predicate lacks {exc} (or has it in another shape), which every version {VERSION} "
-                "predicate holds: the bundle was not published by privrelease, or it is damaged.") from None
+                "predicate holds: the bundle was not published by privrelease, or it is damaged."
+            ) from None

@@ -3,6 +3,7 @@
 Kept free of the store and heavy libraries: `privrelease verify` imports only this, DSSE and the
 manifest code, so it starts in a fraction of a second.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,8 +43,10 @@ def load_public_key(source: PublicKeyLike) -> Ed25519PublicKey:
         try:
             data = path.read_bytes()
         except OSError as e:
-            raise KeyFileError(f"Cannot read public key file {path}: {e.strerror}. Give the path of the "
-                               "publisher's release.pub.") from None
+            raise KeyFileError(
+                f"Cannot read public key file {path}: {e.strerror}. Give the path of the "
+                "publisher's release.pub."
+            ) from None
         return _parse_public(data, str(path))
     if isinstance(source, str):
         return _parse_public(source.encode("ascii", "replace"), "public key text")
@@ -69,7 +72,9 @@ def _parse_public(data: bytes, where: str) -> Ed25519PublicKey:
         raw = b""
     if len(raw) == 32:
         return Ed25519PublicKey.from_public_bytes(raw)
-    raise KeyFileError(f"{where}: expected a PEM Ed25519 public key, or its raw 32 bytes (or their base64).")
+    raise KeyFileError(
+        f"{where}: expected a PEM Ed25519 public key, or its raw 32 bytes (or their base64)."
+    )
 
 
 def verify_signature(public_key: PublicKeyLike, data: bytes, signature: bytes) -> bool:

@@ -1,5 +1,6 @@
 """The typed release record: one row of the store's `releases` table, as the release manager, the CLI
 and the dashboard see it. Frozen: a state change is a new row read back from the store."""
+
 from __future__ import annotations
 
 import json
@@ -18,29 +19,47 @@ STATES = ("planned", "approved", "rejected", "running", "checked", "published", 
 class RunRecord:
     """What a release's run produced, as stored in its `result` column (JSON). `guarantee`, `parameters`,
     `executed_events` (DpEvent JSON) and `artifacts` stay JSON: their keys vary with the mechanism."""
+
     mechanism: str
     guarantee: dict[str, Any]
     parameters: dict[str, Any]
     executed_events: list[dict[str, Any]]
-    generator: str | None = None           # path of the released generator, if the mechanism keeps one
+    generator: str | None = None  # path of the released generator, if the mechanism keeps one
     artifacts: dict[str, Any] = field(default_factory=dict)
-    count: int | None = None               # images released (None in records older than the count)
-    charge_id: str | None = None           # the ledger charge that paid for the run (older records: the release id)
-    bundle: dict[str, str] | None = None   # once published: path, tarball, tarball_sha256, manifest_digest, key_id,
+    count: int | None = None  # images released (None in records older than the count)
+    charge_id: str | None = (
+        None  # the ledger charge that paid for the run (older records: the release id)
+    )
+    bundle: dict[str, str] | None = (
+        None  # once published: path, tarball, tarball_sha256, manifest_digest, key_id,
+    )
     #                                        public_key
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:
         """Raises KeyError or TypeError on a record privrelease did not write."""
-        return cls(mechanism=d["mechanism"], guarantee=dict(d["guarantee"]), parameters=dict(d["parameters"]),
-                   executed_events=list(d["executed_events"]), generator=d.get("generator"),
-                   artifacts=dict(d.get("artifacts") or {}), count=d.get("count"), charge_id=d.get("charge_id"),
-                   bundle=d.get("bundle"))
+        return cls(
+            mechanism=d["mechanism"],
+            guarantee=dict(d["guarantee"]),
+            parameters=dict(d["parameters"]),
+            executed_events=list(d["executed_events"]),
+            generator=d.get("generator"),
+            artifacts=dict(d.get("artifacts") or {}),
+            count=d.get("count"),
+            charge_id=d.get("charge_id"),
+            bundle=d.get("bundle"),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (and `release show --json`'s `result`)."""
-        out = {"mechanism": self.mechanism, "guarantee": self.guarantee, "parameters": self.parameters,
-               "executed_events": self.executed_events, "generator": self.generator, "artifacts": self.artifacts}
+        out = {
+            "mechanism": self.mechanism,
+            "guarantee": self.guarantee,
+            "parameters": self.parameters,
+            "executed_events": self.executed_events,
+            "generator": self.generator,
+            "artifacts": self.artifacts,
+        }
         optional = {"count": self.count, "charge_id": self.charge_id, "bundle": self.bundle}
         return {**out, **{k: v for k, v in optional.items() if v is not None}}
 
@@ -48,6 +67,7 @@ class RunRecord:
 @dataclass(frozen=True)
 class Release:
     """A release as stored. `plan` is the signed plan, typed; `result` what its run produced (None before)."""
+
     release_id: str
     dataset_id: str
     mechanism: str
@@ -63,8 +83,10 @@ class Release:
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
-            raise TamperError(f"Release {self.release_id} has state {self.state!r}, which is none of {STATES}: the "
-                              "store was edited. Run `privrelease audit verify`.")
+            raise TamperError(
+                f"Release {self.release_id} has state {self.state!r}, which is none of {STATES}: the "
+                "store was edited. Run `privrelease audit verify`."
+            )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Release:
@@ -73,13 +95,29 @@ class Release:
             plan = Plan.from_json(json.loads(row["plan"]))
             spec = json.loads(row["spec"])
             result = RunRecord.from_json(json.loads(row["result"])) if row.get("result") else None
-        except (TypeError, ValueError, KeyError) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
-            raise TamperError(f"Release {row['release_id']}: the stored plan, spec or result is not what privrelease "
-                              f"writes ({exc}); the store was edited. Re-plan from the spec.") from exc
-        return cls(release_id=row["release_id"], dataset_id=row["dataset_id"], mechanism=row["mechanism"],
-                   state=row["state"], spec=spec, plan=plan, plan_digest=row["plan_digest"],
-                   created_by=row["created_by"], created_at=row["created_at"], updated_at=row["updated_at"],
-                   reason=row.get("reason"), result=result)
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+        ) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
+            raise TamperError(
+                f"Release {row['release_id']}: the stored plan, spec or result is not what privrelease "
+                f"writes ({exc}); the store was edited. Re-plan from the spec."
+            ) from exc
+        return cls(
+            release_id=row["release_id"],
+            dataset_id=row["dataset_id"],
+            mechanism=row["mechanism"],
+            state=row["state"],
+            spec=spec,
+            plan=plan,
+            plan_digest=row["plan_digest"],
+            created_by=row["created_by"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            reason=row.get("reason"),
+            result=result,
+        )
 
     @property
     def guarantee(self) -> dict[str, Any]:
@@ -93,7 +131,17 @@ class Release:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form `privrelease release show --json` prints (plan as its stored JSON)."""
-        return {"release_id": self.release_id, "dataset_id": self.dataset_id, "mechanism": self.mechanism,
-                "state": self.state, "spec": self.spec, "plan": self.plan.to_json(), "plan_digest": self.plan_digest,
-                "created_by": self.created_by, "created_at": self.created_at, "updated_at": self.updated_at,
-                "reason": self.reason, "result": self.result.to_json() if self.result else None}
+        return {
+            "release_id": self.release_id,
+            "dataset_id": self.dataset_id,
+            "mechanism": self.mechanism,
+            "state": self.state,
+            "spec": self.spec,
+            "plan": self.plan.to_json(),
+            "plan_digest": self.plan_digest,
+            "created_by": self.created_by,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "reason": self.reason,
+            "result": self.result.to_json() if self.result else None,
+        }

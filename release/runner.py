@@ -10,6 +10,7 @@ runner holds an exclusive lease row in the store (holder, pid, host, expiry kept
 heartbeat). A lease whose holder died can be taken over; the dead attempt's reservation stays in
 force and its lost steps are charged again before they are re-executed.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Guarantee, Mechanism, MechanismOutput, MechanismPlan
 
-LEASE_TTL_S = 120.0      # a lease on another host lapses this long after its last heartbeat
+LEASE_TTL_S = 120.0  # a lease on another host lapses this long after its last heartbeat
 HEARTBEAT_S = 15.0
 LEASES = """CREATE TABLE IF NOT EXISTS run_leases (
     run_id VARCHAR PRIMARY KEY, token VARCHAR, holder VARCHAR NOT NULL, pid BIGINT NOT NULL, host VARCHAR NOT NULL,
@@ -97,17 +98,24 @@ class Lease:
     def update(self, **values: Any) -> dict:
         with self.store.transaction() as con:
             sets = ", ".join(f"{k} = ?" for k in values)
-            n = con.execute(f"UPDATE run_leases SET {sets} WHERE run_id = ? AND token = ? RETURNING run_id",
-                            [*values.values(), self.run_id, self.token]).fetchall()
+            n = con.execute(
+                f"UPDATE run_leases SET {sets} WHERE run_id = ? AND token = ? RETURNING run_id",
+                [*values.values(), self.run_id, self.token],
+            ).fetchall()
             if not n:
-                raise RunInProgressError(f"Run {self.run_id}: this process lost its lease (taken over as stale); "
-                                         "stopping. See `privrelease release show`.")
+                raise RunInProgressError(
+                    f"Run {self.run_id}: this process lost its lease (taken over as stale); "
+                    "stopping. See `privrelease release show`."
+                )
             return _rows(con, "SELECT * FROM run_leases WHERE run_id = ?", [self.run_id])[0]
 
     def release(self) -> None:
         self._stop.set()
         with self.store.transaction() as con:
-            con.execute("UPDATE run_leases SET token = NULL WHERE run_id = ? AND token = ?", [self.run_id, self.token])
+            con.execute(
+                "UPDATE run_leases SET token = NULL WHERE run_id = ? AND token = ?",
+                [self.run_id, self.token],
+            )
 
 
 def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
@@ -122,16 +130,41 @@ def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
             if _holder_alive(old):
                 raise RunInProgressError(
                     f"Run {run_id} is already running (by {old['holder']}, pid {old['pid']} on {old['host']}, since "
-                    f"{old['acquired_at'][:19]}). Wait for it to finish, then see `privrelease release show {run_id}`.")
-            trail.append(con, store, actor, "run.lease_takeover", {
-                "run_id": run_id, "previous_holder": old["holder"], "previous_pid": old["pid"],
-                "previous_host": old["host"], "charge_id": old["charge_id"], "accessed": bool(old["accessed"])})
-        values = [token, actor, os.getpid(), socket.gethostname(), trail.now(), time.time() + LEASE_TTL_S]
+                    f"{old['acquired_at'][:19]}). Wait for it to finish, then see `privrelease release show {run_id}`."
+                )
+            trail.append(
+                con,
+                store,
+                actor,
+                "run.lease_takeover",
+                {
+                    "run_id": run_id,
+                    "previous_holder": old["holder"],
+                    "previous_pid": old["pid"],
+                    "previous_host": old["host"],
+                    "charge_id": old["charge_id"],
+                    "accessed": bool(old["accessed"]),
+                },
+            )
+        values = [
+            token,
+            actor,
+            os.getpid(),
+            socket.gethostname(),
+            trail.now(),
+            time.time() + LEASE_TTL_S,
+        ]
         if old is None:
-            con.execute("INSERT INTO run_leases VALUES (?, ?, ?, ?, ?, ?, ?, NULL, FALSE)", [run_id, *values])
+            con.execute(
+                "INSERT INTO run_leases VALUES (?, ?, ?, ?, ?, ?, ?, NULL, FALSE)",
+                [run_id, *values],
+            )
         else:
-            con.execute("UPDATE run_leases SET token = ?, holder = ?, pid = ?, host = ?, acquired_at = ?, "
-                        "expires_at = ? WHERE run_id = ?", [*values, run_id])
+            con.execute(
+                "UPDATE run_leases SET token = ?, holder = ?, pid = ?, host = ?, acquired_at = ?, "
+                "expires_at = ? WHERE run_id = ?",
+                [*values, run_id],
+            )
         row = _rows(con, "SELECT * FROM run_leases WHERE run_id = ?", [run_id])[0]
     return Lease(store, run_id, token, row)
 
@@ -145,13 +178,22 @@ def public_cache_dir(store: Store) -> Path:
 
 
 class _Context:
-    def __init__(self, store: Store, lease: Lease, dataset: str, plan: MechanismPlan, workdir: Path,
-                 progress: ProgressFn, public: ImageDataset, actor: str, nproc: int = 1) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        dataset: str,
+        plan: MechanismPlan,
+        workdir: Path,
+        progress: ProgressFn,
+        public: ImageDataset,
+        actor: str,
+        nproc: int = 1,
+    ) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
         self.cache_dir: Path | None = public_cache_dir(store)
         self.nproc = nproc  # this process stays the only one that charges, whatever the workers do
-
 
     @property
     def charge_id(self) -> str:
@@ -161,8 +203,13 @@ class _Context:
         if not self.lease.row["accessed"]:
             self.lease.row = self.lease.update(accessed=True)
             with self.store.transaction() as con:
-                trail.append(con, self.store, self.actor, "run.sensitive_access",
-                             {"run_id": self.lease.run_id, "charge_id": self.charge_id})
+                trail.append(
+                    con,
+                    self.store,
+                    self.actor,
+                    "run.sensitive_access",
+                    {"run_id": self.lease.run_id, "charge_id": self.charge_id},
+                )
 
     def charge_lost_steps(self, started: int, resumed_from: int) -> None:
         step = self.plan.step_event
@@ -170,9 +217,14 @@ class _Context:
         lost = int(started) - int(resumed_from) - sum(_steps(c.planned_events) for c in redo)
         if step is None or lost <= 0:
             return
-        ledger.reserve(self.store, self.dataset, [replace(step, steps=lost)], f"{self.charge_id}:redo-{len(redo) + 1}",
-                       description=f"{self.lease.run_id}: {lost} DP-SGD steps executed but lost in a crash, run again",
-                       actor=self.actor)
+        ledger.reserve(
+            self.store,
+            self.dataset,
+            [replace(step, steps=lost)],
+            f"{self.charge_id}:redo-{len(redo) + 1}",
+            description=f"{self.lease.run_id}: {lost} DP-SGD steps executed but lost in a crash, run again",
+            actor=self.actor,
+        )
 
 
 def _steps(events) -> int:
@@ -180,7 +232,11 @@ def _steps(events) -> int:
 
 
 def _redo_charges(store: Store, dataset: str, charge_id: str) -> list[ledger.Charge]:
-    return [c for c in ledger.budget(store, dataset).charges if c.run_id.startswith(f"{charge_id}:redo-")]
+    return [
+        c
+        for c in ledger.budget(store, dataset).charges
+        if c.run_id.startswith(f"{charge_id}:redo-")
+    ]
 
 
 # ------------------------------------------------------------------ run, settle, abandon
@@ -190,8 +246,10 @@ def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
     if current is not None:
         charge = ledger.get_charge(store, current)
         if charge is not None and charge.state == "committed":
-            raise LedgerStateError(f"Run {lease.run_id} is already settled (charge {current} committed); its results "
-                                   "cannot be recomputed without a new charge. Plan a new release.")
+            raise LedgerStateError(
+                f"Run {lease.run_id} is already settled (charge {current} committed); its results "
+                "cannot be recomputed without a new charge. Plan a new release."
+            )
         if charge is None or charge.state == "reserved":
             return current
     attempt = re.compile(rf"{re.escape(lease.run_id)}(:attempt-\d+)?")  # not their redo charges
@@ -201,32 +259,58 @@ def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
     return new
 
 
-def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, public: ImageDataset,
-                mechanism: str | Mechanism, config: Any, plan: MechanismPlan, workdir: Path,
-                progress: ProgressFn = no_progress, actor: str = "system", acknowledge_non_dp: bool = False,
-                lease: Lease | None = None, nproc: int = 1) -> RunResult:
+def run_charged(
+    store: Store,
+    *,
+    run_id: str,
+    dataset: str,
+    data: ImageDataset,
+    public: ImageDataset,
+    mechanism: str | Mechanism,
+    config: Any,
+    plan: MechanismPlan,
+    workdir: Path,
+    progress: ProgressFn = no_progress,
+    actor: str = "system",
+    acknowledge_non_dp: bool = False,
+    lease: Lease | None = None,
+    nproc: int = 1,
+) -> RunResult:
     """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
     `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
     a distributed mechanism trains on that many processes; this process alone charges the ledger."""
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
     if nproc != 1 and not getattr(mech, "distributed", False):
-        raise PrivReleaseError(f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out "
-                               "--nproc (only PrivImage trains on several processes). Nothing was charged.")
+        raise PrivReleaseError(
+            f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out "
+            "--nproc (only PrivImage trains on several processes). Nothing was charged."
+        )
     if plan.requires_acknowledgement and not acknowledge_non_dp:
-        raise PermissionDeniedError(f"Run {run_id} makes a release without a DP guarantee. "
-                                    f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
-                                    "acknowledgement (`release approve --acknowledge-non-dp`).")
+        raise PermissionDeniedError(
+            f"Run {run_id} makes a release without a DP guarantee. "
+            f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
+            "acknowledgement (`release approve --acknowledge-non-dp`)."
+        )
     if len(data) != ledger.get_dataset(store, dataset).record_count:
-        raise PrivReleaseError(f"Dataset {dataset!r} is registered with a different number of records than the "
-                               f"{len(data)} given; pass the registered data.")
+        raise PrivReleaseError(
+            f"Dataset {dataset!r} is registered with a different number of records than the "
+            f"{len(data)} given; pass the registered data."
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     own = lease is None
     lease = acquire_lease(store, run_id, actor) if lease is None else lease
     try:
         charge_id = _charge_for_attempt(store, lease, dataset)
-        ledger.reserve(store, dataset, list(plan.events), charge_id, actor=actor, allow_non_private=acknowledge_non_dp,
-                       description=f"{mech.name} run {run_id}")
+        ledger.reserve(
+            store,
+            dataset,
+            list(plan.events),
+            charge_id,
+            actor=actor,
+            allow_non_private=acknowledge_non_dp,
+            description=f"{mech.name} run {run_id}",
+        )
         ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
         if nproc == 1:  # torchrun's workers choose their own
             threads.apply()
@@ -234,8 +318,12 @@ def run_charged(store: Store, *, run_id: str, dataset: str, data: ImageDataset, 
             output = mech.run(config, data, ctx)
         except BaseException as exc:
             if not lease.row["accessed"]:  # nothing sensitive was read: refund (rule 2)
-                ledger.refund(store, charge_id, reason=f"failed before reading sensitive data: {why(exc)}",
-                              actor=actor)
+                ledger.refund(
+                    store,
+                    charge_id,
+                    reason=f"failed before reading sensitive data: {why(exc)}",
+                    actor=actor,
+                )
             raise
         executed = _settle(store, dataset, plan, charge_id, workdir, actor)
         return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
@@ -254,14 +342,17 @@ def why(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class RunStatus:
     """Where a stopped run stands: its current charge, whether it read sensitive data, DP-SGD steps."""
-    charge: ledger.Charge | None   # the current attempt's charge (None: it never reserved)
-    accessed: bool                 # it read sensitive data: a reserved charge stays until resumed or abandoned
-    started_steps: int             # DP-SGD steps started, every attempt (the write-ahead counter)
-    planned_steps: int | None      # None: the mechanism runs no DP-SGD
+
+    charge: ledger.Charge | None  # the current attempt's charge (None: it never reserved)
+    accessed: bool  # it read sensitive data: a reserved charge stays until resumed or abandoned
+    started_steps: int  # DP-SGD steps started, every attempt (the write-ahead counter)
+    planned_steps: int | None  # None: the mechanism runs no DP-SGD
     redo: tuple[ledger.Charge, ...]  # re-charges of steps lost in crashes
 
 
-def run_status(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, workdir: Path) -> RunStatus:
+def run_status(
+    store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, workdir: Path
+) -> RunStatus:
     with store.transaction() as con:
         con.execute(LEASES)
         rows = _rows(con, "SELECT charge_id, accessed FROM run_leases WHERE run_id = ?", [run_id])
@@ -269,8 +360,13 @@ def run_status(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, 
     charge = ledger.get_charge(store, charge_id) if charge_id else None
     redo = tuple(_redo_charges(store, dataset, charge_id)) if charge_id else ()
     step = plan.step_event
-    return RunStatus(charge, bool(rows and rows[0]["accessed"]), int(registry.read_counter(workdir)["started"]),
-                     step.steps if step is not None else None, redo)
+    return RunStatus(
+        charge,
+        bool(rows and rows[0]["accessed"]),
+        int(registry.read_counter(workdir)["started"]),
+        step.steps if step is not None else None,
+        redo,
+    )
 
 
 def _executed(plan: MechanismPlan, main_steps: int) -> list[MechanismEvent]:
@@ -278,14 +374,17 @@ def _executed(plan: MechanismPlan, main_steps: int) -> list[MechanismEvent]:
     if step is None:
         return list(plan.events)
     if not 0 <= main_steps <= step.steps:
-        raise PrivReleaseError(f"Inconsistent DP-SGD step counter ({main_steps} of {step.steps} planned); the "
-                               "reservation stays in force. Report this as a bug.")
+        raise PrivReleaseError(
+            f"Inconsistent DP-SGD step counter ({main_steps} of {step.steps} planned); the "
+            "reservation stays in force. Report this as a bug."
+        )
     events = [e for e in plan.events if e is not step]
     return events + ([replace(step, steps=main_steps)] if main_steps > 0 else [])
 
 
-def _settle(store: Store, dataset: str, plan: MechanismPlan, charge_id: str, workdir: Path, actor: str
-            ) -> list[MechanismEvent]:
+def _settle(
+    store: Store, dataset: str, plan: MechanismPlan, charge_id: str, workdir: Path, actor: str
+) -> list[MechanismEvent]:
     """Commit every redo charge as reserved and the main charge with the started steps (write-ahead)."""
     executed: list[MechanismEvent] = []
     redone = 0
@@ -301,13 +400,22 @@ def _settle(store: Store, dataset: str, plan: MechanismPlan, charge_id: str, wor
 def _guarantee(store: Store, dataset: str, plan: MechanismPlan) -> Guarantee:
     if plan.guarantee_kind == "dp":
         spent = ledger.budget(store, dataset).spent
-        return Guarantee("dp", epsilon_rdp=spent.epsilon_rdp, epsilon_pld=spent.epsilon_pld, delta=spent.delta)
+        return Guarantee(
+            "dp", epsilon_rdp=spent.epsilon_rdp, epsilon_pld=spent.epsilon_pld, delta=spent.delta
+        )
     k, method = plan.parameters.get("k"), plan.parameters.get("method")
     return Guarantee(plan.guarantee_kind, k=k, method=method, description=f"k-anonymous (k={k})")
 
 
-def abandon(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, workdir: Path, actor: str = "system"
-            ) -> ledger.Charge | None:
+def abandon(
+    store: Store,
+    *,
+    run_id: str,
+    dataset: str,
+    plan: MechanismPlan,
+    workdir: Path,
+    actor: str = "system",
+) -> ledger.Charge | None:
     """Settle a run that will not be resumed: refunded if it never read sensitive data, else the
     steps started (write-ahead counter) and every re-charge are committed, the rest released."""
     lease = acquire_lease(store, run_id, actor)
@@ -317,23 +425,55 @@ def abandon(store: Store, *, run_id: str, dataset: str, plan: MechanismPlan, wor
         if charge is None or charge.state != "reserved":
             return charge
         if not lease.row["accessed"]:
-            return ledger.refund(store, charge_id, reason="abandoned before reading sensitive data", actor=actor)
+            return ledger.refund(
+                store, charge_id, reason="abandoned before reading sensitive data", actor=actor
+            )
         _settle(store, dataset, plan, charge_id, Path(workdir), actor)
         return ledger.get_charge(store, charge_id)
     finally:
         lease.release()
 
 
-def run_direct(store: Store, dataset: str, data: ImageDataset, public: ImageDataset, mechanism: str, config: Any, *,
-               run_id: str, workdir: Path, progress: ProgressFn = no_progress, actor: str = "system",
-               acknowledge_non_dp: bool = False, nproc: int = 1) -> RunResult:
+def run_direct(
+    store: Store,
+    dataset: str,
+    data: ImageDataset,
+    public: ImageDataset,
+    mechanism: str,
+    config: Any,
+    *,
+    run_id: str,
+    workdir: Path,
+    progress: ProgressFn = no_progress,
+    actor: str = "system",
+    acknowledge_non_dp: bool = False,
+    nproc: int = 1,
+) -> RunResult:
     """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
     reproduction). A workspace's real datasets are released through plan -> approval -> run_release."""
     mech = registry.get(mechanism)
     b = ledger.budget(store, dataset)
-    info = registry.DatasetInfo(b.dataset.dataset_id, b.dataset.name, b.dataset.record_count, tuple(b.dataset.labels),
-                                tuple(b.dataset.image_shape), b.dataset.delta_cap)
+    info = registry.DatasetInfo(
+        b.dataset.dataset_id,
+        b.dataset.name,
+        b.dataset.record_count,
+        tuple(b.dataset.labels),
+        tuple(b.dataset.image_shape),
+        b.dataset.delta_cap,
+    )
     plan = mech.plan(config, info, b.history, public)
-    return run_charged(store, run_id=run_id, dataset=dataset, data=data, public=public, mechanism=mech, config=config,
-                       plan=plan, workdir=workdir, progress=progress, actor=actor,
-                       acknowledge_non_dp=acknowledge_non_dp, nproc=nproc)
+    return run_charged(
+        store,
+        run_id=run_id,
+        dataset=dataset,
+        data=data,
+        public=public,
+        mechanism=mech,
+        config=config,
+        plan=plan,
+        workdir=workdir,
+        progress=progress,
+        actor=actor,
+        acknowledge_non_dp=acknowledge_non_dp,
+        nproc=nproc,
+    )

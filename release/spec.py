@@ -1,26 +1,27 @@
 """Release specs (TOML): what to run, on which dataset, with which guarantee and audit policy.
 
-    [release]
-    dataset = "mnist"
-    mechanism = "privimage"        # or "ksalsa"
-    n_images = 1000                # PrivImage samples; k-anonymous releases give floor(n/k) instead
-    heldout = "data/heldout"       # optional real held-out data (built-in datasets have one)
-    description = "synthetic digits for model prototyping"
+[release]
+dataset = "mnist"
+mechanism = "privimage"        # or "ksalsa"
+n_images = 1000                # PrivImage samples; k-anonymous releases give floor(n/k) instead
+heldout = "data/heldout"       # optional real held-out data (built-in datasets have one)
+description = "synthetic digits for model prototyping"
 
-    [privimage]                    # PrivImageConfig fields; preset = default | demo | tiny
-    public = "builtin:public-pool"
-    epsilon = 5.0
-    delta = 1e-5                   # optional: defaults to the dataset's delta cap
-    preset = "demo"
+[privimage]                    # PrivImageConfig fields; preset = default | demo | tiny
+public = "builtin:public-pool"
+epsilon = 5.0
+delta = 1e-5                   # optional: defaults to the dataset's delta cap
+preset = "demo"
 
-    [ksalsa]                       # KSalsaConfig fields; preset = default | demo | tiny
-    public = "builtin:uci-digits"
-    k = 5
-    method = "ksalsa"
+[ksalsa]                       # KSalsaConfig fields; preset = default | demo | tiny
+public = "builtin:uci-digits"
+k = 5
+method = "ksalsa"
 
-    [policy]                       # audit.AuditPolicy thresholds
-    mia_max_auc = 0.6
+[policy]                       # audit.AuditPolicy thresholds
+mia_max_auc = 0.6
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,10 @@ class ReleaseSpec:
     description: str
     mechanism_params: dict[str, Any]
     policy: dict[str, Any] = field(default_factory=dict)
-    heldout: str | None = None      # real held-out data of the same distribution, for attacks and utility
-    license: str | None = None      # the dataset card's license id (e.g. cc-by-4.0); None: "other"
+    heldout: str | None = (
+        None  # real held-out data of the same distribution, for attacks and utility
+    )
+    license: str | None = None  # the dataset card's license id (e.g. cc-by-4.0); None: "other"
     source_file: str | None = None  # the TOML file it was read from (not part of the spec itself)
 
     @property
@@ -63,45 +66,90 @@ class ReleaseSpec:
         return {k: v for k, v in self.mechanism_params.items() if k not in ("public", "preset")}
 
     def as_dict(self) -> dict[str, Any]:
-        rel: dict[str, Any] = {"dataset": self.dataset, "mechanism": self.mechanism, "description": self.description}
-        rel.update({k: v for k, v in (("n_images", self.n_images), ("heldout", self.heldout),
-                                               ("license", self.license)) if v is not None})
-        return {"release": rel,
-                self.mechanism: dict(self.mechanism_params), "policy": dict(self.policy)}
+        rel: dict[str, Any] = {
+            "dataset": self.dataset,
+            "mechanism": self.mechanism,
+            "description": self.description,
+        }
+        rel.update(
+            {
+                k: v
+                for k, v in (
+                    ("n_images", self.n_images),
+                    ("heldout", self.heldout),
+                    ("license", self.license),
+                )
+                if v is not None
+            }
+        )
+        return {
+            "release": rel,
+            self.mechanism: dict(self.mechanism_params),
+            "policy": dict(self.policy),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReleaseSpec:
         rel = data.get("release")
         if not isinstance(rel, dict):
-            raise InvalidParameterError("The spec needs a [release] table with `dataset` and `mechanism`.")
-        unknown = set(rel) - {"dataset", "mechanism", "n_images", "description", "heldout", "license"}
+            raise InvalidParameterError(
+                "The spec needs a [release] table with `dataset` and `mechanism`."
+            )
+        unknown = set(rel) - {
+            "dataset",
+            "mechanism",
+            "n_images",
+            "description",
+            "heldout",
+            "license",
+        }
         if unknown:
             raise InvalidParameterError(f"Unknown key(s) in [release]: {sorted(unknown)}.")
         dataset, mechanism = rel.get("dataset"), rel.get("mechanism")
         if not isinstance(dataset, str) or not dataset:
             raise InvalidParameterError("[release] dataset must name a registered dataset.")
         if mechanism not in registry.names():
-            raise InvalidParameterError(f"[release] mechanism must be one of {registry.names()}, got {mechanism!r}.")
+            raise InvalidParameterError(
+                f"[release] mechanism must be one of {registry.names()}, got {mechanism!r}."
+            )
         n = rel.get("n_images")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise InvalidParameterError(f"[release] n_images must be a positive integer, got {n!r}.")
+            raise InvalidParameterError(
+                f"[release] n_images must be a positive integer, got {n!r}."
+            )
         other = [m for m in registry.names() if m != mechanism and m in data]
         if other:
-            raise InvalidParameterError(f"The spec is for {mechanism} but also has a [{other[0]}] table; remove it.")
+            raise InvalidParameterError(
+                f"The spec is for {mechanism} but also has a [{other[0]}] table; remove it."
+            )
         extra = set(data) - {"release", "policy", mechanism}
         if extra:
             raise InvalidParameterError(f"Unknown table(s) in the spec: {sorted(extra)}.")
         params = dict(data.get(mechanism) or {})
         if not isinstance(data.get("policy", {}), dict):
-            raise InvalidParameterError("[policy] must be a table of audit thresholds, e.g. a `[policy]` line "
-                                        "followed by `mia_max_auc = 0.6`; remove it to use the default policy.")
+            raise InvalidParameterError(
+                "[policy] must be a table of audit thresholds, e.g. a `[policy]` line "
+                "followed by `mia_max_auc = 0.6`; remove it to use the default policy."
+            )
         if params.get("preset", "default") not in PRESETS:
-            raise InvalidParameterError(f"[{mechanism}] preset must be one of {PRESETS}, got {params.get('preset')!r}.")
+            raise InvalidParameterError(
+                f"[{mechanism}] preset must be one of {PRESETS}, got {params.get('preset')!r}."
+            )
         heldout = rel.get("heldout")
         if heldout is not None and not isinstance(heldout, str):
-            raise InvalidParameterError("[release] heldout must be a data source (folder, .parquet, .npz, builtin:...).")
-        return cls(dataset, mechanism, n, str(rel.get("description", "")), params, dict(data.get("policy") or {}),
-                   heldout, license=_license(rel.get("license")))
+            raise InvalidParameterError(
+                "[release] heldout must be a data source (folder, .parquet, .npz, builtin:...)."
+            )
+        return cls(
+            dataset,
+            mechanism,
+            n,
+            str(rel.get("description", "")),
+            params,
+            dict(data.get("policy") or {}),
+            heldout,
+            license=_license(rel.get("license")),
+        )
 
     @classmethod
     def from_toml(cls, path: Path) -> ReleaseSpec:
@@ -131,6 +179,7 @@ class Plan:
     """A stored plan. Its digest (what the steward signs) binds everything a run reads: the whole spec
     (mechanism table and [policy]), the public data reference and content hash, the dataset id and
     fingerprint, the events and the spec file's content."""
+
     release_id: str
     dataset_id: str
     dataset: str
@@ -168,10 +217,16 @@ class Plan:
 
     def mechanism_view(self) -> MechanismPlan:
         """The plan as the mechanism made it (what the runner reserves and the mechanism reads)."""
-        return MechanismPlan(events=tuple(event_from_json(e) for e in self.events), expected_count=self.expected_count,
-                             output_shape=tuple(self.output_shape), guarantee_kind=self.guarantee_kind,
-                             warnings=tuple(self.warnings), requires_acknowledgement=self.requires_acknowledgement,
-                             parameters=self.config, detail=self.mechanism_plan)
+        return MechanismPlan(
+            events=tuple(event_from_json(e) for e in self.events),
+            expected_count=self.expected_count,
+            output_shape=tuple(self.output_shape),
+            guarantee_kind=self.guarantee_kind,
+            warnings=tuple(self.warnings),
+            requires_acknowledgement=self.requires_acknowledgement,
+            parameters=self.config,
+            detail=self.mechanism_plan,
+        )
 
 
 _LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
@@ -182,6 +237,8 @@ def _license(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not _LICENSE_ID.fullmatch(value):
-        raise InvalidParameterError(f"[release] license must be a lowercase license identifier such as 'cc-by-4.0', "
-                                    f"'cc0-1.0' or 'other', got {value!r}.")
+        raise InvalidParameterError(
+            f"[release] license must be a lowercase license identifier such as 'cc-by-4.0', "
+            f"'cc0-1.0' or 'other', got {value!r}."
+        )
     return value

@@ -1,5 +1,6 @@
 """Terminal output shared by the CLI and `make demo`: the console, epsilon figures, progress bars driven
 by the mechanisms' progress(stage, done, total) callback, and a stored plan's summary."""
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,13 @@ def print_plan(rel: Release) -> None:
     console.print(f"  plan digest: {rel.plan_digest}")
     console.print(f"  events: {'; '.join(p.events_described)}")
     b, a = p.epsilon_before, p.epsilon_after
-    console.print(f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}")
-    console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
-                  f"   (cap {p.epsilon_cap:g}, delta {a['delta']:g})")
+    console.print(
+        f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}"
+    )
+    console.print(
+        f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
+        f"   (cap {p.epsilon_cap:g}, delta {a['delta']:g})"
+    )
     if p.remaining_after_rdp is not None:
         console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")
     console.print(f"  images: {p.expected_count}")
@@ -58,8 +63,13 @@ def rich_progress(out: Console | None = None) -> Iterator[ProgressFn]:
     if not out.is_terminal:
         yield _log_lines(out)
         return
-    columns = (TextColumn("[bold blue]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold blue]{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=out, transient=False) as bar:
         tasks: dict[str, TaskID] = {}
 
@@ -80,7 +90,11 @@ def _log_lines(out: Console) -> ProgressFn:
         if last.get(stage) == tenth:
             return
         last[stage] = tenth
-        out.print(f"  {stage}: {done}/{total} ({100 * done // max(total, 1)}%, "
-                      f"{time.monotonic() - started:.0f} s)", markup=False, highlight=False)
+        out.print(
+            f"  {stage}: {done}/{total} ({100 * done // max(total, 1)}%, "
+            f"{time.monotonic() - started:.0f} s)",
+            markup=False,
+            highlight=False,
+        )
 
     return update

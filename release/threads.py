@@ -5,6 +5,7 @@ contention its threads then wait on each other at every operation (issue 36: pre
 than one thread on a busy 2-core machine; BENCHMARKS.md, "CPU threads under contention"). Free cores =
 the cores this process may use (sched_getaffinity) minus the 1-minute load average, at least 1.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ ENV = "PRIVRELEASE_THREADS"
 
 @dataclass(frozen=True)
 class ThreadChoice:
-    threads: int | None   # None: torch's own default is kept (OMP_NUM_THREADS set by the user)
+    threads: int | None  # None: torch's own default is kept (OMP_NUM_THREADS set by the user)
     reason: str
 
 
@@ -30,21 +31,29 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose(env: Mapping[str, str] | None = None, cores: int | None = None, load: float | None = None) -> ThreadChoice:
+def choose(
+    env: Mapping[str, str] | None = None, cores: int | None = None, load: float | None = None
+) -> ThreadChoice:
     """The thread count for a run (pure: `env`, `cores` and `load` default to this machine's)."""
     env = os.environ if env is None else env
     value = env.get(ENV, "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
-            raise InvalidParameterError(f"{ENV}={value!r}: give a whole number of CPU threads >= 1, or unset it to "
-                                        "let each run use the cores that are free.")
+            raise InvalidParameterError(
+                f"{ENV}={value!r}: give a whole number of CPU threads >= 1, or unset it to "
+                "let each run use the cores that are free."
+            )
         return ThreadChoice(int(value), f"{ENV}={int(value)}")
     if env.get("OMP_NUM_THREADS", "").strip():
-        return ThreadChoice(None, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS'].strip()} (torch's own setting)")
+        return ThreadChoice(
+            None, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS'].strip()} (torch's own setting)"
+        )
     cores = usable_cores() if cores is None else cores
     load = os.getloadavg()[0] if load is None else load
     free = max(1, min(cores, int(cores - load + 0.5)))
-    return ThreadChoice(free, f"{cores} cores, load average {load:.1f}: {free} free; set {ENV} to choose")
+    return ThreadChoice(
+        free, f"{cores} cores, load average {load:.1f}: {free} free; set {ENV} to choose"
+    )
 
 
 _applied: ThreadChoice | None = None

@@ -12,6 +12,7 @@ members, links, devices, absolute or '..' paths, members outside the one top-lev
 after the end of the archive and archives that expand far beyond their compressed size are refused
 from the tar headers, before their content is read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,22 +46,24 @@ ARCHIVE_SUFFIX = ".tar.gz"
 # Parquet of PNGs barely compresses, so a real bundle expands little; a bomb expands ~1000x.
 MAX_EXPANSION = 20
 EXPANSION_SLACK = 64 << 20
-MANIFEST_MAX = 16 << 20           # the envelope and statement are small JSON files
-TRAILER_MAX = 64 << 10            # end-of-archive blocks plus record padding
+MANIFEST_MAX = 16 << 20  # the envelope and statement are small JSON files
+TRAILER_MAX = 64 << 10  # end-of-archive blocks plus record padding
 
 
 @dataclass
 class VerificationResult:
     ok: bool
     problems: list[str]
-    statement: dict | None          # the signed statement, once its signature verified
-    bundle: Path | None = None      # what was checked (directory or tarball)
-    key_id: str = ""                # securesystemslib's default keyid of the public key used
-    checked: list[str] = field(default_factory=list)   # files whose digest matched
+    statement: dict | None  # the signed statement, once its signature verified
+    bundle: Path | None = None  # what was checked (directory or tarball)
+    key_id: str = ""  # securesystemslib's default keyid of the public key used
+    checked: list[str] = field(default_factory=list)  # files whose digest matched
     missing: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     altered: list[str] = field(default_factory=list)
-    extracted: Path | None = None   # where the verified bundle was extracted (extract_to given, ok only)
+    extracted: Path | None = (
+        None  # where the verified bundle was extracted (extract_to given, ok only)
+    )
 
     @property
     def predicate(self) -> dict | None:
@@ -76,11 +79,18 @@ class VerificationResult:
         """
         if not self.statement:
             return None
-        return ReleasePredicate.from_json(self.statement.get("predicate"), self.statement.get("predicateType", ""))
+        return ReleasePredicate.from_json(
+            self.statement.get("predicate"), self.statement.get("predicateType", "")
+        )
 
 
-def verify_bundle(path: Path, public_key_path: Path, *, extract_to: Path | None = None,
-                  max_bytes: int | None = None) -> VerificationResult:
+def verify_bundle(
+    path: Path,
+    public_key_path: Path,
+    *,
+    extract_to: Path | None = None,
+    max_bytes: int | None = None,
+) -> VerificationResult:
     """Verify a bundle directory or `<release>.tar.gz` against the publisher's Ed25519 public key (PEM file).
 
     With `extract_to`, a verified archive is also extracted to `extract_to/<release>` (nothing is left
@@ -88,12 +98,16 @@ def verify_bundle(path: Path, public_key_path: Path, *, extract_to: Path | None 
     size plus 64 MiB).
     """
     path = Path(path)
-    key = load_public_key(Path(public_key_path))  # a missing/invalid key file is the caller's error: raises
+    key = load_public_key(
+        Path(public_key_path)
+    )  # a missing/invalid key file is the caller's error: raises
     if not path.exists():
         raise PrivReleaseError(f"No bundle at {path}: give the bundle directory or its .tar.gz.")
     if path.is_dir():
         if extract_to is not None:
-            raise InvalidParameterError(f"{path} is a directory; --extract applies to a .tar.gz bundle only.")
+            raise InvalidParameterError(
+                f"{path} is a directory; --extract applies to a .tar.gz bundle only."
+            )
         result = _verify_dir(path, key)
         _check_release_id(result, path.name, path.name)
     else:
@@ -109,16 +123,20 @@ def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: st
         return
     rid = res.predicate.get("release_id")
     if not isinstance(rid, str) or not rid:
-        res.problems.append(f"{shown}: the signed manifest names no release id, so the bundle cannot be bound to "
-                            f"its name. {REFETCH}")
+        res.problems.append(
+            f"{shown}: the signed manifest names no release id, so the bundle cannot be bound to "
+            f"its name. {REFETCH}"
+        )
     elif rid != name:
         res.problems.append(
             f"{shown}: the signed manifest is for release {rid!r}, but the bundle is named {name!r}: it is "
             f"another release's bundle under this name, or it was renamed. Make sure {rid!r} is the release you "
-            f"wanted; if it is, rename the bundle to {rid}{suffix} and verify again.")
+            f"wanted; if it is, rename the bundle to {rid}{suffix} and verify again."
+        )
 
 
 # ---------------------------------------------------------------- archives
+
 
 class _OneGzipMember:
     """Readable stream of exactly one gzip member, inflated in bounded chunks by a helper thread.
@@ -197,7 +215,7 @@ class _ArchiveScan:
         self.added: list[str] = []
         self.total = 0
         self.problem: str | None = None
-        self.tamper: str | None = None   # envelope that does not verify: reported like a directory's
+        self.tamper: str | None = None  # envelope that does not verify: reported like a directory's
 
     def header_problem(self, m: tarfile.TarInfo) -> str | None:
         """Everything that can be refused from the header alone, before any content is read."""
@@ -208,21 +226,27 @@ class _ArchiveScan:
         if not safe_member_name(name):
             return f"member {m.name!r} is not a plain relative path"
         if name.split("/")[0] != self.top or (name == self.top and not m.isdir()):
-            return (f"member {m.name!r} is outside the top-level directory {self.top!r} that a bundle named "
-                    f"{self.top}{ARCHIVE_SUFFIX} must have (renamed, or not a privrelease bundle)")
+            return (
+                f"member {m.name!r} is outside the top-level directory {self.top!r} that a bundle named "
+                f"{self.top}{ARCHIVE_SUFFIX} must have (renamed, or not a privrelease bundle)"
+            )
         if name in self.seen:
-            return (f"member {m.name!r} appears twice (tar would silently keep the last copy, which the "
-                    "signature never covered)")
+            return (
+                f"member {m.name!r} appears twice (tar would silently keep the last copy, which the "
+                "signature never covered)"
+            )
         self.seen.add(name)
         if m.isfile():
             self.total += m.size
-            rel = name[len(self.top) + 1:]
+            rel = name[len(self.top) + 1 :]
             if rel in MANIFEST_FILES and m.size > MANIFEST_MAX:
                 return f"member {m.name!r} is {m.size} bytes, far larger than any signed manifest"
             if self.total > self.limit:
-                return (f"member {m.name!r} makes the archive expand to more than {self.limit} bytes (its own "
-                        f"size is {m.size}): a decompression bomb or not a bundle; refused before reading it "
-                        "(raise the limit with --max-size only for a bundle you expect to be that large)")
+                return (
+                    f"member {m.name!r} makes the archive expand to more than {self.limit} bytes (its own "
+                    f"size is {m.size}): a decompression bomb or not a bundle; refused before reading it "
+                    "(raise the limit with --max-size only for a bundle you expect to be that large)"
+                )
         return None
 
     def member(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
@@ -231,7 +255,7 @@ class _ArchiveScan:
             if not self.problem and self.out_root is not None:
                 (self.out_root / m.name).mkdir(parents=True, exist_ok=True)
             return
-        rel = m.name[len(self.top) + 1:]
+        rel = m.name[len(self.top) + 1 :]
         if rel in MANIFEST_FILES:
             self.manifests[rel] = _stream(tar, m).read()
             self.digests[rel] = hashlib.sha256(self.manifests[rel]).hexdigest()
@@ -244,10 +268,14 @@ class _ArchiveScan:
             self.added.append(rel)  # not signed: never read, never extracted
             return
         if self.statement is None and self.out_root is not None:
-            self.problem = (f"member {m.name!r} comes before the signed manifest; privrelease archives put "
-                            f"{ENVELOPE_FILE} first so that nothing unsigned is written to disk")
+            self.problem = (
+                f"member {m.name!r} comes before the signed manifest; privrelease archives put "
+                f"{ENVELOPE_FILE} first so that nothing unsigned is written to disk"
+            )
             return
-        self.digests[rel] = _hash_member(_stream(tar, m), self.out_root / m.name if self.out_root else None)
+        self.digests[rel] = _hash_member(
+            _stream(tar, m), self.out_root / m.name if self.out_root else None
+        )
 
     def _open_envelope(self, data: bytes) -> None:
         try:
@@ -307,7 +335,11 @@ def _unsafe(m: tarfile.TarInfo) -> str | None:
 
 def _archive_name(archive: Path) -> str | None:
     name = archive.name
-    return name[: -len(ARCHIVE_SUFFIX)] if name.endswith(ARCHIVE_SUFFIX) and len(name) > len(ARCHIVE_SUFFIX) else None
+    return (
+        name[: -len(ARCHIVE_SUFFIX)]
+        if name.endswith(ARCHIVE_SUFFIX) and len(name) > len(ARCHIVE_SUFFIX)
+        else None
+    )
 
 
 def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
@@ -320,7 +352,9 @@ def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
                     scan.member(tar, m)
                     if scan.problem:
                         return None
-                rest = getattr(tar.fileobj, "buf", b"")  # read past the end-of-archive block, not yet consumed
+                rest = getattr(
+                    tar.fileobj, "buf", b""
+                )  # read past the end-of-archive block, not yet consumed
             while len(rest) <= TRAILER_MAX and (block := gz.read(CHUNK)):
                 rest += block
         finally:
@@ -332,15 +366,23 @@ def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
     return None
 
 
-def _verify_archive(archive: Path, key, extract_to: Path | None, max_bytes: int | None) -> VerificationResult:
+def _verify_archive(
+    archive: Path, key, extract_to: Path | None, max_bytes: int | None
+) -> VerificationResult:
     name = archive.name
     res = VerificationResult(False, [], None)
     top = _archive_name(archive)
     if top is None:
-        res.problems.append(f"{name}: a bundle archive is named <release id>{ARCHIVE_SUFFIX}; this name is not. "
-                            "Rename it to the release id it was published under.")
+        res.problems.append(
+            f"{name}: a bundle archive is named <release id>{ARCHIVE_SUFFIX}; this name is not. "
+            "Rename it to the release id it was published under."
+        )
         return res
-    limit = max_bytes if max_bytes is not None else MAX_EXPANSION * archive.stat().st_size + EXPANSION_SLACK
+    limit = (
+        max_bytes
+        if max_bytes is not None
+        else MAX_EXPANSION * archive.stat().st_size + EXPANSION_SLACK
+    )
     staging = _staging(extract_to, top) if extract_to is not None else None
     scan = _ArchiveScan(top, limit, staging, key)
     try:
@@ -348,12 +390,16 @@ def _verify_archive(archive: Path, key, extract_to: Path | None, max_bytes: int 
             structural = _scan_archive(archive, scan)
         except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
             structural = None
-            res.problems.append(f"{name}: not a readable .tar.gz archive ({e}); it is truncated or corrupted. "
-                                f"{REFETCH}")
+            res.problems.append(
+                f"{name}: not a readable .tar.gz archive ({e}); it is truncated or corrupted. "
+                f"{REFETCH}"
+            )
         if scan.tamper:
             res.problems.append(scan.tamper)
         elif scan.problem or structural:
-            res.problems.append(f"{name}: {scan.problem or structural}; refusing to extract it. {REFETCH}")
+            res.problems.append(
+                f"{name}: {scan.problem or structural}; refusing to extract it. {REFETCH}"
+            )
         elif not res.problems:
             _compare(res, scan)
             _check_release_id(res, top, name, ARCHIVE_SUFFIX)
@@ -368,21 +414,27 @@ def _verify_archive(archive: Path, key, extract_to: Path | None, max_bytes: int 
 def _staging(extract_to: Path, top: str) -> Path:
     extract_to = Path(extract_to)
     if os.path.lexists(extract_to / top):
-        raise PrivReleaseError(f"{extract_to / top} already exists; extract into another directory or move it away.")
+        raise PrivReleaseError(
+            f"{extract_to / top} already exists; extract into another directory or move it away."
+        )
     extract_to.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{top}.partial-", dir=extract_to))
 
 
 def _place(src: Path, dest: Path) -> Path:
     if os.path.lexists(dest):
-        raise PrivReleaseError(f"{dest} appeared while the bundle was being extracted; not replaced.")
+        raise PrivReleaseError(
+            f"{dest} appeared while the bundle was being extracted; not replaced."
+        )
     os.rename(src, dest)
     return dest
 
 
 def _compare(res: VerificationResult, scan: _ArchiveScan) -> None:
     if scan.statement is None:
-        res.problems.append(f"{ENVELOPE_FILE}: missing, so the bundle is unsigned and cannot be trusted. {REFETCH}")
+        res.problems.append(
+            f"{ENVELOPE_FILE}: missing, so the bundle is unsigned and cannot be trusted. {REFETCH}"
+        )
         return
     res.statement = scan.statement
     _check_statement_file(res, scan.manifests.get(STATEMENT_FILE), scan.payload)
@@ -393,21 +445,30 @@ def _compare(res: VerificationResult, scan: _ArchiveScan) -> None:
 
 # ---------------------------------------------------------------- directories and shared checks
 
+
 def _check_statement_file(res: VerificationResult, stmt: bytes | None, payload: bytes) -> None:
     if stmt is None:
-        res.problems.append(f"{STATEMENT_FILE}: missing (listed beside the signed envelope in every bundle). "
-                            f"{REFETCH}")
+        res.problems.append(
+            f"{STATEMENT_FILE}: missing (listed beside the signed envelope in every bundle). "
+            f"{REFETCH}"
+        )
     elif stmt != payload:
-        res.problems.append(f"{STATEMENT_FILE}: differs from the statement signed in {ENVELOPE_FILE} (altered "
-                            f"after signing). {REFETCH}")
+        res.problems.append(
+            f"{STATEMENT_FILE}: differs from the statement signed in {ENVELOPE_FILE} (altered "
+            f"after signing). {REFETCH}"
+        )
 
 
-def _compare_digests(res: VerificationResult, expected: dict[str, str], present: dict[str, str]) -> None:
+def _compare_digests(
+    res: VerificationResult, expected: dict[str, str], present: dict[str, str]
+) -> None:
     """`present` maps each file found to its sha256 (or "" for a file that was not hashed)."""
     for name in sorted(expected):
         if name not in present:
             res.missing.append(name)
-            res.problems.append(f"{name}: missing (listed in the signed manifest but not in the bundle). {REFETCH}")
+            res.problems.append(
+                f"{name}: missing (listed in the signed manifest but not in the bundle). {REFETCH}"
+            )
         elif present[name] != expected[name]:
             res.altered.append(name)
             res.problems.append(f"{name}: sha256 mismatch (altered after signing). {REFETCH}")
@@ -415,8 +476,10 @@ def _compare_digests(res: VerificationResult, expected: dict[str, str], present:
             res.checked.append(name)
     for name in sorted(present.keys() - expected.keys()):
         res.added.append(name)
-        res.problems.append(f"{name}: not in the signed manifest (added after signing). Do not trust it; remove it "
-                            "or download the bundle again from the publisher.")
+        res.problems.append(
+            f"{name}: not in the signed manifest (added after signing). Do not trust it; remove it "
+            "or download the bundle again from the publisher."
+        )
 
 
 def _walk(root: Path) -> tuple[set[str], list[str]]:
@@ -427,7 +490,9 @@ def _walk(root: Path) -> tuple[set[str], list[str]]:
             p = Path(dirpath) / entry
             rel = p.relative_to(root).as_posix()
             if p.is_symlink():
-                problems.append(f"{rel}: is a symbolic link; bundles contain only regular files. {REFETCH}")
+                problems.append(
+                    f"{rel}: is a symbolic link; bundles contain only regular files. {REFETCH}"
+                )
             elif p.is_file():
                 files.add(rel)
             elif not p.is_dir():
@@ -439,7 +504,9 @@ def _verify_dir(root: Path, key) -> VerificationResult:
     res = VerificationResult(False, [], None)
     env_path = root / ENVELOPE_FILE
     if not env_path.is_file() or env_path.is_symlink():
-        res.problems.append(f"{ENVELOPE_FILE}: missing, so the bundle is unsigned and cannot be trusted. {REFETCH}")
+        res.problems.append(
+            f"{ENVELOPE_FILE}: missing, so the bundle is unsigned and cannot be trusted. {REFETCH}"
+        )
         return res
     try:
         payload = dsse.verify_envelope(env_path.read_bytes(), key)
@@ -454,6 +521,8 @@ def _verify_dir(root: Path, key) -> VerificationResult:
     present, problems = _walk(root)
     res.problems += problems
     expected = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    found = {n: (file_sha256(root / n) if n in expected else "") for n in present - set(MANIFEST_FILES)}
+    found = {
+        n: (file_sha256(root / n) if n in expected else "") for n in present - set(MANIFEST_FILES)
+    }
     _compare_digests(res, expected, found)
     return res

@@ -2,6 +2,7 @@
 for stewards and auditors, a registered dataset's images. Nothing here writes; the release lifecycle is
 `release.manager`, the budget figures `release.budget`. The dashboard imports release only, so these are
 the accounting and audit reads it shows, in one place."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,20 @@ from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
 from release.records import Release
 
-__all__ = ["AuditReport", "Dataset", "PrivReleaseError", "Store", "audit_report", "dataset", "datasets",
-           "open_store", "published_predicate", "sensitive_images", "trail_entries", "verify_trail"]
+__all__ = [
+    "AuditReport",
+    "Dataset",
+    "PrivReleaseError",
+    "Store",
+    "audit_report",
+    "dataset",
+    "datasets",
+    "open_store",
+    "published_predicate",
+    "sensitive_images",
+    "trail_entries",
+    "verify_trail",
+]
 
 
 def open_store(root: str | Path) -> Store:
@@ -64,4 +77,6 @@ def published_predicate(rel: Release) -> ReleasePredicate | None:
     if path is None or not path.is_file():
         return None
     statement = json.loads(path.read_text())
-    return ReleasePredicate.from_json(statement.get("predicate"), statement.get("predicateType", ""))
+    return ReleasePredicate.from_json(
+        statement.get("predicate"), statement.get("predicateType", "")
+    )

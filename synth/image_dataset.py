@@ -6,6 +6,7 @@ the labels that happen to occur in the data, so a class with a single record is 
 Its own module so that the built-ins (synth.datasets) and user data (synth.user_data) share it without
 importing each other.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +15,9 @@ import numpy as np
 
 from accounting.errors import DataFormatError
 
-MAX_LABEL = 9_999  # label values are class indices; bounded so nothing sized by a label allocates GBs
+MAX_LABEL = (
+    9_999  # label values are class indices; bounded so nothing sized by a label allocates GBs
+)
 
 
 def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
@@ -27,15 +30,29 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
             "0..K-1 and declare them at registration (`--labels 0-9`), or use a folder of class subfolders, whose "
             "names are the classes."
         )
-    if labels.dtype.kind == "c" or labels.dtype.kind == "b" or not np.issubdtype(labels.dtype, np.number):
-        raise DataFormatError(f"{where}: labels must be integer class indices, got dtype {labels.dtype}.")
+    if (
+        labels.dtype.kind == "c"
+        or labels.dtype.kind == "b"
+        or not np.issubdtype(labels.dtype, np.number)
+    ):
+        raise DataFormatError(
+            f"{where}: labels must be integer class indices, got dtype {labels.dtype}."
+        )
     if labels.dtype.kind == "f":
-        bad = labels[~np.isfinite(labels) | (labels != np.round(labels))] if labels.size else labels[:0]
+        bad = (
+            labels[~np.isfinite(labels) | (labels != np.round(labels))]
+            if labels.size
+            else labels[:0]
+        )
         if bad.size:
-            raise DataFormatError(f"{where}: labels must be whole numbers, got {bad[0].item()!r}. Clean or drop "
-                                  "those rows.")
+            raise DataFormatError(
+                f"{where}: labels must be whole numbers, got {bad[0].item()!r}. Clean or drop "
+                "those rows."
+            )
     if labels.size and labels.min() < 0:
-        raise DataFormatError(f"{where}: labels must be non-negative class indices, got {labels.min().item()!r}.")
+        raise DataFormatError(
+            f"{where}: labels must be non-negative class indices, got {labels.min().item()!r}."
+        )
     if labels.size and labels.max() > MAX_LABEL:
         raise DataFormatError(
             f"{where}: label {labels.max().item()!r} is above the limit {MAX_LABEL}; labels are class indices 0..K-1. "
@@ -46,11 +63,13 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
 
 @dataclass
 class ImageDataset:
-    images: np.ndarray            # uint8, (N, H, W) or (N, H, W, 3)
-    labels: np.ndarray            # int64, (N,)
-    class_names: list[str] = field(default_factory=list)   # indexed by label value
+    images: np.ndarray  # uint8, (N, H, W) or (N, H, W, 3)
+    labels: np.ndarray  # int64, (N,)
+    class_names: list[str] = field(default_factory=list)  # indexed by label value
     source: str = ""
-    declared_labels: list[int] | None = None  # the public label set; None for unregistered user data
+    declared_labels: list[int] | None = (
+        None  # the public label set; None for unregistered user data
+    )
 
     def __post_init__(self) -> None:
         where = self.source or "images"
@@ -64,16 +83,25 @@ class ImageDataset:
                 f"{self.images.shape}."
             )
         if np.shape(self.labels) != (len(self.images),):
-            raise DataFormatError(f"{where}: {len(self.images)} images but labels of shape {np.shape(self.labels)}.")
+            raise DataFormatError(
+                f"{where}: {len(self.images)} images but labels of shape {np.shape(self.labels)}."
+            )
         self.labels = check_label_values(self.labels, where)
         if self.declared_labels is not None:
             self._check_declared()
         top = max([int(self.labels.max())] + list(self.declared_labels or []))
         if len(self.class_names) <= top:  # names are indexed by label value: pad with the numbers
-            self.class_names = list(self.class_names) + [str(c) for c in range(len(self.class_names), top + 1)]
+            self.class_names = list(self.class_names) + [
+                str(c) for c in range(len(self.class_names), top + 1)
+            ]
 
     def _check_declared(self) -> None:
-        declared = sorted({int(v) for v in check_label_values(np.asarray(self.declared_labels), "declared labels")})
+        declared = sorted(
+            {
+                int(v)
+                for v in check_label_values(np.asarray(self.declared_labels), "declared labels")
+            }
+        )
         if not declared:
             raise DataFormatError(f"{self.source or 'dataset'}: the declared label set is empty.")
         undeclared = sorted(set(self.observed_labels) - set(declared))
@@ -94,7 +122,9 @@ class ImageDataset:
     @property
     def label_set(self) -> list[int]:
         """The declared (public) label set; for unregistered data, the labels that occur."""
-        return list(self.declared_labels) if self.declared_labels is not None else self.observed_labels
+        return (
+            list(self.declared_labels) if self.declared_labels is not None else self.observed_labels
+        )
 
     @property
     def observed_labels(self) -> list[int]:
@@ -102,11 +132,18 @@ class ImageDataset:
         return sorted(int(x) for x in np.unique(self.labels))
 
     def with_declared(self, labels: list[int]) -> ImageDataset:
-        return ImageDataset(self.images, self.labels, list(self.class_names), self.source, list(labels))
+        return ImageDataset(
+            self.images, self.labels, list(self.class_names), self.source, list(labels)
+        )
 
     def subset(self, idx: np.ndarray) -> ImageDataset:
-        return ImageDataset(self.images[idx], self.labels[idx], list(self.class_names), self.source,
-                            self.declared_labels)
+        return ImageDataset(
+            self.images[idx],
+            self.labels[idx],
+            list(self.class_names),
+            self.source,
+            self.declared_labels,
+        )
 
     def as_float(self) -> np.ndarray:
         """Pixels in [-1, 1], channels first: (N, C, H, W) float32, the convention of our models."""
@@ -115,4 +152,8 @@ class ImageDataset:
 
 
 def _short(values: list[int]) -> str:
-    return str(values) if len(values) <= 12 else f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} labels)"
+    return (
+        str(values)
+        if len(values) <= 12
+        else f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} labels)"
+    )

@@ -1,5 +1,6 @@
 """Progress reporting shared by mechanisms: a plain callback, so the CLI can drive rich progress
 bars and the dashboard st.progress without the mechanisms knowing either."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -8,6 +8,7 @@ context recorded (ARCHITECTURE.md, "Adding a mechanism").
 
 Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + one line in `_ENTRIES`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,6 +37,7 @@ STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's 
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a mechanism may know about the registered dataset at plan time (all public metadata)."""
+
     dataset_id: str
     name: str
     record_count: int
@@ -46,30 +48,41 @@ class DatasetInfo:
 
 @dataclass(frozen=True)
 class Guarantee:
-    kind: str                           # "dp" | "k-anonymity"
-    epsilon_rdp: float | None = None    # of the dataset's whole history (dp)
+    kind: str  # "dp" | "k-anonymity"
+    epsilon_rdp: float | None = None  # of the dataset's whole history (dp)
     epsilon_pld: float | None = None
     delta: float | None = None
-    k: int | None = None                # k-anonymity
+    k: int | None = None  # k-anonymity
     method: str | None = None
     description: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         if self.kind == "dp":
-            return {"type": "dp", "epsilon_rdp": self.epsilon_rdp, "epsilon_pld": self.epsilon_pld, "delta": self.delta}
-        return {"type": self.kind, "k": self.k, "method": self.method, "description": self.description}
+            return {
+                "type": "dp",
+                "epsilon_rdp": self.epsilon_rdp,
+                "epsilon_pld": self.epsilon_pld,
+                "delta": self.delta,
+            }
+        return {
+            "type": self.kind,
+            "k": self.k,
+            "method": self.method,
+            "description": self.description,
+        }
 
 
 @dataclass(frozen=True)
 class MechanismPlan:
     """What a run will charge and produce; `detail` is the mechanism's own JSON (e.g. sigma, q, steps)."""
+
     events: tuple[MechanismEvent, ...]
     expected_count: int
     output_shape: tuple[int, ...]
     guarantee_kind: str
     warnings: tuple[str, ...] = ()
     requires_acknowledgement: bool = False
-    parameters: Mapping[str, Any] = field(default_factory=dict)   # public config, JSON
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # public config, JSON
     detail: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,26 +93,27 @@ class MechanismPlan:
 
 @dataclass(frozen=True)
 class MechanismOutput:
-    images: np.ndarray                          # uint8 (N, H, W[, C]): releasable
-    labels: np.ndarray                          # int64 (N,)
-    parameters: Mapping[str, Any]               # public parameters (manifest, card), JSON
+    images: np.ndarray  # uint8 (N, H, W[, C]): releasable
+    labels: np.ndarray  # int64 (N,)
+    parameters: Mapping[str, Any]  # public parameters (manifest, card), JSON
     label_distributions: np.ndarray | None = None
     # computed from sensitive data, internal (audit, stewards, auditors): never in a bundle
-    clusters: tuple[np.ndarray, ...] | None = None          # sensitive indices per representative
-    selected_public_indices: np.ndarray | None = None       # public rows chosen by a DP query
+    clusters: tuple[np.ndarray, ...] | None = None  # sensitive indices per representative
+    selected_public_indices: np.ndarray | None = None  # public rows chosen by a DP query
     internal: Mapping[str, Any] = field(default_factory=dict)
-    generator: str | None = None                # path of a released generative model (for the MIA)
+    generator: str | None = None  # path of a released generative model (for the MIA)
     artifacts: Mapping[str, str] = field(default_factory=dict)
 
 
 class RunContext(Protocol):
     """What the runner gives a mechanism's `run`."""
+
     workdir: Path
     progress: ProgressFn
     public: ImageDataset
     plan: MechanismPlan
     cache_dir: Path | None  # for results computed from public data only, shared across releases
-    nproc: int              # processes a distributed mechanism may run on (1 = this process)
+    nproc: int  # processes a distributed mechanism may run on (1 = this process)
 
     def on_sensitive_access(self) -> None:
         """Call just before the first read of sensitive data: from then on a failure is not refunded."""
@@ -114,23 +128,32 @@ class Mechanism(Protocol):
     config_type: type
     default_public: str
 
-    def make_config(self, params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str) -> Any:
+    def make_config(
+        self, params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
+    ) -> Any:
         """The frozen config from a spec's table (unknown or bad values raise InvalidParameterError)."""
 
-    def plan(self, config: Any, dataset: DatasetInfo, prior: Sequence[MechanismEvent], public: ImageDataset
-             ) -> MechanismPlan:
+    def plan(
+        self,
+        config: Any,
+        dataset: DatasetInfo,
+        prior: Sequence[MechanismEvent],
+        public: ImageDataset,
+    ) -> MechanismPlan:
         """Events, count, shape and warnings; validates data compatibility. Reads no sensitive data."""
 
-    def run(self, config: Any, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
-        ...
+    def run(self, config: Any, data: ImageDataset, ctx: RunContext) -> MechanismOutput: ...
 
-    def loss_function(self, generator: str | None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    def loss_function(
+        self, generator: str | None
+    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
         """Per-sample loss of the released generator, for the membership-inference audit."""
 
 
 @dataclass(frozen=True)
 class MechanismEntry:
     """A mechanism made of module-level functions (what each folder's MECHANISM is)."""
+
     name: str
     config_type: type
     default_public: str
@@ -160,8 +183,10 @@ def dpsgd_trainer(name: str) -> Callable[..., Any]:
     trainer = getattr(get(name), "dpsgd_trainer", None)
     if trainer is None:
         with_dpsgd = [n for n in names() if getattr(get(n), "dpsgd_trainer", None) is not None]
-        raise InvalidParameterError(f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation "
-                                    f"to audit; the audit applies to {', '.join(with_dpsgd)}.")
+        raise InvalidParameterError(
+            f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation "
+            f"to audit; the audit applies to {', '.join(with_dpsgd)}."
+        )
     return trainer
 
 
@@ -184,14 +209,18 @@ def step_started(workdir: Path) -> int:
     return data["started"]
 
 
-def build_config(cls: type, table: str, preset: str, base: dict[str, Any], overrides: dict[str, Any]) -> Any:
+def build_config(
+    cls: type, table: str, preset: str, base: dict[str, Any], overrides: dict[str, Any]
+) -> Any:
     """A config from a preset (`default` = the class defaults) plus a spec table's overrides."""
     import dataclasses
 
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise InvalidParameterError(f"Unknown [{table}] parameter(s) {unknown}; known: {sorted(known)}.")
+        raise InvalidParameterError(
+            f"Unknown [{table}] parameter(s) {unknown}; known: {sorted(known)}."
+        )
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
     try:
         if preset == "default":

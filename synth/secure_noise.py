@@ -27,6 +27,7 @@ What it does not protect against: timing side channels of the training process, 
 (the key is in its memory while training), and anything outside the noise (the accountant's
 assumptions, the data pipeline).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SUMMED_NORMALS = 4  # Holohan & Braghin's 2n with n = 2, as opacus' secure mode
 _MASK53 = (1 << 53) - 1
-_CHUNK = 1 << 17  # noise values per keystream call (4 MiB of keystream): the buffers below stay in cache
+_CHUNK = (
+    1 << 17
+)  # noise values per keystream call (4 MiB of keystream): the buffers below stay in cache
 
 
 class SecureGaussian:
@@ -55,7 +58,9 @@ class SecureGaussian:
         self._workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __reduce__(self) -> Any:  # pickling (torch.save, deepcopy) would write the key out
-        raise TypeError("SecureGaussian holds a secret key and cannot be saved or copied; make a new one.")
+        raise TypeError(
+            "SecureGaussian holds a secret key and cannot be saved or copied; make a new one."
+        )
 
     def _buffers(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(n float64 values, n // 2 + 1 float64 values) of scratch space on `device`."""
@@ -71,7 +76,10 @@ class SecureGaussian:
         n = out.numel()
         nbytes = 8 * n
         if len(self._zeros) < nbytes:
-            self._zeros, self._keystream = bytes(nbytes), bytearray(nbytes + 15)  # CTR writes len(data); API: +15
+            self._zeros, self._keystream = (
+                bytes(nbytes),
+                bytearray(nbytes + 15),
+            )  # CTR writes len(data); API: +15
         self._stream.update_into(memoryview(self._zeros)[:nbytes], self._keystream)
         words = torch.frombuffer(self._keystream, dtype=torch.int64, count=n)
         if out.device.type == "cpu":
@@ -79,7 +87,7 @@ class SecureGaussian:
             out.copy_(words)
         else:  # ship the words, convert on the device
             out.copy_(words.to(out.device).bitwise_and_(_MASK53))
-        return out.add_(0.5).mul_(2.0 ** -53)
+        return out.add_(0.5).mul_(2.0**-53)
 
     def _chunk_for(self, device: torch.device) -> int:
         """Noise values per keystream call on `device`."""
@@ -90,7 +98,7 @@ class SecureGaussian:
         out = torch.empty(n, dtype=torch.float64, device=device)
         chunk = self._chunk_for(out.device)
         for start in range(0, n, chunk):
-            self._uniform_into(out[start:start + chunk])
+            self._uniform_into(out[start : start + chunk])
         return out
 
     def _normals(self, n: int, device: torch.device) -> torch.Tensor:
@@ -111,15 +119,17 @@ class SecureGaussian:
         chunk = self._chunk_for(device)
         for start in range(0, n, 2 * chunk):
             m = min(2 * chunk, n - start)
-            out[start:start + m] = self._normals(m + m % 2, device)[:m]
+            out[start : start + m] = self._normals(m + m % 2, device)[:m]
         return out
 
-    def noise(self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    def noise(
+        self, shape: torch.Size | tuple[int, ...], std: float, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """float64 N(0, std^2) noise of `shape`: the sum of 4 normals of std `std`, halved."""
         n, device = math.prod(shape), torch.device(device)
         total, chunk = torch.empty(n, dtype=torch.float64, device=device), self._chunk_for(device)
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             draws = self._normals(SUMMED_NORMALS * m, device).view(SUMMED_NORMALS, m)
-            torch.sum(draws, 0, out=total[start:start + m])
+            torch.sum(draws, 0, out=total[start : start + m])
         return total.mul_(std / math.sqrt(SUMMED_NORMALS)).reshape(shape)

@@ -4,6 +4,7 @@ Sizes are checked from headers (image headers, the .npy headers inside an .npz, 
 before anything is decoded, so a hostile file cannot make us allocate gigabytes. Every problem is a
 DataFormatError naming the file and the fix; nothing is registered from a source that fails here.
 """
+
 from __future__ import annotations
 
 import io
@@ -19,11 +20,18 @@ from accounting.errors import DataFormatError
 from synth.image_dataset import MAX_LABEL, ImageDataset, check_label_values
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
-MAX_SIDE = 4096                # pixels per image side
-MAX_VALUES = 1 << 30           # decoded pixel values of a whole dataset (1 GiB as uint8)
-MAX_NAME = 200                 # characters in one class name of an .npz `class_names` array
-CHUNK = 4096                   # images converted to uint8 at a time (bounds the float64 copy)
-_UNREADABLE = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+MAX_SIDE = 4096  # pixels per image side
+MAX_VALUES = 1 << 30  # decoded pixel values of a whole dataset (1 GiB as uint8)
+MAX_NAME = 200  # characters in one class name of an .npz `class_names` array
+CHUNK = 4096  # images converted to uint8 at a time (bounds the float64 copy)
+_UNREADABLE = (
+    UnidentifiedImageError,
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    Image.DecompressionBombError,
+)
 
 
 def load_user_source(source: str) -> ImageDataset:
@@ -36,7 +44,9 @@ def load_user_source(source: str) -> ImageDataset:
         return load_parquet(path)
     if path.suffix.lower() == ".npz":
         return load_numpy(path)
-    raise DataFormatError(f"{source}: unsupported format; use a folder of class subfolders, .parquet or .npz.")
+    raise DataFormatError(
+        f"{source}: unsupported format; use a folder of class subfolders, .parquet or .npz."
+    )
 
 
 # ----------------------------------------------------------------- size checks
@@ -47,13 +57,19 @@ def check_geometry(shape: tuple[int, ...], count: int, where: str) -> None:
     if h < 1 or w < 1:
         raise DataFormatError(f"{where}: an image of {w}x{h} pixels has no pixels; remove it.")
     if channels not in (1, 3):
-        raise DataFormatError(f"{where}: images have {channels} channels; give grey (1) or RGB (3) images.")
+        raise DataFormatError(
+            f"{where}: images have {channels} channels; give grey (1) or RGB (3) images."
+        )
     if max(h, w) > MAX_SIDE:
-        raise DataFormatError(f"{where}: an image of {w}x{h} pixels exceeds the limit of {MAX_SIDE} per side; "
-                              "downscale the images first (the mechanisms work at 28-64 pixels).")
+        raise DataFormatError(
+            f"{where}: an image of {w}x{h} pixels exceeds the limit of {MAX_SIDE} per side; "
+            "downscale the images first (the mechanisms work at 28-64 pixels)."
+        )
     if count * h * w * channels > MAX_VALUES:
-        raise DataFormatError(f"{where}: {count} images of {w}x{h}x{channels} exceed the limit of {MAX_VALUES:,} "
-                              "pixel values; downscale the images or register a subset.")
+        raise DataFormatError(
+            f"{where}: {count} images of {w}x{h}x{channels} exceed the limit of {MAX_VALUES:,} "
+            "pixel values; downscale the images or register a subset."
+        )
 
 
 def _open(data: bytes | Path, where: str) -> Image.Image:
@@ -61,15 +77,21 @@ def _open(data: bytes | Path, where: str) -> Image.Image:
     try:
         return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
     except _UNREADABLE as exc:
-        raise DataFormatError(f"{where}: not a readable image ({exc}). Remove or replace the file.") from exc
+        raise DataFormatError(
+            f"{where}: not a readable image ({exc}). Remove or replace the file."
+        ) from exc
 
 
 def _probe(data: bytes | Path, where: str) -> tuple[tuple[int, int], tuple[int, ...]]:
     """(width, height) and the decoded shape, from the header alone (the file is closed again)."""
     with _open(data, where) as im:
-        if im.mode.startswith(("I", "F")):  # 16/32-bit or float pixels would be clipped to 255 silently
-            raise DataFormatError(f"{where}: {im.mode} pixels (16/32-bit or float); convert the images to 8-bit grey "
-                                  "or RGB first, scaling the intensities yourself.")
+        if im.mode.startswith(
+            ("I", "F")
+        ):  # 16/32-bit or float pixels would be clipped to 255 silently
+            raise DataFormatError(
+                f"{where}: {im.mode} pixels (16/32-bit or float); convert the images to 8-bit grey "
+                "or RGB first, scaling the intensities yourself."
+            )
         w, h = im.size
         return (w, h), ((h, w) if im.mode in ("L", "1") else (h, w, 3))
 
@@ -80,7 +102,9 @@ def _decode(data: bytes | Path, where: str) -> np.ndarray:
         try:
             im.load()
         except _UNREADABLE as exc:
-            raise DataFormatError(f"{where}: not a readable image ({exc}). Remove or replace the file.") from exc
+            raise DataFormatError(
+                f"{where}: not a readable image ({exc}). Remove or replace the file."
+            ) from exc
         if im.mode in ("L", "1"):
             return np.asarray(im.convert("L"), dtype=np.uint8)
         rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
@@ -114,8 +138,10 @@ def _inside(path: Path, root: Path, where: str) -> Path:
     except (OSError, RuntimeError) as exc:  # a link loop
         raise DataFormatError(f"{where}: a broken link ({exc}); remove it.") from exc
     if real != root and root not in real.parents:
-        raise DataFormatError(f"{where}: a link to {real}, outside the folder {root}. Copy the file into the folder "
-                              "or remove the link.")
+        raise DataFormatError(
+            f"{where}: a link to {real}, outside the folder {root}. Copy the file into the folder "
+            "or remove the link."
+        )
     return real
 
 
@@ -125,7 +151,9 @@ def load_folder(path: Path) -> ImageDataset:
     root = path.resolve()
     subdirs = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir())
     if not subdirs:
-        raise DataFormatError(f"{path}: expected one subfolder per class containing images; found none.")
+        raise DataFormatError(
+            f"{path}: expected one subfolder per class containing images; found none."
+        )
     files, labels = [], []
     for label, sub in enumerate(subdirs):
         _inside(sub, root, str(sub))
@@ -133,13 +161,17 @@ def load_folder(path: Path) -> ImageDataset:
             if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
                 real = _inside(f, root, str(f))
                 if not real.is_file():  # a folder or a pipe named *.png: opening a pipe would block
-                    raise DataFormatError(f"{f}: not a regular file; remove it or rename it without an image suffix.")
+                    raise DataFormatError(
+                        f"{f}: not a regular file; remove it or rename it without an image suffix."
+                    )
                 files.append(real)
                 labels.append(label)
     classes = [p.name for p in subdirs]
     if not files:
-        raise DataFormatError(f"{path}: class folders {classes} contain no images "
-                              f"({', '.join(sorted(IMAGE_SUFFIXES))}).")
+        raise DataFormatError(
+            f"{path}: class folders {classes} contain no images "
+            f"({', '.join(sorted(IMAGE_SUFFIXES))})."
+        )
     images = _decode_all(files, [str(f) for f in files], str(path))
     return ImageDataset(images, np.array(labels, dtype=np.int64), classes, str(path))
 
@@ -157,34 +189,57 @@ def load_parquet(path: Path) -> ImageDataset:
         raise DataFormatError(f"{path}: not a readable Parquet file ({exc}).") from exc
     missing = {"image", "label"} - set(schema.names)
     if missing:
-        raise DataFormatError(f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` "
-                              "(int).")
+        raise DataFormatError(
+            f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` "
+            "(int)."
+        )
     if _bytes_type(schema.field("image").type) is None:
-        raise DataFormatError(f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
-                              "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per row.")
+        raise DataFormatError(
+            f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
+            "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per row."
+        )
     if not pa.types.is_integer(schema.field("label").type):
-        raise DataFormatError(f"{path}: column `label` is {schema.field('label').type}; labels must be integer class "
-                              "indices 0..K-1 (declare the classes at registration).")
+        raise DataFormatError(
+            f"{path}: column `label` is {schema.field('label').type}; labels must be integer class "
+            "indices 0..K-1 (declare the classes at registration)."
+        )
     if meta.metadata.num_rows == 0:
         raise DataFormatError(f"{path}: the file has no rows; nothing to register.")
     md = meta.metadata
-    stored = sum(md.row_group(g).column(c).total_uncompressed_size
-                 for g in range(md.num_row_groups) for c in range(md.num_columns))
+    stored = sum(
+        md.row_group(g).column(c).total_uncompressed_size
+        for g in range(md.num_row_groups)
+        for c in range(md.num_columns)
+    )
     if stored > MAX_VALUES:
-        raise DataFormatError(f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; "
-                              "register a subset or smaller images.")
+        raise DataFormatError(
+            f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; "
+            "register a subset or smaller images."
+        )
     table = meta.read(columns=["image", "label"])
     if table.column("image").null_count or table.column("label").null_count:
-        raise DataFormatError(f"{path}: some images or labels are null; every row needs an image and an integer label.")
+        raise DataFormatError(
+            f"{path}: some images or labels are null; every row needs an image and an integer label."
+        )
     labels = check_label_values(table.column("label").to_numpy(), str(path))
     column = table.column("image")
-    if pa.types.is_struct(column.type):  # {bytes, path}: the Hugging Face image layout of our bundles
-        column = pa.chunked_array([c.field("bytes") for c in column.chunks], column.type.field("bytes").type)
+    if pa.types.is_struct(
+        column.type
+    ):  # {bytes, path}: the Hugging Face image layout of our bundles
+        column = pa.chunked_array(
+            [c.field("bytes") for c in column.chunks], column.type.field("bytes").type
+        )
     if column.null_count:
-        raise DataFormatError(f"{path}: some images have no bytes; every row needs an encoded image.")
+        raise DataFormatError(
+            f"{path}: some images have no bytes; every row needs an encoded image."
+        )
     images = column.to_pylist()
-    return ImageDataset(_decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)), labels,
-                        [], str(path))
+    return ImageDataset(
+        _decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)),
+        labels,
+        [],
+        str(path),
+    )
 
 
 def _bytes_type(t):
@@ -214,19 +269,27 @@ def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         with zipfile.ZipFile(path) as z:
             return {n[:-4]: _npy_header(z.open(n)) for n in z.namelist() if n.endswith(".npy")}
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as exc:
-        raise DataFormatError(f"{path}: not a readable .npz file ({exc or type(exc).__name__}). Save the arrays with "
-                              "numpy.savez(path, images=..., labels=...).") from exc
+        raise DataFormatError(
+            f"{path}: not a readable .npz file ({exc or type(exc).__name__}). Save the arrays with "
+            "numpy.savez(path, images=..., labels=...)."
+        ) from exc
 
 
 def _check_npz_arrays(path: Path, headers: dict) -> None:
     if "images" not in headers or "labels" not in headers:
-        raise DataFormatError(f"{path}: needs arrays named `images` and `labels`; found {sorted(headers)}.")
+        raise DataFormatError(
+            f"{path}: needs arrays named `images` and `labels`; found {sorted(headers)}."
+        )
     (shape, dtype), (lshape, ldtype) = headers["images"], headers["labels"]
     if dtype.kind not in "uif":
-        raise DataFormatError(f"{path}: image array has dtype {dtype}; pixels must be real numbers (uint8 0-255, "
-                              "or floats in [0, 1] or [0, 255]).")
+        raise DataFormatError(
+            f"{path}: image array has dtype {dtype}; pixels must be real numbers (uint8 0-255, "
+            "or floats in [0, 1] or [0, 255])."
+        )
     if len(shape) not in (3, 4) or shape[0] == 0:
-        raise DataFormatError(f"{path}: `images` has shape {shape}; expected a non-empty (N, H, W) or (N, H, W, C).")
+        raise DataFormatError(
+            f"{path}: `images` has shape {shape}; expected a non-empty (N, H, W) or (N, H, W, C)."
+        )
     check_geometry(tuple(shape[1:]), shape[0], str(path))
     if lshape != (shape[0],):
         raise DataFormatError(f"{path}: {shape[0]} images but labels of shape {lshape}.")
@@ -234,11 +297,15 @@ def _check_npz_arrays(path: Path, headers: dict) -> None:
     if "class_names" in headers:
         nshape, ndtype = headers["class_names"]
         if ndtype.kind not in "U" or len(nshape) != 1:
-            raise DataFormatError(f"{path}: `class_names` is a {ndtype} array of shape {nshape}; give a 1-D array of "
-                                  "strings, one per label value, e.g. numpy.array(['cat', 'dog']).")
+            raise DataFormatError(
+                f"{path}: `class_names` is a {ndtype} array of shape {nshape}; give a 1-D array of "
+                "strings, one per label value, e.g. numpy.array(['cat', 'dog'])."
+            )
         if not 1 <= nshape[0] <= MAX_LABEL + 1 or ndtype.itemsize // 4 > MAX_NAME:
-            raise DataFormatError(f"{path}: `class_names` holds {nshape[0]} names of up to {ndtype.itemsize // 4} "
-                                  f"characters; give 1 to {MAX_LABEL + 1} names of at most {MAX_NAME} characters.")
+            raise DataFormatError(
+                f"{path}: `class_names` holds {nshape[0]} names of up to {ndtype.itemsize // 4} "
+                f"characters; give 1 to {MAX_LABEL + 1} names of at most {MAX_NAME} characters."
+            )
 
 
 SAVE_HINT = "numpy.savez(path, images=..., labels=..., class_names=numpy.array([...]))"
@@ -250,14 +317,20 @@ def _class_names(names: np.ndarray, labels: np.ndarray, where: str) -> list[str]
     out = [str(n).strip() for n in names.tolist()]
     top = int(labels.max())
     if len(out) <= top:
-        raise DataFormatError(f"{where}: `class_names` has {len(out)} names but the labels go up to {top}; name every "
-                              f"label value 0..{top} in order (class_names[v] is the name of label v).")
+        raise DataFormatError(
+            f"{where}: `class_names` has {len(out)} names but the labels go up to {top}; name every "
+            f"label value 0..{top} in order (class_names[v] is the name of label v)."
+        )
     empty = [i for i, n in enumerate(out) if not n]
     if empty:
-        raise DataFormatError(f"{where}: `class_names` entries {empty[:10]} are empty; give every class a name.")
+        raise DataFormatError(
+            f"{where}: `class_names` entries {empty[:10]} are empty; give every class a name."
+        )
     repeated = sorted({n for n in out if out.count(n) > 1})
     if repeated:
-        raise DataFormatError(f"{where}: `class_names` repeats {repeated[:5]}; give each class its own name.")
+        raise DataFormatError(
+            f"{where}: `class_names` repeats {repeated[:5]}; give each class its own name."
+        )
     return out
 
 
@@ -271,7 +344,9 @@ def load_numpy(path: Path) -> ImageDataset:
             images, labels = data["images"], data["labels"]
             names = data["class_names"] if "class_names" in headers else None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataFormatError(f"{path}: not a readable .npz file ({exc}). Save it with {SAVE_HINT}.") from exc
+        raise DataFormatError(
+            f"{path}: not a readable .npz file ({exc}). Save it with {SAVE_HINT}."
+        ) from exc
     if images.ndim == 4 and images.shape[3] == 1:
         images = images[..., 0]
     labels = check_label_values(labels, str(path))
@@ -284,7 +359,9 @@ def to_uint8(images: np.ndarray, where: str) -> np.ndarray:
     if images.dtype == np.uint8:
         return images
     if images.dtype.kind not in "uif":
-        raise DataFormatError(f"{where}: image array has dtype {images.dtype}; pixels must be real numbers.")
+        raise DataFormatError(
+            f"{where}: image array has dtype {images.dtype}; pixels must be real numbers."
+        )
     lo, hi = images.min(), images.max()
     if images.dtype.kind == "f" and not (np.isfinite(lo) and np.isfinite(hi)):
         raise DataFormatError(f"{where}: images contain NaN or infinite values; clean them first.")
@@ -292,8 +369,12 @@ def to_uint8(images: np.ndarray, where: str) -> np.ndarray:
         raise DataFormatError(f"{where}: negative pixel values; give pixels in [0, 1] or [0, 255].")
     scale = 255.0 if images.dtype.kind == "f" and hi <= 1.0 else 1.0
     if hi * scale > 255.0 + 1e-6:
-        raise DataFormatError(f"{where}: pixel values above 255; give pixels in [0, 1] or [0, 255].")
+        raise DataFormatError(
+            f"{where}: pixel values above 255; give pixels in [0, 1] or [0, 255]."
+        )
     out = np.empty(images.shape, np.uint8)
     for start in range(0, len(images), CHUNK):  # chunks: no float64 copy of the whole array
-        out[start:start + CHUNK] = np.rint(images[start:start + CHUNK].astype(np.float64) * scale)
+        out[start : start + CHUNK] = np.rint(
+            images[start : start + CHUNK].astype(np.float64) * scale
+        )
     return out

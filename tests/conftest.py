@@ -15,22 +15,34 @@ os.environ.setdefault("PRIVRELEASE_THREADS", "1")
 
 from accounting.store import Store, Workspace  # noqa: E402
 
+
 def _pg_bin() -> Path:
     """The newest Debian-installed PostgreSQL server's bin folder (or PRIVRELEASE_PG_BIN)."""
     if os.environ.get("PRIVRELEASE_PG_BIN"):
         return Path(os.environ["PRIVRELEASE_PG_BIN"])
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if
-                   p.parts[-3].isdigit() else 0)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
     return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
 
 
 PG_BIN = _pg_bin()
 # Test modules whose store-using tests run against both backends (the ledger suite).
-BOTH_BACKENDS = {"test_ledger", "test_concurrency", "test_trail", "test_integrity", "test_store_postgres"}
+BOTH_BACKENDS = {
+    "test_ledger",
+    "test_concurrency",
+    "test_trail",
+    "test_integrity",
+    "test_store_postgres",
+}
 
 
 def pytest_generate_tests(metafunc):
-    if "store_backend" in metafunc.fixturenames and metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_BACKENDS:
+    if (
+        "store_backend" in metafunc.fixturenames
+        and metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_BACKENDS
+    ):
         metafunc.parametrize("store_backend", ["duckdb", "postgresql"], indirect=True)
 
 
@@ -54,12 +66,33 @@ class PostgresServer:
             shutil.chown(self.root, "postgres")
         else:
             self.user = os.environ.get("USER") or "postgres"
-        r = self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8")
+        r = self._run(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+        )
         if r.returncode:
             raise RuntimeError(f"initdb failed: {r.stderr.strip()[-300:]}")
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        r = self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"),
-                      "-w", "-t", "60", "start")
+        r = self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         if r.returncode:
             raise RuntimeError(f"pg_ctl start failed: {r.stderr.strip()[-300:]}")
 
@@ -82,8 +115,10 @@ class PostgresServer:
 def pg_server():
     """One PostgreSQL 15 server for the session; tests that need it skip with the reason if it cannot start."""
     if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN} (Debian package `postgresql`; .ci/run "
-                    "installs it, or set PRIVRELEASE_PG_BIN)")
+        pytest.skip(
+            f"PostgreSQL server binaries not found in {PG_BIN} (Debian package `postgresql`; .ci/run "
+            "installs it, or set PRIVRELEASE_PG_BIN)"
+        )
     try:
         import psycopg  # noqa: F401
     except ImportError:

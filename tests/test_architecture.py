@@ -1,4 +1,5 @@
 """The layering of ARCHITECTURE.md, kept by import-linter's contracts in pyproject.toml."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """`lint-imports` on the tree at root, with that tree's packages first on the path."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     script = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
-    return subprocess.run([sys.executable, "-c", script, str(root / "pyproject.toml"), "--no-cache"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_code_keeps_the_architecture_contracts():
@@ -31,22 +38,50 @@ def test_the_code_keeps_the_architecture_contracts():
 def tree_copy(tmp_path: Path) -> Path:
     """The packages' Python files and pyproject.toml, copied where a planted import cannot hurt."""
     for pkg in PACKAGES:
-        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=lambda d, names: [
-            n for n in names if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"])
+        shutil.copytree(
+            ROOT / pkg,
+            tmp_path / pkg,
+            ignore=lambda d, names: [
+                n
+                for n in names
+                if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"
+            ],
+        )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
 
-@pytest.mark.parametrize("module, line, contract", [
-    ("dashboard/planted.py", "from accounting import ledger", "The dashboard imports release only"),
-    ("accounting/planted.py", "import torch", "accounting imports no torch"),
-    ("synth/planted.py", "from accounting import ledger", "Mechanisms never touch the store"),
-    ("audit/planted.py", "from synth.privimage import training", "audit reaches a mechanism through"),
-    ("accounting/planted.py", "from release import manager", "Packages depend one way"),
-    ("release/planted.py", "from release.cli import common", "Only the entry point imports release.cli"),
-    ("synth/image_dataset.py", "from synth import datasets", "No import cycles"),  # datasets imports it
-])
-def test_a_planted_violation_breaks_its_contract(tree_copy: Path, module: str, line: str, contract: str):
+@pytest.mark.parametrize(
+    "module, line, contract",
+    [
+        (
+            "dashboard/planted.py",
+            "from accounting import ledger",
+            "The dashboard imports release only",
+        ),
+        ("accounting/planted.py", "import torch", "accounting imports no torch"),
+        ("synth/planted.py", "from accounting import ledger", "Mechanisms never touch the store"),
+        (
+            "audit/planted.py",
+            "from synth.privimage import training",
+            "audit reaches a mechanism through",
+        ),
+        ("accounting/planted.py", "from release import manager", "Packages depend one way"),
+        (
+            "release/planted.py",
+            "from release.cli import common",
+            "Only the entry point imports release.cli",
+        ),
+        (
+            "synth/image_dataset.py",
+            "from synth import datasets",
+            "No import cycles",
+        ),  # datasets imports it
+    ],
+)
+def test_a_planted_violation_breaks_its_contract(
+    tree_copy: Path, module: str, line: str, contract: str
+):
     assert lint_imports(tree_copy).returncode == 0  # the copy keeps the contracts before the plant
     target = tree_copy / module
     target.write_text((target.read_text() if target.exists() else "") + f"\n{line}\n")

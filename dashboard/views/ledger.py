@@ -1,4 +1,5 @@
 """Ledger: the charges with filters, cumulative epsilon over time per dataset, and a what-if panel."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ def render(store: Store, ident: keys.Identity) -> None:
     st.subheader("Charges")
     events_table(rows)
     st.subheader("Cumulative ε over time")
-    st.caption("ε of each dataset's whole composed history after each charge (never a sum of epsilons). "
-               "Solid: RDP (the reference); dashed: PLD (tighter); dotted rule: the dataset's cap.")
+    st.caption(
+        "ε of each dataset's whole composed history after each charge (never a sum of epsilons). "
+        "Solid: RDP (the reference); dashed: PLD (tighter); dotted rule: the dataset's cap."
+    )
     if rows:
         st.altair_chart(cumulative_epsilon_chart(rows, caps), width="stretch")
     else:
@@ -61,18 +64,34 @@ def events_table(rows: list[dict]) -> None:
         hay = (df["run_id"] + " " + df["description"] + " " + df["events"]).str.lower()
         mask &= hay.str.contains(text.lower(), regex=False)
     shown = df[mask]
-    table = pd.DataFrame({
-        "#": shown["position"], "dataset": shown["dataset"], "run": shown["run_id"], "state": shown["state"],
-        "ε RDP": shown["epsilon_rdp"].map(fmt_eps), "cum. ε RDP": shown["cumulative_epsilon_rdp"].map(fmt_eps),
-        "cum. ε PLD": shown["cumulative_epsilon_pld"].map(fmt_eps), "events": shown["events"],
-        "description": shown["description"], "actor": shown["actor"],
-        "settled (UTC)": shown["settled_at"].map(short_time), "reserved (UTC)": shown["reserved_at"].map(short_time),
-    })
-    st.caption(f"{len(shown)} of {len(df)} charges. A refunded charge counts nothing; a committed one counts the "
-               "steps it actually executed.")
+    table = pd.DataFrame(
+        {
+            "#": shown["position"],
+            "dataset": shown["dataset"],
+            "run": shown["run_id"],
+            "state": shown["state"],
+            "ε RDP": shown["epsilon_rdp"].map(fmt_eps),
+            "cum. ε RDP": shown["cumulative_epsilon_rdp"].map(fmt_eps),
+            "cum. ε PLD": shown["cumulative_epsilon_pld"].map(fmt_eps),
+            "events": shown["events"],
+            "description": shown["description"],
+            "actor": shown["actor"],
+            "settled (UTC)": shown["settled_at"].map(short_time),
+            "reserved (UTC)": shown["reserved_at"].map(short_time),
+        }
+    )
+    st.caption(
+        f"{len(shown)} of {len(df)} charges. A refunded charge counts nothing; a committed one counts the "
+        "steps it actually executed."
+    )
     colour = {"committed": "#2e9d5b", "reserved": "#e0a100", "refunded": "#7b8794"}
-    st.dataframe(table.style.map(lambda v: f"color: {colour.get(v, '#1f2933')}; font-weight: 600", subset=["state"]),
-                 hide_index=True, width="stretch")
+    st.dataframe(
+        table.style.map(
+            lambda v: f"color: {colour.get(v, '#1f2933')}; font-weight: 600", subset=["state"]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
 
 
 def what_if(store: Store, names: list[str]) -> None:
@@ -80,15 +99,30 @@ def what_if(store: Store, names: list[str]) -> None:
     if not names:
         st.info("Register a dataset to plan against its budget.")
         return
-    st.caption("ε of a planned DP-SGD run composed with the dataset's whole history (RDP and PLD from "
-               "dp-accounting), against the remaining budget. Nothing is charged.")
+    st.caption(
+        "ε of a planned DP-SGD run composed with the dataset's whole history (RDP and PLD from "
+        "dp-accounting), against the remaining budget. Nothing is charged."
+    )
     with st.form("whatif"):
         c1, c2, c3, c4 = st.columns(4)
         name = c1.selectbox("Dataset", names, key="whatif_dataset")
-        sigma = c2.number_input("Noise multiplier σ", min_value=0.0, value=1.0, step=0.1, format="%.3f",
-                                key="whatif_sigma")
-        q = c3.number_input("Sampling rate q", min_value=0.0, max_value=1.0, value=0.01, step=0.005, format="%.4f",
-                            key="whatif_q")
+        sigma = c2.number_input(
+            "Noise multiplier σ",
+            min_value=0.0,
+            value=1.0,
+            step=0.1,
+            format="%.3f",
+            key="whatif_sigma",
+        )
+        q = c3.number_input(
+            "Sampling rate q",
+            min_value=0.0,
+            max_value=1.0,
+            value=0.01,
+            step=0.005,
+            format="%.4f",
+            key="whatif_q",
+        )
         steps = c4.number_input("Steps", min_value=0, value=500, step=50, key="whatif_steps")
         st.form_submit_button("Compute ε", icon=":material/calculate:")
     with guarded("computing the what-if"):
@@ -97,19 +131,35 @@ def what_if(store: Store, names: list[str]) -> None:
         cap = now.epsilon_cap
         m1, m2, m3, m4 = st.columns(4)
         m1.metric("ε now (RDP)", fmt_eps(now.spent_epsilon_rdp))
-        m2.metric("ε after (RDP)", fmt_eps(w.epsilon_rdp),
-                  delta=None if not w.finite or not math.isfinite(now.spent_epsilon_rdp)
-                  else f"+{w.epsilon_rdp - now.spent_epsilon_rdp:.3f}", delta_color="inverse")
+        m2.metric(
+            "ε after (RDP)",
+            fmt_eps(w.epsilon_rdp),
+            delta=None
+            if not w.finite or not math.isfinite(now.spent_epsilon_rdp)
+            else f"+{w.epsilon_rdp - now.spent_epsilon_rdp:.3f}",
+            delta_color="inverse",
+        )
         m3.metric("ε after (PLD)", fmt_eps(w.epsilon_pld))
         m4.metric("Remaining after (cap − RDP)", fmt_eps(cap - w.epsilon_rdp) if w.finite else "—")
         g, verdict = st.columns([1, 2])
-        g.pyplot(budget_gauge(cap, now.spent_epsilon_rdp, now.spent_epsilon_pld, title=f"{name}: now → planned",
-                              planned_rdp=w.epsilon_rdp), width="stretch")
+        g.pyplot(
+            budget_gauge(
+                cap,
+                now.spent_epsilon_rdp,
+                now.spent_epsilon_pld,
+                title=f"{name}: now → planned",
+                planned_rdp=w.epsilon_rdp,
+            ),
+            width="stretch",
+        )
         with verdict:
             st.markdown(f"**Planned run:** {w.described}, δ = {w.delta:g}")
             if now.dp_void:
-                st.warning("This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
-                           "whatever noise is used.", icon=":material/warning:")
+                st.warning(
+                    "This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
+                    "whatever noise is used.",
+                    icon=":material/warning:",
+                )
             else:
                 _cap_verdict(bool(w.fits_cap), float(w.filter_epsilon or 0.0), cap, w.epsilon_rdp)
             st.caption("Blue dashed tick on the gauge: ε after the planned run.")
@@ -119,8 +169,14 @@ def _cap_verdict(admitted: bool, filter_eps: float, cap: float, eps_rdp: float) 
     """The ledger's verdict (its privacy filter, README "Privacy guarantees"), not RDP epsilon <= cap: the
     filter is what keeps the cap valid when releases are chosen after seeing earlier ones."""
     if admitted:
-        st.success(f"Fits the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f} (RDP ε after: "
-                   f"{eps_rdp:.3f}).", icon=":material/check_circle:")
+        st.success(
+            f"Fits the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f} (RDP ε after: "
+            f"{eps_rdp:.3f}).",
+            icon=":material/check_circle:",
+        )
     else:
-        st.error(f"Exceeds the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f}, so the ledger "
-                 "would refuse this run. Use more noise, a smaller q or fewer steps.", icon=":material/block:")
+        st.error(
+            f"Exceeds the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f}, so the ledger "
+            "would refuse this run. Use more noise, a smaller q or fewer steps.",
+            icon=":material/block:",
+        )

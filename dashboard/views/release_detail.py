@@ -1,6 +1,7 @@
 """One release: parameters, steward actions (run with progress, publish), audit report, sample images
 and, for k-anonymous releases, the cluster viewer. Internal results (computed on sensitive data) are
 shown to stewards and auditors only; a consumer sees the pass/fail verdicts (ARCHITECTURE.md rule 4)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,16 +29,21 @@ def render(store: Store, ident: keys.Identity, rel: Release) -> None:
     c2.metric("Mechanism", rel.mechanism)
     c3.metric("Dataset", plan.dataset)
     c4.metric("Images", res.count if res and res.count is not None else plan.expected_count)
-    guarantee = g.get("description") or ("k-anonymous, no DP guarantee" if plan.requires_acknowledgement else
-                                         f"planned ε ≤ {fmt_eps(plan.epsilon_after['epsilon_rdp'])} (RDP)")
+    guarantee = g.get("description") or (
+        "k-anonymous, no DP guarantee"
+        if plan.requires_acknowledgement
+        else f"planned ε ≤ {fmt_eps(plan.epsilon_after['epsilon_rdp'])} (RDP)"
+    )
     st.markdown(f"**Guarantee:** {guarantee}")
     if rel.reason:
         (st.error if rel.state == "failed" else st.info)(f"Reason: {rel.reason}")
     if ident.role == "steward":
         actions(store, ident, rel)
 
-    tabs = st.tabs(["Parameters", "Audit report", "Samples"] + (["Clusters"] if internal and _has_clusters(store, rel)
-                                                                else []))
+    tabs = st.tabs(
+        ["Parameters", "Audit report", "Samples"]
+        + (["Clusters"] if internal and _has_clusters(store, rel) else [])
+    )
     with tabs[0]:
         parameters(store, rel, internal)
     with tabs[1]:
@@ -58,14 +64,21 @@ def actions(store: Store, ident: keys.Identity, rel: Release) -> None:
             bar = st.progress(0.0, text="Starting…")
 
             def progress(stage: str, done: int, total: int) -> None:
-                bar.progress(min(done / total, 1.0) if total else 0.0, text=f"{stage}: {done}/{total}")
+                bar.progress(
+                    min(done / total, 1.0) if total else 0.0, text=f"{stage}: {done}/{total}"
+                )
 
             with guarded("running the release"):
                 out = manager.run_release(store, rid, ident.name, progress)
                 flash("success", f"Release {rid} ran and was audited: it is now {out.state}.")
                 st.rerun()
     elif state == "checked":
-        if st.button("Publish (sign the bundle)", key=f"publish_{rid}", type="primary", icon=":material/publish:"):
+        if st.button(
+            "Publish (sign the bundle)",
+            key=f"publish_{rid}",
+            type="primary",
+            icon=":material/publish:",
+        ):
             with st.spinner("Writing and signing the bundle…"), guarded("publishing"):
                 manager.publish(store, rid, ident.name)
                 flash("success", f"Published {rid}: see Downloads.")
@@ -75,7 +88,10 @@ def actions(store: Store, ident: keys.Identity, rel: Release) -> None:
 def parameters(store: Store, rel: Release, internal: bool) -> None:
     res = rel.result
     st.markdown("**Guarantee**")
-    st.json((res.guarantee if res else None) or {"planned_epsilon_after": rel.plan.epsilon_after}, expanded=True)
+    st.json(
+        (res.guarantee if res else None) or {"planned_epsilon_after": rel.plan.epsilon_after},
+        expanded=True,
+    )
     st.markdown("**Parameters**")
     st.json((res.parameters if res else None) or rel.plan.config or {}, expanded=False)
     if internal:
@@ -84,10 +100,22 @@ def parameters(store: Store, rel: Release, internal: bool) -> None:
         rows = manager.approvals(store, rel.release_id)
         if rows:
             st.markdown("**Approvals**")
-            st.dataframe(pd.DataFrame([{"steward": a["approver"], "decision": a["decision"],
-                                        "reason": a["reason"] or "", "signature": a["signature"][:24] + "…",
-                                        "decided (UTC)": short_time(a["decided_at"])} for a in rows]),
-                         hide_index=True, width="stretch")
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {
+                            "steward": a["approver"],
+                            "decision": a["decision"],
+                            "reason": a["reason"] or "",
+                            "signature": a["signature"][:24] + "…",
+                            "decided (UTC)": short_time(a["decided_at"]),
+                        }
+                        for a in rows
+                    ]
+                ),
+                hide_index=True,
+                width="stretch",
+            )
 
 
 def audit_section(store: Store, rid: str, internal: bool) -> None:
@@ -97,22 +125,52 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
         return
     (st.success if report.passed else st.error)(
         f"Audit {'passed' if report.passed else 'FAILED'} ({len(report.results)} checks, "
-        f"{len(report.failures)} failed), checked {short_time(report.checked_at)} UTC.")
+        f"{len(report.failures)} failed), checked {short_time(report.checked_at)} UTC."
+    )
     if not internal:
         # Consumers get verdicts only: summaries, details and plots are computed on sensitive data.
-        st.dataframe(pd.DataFrame([{"check": k, "verdict": VERDICT_ICON.get(v, v)}
-                                   for k, v in report.verdicts().items()]), hide_index=True, width="stretch")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {"check": k, "verdict": VERDICT_ICON.get(v, v)}
+                    for k, v in report.verdicts().items()
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
         return
-    kinds = sorted({r.kind for r in report.results}, key=["expectations", "attack", "fidelity", "utility"].index)
+    kinds = sorted(
+        {r.kind for r in report.results},
+        key=["expectations", "attack", "fidelity", "utility"].index,
+    )
     for kind in kinds:
         results = [r for r in report.results if r.kind == kind]
         fails = sum(r.passed is False for r in results)
-        title = {"expectations": "Expectations (Great Expectations)", "attack": "Attacks", "fidelity": "Fidelity",
-                 "utility": "Utility"}[kind]
-        with st.expander(f"{title}: {len(results)} checks, {fails} failed", expanded=kind != "expectations" or fails > 0):
-            st.dataframe(pd.DataFrame([{"check": r.name, "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
-                                        "summary": r.summary} for r in results]),
-                         hide_index=True, width="stretch")
+        title = {
+            "expectations": "Expectations (Great Expectations)",
+            "attack": "Attacks",
+            "fidelity": "Fidelity",
+            "utility": "Utility",
+        }[kind]
+        with st.expander(
+            f"{title}: {len(results)} checks, {fails} failed",
+            expanded=kind != "expectations" or fails > 0,
+        ):
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {
+                            "check": r.name,
+                            "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
+                            "summary": r.summary,
+                        }
+                        for r in results
+                    ]
+                ),
+                hide_index=True,
+                width="stretch",
+            )
             if kind == "expectations":
                 continue
             for r in results:
@@ -133,8 +191,10 @@ def samples(store: Store, rid: str) -> None:
     n = min(SAMPLE_COUNT, len(images))
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(len(images), n, replace=False)) if len(images) > n else np.arange(n)
-    st.image(image_grid(images[idx], columns=10, scale=3),
-             caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}")
+    st.image(
+        image_grid(images[idx], columns=10, scale=3),
+        caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}",
+    )
 
 
 def _has_clusters(store: Store, rel: Release) -> bool:
@@ -155,21 +215,38 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     keys.require_role(ident, *INTERNAL_ROLES)
     out = manager.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
-    if clusters is None:  # only k-anonymous releases keep clusters (the tab is shown for those only)
+    if (
+        clusters is None
+    ):  # only k-anonymous releases keep clusters (the tab is shown for those only)
         st.info("This release keeps no clusters.")
         return
     ds = views.dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
-    st.caption("Internal: the sensitive source records of each released representative. Never shown to consumers.")
-    i = st.number_input(f"Cluster (0–{len(clusters) - 1})", min_value=0, max_value=len(clusters) - 1, value=0,
-                        step=1, key=f"cluster_{rel.release_id}")
+    st.caption(
+        "Internal: the sensitive source records of each released representative. Never shown to consumers."
+    )
+    i = st.number_input(
+        f"Cluster (0–{len(clusters) - 1})",
+        min_value=0,
+        max_value=len(clusters) - 1,
+        value=0,
+        step=1,
+        key=f"cluster_{rel.release_id}",
+    )
     members = np.asarray(clusters[int(i)], dtype=np.int64)
     left, right = st.columns([1, 4])
     with left:
-        st.image(to_display(images[int(i)][None])[0].repeat(4, 0).repeat(4, 1), caption=f"representative (label "
-                 f"{int(labels[int(i)])})")
+        st.image(
+            to_display(images[int(i)][None])[0].repeat(4, 0).repeat(4, 1),
+            caption=f"representative (label {int(labels[int(i)])})",
+        )
     with right:
-        st.image(image_grid(sensitive[members], columns=len(members), scale=4),
-                 caption=f"its {len(members)} sources: records {', '.join(map(str, members))}")
+        st.image(
+            image_grid(sensitive[members], columns=len(members), scale=4),
+            caption=f"its {len(members)} sources: records {', '.join(map(str, members))}",
+        )
     if dist is not None:
-        st.caption("Aggregated label distribution: " + ", ".join(f"{c}: {p:.2f}" for c, p in enumerate(dist[int(i)]) if p))
+        st.caption(
+            "Aggregated label distribution: "
+            + ", ".join(f"{c}: {p:.2f}" for c, p in enumerate(dist[int(i)]) if p)
+        )

@@ -1,4 +1,5 @@
 """The `privrelease` command line (typer + rich)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,11 @@ from accounting.store import Store
 from release.cli import audit_trail, budget, datasets, keys_verify, releases, store_cmd, synth_cmds
 from release.cli.common import STATE, console, err_console, workspace
 
-app = typer.Typer(help="privrelease: privacy-accounted releases of image datasets.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="privrelease: privacy-accounted releases of image datasets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(datasets.app, name="dataset")
 app.add_typer(budget.app, name="budget")
 app.add_typer(budget.ledger_app, name="ledger")
@@ -26,48 +30,85 @@ app.command("verify")(keys_verify.verify)
 
 
 @app.command("dashboard")
-def dashboard(port: int = typer.Option(8501, "--port"), host: str = typer.Option("127.0.0.1", "--host")) -> None:
+def dashboard(
+    port: int = typer.Option(8501, "--port"), host: str = typer.Option("127.0.0.1", "--host")
+) -> None:
     """Start the Streamlit dashboard on localhost over this workspace."""
     import subprocess
 
     app_path = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     env_ws = str(workspace().root.resolve())
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.address", host, "--server.port",
-           str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     console.print(f"Dashboard on http://{host}:{port} (workspace {env_ws}); Ctrl-C to stop.")
-    raise SystemExit(subprocess.call(cmd, env={**__import__("os").environ, "PRIVRELEASE_HOME": env_ws}))
+    raise SystemExit(
+        subprocess.call(cmd, env={**__import__("os").environ, "PRIVRELEASE_HOME": env_ws})
+    )
 
 
 @app.callback()
 def root(
-    workspace_dir: Path = typer.Option(None, "--workspace", "-w", envvar="PRIVRELEASE_HOME",
-                                       help="Workspace directory (default ./.privrelease)."),
+    workspace_dir: Path = typer.Option(
+        None,
+        "--workspace",
+        "-w",
+        envvar="PRIVRELEASE_HOME",
+        help="Workspace directory (default ./.privrelease).",
+    ),
 ) -> None:
     STATE.workspace = workspace_dir
 
 
 @app.command("init")
-def init(steward: str = typer.Option(None, "--steward", help="Create the workspace's first steward (only a steward "
-                                                             "can add identities later)."),
-         store_url: str = typer.Option(None, "--store", help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: keep "
-                                       "the ledger in this shared database instead of the workspace's store.duckdb "
-                                       "(docs/scaling-out.md).")) -> None:
+def init(
+    steward: str = typer.Option(
+        None,
+        "--steward",
+        help="Create the workspace's first steward (only a steward can add identities later).",
+    ),
+    store_url: str = typer.Option(
+        None,
+        "--store",
+        help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: keep "
+        "the ledger in this shared database instead of the workspace's store.duckdb "
+        "(docs/scaling-out.md).",
+    ),
+) -> None:
     """Create the workspace (store, keys, artifacts, bundles; mode 0700). Safe to run again."""
     from accounting.errors import PermissionDeniedError
     from release import keys
 
     ws = workspace()
     created = ws.init(store_url=store_url)
-    console.print(f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at {ws.root.resolve()}")
+    console.print(
+        f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at {ws.root.resolve()}"
+    )
     if steward is not None:
         s = Store(ws)
         if keys.has_steward(s):
-            raise PermissionDeniedError("This workspace already has a steward; add another with "
-                                        f"`privrelease keys create {steward} --role steward --as STEWARD`.")
+            raise PermissionDeniedError(
+                "This workspace already has a steward; add another with "
+                f"`privrelease keys create {steward} --role steward --as STEWARD`."
+            )
         ident = keys.create_identity(s, steward, "steward", actor=steward)
         keys.ensure_release_key(ws)
-        console.print(f"[green]Created[/] first steward {ident.name}; private key "
-                      f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's authority).")
+        console.print(
+            f"[green]Created[/] first steward {ident.name}; private key "
+            f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's authority)."
+        )
 
 
 def main() -> None:
@@ -77,5 +118,3 @@ def main() -> None:
     except PrivReleaseError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # paths may hold [ ]
         sys.exit(2)
-
-

@@ -1,4 +1,5 @@
 """`privrelease audit verify|trail`: the hash-chained audit trail."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,10 +19,18 @@ app.command("implementation")(audit_impl.implementation)
 
 @app.command("verify")
 def verify(
-    checkpoint: list[Path] = typer.Option([], "--checkpoint", help="A signed checkpoint kept outside the workspace "
-                                          "(repeatable); the workspace's own checkpoints/ are always checked."),
-    key: list[Path] = typer.Option([], "--key", help="Trust only checkpoints signed by this steward public key "
-                                   "(PEM or base64, repeatable; default: stewards registered in the store)."),
+    checkpoint: list[Path] = typer.Option(
+        [],
+        "--checkpoint",
+        help="A signed checkpoint kept outside the workspace "
+        "(repeatable); the workspace's own checkpoints/ are always checked.",
+    ),
+    key: list[Path] = typer.Option(
+        [],
+        "--key",
+        help="Trust only checkpoints signed by this steward public key "
+        "(PEM or base64, repeatable; default: stewards registered in the store).",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check the hash chain and its head, recompute every dataset's spend from the trail and compare it with
@@ -30,9 +39,19 @@ def verify(
     r = integrity.verify_store(store(), checkpoint, trusted)
     v = r.trail
     if as_json:
-        print_json({"ok": r.ok, "status": r.status, "length": v.length, "head_hash": v.head_hash,
-                    "problems": r.all_problems, "notes": v.notes, "broken_entries": v.broken_seqs,
-                    "spend": r.spend, "checkpoints": r.checkpoints})
+        print_json(
+            {
+                "ok": r.ok,
+                "status": r.status,
+                "length": v.length,
+                "head_hash": v.head_hash,
+                "problems": r.all_problems,
+                "notes": v.notes,
+                "broken_entries": v.broken_seqs,
+                "spend": r.spend,
+                "checkpoints": r.checkpoints,
+            }
+        )
     else:
         _print_verification(r)
     if not r.ok:
@@ -49,41 +68,67 @@ def _print_verification(r: integrity.IntegrityReport) -> None:
         console.print(f"[red]Audit trail BROKEN[/] ({v.length} entries):")
         for p in r.all_problems:
             console.print(f"  - {escape(p)}")
-        console.print("The store has been altered outside privrelease. Restore it from a backup and compare "
-                      "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a bundle.")
+        console.print(
+            "The store has been altered outside privrelease. Restore it from a backup and compare "
+            "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a bundle."
+        )
     for row in r.spend:
         mark = "[green]agrees[/]" if row["agree"] else "[red]DIFFERS[/]"
-        console.print(f"  spend of {row['dataset']} recomputed from the trail: epsilon "
-                      f"{fmt_eps(row['epsilon_rdp_trail'])} (RDP); ledger tables {fmt_eps(row['epsilon_rdp_ledger'])}: {mark}")
+        console.print(
+            f"  spend of {row['dataset']} recomputed from the trail: epsilon "
+            f"{fmt_eps(row['epsilon_rdp_trail'])} (RDP); ledger tables {fmt_eps(row['epsilon_rdp_ledger'])}: {mark}"
+        )
     for cp in r.checkpoints:
-        console.print(f"  checkpoint {cp['path']} (entry {cp['seq']}, {cp['steward']}): "
-                      + ("[green]matches[/]" if cp["ok"] else "[red]does not match[/]"))
+        console.print(
+            f"  checkpoint {cp['path']} (entry {cp['seq']}, {cp['steward']}): "
+            + ("[green]matches[/]" if cp["ok"] else "[red]does not match[/]")
+        )
 
 
 @app.command("checkpoint")
-def checkpoint(actor: str = typer.Option(None, "--as", help="The steward signing the head."),
-               out: Path = typer.Option(None, "--out", help="Also write the checkpoint here (keep it off this machine).")) -> None:
+def checkpoint(
+    actor: str = typer.Option(None, "--as", help="The steward signing the head."),
+    out: Path = typer.Option(
+        None, "--out", help="Also write the checkpoint here (keep it off this machine)."
+    ),
+) -> None:
     """Sign the audit trail's head with a steward's key (an anchor outside the store). Refused if the store does
     not verify."""
     steward = acting(actor, "steward")
-    cp = integrity.make_checkpoint(store(), steward.name, keys.load_private_key(workspace(), steward.name))
+    cp = integrity.make_checkpoint(
+        store(), steward.name, keys.load_private_key(workspace(), steward.name)
+    )
     if out is not None:
         out.write_text(Path(cp["path"]).read_text())
-    console.print(f"[green]Checkpoint[/] of entry {cp['seq']} head {cp['head_hash']} signed by {steward.name}: "
-                  f"{cp['path']}")
-    console.print("Keep a copy elsewhere; check later with `privrelease audit verify --checkpoint FILE "
-                  f"--key {keys.public_key_path(workspace(), steward.name)}`.")
+    console.print(
+        f"[green]Checkpoint[/] of entry {cp['seq']} head {cp['head_hash']} signed by {steward.name}: "
+        f"{cp['path']}"
+    )
+    console.print(
+        "Keep a copy elsewhere; check later with `privrelease audit verify --checkpoint FILE "
+        f"--key {keys.public_key_path(workspace(), steward.name)}`."
+    )
 
 
 @app.command("trail")
-def show_trail(limit: int = typer.Option(30, "--limit"), as_json: bool = typer.Option(False, "--json")) -> None:
+def show_trail(
+    limit: int = typer.Option(30, "--limit"), as_json: bool = typer.Option(False, "--json")
+) -> None:
     """The most recent audit-trail entries."""
     rows = trail.entries(store(), limit)
     if as_json:
         print_json(rows)
         return
-    console.print(table("Audit trail (newest first)", ["#", "time", "actor", "action", "hash"],
-                        [[r["seq"], r["ts"][:19], r["actor"], r["action"], r["entry_hash"][:16] + "…"] for r in rows]))
+    console.print(
+        table(
+            "Audit trail (newest first)",
+            ["#", "time", "actor", "action", "hash"],
+            [
+                [r["seq"], r["ts"][:19], r["actor"], r["action"], r["entry_hash"][:16] + "…"]
+                for r in rows
+            ],
+        )
+    )
 
 
 @app.command("run")
@@ -100,15 +145,23 @@ def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
 
 
 @app.command("report")
-def report(release_id: str, actor: str = typer.Option(None, "--as"), as_json: bool = typer.Option(False, "--json")) -> None:
+def report(
+    release_id: str,
+    actor: str = typer.Option(None, "--as"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """The audit report of a release (internal: stewards and auditors only)."""
     from audit import load_report, render_report
 
     s = store()
-    acting(actor, "steward", "auditor")  # internal results: a known steward or auditor holding their key
+    acting(
+        actor, "steward", "auditor"
+    )  # internal results: a known steward or auditor holding their key
     rep = load_report(s, release_id)
     if rep is None:
-        console.print(f"No audit report for {release_id} yet: run `privrelease audit run {release_id}`.")
+        console.print(
+            f"No audit report for {release_id} yet: run `privrelease audit run {release_id}`."
+        )
         raise typer.Exit(1)
     if as_json:
         print(rep.to_json())
@@ -117,4 +170,6 @@ def report(release_id: str, actor: str = typer.Option(None, "--as"), as_json: bo
     for r in rep.results:
         for label, path in (r.artifacts or {}).items():
             console.print(f"  [dim]{r.name} {label}: {path}[/]")
-    console.print("[green]PASSED[/]: publishable" if rep.passed else "[red]FAILED[/]: publishing is blocked")
+    console.print(
+        "[green]PASSED[/]: publishable" if rep.passed else "[red]FAILED[/]: publishing is blocked"
+    )

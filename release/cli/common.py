@@ -1,4 +1,5 @@
 """Shared CLI plumbing: the workspace option, the store, output in tables or JSON, error display."""
+
 from __future__ import annotations
 
 import getpass
@@ -62,17 +63,24 @@ def _no_default_identity(s: Store, who: str, roles: tuple[str, ...]) -> str:
     """Why the implicit identity failed, which identities exist, and how to choose one."""
     from release import keys
 
-    source = ("from $PRIVRELEASE_ACTOR" if os.environ.get("PRIVRELEASE_ACTOR")
-              else "your user name: no --as was given and $PRIVRELEASE_ACTOR is not set")
+    source = (
+        "from $PRIVRELEASE_ACTOR"
+        if os.environ.get("PRIVRELEASE_ACTOR")
+        else "your user name: no --as was given and $PRIVRELEASE_ACTOR is not set"
+    )
     everyone = keys.list_identities(s)
     if not everyone:
-        return (f"No identity named {who!r} ({source}), and this workspace has no identities yet: "
-                "create the first steward with `privrelease init --steward NAME`.")
+        return (
+            f"No identity named {who!r} ({source}), and this workspace has no identities yet: "
+            "create the first steward with `privrelease init --steward NAME`."
+        )
     known = [i for i in everyone if not roles or i.role in roles]
     which = f"Identities with the {' or '.join(roles)} role here" if roles else "Identities here"
     names = ", ".join(f"{i.name} ({i.role})" for i in known) or "none"
-    return (f"No identity named {who!r} ({source}). {which}: {names}. "
-            "Act as one with `--as NAME`, or set it once with `export PRIVRELEASE_ACTOR=NAME`.")
+    return (
+        f"No identity named {who!r} ({source}). {which}: {names}. "
+        "Act as one with `--as NAME`, or set it once with `export PRIVRELEASE_ACTOR=NAME`."
+    )
 
 
 def _clean(obj: Any) -> Any:

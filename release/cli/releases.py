@@ -1,4 +1,5 @@
 """`privrelease release plan|list|show|approve|reject|run|publish`."""
+
 from __future__ import annotations
 
 import signal
@@ -24,7 +25,9 @@ from release.spec import ReleaseSpec
 from release.terminal import print_plan, rich_progress
 
 app = typer.Typer(help="Plan, approve, run and publish releases.", no_args_is_help=True)
-AS = typer.Option(None, "--as", help="Identity acting (see `privrelease keys list`); default $PRIVRELEASE_ACTOR.")
+AS = typer.Option(
+    None, "--as", help="Identity acting (see `privrelease keys list`); default $PRIVRELEASE_ACTOR."
+)
 
 
 def _actor(name: str | None) -> str:
@@ -35,13 +38,19 @@ def _actor(name: str | None) -> str:
 @app.command("plan")
 def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> None:
     """Store a plan from a spec (TOML): events, epsilon before/after by RDP and PLD, warnings."""
-    with rich_progress(err_console if as_json else console) as progress:  # calibration takes a while
-        rel = manager.create_plan(store(), ReleaseSpec.from_toml(spec), actor or default_actor(), progress)
+    with rich_progress(
+        err_console if as_json else console
+    ) as progress:  # calibration takes a while
+        rel = manager.create_plan(
+            store(), ReleaseSpec.from_toml(spec), actor or default_actor(), progress
+        )
     if as_json:
         print_json(rel.to_dict())
         return
     print_plan(rel)
-    console.print(f"Next: privrelease release approve {rel.release_id} --as STEWARD --digest {rel.plan_digest}")
+    console.print(
+        f"Next: privrelease release approve {rel.release_id} --as STEWARD --digest {rel.plan_digest}"
+    )
 
 
 @app.command("list")
@@ -51,12 +60,37 @@ def list_(actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> Non
     viewer = keys.get_identity(s, actor) if actor else None
     rows = manager.list_releases(s, viewer)
     if as_json:
-        print_json([{"release_id": r.release_id, "dataset_id": r.dataset_id, "mechanism": r.mechanism,
-                     "state": r.state, "created_at": r.created_at, "reason": r.reason} for r in rows])
+        print_json(
+            [
+                {
+                    "release_id": r.release_id,
+                    "dataset_id": r.dataset_id,
+                    "mechanism": r.mechanism,
+                    "state": r.state,
+                    "created_at": r.created_at,
+                    "reason": r.reason,
+                }
+                for r in rows
+            ]
+        )
         return
-    console.print(table("Releases", ["id", "dataset", "mechanism", "state", "created", "reason"], [
-        [r.release_id, r.dataset_id, r.mechanism, r.state, r.created_at[:19], r.reason or ""]
-        for r in rows]))
+    console.print(
+        table(
+            "Releases",
+            ["id", "dataset", "mechanism", "state", "created", "reason"],
+            [
+                [
+                    r.release_id,
+                    r.dataset_id,
+                    r.mechanism,
+                    r.state,
+                    r.created_at[:19],
+                    r.reason or "",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 @app.command("show")
@@ -69,8 +103,10 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
         return
     print_plan(rel)
     for a in manager.approvals(s, release_id):
-        console.print(f"  {a['decision']} by {a['approver']} at {a['decided_at'][:19]}" +
-                      (f": {a['reason']}" if a["reason"] else ""))
+        console.print(
+            f"  {a['decision']} by {a['approver']} at {a['decided_at'][:19]}"
+            + (f": {a['reason']}" if a["reason"] else "")
+        )
     if rel.result:
         console.print(f"  guarantee: {rel.guarantee}")
         if rel.bundle:
@@ -78,13 +114,23 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
 
 
 @app.command("approve")
-def approve(release_id: str, actor: str = AS,
-            digest: str = typer.Option(None, "--digest", help="The plan digest you reviewed (refused if different)."),
-            acknowledge_non_dp: bool = typer.Option(False, "--acknowledge-non-dp",
-                                                    help="Accept that a k-anonymous release voids DP guarantees.")) -> None:
+def approve(
+    release_id: str,
+    actor: str = AS,
+    digest: str = typer.Option(
+        None, "--digest", help="The plan digest you reviewed (refused if different)."
+    ),
+    acknowledge_non_dp: bool = typer.Option(
+        False, "--acknowledge-non-dp", help="Accept that a k-anonymous release voids DP guarantees."
+    ),
+) -> None:
     """Sign the plan's digest as a steward."""
-    rel = manager.approve(store(), release_id, _actor(actor), digest=digest, acknowledge_non_dp=acknowledge_non_dp)
-    console.print(f"[green]Approved[/] {release_id} (plan {rel.plan_digest[:16]}…). Next: privrelease release run {release_id}")
+    rel = manager.approve(
+        store(), release_id, _actor(actor), digest=digest, acknowledge_non_dp=acknowledge_non_dp
+    )
+    console.print(
+        f"[green]Approved[/] {release_id} (plan {rel.plan_digest[:16]}…). Next: privrelease release run {release_id}"
+    )
 
 
 @app.command("reject")
@@ -95,20 +141,30 @@ def reject(release_id: str, reason: str = typer.Option(..., "--reason"), actor: 
 
 
 @app.command("run")
-def run(release_id: str, actor: str = AS,
-        nproc: int = typer.Option(1, "--nproc", min=1, help="Train PrivImage on N processes under torchrun (one per "
-                                  "GPU, or CPU processes); charged once, exactly as one process "
-                                  "(docs/scaling-out.md).")
-        ) -> None:
+def run(
+    release_id: str,
+    actor: str = AS,
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Train PrivImage on N processes under torchrun (one per "
+        "GPU, or CPU processes); charged once, exactly as one process "
+        "(docs/scaling-out.md).",
+    ),
+) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed one to resume."""
     from release import threads
 
     name = _actor(actor)
     if nproc == 1:
-        console.print(f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False)
+        console.print(
+            f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False
+        )
     last: list[tuple[str, int, int]] = []
     try:
         with _second_interrupt_waits(), rich_progress() as progress:
+
             def track(stage: str, done: int, total: int) -> None:
                 last[:] = [(stage, done, total)]
                 progress(stage, done, total)
@@ -124,6 +180,7 @@ def run(release_id: str, actor: str = AS,
 def _second_interrupt_waits() -> Iterator[None]:
     """The first Ctrl-C stops the run; while the store records that (state, refund), a second one only
     says to wait, so that it cannot leave the release half-recorded."""
+
     def first(signum, frame) -> None:
         signal.signal(signal.SIGINT, later)
         raise KeyboardInterrupt
@@ -147,6 +204,7 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
     s = store()
     rel = manager.get_release(s, release_id)
     where = f" during {stage[0]} ({stage[1]}/{stage[2]})" if stage else ""
+
     def say(text: str) -> None:  # verbatim, and unwrapped so that a command stays on one line
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
@@ -159,21 +217,34 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
     charge = st.charge
     if rel.result is not None:
         settled = f" ({_events(charge.charged_events)} committed)" if charge else ""
-        say(f"Charged: the synthesis had finished and is settled{settled}; only the audit was interrupted. "
-            f"Audit it again: {resume}")
+        say(
+            f"Charged: the synthesis had finished and is settled{settled}; only the audit was interrupted. "
+            f"Audit it again: {resume}"
+        )
         return
     if charge is None or charge.state == "refunded":
-        say("Charged: nothing. It stopped before reading the sensitive data, so its reservation was refunded.")
+        say(
+            "Charged: nothing. It stopped before reading the sensitive data, so its reservation was refunded."
+        )
         say(f"Resume (a new attempt, reserved again): {resume}")
         return
-    steps = (f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were started"
-             if st.planned_steps is not None else "")
-    say(f"Charged: it had read the sensitive data, so its reservation ({_events(charge.planned_events)})"
-        f" stays in force, counted in full against the cap, until you resume or settle it{steps}.")
-    say(f"Resume (from its last checkpoint; steps lost since then are charged again first): {resume}")
+    steps = (
+        f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were started"
+        if st.planned_steps is not None
+        else ""
+    )
+    say(
+        f"Charged: it had read the sensitive data, so its reservation ({_events(charge.planned_events)})"
+        f" stays in force, counted in full against the cap, until you resume or settle it{steps}."
+    )
+    say(
+        f"Resume (from its last checkpoint; steps lost since then are charged again first): {resume}"
+    )
     kept = "the DP-SGD steps it started" if st.planned_steps is not None else "the whole run"
-    say(f"Or settle it for good (keeps {kept} charged, refunds the rest): "
-        f"privrelease release abandon {release_id} --as {actor}")
+    say(
+        f"Or settle it for good (keeps {kept} charged, refunds the rest): "
+        f"privrelease release abandon {release_id} --as {actor}"
+    )
 
 
 @app.command("abandon")
@@ -187,18 +258,26 @@ def _print_outcome(rel: Release) -> None:
     from audit import load_report
 
     report = load_report(store(), rel.release_id)
-    verdict = "[green]all checks passed[/]" if report and report.passed else "[red]some checks FAILED[/]"
-    console.print(f"Release {rel.release_id} is {rel.state}: {verdict}. "
-                  f"See `privrelease audit report {rel.release_id}`.")
+    verdict = (
+        "[green]all checks passed[/]" if report and report.passed else "[red]some checks FAILED[/]"
+    )
+    console.print(
+        f"Release {rel.release_id} is {rel.state}: {verdict}. "
+        f"See `privrelease audit report {rel.release_id}`."
+    )
 
 
 @app.command("publish")
-def publish(release_id: str, actor: str = AS, as_json: bool = typer.Option(False, "--json")) -> None:
+def publish(
+    release_id: str, actor: str = AS, as_json: bool = typer.Option(False, "--json")
+) -> None:
     """Write the signed bundle (refused unless every audit check passed)."""
     rel = manager.publish(store(), release_id, _actor(actor))
     b = rel.bundle or {}
     if as_json:
         print_json(b)
         return
-    console.print(f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  archive: {b['tarball']}\n"
-                  f"  sha256:  {b['tarball_sha256']}\n  verify:  privrelease verify {b['tarball']} --key {b['public_key']}")
+    console.print(
+        f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  archive: {b['tarball']}\n"
+        f"  sha256:  {b['tarball_sha256']}\n  verify:  privrelease verify {b['tarball']} --key {b['public_key']}"
+    )

@@ -1,6 +1,7 @@
 """`privrelease synth privimage|ksalsa`: preview what a mechanism run would cost, without reading the
 sensitive data or spending budget. Running goes through the release lifecycle (plan -> steward
 approval -> run): `--write-spec` writes the spec to plan with `privrelease release plan`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,14 +19,22 @@ from release.spec import ReleaseSpec
 from release.terminal import rich_progress
 from synth.datasets import heldout_source
 
-app = typer.Typer(help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
-                       "To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` and "
-                       "approve it.",
-                  no_args_is_help=True)
-WRITE = typer.Option(None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`.")
-HELDOUT = typer.Option(None, "--heldout", help="Real held-out images of the same distribution, not in the registered "
-                       "set (folder, .parquet, .npz): the audit's attacks and utility gate need them for user data. "
-                       "Default: the built-in dataset's own held-out split.")
+app = typer.Typer(
+    help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
+    "To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` and "
+    "approve it.",
+    no_args_is_help=True,
+)
+WRITE = typer.Option(
+    None, "--write-spec", help="Also write the spec as TOML, for `privrelease release plan`."
+)
+HELDOUT = typer.Option(
+    None,
+    "--heldout",
+    help="Real held-out images of the same distribution, not in the registered "
+    "set (folder, .parquet, .npz): the audit's attacks and utility gate need them for user data. "
+    "Default: the built-in dataset's own held-out split.",
+)
 
 
 def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
@@ -36,10 +45,14 @@ def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
         heldout = heldout_source(ds.source)
     if heldout is not None:
         if not heldout.startswith("builtin:") and not Path(heldout).exists():
-            raise DataFormatError(f"--heldout {heldout}: no such file or folder; give real held-out images (folder, "
-                                  ".parquet or .npz) of the registered data's format.")
+            raise DataFormatError(
+                f"--heldout {heldout}: no such file or folder; give real held-out images (folder, "
+                ".parquet or .npz) of the registered data's format."
+            )
         local = not heldout.startswith("builtin:")
-        spec["release"]["heldout"] = str(Path(heldout).resolve()) if local else heldout  # plan from anywhere
+        spec["release"]["heldout"] = (
+            str(Path(heldout).resolve()) if local else heldout
+        )  # plan from anywhere
     return spec
 
 
@@ -47,55 +60,91 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     with rich_progress() as progress:
         pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
     b, a = pv["epsilon_before"], pv["epsilon_after"]
-    console.print(f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "
-                  f"{spec['release']['dataset']}")
+    console.print(
+        f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "
+        f"{spec['release']['dataset']}"
+    )
     console.print(f"  events: {'; '.join(pv['events_described'])}")
-    console.print(f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}")
-    console.print(f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}")
+    console.print(
+        f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}"
+    )
+    console.print(
+        f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
+    )
     console.print(f"  images: {pv['expected_count']}")
     for w in pv["warnings"]:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
     if "heldout" not in spec["release"]:
-        console.print("  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need real "
-                      "held-out images of this dataset (not in the registered set); add --heldout PATH (a folder, "
-                      "Parquet or .npz file), or the audit will refuse the release.")
+        console.print(
+            "  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need real "
+            "held-out images of this dataset (not in the registered set); add --heldout PATH (a folder, "
+            "Parquet or .npz file), or the audit will refuse the release."
+        )
     if write_spec is not None:
         write_spec.write_text(tomli_w.dumps(spec))
-        console.print(f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "
-                      "approve it as a steward and `privrelease release run`.")
+        console.print(
+            f"Spec written to {write_spec}. To run it: privrelease release plan {write_spec}, then "
+            "approve it as a steward and `privrelease release run`."
+        )
     else:
-        console.print("To run it: add --write-spec FILE, then `privrelease release plan FILE` and a steward's approval.")
+        console.print(
+            "To run it: add --write-spec FILE, then `privrelease release plan FILE` and a steward's approval."
+        )
 
 
 @app.command("privimage")
 def privimage(
     dataset: str = typer.Option(..., "--dataset"),
-    public: str = typer.Option("builtin:public-pool", "--public", help="Public labelled pool for the semantic query."),
-    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon for the dataset's whole history."),
+    public: str = typer.Option(
+        "builtin:public-pool", "--public", help="Public labelled pool for the semantic query."
+    ),
+    epsilon: float = typer.Option(
+        ..., "--epsilon", help="Target epsilon for the dataset's whole history."
+    ),
     delta: float = typer.Option(None, "--delta", help="Default: the dataset's delta cap."),
     k: int = typer.Option(3, "--k", help="Top-k public classes per image / per sensitive class."),
-    query_sigma: float = typer.Option(10.0, "--query-sigma", help="Noise multiplier of the DP semantic query."),
+    query_sigma: float = typer.Option(
+        10.0, "--query-sigma", help="Noise multiplier of the DP semantic query."
+    ),
     n_samples: int = typer.Option(1000, "--n-samples"),
-    vote_sigma: float = typer.Option(None, "--vote-sigma",
-                                     help="Noise multiplier of the private vote on the samples (0 = off; "
-                                          "default: the preset's)."),
-    vote_rounds: int = typer.Option(None, "--vote-rounds",
-                                    help="Rounds of the private vote; each later round votes on variations of the "
-                                         "previous winners and is charged as one more Gaussian query "
-                                         "(default: the preset's)."),
-    release_variations: int = typer.Option(None, "--release-variations",
-                                           help="Light variations released beside each voted image (post-processing, "
-                                                "no budget; default: the preset's)."),
-    precision: str = typer.Option(None, "--precision",
-                                  help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
-                                       "else float32) | float32 | bfloat16. Changes speed, not the guarantee "
-                                       "(default: auto)."),
+    vote_sigma: float = typer.Option(
+        None,
+        "--vote-sigma",
+        help="Noise multiplier of the private vote on the samples (0 = off; "
+        "default: the preset's).",
+    ),
+    vote_rounds: int = typer.Option(
+        None,
+        "--vote-rounds",
+        help="Rounds of the private vote; each later round votes on variations of the "
+        "previous winners and is charged as one more Gaussian query "
+        "(default: the preset's).",
+    ),
+    release_variations: int = typer.Option(
+        None,
+        "--release-variations",
+        help="Light variations released beside each voted image (post-processing, "
+        "no budget; default: the preset's).",
+    ),
+    precision: str = typer.Option(
+        None,
+        "--precision",
+        help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
+        "else float32) | float32 | bfloat16. Changes speed, not the guarantee "
+        "(default: auto).",
+    ),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
     """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples (preview)."""
-    params = {"public": public, "epsilon": epsilon, "k": k, "query_sigma": query_sigma, "preset": preset}
+    params = {
+        "public": public,
+        "epsilon": epsilon,
+        "k": k,
+        "query_sigma": query_sigma,
+        "preset": preset,
+    }
     if delta is not None:
         params["delta"] = delta
     if vote_sigma is not None:
@@ -106,8 +155,16 @@ def privimage(
         params["release_variations"] = release_variations
     if precision is not None:
         params["precision"] = precision
-    _preview(_with_heldout({"release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
-                            "privimage": params}, heldout), write_spec)
+    _preview(
+        _with_heldout(
+            {
+                "release": {"dataset": dataset, "mechanism": "privimage", "n_images": n_samples},
+                "privimage": params,
+            },
+            heldout,
+        ),
+        write_spec,
+    )
 
 
 @app.command("ksalsa")
@@ -115,12 +172,21 @@ def ksalsa(
     dataset: str = typer.Option(..., "--dataset"),
     k: int = typer.Option(..., "--k"),
     method: str = typer.Option("ksalsa", "--method", help="ksalsa | centroid | pixel | pca"),
-    public: str = typer.Option("builtin:uci-digits", "--public", help="Public set for the latent codec."),
+    public: str = typer.Option(
+        "builtin:uci-digits", "--public", help="Public set for the latent codec."
+    ),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
     """k-SALSA / k-Same baselines: one averaged representative per cluster of k records (preview)."""
-    _preview(_with_heldout({"release": {"dataset": dataset, "mechanism": "ksalsa"},
-                            "ksalsa": {"k": k, "method": method, "public": public, "preset": preset}}, heldout),
-             write_spec)
+    _preview(
+        _with_heldout(
+            {
+                "release": {"dataset": dataset, "mechanism": "ksalsa"},
+                "ksalsa": {"k": k, "method": method, "public": public, "preset": preset},
+            },
+            heldout,
+        ),
+        write_spec,
+    )

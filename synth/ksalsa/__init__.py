@@ -1,5 +1,6 @@
 """k-anonymous release (k-SALSA, ECCV 2022): latent codec -> same-size clustering -> one averaged
 representative per cluster of k records (pixel, PCA, centroid or local style alignment)."""
+
 from synth.ksalsa.clustering import ClusterResult, same_size_clusters
 from synth.ksalsa.codec import ConvAutoencoder, LatentCodec, train_codec
 from synth.ksalsa.config import METHODS, KSalsaConfig
@@ -8,7 +9,18 @@ from synth.ksalsa.run import KSalsaPlan, plan_ksalsa
 from synth.ksalsa.style import EfficientNetStyleContent, SequentialStyleContent, StyleContentNet
 
 __all__ = [
-    "ClusterResult", "ConvAutoencoder", "EfficientNetStyleContent", "KSalsaConfig", "KSalsaPlan", "LatentCodec",
-    "METHODS", "SequentialStyleContent", "StyleContentNet", "aggregate_labels", "anonymise", "plan_ksalsa", "same_size_clusters",
+    "ClusterResult",
+    "ConvAutoencoder",
+    "EfficientNetStyleContent",
+    "KSalsaConfig",
+    "KSalsaPlan",
+    "LatentCodec",
+    "METHODS",
+    "SequentialStyleContent",
+    "StyleContentNet",
+    "aggregate_labels",
+    "anonymise",
+    "plan_ksalsa",
+    "same_size_clusters",
     "train_codec",
 ]

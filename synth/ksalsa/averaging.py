@@ -8,6 +8,7 @@
            style alignment, synth/ksalsa/style.py); batches of clusters are optimised together.
 All return float tensors (n_clusters, C, H, W) in [-1, 1].
 """
+
 from __future__ import annotations
 
 import time
@@ -25,6 +26,7 @@ from synth.progress import ProgressFn, no_progress
 @dataclass
 class OptimisationTrace:
     """Per step, the mean (over the batch's clusters) of each loss; for tests and benchmarks."""
+
     style: list[float] = field(default_factory=list)
     content: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
@@ -38,12 +40,18 @@ def pixel_means(x: torch.Tensor, clusters: list[np.ndarray]) -> torch.Tensor:
     return torch.stack([x[torch.as_tensor(c)].mean(0) for c in clusters])
 
 
-def pca_means(x: torch.Tensor, clusters: list[np.ndarray], components: int, seed: int = 0) -> torch.Tensor:
+def pca_means(
+    x: torch.Tensor, clusters: list[np.ndarray], components: int, seed: int = 0
+) -> torch.Tensor:
     from sklearn.decomposition import PCA
 
     flat = x.flatten(1).numpy().astype(np.float64)
-    kept = flat[np.concatenate(clusters)]  # the remainder is not released and does not shape the basis
-    pca = PCA(n_components=min(components, kept.shape[0], kept.shape[1]), random_state=seed).fit(kept)
+    kept = flat[
+        np.concatenate(clusters)
+    ]  # the remainder is not released and does not shape the basis
+    pca = PCA(n_components=min(components, kept.shape[0], kept.shape[1]), random_state=seed).fit(
+        kept
+    )
     codes = pca.transform(flat)
     means = np.stack([codes[c].mean(0) for c in clusters])
     out = pca.inverse_transform(means).reshape(len(clusters), *x.shape[1:])
@@ -51,14 +59,29 @@ def pca_means(x: torch.Tensor, clusters: list[np.ndarray], components: int, seed
 
 
 @torch.no_grad()
-def centroid_images(codec: LatentCodec, latents: torch.Tensor, clusters: list[np.ndarray], device: str,
-                    batch: int = 256) -> torch.Tensor:
+def centroid_images(
+    codec: LatentCodec,
+    latents: torch.Tensor,
+    clusters: list[np.ndarray],
+    device: str,
+    batch: int = 256,
+) -> torch.Tensor:
     z = torch.stack([latents[torch.as_tensor(c)].mean(0) for c in clusters])
-    return torch.cat([codec.decode(z[i:i + batch].to(device)).clamp(-1, 1).cpu() for i in range(0, len(z), batch)])
+    return torch.cat(
+        [
+            codec.decode(z[i : i + batch].to(device)).clamp(-1, 1).cpu()
+            for i in range(0, len(z), batch)
+        ]
+    )
 
 
-def optimise_batch(codec: LatentCodec, net: StyleContentNet, sources: torch.Tensor, z0: torch.Tensor,
-                   config: KSalsaConfig) -> tuple[torch.Tensor, OptimisationTrace]:
+def optimise_batch(
+    codec: LatentCodec,
+    net: StyleContentNet,
+    sources: torch.Tensor,
+    z0: torch.Tensor,
+    config: KSalsaConfig,
+) -> tuple[torch.Tensor, OptimisationTrace]:
     """k-SALSA for a batch of B clusters. sources (B, K, C, H, W) real member images in [-1, 1];
     z0 (B, D) their mean latents. Returns G(z*) (B, C, H, W) and the loss trace."""
     lam = config.lambda_content
@@ -89,14 +112,21 @@ def optimise_batch(codec: LatentCodec, net: StyleContentNet, sources: torch.Tens
         return codec.decode(z).clamp(-1, 1), trace
 
 
-def ksalsa_images(codec: LatentCodec, net: StyleContentNet, x: torch.Tensor, latents: torch.Tensor,
-                  clusters: list[np.ndarray], config: KSalsaConfig, device: str,
-                  progress: ProgressFn = no_progress) -> tuple[torch.Tensor, list[OptimisationTrace]]:
+def ksalsa_images(
+    codec: LatentCodec,
+    net: StyleContentNet,
+    x: torch.Tensor,
+    latents: torch.Tensor,
+    clusters: list[np.ndarray],
+    config: KSalsaConfig,
+    device: str,
+    progress: ProgressFn = no_progress,
+) -> tuple[torch.Tensor, list[OptimisationTrace]]:
     out, traces = [], []
     total = len(clusters)
     for i in range(0, total, config.cluster_batch):
-        batch = clusters[i:i + config.cluster_batch]
-        idx = torch.as_tensor(np.stack(batch))                   # (B, K): all clusters have k members
+        batch = clusters[i : i + config.cluster_batch]
+        idx = torch.as_tensor(np.stack(batch))  # (B, K): all clusters have k members
         z0 = latents[idx].mean(1).to(device)
         img, trace = optimise_batch(codec, net, x[idx].to(device), z0, config)
         out.append(img.cpu())
@@ -105,9 +135,17 @@ def ksalsa_images(codec: LatentCodec, net: StyleContentNet, x: torch.Tensor, lat
     return torch.cat(out), traces
 
 
-def representatives(method: str, codec: LatentCodec, x: torch.Tensor, latents: torch.Tensor,
-                    clusters: list[np.ndarray], config: KSalsaConfig, device: str,
-                    net: StyleContentNet | None = None, progress: ProgressFn = no_progress) -> tuple[torch.Tensor, float]:
+def representatives(
+    method: str,
+    codec: LatentCodec,
+    x: torch.Tensor,
+    latents: torch.Tensor,
+    clusters: list[np.ndarray],
+    config: KSalsaConfig,
+    device: str,
+    net: StyleContentNet | None = None,
+    progress: ProgressFn = no_progress,
+) -> tuple[torch.Tensor, float]:
     """The method's representatives and the seconds it took (averaging only, not encoding/clustering)."""
     t0 = time.perf_counter()
     total = len(clusters)

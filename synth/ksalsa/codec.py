@@ -4,6 +4,7 @@ Any pair with `encode`/`decode` works (e.g. StyleGAN2 + ReStyle on a GPU); the d
 conv autoencoder trained here and cached in the work directory, keyed by a hash of the public data
 and the codec settings, so a second run reuses it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,16 +41,25 @@ class ConvAutoencoder(nn.Module):
     def __init__(self, channels: int, size: int, latent_dim: int):
         super().__init__()
         if size % 4:
-            raise InvalidParameterError(f"The conv codec needs an image size divisible by 4; got {size}. Set image_size.")
+            raise InvalidParameterError(
+                f"The conv codec needs an image size divisible by 4; got {size}. Set image_size."
+            )
         self.channels, self.size, self.latent_dim = channels, size, latent_dim
         s = size // 4
         self.enc = nn.Sequential(
-            nn.Conv2d(channels, 32, 4, 2, 1), nn.SiLU(), nn.Conv2d(32, 64, 4, 2, 1), nn.SiLU(), nn.Flatten(),
+            nn.Conv2d(channels, 32, 4, 2, 1),
+            nn.SiLU(),
+            nn.Conv2d(32, 64, 4, 2, 1),
+            nn.SiLU(),
+            nn.Flatten(),
             nn.Linear(64 * s * s, latent_dim),
         )
         self.dec_in = nn.Linear(latent_dim, 64 * s * s)
         self.dec = nn.Sequential(
-            nn.SiLU(), nn.ConvTranspose2d(64, 32, 4, 2, 1), nn.SiLU(), nn.ConvTranspose2d(32, channels, 4, 2, 1),
+            nn.SiLU(),
+            nn.ConvTranspose2d(64, 32, 4, 2, 1),
+            nn.SiLU(),
+            nn.ConvTranspose2d(32, channels, 4, 2, 1),
             nn.Tanh(),
         )
 
@@ -89,17 +99,30 @@ def codec_cache_key(public: ImageDataset, size: int, channels: int, config: KSal
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(public.images).tobytes())
     h.update(str(public.images.shape).encode())
-    h.update(json.dumps({"version": CODEC_VERSION, "size": size, "channels": channels, **config.codec_key()},
-                        sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {"version": CODEC_VERSION, "size": size, "channels": channels, **config.codec_key()},
+            sort_keys=True,
+        ).encode()
+    )
     return h.hexdigest()[:20]
 
 
-def train_codec(public: ImageDataset, workdir: Path, config: KSalsaConfig, progress: ProgressFn = no_progress, *,
-                size: int = 28, channels: int = 1) -> ConvAutoencoder:
+def train_codec(
+    public: ImageDataset,
+    workdir: Path,
+    config: KSalsaConfig,
+    progress: ProgressFn = no_progress,
+    *,
+    size: int = 28,
+    channels: int = 1,
+) -> ConvAutoencoder:
     """Train (or load from workdir) the default conv autoencoder on the public images, at
     `size` x `size` with `channels` channels (those of the sensitive set)."""
     if len(public) < 2:
-        raise DataFormatError(f"The public set {public.source!r} has {len(public)} image(s); the codec needs more.")
+        raise DataFormatError(
+            f"The public set {public.source!r} has {len(public)} image(s); the codec needs more."
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     key = codec_cache_key(public, size, channels, config)
@@ -120,7 +143,7 @@ def train_codec(public: ImageDataset, workdir: Path, config: KSalsaConfig, progr
     for epoch in range(config.codec_epochs):
         perm = torch.randperm(len(x), generator=gen)
         for i in range(0, len(x), config.codec_batch):
-            batch = x[perm[i:i + config.codec_batch]].to(device)
+            batch = x[perm[i : i + config.codec_batch]].to(device)
             loss = F.mse_loss(model(batch), batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -147,4 +170,6 @@ def describe_codec(codec: LatentCodec) -> str:
 
 @torch.no_grad()
 def encode_all(codec: LatentCodec, x: torch.Tensor, device: str, batch: int = 512) -> torch.Tensor:
-    return torch.cat([codec.encode(x[i:i + batch].to(device)).float().cpu() for i in range(0, len(x), batch)])
+    return torch.cat(
+        [codec.encode(x[i : i + batch].to(device)).float().cpu() for i in range(0, len(x), batch)]
+    )

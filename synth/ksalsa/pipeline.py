@@ -1,6 +1,7 @@
 """The data path of a k-anonymous release, without ledger or storage: encode the sensitive images,
 cluster their latents into groups of k, average each group, aggregate the labels. Shared by
 the k-SALSA mechanism (synth/ksalsa/run.py) and the benchmark."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,15 +20,17 @@ from synth.progress import ProgressFn, no_progress
 
 @dataclass
 class Anonymised:
-    images: np.ndarray               # uint8 (n_clusters, H, W) or (n_clusters, H, W, C)
-    labels: np.ndarray               # majority label per cluster (ties -> smallest label)
+    images: np.ndarray  # uint8 (n_clusters, H, W) or (n_clusters, H, W, C)
+    labels: np.ndarray  # majority label per cluster (ties -> smallest label)
     label_distributions: np.ndarray  # (n_clusters, n_classes): fraction of members with each label
     clusters: ClusterResult
-    latents: torch.Tensor            # (N, D) latents of all sensitive images (internal)
+    latents: torch.Tensor  # (N, D) latents of all sensitive images (internal)
     seconds_averaging: float
 
 
-def aggregate_labels(labels: np.ndarray, clusters: list[np.ndarray], n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def aggregate_labels(
+    labels: np.ndarray, clusters: list[np.ndarray], n_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Majority label and label distribution of each cluster."""
     dist = np.zeros((len(clusters), n_classes), dtype=np.float64)
     for i, c in enumerate(clusters):
@@ -53,14 +56,26 @@ def check_codec(codec: LatentCodec, probe: torch.Tensor, device: str) -> None:
         )
 
 
-def anonymise(x: torch.Tensor, labels: np.ndarray, n_classes: int, codec: LatentCodec, config: KSalsaConfig,
-              *, net: StyleContentNet | None = None, progress: ProgressFn = no_progress) -> Anonymised:
+def anonymise(
+    x: torch.Tensor,
+    labels: np.ndarray,
+    n_classes: int,
+    codec: LatentCodec,
+    config: KSalsaConfig,
+    *,
+    net: StyleContentNet | None = None,
+    progress: ProgressFn = no_progress,
+) -> Anonymised:
     """x: sensitive images (N, C, H, W) in [-1, 1]; labels (N,) int."""
     device = config.resolved_device()
     progress("encoding", 0, 1)
     latents = encode_all(codec, x, device)
     progress("encoding", 1, 1)
     clusters = same_size_clusters(latents.numpy(), config.k, progress)
-    reps, seconds = representatives(config.method, codec, x, latents, clusters.clusters, config, device, net, progress)
-    majority, dist = aggregate_labels(np.asarray(labels, dtype=np.int64), clusters.clusters, n_classes)
+    reps, seconds = representatives(
+        config.method, codec, x, latents, clusters.clusters, config, device, net, progress
+    )
+    majority, dist = aggregate_labels(
+        np.asarray(labels, dtype=np.int64), clusters.clusters, n_classes
+    )
     return Anonymised(to_uint8(reps), majority, dist, clusters, latents, seconds)

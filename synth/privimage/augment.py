@@ -7,14 +7,21 @@ and random stroke thickness (grey-scale dilation/erosion) widen that prior; elas
 MNIST-5k (the small CNN, 40 epochs on 1,797 augmented UCI digits, 2 seeds): affine + thickness 0.672, with
 elastic distortion and sharpening 0.727. Yet a diffusion model pre-trained on the latter draws blobbier digits
 (BENCHMARKS.md, "PrivImage recipe"), so pre-training leaves them off unless `pretrain_elastic` is set."""
+
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
 
-def augment_public(x: torch.Tensor, gen: torch.Generator, strength: float = 1.0, *,
-                   elastic: bool = False, sharpen: bool = False) -> torch.Tensor:
+def augment_public(
+    x: torch.Tensor,
+    gen: torch.Generator,
+    strength: float = 1.0,
+    *,
+    elastic: bool = False,
+    sharpen: bool = False,
+) -> torch.Tensor:
     """Randomly transformed copy of a batch x (N,C,H,W) in [-1, 1] with a black (-1) background.
 
     strength 0 returns x unchanged; 1 means scale +-15%, rotation +-14 deg, shear +-0.2, shift +-10%,
@@ -35,8 +42,13 @@ def _affine_and_thickness(x: torch.Tensor, gen: torch.Generator, strength: float
     angle = (u[:, 1] - 0.5) * 0.5 * strength
     shear = (u[:, 4] - 0.5) * 0.4 * strength
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin + shear, (u[:, 2] - 0.5) * 0.2 * strength], 1),
-                         torch.stack([sin, cos, (u[:, 3] - 0.5) * 0.2 * strength], 1)], 1).to(x)
+    theta = torch.stack(
+        [
+            torch.stack([cos, -sin + shear, (u[:, 2] - 0.5) * 0.2 * strength], 1),
+            torch.stack([sin, cos, (u[:, 3] - 0.5) * 0.2 * strength], 1),
+        ],
+        1,
+    ).to(x)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1  # pad with black
     thick = (u[:, 5] < 0.3 * strength).to(x.device)[:, None, None, None]
@@ -46,16 +58,20 @@ def _affine_and_thickness(x: torch.Tensor, gen: torch.Generator, strength: float
     return torch.where(thick, dilated, torch.where(thin, eroded, x))
 
 
-def _elastic(x: torch.Tensor, gen: torch.Generator, max_shift_px: float, smooth_px: float = 3.0) -> torch.Tensor:
+def _elastic(
+    x: torch.Tensor, gen: torch.Generator, max_shift_px: float, smooth_px: float = 3.0
+) -> torch.Tensor:
     """Displace every pixel by a random field smoothed with a Gaussian of `smooth_px` (Simard et al. 2003)."""
     n, _, h, w = x.shape
     field = torch.rand(n * 2, 1, h, w, generator=gen) * 2 - 1
     r = torch.arange(int(4 * smooth_px) | 1) - int(4 * smooth_px) // 2
-    kernel = torch.exp(-r.float() ** 2 / (2 * smooth_px ** 2))
+    kernel = torch.exp(-(r.float() ** 2) / (2 * smooth_px**2))
     kernel = kernel / kernel.sum()
     field = F.conv2d(field, kernel.view(1, 1, 1, -1), padding=(0, len(r) // 2))
     field = F.conv2d(field, kernel.view(1, 1, -1, 1), padding=(len(r) // 2, 0)).view(n, 2, h, w)
-    field = field / field.abs().amax(dim=(2, 3), keepdim=True).clamp_min(1e-6) * (2 * max_shift_px / h)
+    field = (
+        field / field.abs().amax(dim=(2, 3), keepdim=True).clamp_min(1e-6) * (2 * max_shift_px / h)
+    )
     identity = F.affine_grid(torch.eye(2, 3).expand(n, 2, 3), [n, 1, h, w], align_corners=False)
     grid = (identity + field.permute(0, 2, 3, 1)).to(x)
     return F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1

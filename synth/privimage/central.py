@@ -9,6 +9,7 @@ as one Gaussian query of L2 sensitivity sqrt(2) with noise std `noise_multiplier
 public: they are released only as these noisy counts, and the mean is the noisy sum over the noisy count
 (post-processing). `queries` repeats the query on independently augmented copies (a GaussianQuery of that count);
 the augmentation's randomness is independent of the data."""
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,14 @@ from torch.nn import functional as F
 from accounting.events import GaussianQuery
 from synth.privimage.augment import augment_public
 
-CENTRAL = "central.npz"   # in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
+CENTRAL = "central.npz"  # in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
 SENSITIVITY = math.sqrt(2.0)
 
 
 def central_event(noise_multiplier: float, queries: int) -> GaussianQuery:
-    return GaussianQuery(sigma=noise_multiplier * SENSITIVITY, sensitivity=SENSITIVITY, count=queries)
+    return GaussianQuery(
+        sigma=noise_multiplier * SENSITIVITY, sensitivity=SENSITIVITY, count=queries
+    )
 
 
 def _half_res_01(x: torch.Tensor) -> torch.Tensor:
@@ -41,14 +44,22 @@ def clipped(v: torch.Tensor, clip: float) -> torch.Tensor:
     return v * (clip / norms.clamp_min(clip))
 
 
-def noisy_class_means(x: torch.Tensor, rows: np.ndarray, n_rows: int, *, clip: float, noise_multiplier: float,
-                      rng: np.random.Generator, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def noisy_class_means(
+    x: torch.Tensor,
+    rows: np.ndarray,
+    n_rows: int,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    chunk: int = 4096,
+) -> tuple[np.ndarray, np.ndarray]:
     """One query: (means (n_rows, D) in [0, 1], noisy counts (n_rows,)) from images x (N,C,H,W) in [-1, 1]."""
     sums = None
     for i in range(0, len(x), chunk):
-        v = clipped(_half_res_01(x[i:i + chunk].float()), clip).double().numpy() / clip
+        v = clipped(_half_res_01(x[i : i + chunk].float()), clip).double().numpy() / clip
         part = np.zeros((n_rows, v.shape[1]))
-        np.add.at(part, rows[i:i + chunk], v)
+        np.add.at(part, rows[i : i + chunk], v)
         sums = part if sums is None else sums + part
     counts = np.bincount(rows, minlength=n_rows).astype(np.float64)
     std = noise_multiplier * SENSITIVITY
@@ -57,8 +68,17 @@ def noisy_class_means(x: torch.Tensor, rows: np.ndarray, n_rows: int, *, clip: f
     return np.clip(noisy_sums / np.maximum(noisy_counts, 1.0)[:, None], 0.0, 1.0), noisy_counts
 
 
-def central_images(x: torch.Tensor, rows: np.ndarray, n_rows: int, *, queries: int, clip: float,
-                   noise_multiplier: float, seed: int, augment: float) -> tuple[np.ndarray, np.ndarray]:
+def central_images(
+    x: torch.Tensor,
+    rows: np.ndarray,
+    n_rows: int,
+    *,
+    queries: int,
+    clip: float,
+    noise_multiplier: float,
+    seed: int,
+    augment: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """`queries` noisy means per class, each over a freshly augmented copy of the images (the first over the
     images as they are): (images (queries * n_rows, C, H, W) in [-1, 1] at full resolution, their rows)."""
     rng = np.random.default_rng()  # OS entropy: the noise must not be reproducible from the config
@@ -66,8 +86,16 @@ def central_images(x: torch.Tensor, rows: np.ndarray, n_rows: int, *, queries: i
     c, h, w = x.shape[1:]
     out, labels = [], []
     for q in range(queries):
-        xa = x if q == 0 else torch.cat([augment_public(x[i:i + 4096], gen, augment) for i in range(0, len(x), 4096)])
-        means, _ = noisy_class_means(xa, rows, n_rows, clip=clip, noise_multiplier=noise_multiplier, rng=rng)
+        xa = (
+            x
+            if q == 0
+            else torch.cat(
+                [augment_public(x[i : i + 4096], gen, augment) for i in range(0, len(x), 4096)]
+            )
+        )
+        means, _ = noisy_class_means(
+            xa, rows, n_rows, clip=clip, noise_multiplier=noise_multiplier, rng=rng
+        )
         half = torch.from_numpy(means).float().view(n_rows, c, -(-h // 2), -(-w // 2))
         full = F.interpolate(half, size=(h, w), mode="bilinear", align_corners=False)
         out.append((full * 2 - 1).clamp(-1, 1).numpy())

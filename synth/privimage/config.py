@@ -1,4 +1,5 @@
 """PrivImage run configuration: every number is validated up front (accounting.validation)."""
+
 from __future__ import annotations
 
 import math
@@ -20,19 +21,35 @@ DP_OPTIMIZERS = ("adam", "sgd")
 TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
 # PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style | procedural images only (docs/privimage-priors.md)
 SELECTIONS = ("semantic", "none", "all", "procedural")
-VOTE_SPACES = ("pixel", "embedding")  # where the private vote measures nearness (synth.privimage.vote)
+VOTE_SPACES = (
+    "pixel",
+    "embedding",
+)  # where the private vote measures nearness (synth.privimage.vote)
 
 
 def _check_range(value: object, name: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) \
-            or not low <= value <= high:
-        raise InvalidParameterError(f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, Real)
+        or not math.isfinite(float(value))
+        or not low <= value <= high
+    ):
+        raise InvalidParameterError(
+            f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}."
+        )
     return float(value)
 
 
 def _check_decay(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) or not 0 <= value < 1:
-        raise InvalidParameterError(f"ema_decay must be a finite number in [0, 1), got {value!r} (e.g. 0.999).")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, Real)
+        or not math.isfinite(float(value))
+        or not 0 <= value < 1
+    ):
+        raise InvalidParameterError(
+            f"ema_decay must be a finite number in [0, 1), got {value!r} (e.g. 0.999)."
+        )
     return float(value)
 
 
@@ -42,20 +59,39 @@ def _check_decay(value: object) -> float:
 # (sd ~15) almost always fits one pass; at 125 it took two or three, and a DP-SGD step was 3-12% slower on 2 CPU
 # cores (BENCHMARKS.md, "DP-SGD step cost: what the rows say").
 DEMO_RECIPE: dict[str, Any] = dict(
-    classifier_epochs=6, unet_channels=(16, 32, 32), pretrain_steps=2000, pretrain_batch=64, finetune_epochs=4.0,
-    batch_size=250, max_physical_batch=320, lr=3e-4, checkpoint_every=16, ddim_steps=25, n_samples=4000,
-    sample_batch=125, vote_sigma=2.0, vote_pool=8, vote_rounds=4, variation_strength=0.4, release_variations=3,
-    release_variation_strength=0.15)
+    classifier_epochs=6,
+    unet_channels=(16, 32, 32),
+    pretrain_steps=2000,
+    pretrain_batch=64,
+    finetune_epochs=4.0,
+    batch_size=250,
+    max_physical_batch=320,
+    lr=3e-4,
+    checkpoint_every=16,
+    ddim_steps=25,
+    n_samples=4000,
+    sample_batch=125,
+    vote_sigma=2.0,
+    vote_pool=8,
+    vote_rounds=4,
+    variation_strength=0.4,
+    release_variations=3,
+    release_variation_strength=0.15,
+)
 
 
 @dataclass
 class PrivImageConfig:
     epsilon: float
     delta: float
-    k: int = 3                          # k1 = k2: top-k predictions per image and public classes per sensitive class
-    query_sigma: float = 10.0           # noise multiplier of the semantic query (std = sqrt(k) * query_sigma)
-    image_size: int = 28                # 28 or 32
-    selection: str = "semantic"         # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
+    k: int = 3  # k1 = k2: top-k predictions per image and public classes per sensitive class
+    query_sigma: float = (
+        10.0  # noise multiplier of the semantic query (std = sqrt(k) * query_sigma)
+    )
+    image_size: int = 28  # 28 or 32
+    selection: str = (
+        "semantic"  # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
+    )
     # semantic-query classifier (public data only)
     classifier_epochs: int = 6
     classifier_batch: int = 128
@@ -67,47 +103,67 @@ class PrivImageConfig:
     pretrain_steps: int = 1500
     pretrain_batch: int = 64
     pretrain_lr: float = 2e-3
-    pretrain_augment: float = 1.0       # strength of the public-image augmentation (0 = off; synth.privimage.augment)
-    pretrain_elastic: bool = False      # add elastic distortion + sharpening to it (ablation: blobbier samples)
-    label_dropout: float = 0.1          # fraction of pre-training labels replaced by the null class (for guidance)
+    pretrain_augment: float = (
+        1.0  # strength of the public-image augmentation (0 = off; synth.privimage.augment)
+    )
+    pretrain_elastic: bool = (
+        False  # add elastic distortion + sharpening to it (ablation: blobbier samples)
+    )
+    label_dropout: float = (
+        0.1  # fraction of pre-training labels replaced by the null class (for guidance)
+    )
     # the prior when public data may not fit (docs/privimage-priors.md)
-    fit_threshold: float = 0.0          # a public class fits a sensitive class if its noisy count >= this fraction
-                                        # of the class's noisy size (and 4 noise stds); 0 = always fit (PrivImage)
-    share_public_classes: bool = False  # a public class may serve several sensitive classes (else one-to-one)
-    procedural_images: int = 6000       # procedural public images (synth.privimage.procedural) for selection
-                                        # "procedural" and for the classes that no public class fits
-    central_images: int = 0             # DP central images: noisy means per class (queries); 0 = off
-    central_sigma: float = 10.0         # their noise multiplier (synth.privimage.central)
-    central_clip: float = 8.0           # L2 clip of one half-resolution image with pixels in [0, 1]
-    central_steps: int = 500            # pre-training steps on the (augmented) central images
+    fit_threshold: float = (
+        0.0  # a public class fits a sensitive class if its noisy count >= this fraction
+    )
+    # of the class's noisy size (and 4 noise stds); 0 = always fit (PrivImage)
+    share_public_classes: bool = (
+        False  # a public class may serve several sensitive classes (else one-to-one)
+    )
+    procedural_images: int = (
+        6000  # procedural public images (synth.privimage.procedural) for selection
+    )
+    # "procedural" and for the classes that no public class fits
+    central_images: int = 0  # DP central images: noisy means per class (queries); 0 = off
+    central_sigma: float = 10.0  # their noise multiplier (synth.privimage.central)
+    central_clip: float = 8.0  # L2 clip of one half-resolution image with pixels in [0, 1]
+    central_steps: int = 500  # pre-training steps on the (augmented) central images
     # DP-SGD fine-tuning
-    finetune_epochs: float = 20.0       # steps = ceil(epochs / q)
-    batch_size: int = 256               # expected logical batch (Poisson sampling)
+    finetune_epochs: float = 20.0  # steps = ceil(epochs / q)
+    batch_size: int = 256  # expected logical batch (Poisson sampling)
     max_physical_batch: int = 64
     max_grad_norm: float = 1.0
-    finetune_t_min: float = 0.0         # DP-SGD trains on diffusion timesteps >= this fraction of T (0 = all)
-    lr: float = 3e-4                    # Adam at 1e-3 under DP noise undoes pre-training (ablation)
+    finetune_t_min: float = (
+        0.0  # DP-SGD trains on diffusion timesteps >= this fraction of T (0 = all)
+    )
+    lr: float = 3e-4  # Adam at 1e-3 under DP noise undoes pre-training (ablation)
     ema_decay: float = 0.999
-    dp_optimizer: str = "adam"          # "adam" or "sgd" (momentum 0.9)
-    noise_multiplicity: int = 1         # DPDM: diffusion-noise draws per example averaged before clipping
-    trainable: str = "all"              # which weights DP-SGD updates: "all", "no_down", "norms_emb"
-    checkpoint_every: int = 25          # DP-SGD steps between checkpoints
-    secure_noise: bool = True           # DP noise from a CSPRNG, hardened against the float attack (README)
+    dp_optimizer: str = "adam"  # "adam" or "sgd" (momentum 0.9)
+    noise_multiplicity: int = 1  # DPDM: diffusion-noise draws per example averaged before clipping
+    trainable: str = "all"  # which weights DP-SGD updates: "all", "no_down", "norms_emb"
+    checkpoint_every: int = 25  # DP-SGD steps between checkpoints
+    secure_noise: bool = True  # DP noise from a CSPRNG, hardened against the float attack (README)
     # sampling
     ddim_steps: int = 50
-    guidance: float = 0.0               # classifier-free guidance weight at sampling (0 = plain conditional)
-    vote_sigma: float = 0.0             # private vote on the samples (synth.privimage.vote); 0 = off
-    vote_pool: int = 4                  # candidates drawn per released image when the vote is on
-    vote_rounds: int = 1                # Private Evolution rounds: each later round votes on variations
-    vote_space: str = "pixel"           # nearest by pixel L2, or by cosine of EfficientNet-Lite0 features
-    variation_strength: float = 0.5     # of the previous winners (SDEdit: re-noised to this fraction of T)
-    release_variations: int = 0         # low-strength variations released beside each voted (or sampled) image
-    release_variation_strength: float = 0.15  # their SDEdit strength (post-processing: no privacy cost)
-    n_samples: int = 5000               # total, balanced over the sensitive classes
+    guidance: float = 0.0  # classifier-free guidance weight at sampling (0 = plain conditional)
+    vote_sigma: float = 0.0  # private vote on the samples (synth.privimage.vote); 0 = off
+    vote_pool: int = 4  # candidates drawn per released image when the vote is on
+    vote_rounds: int = 1  # Private Evolution rounds: each later round votes on variations
+    vote_space: str = "pixel"  # nearest by pixel L2, or by cosine of EfficientNet-Lite0 features
+    variation_strength: float = (
+        0.5  # of the previous winners (SDEdit: re-noised to this fraction of T)
+    )
+    release_variations: int = (
+        0  # low-strength variations released beside each voted (or sampled) image
+    )
+    release_variation_strength: float = (
+        0.15  # their SDEdit strength (post-processing: no privacy cost)
+    )
+    n_samples: int = 5000  # total, balanced over the sensitive classes
     sample_batch: int = 250
     seed: int = 0
-    device: str = "auto"                # "auto" = cuda if available, else cpu
-    precision: str = "auto"             # UNet compute: "auto" (bfloat16 where native), "float32", "bfloat16"
+    device: str = "auto"  # "auto" = cuda if available, else cpu
+    precision: str = "auto"  # UNet compute: "auto" (bfloat16 where native), "float32", "bfloat16"
 
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon, "target epsilon")
@@ -117,18 +173,35 @@ class PrivImageConfig:
         if self.image_size not in (28, 32):
             raise InvalidParameterError(f"image_size must be 28 or 32, got {self.image_size!r}.")
         if self.selection not in SELECTIONS:
-            raise InvalidParameterError(f"selection must be one of {SELECTIONS}, got {self.selection!r}.")
-        for name in ("classifier_epochs", "classifier_batch", "layers_per_block", "train_timesteps", "pretrain_steps",
-                     "pretrain_batch", "batch_size", "max_physical_batch", "checkpoint_every", "ddim_steps",
-                     "n_samples", "sample_batch"):
+            raise InvalidParameterError(
+                f"selection must be one of {SELECTIONS}, got {self.selection!r}."
+            )
+        for name in (
+            "classifier_epochs",
+            "classifier_batch",
+            "layers_per_block",
+            "train_timesteps",
+            "pretrain_steps",
+            "pretrain_batch",
+            "batch_size",
+            "max_physical_batch",
+            "checkpoint_every",
+            "ddim_steps",
+            "n_samples",
+            "sample_batch",
+        ):
             setattr(self, name, check_count(getattr(self, name), name))
-        self.unet_channels = tuple(check_count(c, "unet_channels entry") for c in self.unet_channels)
+        self.unet_channels = tuple(
+            check_count(c, "unet_channels entry") for c in self.unet_channels
+        )
         if len(self.unet_channels) < 2 or any(c % 8 for c in self.unet_channels):
             raise InvalidParameterError(
                 f"unet_channels must have >= 2 entries, each a multiple of 8 (GroupNorm groups), got {self.unet_channels}."
             )
         if self.image_size == 28 and len(self.unet_channels) > 3:
-            raise InvalidParameterError("At 28x28 the UNet can downsample at most twice: give at most 3 unet_channels.")
+            raise InvalidParameterError(
+                "At 28x28 the UNet can downsample at most twice: give at most 3 unet_channels."
+            )
         self.finetune_epochs = check_sensitivity(self.finetune_epochs, "finetune_epochs")
         self.max_grad_norm = check_sensitivity(self.max_grad_norm, "max_grad_norm")
         self.finetune_t_min = _check_range(self.finetune_t_min, "finetune_t_min", 0.0, 0.9)
@@ -144,52 +217,90 @@ class PrivImageConfig:
             self.vote_sigma = check_sigma(self.vote_sigma, "vote_sigma")
         self.vote_pool = check_count(self.vote_pool, "vote_pool")
         if self.vote_sigma and not 2 <= self.vote_pool <= 64:
-            raise InvalidParameterError(f"vote_pool must be between 2 and 64 candidates per released image, "
-                                        f"got {self.vote_pool}.")
+            raise InvalidParameterError(
+                f"vote_pool must be between 2 and 64 candidates per released image, "
+                f"got {self.vote_pool}."
+            )
         self.vote_rounds = check_count(self.vote_rounds, "vote_rounds")
         if self.vote_rounds > 8:
-            raise InvalidParameterError(f"vote_rounds must be between 1 and 8, got {self.vote_rounds}.")
+            raise InvalidParameterError(
+                f"vote_rounds must be between 1 and 8, got {self.vote_rounds}."
+            )
         if self.vote_space not in VOTE_SPACES:
-            raise InvalidParameterError(f"vote_space must be one of {VOTE_SPACES} (where the private vote measures "
-                                        f"which candidate is nearest), got {self.vote_space!r}.")
-        self.variation_strength = _check_range(self.variation_strength, "variation_strength", 0.05, 1.0)
-        if not isinstance(self.release_variations, int) or isinstance(self.release_variations, bool) \
-                or not 0 <= self.release_variations <= 15:
-            raise InvalidParameterError(f"release_variations must be a whole number between 0 and 15 variations per "
-                                        f"generated image, got {self.release_variations!r}.")
-        self.release_variation_strength = _check_range(self.release_variation_strength,
-                                                       "release_variation_strength", 0.05, 1.0)
+            raise InvalidParameterError(
+                f"vote_space must be one of {VOTE_SPACES} (where the private vote measures "
+                f"which candidate is nearest), got {self.vote_space!r}."
+            )
+        self.variation_strength = _check_range(
+            self.variation_strength, "variation_strength", 0.05, 1.0
+        )
+        if (
+            not isinstance(self.release_variations, int)
+            or isinstance(self.release_variations, bool)
+            or not 0 <= self.release_variations <= 15
+        ):
+            raise InvalidParameterError(
+                f"release_variations must be a whole number between 0 and 15 variations per "
+                f"generated image, got {self.release_variations!r}."
+            )
+        self.release_variation_strength = _check_range(
+            self.release_variation_strength, "release_variation_strength", 0.05, 1.0
+        )
         if self.noise_multiplicity > 64:
-            raise InvalidParameterError(f"noise_multiplicity must be at most 64, got {self.noise_multiplicity}.")
+            raise InvalidParameterError(
+                f"noise_multiplicity must be at most 64, got {self.noise_multiplicity}."
+            )
         if self.dp_optimizer not in DP_OPTIMIZERS:
-            raise InvalidParameterError(f"dp_optimizer must be one of {DP_OPTIMIZERS}, got {self.dp_optimizer!r}.")
+            raise InvalidParameterError(
+                f"dp_optimizer must be one of {DP_OPTIMIZERS}, got {self.dp_optimizer!r}."
+            )
         if self.trainable not in TRAINABLE:
-            raise InvalidParameterError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}.")
+            raise InvalidParameterError(
+                f"trainable must be one of {TRAINABLE}, got {self.trainable!r}."
+            )
         if self.ddim_steps > self.train_timesteps:
-            raise InvalidParameterError(f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps}).")
+            raise InvalidParameterError(
+                f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps})."
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
         if not isinstance(self.pretrain_elastic, bool):
-            raise InvalidParameterError(f"pretrain_elastic must be true or false, got {self.pretrain_elastic!r}.")
+            raise InvalidParameterError(
+                f"pretrain_elastic must be true or false, got {self.pretrain_elastic!r}."
+            )
         if not isinstance(self.secure_noise, bool):
-            raise InvalidParameterError(f"secure_noise must be true or false, got {self.secure_noise!r}.")
+            raise InvalidParameterError(
+                f"secure_noise must be true or false, got {self.secure_noise!r}."
+            )
         if self.precision not in PRECISIONS:
-            raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
+            raise InvalidParameterError(
+                f"precision must be one of {PRECISIONS}, got {self.precision!r}."
+            )
         if self.device not in ("auto", "cpu") and not str(self.device).startswith("cuda"):
-            raise InvalidParameterError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}.")
+            raise InvalidParameterError(
+                f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}."
+            )
 
     def _check_prior(self) -> None:
         self.fit_threshold = _check_range(self.fit_threshold, "fit_threshold", 0.0, 1.0)
         if not isinstance(self.share_public_classes, bool):
             raise InvalidParameterError(
-                f"share_public_classes must be true or false, got {self.share_public_classes!r}.")
+                f"share_public_classes must be true or false, got {self.share_public_classes!r}."
+            )
         self.procedural_images = check_count(self.procedural_images, "procedural_images")
         if self.procedural_images > 100_000:
-            raise InvalidParameterError(f"procedural_images must be at most 100,000, got {self.procedural_images}.")
-        if not isinstance(self.central_images, int) or isinstance(self.central_images, bool) \
-                or not 0 <= self.central_images <= 16:
-            raise InvalidParameterError(f"central_images must be a whole number of noisy means per class between 0 "
-                                        f"(off) and 16, got {self.central_images!r}.")
+            raise InvalidParameterError(
+                f"procedural_images must be at most 100,000, got {self.procedural_images}."
+            )
+        if (
+            not isinstance(self.central_images, int)
+            or isinstance(self.central_images, bool)
+            or not 0 <= self.central_images <= 16
+        ):
+            raise InvalidParameterError(
+                f"central_images must be a whole number of noisy means per class between 0 "
+                f"(off) and 16, got {self.central_images!r}."
+            )
         self.central_sigma = check_sigma(self.central_sigma, "central_sigma")
         self.central_clip = check_sensitivity(self.central_clip, "central_clip")
         self.central_steps = check_count(self.central_steps, "central_steps")
@@ -218,9 +329,21 @@ class PrivImageConfig:
     @classmethod
     def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> PrivImageConfig:
         """For tests: seconds, meaningless quality."""
-        base = dict(classifier_epochs=1, classifier_batch=64, unet_channels=(8, 16), train_timesteps=100,
-                    pretrain_steps=3, pretrain_batch=16, finetune_epochs=1.0, batch_size=16, max_physical_batch=8,
-                    checkpoint_every=2, ddim_steps=3, n_samples=20, sample_batch=10)
+        base = dict(
+            classifier_epochs=1,
+            classifier_batch=64,
+            unet_channels=(8, 16),
+            train_timesteps=100,
+            pretrain_steps=3,
+            pretrain_batch=16,
+            finetune_epochs=1.0,
+            batch_size=16,
+            max_physical_batch=8,
+            checkpoint_every=2,
+            ddim_steps=3,
+            n_samples=20,
+            sample_batch=10,
+        )
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
 
     def with_(self, **changes: Any) -> PrivImageConfig:

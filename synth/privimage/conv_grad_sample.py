@@ -28,6 +28,7 @@ the clipped, noised sum of the per-example gradients), yet oneDNN's backward tha
 gradient together with the weight and bias gradients costs two to four times the input gradient alone on
 this CPU (per layer of the demo UNet, batch 100).
 """
+
 from __future__ import annotations
 
 import types
@@ -48,42 +49,70 @@ GROUPED_DEVICES: set[str] = {"cpu"}
 
 def covered(layer: nn.Conv2d, x: torch.Tensor) -> bool:
     """Whether the grouped-backward path computes this layer's per-example gradients (else opacus' own)."""
-    return (layer.groups == 1 and not isinstance(layer.padding, str) and x.device.type in GROUPED_DEVICES
-            and x.shape[0] > 0)
+    return (
+        layer.groups == 1
+        and not isinstance(layer.padding, str)
+        and x.device.type in GROUPED_DEVICES
+        and x.shape[0] > 0
+    )
 
 
 def _pointwise(layer: nn.Conv2d) -> bool:
-    return (tuple(layer.kernel_size) == (1, 1) and tuple(layer.stride) == (1, 1) and tuple(layer.padding) == (0, 0)
-            and tuple(layer.dilation) == (1, 1))
+    return (
+        tuple(layer.kernel_size) == (1, 1)
+        and tuple(layer.stride) == (1, 1)
+        and tuple(layer.padding) == (0, 0)
+        and tuple(layer.dilation) == (1, 1)
+    )
 
 
-def conv2d_grad_sample(layer: nn.Conv2d, activations: list[torch.Tensor],
-                       backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+def conv2d_grad_sample(
+    layer: nn.Conv2d, activations: list[torch.Tensor], backprops: torch.Tensor
+) -> dict[nn.Parameter, torch.Tensor]:
     """opacus grad-sampler signature: {parameter: per-example gradients [n, *parameter.shape]}."""
     if not covered(layer, activations[0]):
         return compute_conv_grad_sample(layer, activations, backprops)
     x = activations[0].to(backprops.dtype)  # as opacus: under autocast the input may be float32
     n, padding = x.shape[0], list(layer.padding)
     if layer.padding_mode != "zeros":  # as nn.Conv2d._conv_forward
-        x, padding = F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), [0, 0]
+        x, padding = (
+            F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode),
+            [0, 0],
+        )
     out: dict[nn.Parameter, torch.Tensor] = {}
-    if layer.weight.requires_grad and _pointwise(layer):  # a 1x1 convolution is a per-pixel matrix product
-        out[layer.weight] = torch.bmm(backprops.flatten(2), x.flatten(2).transpose(1, 2)).view(n, *layer.weight.shape)
+    if layer.weight.requires_grad and _pointwise(
+        layer
+    ):  # a 1x1 convolution is a per-pixel matrix product
+        out[layer.weight] = torch.bmm(backprops.flatten(2), x.flatten(2).transpose(1, 2)).view(
+            n, *layer.weight.shape
+        )
     elif layer.weight.requires_grad:
         c_in, c_out, kernel = layer.in_channels, layer.out_channels, layer.kernel_size
-        grouped_weight = torch.empty(n * c_out, c_in, *kernel, dtype=x.dtype, device=x.device)  # shape only
+        grouped_weight = torch.empty(
+            n * c_out, c_in, *kernel, dtype=x.dtype, device=x.device
+        )  # shape only
         _, grad_weight, _ = torch.ops.aten.convolution_backward(
-            backprops.reshape(1, n * c_out, *backprops.shape[2:]), x.reshape(1, n * c_in, *x.shape[2:]),
-            grouped_weight, None, list(layer.stride), padding, list(layer.dilation), False, [0, 0],
-            n, [False, True, False])
+            backprops.reshape(1, n * c_out, *backprops.shape[2:]),
+            x.reshape(1, n * c_in, *x.shape[2:]),
+            grouped_weight,
+            None,
+            list(layer.stride),
+            padding,
+            list(layer.dilation),
+            False,
+            [0, 0],
+            n,
+            [False, True, False],
+        )
         out[layer.weight] = grad_weight.view(n, c_out, c_in, *kernel)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = backprops.sum(dim=(2, 3))
     return out
 
 
-def group_norm_grad_sample(layer: nn.GroupNorm, activations: list[torch.Tensor],
-                           backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+def group_norm_grad_sample(
+    layer: nn.GroupNorm, activations: list[torch.Tensor], backprops: torch.Tensor
+) -> dict[nn.Parameter, torch.Tensor]:
     """opacus grad-sampler signature for nn.GroupNorm (its affine weight and bias), by the folded batch."""
     x = activations[0]
     if x.device.type not in GROUPED_DEVICES or x.shape[0] == 0:
@@ -91,11 +120,24 @@ def group_norm_grad_sample(layer: nn.GroupNorm, activations: list[torch.Tensor],
     n, c = x.shape[:2]
     pixels, groups = x[0, 0].numel(), n * layer.num_groups
     folded = x.reshape(1, n * c, pixels)
-    _, mean, rstd = torch.ops.aten.native_group_norm(folded, None, None, 1, n * c, pixels, groups, layer.eps)
-    ones = torch.ones(n * c, dtype=x.dtype, device=x.device)  # d(out)/d(gamma) does not depend on gamma
+    _, mean, rstd = torch.ops.aten.native_group_norm(
+        folded, None, None, 1, n * c, pixels, groups, layer.eps
+    )
+    ones = torch.ones(
+        n * c, dtype=x.dtype, device=x.device
+    )  # d(out)/d(gamma) does not depend on gamma
     _, grad_weight, grad_bias = torch.ops.aten.native_group_norm_backward(
-        backprops.to(x.dtype).reshape(1, n * c, pixels), folded, mean, rstd, ones, 1, n * c, pixels, groups,
-        [False, True, True])
+        backprops.to(x.dtype).reshape(1, n * c, pixels),
+        folded,
+        mean,
+        rstd,
+        ones,
+        1,
+        n * c,
+        pixels,
+        groups,
+        [False, True, True],
+    )
     out: dict[nn.Parameter, torch.Tensor] = {}
     if layer.weight is not None and layer.weight.requires_grad:
         out[layer.weight] = grad_weight.view(n, c)
@@ -118,10 +160,16 @@ def uninstall() -> None:
 
 
 def _forward_without_summed_grads(self: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and x.requires_grad:  # the output still carries x's gradient, so opacus'
+    if (
+        torch.is_grad_enabled() and x.requires_grad
+    ):  # the output still carries x's gradient, so opacus'
         # backward hook fires with this layer's output gradients; only the summed parameter gradients go
-        return self._conv_forward(x, self.weight.detach(), None if self.bias is None else self.bias.detach())
-    return self._conv_forward(x, self.weight, self.bias)  # first layer (input needs no gradient): as usual
+        return self._conv_forward(
+            x, self.weight.detach(), None if self.bias is None else self.bias.detach()
+        )
+    return self._conv_forward(
+        x, self.weight, self.bias
+    )  # first layer (input needs no gradient): as usual
 
 
 @contextmanager

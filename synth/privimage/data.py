@@ -1,4 +1,5 @@
 """Bring sensitive and public images to one model format: size x size, the sensitive set's channels."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,12 +32,16 @@ def label_index(labels: np.ndarray, label_values: list[int]) -> np.ndarray:
     try:
         return np.array([lookup[int(v)] for v in labels], dtype=np.int64)
     except KeyError as exc:
-        raise InvalidParameterError(f"Label {exc.args[0]} is not one of the model's classes {label_values}.") from None
+        raise InvalidParameterError(
+            f"Label {exc.args[0]} is not one of the model's classes {label_values}."
+        ) from None
 
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidParameterError(f"device {name!r} requested but CUDA is not available; use device='auto' or 'cpu'.")
+        raise InvalidParameterError(
+            f"device {name!r} requested but CUDA is not available; use device='auto' or 'cpu'."
+        )
     return torch.device(name)

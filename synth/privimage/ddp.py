@@ -4,6 +4,7 @@ training._make_private uses them when world_size > 1; synth.privimage.distribute
 which reads training's outcome) re-exports the sampler. A module of their own so that training and the
 coordinator do not import each other.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -21,22 +22,33 @@ class LockstepPoissonSampler(DistributedUniformWithReplacementSampler):
     (a hang, or rank r's step k averaged with rank s's step k+1) and a rank would run fewer steps."""
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        indices = torch.randperm(self.total_size, generator=torch.Generator().manual_seed(self.shuffle_seed))
-        indices = indices[self.rank:self.total_size:self.num_replicas]  # this rank's shard (public split)
+        indices = torch.randperm(
+            self.total_size, generator=torch.Generator().manual_seed(self.shuffle_seed)
+        )
+        indices = indices[
+            self.rank : self.total_size : self.num_replicas
+        ]  # this rank's shard (public split)
         for _ in range(self.num_batches):
             mask = torch.rand(self.num_samples, generator=self.generator) < self.sample_rate
             yield indices[mask.nonzero(as_tuple=False).reshape(-1)]
 
 
-def lockstep_poisson_loader(dataset: TensorDataset, batch_size: int, generator: torch.Generator) -> DataLoader:
+def lockstep_poisson_loader(
+    dataset: TensorDataset, batch_size: int, generator: torch.Generator
+) -> DataLoader:
     """This rank's Poisson loader at the single-process rate q = 1 / ceil(N / batch_size), for the
     same number of steps per epoch; `sample_rate` is set as on opacus' DPDataLoader."""
     steps = -(-len(dataset) // batch_size)
     q = 1 / steps
-    sampler = LockstepPoissonSampler(total_size=len(dataset), sample_rate=q, steps=steps, generator=generator)
+    sampler = LockstepPoissonSampler(
+        total_size=len(dataset), sample_rate=q, steps=steps, generator=generator
+    )
     empty_shapes = [(0, *t.shape[1:]) for t in dataset.tensors]
-    collate = wrap_collate_with_empty(collate_fn=default_collate, sample_empty_shapes=empty_shapes,
-                                      dtypes=[t.dtype for t in dataset.tensors])
+    collate = wrap_collate_with_empty(
+        collate_fn=default_collate,
+        sample_empty_shapes=empty_shapes,
+        dtypes=[t.dtype for t in dataset.tensors],
+    )
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
     loader.sample_rate = q
     return loader

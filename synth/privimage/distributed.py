@@ -9,6 +9,7 @@ sample of the whole set); rank 0 alone adds the Gaussian noise (opacus' Distribu
 the ranks' clipped sums are added once by all-reduce; the number of logical steps is the plan's.
 Rank 0 writes the same write-ahead step counter as a single process, before each step.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -83,14 +84,19 @@ def die_with_parent() -> None:
 def check_nproc(nproc: int, device: torch.device) -> None:
     """Refuse what cannot run, before anything is charged or read."""
     if not isinstance(nproc, int) or isinstance(nproc, bool) or not 1 <= nproc <= MAX_NPROC:
-        raise InvalidParameterError(f"--nproc must be an integer from 1 to {MAX_NPROC}, got {nproc!r}.")
+        raise InvalidParameterError(
+            f"--nproc must be an integer from 1 to {MAX_NPROC}, got {nproc!r}."
+        )
     if device.type == "cuda" and nproc > torch.cuda.device_count():
         raise InvalidParameterError(
             f"--nproc {nproc} needs one GPU per process but this host has {torch.cuda.device_count()}; use "
-            f"--nproc {torch.cuda.device_count()} or fewer, or choose the GPUs with CUDA_VISIBLE_DEVICES.")
+            f"--nproc {torch.cuda.device_count()} or fewer, or choose the GPUs with CUDA_VISIBLE_DEVICES."
+        )
 
 
-def launch(stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progress: ProgressFn) -> dict[str, Any]:
+def launch(
+    stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progress: ProgressFn
+) -> dict[str, Any]:
     """Run `stage` of the worker on `nproc` processes under torchrun and return rank 0's result.
     The job file holds sensitive tensors: 0600 in the run's workdir, deleted afterwards. Raises
     PrivReleaseError (with the workers' last log lines) if any worker fails or is killed."""
@@ -107,9 +113,12 @@ def launch(stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progre
     if rc != 0 or not result_path.exists():
         raise PrivReleaseError(
             f"Distributed {stage} failed: torchrun exited with {rc} (a worker failed or was killed). Last lines of "
-            f"{log_path}:\n" + "".join(tail) + "\nThe release is failed and its reservation stays in force. Run "
+            f"{log_path}:\n"
+            + "".join(tail)
+            + "\nThe release is failed and its reservation stays in force. Run "
             "`privrelease release run REL` again to resume from its last checkpoint, or `privrelease release abandon "
-            "REL` to settle it.")
+            "REL` to settle it."
+        )
     result = torch.load(result_path, map_location="cpu", weights_only=False)
     result_path.unlink()
     return result
@@ -122,16 +131,37 @@ _EXEC_DYING_WITH_PARENT = (
     "if sys.platform.startswith('linux'):\n"
     "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
     "    if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
-    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
+    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
+)
 
 
-def _torchrun(job_path: Path, nproc: int, log_path: Path, progress: ProgressFn) -> tuple[int, deque]:
-    cmd = [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), "-m", "torch.distributed.run",
-           "--standalone", f"--nproc-per-node={nproc}", "-m", "synth.privimage.worker", str(job_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc)))}
+def _torchrun(
+    job_path: Path, nproc: int, log_path: Path, progress: ProgressFn
+) -> tuple[int, deque]:
+    cmd = [
+        sys.executable,
+        "-c",
+        _EXEC_DYING_WITH_PARENT,
+        str(os.getpid()),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "synth.privimage.worker",
+        str(job_path),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(nproc))),
+    }
     tail: deque = deque(maxlen=LOG_TAIL_LINES)
-    with open(log_path, "w") as log, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                       text=True, env=env) as proc:
+    with (
+        open(log_path, "w") as log,
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        ) as proc,
+    ):
         try:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_TAG):
@@ -161,27 +191,63 @@ def lost_steps_before_launch(workdir: Path) -> tuple[int, int] | None:
     return started, (saved["step"] if saved is not None else 0)
 
 
-def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, kwargs: dict[str, Any], *, nproc: int,
-             device: torch.device, cache_dir: Path | None, workdir: Path, progress: ProgressFn) -> torch.nn.Module:
+def pretrain(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    kwargs: dict[str, Any],
+    *,
+    nproc: int,
+    device: torch.device,
+    cache_dir: Path | None,
+    workdir: Path,
+    progress: ProgressFn,
+) -> torch.nn.Module:
     """training.pretrain_cached on `nproc` DDP processes (public data only); the cache key includes
     the world size, since DDP draws a different sequence of batches than one process."""
-    job = {"model": model.cpu(), "x": x, "y": y, "kwargs": kwargs, "cache_dir": cache_dir,
-           "workdir_ckpt": str(workdir / state.PRETRAIN), "device": device.type}
+    job = {
+        "model": model.cpu(),
+        "x": x,
+        "y": y,
+        "kwargs": kwargs,
+        "cache_dir": cache_dir,
+        "workdir_ckpt": str(workdir / state.PRETRAIN),
+        "device": device.type,
+    }
     result = launch("pretrain", job, nproc=nproc, workdir=workdir, progress=progress)
     model.load_state_dict(result["weights"])
     return model.to(device).eval()
 
 
-def finetune_and_sample(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, finetune: dict[str, Any],
-                        sample: dict[str, Any], unet: tuple, *, nproc: int, device: torch.device, ctx: Any
-                        ) -> tuple[DpSgdOutcome, np.ndarray]:
+def finetune_and_sample(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    finetune: dict[str, Any],
+    sample: dict[str, Any],
+    unet: tuple,
+    *,
+    nproc: int,
+    device: torch.device,
+    ctx: Any,
+) -> tuple[DpSgdOutcome, np.ndarray]:
     """DP-SGD and sampling on `nproc` processes. Steps an earlier attempt started but lost since its
     checkpoint are charged here, by the coordinator, before any worker runs (as dp_finetune's
     on_resume does in one process)."""
     lost = lost_steps_before_launch(ctx.workdir)
     if lost is not None:
         ctx.charge_lost_steps(*lost)
-    job = {"model": model.cpu(), "x": x, "y": y, "finetune": finetune, "sample": sample, "unet": unet,
-           "workdir": str(ctx.workdir), "device": device.type}
+    job = {
+        "model": model.cpu(),
+        "x": x,
+        "y": y,
+        "finetune": finetune,
+        "sample": sample,
+        "unet": unet,
+        "workdir": str(ctx.workdir),
+        "device": device.type,
+    }
     r = launch("finetune_sample", job, nproc=nproc, workdir=ctx.workdir, progress=ctx.progress)
-    return DpSgdOutcome(r["weights"], r["steps"], r["opacus_history"], r["opacus_sample_rate"]), r["images"]
+    return DpSgdOutcome(r["weights"], r["steps"], r["opacus_history"], r["opacus_sample_rate"]), r[
+        "images"
+    ]

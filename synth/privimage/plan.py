@@ -1,4 +1,5 @@
 """The privacy plan of a PrivImage run: which events it will charge, calibrated over the whole history."""
+
 from __future__ import annotations
 
 import math
@@ -17,20 +18,22 @@ from synth.privimage.config import PrivImageConfig
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[MechanismEvent]        # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery
-                                        # (count = rounds)]: the query only for selection "semantic", the central
-                                        # images only with central_images > 0, the vote only with vote_sigma > 0
+    events: list[
+        MechanismEvent
+    ]  # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery
+    # (count = rounds)]: the query only for selection "semantic", the central
+    # images only with central_images > 0, the vote only with vote_sigma > 0
     noise_multiplier: float
     sample_rate: float
     steps: int
     record_count: int
-    epsilon: EpsilonReport              # of prior + events
-    central: bool = False               # the last Gaussian query before DP-SGD is the DP central images
+    epsilon: EpsilonReport  # of prior + events
+    central: bool = False  # the last Gaussian query before DP-SGD is the DP central images
 
     @property
     def query_event(self) -> GaussianQuery | None:
         """The semantic query: the first Gaussian query before DP-SGD, unless that is the central images'."""
-        before = [e for e in self.events[:self._dpsgd_index] if isinstance(e, GaussianQuery)]
+        before = [e for e in self.events[: self._dpsgd_index] if isinstance(e, GaussianQuery)]
         return next(iter(before[:-1] if self.central else before), None)
 
     @property
@@ -41,7 +44,9 @@ class PrivImagePlan:
     @property
     def vote_event(self) -> GaussianQuery | None:
         """The private vote on the samples: the Gaussian query after DP-SGD, `count` = its rounds."""
-        return next((e for e in self.events[self._dpsgd_index + 1:] if isinstance(e, GaussianQuery)), None)
+        return next(
+            (e for e in self.events[self._dpsgd_index + 1 :] if isinstance(e, GaussianQuery)), None
+        )
 
     @property
     def vote_sigmas(self) -> list[float]:
@@ -62,16 +67,31 @@ class PrivImagePlan:
         return self.sample_rate * self.record_count
 
     def to_json(self) -> dict[str, Any]:
-        return {"events": [event_to_json(e) for e in self.events], "noise_multiplier": self.noise_multiplier,
-                "sample_rate": self.sample_rate, "steps": self.steps, "record_count": self.record_count,
-                "epsilon": {"epsilon_rdp": self.epsilon.epsilon_rdp, "epsilon_pld": self.epsilon.epsilon_pld,
-                            "delta": self.epsilon.delta}, **({"central": True} if self.central else {})}
+        return {
+            "events": [event_to_json(e) for e in self.events],
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+            "record_count": self.record_count,
+            "epsilon": {
+                "epsilon_rdp": self.epsilon.epsilon_rdp,
+                "epsilon_pld": self.epsilon.epsilon_pld,
+                "delta": self.epsilon.delta,
+            },
+            **({"central": True} if self.central else {}),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PrivImagePlan:
-        return cls([event_from_json(e) for e in data["events"]], float(data["noise_multiplier"]),
-                   float(data["sample_rate"]), int(data["steps"]), int(data["record_count"]),
-                   EpsilonReport(**data["epsilon"]), bool(data.get("central", False)))
+        return cls(
+            [event_from_json(e) for e in data["events"]],
+            float(data["noise_multiplier"]),
+            float(data["sample_rate"]),
+            int(data["steps"]),
+            int(data["record_count"]),
+            EpsilonReport(**data["epsilon"]),
+            bool(data.get("central", False)),
+        )
 
 
 def sample_rate_for(record_count: int, batch_size: int) -> float:
@@ -91,7 +111,9 @@ def vote_event(config: PrivImageConfig) -> GaussianQuery:
     return GaussianQuery(sigma=config.vote_sigma, sensitivity=1.0, count=config.vote_rounds)
 
 
-def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()) -> PrivImagePlan:
+def plan_privimage(
+    config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()
+) -> PrivImagePlan:
     """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
     the RDP epsilon of prior + query + central images + DP-SGD + every vote round <= config.epsilon."""
     n = check_count(record_count, "record count")
@@ -105,7 +127,16 @@ def plan_privimage(config: PrivImageConfig, record_count: int, prior: Sequence[M
     if config.central_images:
         before.append(central_event(config.central_sigma, config.central_images))
     after = [vote_event(config)] if config.vote_sigma else []
-    sigma = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after)
+    sigma = calibrate_dpsgd_sigma(
+        config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
+    )
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
-    return PrivImagePlan(events, sigma, q, steps, n, epsilon_report(list(prior) + events, config.delta),
-                         central=bool(config.central_images))
+    return PrivImagePlan(
+        events,
+        sigma,
+        q,
+        steps,
+        n,
+        epsilon_report(list(prior) + events, config.delta),
+        central=bool(config.central_images),
+    )

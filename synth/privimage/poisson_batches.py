@@ -8,6 +8,7 @@ device in one copy, and a step's batch is a slice whose length the host already 
 step. opacus' DataLoader also takes one 64-bit draw from the generator when each epoch's iterator starts (its
 base seed); `draw_per_epoch` reproduces that, so with the same generator state the batches are opacus' own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,17 +17,35 @@ MAX_DRAWN = 1 << 24  # masks drawn at once (ahead x N): 64 MiB of float32 unifor
 
 
 class PoissonBatches:
-    def __init__(self, n: int, sample_rate: float, generator: torch.Generator, device: torch.device, *,
-                 steps_per_epoch: int, ahead: int = 64) -> None:
+    def __init__(
+        self,
+        n: int,
+        sample_rate: float,
+        generator: torch.Generator,
+        device: torch.device,
+        *,
+        steps_per_epoch: int,
+        ahead: int = 64,
+    ) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}.")
-        self.n, self.q, self.generator, self.device = n, sample_rate, generator, torch.device(device)
-        self.steps_per_epoch, self.ahead = steps_per_epoch, max(1, min(ahead, MAX_DRAWN // max(n, 1)))
+        self.n, self.q, self.generator, self.device = (
+            n,
+            sample_rate,
+            generator,
+            torch.device(device),
+        )
+        self.steps_per_epoch, self.ahead = (
+            steps_per_epoch,
+            max(1, min(ahead, MAX_DRAWN // max(n, 1))),
+        )
         self._into_epoch = 0  # steps drawn in the current epoch
         self._flat, self._bounds, self._next = torch.empty(0, dtype=torch.int64), [0], 0
 
     def _draw(self) -> None:
-        if self._into_epoch == 0:  # the base seed opacus' DataLoader iterator draws (see the module docstring)
+        if (
+            self._into_epoch == 0
+        ):  # the base seed opacus' DataLoader iterator draws (see the module docstring)
             torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         k = min(self.ahead, self.steps_per_epoch - self._into_epoch)
         self._into_epoch = (self._into_epoch + k) % self.steps_per_epoch

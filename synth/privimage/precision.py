@@ -8,6 +8,7 @@ step equal, DP-SGD step 25% and sampling step 18% slower in bfloat16; BENCHMARKS
 GPU"); an explicit "bfloat16" still runs there.
 Precision changes what the model computes, never what is charged: DP-SGD clips and noises whatever
 per-example gradient it is given, so the guarantee is the same in either precision."""
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
@@ -25,13 +26,15 @@ def native_bfloat16(device: torch.device) -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         cpu = torch.cpu
-        return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-                    or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+        return bool(
+            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+        )
     return False
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """"float32" or "bfloat16" for this device: "auto" picks bfloat16 on a CPU where it is native (float32 on a
+    """ "float32" or "bfloat16" for this device: "auto" picks bfloat16 on a CPU where it is native (float32 on a
     GPU, measured faster there); an explicit "bfloat16" on hardware that would only emulate it is refused (it
     would run several times slower)."""
     if requested not in PRECISIONS:
@@ -42,7 +45,8 @@ def resolve_precision(requested: str, device: torch.device) -> str:
         raise InvalidParameterError(
             f"precision 'bfloat16' was asked for, but this {device.type} has no native bfloat16 support "
             "(AVX512-BF16 or AMX on a CPU, a bf16-capable GPU); it would be emulated and slower. Use precision "
-            "'auto' (picks float32 here) or 'float32'.")
+            "'auto' (picks float32 here) or 'float32'."
+        )
     return requested
 
 

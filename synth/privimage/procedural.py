@@ -5,6 +5,7 @@ arXiv 2412.09842): dead leaves (overlapping discs and boxes of random grey level
 outlined polygons and ellipses, light on a black background like MNIST-style scans) and rendered glyphs (letters
 of the DejaVu fonts that matplotlib ships: offline, no system fonts needed). Digits are left out of the glyphs
 so that they never look like a public digit class. Deterministic for a seed; no data is read."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +27,9 @@ def _fonts() -> list[Path]:
     root = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
     fonts = sorted(root.glob("DejaVu*.ttf"))
     if not fonts:
-        raise InvalidParameterError(f"No DejaVu fonts under {root}: reinstall matplotlib (it ships them).")
+        raise InvalidParameterError(
+            f"No DejaVu fonts under {root}: reinstall matplotlib (it ships them)."
+        )
     return fonts
 
 
@@ -47,18 +50,26 @@ def _shapes(draw: ImageDraw.ImageDraw, rng: np.random.Generator, s: int) -> None
         r = s * float(rng.uniform(0.12, 0.4))
         fill = grey if rng.random() < 0.5 else None
         if rng.random() < 0.35:
-            draw.ellipse([cx - r, cy - r * rng.uniform(0.4, 1.0), cx + r, cy + r * rng.uniform(0.4, 1.0)],
-                         fill=fill, outline=grey, width=width)
+            draw.ellipse(
+                [cx - r, cy - r * rng.uniform(0.4, 1.0), cx + r, cy + r * rng.uniform(0.4, 1.0)],
+                fill=fill,
+                outline=grey,
+                width=width,
+            )
         else:
             n = int(rng.integers(3, 8))
             angles = np.sort(rng.uniform(0, 2 * np.pi, n))
             radii = r * rng.uniform(0.5, 1.0, n)
-            pts = [(cx + a * np.cos(t), cy + a * np.sin(t)) for a, t in zip(radii, angles, strict=True)]
+            pts = [
+                (cx + a * np.cos(t), cy + a * np.sin(t)) for a, t in zip(radii, angles, strict=True)
+            ]
             draw.polygon(pts, fill=fill, outline=grey, width=width)
 
 
 def _glyph(img: Image.Image, rng: np.random.Generator, s: int, fonts: list[Path]) -> Image.Image:
-    font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), int(s * rng.uniform(0.55, 0.9)))
+    font = ImageFont.truetype(
+        str(fonts[int(rng.integers(len(fonts)))]), int(s * rng.uniform(0.55, 0.9))
+    )
     ch = GLYPHS[int(rng.integers(len(GLYPHS)))]
     draw = ImageDraw.Draw(img)
     left, top, right, bottom = draw.textbbox((0, 0), ch, font=font)
@@ -71,7 +82,9 @@ def _glyph(img: Image.Image, rng: np.random.Generator, s: int, fonts: list[Path]
 def procedural_images(n: int, size: int, seed: int, channels: int = 1) -> ImageDataset:
     """`n` images of `size` x `size` (grey, or grey repeated over 3 channels), labelled by kind (KINDS)."""
     if not isinstance(n, int) or n < 1 or size < 8:
-        raise InvalidParameterError(f"procedural images need n >= 1 and size >= 8, got n={n!r}, size={size!r}.")
+        raise InvalidParameterError(
+            f"procedural images need n >= 1 and size >= 8, got n={n!r}, size={size!r}."
+        )
     rng = np.random.default_rng(seed)
     fonts, s = _fonts(), size * SUPERSAMPLE
     kinds = np.arange(n) % len(KINDS)
@@ -86,4 +99,6 @@ def procedural_images(n: int, size: int, seed: int, channels: int = 1) -> ImageD
             img = _glyph(img, rng, s, fonts)
         out[i] = np.asarray(img.resize((size, size), Image.BOX))
     images = out if channels == 1 else np.repeat(out[..., None], 3, -1)
-    return ImageDataset(images, kinds.astype(np.int64), list(KINDS), f"procedural(seed={seed})", [0, 1, 2])
+    return ImageDataset(
+        images, kinds.astype(np.int64), list(KINDS), f"procedural(seed={seed})", [0, 1, 2]
+    )

@@ -1,5 +1,6 @@
 """Files of a run's workdir. Small JSON files are written atomically (tmp + fsync + rename) so
 that a crash leaves either the old or the new version, never a torn one."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ from typing import Any
 import torch
 
 PLAN = "plan.json"
-DATA_ACCESSED = "data.accessed"      # written just before the first read of sensitive data
-QUERY = "query.json"                 # the noisy histogram (DP) and the selection derived from it
-VOTE = "vote.json"                   # the private vote's noisy counts (DP) and the candidates it kept
-WAL = "dpsgd_wal.json"               # write-ahead counter of DP-SGD steps started, and redo charges
+DATA_ACCESSED = "data.accessed"  # written just before the first read of sensitive data
+QUERY = "query.json"  # the noisy histogram (DP) and the selection derived from it
+VOTE = "vote.json"  # the private vote's noisy counts (DP) and the candidates it kept
+WAL = "dpsgd_wal.json"  # write-ahead counter of DP-SGD steps started, and redo charges
 PRETRAIN = "pretrain.pt"
 FINETUNE = "finetune.pt"
 MODEL_DIR = "model"

@@ -3,6 +3,7 @@
 DP-SGD keeps a write-ahead counter: before each logical step (one Poisson-sampled batch, possibly
 split by BatchMemoryManager into several physical batches) the count of steps *started* is made
 durable, so settling a crashed run can never under-charge."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +34,9 @@ from synth.privimage.poisson_batches import PoissonBatches, physical_batches
 from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 
-PRETRAIN_RECIPE = "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
+PRETRAIN_RECIPE = (
+    "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
+)
 # Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution backward
 # pass (synth/privimage/conv_grad_sample.py): faster on CPU than opacus' own conv sampler and than its
 # functorch (vmap) mode, in float32 and under bfloat16 autocast (BENCHMARKS.md, "DP-SGD step cost").
@@ -46,10 +49,26 @@ GRAD_SAMPLE_MODE = "hooks"
 HOOKS_LOSS_REDUCTION = "sum"
 
 
-def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
-             train_timesteps: int, seed: int, device: torch.device, ckpt: Path, ckpt_every: int = 100,
-             progress: ProgressFn = no_progress, augment: float = 0.0, label_dropout: float = 0.0,
-             world_size: int = 1, elastic: bool = False, precision: str = "float32") -> torch.nn.Module:
+def pretrain(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    train_timesteps: int,
+    seed: int,
+    device: torch.device,
+    ckpt: Path,
+    ckpt_every: int = 100,
+    progress: ProgressFn = no_progress,
+    augment: float = 0.0,
+    label_dropout: float = 0.0,
+    world_size: int = 1,
+    elastic: bool = False,
+    precision: str = "float32",
+) -> torch.nn.Module:
     """Plain DDPM training (public data, no privacy cost); resumable from `ckpt`.
 
     With `world_size` > 1 (inside an initialised process group of that size) the model is wrapped in
@@ -80,7 +99,10 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
         start = saved["step"]
     for step in range(start, steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
-        xb, yb = augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic), y[idx].clone()
+        xb, yb = (
+            augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic),
+            y[idx].clone(),
+        )
         if label_dropout > 0:
             yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
         with autocast(device, precision):
@@ -90,8 +112,16 @@ def pretrain(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
         opt.step()
         lr_sched.step()
         if rank == 0 and ((step + 1) % ckpt_every == 0 or step + 1 == steps):
-            state.save_torch(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "lr": lr_sched.state_dict(),
-                                    "gen": gen.get_state(), "step": step + 1})
+            state.save_torch(
+                ckpt,
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "lr": lr_sched.state_dict(),
+                    "gen": gen.get_state(),
+                    "step": step + 1,
+                },
+            )
         progress("pretraining", step + 1, steps)
     return model.eval()
 
@@ -103,8 +133,10 @@ def _ddp(model: torch.nn.Module, world_size: int, batch: int) -> tuple[int, torc
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if torch.distributed.get_world_size() != world_size:
-        raise PrivReleaseError(f"Internal error: world_size {world_size} but the process group has "
-                               f"{torch.distributed.get_world_size()} processes.")
+        raise PrivReleaseError(
+            f"Internal error: world_size {world_size} but the process group has "
+            f"{torch.distributed.get_world_size()} processes."
+        )
     ids = [model.device.index] if model.device.type == "cuda" else None
     return torch.distributed.get_rank(), DDP(model, device_ids=ids), -(-batch // world_size)
 
@@ -114,15 +146,24 @@ def _writer(world_size: int) -> bool:
     return world_size == 1 or torch.distributed.get_rank() == 0
 
 
-def _schedule(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+def _schedule(
+    opt: torch.optim.Optimizer, lr: float, steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
     """One-cycle (5% warm-up, cosine decay); a constant rate when there are too few steps to warm up."""
     if steps * 0.05 < 2:
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
 
 
-def pretrain_cached(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, cache_dir: Path | None,
-                    workdir_ckpt: Path, **kwargs) -> torch.nn.Module:
+def pretrain_cached(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    cache_dir: Path | None,
+    workdir_ckpt: Path,
+    **kwargs,
+) -> torch.nn.Module:
     """`pretrain`, reusing a finished model from `cache_dir` when the same public images, labels, model
     and settings were pre-trained before. Public data only, so sharing it across releases (and datasets)
     costs no privacy; the key is a sha256 over everything that determines the weights."""
@@ -150,8 +191,13 @@ def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, sett
     architecture = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     h.update(json.dumps(architecture, sort_keys=True, default=str).encode())
     # elastic=False and float32 compute exactly what recipe v2 did before the options existed: leave them out
-    keep = {k: v for k, v in settings.items() if k not in ("device", "progress", "ckpt_every")
-            and not (k == "elastic" and v is False) and not (k == "precision" and v == "float32")}
+    keep = {
+        k: v
+        for k, v in settings.items()
+        if k not in ("device", "progress", "ckpt_every")
+        and not (k == "elastic" and v is False)
+        and not (k == "precision" and v == "float32")
+    }
     h.update(json.dumps(keep, sort_keys=True, default=str).encode())
     h.update(x.detach().cpu().numpy().tobytes())
     h.update(y.detach().cpu().numpy().tobytes())
@@ -160,9 +206,9 @@ def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, sett
 
 @dataclass
 class DpSgdOutcome:
-    weights: dict                    # EMA weights (the model we sample from), on CPU
-    steps: int                       # logical steps of the final trajectory (== planned when finished)
-    opacus_history: list             # opacus' RDP accountant history [(sigma, q, steps)]
+    weights: dict  # EMA weights (the model we sample from), on CPU
+    steps: int  # logical steps of the final trajectory (== planned when finished)
+    opacus_history: list  # opacus' RDP accountant history [(sigma, q, steps)]
     opacus_sample_rate: float
 
 
@@ -173,8 +219,11 @@ def select_trainable(model: torch.nn.Module, which: str) -> list[torch.nn.Parame
     if which not in TRAINABLE:
         raise PrivReleaseError(f"trainable must be one of {TRAINABLE}, got {which!r}.")
     for name, p in model.named_parameters():
-        keep = (which == "all" or (which == "no_down" and not name.startswith("down_blocks"))
-                or (which == "norms_emb" and ("norm" in name or "emb" in name)))
+        keep = (
+            which == "all"
+            or (which == "no_down" and not name.startswith("down_blocks"))
+            or (which == "norms_emb" and ("norm" in name or "emb" in name))
+        )
         p.requires_grad_(keep)
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -188,13 +237,34 @@ def _average_draws(params: list[torch.nn.Parameter], n: int, multiplicity: int) 
         p.grad_sample = gs.reshape(n, multiplicity, *gs.shape[1:]).mean(1)
 
 
-def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sample_rate: float, noise_multiplier: float,
-                steps: int, batch_size: int, max_physical_batch: int, max_grad_norm: float, lr: float, ema_decay: float,
-                train_timesteps: int, seed: int, device: torch.device, workdir: Path, ckpt_every: int,
-                on_resume: Callable[[int, int], None], progress: ProgressFn = no_progress,
-                optimizer: str = "adam", noise_multiplicity: int = 1, trainable: str = "all",
-                world_size: int = 1, secure_noise: bool = True, precision: str = "float32",
-                t_min: float = 0.0) -> DpSgdOutcome:
+def dp_finetune(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    sample_rate: float,
+    noise_multiplier: float,
+    steps: int,
+    batch_size: int,
+    max_physical_batch: int,
+    max_grad_norm: float,
+    lr: float,
+    ema_decay: float,
+    train_timesteps: int,
+    seed: int,
+    device: torch.device,
+    workdir: Path,
+    ckpt_every: int,
+    on_resume: Callable[[int, int], None],
+    progress: ProgressFn = no_progress,
+    optimizer: str = "adam",
+    noise_multiplicity: int = 1,
+    trainable: str = "all",
+    world_size: int = 1,
+    secure_noise: bool = True,
+    precision: str = "float32",
+    t_min: float = 0.0,
+) -> DpSgdOutcome:
     """DP-SGD via opacus (Poisson sampling, per-sample clipping, physical batches as BatchMemoryManager splits
     them, EMA); with `world_size` > 1, one rank of opacus' DPDDP, charged as one process
     (synth/privimage/distributed.py). In one process the Poisson batches are opacus' draws made many steps ahead
@@ -208,9 +278,14 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
     diffusion timesteps from t_min * T up only (the high-noise ones, which set a digit's shape)."""
     model.to(device).train()
     params = select_trainable(model, trainable)
-    opt = (torch.optim.SGD(params, lr=lr, momentum=0.9) if optimizer == "sgd"
-           else torch.optim.Adam(params, lr=lr))
-    ema = EMAModel(model.parameters(), decay=ema_decay, foreach=True)  # a few fused kernels, not 3 per tensor
+    opt = (
+        torch.optim.SGD(params, lr=lr, momentum=0.9)
+        if optimizer == "sgd"
+        else torch.optim.Adam(params, lr=lr)
+    )
+    ema = EMAModel(
+        model.parameters(), decay=ema_decay, foreach=True
+    )  # a few fused kernels, not 3 per tensor
     wal_path, ckpt_path, writer = workdir / state.WAL, workdir / state.FINETUNE, _writer(world_size)
     wal = state.read_json(wal_path, {"started": 0, "redo": []})
     done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
@@ -218,18 +293,42 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         on_resume(wal["started"], done)
         wal = state.read_json(wal_path, wal)  # on_resume may have recorded redo charges
     if done >= steps:
-        return DpSgdOutcome(_ema_weights(model, ema), done,
-                            list(accountant_state["history"]) if accountant_state else [], sample_rate)
-    engine, dp_model, dp_opt, dp_loader = _make_private(model, opt, x, y, batch_size, noise_multiplier, max_grad_norm,
-                                                        sample_rate, device, world_size)
-    if secure_noise:  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
+        return DpSgdOutcome(
+            _ema_weights(model, ema),
+            done,
+            list(accountant_state["history"]) if accountant_state else [],
+            sample_rate,
+        )
+    engine, dp_model, dp_opt, dp_loader = _make_private(
+        model,
+        opt,
+        x,
+        y,
+        batch_size,
+        noise_multiplier,
+        max_grad_norm,
+        sample_rate,
+        device,
+        world_size,
+    )
+    if (
+        secure_noise
+    ):  # DP noise from a CSPRNG, hardened against the floating-point attack (synth/secure_noise.py)
         install_secure_noise(dp_opt)
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
 
     def checkpoint(step: int) -> None:
-        state.save_torch(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "ema": ema.state_dict(),
-                                     "step": step, "accountant": engine.accountant.state_dict()})
+        state.save_torch(
+            ckpt_path,
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "ema": ema.state_dict(),
+                "step": step,
+                "accountant": engine.accountant.state_dict(),
+            },
+        )
 
     sched = make_scheduler(train_timesteps)
     physical = max(1, max_physical_batch // noise_multiplicity)
@@ -238,8 +337,18 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
         for step_batches in steps_fn(dp_loader, dp_opt, x, y, physical, device):
             _write_ahead(wal, wal_path, writer)  # before the step's first physical batch runs
             for xb, yb in step_batches:
-                _per_sample_gradients(dp_model, dp_opt, sched, params, xb, yb, noise_multiplicity, device,
-                                      precision, t_min)
+                _per_sample_gradients(
+                    dp_model,
+                    dp_opt,
+                    sched,
+                    params,
+                    xb,
+                    yb,
+                    noise_multiplicity,
+                    device,
+                    precision,
+                    t_min,
+                )
                 dp_opt.step()
             done += 1
             ema.step(model.parameters())
@@ -248,36 +357,57 @@ def dp_finetune(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, sam
                 checkpoint(done)
             if done >= steps:
                 break
-    return DpSgdOutcome(_ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate)
+    return DpSgdOutcome(
+        _ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate
+    )
 
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _presampled_steps(dp_loader, dp_opt: DPOptimizer, x: torch.Tensor, y: torch.Tensor, physical: int,
-                      device: torch.device) -> Iterator[Batches]:
+def _presampled_steps(
+    dp_loader,
+    dp_opt: DPOptimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    physical: int,
+    device: torch.device,
+) -> Iterator[Batches]:
     """One process: each logical step's physical batches, from Poisson indices drawn many steps ahead with the
     loader's own generator and rate (exactly its draws: poisson_batches.py), gathered from data resident on the
     device, split and signalled to the optimiser as opacus' BatchMemoryManager does. No host round-trip."""
     x, y = x.to(device), y.to(device)
-    sampler = PoissonBatches(len(x), dp_loader.sample_rate, dp_loader.batch_sampler.generator, device,
-                             steps_per_epoch=len(dp_loader))
+    sampler = PoissonBatches(
+        len(x),
+        dp_loader.sample_rate,
+        dp_loader.batch_sampler.generator,
+        device,
+        steps_per_epoch=len(dp_loader),
+    )
 
     def one_step(indices: torch.Tensor) -> Batches:
         parts = physical_batches(indices, physical)
         for i, part in enumerate(parts):
             dp_opt.signal_skip_step(do_skip=i < len(parts) - 1)
             yield x[part], y[part]
+
     while True:
         yield one_step(sampler.next())
 
 
-def _loader_steps(dp_loader, dp_opt: DPOptimizer, x: torch.Tensor, y: torch.Tensor, physical: int,
-                  device: torch.device) -> Iterator[Batches]:
+def _loader_steps(
+    dp_loader,
+    dp_opt: DPOptimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    physical: int,
+    device: torch.device,
+) -> Iterator[Batches]:
     """Under torchrun: the lockstep distributed loader through opacus' BatchMemoryManager, epoch after epoch."""
     while True:
-        with BatchMemoryManager(data_loader=dp_loader, max_physical_batch_size=physical,
-                                optimizer=dp_opt) as mem_loader:
+        with BatchMemoryManager(
+            data_loader=dp_loader, max_physical_batch_size=physical, optimizer=dp_opt
+        ) as mem_loader:
             batches = iter(mem_loader)
             for first in batches:
                 yield _until_step_end(first, batches, dp_opt)
@@ -317,17 +447,34 @@ def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
         state.write_json(wal_path, wal)
 
 
-def _per_sample_gradients(dp_model: torch.nn.Module, dp_opt: torch.optim.Optimizer, sched, params: list,
-                          xb: torch.Tensor, yb: torch.Tensor, reps: int, device: torch.device,
-                          precision: str = "float32", t_min: float = 0.0) -> None:
+def _per_sample_gradients(
+    dp_model: torch.nn.Module,
+    dp_opt: torch.optim.Optimizer,
+    sched,
+    params: list,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    reps: int,
+    device: torch.device,
+    precision: str = "float32",
+    t_min: float = 0.0,
+) -> None:
     if len(xb) == 0:
         return _empty_batch(dp_opt, params)
     dp_opt.zero_grad()
     with autocast(device, precision):
-        loss = ddpm_loss(dp_model, sched, xb.repeat_interleave(reps, 0).to(device),
-                         yb.repeat_interleave(reps, 0).to(device), reduction=HOOKS_LOSS_REDUCTION, t_min=t_min)
+        loss = ddpm_loss(
+            dp_model,
+            sched,
+            xb.repeat_interleave(reps, 0).to(device),
+            yb.repeat_interleave(reps, 0).to(device),
+            reduction=HOOKS_LOSS_REDUCTION,
+            t_min=t_min,
+        )
     loss.backward()
-    for p in params:  # opacus' hooks leave bfloat16 per-example gradients under autocast: clip in float32
+    for p in (
+        params
+    ):  # opacus' hooks leave bfloat16 per-example gradients under autocast: clip in float32
         if p.grad_sample.dtype != p.dtype:
             p.grad_sample = p.grad_sample.to(p.dtype)
     if reps > 1:
@@ -342,8 +489,13 @@ def _empty_batch(dp_opt: torch.optim.Optimizer, params: list) -> None:
         p.grad_sample = p.new_zeros((0, *p.shape))
 
 
-def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, ema: EMAModel,
-             device: torch.device) -> tuple[int, dict | None]:
+def _restore(
+    ckpt_path: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    ema: EMAModel,
+    device: torch.device,
+) -> tuple[int, dict | None]:
     saved = state.load_torch(ckpt_path)
     if saved is None:
         return 0, None
@@ -354,9 +506,18 @@ def _restore(ckpt_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
     return saved["step"], saved["accountant"]
 
 
-def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                  batch_size: int, noise_multiplier: float, max_grad_norm: float, sample_rate: float,
-                  device: torch.device, world_size: int = 1) -> tuple:
+def _make_private(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    sample_rate: float,
+    device: torch.device,
+    world_size: int = 1,
+) -> tuple:
     # The DP noise and the Poisson sampling must not be predictable from the public config (a
     # known seed would let anyone subtract the noise): their generators are seeded from OS entropy.
     sampling_gen = torch.Generator().manual_seed(secrets.randbits(63))
@@ -368,17 +529,28 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
         module, poisson = dpddp(model), False
         loader = lockstep_poisson_loader(TensorDataset(x, y), batch_size, sampling_gen)
     else:
-        loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False, generator=sampling_gen)
-    with warnings.catch_warnings():  # opacus' "Secure RNG turned off" notice: the README explains the RNG
+        loader = DataLoader(
+            TensorDataset(x, y), batch_size=batch_size, shuffle=False, generator=sampling_gen
+        )
+    with (
+        warnings.catch_warnings()
+    ):  # opacus' "Secure RNG turned off" notice: the README explains the RNG
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         dp_model, dp_opt, dp_loader = engine.make_private(
-            module=module, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm, poisson_sampling=poisson, grad_sample_mode=GRAD_SAMPLE_MODE,
+            module=module,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            poisson_sampling=poisson,
+            grad_sample_mode=GRAD_SAMPLE_MODE,
             noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
             loss_reduction=HOOKS_LOSS_REDUCTION,
         )
-    dp_opt.loss_reduction = "mean"  # average the noisy sum over the expected batch (see HOOKS_LOSS_REDUCTION)
+    dp_opt.loss_reduction = (
+        "mean"  # average the noisy sum over the expected batch (see HOOKS_LOSS_REDUCTION)
+    )
     scale_grad_once(dp_opt)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
@@ -387,7 +559,9 @@ def _make_private(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.T
         )
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     # opacus' functorch path (layers without a hooks sampler) asks CPU autocast for float32: a notice per step
-    warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message="In CPU autocast, but the target dtype", category=UserWarning
+    )
     return engine, dp_model, dp_opt, dp_loader
 
 

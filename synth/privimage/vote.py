@@ -17,6 +17,7 @@ and so the charge, is the same in both spaces.
 With `vote_rounds` > 1 this is Private Evolution proper: each later round votes on variations of the previous
 round's winners (drawn by the DP model, so post-processing too) and is charged as one more Gaussian query.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,11 +30,15 @@ from synth.privimage.state import VOTE as VOTE_FILE
 from synth.secure_noise import SecureGaussian
 
 _CHUNK = 512  # sensitive images per distance block (bounds memory at _CHUNK x candidates-of-a-class floats)
-EMBED_SIZE = 64  # input pixels of the embedding: 28 px upsampled; 224 px is too slow on CPUs (BENCHMARKS.md)
+EMBED_SIZE = (
+    64  # input pixels of the embedding: 28 px upsampled; 224 px is too slow on CPUs (BENCHMARKS.md)
+)
 _EMBED_BATCH = {"cpu": 64}  # per forward pass; elsewhere (a GPU) 512
 _EMBED_CHUNK = 4096  # images converted to float at a time (bounds memory on 60,000-image sets)
 
-Featurize = Callable[[np.ndarray], np.ndarray]  # uint8 images -> (N, D) float32 vectors compared by L2
+Featurize = Callable[
+    [np.ndarray], np.ndarray
+]  # uint8 images -> (N, D) float32 vectors compared by L2
 
 
 def pixel_features(images: np.ndarray) -> np.ndarray:
@@ -58,10 +63,16 @@ def embedding_features(device: str | object = "cpu", precision: str = "float32")
         parts = []
         for start in range(0, len(images), _EMBED_CHUNK):
             with autocast(dev, precision):
-                f = embed(to_tensor(images[start:start + _EMBED_CHUNK]), dev, batch=_EMBED_BATCH.get(dev.type, 512),
-                          size=EMBED_SIZE, fixed_batch=True)
+                f = embed(
+                    to_tensor(images[start : start + _EMBED_CHUNK]),
+                    dev,
+                    batch=_EMBED_BATCH.get(dev.type, 512),
+                    size=EMBED_SIZE,
+                    fixed_batch=True,
+                )
             parts.append(F.normalize(f.float(), dim=1).numpy())
         return np.concatenate(parts) if parts else np.zeros((0, 1280), dtype=np.float32)
+
     return featurize
 
 
@@ -72,32 +83,47 @@ def features_for(space: str, device: str | object = "cpu", precision: str = "flo
     return pixel_features if space == "pixel" else embedding_features(device, precision)
 
 
-def nearest_votes(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndarray,
-                  candidate_pos: np.ndarray) -> np.ndarray:
+def nearest_votes(
+    sensitive: np.ndarray,
+    sensitive_pos: np.ndarray,
+    candidates: np.ndarray,
+    candidate_pos: np.ndarray,
+) -> np.ndarray:
     """Votes per candidate from feature vectors (N, D): each sensitive row adds 1 to the candidate of its own
     class position at the smallest L2 distance."""
     votes = np.zeros(len(candidates), dtype=np.int64)
     for cls in np.unique(sensitive_pos):
         ci = np.flatnonzero(candidate_pos == cls)
         if len(ci) == 0:
-            raise InvalidParameterError(f"No candidate of class position {cls} to vote for; draw a larger pool.")
+            raise InvalidParameterError(
+                f"No candidate of class position {cls} to vote for; draw a larger pool."
+            )
         c = candidates[ci]
-        c2 = (c ** 2).sum(1)
+        c2 = (c**2).sum(1)
         si = np.flatnonzero(sensitive_pos == cls)
         for start in range(0, len(si), _CHUNK):
-            d2 = c2[None, :] - 2.0 * sensitive[si[start:start + _CHUNK]] @ c.T  # |s|^2: the same along a row
+            d2 = (
+                c2[None, :] - 2.0 * sensitive[si[start : start + _CHUNK]] @ c.T
+            )  # |s|^2: the same along a row
             np.add.at(votes, ci[d2.argmin(1)], 1)
     return votes
 
 
 def _check_format(sensitive: np.ndarray, candidates: np.ndarray) -> None:
     if sensitive.shape[1:] != candidates.shape[1:]:
-        raise InvalidParameterError(f"Sensitive images {sensitive.shape[1:]} and candidates {candidates.shape[1:]} "
-                                    "must have the same format to vote.")
+        raise InvalidParameterError(
+            f"Sensitive images {sensitive.shape[1:]} and candidates {candidates.shape[1:]} "
+            "must have the same format to vote."
+        )
 
 
-def nearest_candidate_votes(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndarray,
-                            candidate_pos: np.ndarray, featurize: Featurize = pixel_features) -> np.ndarray:
+def nearest_candidate_votes(
+    sensitive: np.ndarray,
+    sensitive_pos: np.ndarray,
+    candidates: np.ndarray,
+    candidate_pos: np.ndarray,
+    featurize: Featurize = pixel_features,
+) -> np.ndarray:
     """Votes per candidate: each sensitive image (uint8, same format as the candidates) adds 1 to the
     candidate of its own class position nearest to it in `featurize`'s space (default: pixel L2)."""
     _check_format(sensitive, candidates)
@@ -110,38 +136,61 @@ def noisy_votes(votes: np.ndarray, sigma: float) -> np.ndarray:
     return votes.astype(np.float64) + noise
 
 
-def select_by_votes(noisy: np.ndarray, candidate_pos: np.ndarray, wanted_pos: np.ndarray) -> np.ndarray:
+def select_by_votes(
+    noisy: np.ndarray, candidate_pos: np.ndarray, wanted_pos: np.ndarray
+) -> np.ndarray:
     """Indices of the released candidates: for each class position, as many as `wanted_pos` holds, the
     highest noisy counts first; returned grouped the way `wanted_pos` orders its classes."""
     keep = []
     for cls, n in zip(*np.unique(wanted_pos, return_counts=True), strict=True):
         ci = np.flatnonzero(candidate_pos == cls)
         if len(ci) < n:
-            raise InvalidParameterError(f"Class position {cls} has {len(ci)} candidates for {n} images to release.")
+            raise InvalidParameterError(
+                f"Class position {cls} has {len(ci)} candidates for {n} images to release."
+            )
         keep.append(ci[np.argsort(-noisy[ci], kind="stable")[:n]])
     return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
 
 
-def vote_and_select(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndarray,
-                    candidate_pos: np.ndarray, wanted_pos: np.ndarray, sigma: float,
-                    featurize: Featurize = pixel_features, sensitive_features: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def vote_and_select(
+    sensitive: np.ndarray,
+    sensitive_pos: np.ndarray,
+    candidates: np.ndarray,
+    candidate_pos: np.ndarray,
+    wanted_pos: np.ndarray,
+    sigma: float,
+    featurize: Featurize = pixel_features,
+    sensitive_features: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(indices of the candidates to release, the noisy histogram); `sensitive_features` saves featurising the
     sensitive images again in every round."""
     _check_format(sensitive, candidates)
     sens_f = featurize(sensitive) if sensitive_features is None else sensitive_features
-    noisy = noisy_votes(nearest_votes(sens_f, sensitive_pos, featurize(candidates), candidate_pos), sigma)
+    noisy = noisy_votes(
+        nearest_votes(sens_f, sensitive_pos, featurize(candidates), candidate_pos), sigma
+    )
     return select_by_votes(noisy, candidate_pos, wanted_pos), noisy
 
 
-VaryFn = Callable[[np.ndarray, np.ndarray, int], np.ndarray]   # (winners, their positions, round) -> variations
-RoundFn = Callable[[int, np.ndarray, np.ndarray], None]         # (round, kept indices, noisy histogram)
+VaryFn = Callable[
+    [np.ndarray, np.ndarray, int], np.ndarray
+]  # (winners, their positions, round) -> variations
+RoundFn = Callable[[int, np.ndarray, np.ndarray], None]  # (round, kept indices, noisy histogram)
 
 
-def evolve(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndarray, candidate_pos: np.ndarray,
-           wanted_pos: np.ndarray, sigmas: Sequence[float], vary: VaryFn, copies: int,
-           saved: Sequence[np.ndarray] = (), on_round: RoundFn = lambda r, keep, noisy: None,
-           featurize: Featurize = pixel_features) -> tuple[np.ndarray, np.ndarray]:
+def evolve(
+    sensitive: np.ndarray,
+    sensitive_pos: np.ndarray,
+    candidates: np.ndarray,
+    candidate_pos: np.ndarray,
+    wanted_pos: np.ndarray,
+    sigmas: Sequence[float],
+    vary: VaryFn,
+    copies: int,
+    saved: Sequence[np.ndarray] = (),
+    on_round: RoundFn = lambda r, keep, noisy: None,
+    featurize: Featurize = pixel_features,
+) -> tuple[np.ndarray, np.ndarray]:
     """One vote per entry of `sigmas`: round 0 on `candidates`, round r > 0 on `copies` variations of each
     winner of round r - 1 (`vary`, image i's copies in rows i*copies..). The kept indices of the first
     len(`saved`) rounds are reused instead of voting again (a resumed run); every new round is reported to
@@ -150,17 +199,30 @@ def evolve(sensitive: np.ndarray, sensitive_pos: np.ndarray, candidates: np.ndar
     sens_f = None
     for r, sigma in enumerate(sigmas):
         if r > 0:
-            candidates, candidate_pos = vary(candidates, candidate_pos, r), np.repeat(candidate_pos, copies)
+            candidates, candidate_pos = (
+                vary(candidates, candidate_pos, r),
+                np.repeat(candidate_pos, copies),
+            )
         if r < len(saved):
             keep = np.asarray(saved[r], dtype=np.int64)
             if len(keep) and keep.max() >= len(candidates):
-                raise LedgerStateError(f"The saved vote ({VOTE_FILE}) of round {r + 1} selects candidates this "
-                                       "run did not draw; re-plan the release.")
+                raise LedgerStateError(
+                    f"The saved vote ({VOTE_FILE}) of round {r + 1} selects candidates this "
+                    "run did not draw; re-plan the release."
+                )
         else:
             if sens_f is None:
                 sens_f = featurize(sensitive)
-            keep, noisy = vote_and_select(sensitive, sensitive_pos, candidates, candidate_pos, wanted_pos, sigma,
-                                          featurize, sens_f)
+            keep, noisy = vote_and_select(
+                sensitive,
+                sensitive_pos,
+                candidates,
+                candidate_pos,
+                wanted_pos,
+                sigma,
+                featurize,
+                sens_f,
+            )
             on_round(r, keep, noisy)
         candidates, candidate_pos = candidates[keep], candidate_pos[keep]
     return candidates, candidate_pos

@@ -6,6 +6,7 @@ JOB is the file the coordinating process wrote (stage, tensors, settings). Worke
 ledger: rank 0 writes the write-ahead step counter, checkpoints and the result file; the coordinator
 charges. Stages: "pretrain" (plain DDP, public data) and "finetune_sample" (DP-SGD with opacus'
 DPDDP, then DDIM sampling split across ranks and gathered on rank 0)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,14 +43,24 @@ def _same_on_every_rank(weights: dict[str, torch.Tensor]) -> list[str]:
     digests: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(digests, _digest(weights))
     if len(set(digests)) != 1:
-        raise PrivReleaseError(f"Internal error: the ranks' models diverged ({digests}); nothing is released.")
+        raise PrivReleaseError(
+            f"Internal error: the ranks' models diverged ({digests}); nothing is released."
+        )
     return digests
 
 
 def pretrain_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
-    model = pretrain_cached(job["model"], job["x"], job["y"], cache_dir=job["cache_dir"],
-                            workdir_ckpt=Path(job["workdir_ckpt"]), device=device, progress=_progress(),
-                            world_size=dist.get_world_size(), **job["kwargs"])
+    model = pretrain_cached(
+        job["model"],
+        job["x"],
+        job["y"],
+        cache_dir=job["cache_dir"],
+        workdir_ckpt=Path(job["workdir_ckpt"]),
+        device=device,
+        progress=_progress(),
+        world_size=dist.get_world_size(),
+        **job["kwargs"],
+    )
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     digests = _same_on_every_rank(weights)
     return {"weights": weights, "rank_digests": digests} if dist.get_rank() == 0 else None
@@ -59,21 +70,37 @@ def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str
     """DP-SGD (lost steps were charged by the coordinator before launch: on_resume does nothing),
     then this rank's share of the released images."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    outcome = dp_finetune(job["model"], job["x"], job["y"], device=device, workdir=Path(job["workdir"]),
-                          on_resume=lambda started, done: None, progress=_progress(), world_size=world,
-                          **job["finetune"])
+    outcome = dp_finetune(
+        job["model"],
+        job["x"],
+        job["y"],
+        device=device,
+        workdir=Path(job["workdir"]),
+        on_resume=lambda started, done: None,
+        progress=_progress(),
+        world_size=world,
+        **job["finetune"],
+    )
     digests = _same_on_every_rank(outcome.weights)
     model = make_unet(*job["unet"])
     model.load_state_dict(outcome.weights)
     s = dict(job["sample"])
     labels = np.asarray(s.pop("labels"))
     mine = distributed.split_positions(len(labels), rank, world)
-    images = sample_images(model, labels[mine], device=device, progress=_progress(), **{**s, "seed": s["seed"] + rank})
+    images = sample_images(
+        model, labels[mine], device=device, progress=_progress(), **{**s, "seed": s["seed"] + rank}
+    )
     images = distributed.gather_images(images, len(labels))
     if rank != 0:
         return None
-    return {"weights": outcome.weights, "steps": outcome.steps, "opacus_history": outcome.opacus_history,
-            "opacus_sample_rate": outcome.opacus_sample_rate, "images": images, "rank_digests": digests}
+    return {
+        "weights": outcome.weights,
+        "steps": outcome.steps,
+        "opacus_history": outcome.opacus_history,
+        "opacus_sample_rate": outcome.opacus_sample_rate,
+        "images": images,
+        "rank_digests": digests,
+    }
 
 
 STAGES = {"pretrain": pretrain_stage, "finetune_sample": finetune_sample_stage}
@@ -82,9 +109,11 @@ STAGES = {"pretrain": pretrain_stage, "finetune_sample": finetune_sample_stage}
 def main(argv: list[str]) -> int:
     distributed.die_with_parent()
     if len(argv) != 1:
-        print("usage: python -m synth.privimage.worker JOB (started by torchrun for `privrelease release run "
-              "--nproc N`; not run by hand)",
-              file=sys.stderr)
+        print(
+            "usage: python -m synth.privimage.worker JOB (started by torchrun for `privrelease release run "
+            "--nproc N`; not run by hand)",
+            file=sys.stderr,
+        )
         return 2
     job = torch.load(argv[0], map_location="cpu", weights_only=False)
     device = distributed.init_from_env(job["device"])

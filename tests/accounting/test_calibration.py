@@ -1,4 +1,5 @@
 """Calibration never overshoots the target, prior spend included (hypothesis over many settings)."""
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -76,7 +77,7 @@ def test_calibration_reports_each_accountant_evaluation_and_ends_complete():
     assert {c[0] for c in calls} == {"calibrating the noise"}
     dones = [c[1] for c in calls]
     assert dones[0] == 0 and dones == sorted(dones) and len(calls) > 10  # a live bar, not one jump
-    assert calls[-1][1] == calls[-1][2] == dones[-2]                     # ends at its total: the clock stops
+    assert calls[-1][1] == calls[-1][2] == dones[-2]  # ends at its total: the clock stops
     seen, block = _recorder()
     with reporting(block):  # a mechanism's plan calibrates without knowing about progress
         max_dpsgd_steps(3.0, 1e-5, 0.01, 1.0)

@@ -1,4 +1,5 @@
 """Eight processes race for a budget that fits only some of them: the cap holds and nothing is lost."""
+
 import multiprocessing as mp
 
 from accounting import ledger, trail
@@ -22,8 +23,17 @@ def _race(root: str, run_id: str, barrier, results) -> None:
 
 
 def _register(store, cap: float) -> None:
-    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=5000, labels=[0],
-                            image_shape=[8, 8], epsilon_cap=cap, delta_cap=1e-5)
+    ledger.register_dataset(
+        store,
+        name="d",
+        source="s",
+        fingerprint="f",
+        record_count=5000,
+        labels=[0],
+        image_shape=[8, 8],
+        epsilon_cap=cap,
+        delta_cap=1e-5,
+    )
 
 
 def _admitted_one_by_one(root, cap: float, n: int) -> int:
@@ -50,7 +60,10 @@ def test_processes_racing_for_the_last_budget(store, tmp_path):
     ctx = mp.get_context("spawn")
     n = 8
     barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(str(store.workspace.root), f"run-{i}", barrier, results)) for i in range(n)]
+    procs = [
+        ctx.Process(target=_race, args=(str(store.workspace.root), f"run-{i}", barrier, results))
+        for i in range(n)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -64,4 +77,6 @@ def test_processes_racing_for_the_last_budget(store, tmp_path):
     assert sorted(c.run_id for c in b.charges) == sorted(winners)
     assert all(c.state == "committed" for c in b.charges)
     v = trail.verify(store)
-    assert v.ok and v.length == 1 + 2 * admitted  # register + reserve/commit per winner, nothing lost
+    assert (
+        v.ok and v.length == 1 + 2 * admitted
+    )  # register + reserve/commit per winner, nothing lost

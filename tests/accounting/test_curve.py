@@ -1,5 +1,6 @@
 """The running RDP curve: equal to a from-scratch composition for any history (hypothesis), kept in the
 charge's transaction, and checked by `privrelease budget verify`."""
+
 import json
 import tempfile
 from pathlib import Path
@@ -17,17 +18,31 @@ from accounting.events import DpSgd, GaussianQuery, NonPrivateRelease
 from accounting.store import Store, Workspace
 
 EVENTS = st.one_of(
-    st.builds(GaussianQuery, st.floats(2.0, 200.0), st.sampled_from([1.0, 2.0 ** 0.5])),
+    st.builds(GaussianQuery, st.floats(2.0, 200.0), st.sampled_from([1.0, 2.0**0.5])),
     st.builds(DpSgd, st.floats(0.001, 0.05), st.floats(0.6, 3.0), st.integers(1, 300)),
 )
-OPS = st.lists(st.tuples(st.lists(EVENTS, min_size=1, max_size=3), st.sampled_from(["keep", "commit", "refund",
-                                                                                    "partial"])),
-               min_size=1, max_size=7)
+OPS = st.lists(
+    st.tuples(
+        st.lists(EVENTS, min_size=1, max_size=3),
+        st.sampled_from(["keep", "commit", "refund", "partial"]),
+    ),
+    min_size=1,
+    max_size=7,
+)
 
 
 def _register(store, cap=50.0):
-    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=10_000, labels=[0],
-                            image_shape=[8, 8], epsilon_cap=cap, delta_cap=1e-6)
+    ledger.register_dataset(
+        store,
+        name="d",
+        source="s",
+        fingerprint="f",
+        record_count=10_000,
+        labels=[0],
+        image_shape=[8, 8],
+        epsilon_cap=cap,
+        delta_cap=1e-6,
+    )
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,7 +72,9 @@ def test_running_curve_equals_composition_from_scratch(ops):
         assert check["agree"]
         expected = epsilon_rdp(counted, 1e-6) if counted else 0.0
         assert running.epsilon(1e-6) == pytest.approx(expected, rel=1e-9, abs=1e-12)
-        assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(
+            expected, rel=1e-9, abs=1e-12
+        )
 
 
 def test_cap_refuses_exactly_where_the_filter_stops(store):
@@ -81,14 +98,20 @@ def test_non_private_release_and_its_refund(store):
     ledger.reserve(store, "d", [NonPrivateRelease("k-anon")], "k", allow_non_private=True)
     assert ledger.budget(store, "d").spent.epsilon_rdp == float("inf")
     ledger.refund(store, "k", reason="failed before data")
-    assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(epsilon_rdp([GaussianQuery(20.0)], 1e-6))
+    assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(
+        epsilon_rdp([GaussianQuery(20.0)], 1e-6)
+    )
 
 
 def test_workspace_without_curve_table_builds_it_from_the_charges(store, tamper):
     _register(store)
     ledger.reserve(store, "d", [DpSgd(0.01, 1.0, 100)], "a")
-    tamper(store.workspace.db_path, "DROP TABLE rdp_curves")  # a workspace from before the running curve
-    assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(epsilon_rdp([DpSgd(0.01, 1.0, 100)], 1e-6))
+    tamper(
+        store.workspace.db_path, "DROP TABLE rdp_curves"
+    )  # a workspace from before the running curve
+    assert ledger.budget(store, "d").spent.epsilon_rdp == pytest.approx(
+        epsilon_rdp([DpSgd(0.01, 1.0, 100)], 1e-6)
+    )
 
 
 def test_budget_verify_command_reports_a_difference(store, tamper):
@@ -96,7 +119,9 @@ def test_budget_verify_command_reports_a_difference(store, tamper):
 
     _register(store)
     ledger.reserve(store, "d", [DpSgd(0.01, 1.0, 100)], "a")
-    cli = lambda: CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "budget", "verify", "--json"])  # noqa: E731
+    cli = lambda: CliRunner().invoke(
+        app, ["--workspace", str(store.workspace.root), "budget", "verify", "--json"]
+    )  # noqa: E731
     r = cli()
     assert r.exit_code == 0 and json.loads(r.output)[0]["agree"]
     tamper(store.workspace.db_path, "UPDATE charges SET planned_events = '[]'")

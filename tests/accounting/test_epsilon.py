@@ -1,4 +1,5 @@
 """Epsilon by RDP and PLD, cross-checked against opacus' RDP analysis and closed forms."""
+
 import math
 
 import dp_accounting
@@ -10,8 +11,16 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from scipy.stats import norm
 
 from accounting.epsilon import RDP_ORDERS, epsilon_pld, epsilon_rdp, epsilon_report
-from accounting.events import (DpSgd, GaussianQuery, NonPrivateRelease, compose, event_from_json, event_to_json,
-                               events_from_text, events_to_text)
+from accounting.events import (
+    DpSgd,
+    GaussianQuery,
+    NonPrivateRelease,
+    compose,
+    event_from_json,
+    event_to_json,
+    events_from_text,
+    events_to_text,
+)
 
 
 def analytic_gaussian_delta(eps: float, mu: float) -> float:
@@ -25,7 +34,9 @@ def analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
     return brentq(lambda e: analytic_gaussian_delta(e, 1 / sigma) - delta, 0, 500)
 
 
-@pytest.mark.parametrize("q,sigma,steps", [(0.01, 1.0, 1000), (0.004, 0.8, 2500), (0.1, 2.0, 300), (1.0, 5.0, 20)])
+@pytest.mark.parametrize(
+    "q,sigma,steps", [(0.01, 1.0, 1000), (0.004, 0.8, 2500), (0.1, 2.0, 300), (1.0, 5.0, 20)]
+)
 def test_dpsgd_rdp_matches_opacus(q, sigma, steps):
     delta = 1e-5
     ours = epsilon_rdp([DpSgd(q, sigma, steps)], delta)
@@ -85,7 +96,9 @@ def test_empty_history_costs_nothing():
 
 
 events_strategy = st.one_of(
-    st.builds(GaussianQuery, st.floats(1.0, 100), st.floats(0.1, 10), st.integers(1, 50)),  # ratio >= 0.1
+    st.builds(
+        GaussianQuery, st.floats(1.0, 100), st.floats(0.1, 10), st.integers(1, 50)
+    ),  # ratio >= 0.1
     st.builds(DpSgd, st.floats(1e-4, 1.0), st.floats(0.3, 20), st.integers(1, 10_000)),
     st.builds(NonPrivateRelease, st.text(max_size=20)),
 )
@@ -97,8 +110,12 @@ def test_events_round_trip_json(events):
     assert events_from_text(events_to_text(events)) == events
     for e in events:
         data = event_to_json(e)
-        assert data["dp_event"]["type"] in {"GaussianDpEvent", "SelfComposedDpEvent", "PoissonSampledDpEvent",
-                                            "NonPrivateDpEvent"}
+        assert data["dp_event"]["type"] in {
+            "GaussianDpEvent",
+            "SelfComposedDpEvent",
+            "PoissonSampledDpEvent",
+            "NonPrivateDpEvent",
+        }
         assert event_from_json(data).to_dp_event() == e.to_dp_event()
 
 
@@ -113,7 +130,7 @@ def test_independent_recompute_from_json_with_dp_accounting_alone():
     """An auditor rebuilds the DpEvent from stored JSON with dp-accounting and gets the same epsilon."""
     from accounting.events import dp_event_from_json
 
-    history = [GaussianQuery(20, 3 ** 0.5), DpSgd(0.02, 1.1, 400)]
+    history = [GaussianQuery(20, 3**0.5), DpSgd(0.02, 1.1, 400)]
     stored = [event_to_json(e)["dp_event"] for e in history]
     acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
     acc.compose(dp_accounting.ComposedDpEvent([dp_event_from_json(d) for d in stored]))

@@ -1,4 +1,5 @@
 """The cap as a privacy filter: the ledger refuses exactly where the multi-order RDP filter must stop."""
+
 import json
 import math
 
@@ -16,12 +17,23 @@ CAP, DELTA = 2.0, 1e-6
 
 
 def register(store, cap=CAP, delta=DELTA):
-    return ledger.register_dataset(store, name="d", source="builtin:mnist5k", fingerprint="a" * 64, record_count=5000,
-                                   labels=list(range(10)), image_shape=[28, 28], epsilon_cap=cap, delta_cap=delta)
+    return ledger.register_dataset(
+        store,
+        name="d",
+        source="builtin:mnist5k",
+        fingerprint="a" * 64,
+        record_count=5000,
+        labels=list(range(10)),
+        image_shape=[28, 28],
+        epsilon_cap=cap,
+        delta_cap=delta,
+    )
 
 
 def gaussian_rdp(sigma: float) -> np.ndarray:
-    return privacy_filter.ORDERS / (2 * sigma ** 2)  # Mironov 2017, Prop. 7: sensitivity 1, at the filter's orders
+    return privacy_filter.ORDERS / (
+        2 * sigma**2
+    )  # Mironov 2017, Prop. 7: sensitivity 1, at the filter's orders
 
 
 def orders_within(sigma: float, cap: float = CAP, delta: float = DELTA) -> int:
@@ -52,7 +64,9 @@ def test_budget_per_order_is_dp_accountings_conversion_at_its_share_of_delta():
 def test_the_grid_meets_the_theorems_condition_and_the_full_grid_would_not():
     assert sum(privacy_filter.slack(a) for a in privacy_filter.FILTER_ORDERS) <= 1.0
     assert set(privacy_filter.FILTER_ORDERS) <= set(RDP_ORDERS)
-    assert sum(privacy_filter.slack(a) for a in RDP_ORDERS) > 1.0  # why the filter does not use all 156 orders
+    assert (
+        sum(privacy_filter.slack(a) for a in RDP_ORDERS) > 1.0
+    )  # why the filter does not use all 156 orders
 
 
 @pytest.mark.parametrize("alpha", [2.0, 3.0, 8.0, 63.0])
@@ -67,7 +81,13 @@ def test_holder_step_costs_at_most_delta_times_g(alpha):
 def test_filter_epsilon_is_never_below_the_reported_epsilon():
     rng = np.random.default_rng(0)
     for _ in range(50):
-        events = [DpSgd(float(rng.uniform(0.001, 0.1)), float(rng.uniform(0.6, 3.0)), int(rng.integers(1, 3000)))]
+        events = [
+            DpSgd(
+                float(rng.uniform(0.001, 0.1)),
+                float(rng.uniform(0.6, 3.0)),
+                int(rng.integers(1, 3000)),
+            )
+        ]
         c = curve.curve_of(events)
         assert privacy_filter.filter_epsilon(c.rdp, DELTA) >= c.epsilon(DELTA) - 1e-12
 
@@ -75,20 +95,30 @@ def test_filter_epsilon_is_never_below_the_reported_epsilon():
 def test_one_order_within_budget_is_enough_and_none_is_refused(store):
     register(store)
     sigma = sigma_with_one_order_left()
-    ledger.reserve(store, "d", [GaussianQuery(sigma)], "one-order-left")  # every order but one over B: passes
+    ledger.reserve(
+        store, "d", [GaussianQuery(sigma)], "one-order-left"
+    )  # every order but one over B: passes
     assert ledger.budget(store, "d").filter_epsilon <= CAP + 1e-9
     with pytest.raises(BudgetExceededError, match="privacy filter"):
-        ledger.reserve(store, "d", [GaussianQuery(1e3)], "any-more")  # a tiny extra charge: every order over B
+        ledger.reserve(
+            store, "d", [GaussianQuery(1e3)], "any-more"
+        )  # a tiny extra charge: every order over B
 
 
 def test_every_order_over_budget_is_refused_and_nothing_changes(store):
     register(store)
     sigma = sigma_with_one_order_left() * (1 - 1e-6)
     assert orders_within(sigma) == 0
-    before = (store.query("SELECT * FROM charges"), store.query("SELECT * FROM audit_trail ORDER BY seq"))
+    before = (
+        store.query("SELECT * FROM charges"),
+        store.query("SELECT * FROM audit_trail ORDER BY seq"),
+    )
     with pytest.raises(BudgetExceededError, match="over the cap 2"):
         ledger.reserve(store, "d", [GaussianQuery(sigma)], "over")
-    assert (store.query("SELECT * FROM charges"), store.query("SELECT * FROM audit_trail ORDER BY seq")) == before
+    assert (
+        store.query("SELECT * FROM charges"),
+        store.query("SELECT * FROM audit_trail ORDER BY seq"),
+    ) == before
 
 
 def test_boundary_within_float_tolerance(store):
@@ -99,8 +129,12 @@ def test_boundary_within_float_tolerance(store):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if orders_within(mid) >= 1 else (mid, hi)
     sigma = hi
-    on_grid = curve.curve_of([GaussianQuery(sigma)]).rdp[[RDP_ORDERS.index(a) for a in privacy_filter.FILTER_ORDERS]]
-    assert abs(np.max(privacy_filter.order_budgets(CAP, DELTA) - on_grid)) < 1e-12  # the binding order sits on B
+    on_grid = curve.curve_of([GaussianQuery(sigma)]).rdp[
+        [RDP_ORDERS.index(a) for a in privacy_filter.FILTER_ORDERS]
+    ]
+    assert (
+        abs(np.max(privacy_filter.order_budgets(CAP, DELTA) - on_grid)) < 1e-12
+    )  # the binding order sits on B
     rdp = curve.curve_of([GaussianQuery(sigma)]).rdp
     assert privacy_filter.admits(rdp, CAP, DELTA)
     assert not privacy_filter.admits(rdp, CAP - 1e-6, DELTA)
@@ -114,8 +148,13 @@ def test_the_filter_refuses_histories_the_tighter_conversion_would_pass(store):
     is below the cap but whose filter epsilon is above it is refused."""
     register(store)
     events = [DpSgd(0.01, 1.0, t) for t in range(100, 20000, 50)]
-    pick = next(e for e in events if curve.curve_of([e]).epsilon(DELTA) < CAP
-                < privacy_filter.filter_epsilon(curve.curve_of([e]).rdp, DELTA))
+    pick = next(
+        e
+        for e in events
+        if curve.curve_of([e]).epsilon(DELTA)
+        < CAP
+        < privacy_filter.filter_epsilon(curve.curve_of([e]).rdp, DELTA)
+    )
     with pytest.raises(BudgetExceededError):
         ledger.reserve(store, "d", [pick], "between")
 
@@ -143,9 +182,44 @@ def test_budget_plan_asks_the_filter_not_the_fixed_sequence_epsilon(tmp_path):
 
     runner, ws = CliRunner(), str(tmp_path / "ws")
     assert runner.invoke(app, ["--workspace", ws, "init", "--steward", "alice"]).exit_code == 0
-    assert runner.invoke(app, ["--workspace", ws, "dataset", "register", "mnist", "--source", "builtin:mnist5k",
-                               "--epsilon", "2", "--delta", "1e-5", "--as", "alice"]).exit_code == 0
-    r = runner.invoke(app, ["--workspace", ws, "budget", "plan", "--sigma", "1.0", "--sample-rate", "0.01",
-                            "--steps", "600", "--dataset", "mnist", "--json"])
+    assert (
+        runner.invoke(
+            app,
+            [
+                "--workspace",
+                ws,
+                "dataset",
+                "register",
+                "mnist",
+                "--source",
+                "builtin:mnist5k",
+                "--epsilon",
+                "2",
+                "--delta",
+                "1e-5",
+                "--as",
+                "alice",
+            ],
+        ).exit_code
+        == 0
+    )
+    r = runner.invoke(
+        app,
+        [
+            "--workspace",
+            ws,
+            "budget",
+            "plan",
+            "--sigma",
+            "1.0",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "600",
+            "--dataset",
+            "mnist",
+            "--json",
+        ],
+    )
     out = json.loads(r.output)
     assert out["epsilon_rdp"] < 2.0 < out["filter_epsilon"] and out["fits_cap"] is False

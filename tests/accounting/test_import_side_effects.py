@@ -1,4 +1,5 @@
 """Importing privrelease changes no process state (logging levels, environment variables)."""
+
 import os
 import subprocess
 import sys
@@ -23,7 +24,11 @@ print("clean")
 
 def test_imports_and_calibration_leave_process_state_alone():
     env = {k: v for k, v in os.environ.items() if k != "GX_ANALYTICS_ENABLED"}
-    p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().endswith("clean")
-    assert "failed to converge" not in p.stderr  # dp-accounting's expected convergence noise stays out
+    assert (
+        "failed to converge" not in p.stderr
+    )  # dp-accounting's expected convergence noise stays out

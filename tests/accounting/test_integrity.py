@@ -1,4 +1,5 @@
 """The auditor's store check: the ledger replayed from the trail, signed checkpoints, crash vs. edit."""
+
 import json
 import os
 import random
@@ -26,8 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def filled(store):
     keys.create_identity(store, "alice", "steward")
-    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=5000, labels=[0, 1],
-                            image_shape=[8, 8], epsilon_cap=10, delta_cap=1e-5)
+    ledger.register_dataset(
+        store,
+        name="d",
+        source="s",
+        fingerprint="f",
+        record_count=5000,
+        labels=[0, 1],
+        image_shape=[8, 8],
+        epsilon_cap=10,
+        delta_cap=1e-5,
+    )
     ledger.reserve(store, "d", [GaussianQuery(20.0)], "q1")
     ledger.commit(store, "q1", [GaussianQuery(20.0)])
     ledger.reserve(store, "d", [DpSgd(0.01, 1.0, 200)], "r1")
@@ -41,17 +51,23 @@ def filled(store):
 def rechain(db_path: Path, head_path: Path, *sql: str) -> None:
     """An attacker with write access: edit, then recompute every (unkeyed) hash and rewrite trail.head."""
     url = Workspace(db_path.parent).store_url
-    con = PgConnection(psycopg.connect(url, autocommit=True)) if url else duckdb.connect(str(db_path))
+    con = (
+        PgConnection(psycopg.connect(url, autocommit=True)) if url else duckdb.connect(str(db_path))
+    )
     try:
         for statement in sql:
             con.execute(statement)
-        rows = con.execute("SELECT seq, ts, actor, action, payload FROM audit_trail ORDER BY seq").fetchall()
+        rows = con.execute(
+            "SELECT seq, ts, actor, action, payload FROM audit_trail ORDER BY seq"
+        ).fetchall()
         con.execute("DELETE FROM audit_trail")
         prev = trail.GENESIS
         for new_seq, (_, ts, actor, action, payload) in enumerate(rows, start=1):
             h = trail.entry_hash(new_seq, ts, actor, action, payload, prev)
-            con.execute("INSERT INTO audit_trail VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [new_seq, ts, actor, action, payload, prev, h])
+            con.execute(
+                "INSERT INTO audit_trail VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [new_seq, ts, actor, action, payload, prev, h],
+            )
             prev = h
         head_path.write_text(f"{len(rows)} {prev}\n")
     finally:
@@ -62,15 +78,31 @@ def test_intact_store_recomputes_spend_from_trail(filled):
     r = integrity.verify_store(filled)
     assert r.ok and r.status == "intact"
     (row,) = r.spend
-    assert row["agree"] and row["epsilon_rdp_trail"] == pytest.approx(ledger.budget(filled, "d").spent.epsilon_rdp)
+    assert row["agree"] and row["epsilon_rdp_trail"] == pytest.approx(
+        ledger.budget(filled, "d").spent.epsilon_rdp
+    )
     assert row["epsilon_rdp_trail"] > 0
 
 
 def test_charge_entries_commit_to_the_row(filled):
-    payloads = [json.loads(e["payload"]) for e in filled.query(
-        "SELECT payload FROM audit_trail WHERE action LIKE 'budget.%' ORDER BY seq")]
-    assert [p["state"] for p in payloads] == ["reserved", "committed", "reserved", "committed", "reserved", "refunded"]
-    assert all({"run_id", "dataset_id", "position", "planned_events", "charged_events"} <= p.keys() for p in payloads)
+    payloads = [
+        json.loads(e["payload"])
+        for e in filled.query(
+            "SELECT payload FROM audit_trail WHERE action LIKE 'budget.%' ORDER BY seq"
+        )
+    ]
+    assert [p["state"] for p in payloads] == [
+        "reserved",
+        "committed",
+        "reserved",
+        "committed",
+        "reserved",
+        "refunded",
+    ]
+    assert all(
+        {"run_id", "dataset_id", "position", "planned_events", "charged_events"} <= p.keys()
+        for p in payloads
+    )
 
 
 def test_state_edit_in_charges_table_detected(filled, tamper):
@@ -79,30 +111,41 @@ def test_state_edit_in_charges_table_detected(filled, tamper):
     r = integrity.verify_store(filled)
     assert r.trail.ok and not r.ok and r.status == "altered"
     assert any("charge r1" in p and "state" in p for p in r.problems)
-    assert any("spend recomputed from the trail" in p for p in r.problems) and not r.spend[0]["agree"]
+    assert (
+        any("spend recomputed from the trail" in p for p in r.problems) and not r.spend[0]["agree"]
+    )
 
 
 def test_edited_events_and_inserted_charge_detected(filled, tamper):
-    tamper(filled.workspace.db_path,
-           "UPDATE charges SET charged_events = replace(charged_events, '200', '2') WHERE run_id = 'r1'",
-           "INSERT INTO charges SELECT 99, 'ghost', dataset_id, 'refunded', planned_events, '[]', '', 'x', "
-           "reserved_at, NULL FROM charges WHERE run_id = 'r2'")
+    tamper(
+        filled.workspace.db_path,
+        "UPDATE charges SET charged_events = replace(charged_events, '200', '2') WHERE run_id = 'r1'",
+        "INSERT INTO charges SELECT 99, 'ghost', dataset_id, 'refunded', planned_events, '[]', '', 'x', "
+        "reserved_at, NULL FROM charges WHERE run_id = 'r2'",
+    )
     problems = integrity.verify_store(filled).problems
     assert any("charge r1" in p and "charged_events" in p for p in problems)
     assert any("ghost" in p and "inserted" in p for p in problems)
 
 
 def test_deleted_charges_and_their_entries_detected(filled, tamper):
-    tamper(filled.workspace.db_path, "DELETE FROM charges", "DELETE FROM rdp_curves",
-           "DELETE FROM audit_trail WHERE action LIKE 'budget.%'")
+    tamper(
+        filled.workspace.db_path,
+        "DELETE FROM charges",
+        "DELETE FROM rdp_curves",
+        "DELETE FROM audit_trail WHERE action LIKE 'budget.%'",
+    )
     assert ledger.budget(filled, "d").spent.epsilon_rdp == 0
     r = integrity.verify_store(filled)
     assert not r.ok and r.trail.problems  # the chain breaks where entries were cut out
 
 
 def test_edited_running_curve_detected(filled, tamper):
-    tamper(filled.workspace.db_path, "UPDATE rdp_curves SET rdp = replace(rdp, '.', '.0')",
-           "UPDATE rdp_curves SET rdp = '[' || repeat('0.0, ', 155) || '0.0]'")
+    tamper(
+        filled.workspace.db_path,
+        "UPDATE rdp_curves SET rdp = replace(rdp, '.', '.0')",
+        "UPDATE rdp_curves SET rdp = '[' || repeat('0.0, ', 155) || '0.0]'",
+    )
     assert ledger.budget(filled, "d").spent.epsilon_rdp == 0  # the lie budget show would tell
     r = integrity.verify_store(filled)
     assert not r.ok and any("running RDP curve" in p for p in r.problems)
@@ -114,20 +157,30 @@ def test_edited_dataset_cap_detected(filled, tamper):
 
 
 def test_rechained_trail_detected_only_by_signed_checkpoint(filled):
-    cp = integrity.make_checkpoint(filled, "alice", keys.load_private_key(filled.workspace, "alice"))
+    cp = integrity.make_checkpoint(
+        filled, "alice", keys.load_private_key(filled.workspace, "alice")
+    )
     assert Path(cp["path"]).stat().st_mode & 0o777 == 0o600
     outside = filled.workspace.root.parent / "pinned.json"
     outside.write_text(Path(cp["path"]).read_text())
     Path(cp["path"]).unlink()  # the attacker also removes the workspace's copy
-    rechain(filled.workspace.db_path, filled.workspace.trail_head_path,
-            "DELETE FROM charges WHERE run_id IN ('q1', 'r1')", "DELETE FROM rdp_curves",
-            "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"q1\"%'",
-            "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"r1\"%'")
+    rechain(
+        filled.workspace.db_path,
+        filled.workspace.trail_head_path,
+        "DELETE FROM charges WHERE run_id IN ('q1', 'r1')",
+        "DELETE FROM rdp_curves",
+        "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"q1\"%'",
+        "DELETE FROM audit_trail WHERE action LIKE 'budget.%' AND payload LIKE '%\"r1\"%'",
+    )
     assert ledger.budget(filled, "d").spent.epsilon_rdp == 0
-    assert integrity.verify_store(filled).ok  # chain, head and ledger agree: only an outside anchor helps
+    assert integrity.verify_store(
+        filled
+    ).ok  # chain, head and ledger agree: only an outside anchor helps
     pub = keys.load_private_key(filled.workspace, "alice").public_key()
     r = integrity.verify_store(filled, [outside], trusted_keys=[keys.raw_public_bytes(pub)])
-    assert not r.ok and any("checkpoint of entry" in p and ("removed" in p or "rewritten" in p) for p in r.problems)
+    assert not r.ok and any(
+        "checkpoint of entry" in p and ("removed" in p or "rewritten" in p) for p in r.problems
+    )
 
 
 def test_forged_checkpoint_by_untrusted_key_refused(filled):
@@ -137,7 +190,9 @@ def test_forged_checkpoint_by_untrusted_key_refused(filled):
     assert not r.ok and any("not steward alice's registered key" in p for p in r.problems)
     alice = keys.raw_public_bytes(keys.load_private_key(filled.workspace, "alice").public_key())
     Path(cp["path"]).unlink()
-    good = integrity.make_checkpoint(filled, "alice", keys.load_private_key(filled.workspace, "alice"))
+    good = integrity.make_checkpoint(
+        filled, "alice", keys.load_private_key(filled.workspace, "alice")
+    )
     data = json.loads(Path(good["path"]).read_text())
     data["seq"] -= 1
     Path(good["path"]).write_text(json.dumps(data))
@@ -172,7 +227,9 @@ def test_rolled_back_transaction_leaves_head_intact(filled):
     with pytest.raises(RuntimeError):
         with filled.transaction() as con:
             trail.append(con, filled, "x", "test", {"a": 1})
-            filled.before_commit.append(lambda: (_ for _ in ()).throw(RuntimeError("fail before COMMIT")))
+            filled.before_commit.append(
+                lambda: (_ for _ in ()).throw(RuntimeError("fail before COMMIT"))
+            )
     assert trail.verify(filled).status == "intact"
 
 
@@ -210,8 +267,12 @@ def test_sigkill_loop_never_reports_altered(filled):
     rng = random.Random(13)
     statuses = []
     for k in range(6):
-        p = subprocess.Popen([sys.executable, "-c", LOOP, str(filled.workspace.root), f"k{k}"], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [sys.executable, "-c", LOOP, str(filled.workspace.root), f"k{k}"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(2.5 + rng.random() * 1.5)  # imports, then a few hundred writes
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
@@ -231,7 +292,10 @@ def test_publish_refuses_a_ledger_edited_behind_its_back(tmp_path: Path, tamper)
     built = build_workspace(tmp_path / "ws")
     rid = approved_small_release(built.store, built.root)
     manager.run_release(built.store, rid, "alice")
-    tamper(built.store.workspace.db_path, "UPDATE charges SET state = 'refunded' WHERE run_id = 'run-sgd-1'")
+    tamper(
+        built.store.workspace.db_path,
+        "UPDATE charges SET state = 'refunded' WHERE run_id = 'run-sgd-1'",
+    )
     assert trail.verify(built.store).ok  # the chain itself is intact: only the replay sees the edit
     with pytest.raises(TamperError, match="ledger was altered"):
         manager.publish(built.store, rid, "alice")

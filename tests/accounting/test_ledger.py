@@ -1,4 +1,5 @@
 """Ledger: registration, reserve/commit/refund, idempotency, refusals that leave the store unchanged."""
+
 import math
 
 import numpy as np
@@ -6,20 +7,37 @@ import pytest
 
 from accounting import ledger, trail
 from accounting.epsilon import epsilon_rdp
-from accounting.errors import (BudgetExceededError, DatasetConflictError, InvalidParameterError, LedgerStateError,
-                               UnknownDatasetError)
+from accounting.errors import (
+    BudgetExceededError,
+    DatasetConflictError,
+    InvalidParameterError,
+    LedgerStateError,
+    UnknownDatasetError,
+)
 from accounting.events import DpSgd, GaussianQuery, NonPrivateRelease
 from accounting.fingerprint import dataset_fingerprint, record_fingerprints
 
 
 def register(store, name="mnist", fp="f" * 64, cap=3.0, delta=1e-5, n=5000):
-    return ledger.register_dataset(store, name=name, source="builtin:mnist5k", fingerprint=fp, record_count=n,
-                                   labels=list(range(10)), image_shape=[28, 28], epsilon_cap=cap, delta_cap=delta)
+    return ledger.register_dataset(
+        store,
+        name=name,
+        source="builtin:mnist5k",
+        fingerprint=fp,
+        record_count=n,
+        labels=list(range(10)),
+        image_shape=[28, 28],
+        epsilon_cap=cap,
+        delta_cap=delta,
+    )
 
 
 def snapshot(store):
-    return (store.query("SELECT * FROM datasets ORDER BY name"), store.query("SELECT * FROM charges ORDER BY position"),
-            store.query("SELECT * FROM audit_trail ORDER BY seq"))
+    return (
+        store.query("SELECT * FROM datasets ORDER BY name"),
+        store.query("SELECT * FROM charges ORDER BY position"),
+        store.query("SELECT * FROM audit_trail ORDER BY seq"),
+    )
 
 
 def test_register_is_idempotent_and_refuses_changed_content(store):
@@ -38,8 +56,10 @@ def test_same_content_under_another_name_is_refused(store):
         register(store, name="mnist-copy")
 
 
-@pytest.mark.parametrize("cap,delta", [(math.nan, 1e-5), (-1, 1e-5), (math.inf, 1e-5), (1.0, 0.0), (1.0, 1.0),
-                                       (1.0, 1e-3)])
+@pytest.mark.parametrize(
+    "cap,delta",
+    [(math.nan, 1e-5), (-1, 1e-5), (math.inf, 1e-5), (1.0, 0.0), (1.0, 1.0), (1.0, 1e-3)],
+)
 def test_register_rejects_bad_caps(store, cap, delta):
     with pytest.raises((InvalidParameterError, DatasetConflictError)):
         register(store, cap=cap, delta=delta)
@@ -55,7 +75,7 @@ def test_unknown_dataset(store):
 
 def test_reserve_commit_refund_lifecycle(store):
     register(store, cap=5.0)
-    plan = [GaussianQuery(20, 3 ** 0.5), DpSgd(0.01, 1.0, 1000)]
+    plan = [GaussianQuery(20, 3**0.5), DpSgd(0.01, 1.0, 1000)]
     c = ledger.reserve(store, "mnist", plan, "run-1", description="privimage")
     assert c.state == "reserved"
     spent_reserved = ledger.budget(store, "mnist").spent.epsilon_rdp
@@ -113,8 +133,11 @@ def test_refund_after_commit_is_refused(store):
     register(store)
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 100)], "r")
     ledger.commit(store, "r", [DpSgd(0.01, 1.0, 100)])
-    with pytest.raises(LedgerStateError, match="cannot be refunded: it read the data, so what it executed stays "
-                       "charged. Nothing was changed."):
+    with pytest.raises(
+        LedgerStateError,
+        match="cannot be refunded: it read the data, so what it executed stays "
+        "charged. Nothing was changed.",
+    ):
         ledger.refund(store, "r", reason="oops")
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 100)], "s")
     ledger.refund(store, "s", reason="x")
@@ -124,10 +147,15 @@ def test_refund_after_commit_is_refused(store):
 
 def test_non_private_release_needs_acknowledgement_and_voids_dp(store):
     register(store)
-    with pytest.raises(LedgerStateError, match="Nothing was charged. To accept that, approve the release with "
-                       "`privrelease release approve REL --acknowledge-non-dp`"):
+    with pytest.raises(
+        LedgerStateError,
+        match="Nothing was charged. To accept that, approve the release with "
+        "`privrelease release approve REL --acknowledge-non-dp`",
+    ):
         ledger.reserve(store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k")
-    ledger.reserve(store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k", allow_non_private=True)
+    ledger.reserve(
+        store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k", allow_non_private=True
+    )
     b = ledger.budget(store, "mnist")
     assert b.dp_void and math.isinf(b.spent.epsilon_rdp)
     with pytest.raises(BudgetExceededError):  # no further DP release can claim a finite epsilon
@@ -165,5 +193,6 @@ def test_fingerprints_are_keyed():
     neighbour[3, 0, 0] ^= 1
     assert a != dataset_fingerprint(b"k1" * 16, neighbour, labels)
     import hashlib
+
     plain = hashlib.sha256(images[0].tobytes()).hexdigest()
     assert plain not in record_fingerprints(b"k1" * 16, images)

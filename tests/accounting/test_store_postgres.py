@@ -1,5 +1,6 @@
 """The store's backends: DuckDB held across transactions, PostgreSQL shared by several workspaces (hosts),
 and `privrelease store migrate` from one to the other. Needs a PostgreSQL server (see conftest.pg_server)."""
+
 import shutil
 import subprocess
 import sys
@@ -23,8 +24,17 @@ EVENT = DpSgd(0.01, 1.0, 100)
 
 
 def _register(store, cap: float = 10.0) -> None:
-    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=5000, labels=[0],
-                            image_shape=[8, 8], epsilon_cap=cap, delta_cap=1e-5)
+    ledger.register_dataset(
+        store,
+        name="d",
+        source="s",
+        fingerprint="f",
+        record_count=5000,
+        labels=[0],
+        image_shape=[8, 8],
+        epsilon_cap=cap,
+        delta_cap=1e-5,
+    )
 
 
 def _cli(ws: Workspace, *args: str):
@@ -34,11 +44,19 @@ def _cli(ws: Workspace, *args: str):
 # ------------------------------------------------------------------ dialect
 def test_duckdb_dialect_is_translated_for_postgres():
     sql = "SELECT * FROM t WHERE a = ? AND b LIKE '50%?' AND c = ? ORDER BY rowid"
-    assert to_postgres(sql, True) == "SELECT * FROM t WHERE a = %s AND b LIKE '50%?' AND c = %s ORDER BY ctid"
+    assert (
+        to_postgres(sql, True)
+        == "SELECT * FROM t WHERE a = %s AND b LIKE '50%?' AND c = %s ORDER BY ctid"
+    )
     assert to_postgres("SELECT 'a%' WHERE x = ?", True) == "SELECT 'a%' WHERE x = %s"
-    assert to_postgres("SELECT 5 % 2", True) == "SELECT 5 %% 2" and to_postgres("SELECT 5 % 2", False) == "SELECT 5 % 2"
-    assert to_postgres("CREATE TABLE x (a DOUBLE NOT NULL, b DOUBLE PRECISION)", False) == \
-        "CREATE TABLE x (a DOUBLE PRECISION NOT NULL, b DOUBLE PRECISION)"
+    assert (
+        to_postgres("SELECT 5 % 2", True) == "SELECT 5 %% 2"
+        and to_postgres("SELECT 5 % 2", False) == "SELECT 5 % 2"
+    )
+    assert (
+        to_postgres("CREATE TABLE x (a DOUBLE NOT NULL, b DOUBLE PRECISION)", False)
+        == "CREATE TABLE x (a DOUBLE PRECISION NOT NULL, b DOUBLE PRECISION)"
+    )
 
 
 # ------------------------------------------------------------------ DuckDB: one connection per burst
@@ -53,8 +71,12 @@ def test_duckdb_connection_is_kept_across_transactions_and_let_go_when_idle(tmp_
     assert a is b  # no connect + checkpoint per transaction (it cost 43-64 ms each)
     time.sleep(HOLD_IDLE_S * 6)
     probe = "import duckdb, sys; duckdb.connect(sys.argv[1]).execute('SELECT count(*) FROM meta').fetchone()"
-    r = subprocess.run([sys.executable, "-c", probe, str(ws.db_path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr  # idle: the file is free for any other process, even without our lock
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(ws.db_path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, (
+        r.stderr
+    )  # idle: the file is free for any other process, even without our lock
 
 
 def test_a_workspace_removed_and_made_again_gets_a_fresh_store(tmp_path):
@@ -64,7 +86,9 @@ def test_a_workspace_removed_and_made_again_gets_a_fresh_store(tmp_path):
         store = Store(ws)
         _register(store)
         assert [d.name for d in ledger.list_datasets(store)] == ["d"] and trail.verify(store).ok
-        shutil.rmtree(ws.root, ignore_errors=True)  # the idle timer may remove store.duckdb.wal meanwhile
+        shutil.rmtree(
+            ws.root, ignore_errors=True
+        )  # the idle timer may remove store.duckdb.wal meanwhile
         assert not ws.root.exists()
 
 
@@ -73,12 +97,18 @@ def test_a_waiting_process_gets_the_store_while_this_one_keeps_charging(tmp_path
     ws.init()
     store = Store(ws)
     _register(store, cap=1000)
-    other = ("import sys, time; from accounting import ledger; from accounting.events import GaussianQuery; "
-             "from accounting.store import Store; s = Store(sys.argv[1]); t = time.time(); "
-             "ledger.reserve(s, 'd', [GaussianQuery(100.0)], 'other'); print(time.time() - t)")
-    p = subprocess.Popen([sys.executable, "-c", other, str(ws.root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    other = (
+        "import sys, time; from accounting import ledger; from accounting.events import GaussianQuery; "
+        "from accounting.store import Store; s = Store(sys.argv[1]); t = time.time(); "
+        "ledger.reserve(s, 'd', [GaussianQuery(100.0)], 'other'); print(time.time() - t)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", other, str(ws.root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     deadline, i = time.time() + 60, 0
-    while p.poll() is None and time.time() < deadline:  # back-to-back transactions, never idle for long
+    while (
+        p.poll() is None and time.time() < deadline
+    ):  # back-to-back transactions, never idle for long
         i += 1
         ledger.reserve(store, "d", [GaussianQuery(100.0)], f"busy-{i}")
     assert p.wait(timeout=10) == 0 and ledger.get_charge(store, "other") is not None
@@ -103,9 +133,14 @@ def test_init_with_store_url_keeps_the_ledger_in_postgres(tmp_path, pg_server):
 def test_init_refuses_a_url_that_is_not_postgres_and_an_unreachable_server(tmp_path):
     with pytest.raises(PrivReleaseError, match="PostgreSQL URL"):
         Workspace(tmp_path / "a").init(store_url="mysql://x@localhost/db")
-    with pytest.raises(PrivReleaseError, match="Cannot reach the PostgreSQL store postgresql://u:\\*\\*\\*@127.0.0.1:1/x"):
+    with pytest.raises(
+        PrivReleaseError,
+        match="Cannot reach the PostgreSQL store postgresql://u:\\*\\*\\*@127.0.0.1:1/x",
+    ):
         Workspace(tmp_path / "b").init(store_url="postgresql://u:secret@127.0.0.1:1/x")
-    assert not Workspace(tmp_path / "b").initialised  # nothing half-made that later commands would trust
+    assert not Workspace(
+        tmp_path / "b"
+    ).initialised  # nothing half-made that later commands would trust
 
 
 def _two_hosts(tmp_path, pg_server) -> tuple[Store, Store]:
@@ -144,7 +179,9 @@ def test_a_host_detects_removal_of_what_it_wrote(tmp_path, pg_server, tamper):
     n = trail.verify(b).length
     tamper(b.workspace.db_path, f"DELETE FROM audit_trail WHERE seq = {n}")
     assert not trail.verify(b).ok  # b pinned entry n
-    assert trail.verify(a).ok  # a never saw it: only the writing host (or a signed checkpoint) can tell
+    assert trail.verify(
+        a
+    ).ok  # a never saw it: only the writing host (or a signed checkpoint) can tell
 
 
 def test_a_host_with_another_fingerprint_key_is_refused(tmp_path, pg_server):
@@ -195,7 +232,7 @@ def test_migrate_copies_verifies_and_switches(tmp_path, pg_server):
     assert after.spent.epsilon_rdp == before.spent.epsilon_rdp
     assert [c.run_id for c in after.charges] == [c.run_id for c in before.charges]
     rows = trail.read_rows(store)
-    assert rows[:len(rows_before)] == rows_before and rows[-1][3] == "store.migrate"
+    assert rows[: len(rows_before)] == rows_before and rows[-1][3] == "store.migrate"
     rep = integrity.verify_store(store)
     assert rep.ok and rep.checkpoints and all(c["ok"] for c in rep.checkpoints)
     ledger.reserve(store, "d", [EVENT], "after")  # the ledger goes on in PostgreSQL
@@ -210,7 +247,9 @@ def test_migrate_refuses_a_non_empty_target(tmp_path, pg_server):
     r = _cli(ws, "store", "migrate", "--to", url, "--as", "alice")
     assert r.exit_code != 0
     assert isinstance(r.exception, PrivReleaseError) and "is not empty" in str(r.exception)
-    assert ws.store_url is None and integrity.verify_store(Store(ws)).ok  # still on DuckDB, untouched
+    assert (
+        ws.store_url is None and integrity.verify_store(Store(ws)).ok
+    )  # still on DuckDB, untouched
 
 
 def test_migrate_refuses_an_altered_store(tmp_path, pg_server, tamper):

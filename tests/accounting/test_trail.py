@@ -1,4 +1,5 @@
 """The audit trail detects an edited, deleted, reordered or truncated entry."""
+
 import pytest
 
 from accounting import ledger, trail
@@ -7,8 +8,17 @@ from accounting.events import DpSgd
 
 @pytest.fixture
 def filled(store):
-    ledger.register_dataset(store, name="d", source="s", fingerprint="f", record_count=5000, labels=[0, 1],
-                            image_shape=[8, 8], epsilon_cap=10, delta_cap=1e-5)
+    ledger.register_dataset(
+        store,
+        name="d",
+        source="s",
+        fingerprint="f",
+        record_count=5000,
+        labels=[0, 1],
+        image_shape=[8, 8],
+        epsilon_cap=10,
+        delta_cap=1e-5,
+    )
     for i in range(3):
         ledger.reserve(store, "d", [DpSgd(0.01, 1.0, 10 + i)], f"r{i}")
     assert trail.verify(store).ok and trail.verify(store).length == 4
@@ -21,7 +31,10 @@ def test_intact_chain_reports_head(filled):
 
 
 def test_edited_entry_detected(filled, tamper):
-    tamper(filled.workspace.db_path, "UPDATE audit_trail SET payload = replace(payload, '10', '99') WHERE seq = 2")
+    tamper(
+        filled.workspace.db_path,
+        "UPDATE audit_trail SET payload = replace(payload, '10', '99') WHERE seq = 2",
+    )
     v = trail.verify(filled)
     assert not v.ok and 2 in v.broken_seqs and any("edited" in p for p in v.problems)
 
@@ -38,20 +51,30 @@ def test_deleted_entry_detected(filled, tamper):
 
 
 def test_reordered_entries_detected(filled, tamper):
-    tamper(filled.workspace.db_path,
-           "CREATE TEMP TABLE t AS SELECT * FROM audit_trail",
-           "DELETE FROM audit_trail",
-           "INSERT INTO audit_trail SELECT * FROM t ORDER BY CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
+    tamper(
+        filled.workspace.db_path,
+        "CREATE TEMP TABLE t AS SELECT * FROM audit_trail",
+        "DELETE FROM audit_trail",
+        "INSERT INTO audit_trail SELECT * FROM t ORDER BY CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END",
+    )
     v = trail.verify(filled)
     assert not v.ok and any("reordered" in p or "moved" in p for p in v.problems)
 
 
 def test_swapped_sequence_numbers_detected(filled, tamper, store_backend):
-    if store_backend == "postgresql":  # PostgreSQL checks the primary key row by row: swap through negatives
-        tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = -seq WHERE seq IN (2, 3)",
-               "UPDATE audit_trail SET seq = CASE seq WHEN -2 THEN 3 ELSE 2 END WHERE seq < 0")
+    if (
+        store_backend == "postgresql"
+    ):  # PostgreSQL checks the primary key row by row: swap through negatives
+        tamper(
+            filled.workspace.db_path,
+            "UPDATE audit_trail SET seq = -seq WHERE seq IN (2, 3)",
+            "UPDATE audit_trail SET seq = CASE seq WHEN -2 THEN 3 ELSE 2 END WHERE seq < 0",
+        )
     else:
-        tamper(filled.workspace.db_path, "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END")
+        tamper(
+            filled.workspace.db_path,
+            "UPDATE audit_trail SET seq = CASE seq WHEN 2 THEN 3 WHEN 3 THEN 2 ELSE seq END",
+        )
     assert not trail.verify(filled).ok
 
 

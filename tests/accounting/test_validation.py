@@ -4,7 +4,13 @@ import pytest
 
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
-from accounting.validation import check_count, check_delta, check_epsilon, check_sample_rate, check_sigma
+from accounting.validation import (
+    check_count,
+    check_delta,
+    check_epsilon,
+    check_sample_rate,
+    check_sigma,
+)
 
 BAD_POSITIVE = [math.nan, math.inf, -math.inf, -1.0, 0.0, "1", None, True]
 
@@ -55,7 +61,9 @@ def test_messages_say_what_to_do():
 
 
 # ------------------------------------------------------------------ numeric edges (each once crashed)
-@pytest.mark.parametrize("sigma,match", [(1e308, "above"), (1e-300, "below"), (1e-6, "below"), (5e6, "above")])
+@pytest.mark.parametrize(
+    "sigma,match", [(1e308, "above"), (1e-300, "below"), (1e-6, "below"), (5e6, "above")]
+)
 def test_extreme_noise_multipliers_refused_with_a_message(sigma, match):
     with pytest.raises(InvalidParameterError, match=match):
         DpSgd(0.01, sigma, 100)
@@ -90,12 +98,33 @@ def test_budget_plan_numeric_edges_are_clear_errors(store):
     from accounting import ledger
     from release.cli import app
 
-    ledger.register_dataset(store, name="base", source="s", fingerprint="f", record_count=1000, labels=[0, 1],
-                            image_shape=[8, 8], epsilon_cap=5, delta_cap=1e-5)
+    ledger.register_dataset(
+        store,
+        name="base",
+        source="s",
+        fingerprint="f",
+        record_count=1000,
+        labels=[0, 1],
+        image_shape=[8, 8],
+        epsilon_cap=5,
+        delta_cap=1e-5,
+    )
 
     def plan(*args):
-        r = CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "budget", "plan", "--sample-rate",
-                                     "0.01", "--steps", "100", *args])
+        r = CliRunner().invoke(
+            app,
+            [
+                "--workspace",
+                str(store.workspace.root),
+                "budget",
+                "plan",
+                "--sample-rate",
+                "0.01",
+                "--steps",
+                "100",
+                *args,
+            ],
+        )
         assert isinstance(r.exception, InvalidParameterError), (args, r.exception)
         return str(r.exception)
 

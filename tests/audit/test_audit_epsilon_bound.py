@@ -1,4 +1,5 @@
 """The empirical epsilon lower bound never exceeds a known true epsilon, yet detects strong leakage."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,11 @@ from audit.epsilon_bound import clopper_pearson, epsilon_lower_bound
 
 def gaussian_true_epsilon(sigma: float, delta: float) -> float:
     """Exact epsilon(delta) of the Gaussian mechanism, sensitivity 1 (Balle & Wang 2018)."""
-    f = lambda e: norm.cdf(-e * sigma + 1 / (2 * sigma)) - math.exp(e) * norm.cdf(-e * sigma - 1 / (2 * sigma)) - delta
+    f = lambda e: (
+        norm.cdf(-e * sigma + 1 / (2 * sigma))
+        - math.exp(e) * norm.cdf(-e * sigma - 1 / (2 * sigma))
+        - delta
+    )
     return brentq(f, 0.0, 200.0)
 
 
@@ -25,12 +30,17 @@ def test_bound_never_exceeds_gaussian_mechanism_epsilon(sigma):
     true_eps = gaussian_true_epsilon(sigma, delta)
     acc = dp_accounting.pld.PLDAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(sigma))
-    assert acc.get_epsilon(delta) == pytest.approx(true_eps, rel=1e-3)  # our "known epsilon" agrees with dp-accounting
+    assert acc.get_epsilon(delta) == pytest.approx(
+        true_eps, rel=1e-3
+    )  # our "known epsilon" agrees with dp-accounting
     bounds = []
     for seed in range(60):
         rng = np.random.default_rng(seed)
         # optimal attack scores: the mechanism's output on D (mean 1) vs on the neighbour D' (mean 0)
-        members, nonmembers = 1 + sigma * rng.standard_normal(2000), sigma * rng.standard_normal(2000)
+        members, nonmembers = (
+            1 + sigma * rng.standard_normal(2000),
+            sigma * rng.standard_normal(2000),
+        )
         bounds.append(epsilon_lower_bound(members, nonmembers, delta, seed=seed)["eps_lower"])
     assert max(bounds) <= true_eps
     assert np.mean(bounds) > 0.1 * true_eps  # and it is not vacuous
@@ -46,7 +56,9 @@ def test_randomized_response_coverage_at_confidence():
             rng = np.random.default_rng(1000 + seed)
             m = (rng.random(1000) < p).astype(float)
             n = (rng.random(1000) < 1 - p).astype(float)
-            violations += epsilon_lower_bound(m, n, 0.0, confidence=0.95, seed=seed)["eps_lower"] > eps
+            violations += (
+                epsilon_lower_bound(m, n, 0.0, confidence=0.95, seed=seed)["eps_lower"] > eps
+            )
         assert violations <= 5
 
 

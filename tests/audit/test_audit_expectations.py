@@ -1,5 +1,6 @@
 """The Great Expectations suite over the release table: each expectation fails on a crafted bad release
 and names the offending rows; a good release passes all of them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,15 +18,21 @@ def data():
     from synth.datasets import uci_digits
 
     digits = uci_digits()  # quick to load; 28x28 uint8
-    return digits.subset(np.arange(0, 1000, 10)), digits.subset(np.arange(1000, 1400, 20))  # 100 / 20
+    return digits.subset(np.arange(0, 1000, 10)), digits.subset(
+        np.arange(1000, 1400, 20)
+    )  # 100 / 20
 
 
 def _validate(images, labels, ids, sens, expected_count=None, label_set=range(10)):
     usable = images.dtype == np.uint8 and images.shape[1:] == sens.image_shape
     d = rms_nearest(images, sens.images)[0] if usable else np.zeros(len(images))
     table = release_table(images, labels, ids, KEY, d)
-    suite = build_suite(len(images) if expected_count is None else expected_count, list(label_set),
-                        sens.image_shape, record_fingerprints(KEY, sens.images))
+    suite = build_suite(
+        len(images) if expected_count is None else expected_count,
+        list(label_set),
+        sens.image_shape,
+        record_fingerprints(KEY, sens.images),
+    )
     return {r.name: r for r in validate_table(table, suite)}
 
 
@@ -43,7 +50,9 @@ def test_good_release_passes_every_expectation(data):
 
 def test_wrong_count_fails(data):
     sens, ho = data
-    res = _validate(ho.images, ho.labels, [f"r{i}" for i in range(len(ho))], sens, expected_count=len(ho) + 1)
+    res = _validate(
+        ho.images, ho.labels, [f"r{i}" for i in range(len(ho))], sens, expected_count=len(ho) + 1
+    )
     assert _failed(res) == {"expect_table_row_count_to_equal"}
     r = res["expect_table_row_count_to_equal"]
     assert r.details["observed_value"] == len(ho) and "expected" in r.summary
@@ -56,7 +65,9 @@ def test_nan_pixels_fail_and_name_rows(data):
     res = _validate(images, ho.labels, [f"r{i}" for i in range(len(ho))], sens)
     assert "expect_column_values_to_not_be_null(mean_pixel)" in _failed(res)
     assert res["expect_column_values_to_not_be_null(mean_pixel)"].details["offending_ids"] == ["r3"]
-    assert "expect_column_values_to_be_in_set(dtype)" in _failed(res)  # floats are not a uint8 release
+    assert "expect_column_values_to_be_in_set(dtype)" in _failed(
+        res
+    )  # floats are not a uint8 release
 
 
 def test_copied_training_image_fails_via_hmac(data):
@@ -94,7 +105,9 @@ def test_sha256_column_is_hmac_not_plain_hash(data):
     import hashlib
 
     sens, ho = data
-    table = release_table(ho.images, ho.labels, [f"r{i}" for i in range(len(ho))], KEY, np.zeros(len(ho)))
+    table = release_table(
+        ho.images, ho.labels, [f"r{i}" for i in range(len(ho))], KEY, np.zeros(len(ho))
+    )
     plain = hashlib.sha256(ho.images[0].tobytes()).hexdigest()
     assert table["sha256"][0] != plain
     assert table["synthetic_sha256"][0] == plain

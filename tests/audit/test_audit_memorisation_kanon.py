@@ -1,4 +1,5 @@
 """Memorisation (distance to closest record) and the k-anonymity attacks on crafted releases."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ from synth.datasets import load_source
 
 @pytest.fixture(scope="module")
 def data():
-    sens = load_source("builtin:mnist5k").subset(np.arange(0, 4000, 10))       # 400 training images
+    sens = load_source("builtin:mnist5k").subset(np.arange(0, 4000, 10))  # 400 training images
     ho = load_source("builtin:mnist5k-heldout").subset(np.arange(0, 1000, 2))  # 500 held-out
     return sens, ho
 
@@ -26,7 +27,9 @@ def _dcr(images, sens, ho, policy=AuditPolicy(), features=False, artifacts=None)
 
 def test_independent_release_has_no_near_copies(data, tmp_path):
     sens, ho = data
-    release = load_source("builtin:mnist5k-heldout").subset(np.arange(1, 1000, 10)).images  # unseen, 100
+    release = (
+        load_source("builtin:mnist5k-heldout").subset(np.arange(1, 1000, 10)).images
+    )  # unseen, 100
     res = _dcr(release, sens, ho.subset(np.arange(400)), artifacts=tmp_path)
     assert res.passed is True
     assert 0.25 < res.details["closer_to_train_fraction_pixel"] < 0.75
@@ -36,7 +39,9 @@ def test_independent_release_has_no_near_copies(data, tmp_path):
 def test_noisy_training_copies_are_flagged(data):
     sens, ho = data
     rng = np.random.default_rng(0)
-    copies = np.clip(sens.images[:30].astype(float) + rng.normal(0, 12, (30, 28, 28)), 0, 255).astype(np.uint8)
+    copies = np.clip(
+        sens.images[:30].astype(float) + rng.normal(0, 12, (30, 28, 28)), 0, 255
+    ).astype(np.uint8)
     release = np.concatenate([copies, ho.images[:70]])
     res = _dcr(release, sens, ho.subset(np.arange(100, 500)))
     assert res.passed is False
@@ -59,8 +64,12 @@ def _averages(sens, k, rng):
     clusters = []
     for c in range(10):
         idx = rng.permutation(np.flatnonzero(sens.labels == c))
-        clusters += [idx[i:i + k] for i in range(0, len(idx) - k + 1, k)]
-    reps = np.stack([sens.images[c].astype(np.float64).mean(0) for c in clusters]).round().astype(np.uint8)
+        clusters += [idx[i : i + k] for i in range(0, len(idx) - k + 1, k)]
+    reps = (
+        np.stack([sens.images[c].astype(np.float64).mean(0) for c in clusters])
+        .round()
+        .astype(np.uint8)
+    )
     return reps, clusters
 
 
@@ -79,9 +88,13 @@ def test_kanon_attack_at_chance_for_unrelated_release(data):
     sens, ho = data
     _, clusters = _averages(sens, 4, np.random.default_rng(0))
     rng = np.random.default_rng(1)
-    unrelated = ho.images[rng.choice(len(ho), len(clusters), replace=False)]  # carries nothing of its "sources"
+    unrelated = ho.images[
+        rng.choice(len(ho), len(clusters), replace=False)
+    ]  # carries nothing of its "sources"
     shuffled = [clusters[i] for i in rng.permutation(len(clusters))]
-    mem, reid = run_kanon_attacks(unrelated, shuffled, sens, None, 4, AuditPolicy(feature_samples=40), features=True)
+    mem, reid = run_kanon_attacks(
+        unrelated, shuffled, sens, None, 4, AuditPolicy(feature_samples=40), features=True
+    )
     assert 0.3 < mem.details["precision_by_space"]["pixel"] < 0.7
     assert 0.2 < mem.details["precision_by_space"]["feature"] < 0.8
     assert mem.details["non_members"] == "sensitive records outside the cluster"

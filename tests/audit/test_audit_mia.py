@@ -1,5 +1,6 @@
 """Membership inference: high AUC on a deliberately overfitted tiny diffusion model, ~0.5 on
 independent data, and a contradiction flag when the empirical epsilon exceeds the claim."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,16 @@ def overfitted():
     rng = np.random.default_rng(0)
     idx = rng.choice(len(sens), 8 + 96, replace=False)
     members, unseen = sens.subset(idx[:8]), sens.subset(idx[8:])
-    net = UNet2DModel(sample_size=16, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(16, 16),
-                      down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
-                      norm_num_groups=8)
+    net = UNet2DModel(
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        layers_per_block=1,
+        block_out_channels=(16, 16),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+    )
     sched = DDPMScheduler(num_train_timesteps=100)
     opt = torch.optim.Adam(net.parameters(), lr=2e-3)
     x = _small(members.images)
@@ -60,10 +68,19 @@ def overfitted():
 
 def test_mia_detects_overfitted_generator(overfitted, tmp_path):
     loss_fn, members, unseen = overfitted
-    stats = attack_stats(-loss_fn(members.images, members.labels), -loss_fn(unseen.images, unseen.labels))
+    stats = attack_stats(
+        -loss_fn(members.images, members.labels), -loss_fn(unseen.images, unseen.labels)
+    )
     assert stats["auc"] > 0.8, stats["auc"]
-    res = run_mia(loss_fn, members, unseen, claimed_epsilon=1.0, delta=1e-5, policy=AuditPolicy(mia_samples=8),
-                  artifacts_dir=tmp_path)
+    res = run_mia(
+        loss_fn,
+        members,
+        unseen,
+        claimed_epsilon=1.0,
+        delta=1e-5,
+        policy=AuditPolicy(mia_samples=8),
+        artifacts_dir=tmp_path,
+    )
     assert res.passed is False and res.details["auc"] > 0.8
     assert "max 0.6" in res.summary
     assert (tmp_path / "mia_roc.png").stat().st_size > 1000
@@ -74,8 +91,15 @@ def test_mia_near_chance_on_independent_data(overfitted):
     a, b = unseen.subset(np.arange(48)), unseen.subset(np.arange(48, 96))
     stats = attack_stats(-loss_fn(a.images, a.labels), -loss_fn(b.images, b.labels))
     assert abs(stats["auc"] - 0.5) < 0.2, stats["auc"]
-    res = run_mia(loss_fn, a, b, claimed_epsilon=1.0, delta=1e-5, policy=AuditPolicy(mia_samples=48),
-                  artifacts_dir=None)
+    res = run_mia(
+        loss_fn,
+        a,
+        b,
+        claimed_epsilon=1.0,
+        delta=1e-5,
+        policy=AuditPolicy(mia_samples=48),
+        artifacts_dir=None,
+    )
     assert res.details["contradiction"] is False
 
 
@@ -86,15 +110,32 @@ def test_contradiction_flagged_when_empirical_epsilon_exceeds_claim():
     rng = np.random.default_rng(0)
 
     def leaky_loss(images, labels):  # a generator that memorised exactly its training images
-        return np.array([0.0 if im.tobytes() in seen else 1.0 for im in images]) + 0.01 * rng.random(len(images))
+        return np.array(
+            [0.0 if im.tobytes() in seen else 1.0 for im in images]
+        ) + 0.01 * rng.random(len(images))
 
-    res = run_mia(leaky_loss, members, non, claimed_epsilon=1.0, delta=1e-5, policy=AuditPolicy(), artifacts_dir=None)
+    res = run_mia(
+        leaky_loss,
+        members,
+        non,
+        claimed_epsilon=1.0,
+        delta=1e-5,
+        policy=AuditPolicy(),
+        artifacts_dir=None,
+    )
     assert res.details["contradiction"] is True and res.passed is False
     assert res.details["epsilon_bound"]["eps_lower"] > 1.0
     assert "CONTRADICTS" in res.summary
     # the same attack against a claim it cannot refute
-    res = run_mia(leaky_loss, members, non, claimed_epsilon=50.0, delta=1e-5,
-                  policy=AuditPolicy(mia_max_auc=1.0, mia_max_tpr_at_1pct_fpr=1.0), artifacts_dir=None)
+    res = run_mia(
+        leaky_loss,
+        members,
+        non,
+        claimed_epsilon=50.0,
+        delta=1e-5,
+        policy=AuditPolicy(mia_max_auc=1.0, mia_max_tpr_at_1pct_fpr=1.0),
+        artifacts_dir=None,
+    )
     assert res.details["contradiction"] is False and res.passed is True
 
 

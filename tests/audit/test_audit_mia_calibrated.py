@@ -1,6 +1,7 @@
 """Per-example calibrated membership inference (offline LiRA / difficulty calibration): reference
 models that never saw an example tell how hard it is, so a small member-only drop in loss stands out
 even when difficulty varies far more across examples than membership moves it."""
+
 import numpy as np
 import pytest
 
@@ -16,15 +17,24 @@ def world():
     members, non = data.subset(np.arange(0, 1600, 2)), data.subset(np.arange(1, 1600, 2))
     rng = np.random.default_rng(0)
     keys = [im.tobytes() for im in data.images[:1600]]
-    difficulty = dict(zip(keys, rng.gamma(2.0, 1.0, len(keys))))  # per-example hardness, spread ~1.4
+    difficulty = dict(
+        zip(keys, rng.gamma(2.0, 1.0, len(keys)))
+    )  # per-example hardness, spread ~1.4
     member = {im.tobytes() for im in members.images}
 
     def model(trained_on: set, drop: float, seed: int):
         noise = np.random.default_rng(seed)
 
         def loss(images, labels):
-            return np.array([difficulty[im.tobytes()] - (drop if im.tobytes() in trained_on else 0.0)
-                             + 0.05 * noise.standard_normal() for im in images])
+            return np.array(
+                [
+                    difficulty[im.tobytes()]
+                    - (drop if im.tobytes() in trained_on else 0.0)
+                    + 0.05 * noise.standard_normal()
+                    for im in images
+                ]
+            )
+
         return loss
 
     target = model(member, 0.3, 1)
@@ -44,7 +54,11 @@ def test_calibration_exposes_what_the_raw_loss_attack_misses(world):
     assert c["tpr_1pct"]["ci"][0] <= c["tpr_1pct"]["tpr"] <= c["tpr_1pct"]["ci"][1]
     assert c["tpr_1pct"]["ci"][0] > 0.3 and c["epsilon_bound"]["eps_lower"] > 1.0
     result = check_mia(cal, claimed_epsilon=1.0, policy=policy, artifacts_dir=None)
-    assert result.passed is False and result.details["attack"] == "calibrated" and "CONTRADICTS" in result.summary
+    assert (
+        result.passed is False
+        and result.details["attack"] == "calibrated"
+        and "CONTRADICTS" in result.summary
+    )
     quiet = check_mia(raw, claimed_epsilon=1.0, policy=policy, artifacts_dir=None)
     assert "uncalibrated loss attack only" in quiet.summary
 
@@ -57,7 +71,7 @@ def test_single_reference_is_the_loss_difference_and_shapes_are_checked():
 
 
 def test_tpr_interval_at_low_fpr_counts_only_allowed_false_positives():
-    non = np.arange(1000, dtype=float)           # scores 0..999
+    non = np.arange(1000, dtype=float)  # scores 0..999
     mem = np.array([999.5, 998.5, 990.0, 10.0])
-    out = tpr_interval(mem, non, 0.001, 0.95)    # one false positive allowed: threshold 998
+    out = tpr_interval(mem, non, 0.001, 0.95)  # one false positive allowed: threshold 998
     assert out["true_positives"] == 2 and out["tpr"] == 0.5 and out["ci"][0] < 0.5 < out["ci"][1]

@@ -1,5 +1,6 @@
 """run_audit end to end on small real data (UCI digits at 28x28): a clean PrivImage-style release,
 bad releases that must be blocked, a k-anonymous release, and missing inputs."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ from audit import AuditInputs, AuditPolicy, load_report, report_text, run_audit,
 from synth.datasets import ImageDataset, uci_digits
 
 KEY = b"s" * 32
-SMALL = AuditPolicy(mia_samples=100, feature_samples=40, fid_samples=40, utility_train_samples=200, cnn_epochs=1)
+SMALL = AuditPolicy(
+    mia_samples=100, feature_samples=40, fid_samples=40, utility_train_samples=200, cnn_epochs=1
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,12 @@ def parts():
 
     torch.set_num_threads(1)
     d = uci_digits()
-    return d.subset(np.arange(0, 600)), d.subset(np.arange(600, 900)), d.subset(np.arange(900, 1000)), \
-        d.subset(np.arange(1000, 1100))
+    return (
+        d.subset(np.arange(0, 600)),
+        d.subset(np.arange(600, 900)),
+        d.subset(np.arange(900, 1000)),
+        d.subset(np.arange(1000, 1100)),
+    )
 
 
 def mean_pixel_loss(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -41,24 +48,49 @@ def assert_bars_complete(reports: list[tuple[str, int, int]], expected: list[str
 
 def _inputs(parts, tmp_path, **kw) -> AuditInputs:
     sens, ho, rel, pub = parts
-    args = dict(release_id="rel-ok", images=rel.images, labels=rel.labels, ids=[f"img-{i}" for i in range(len(rel))],
-                expected_count=len(rel), label_set=list(range(10)), sensitive=sens, heldout=ho,
-                record_fingerprint_key=KEY, mechanism="privimage", claimed_epsilon=2.0, delta=1e-5,
-                loss_fn=mean_pixel_loss, selected_public=pub, artifacts_dir=tmp_path / "artifacts")
+    args = dict(
+        release_id="rel-ok",
+        images=rel.images,
+        labels=rel.labels,
+        ids=[f"img-{i}" for i in range(len(rel))],
+        expected_count=len(rel),
+        label_set=list(range(10)),
+        sensitive=sens,
+        heldout=ho,
+        record_fingerprint_key=KEY,
+        mechanism="privimage",
+        claimed_epsilon=2.0,
+        delta=1e-5,
+        loss_fn=mean_pixel_loss,
+        selected_public=pub,
+        artifacts_dir=tmp_path / "artifacts",
+    )
     args.update(kw)
     return AuditInputs(**args)
 
 
 def test_clean_release_passes_with_all_checks(parts, tmp_path):
     stages = []
-    report = run_audit(_inputs(parts, tmp_path), SMALL, progress=lambda s, d, t: stages.append((s, d, t)))
+    report = run_audit(
+        _inputs(parts, tmp_path), SMALL, progress=lambda s, d, t: stages.append((s, d, t))
+    )
     names = {r.name for r in report.results}
-    assert {"memorisation_dcr", "membership_inference", "fid_efficientnet_lite0", "downstream_accuracy",
-            "semantic_distribution_similarity", "expect_table_row_count_to_equal"} <= names
+    assert {
+        "memorisation_dcr",
+        "membership_inference",
+        "fid_efficientnet_lite0",
+        "downstream_accuracy",
+        "semantic_distribution_similarity",
+        "expect_table_row_count_to_equal",
+    } <= names
     assert report.passed, report_text(report)
-    assert_bars_complete(stages, ["expectations", "memorisation", "attacks", "fidelity", "utility", "sds"])
+    assert_bars_complete(
+        stages, ["expectations", "memorisation", "attacks", "fidelity", "utility", "sds"]
+    )
     utility = next(r for r in report.results if r.name == "downstream_accuracy")
-    assert utility.details["release"]["logreg"] > 0.5 and "real" in utility.summary  # digits are learnable
+    assert (
+        utility.details["release"]["logreg"] > 0.5 and "real" in utility.summary
+    )  # digits are learnable
     fid = next(r for r in report.results if r.name == "fid_efficientnet_lite0")
     assert "FID (EfficientNet-Lite0 features)" in fid.summary and fid.details["value"] > 0
     assert fid.details["real_heldout_baseline"] > 0 and "real held-out sample" in fid.summary
@@ -74,14 +106,26 @@ def test_clean_release_passes_with_all_checks(parts, tmp_path):
 def test_bad_release_is_blocked_and_stored(parts, tmp_path):
     sens, ho, rel, pub = parts
     images, labels = rel.images.copy(), rel.labels.copy()
-    images[4] = sens.images[10]   # copied training image
-    labels[6] = 15                # label outside the registered set
-    inputs = _inputs(parts, tmp_path, images=images, labels=labels, expected_count=len(rel) + 5, selected_public=None)
+    images[4] = sens.images[10]  # copied training image
+    labels[6] = 15  # label outside the registered set
+    inputs = _inputs(
+        parts,
+        tmp_path,
+        images=images,
+        labels=labels,
+        expected_count=len(rel) + 5,
+        selected_public=None,
+    )
     report = run_audit(inputs, SMALL)
     failed = {r.name: r for r in report.failures}
-    assert {"expect_table_row_count_to_equal", "expect_column_values_to_not_be_in_set(sha256)",
-            "expect_column_values_to_be_in_set(label)"} <= set(failed)
-    assert failed["expect_column_values_to_not_be_in_set(sha256)"].details["offending_ids"] == ["img-4"]
+    assert {
+        "expect_table_row_count_to_equal",
+        "expect_column_values_to_not_be_in_set(sha256)",
+        "expect_column_values_to_be_in_set(label)",
+    } <= set(failed)
+    assert failed["expect_column_values_to_not_be_in_set(sha256)"].details["offending_ids"] == [
+        "img-4"
+    ]
     assert failed["expect_column_values_to_be_in_set(label)"].details["offending_ids"] == ["img-6"]
     from accounting.store import Store, Workspace
 
@@ -97,11 +141,16 @@ def test_unreadable_release_runs_expectations_only(parts, tmp_path):
     images = rel.images.astype(np.float32)
     images[0, 0, 0] = np.nan
     stages = []
-    report = run_audit(_inputs(parts, tmp_path, images=images), SMALL, lambda s, d, t: stages.append((s, d, t)))
+    report = run_audit(
+        _inputs(parts, tmp_path, images=images), SMALL, lambda s, d, t: stages.append((s, d, t))
+    )
     assert_bars_complete(stages, ["expectations"])
     failed = {r.name for r in report.failures}
-    assert {"expect_column_values_to_not_be_null(mean_pixel)", "expect_column_values_to_be_in_set(dtype)",
-            "release_readable"} <= failed
+    assert {
+        "expect_column_values_to_not_be_null(mean_pixel)",
+        "expect_column_values_to_be_in_set(dtype)",
+        "release_readable",
+    } <= failed
     assert "membership_inference" not in {r.name for r in report.results}
 
 
@@ -132,18 +181,36 @@ def test_k_anonymous_release(parts, tmp_path):
     clusters = []
     for c in range(10):
         idx = rng.permutation(np.flatnonzero(sens.labels == c))
-        clusters += [idx[i:i + k] for i in range(0, len(idx) - k + 1, k)]
-    reps = np.stack([sens.images[cl].astype(float).mean(0) for cl in clusters]).round().astype(np.uint8)
+        clusters += [idx[i : i + k] for i in range(0, len(idx) - k + 1, k)]
+    reps = (
+        np.stack([sens.images[cl].astype(float).mean(0) for cl in clusters])
+        .round()
+        .astype(np.uint8)
+    )
     labels = np.array([np.bincount(sens.labels[cl]).argmax() for cl in clusters])
-    inputs = _inputs(parts, tmp_path, images=reps, labels=labels, ids=[f"rep-{i}" for i in range(len(reps))],
-                     expected_count=len(reps), mechanism="ksalsa", k=k, claimed_epsilon=None, delta=None,
-                     loss_fn=None, clusters=clusters, selected_public=None)
+    inputs = _inputs(
+        parts,
+        tmp_path,
+        images=reps,
+        labels=labels,
+        ids=[f"rep-{i}" for i in range(len(reps))],
+        expected_count=len(reps),
+        mechanism="ksalsa",
+        k=k,
+        claimed_epsilon=None,
+        delta=None,
+        loss_fn=None,
+        clusters=clusters,
+        selected_public=None,
+    )
     stages = []
     report = run_audit(inputs, SMALL, lambda s, d, t: stages.append((s, d, t)))
     assert_bars_complete(stages, ["expectations", "memorisation", "attacks", "fidelity", "utility"])
     res = {r.name: r for r in report.results}
     assert "membership_inference" not in res
-    assert res["kanon_cluster_membership"].details["attack_precision"] > 0.7  # plain averages leak membership
+    assert (
+        res["kanon_cluster_membership"].details["attack_precision"] > 0.7
+    )  # plain averages leak membership
     assert res["kanon_reidentification"].details["chance"] == pytest.approx(k / len(sens), rel=0.05)
     strict = AuditPolicy(**{**SMALL.to_dict(), "kanon_max_attack_precision": 0.55})
     assert run_audit(inputs, strict).verdicts()["kanon_cluster_membership"] == "fail"
@@ -162,7 +229,12 @@ def test_invalid_inputs_raise(parts, tmp_path):
         run_audit(_inputs(parts, tmp_path, expected_count=-1), SMALL)
     sens, ho, _, _ = parts
     with pytest.raises(DataFormatError):
-        run_audit(_inputs(parts, tmp_path, heldout=ImageDataset(ho.images[:, :20, :20].copy(), ho.labels)), SMALL)
+        run_audit(
+            _inputs(
+                parts, tmp_path, heldout=ImageDataset(ho.images[:, :20, :20].copy(), ho.labels)
+            ),
+            SMALL,
+        )
     with pytest.raises(DataFormatError):
         run_audit(_inputs(parts, tmp_path, sensitive=sens.images), SMALL)
 
@@ -174,9 +246,22 @@ def test_default_policy_on_builtin_mnist(tmp_path):
 
     sens, ho_all = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
     rel, ho = ho_all.subset(np.arange(0, 1000, 2)), ho_all.subset(np.arange(1, 1000, 2))
-    inputs = AuditInputs("rel-full", rel.images, rel.labels, [f"i{i}" for i in range(len(rel))], len(rel),
-                         list(range(10)), sens, ho, KEY, "privimage", 2.0, 1e-5, loss_fn=mean_pixel_loss,
-                         artifacts_dir=tmp_path)
+    inputs = AuditInputs(
+        "rel-full",
+        rel.images,
+        rel.labels,
+        [f"i{i}" for i in range(len(rel))],
+        len(rel),
+        list(range(10)),
+        sens,
+        ho,
+        KEY,
+        "privimage",
+        2.0,
+        1e-5,
+        loss_fn=mean_pixel_loss,
+        artifacts_dir=tmp_path,
+    )
     report = run_audit(inputs, AuditPolicy())
     assert report.passed, report_text(report)
     util = next(r for r in report.results if r.name == "downstream_accuracy")
@@ -189,11 +274,17 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
 
     setting = DpSgdSetting(0.1, calibrate_dpsgd_sigma(2.0, 1e-5, 0.1, 50), 50, 1.0, 1e-5)
     policy = AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": 300})
-    report = run_audit(_inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy)
+    report = run_audit(
+        _inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy
+    )
     one_run = next(r for r in report.results if r.name == "dpsgd_one_run_audit")
     assert one_run.details["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
-    assert one_run.details["score"] == "gradients"  # the policy's default: the stronger white-box score
-    assert one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary  # no proven violation
+    assert (
+        one_run.details["score"] == "gradients"
+    )  # the policy's default: the stronger white-box score
+    assert (
+        one_run.details["eps_lower"] < 2.0 and "vs claimed eps 2.0" in one_run.summary
+    )  # no proven violation
     # The Gaussian estimate (not a proof) can flag a correct run by chance at 300 canaries: CI once saw
     # "suspect" here with the proven bound at 1.05 (what it flags: test_audit_one_run*.py, BENCHMARKS.md).
     assert one_run.details["status"] in ("consistent", "suspect")
@@ -202,6 +293,8 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert set(mia.details["attacks"]) == {"loss", "calibrated"}
     assert "tpr_01pct" in mia.details["attacks"]["calibrated"]
-    off = run_audit(_inputs(parts, tmp_path, dpsgd=setting), AuditPolicy(**{**SMALL.to_dict(),
-                                                                           "one_run_canaries": None}))
+    off = run_audit(
+        _inputs(parts, tmp_path, dpsgd=setting),
+        AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": None}),
+    )
     assert "dpsgd_one_run_audit" not in off.verdicts()

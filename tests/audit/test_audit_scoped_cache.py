@@ -1,5 +1,6 @@
 """Statistics of sensitive images (embeddings, FID real-set statistics) are cached for one audit only:
 nothing survives the audit in the process (e.g. a long-running dashboard server)."""
+
 import numpy as np
 
 from audit.fidelity import compute_fid
@@ -16,5 +17,5 @@ def test_cache_lives_only_inside_one_audit():
         a, b = compute_fid(fake, real), compute_fid(fake, real)
         assert a == b and sum(k.startswith("fid-real:") for k in cache) == 1
     assert scoped_cache() is None and cache == {}
-    again = embed_images(real)           # outside an audit: computed, not remembered
+    again = embed_images(real)  # outside an audit: computed, not remembered
     assert again is not first and np.allclose(again, first, atol=1e-4) and scoped_cache() is None

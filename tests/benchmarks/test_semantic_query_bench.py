@@ -1,4 +1,5 @@
 """The semantic-query benchmark's selection probability (its training part runs in `make bench`)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """The Streamlit dashboard under streamlit's AppTest, over a real workspace (identities with scrypt
 passwords, a registered dataset, ledger charges, release plans): every page for every role, the
 actions a steward may take, and the pages and actions other roles are refused."""
+
 from __future__ import annotations
 
 import shutil
@@ -18,8 +19,17 @@ from dashboard.common import fmt_eps
 from release import keys, manager
 from release.budget import breakdown
 from release.records import Release
-from tests.support.dashboard_workspace import (PASSWORDS, assert_clean, build_workspace, ksalsa_spec, new_app, nodes, sign_in, submit_sign_in,
-                                    texts)
+from tests.support.dashboard_workspace import (
+    PASSWORDS,
+    assert_clean,
+    build_workspace,
+    ksalsa_spec,
+    new_app,
+    nodes,
+    sign_in,
+    submit_sign_in,
+    texts,
+)
 
 torch.set_num_threads(1)
 
@@ -56,7 +66,11 @@ def test_sign_in_form_and_wrong_password_are_refused():
     assert "user" not in at.session_state
     assert [t.label for t in at.text_input] == ["Identity", "Password"]
     assert not at.sidebar.radio  # nothing but the form before signing in
-    for name, password in [("alice", "wrong-password"), ("nobody", "steward-pass-1"), ("alice", "")]:
+    for name, password in [
+        ("alice", "wrong-password"),
+        ("nobody", "steward-pass-1"),
+        ("alice", ""),
+    ]:
         at.text_input(key="login_name").input(name)
         at.text_input(key="login_password").input(password)
         at.button[0].click().run()
@@ -101,9 +115,14 @@ def test_each_role_sees_and_opens_only_its_pages(role):
 def test_consumer_is_refused_internal_pages(page):
     # A deep link (?page=NAME) to a page the role may not open: refused with a message, nothing rendered.
     at = submit_sign_in("carol", page)
-    shown = page if page != "Nonexistent" else "requested page does not exist or"  # unknown names are not echoed
-    assert any(f"{shown} page is not available to a consumer" in e.value or
-               f"{shown} is not available to a consumer" in e.value for e in at.error)
+    shown = (
+        page if page != "Nonexistent" else "requested page does not exist or"
+    )  # unknown names are not echoed
+    assert any(
+        f"{shown} page is not available to a consumer" in e.value
+        or f"{shown} is not available to a consumer" in e.value
+        for e in at.error
+    )
     assert not at.dataframe and not at.title
     # The same deep link works for a role that may open it.
     if page != "Nonexistent":
@@ -166,7 +185,9 @@ def test_what_if_matches_the_accountant_and_flags_the_cap(built):
     assert metrics["ε now (RDP)"] == fmt_eps(b.spent.epsilon_rdp)
     assert metrics["ε after (RDP)"] == fmt_eps(expected.epsilon_rdp)
     assert metrics["ε after (PLD)"] == fmt_eps(expected.epsilon_pld)
-    assert metrics["Remaining after (cap − RDP)"] == fmt_eps(b.dataset.epsilon_cap - expected.epsilon_rdp)
+    assert metrics["Remaining after (cap − RDP)"] == fmt_eps(
+        b.dataset.epsilon_cap - expected.epsilon_rdp
+    )
     assert any("Fits the cap" in s.value for s in at.success)
     # Far too little noise: the ledger would refuse it, and the panel says so.
     _what_if(at, 0.8, 0.2, 50)
@@ -182,14 +203,25 @@ def test_what_if_gives_the_ledgers_filter_verdict_not_rdp_under_the_cap(built):
     privacy filter, which is stricter. Find a run the RDP figure would admit and the filter refuses."""
     b = ledger.budget(built.store, "mnist")
     cap, delta = b.dataset.epsilon_cap, b.dataset.delta_cap
-    steps = next(t for t in range(50, 5000, 10)
-                 if not privacy_filter.admits(curve.curve_of(b.history + [DpSgd(0.02, 1.1, t)]).rdp, cap, delta))
-    assert epsilon_report(b.history + [DpSgd(0.02, 1.1, steps)], delta).epsilon_rdp < cap  # RDP alone would admit
+    steps = next(
+        t
+        for t in range(50, 5000, 10)
+        if not privacy_filter.admits(
+            curve.curve_of(b.history + [DpSgd(0.02, 1.1, t)]).rdp, cap, delta
+        )
+    )
+    assert (
+        epsilon_report(b.history + [DpSgd(0.02, 1.1, steps)], delta).epsilon_rdp < cap
+    )  # RDP alone would admit
     at = _what_if(sign_in("alice", "Ledger"), 1.1, 0.02, steps)
-    assert any(f"Exceeds the cap {cap:g}" in e.value and "privacy filter" in e.value for e in at.error)
+    assert any(
+        f"Exceeds the cap {cap:g}" in e.value and "privacy filter" in e.value for e in at.error
+    )
     assert not any("Fits the cap" in s.value for s in at.success)
     with pytest.raises(BudgetExceededError):  # and the ledger agrees
-        ledger.reserve(built.store, "mnist", [DpSgd(0.02, 1.1, steps)], run_id="whatif-check", actor="alice")
+        ledger.reserve(
+            built.store, "mnist", [DpSgd(0.02, 1.1, steps)], run_id="whatif-check", actor="alice"
+        )
 
 
 # ------------------------------------------------------------------ releases: approve / reject
@@ -250,7 +282,9 @@ def test_auditor_sees_plans_but_no_actions(built):
     assert rid in texts(at)
     assert "Only a steward can approve or reject a plan." in texts(at)
     keys_shown = {b.key for b in at.button}
-    assert not any(k and k.startswith(("approve_", "reject_", "run_", "publish_")) for k in keys_shown)
+    assert not any(
+        k and k.startswith(("approve_", "reject_", "run_", "publish_")) for k in keys_shown
+    )
     assert not at.checkbox
     assert manager.get_release(built.store, rid).state == "planned"
 
@@ -263,7 +297,9 @@ def test_consumer_never_sees_plans_or_unpublished_releases(built):
     at.session_state["release"] = built.planned[0]
     at.run()
     assert_clean(at)
-    assert any("not available to you" in e.value and "published releases only" in e.value for e in at.error)
+    assert any(
+        "not available to you" in e.value and "published releases only" in e.value for e in at.error
+    )
     assert built.planned[0] not in " ".join(str(d.value) for d in at.dataframe)
     assert not at.json
 
@@ -275,7 +311,11 @@ def test_release_detail_of_a_plan(built):
     assert_clean(at)
     text = texts(at)
     assert "Not audited yet" in text and "No images yet" in text
-    assert [t.label for t in at.tabs] == ["Parameters", "Audit report", "Samples"]  # no cluster viewer yet
+    assert [t.label for t in at.tabs] == [
+        "Parameters",
+        "Audit report",
+        "Samples",
+    ]  # no cluster viewer yet
 
 
 # ------------------------------------------------------------------ audit trail
@@ -284,7 +324,9 @@ def test_audit_trail_verified(built):
     v = trail.verify(built.store)
     assert any("Chain verified" in s.value and f"{v.length} entries" in s.value for s in at.success)
     df = at.dataframe[0].value
-    assert set(df["status"]) == {"ok"} and len(df) >= v.length - 2  # newest-first, a few added meanwhile at most
+    assert (
+        set(df["status"]) == {"ok"} and len(df) >= v.length - 2
+    )  # newest-first, a few added meanwhile at most
     at.multiselect(key="trail_actions").select("identity.password").run()
     assert set(at.dataframe[0].value["action"]) == {"identity.password"}
 
@@ -293,7 +335,7 @@ def test_audit_trail_break_is_highlighted(built, tmp_path, monkeypatch):
     copy = tmp_path / "ws"
     shutil.copytree(built.root, copy)
     con = duckdb.connect(str(copy / "store.duckdb"))  # an attacker editing one entry behind the API
-    con.execute("UPDATE audit_trail SET payload = '{\"name\": \"mallory\"}' WHERE seq = 3")
+    con.execute('UPDATE audit_trail SET payload = \'{"name": "mallory"}\' WHERE seq = 3')
     con.close()
     monkeypatch.setenv("PRIVRELEASE_HOME", str(copy))
     at = sign_in("alice", "Audit trail")

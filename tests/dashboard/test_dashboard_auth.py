@@ -1,4 +1,5 @@
 """Dashboard passwords: scrypt hashes in identities.password_hash, set_password / check_password."""
+
 from __future__ import annotations
 
 import base64
@@ -27,13 +28,25 @@ def test_hash_format_is_scrypt_with_random_salt():
     salt = base64.b64decode(salt_b64)
     assert len(salt) == 16
     # Independently recomputed with hashlib: the stored hash is scrypt(password, salt, n=2**14, r=8, p=1).
-    expected = hashlib.scrypt(b"correct horse", salt=salt, n=2**14, r=8, p=1, maxmem=64 * 2**20, dklen=32)
+    expected = hashlib.scrypt(
+        b"correct horse", salt=salt, n=2**14, r=8, p=1, maxmem=64 * 2**20, dklen=32
+    )
     assert base64.b64decode(hash_b64) == expected
     assert verify_hash(h1, "correct horse") and not verify_hash(h1, "correct horsE")
 
 
-@pytest.mark.parametrize("stored", [None, "", "plain", "scrypt$1$2$3", "bcrypt$16384$8$1$AAAA$AAAA",
-                                    "scrypt$x$8$1$AAAA$AAAA", "scrypt$16384$8$1$!!!$AAAA"])
+@pytest.mark.parametrize(
+    "stored",
+    [
+        None,
+        "",
+        "plain",
+        "scrypt$1$2$3",
+        "bcrypt$16384$8$1$AAAA$AAAA",
+        "scrypt$x$8$1$AAAA$AAAA",
+        "scrypt$16384$8$1$!!!$AAAA",
+    ],
+)
 def test_malformed_stored_hash_never_matches(stored):
     assert verify_hash(stored, "anything-long") is False
 
@@ -67,12 +80,15 @@ def test_setting_a_password_is_in_the_trail_without_the_password(people):
     assert v.ok and v.length == before + 1
 
 
-@pytest.mark.parametrize("name, password, words", [
-    ("alice", "short", "at least 8"),
-    ("alice", "", "at least 8"),
-    ("alice", None, "at least 8"),
-    ("nobody", "long-enough-pass", "No identity named 'nobody'"),
-])
+@pytest.mark.parametrize(
+    "name, password, words",
+    [
+        ("alice", "short", "at least 8"),
+        ("alice", "", "at least 8"),
+        ("alice", None, "at least 8"),
+        ("nobody", "long-enough-pass", "No identity named 'nobody'"),
+    ],
+)
 def test_bad_input_is_refused_and_changes_nothing(people, name, password, words):
     before = trail.verify(people).length
     with pytest.raises(PrivReleaseError, match=words):
@@ -83,9 +99,13 @@ def test_bad_input_is_refused_and_changes_nothing(people, name, password, words)
 
 # ------------------------------------------------------------------ sign-in throttling, trail, sessions
 def _attempts(store, name):
-    return [r["action"] for r in store.query(
-        "SELECT action FROM audit_trail WHERE action LIKE 'auth.%' AND payload LIKE ? ORDER BY seq",
-        [f'%"name":"{name}"%'])]
+    return [
+        r["action"]
+        for r in store.query(
+            "SELECT action FROM audit_trail WHERE action LIKE 'auth.%' AND payload LIKE ? ORDER BY seq",
+            [f'%"name":"{name}"%'],
+        )
+    ]
 
 
 def test_sign_in_attempts_are_trail_entries(people):
@@ -110,9 +130,13 @@ def test_lockout_after_repeated_failures(people):
     set_password(people, "alice", "s3cret-pass")
     for _ in range(MAX_FAILURES):
         assert sign_in(people, "alice", "guess-guess").identity is None
-    locked = sign_in(people, "alice", "s3cret-pass")  # the right password, but locked: not even checked
+    locked = sign_in(
+        people, "alice", "s3cret-pass"
+    )  # the right password, but locked: not even checked
     assert locked.identity is None and "Too many failed sign-ins" in locked.message
-    assert sign_in(people, "bob", "x" * 8).identity is None  # other names are not locked by alice's failures
+    assert (
+        sign_in(people, "bob", "x" * 8).identity is None
+    )  # other names are not locked by alice's failures
     later = time.time() + LOCKOUT_SECONDS + 1
     assert sign_in(people, "alice", "s3cret-pass", now=later).identity.name == "alice"
     assert _attempts(people, "alice")[-2:] == ["auth.sign_in_refused", "auth.sign_in"]
@@ -129,11 +153,19 @@ def test_password_change_ends_sessions(people):
     assert session_valid(people, "alice", epoch).name == "alice"
     set_password(people, "alice", "another-pass")
     assert session_valid(people, "alice", epoch) is None
-    assert session_valid(people, "alice", "") is None and session_valid(people, "ghost", epoch) is None
+    assert (
+        session_valid(people, "alice", "") is None and session_valid(people, "ghost", epoch) is None
+    )
 
 
 def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp_path, monkeypatch):
-    from tests.support.dashboard_workspace import PASSWORDS, ROLES, assert_clean, sign_in as app_sign_in, submit_sign_in
+    from tests.support.dashboard_workspace import (
+        PASSWORDS,
+        ROLES,
+        assert_clean,
+        sign_in as app_sign_in,
+        submit_sign_in,
+    )
 
     from accounting.store import Store, Workspace
 

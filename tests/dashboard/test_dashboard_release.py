@@ -1,6 +1,7 @@
 """A real release driven from the dashboard (AppTest): the steward runs an approved tiny k-SALSA release
 (progress shown) and publishes it; then its detail page (parameters, audit report, samples, cluster
 viewer) and the Downloads page are checked for every role. Slow: about a minute on 2 shared cores."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,15 @@ import torch
 from audit import load_report
 from release import manager
 from release.card import split_front_matter
-from tests.support.dashboard_workspace import (approved_small_release, assert_clean, build_workspace, image_captions, nodes,
-                                    sign_in, texts)
+from tests.support.dashboard_workspace import (
+    approved_small_release,
+    assert_clean,
+    build_workspace,
+    image_captions,
+    nodes,
+    sign_in,
+    texts,
+)
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
@@ -32,7 +40,9 @@ def published(tmp_path_factory):
     at.button(key=f"run_{rid}").click().run(timeout=600)
     assert_clean(at)
     assert not at.error, [e.value for e in at.error]
-    assert any(f"Release {rid} ran and was audited: it is now checked" in s.value for s in at.success)
+    assert any(
+        f"Release {rid} ran and was audited: it is now checked" in s.value for s in at.success
+    )
     assert manager.get_release(built.store, rid).state == "checked"
     at.button(key=f"publish_{rid}").click().run(timeout=300)
     assert_clean(at)
@@ -65,12 +75,18 @@ def test_internal_roles_see_the_full_audit_report_and_clusters(published, name):
     assert "Guarantee:** k-anonymous (k=5)" in text
     assert f"Audit passed ({len(report.results)} checks, 0 failed)" in text
     # Every check with its summary (internal), grouped by kind, and the audit's plots.
-    shown = {row["check"]: row["summary"] for df in at.dataframe if "summary" in df.value for _, row in
-             df.value.iterrows()}
+    shown = {
+        row["check"]: row["summary"]
+        for df in at.dataframe
+        if "summary" in df.value
+        for _, row in df.value.iterrows()
+    }
     assert shown == {r.name: r.summary for r in report.results}
     artifacts = [p for r in report.results for p in r.artifacts.values()]
     images = nodes(at, "image")
-    assert len(images) >= len(artifacts) + 3  # audit plots + sample grid + representative + its sources
+    assert (
+        len(images) >= len(artifacts) + 3
+    )  # audit plots + sample grid + representative + its sources
     # Cluster viewer: the k sensitive sources beside the representative.
     clusters = manager.load_output(built.store, rid).clusters
     assert f"its 5 sources: records {', '.join(map(str, clusters[0]))}" in image_captions(at)
@@ -86,7 +102,11 @@ def test_consumer_sees_verdicts_only(published):
     built, rid = published
     report = load_report(built.store, rid)
     at = _detail("carol", rid)
-    assert [t.label for t in at.tabs] == ["Parameters", "Audit report", "Samples"]  # no cluster viewer
+    assert [t.label for t in at.tabs] == [
+        "Parameters",
+        "Audit report",
+        "Samples",
+    ]  # no cluster viewer
     verdicts = [df.value for df in at.dataframe if "verdict" in df.value]
     assert len(verdicts) == 1 and list(verdicts[0].columns) == ["check", "verdict"]
     assert dict(zip(verdicts[0]["check"], verdicts[0]["verdict"])) == report.verdicts()
@@ -108,8 +128,13 @@ def test_downloads_offer_the_signed_bundle(published):
     code = " ".join(c.value for c in at.code)
     assert f"privrelease verify {rid}.tar.gz --key release.pub" in code
     tarball = open(bundle["tarball"], "rb").read()
-    assert hashlib.sha256(tarball).hexdigest() == bundle["tarball_sha256"] and bundle["tarball_sha256"] in code
+    assert (
+        hashlib.sha256(tarball).hexdigest() == bundle["tarball_sha256"]
+        and bundle["tarball_sha256"] in code
+    )
     card = open(f"{bundle['path']}/README.md").read()
-    body = split_front_matter(card)[1].replace("![sample grid](sample_grid.png)", "")  # YAML is for `datasets`
+    body = split_front_matter(card)[1].replace(
+        "![sample grid](sample_grid.png)", ""
+    )  # YAML is for `datasets`
     assert any(m.value.strip() == body.strip() for m in at.markdown)
     assert any("sample_grid.png" in c for c in image_captions(at))

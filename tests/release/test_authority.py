@@ -1,4 +1,5 @@
 """Who may act: a private key, not a name, authorises a change; stewards are made by stewards; file modes."""
+
 import json
 import os
 import shutil
@@ -20,8 +21,12 @@ runner = CliRunner()
 
 
 def cli(ws, *args, env=None):
-    return runner.invoke(app, ["--workspace", str(ws), *args], catch_exceptions=True,
-                         env={"PRIVRELEASE_ACTOR": "nobody-here", **(env or {})})
+    return runner.invoke(
+        app,
+        ["--workspace", str(ws), *args],
+        catch_exceptions=True,
+        env={"PRIVRELEASE_ACTOR": "nobody-here", **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -30,7 +35,9 @@ def ws(tmp_path):
     r = cli(root, "init", "--steward", "alice")
     assert r.exit_code == 0, r.output
     assert cli(root, "keys", "create", "bob", "--role", "auditor", "--as", "alice").exit_code == 0
-    assert cli(root, "keys", "create", "carol", "--role", "consumer", "--as", "alice").exit_code == 0
+    assert (
+        cli(root, "keys", "create", "carol", "--role", "consumer", "--as", "alice").exit_code == 0
+    )
     return root
 
 
@@ -43,7 +50,9 @@ def test_authenticate_needs_the_registered_private_key(ws):
         keys.authenticate(store, "mallory")
     alice_key = keys.private_key_path(store.workspace, "alice")
     saved = alice_key.read_bytes()
-    shutil.copyfile(keys.private_key_path(store.workspace, "carol"), alice_key)  # another identity's key
+    shutil.copyfile(
+        keys.private_key_path(store.workspace, "carol"), alice_key
+    )  # another identity's key
     with pytest.raises(keys.KeyFileError, match="not the key registered for 'alice'"):
         keys.authenticate(store, "alice")
     alice_key.unlink()
@@ -59,13 +68,19 @@ def test_steward_needs_an_existing_stewards_signature(ws):
     with pytest.raises(PermissionDeniedError, match="Only an existing steward"):
         keys.create_identity(store, "mallory", "steward")
     with pytest.raises(PermissionDeniedError):
-        keys.create_identity(store, "mallory", "steward", endorser="bob")  # an auditor cannot endorse
+        keys.create_identity(
+            store, "mallory", "steward", endorser="bob"
+        )  # an auditor cannot endorse
     dave = keys.create_identity(store, "dave", "steward", endorser="alice")
-    entry = store.query("SELECT payload FROM audit_trail WHERE action = 'identity.create' ORDER BY seq DESC LIMIT 1")
+    entry = store.query(
+        "SELECT payload FROM audit_trail WHERE action = 'identity.create' ORDER BY seq DESC LIMIT 1"
+    )
     p = json.loads(entry[0]["payload"])
     msg = keys._endorsement_message("dave", "steward", dave.public_key)
     assert p["endorsed_by"] == "alice"
-    assert keys.verify_signature(keys.get_identity(store, "alice").public_key, msg, bytes.fromhex(p["endorsement"]))
+    assert keys.verify_signature(
+        keys.get_identity(store, "alice").public_key, msg, bytes.fromhex(p["endorsement"])
+    )
 
 
 def test_cli_refuses_names_without_keys(ws):
@@ -77,8 +92,20 @@ def test_cli_refuses_names_without_keys(ws):
     assert isinstance(r.exception, keys.UnknownIdentityError)
     r = cli(ws, "audit", "report", "rel-x", "--as", "carol")
     assert isinstance(r.exception, PermissionDeniedError)
-    r = cli(ws, "dataset", "register", "m", "--source", "builtin:mnist5k", "--epsilon", "3", "--delta", "1e-5",
-            "--as", "bob")
+    r = cli(
+        ws,
+        "dataset",
+        "register",
+        "m",
+        "--source",
+        "builtin:mnist5k",
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--as",
+        "bob",
+    )
     assert isinstance(r.exception, PermissionDeniedError)
     r = cli(ws, "keys", "password", "bob", "--as", "carol")
     assert isinstance(r.exception, PermissionDeniedError)
@@ -104,9 +131,23 @@ def test_checkpoint_and_verify_on_the_command_line(ws, tmp_path):
     out = tmp_path / "pinned.json"
     r = cli(ws, "audit", "checkpoint", "--as", "alice", "--out", str(out))
     assert r.exit_code == 0, r.output
-    r = cli(ws, "audit", "verify", "--json", "--checkpoint", str(out), "--key", str(ws / "keys" / "alice.pub"))
+    r = cli(
+        ws,
+        "audit",
+        "verify",
+        "--json",
+        "--checkpoint",
+        str(out),
+        "--key",
+        str(ws / "keys" / "alice.pub"),
+    )
     data = json.loads(r.output)
-    assert r.exit_code == 0 and data["ok"] and data["status"] == "intact" and len(data["checkpoints"]) == 2
+    assert (
+        r.exit_code == 0
+        and data["ok"]
+        and data["status"] == "intact"
+        and len(data["checkpoints"]) == 2
+    )
     r = cli(ws, "audit", "verify", "--checkpoint", str(out), "--key", str(ws / "keys" / "bob.pub"))
     assert r.exit_code == 1 and "trusted steward key" in " ".join(r.output.split())
 
@@ -130,8 +171,11 @@ def test_workspace_0700_store_and_sensitive_artifacts_0600(ws):
     assert mode(ws) == 0o700 and mode(ws / "artifacts") == 0o700 and mode(ws / "bundles") == 0o700
     assert mode(ws / "store.duckdb") == 0o600 and mode(ws / "keys" / "alice.key") == 0o600
     # A process with the usual umask 022 that opens the workspace writes real-image plots 0600 (dirs 0700).
-    subprocess.run([sys.executable, "-c", f"import os; os.umask(0o022); exec({WRITE_ARTIFACT!r})", str(ws)],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"import os; os.umask(0o022); exec({WRITE_ARTIFACT!r})", str(ws)],
+        cwd=ROOT,
+        check=True,
+    )
     png = ws / "artifacts" / "r" / "nearest_pairs.png"
     assert mode(png) == 0o600 and mode(png.parent) == 0o700
 

@@ -1,4 +1,5 @@
 """Issue 13 item 7: every bad data source is a clear error, in bounded memory, and registers nothing."""
+
 import io
 import os
 import subprocess
@@ -76,49 +77,107 @@ def huge_png(tmp: Path) -> Path:
 def sixteen_bit(tmp: Path) -> Path:
     for cls in ("cat", "dog"):
         (tmp / "imgs" / cls).mkdir(parents=True)
-        Image.new("I;16", (8, 8), 40000).save(tmp / "imgs" / cls / "0.png")   # once clipped to 255: all white
+        Image.new("I;16", (8, 8), 40000).save(
+            tmp / "imgs" / cls / "0.png"
+        )  # once clipped to 255: all white
     return tmp / "imgs"
 
 
 def pipe_named_png(tmp: Path) -> Path:
     root = class_folder(tmp)
-    os.mkfifo(root / "cat" / "1.png")   # opening it would wait forever for a writer
+    os.mkfifo(root / "cat" / "1.png")  # opening it would wait forever for a writer
     return root
 
 
 U8 = np.zeros((3, 8, 8), np.uint8)
 CASES = {
     "string labels (npz)": (lambda t: npz(t, U8, ["cat", "dog", "cat"]), "0,1", "got text"),
-    "string labels (parquet)": (lambda t: parquet(t, pa.table({"image": [png(U8[0])] * 2, "label": ["a", "b"]})),
-                                "0,1", "column `label` is string"),
-    "empty parquet": (lambda t: parquet(t, pa.table({"image": pa.array([], pa.binary()),
-                                                     "label": pa.array([], pa.int64())})), "0,1", "no rows"),
-    "integer image column": (lambda t: parquet(t, pa.table({"image": [1, 2], "label": [0, 1]})), "0,1",
-                             "column `image` is int64"),
-    "zero-byte npz": (lambda t: (t / "d.npz").write_bytes(b"") or t / "d.npz", "0,1", "not a readable .npz"),
-    "zero-width images": (lambda t: npz(t, np.zeros((3, 0, 8), np.uint8), [0, 1, 0]), "0,1", "has no pixels"),
-    "7 channels": (lambda t: npz(t, np.zeros((3, 8, 8, 7), np.uint8), [0, 1, 0]), "0,1", "7 channels"),
-    "complex pixels": (lambda t: npz(t, np.zeros((3, 8, 8), np.complex128), [0, 1, 0]), "0,1", "complex128"),
+    "string labels (parquet)": (
+        lambda t: parquet(t, pa.table({"image": [png(U8[0])] * 2, "label": ["a", "b"]})),
+        "0,1",
+        "column `label` is string",
+    ),
+    "empty parquet": (
+        lambda t: parquet(
+            t, pa.table({"image": pa.array([], pa.binary()), "label": pa.array([], pa.int64())})
+        ),
+        "0,1",
+        "no rows",
+    ),
+    "integer image column": (
+        lambda t: parquet(t, pa.table({"image": [1, 2], "label": [0, 1]})),
+        "0,1",
+        "column `image` is int64",
+    ),
+    "zero-byte npz": (
+        lambda t: (t / "d.npz").write_bytes(b"") or t / "d.npz",
+        "0,1",
+        "not a readable .npz",
+    ),
+    "zero-width images": (
+        lambda t: npz(t, np.zeros((3, 0, 8), np.uint8), [0, 1, 0]),
+        "0,1",
+        "has no pixels",
+    ),
+    "7 channels": (
+        lambda t: npz(t, np.zeros((3, 8, 8, 7), np.uint8), [0, 1, 0]),
+        "0,1",
+        "7 channels",
+    ),
+    "complex pixels": (
+        lambda t: npz(t, np.zeros((3, 8, 8), np.complex128), [0, 1, 0]),
+        "0,1",
+        "complex128",
+    ),
     "NaN label": (lambda t: npz(t, U8, [0.0, np.nan, 1.0]), "0,1", "whole numbers, got nan"),
     "fractional label": (lambda t: npz(t, U8, [0.0, 0.5, 1.0]), "0,1", "whole numbers, got 0.5"),
     "negative label": (lambda t: npz(t, U8, [0, -1, 1]), "0,1", "non-negative"),
-    "label 1e12": (lambda t: npz(t, U8, [0, 10 ** 12, 1]), "0,1", "above the limit"),
+    "label 1e12": (lambda t: npz(t, U8, [0, 10**12, 1]), "0,1", "above the limit"),
     "image 5000x5000 (png)": (huge_png, "cat,dog", "5000x5000 pixels exceeds the limit"),
     "symlinked image out of the folder": (symlinked_file, "cat,dog", "outside the folder"),
     "16-bit png": (sixteen_bit, "cat,dog", "I;16 pixels"),
     "pipe named like an image": (pipe_named_png, "cat,dog", "not a regular file"),
-    "object-dtype labels": (lambda t: np.savez(t / "d.npz", images=U8, labels=np.array([0, 1, None], dtype=object))
-                            or t / "d.npz", "0,1", "labels must be integer class indices, got dtype object"),
-    "symlinked class folder out of the folder": (symlinked_class, "bird,cat,dog", "outside the folder"),
+    "object-dtype labels": (
+        lambda t: (
+            np.savez(t / "d.npz", images=U8, labels=np.array([0, 1, None], dtype=object))
+            or t / "d.npz"
+        ),
+        "0,1",
+        "labels must be integer class indices, got dtype object",
+    ),
+    "symlinked class folder out of the folder": (
+        symlinked_class,
+        "bird,cat,dog",
+        "outside the folder",
+    ),
     # optional `class_names` of an .npz (issue 36): strings, one per label value, distinct, non-empty
-    "class_names too short": (lambda t: named(t, ["cat"]), "0,1", "has 1 names but the labels go up to 1"),
-    "class_names of numbers": (lambda t: named(t, np.array([3, 4])), "0,1", "int64 array.*1-D array of strings"),
+    "class_names too short": (
+        lambda t: named(t, ["cat"]),
+        "0,1",
+        "has 1 names but the labels go up to 1",
+    ),
+    "class_names of numbers": (
+        lambda t: named(t, np.array([3, 4])),
+        "0,1",
+        "int64 array.*1-D array of strings",
+    ),
     "class_names 2-D": (lambda t: named(t, np.array([["cat", "dog"]])), "0,1", r"shape \(1, 2\)"),
-    "class_names empty entry": (lambda t: named(t, ["cat", " "]), "0,1", r"entries \[1\] are empty"),
+    "class_names empty entry": (
+        lambda t: named(t, ["cat", " "]),
+        "0,1",
+        r"entries \[1\] are empty",
+    ),
     "class_names repeated": (lambda t: named(t, ["cat", "cat"]), "0,1", r"repeats \['cat'\]"),
-    "class_names as objects": (lambda t: named(t, np.array(["cat", "dog"], dtype=object)), "0,1",
-                               "object array.*1-D array of strings"),
-    "class_names of 300 characters": (lambda t: named(t, ["cat", "d" * 300]), "0,1", "at most 200 characters"),
+    "class_names as objects": (
+        lambda t: named(t, np.array(["cat", "dog"], dtype=object)),
+        "0,1",
+        "object array.*1-D array of strings",
+    ),
+    "class_names of 300 characters": (
+        lambda t: named(t, ["cat", "d" * 300]),
+        "0,1",
+        "at most 200 characters",
+    ),
 }
 
 
@@ -140,10 +199,12 @@ def _npz_claiming(path: Path, shape: tuple[int, ...], payload_bytes: int) -> Non
     """A real .npz whose images are all-zero uint8 of `shape`, streamed: tiny on disk, huge once loaded."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         with z.open("images.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": shape})
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": "|u1", "fortran_order": False, "shape": shape}
+            )
             chunk = bytes(1 << 24)
             for start in range(0, payload_bytes, len(chunk)):
-                f.write(chunk[:min(len(chunk), payload_bytes - start)])
+                f.write(chunk[: min(len(chunk), payload_bytes - start)])
         with z.open("labels.npy", "w") as f:
             np.lib.format.write_array(f, np.zeros(shape[0], np.int64))
 
@@ -159,13 +220,13 @@ def test_16000x16000_npz_is_refused_from_its_header(tmp_path, store):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 32 * 2 ** 20, f"peak {peak / 2 ** 20:.0f} MiB while refusing"
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB while refusing"
     assert_nothing_registered(store)
 
 
 def test_label_1e12_is_refused_in_bounded_memory(tmp_path):
     """Under a 1.5 GiB address-space limit: a label of 1e12 once sized a per-class list (5.4 GB)."""
-    path = npz(tmp_path, U8, [0, 10 ** 12, 1])
+    path = npz(tmp_path, U8, [0, 10**12, 1])
     code = textwrap.dedent(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
@@ -177,7 +238,9 @@ def test_label_1e12_is_refused_in_bounded_memory(tmp_path):
             print("REFUSED", exc)
     """)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert "REFUSED" in out.stdout and "above the limit" in out.stdout, out.stderr[-2000:]
 
 
@@ -198,8 +261,14 @@ def test_symlink_inside_the_folder_is_fine(tmp_path, store):
 # ----------------------------------------------------------------- the CLI: markup in paths
 def _cli(ws: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "release.cli", "--workspace", str(ws), *args],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "release.cli", "--workspace", str(ws), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_paths_with_brackets_are_shown_verbatim(tmp_path):
@@ -208,13 +277,41 @@ def test_paths_with_brackets_are_shown_verbatim(tmp_path):
     assert _cli(ws, "init", "--steward", "alice").returncode == 0
     (tmp_path / "a[").mkdir()
     for source in (str(tmp_path / "x[/y]"), str(tmp_path / "a[")):
-        r = _cli(ws, "dataset", "register", "d", "--source", source, "--labels", "0", "--epsilon", "1",
-                 "--delta", "1e-3", "--as", "alice")
+        r = _cli(
+            ws,
+            "dataset",
+            "register",
+            "d",
+            "--source",
+            source,
+            "--labels",
+            "0",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-3",
+            "--as",
+            "alice",
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert source in r.stderr.replace("\n", "")
     root = class_folder(tmp_path / "b[bold]")
-    r = _cli(ws, "dataset", "register", "pets", "--source", str(root), "--labels", "cat,dog", "--epsilon", "1",
-             "--delta", "1e-3", "--as", "alice")
+    r = _cli(
+        ws,
+        "dataset",
+        "register",
+        "pets",
+        "--source",
+        str(root),
+        "--labels",
+        "cat,dog",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-3",
+        "--as",
+        "alice",
+    )
     assert r.returncode == 0, r.stderr
     listed = _cli(ws, "dataset", "list")
     assert listed.returncode == 0 and "b[bold]" in listed.stdout, listed.stdout + listed.stderr
@@ -236,10 +333,25 @@ def test_parquet_size_is_checked_from_its_metadata(tmp_path, store, monkeypatch)
 def test_npz_class_names_name_the_classes(tmp_path, store):
     from release.data import load_registered
 
-    np.savez(tmp_path / "d.npz", images=U8, labels=np.array([0, 2, 0]), class_names=np.array(["cat", "dog", "emu"]))
+    np.savez(
+        tmp_path / "d.npz",
+        images=U8,
+        labels=np.array([0, 2, 0]),
+        class_names=np.array(["cat", "dog", "emu"]),
+    )
     ds, _ = register_from_source(store, "named", str(tmp_path / "d.npz"), 1.0, 1e-3, labels="0-3")
     _, data = load_registered(store, "named")
-    assert data.class_names == ["cat", "dog", "emu", "3"]  # a declared class with no name keeps its number
+    assert data.class_names == [
+        "cat",
+        "dog",
+        "emu",
+        "3",
+    ]  # a declared class with no name keeps its number
     np.savez(tmp_path / "plain.npz", images=U8, labels=np.array([0, 1, 0]))
-    ds, _ = register_from_source(store, "plain", str(tmp_path / "plain.npz"), 1.0, 1e-3, labels="0,1")
-    assert load_registered(store, "plain")[1].class_names == ["0", "1"]  # without the array: numbers, as before
+    ds, _ = register_from_source(
+        store, "plain", str(tmp_path / "plain.npz"), 1.0, 1e-3, labels="0,1"
+    )
+    assert load_registered(store, "plain")[1].class_names == [
+        "0",
+        "1",
+    ]  # without the array: numbers, as before

@@ -1,4 +1,5 @@
 """Writing and reading bundles: Parquet/PNG layout, manifest subjects, determinism, refusal paths."""
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,21 @@ import pytest
 from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError
 from accounting.store import Workspace
 from release import dsse
-from release.bundle import (BundleExistsError, decode_png, encode_png, read_bundle_data, read_bundle_table,
-                            write_bundle)
+from release.bundle import (
+    BundleExistsError,
+    decode_png,
+    encode_png,
+    read_bundle_data,
+    read_bundle_table,
+    write_bundle,
+)
 from release.manifest import PREDICATE_TYPE, STATEMENT_TYPE, file_sha256
 
-PREDICATE = {"mechanism": "privimage", "guarantee": {"epsilon_rdp": 1.0, "delta": 1e-5},
-             "audits": {"duplicates": "pass"}}
+PREDICATE = {
+    "mechanism": "privimage",
+    "guarantee": {"epsilon_rdp": 1.0, "delta": 1e-5},
+    "audits": {"duplicates": "pass"},
+}
 
 
 @pytest.fixture
@@ -30,14 +40,23 @@ def ws(tmp_path) -> Workspace:
 
 def _data(n=12, shape=(8, 8), seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, 256, (n, *shape), dtype=np.uint8), rng.integers(0, 10, n),
-            [f"rec-{i:04d}" for i in range(n)])
+    return (
+        rng.integers(0, 256, (n, *shape), dtype=np.uint8),
+        rng.integers(0, 10, n),
+        [f"rec-{i:04d}" for i in range(n)],
+    )
 
 
 def _write(ws, out, n=12, shape=(8, 8), **kw):
     images, labels, ids = _data(n, shape)
-    args = dict(images=images, labels=labels, ids=ids, card_markdown="# Card\nsynthetic\n", predicate=PREDICATE,
-                workspace=ws)
+    args = dict(
+        images=images,
+        labels=labels,
+        ids=ids,
+        card_markdown="# Card\nsynthetic\n",
+        predicate=PREDICATE,
+        workspace=ws,
+    )
     args.update(kw)
     return write_bundle(out, **args), (images, labels, ids)
 
@@ -45,12 +64,18 @@ def _write(ws, out, n=12, shape=(8, 8), **kw):
 def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
     info, (images, labels, ids) = _write(ws, tmp_path / "out" / "rel-1", n=12, rows_per_file=5)
     root = info.path
-    assert root.is_dir() and info.tarball == tmp_path / "out" / "rel-1.tar.gz" and info.tarball.is_file()
+    assert (
+        root.is_dir()
+        and info.tarball == tmp_path / "out" / "rel-1.tar.gz"
+        and info.tarball.is_file()
+    )
     parts = sorted(p.name for p in (root / "data").iterdir())
     assert parts == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     t = pq.read_table(root / "data" / "part-00000.parquet")
     assert t.schema.field("id").type == "string" and t.schema.field("label").type == "int64"
-    assert t.schema.field("image").type == pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    assert t.schema.field("image").type == pa.struct(
+        [("bytes", pa.binary()), ("path", pa.string())]
+    )
     assert t.num_rows == 5 and t.column("image")[0]["path"].as_py() == "rec-0000.png"
     card = (root / "README.md").read_text()
     assert card.startswith("---\nlicense: other\n") and "# Card\nsynthetic\n" in card
@@ -62,8 +87,11 @@ def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
     statement = json.loads((root / "manifest.intoto.json").read_bytes())
     assert statement["_type"] == STATEMENT_TYPE and statement["predicateType"] == PREDICATE_TYPE
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    assert set(subjects) == {"README.md", "croissant.json", "sample_grid.png",
-                             *(f"data/{p}" for p in parts)} == set(info.files)
+    assert (
+        set(subjects)
+        == {"README.md", "croissant.json", "sample_grid.png", *(f"data/{p}" for p in parts)}
+        == set(info.files)
+    )
     assert all(subjects[n] == file_sha256(root / n) for n in subjects)
     assert statement["predicate"]["mechanism"] == "privimage"
     assert statement["predicate"]["tool"]["name"] == "privrelease"  # tool version added
@@ -77,8 +105,9 @@ def test_bundle_layout_round_trip_and_manifest(ws, tmp_path):
 
 def test_rgb_and_extra_columns(ws, tmp_path):
     dist = np.random.default_rng(1).dirichlet(np.ones(10), size=6)
-    info, (images, _, _) = _write(ws, tmp_path / "rgb", n=6, shape=(5, 7, 3),
-                                  extra_columns={"label_distribution": dist})
+    info, (images, _, _) = _write(
+        ws, tmp_path / "rgb", n=6, shape=(5, 7, 3), extra_columns={"label_distribution": dist}
+    )
     got, _, _ = read_bundle_data(info.path)
     assert got.shape == (6, 5, 7, 3) and np.array_equal(got, images)
     table = read_bundle_table(info.path)
@@ -129,27 +158,39 @@ def test_refuses_to_overwrite(ws, tmp_path):
     assert not (tmp_path / "other").exists()
 
 
-@pytest.mark.parametrize("change, error", [
-    (dict(images=np.zeros((3, 8, 8), np.float32)), DataFormatError),
-    (dict(images=np.zeros((3, 8), np.uint8)), DataFormatError),
-    (dict(images=np.zeros((3, 8, 8, 4), np.uint8)), DataFormatError),
-    (dict(images=np.zeros((0, 8, 8), np.uint8), labels=np.zeros(0, int), ids=[]), DataFormatError),
-    (dict(labels=np.zeros(2, int)), DataFormatError),
-    (dict(labels=np.zeros(3, float)), DataFormatError),
-    (dict(ids=["a", "a", "b"]), DataFormatError),
-    (dict(ids=["a", "", "b"]), DataFormatError),
-    (dict(ids=["a", "b"]), DataFormatError),
-    (dict(card_markdown="  "), DataFormatError),
-    (dict(rows_per_file=0), InvalidParameterError),
-    (dict(predicate={"epsilon": float("nan")}), InvalidParameterError),
-    (dict(predicate={"epsilon": np.float32(1.0)}), InvalidParameterError),
-    (dict(extra_columns={"label": np.zeros(3)}), DataFormatError),
-    (dict(extra_columns={"dist": np.zeros((2, 10))}), DataFormatError),
-    (dict(extra_columns={"dist": np.full((3, 10), np.inf)}), DataFormatError),
-])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (dict(images=np.zeros((3, 8, 8), np.float32)), DataFormatError),
+        (dict(images=np.zeros((3, 8), np.uint8)), DataFormatError),
+        (dict(images=np.zeros((3, 8, 8, 4), np.uint8)), DataFormatError),
+        (
+            dict(images=np.zeros((0, 8, 8), np.uint8), labels=np.zeros(0, int), ids=[]),
+            DataFormatError,
+        ),
+        (dict(labels=np.zeros(2, int)), DataFormatError),
+        (dict(labels=np.zeros(3, float)), DataFormatError),
+        (dict(ids=["a", "a", "b"]), DataFormatError),
+        (dict(ids=["a", "", "b"]), DataFormatError),
+        (dict(ids=["a", "b"]), DataFormatError),
+        (dict(card_markdown="  "), DataFormatError),
+        (dict(rows_per_file=0), InvalidParameterError),
+        (dict(predicate={"epsilon": float("nan")}), InvalidParameterError),
+        (dict(predicate={"epsilon": np.float32(1.0)}), InvalidParameterError),
+        (dict(extra_columns={"label": np.zeros(3)}), DataFormatError),
+        (dict(extra_columns={"dist": np.zeros((2, 10))}), DataFormatError),
+        (dict(extra_columns={"dist": np.full((3, 10), np.inf)}), DataFormatError),
+    ],
+)
 def test_bad_inputs_are_refused_and_leave_nothing(ws, tmp_path, change, error):
-    args = dict(images=np.zeros((3, 8, 8), np.uint8), labels=np.arange(3), ids=["a", "b", "c"],
-                card_markdown="# c", predicate={"m": 1}, workspace=ws)
+    args = dict(
+        images=np.zeros((3, 8, 8), np.uint8),
+        labels=np.arange(3),
+        ids=["a", "b", "c"],
+        card_markdown="# c",
+        predicate={"m": 1},
+        workspace=ws,
+    )
     args.update(change)
     out = tmp_path / "out"
     out.mkdir()
@@ -165,7 +206,9 @@ def test_failure_mid_write_leaves_no_half_bundle(ws, tmp_path, monkeypatch):
     def fail(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(bundle_mod, "_write_tarball", fail)  # after the data and manifest were written
+    monkeypatch.setattr(
+        bundle_mod, "_write_tarball", fail
+    )  # after the data and manifest were written
     (tmp_path / "out").mkdir()
     with pytest.raises(OSError, match="disk full"):
         _write(ws, tmp_path / "out" / "rel")

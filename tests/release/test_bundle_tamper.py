@@ -1,5 +1,6 @@
 """Hostile bundle archives: duplicate members, appended data, renamed bundles, decompression bombs, and
 extraction that leaves nothing behind when verification fails (issue 13, item 8)."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,9 +33,15 @@ def published(tmp_path_factory):
     rng = np.random.default_rng(3)
     out = {}
     for rid in ("rel-7", "rel-8"):
-        out[rid] = write_bundle(base / "bundles" / rid, images=rng.integers(0, 256, (9, 6, 6), dtype=np.uint8),
-                                labels=np.arange(9) % 3, ids=[f"{rid}-{i}" for i in range(9)],
-                                card_markdown=f"# {rid}\n", predicate={"mechanism": "test"}, workspace=ws)
+        out[rid] = write_bundle(
+            base / "bundles" / rid,
+            images=rng.integers(0, 256, (9, 6, 6), dtype=np.uint8),
+            labels=np.arange(9) % 3,
+            ids=[f"{rid}-{i}" for i in range(9)],
+            card_markdown=f"# {rid}\n",
+            predicate={"mechanism": "test"},
+            workspace=ws,
+        )
     pub = base / "release.pub"
     shutil.copy(out["rel-7"].public_key_path, pub)
     return out, pub
@@ -45,7 +52,9 @@ def _members(root: Path, top: str | None = None) -> list[tuple[str, bytes | None
     top = top or root.name
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
     order = [m for m in MANIFESTS if m in files] + [f for f in files if f not in MANIFESTS]
-    return [(top, None)] + [(f"{top}/{f}", None if (root / f).is_dir() else (root / f).read_bytes()) for f in order]
+    return [(top, None)] + [
+        (f"{top}/{f}", None if (root / f).is_dir() else (root / f).read_bytes()) for f in order
+    ]
 
 
 def _tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
@@ -96,7 +105,9 @@ def test_genuine_archive_in_privrelease_order_verifies_and_extracts(published, t
     dest = tmp_path / "out"
     r = verify_bundle(info.tarball, pub, extract_to=dest)
     assert r.ok, r.problems
-    assert r.extracted == dest / "rel-7" and sorted(os.listdir(dest)) == ["rel-7"]  # no staging left
+    assert r.extracted == dest / "rel-7" and sorted(os.listdir(dest)) == [
+        "rel-7"
+    ]  # no staging left
     for p in info.path.rglob("*"):
         if p.is_file():
             assert (dest / "rel-7" / p.relative_to(info.path)).read_bytes() == p.read_bytes()
@@ -124,8 +135,10 @@ def test_duplicate_member_is_refused(published, tmp_path, forged_first):
 def test_a_file_in_place_of_the_bundle_directory_is_refused(published, tmp_path):
     infos, pub = published
     members = [("rel-7", b"a file, not the bundle's directory")] + _members(infos["rel-7"].path)[1:]
-    _refused(verify_bundle(_write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members)), pub),
-             "outside the top-level directory")
+    _refused(
+        verify_bundle(_write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members)), pub),
+        "outside the top-level directory",
+    )
 
 
 def test_appended_gzip_member_is_refused(published, tmp_path):
@@ -136,7 +149,9 @@ def test_appended_gzip_member_is_refused(published, tmp_path):
     archive = tmp_path / "dl" / "rel-7.tar.gz"
     archive.parent.mkdir()
     archive.write_bytes(genuine + gzip.compress(extra, mtime=0))
-    with tarfile.open(archive, ignore_zeros=True) as tar:  # what `tar -x --ignore-zeros` would write
+    with tarfile.open(
+        archive, ignore_zeros=True
+    ) as tar:  # what `tar -x --ignore-zeros` would write
         assert "rel-7/evil.txt" in tar.getnames()
     r = verify_bundle(archive, pub, extract_to=tmp_path / "out")
     _refused(r, "after the end of the gzip stream")
@@ -163,8 +178,12 @@ def test_renamed_bundle_of_another_release_is_refused(published, tmp_path):
     shutil.copy(infos["rel-8"].tarball, copy)
     _refused(verify_bundle(copy, pub), "outside the top-level directory 'rel-7'")
     # Repacked consistently under rel-7's name: the signed release id still says rel-8.
-    repacked = _write(tmp_path / "b" / "rel-7.tar.gz", _tar_bytes(_members(infos["rel-8"].path, top="rel-7")))
-    text = _refused(verify_bundle(repacked, pub), "signed manifest is for release 'rel-8'", "named 'rel-7'")
+    repacked = _write(
+        tmp_path / "b" / "rel-7.tar.gz", _tar_bytes(_members(infos["rel-8"].path, top="rel-7"))
+    )
+    text = _refused(
+        verify_bundle(repacked, pub), "signed manifest is for release 'rel-8'", "named 'rel-7'"
+    )
     assert "rename the bundle to rel-8.tar.gz" in text
     renamed_dir = tmp_path / "c" / "rel-7"
     shutil.copytree(infos["rel-8"].path, renamed_dir)
@@ -181,7 +200,9 @@ def bomb(published, tmp_path_factory) -> Path:
     """rel-7's genuine members plus a 1 GiB file of zeros (about 4.5 MB compressed)."""
     infos, _ = published
     path = tmp_path_factory.mktemp("bomb") / "rel-7.tar.gz"
-    head = b"".join(_member_bytes(n, d) for n, d in _members(infos["rel-7"].path))  # no end-of-archive yet
+    head = b"".join(
+        _member_bytes(n, d) for n, d in _members(infos["rel-7"].path)
+    )  # no end-of-archive yet
     info = tarfile.TarInfo("rel-7/data/zzz-bomb.bin")
     info.size = 1 << 30
     header = info.tobuf(format=tarfile.PAX_FORMAT)
@@ -216,17 +237,23 @@ def test_extraction_needs_the_signed_manifest_first(published, tmp_path):
     infos, pub = published
     root = infos["rel-7"].path
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
-    members = [("rel-7", None)] + [(f"rel-7/{f}", None if (root / f).is_dir() else (root / f).read_bytes())
-                                   for f in files]
+    members = [("rel-7", None)] + [
+        (f"rel-7/{f}", None if (root / f).is_dir() else (root / f).read_bytes()) for f in files
+    ]
     archive = _write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members))
     assert verify_bundle(archive, pub).ok
-    _refused(verify_bundle(archive, pub, extract_to=tmp_path / "out"), "comes before the signed manifest")
+    _refused(
+        verify_bundle(archive, pub, extract_to=tmp_path / "out"), "comes before the signed manifest"
+    )
     _nothing_extracted(tmp_path / "out")
 
 
 def test_tampered_member_with_extract_leaves_nothing(published, tmp_path):
     infos, pub = published
-    members = [(n, (b"# rel-7\nedited\n" if n == "rel-7/README.md" else d)) for n, d in _members(infos["rel-7"].path)]
+    members = [
+        (n, (b"# rel-7\nedited\n" if n == "rel-7/README.md" else d))
+        for n, d in _members(infos["rel-7"].path)
+    ]
     archive = _write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members))
     r = verify_bundle(archive, pub, extract_to=tmp_path / "out")
     assert not r.ok and r.altered == ["README.md"] and r.extracted is None
@@ -236,19 +263,45 @@ def test_tampered_member_with_extract_leaves_nothing(published, tmp_path):
 def test_cli_verify_exit_codes_and_light_imports(published, tmp_path):
     """`privrelease verify` runs without importing the store, the accountants, torch or typer."""
     infos, pub = published
-    probe = ("import sys\nfrom release.entry import main\nsys.argv = ['privrelease'] + sys.argv[1:]\n"
-             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'dp_accounting', 'scipy', 'torch',"
-             " 'typer', 'pyarrow', 'numpy'})\nprint('HEAVY', heavy, 'CODE', code)\n")
+    probe = (
+        "import sys\nfrom release.entry import main\nsys.argv = ['privrelease'] + sys.argv[1:]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'dp_accounting', 'scipy', 'torch',"
+        " 'typer', 'pyarrow', 'numpy'})\nprint('HEAVY', heavy, 'CODE', code)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    ok = subprocess.run([sys.executable, "-c", probe, "verify", str(infos["rel-7"].tarball), "--key", str(pub)],
-                        capture_output=True, text=True, env=env)
-    assert "OK: signature valid" in ok.stdout and "HEAVY [] CODE 0" in ok.stdout, ok.stdout + ok.stderr
+    ok = subprocess.run(
+        [sys.executable, "-c", probe, "verify", str(infos["rel-7"].tarball), "--key", str(pub)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert "OK: signature valid" in ok.stdout and "HEAVY [] CODE 0" in ok.stdout, (
+        ok.stdout + ok.stderr
+    )
     bad = tmp_path / "rel-7.tar.gz"
     bad.write_bytes(infos["rel-7"].tarball.read_bytes() + b"x")
-    failed = subprocess.run([sys.executable, "-c", probe, "verify", str(bad), "--key", str(pub)],
-                            capture_output=True, text=True, env=env)
+    failed = subprocess.run(
+        [sys.executable, "-c", probe, "verify", str(bad), "--key", str(pub)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert "VERIFICATION FAILED" in failed.stdout and "CODE 1" in failed.stdout
-    missing = subprocess.run([sys.executable, "-c", probe, "--workspace", "x", "verify", str(bad), "--key",
-                              str(tmp_path / "nope.pub")], capture_output=True, text=True, env=env)
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "--workspace",
+            "x",
+            "verify",
+            str(bad),
+            "--key",
+            str(tmp_path / "nope.pub"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert "Cannot read public key file" in missing.stderr and "CODE 2" in missing.stdout

@@ -1,4 +1,5 @@
 """The command line as a user runs it: tables for people, --json for machines, one clear error line."""
+
 import json
 import os
 import subprocess
@@ -23,15 +24,39 @@ def cli(ws, *args):
 def ws(tmp_path):
     root = tmp_path / "ws"
     assert cli(root, "init", "--steward", "alice").exit_code == 0
-    r = cli(root, "dataset", "register", "mnist", "--source", "builtin:mnist5k", "--epsilon", "3", "--delta", "1e-5",
-            "--as", "alice")
+    r = cli(
+        root,
+        "dataset",
+        "register",
+        "mnist",
+        "--source",
+        "builtin:mnist5k",
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--as",
+        "alice",
+    )
     assert r.exit_code == 0, r.output
     return root
 
 
 def test_budget_plan_json_keys_and_values(ws):
-    r = cli(ws, "budget", "plan", "--sigma", "1.0", "--sample-rate", "0.01", "--steps", "1000", "--delta", "1e-5",
-            "--json")
+    r = cli(
+        ws,
+        "budget",
+        "plan",
+        "--sigma",
+        "1.0",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "1000",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
     out = json.loads(r.output)
     assert {"epsilon_rdp", "epsilon_pld", "sigma"} <= set(out)
     assert out["epsilon_rdp"] == pytest.approx(epsilon_rdp([DpSgd(0.01, 1.0, 1000)], 1e-5))
@@ -39,8 +64,20 @@ def test_budget_plan_json_keys_and_values(ws):
 
 
 def test_budget_plan_sigma_for_epsilon_composed_with_dataset(ws):
-    r = cli(ws, "budget", "plan", "--epsilon", "2", "--sample-rate", "0.01", "--steps", "500", "--dataset", "mnist",
-            "--json")
+    r = cli(
+        ws,
+        "budget",
+        "plan",
+        "--epsilon",
+        "2",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "500",
+        "--dataset",
+        "mnist",
+        "--json",
+    )
     out = json.loads(r.output)
     assert out["epsilon_rdp"] <= 2.0 and out["fits_cap"] and out["delta"] == 1e-5
 
@@ -54,14 +91,50 @@ def test_budget_show_and_ledger(ws):
 
 
 def test_bad_numbers_and_unknown_dataset_are_user_errors(ws):
-    r = cli(ws, "budget", "plan", "--sigma", "nan", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5")
+    r = cli(
+        ws,
+        "budget",
+        "plan",
+        "--sigma",
+        "nan",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "10",
+        "--delta",
+        "1e-5",
+    )
     assert isinstance(r.exception, InvalidParameterError)
-    r = cli(ws, "budget", "plan", "--sigma", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5")
+    r = cli(
+        ws,
+        "budget",
+        "plan",
+        "--sigma",
+        "1",
+        "--sample-rate",
+        "1.5",
+        "--steps",
+        "10",
+        "--delta",
+        "1e-5",
+    )
     assert isinstance(r.exception, InvalidParameterError)
     r = cli(ws, "budget", "show", "nope")
     assert isinstance(r.exception, UnknownDatasetError)
-    r = cli(ws, "budget", "plan", "--epsilon", "5", "--sample-rate", "0.01", "--steps", "10", "--dataset", "mnist",
-            "--json")
+    r = cli(
+        ws,
+        "budget",
+        "plan",
+        "--epsilon",
+        "5",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "10",
+        "--dataset",
+        "mnist",
+        "--json",
+    )
     out = json.loads(r.output)  # a what-if above the cap is answered, and says it does not fit
     assert r.exit_code == 0 and out["fits_cap"] is False and out["epsilon_rdp"] > out["epsilon_cap"]
 
@@ -76,14 +149,42 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     d = load_source("builtin:mnist5k")
     path = tmp_path / "user.npz"
     np.savez(path, images=d.images[:200], labels=d.labels[:200])
-    r = cli(ws, "dataset", "register", "user", "--source", str(path), "--epsilon", "3", "--delta", "1e-5",
-            "--labels", "0-9", "--as", "alice")
+    r = cli(
+        ws,
+        "dataset",
+        "register",
+        "user",
+        "--source",
+        str(path),
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--labels",
+        "0-9",
+        "--as",
+        "alice",
+    )
     assert r.exit_code == 0, r.output
     path.unlink()  # the sensitive data is gone: a preview must not need it
 
     def preview(*extra: str):
-        return cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--public",
-                   "builtin:uci-digits", "--k", "1", *extra)
+        return cli(
+            ws,
+            "synth",
+            "privimage",
+            "--dataset",
+            "user",
+            "--epsilon",
+            "2",
+            "--preset",
+            "tiny",
+            "--public",
+            "builtin:uci-digits",
+            "--k",
+            "1",
+            *extra,
+        )
 
     spec = tmp_path / "spec.toml"
     r = preview("--write-spec", str(spec))
@@ -102,7 +203,9 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     r = cli(ws, "synth", "ksalsa", "--dataset", "user", "--k", "5", "--preset", "tiny")
     assert r.exit_code == 0, r.output
     store = Store(ws)
-    assert ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []
+    assert (
+        ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []
+    )
     assert store.query("SELECT * FROM releases") == []
     # the written spec goes through the lifecycle: a plan, which a steward must approve before it runs
     r = cli(ws, "release", "plan", str(spec), "--json", "--as", "alice")
@@ -124,7 +227,12 @@ def test_audit_verify_detects_tampering(ws, tamper):
 
 def test_errors_print_one_message_and_exit_2(tmp_path):
     env = {**os.environ, "PRIVRELEASE_HOME": str(tmp_path / "missing")}
-    p = subprocess.run([sys.executable, "-m", "release.cli", "dataset", "list"], capture_output=True, text=True, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "release.cli", "dataset", "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert p.returncode == 2
     assert "privrelease init" in p.stderr and "Traceback" not in p.stderr
 
@@ -133,19 +241,36 @@ def test_text_in_square_brackets_reaches_the_steward_verbatim(ws, tmp_path):
     """Rich reads [..] as markup: a warning naming the spec's [privimage] table, or a reason a person typed, lost
     its brackets (regression)."""
     spec = tmp_path / "at-cap.toml"
-    spec.write_text('[release]\ndataset = "mnist"\nmechanism = "privimage"\nn_images = 100\n\n'
-                    '[privimage]\nepsilon = 3.0\npreset = "tiny"\npublic = "builtin:uci-digits"\n')
+    spec.write_text(
+        '[release]\ndataset = "mnist"\nmechanism = "privimage"\nn_images = 100\n\n'
+        '[privimage]\nepsilon = 3.0\npreset = "tiny"\npublic = "builtin:uci-digits"\n'
+    )
     r = cli(ws, "release", "plan", str(spec), "--as", "alice")
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "the run will be refused" in text and "in the spec's [privimage] table" in text
     # progress while it calibrates, readable in a log: each stage reaches its total (issue 36)
-    for stage in ("public data and mechanism: 1/1", "calibrating the noise", "largest target that fits: 8/8"):
+    for stage in (
+        "public data and mechanism: 1/1",
+        "calibrating the noise",
+        "largest target that fits: 8/8",
+    ):
         assert f"plan: {stage}" in text
-    assert any(line.strip().startswith("plan: calibrating the noise:") and "(100%" in line
-               for line in r.output.splitlines())
+    assert any(
+        line.strip().startswith("plan: calibrating the noise:") and "(100%" in line
+        for line in r.output.splitlines()
+    )
     release_id = text.split("Release ")[1].split()[0]
-    r = cli(ws, "release", "reject", release_id, "--reason", "[bold]cap[/bold] too tight", "--as", "alice")
+    r = cli(
+        ws,
+        "release",
+        "reject",
+        release_id,
+        "--reason",
+        "[bold]cap[/bold] too tight",
+        "--as",
+        "alice",
+    )
     assert r.exit_code == 0 and "[bold]cap[/bold] too tight" in r.output
 
 
@@ -160,23 +285,65 @@ def test_write_spec_names_the_heldout_data_the_audit_needs(ws, tmp_path):
     d = load_source("builtin:mnist5k")
     np.savez(tmp_path / "user.npz", images=d.images[:60], labels=d.labels[:60])
     np.savez(tmp_path / "heldout.npz", images=d.images[60:90], labels=d.labels[60:90])
-    r = cli(ws, "dataset", "register", "user", "--source", str(tmp_path / "user.npz"), "--epsilon", "3", "--delta",
-            "1e-5", "--labels", "0-9", "--as", "alice")
+    r = cli(
+        ws,
+        "dataset",
+        "register",
+        "user",
+        "--source",
+        str(tmp_path / "user.npz"),
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--labels",
+        "0-9",
+        "--as",
+        "alice",
+    )
     assert r.exit_code == 0, r.output
     spec = tmp_path / "k.toml"
 
     def written(dataset: str, *extra: str) -> tuple[dict, str]:
-        r = cli(ws, "synth", "ksalsa", "--dataset", dataset, "--k", "5", "--preset", "tiny", "--write-spec", str(spec),
-                *extra)
+        r = cli(
+            ws,
+            "synth",
+            "ksalsa",
+            "--dataset",
+            dataset,
+            "--k",
+            "5",
+            "--preset",
+            "tiny",
+            "--write-spec",
+            str(spec),
+            *extra,
+        )
         assert r.exit_code == 0, r.output
         return tomllib.loads(spec.read_text())["release"], " ".join(r.output.split())
 
     release, out = written("user")
     assert "heldout" not in release and "no held-out data" in out and "--heldout PATH" in out
     release, out = written("user", "--heldout", str(tmp_path / "heldout.npz"))
-    assert release["heldout"] == str((tmp_path / "heldout.npz").resolve()) and "no held-out data" not in out
+    assert (
+        release["heldout"] == str((tmp_path / "heldout.npz").resolve())
+        and "no held-out data" not in out
+    )
     release, _ = written("mnist")  # a built-in: its own split, written out
     assert release["heldout"] == "builtin:mnist5k-heldout"
-    r = cli(ws, "synth", "privimage", "--dataset", "user", "--epsilon", "2", "--preset", "tiny", "--heldout",
-            str(tmp_path / "missing.npz"), "--write-spec", str(spec))
+    r = cli(
+        ws,
+        "synth",
+        "privimage",
+        "--dataset",
+        "user",
+        "--epsilon",
+        "2",
+        "--preset",
+        "tiny",
+        "--heldout",
+        str(tmp_path / "missing.npz"),
+        "--write-spec",
+        str(spec),
+    )
     assert r.exit_code != 0 and "no such file or folder" in str(r.exception)

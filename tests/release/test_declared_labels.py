@@ -1,4 +1,5 @@
 """Issue 13 item 11: the label set is declared at registration (public) and never read off the data."""
+
 import numpy as np
 import pytest
 
@@ -9,8 +10,11 @@ from release.data import load_registered, register_from_source
 
 def npz(path, labels, n_pixels=8):
     rng = np.random.default_rng(len(labels))
-    np.savez(path, images=rng.integers(0, 255, (len(labels), n_pixels, n_pixels), dtype=np.uint8),
-             labels=np.asarray(labels, dtype=np.int64))
+    np.savez(
+        path,
+        images=rng.integers(0, 255, (len(labels), n_pixels, n_pixels), dtype=np.uint8),
+        labels=np.asarray(labels, dtype=np.int64),
+    )
     return str(path)
 
 
@@ -21,8 +25,12 @@ def test_user_data_must_declare_its_labels(tmp_path, store):
 
 
 def test_data_labels_must_be_within_the_declaration(tmp_path, store):
-    with pytest.raises(DataFormatError, match=r"labels \[2\] that are not in the declared set \[0, 1\]"):
-        register_from_source(store, "d", npz(tmp_path / "d.npz", [0, 1, 2, 1]), 1.0, 1e-3, labels="0,1")
+    with pytest.raises(
+        DataFormatError, match=r"labels \[2\] that are not in the declared set \[0, 1\]"
+    ):
+        register_from_source(
+            store, "d", npz(tmp_path / "d.npz", [0, 1, 2, 1]), 1.0, 1e-3, labels="0,1"
+        )
     assert ledger.list_datasets(store) == []
 
 
@@ -37,17 +45,25 @@ def test_a_class_with_one_record_is_not_revealed(tmp_path, store):
     assert a.labels == b.labels == [0, 1, 2, 3]
     (_, da), (_, db) = load_registered(store, "with-one"), load_registered(store, "without")
     assert da.label_set == db.label_set == [0, 1, 2, 3]
-    assert da.class_names == db.class_names == ["0", "1", "2", "3"]   # k-SALSA's label-distribution width
-    assert db.observed_labels == [0, 1, 2]                              # what the data alone would have said
+    assert (
+        da.class_names == db.class_names == ["0", "1", "2", "3"]
+    )  # k-SALSA's label-distribution width
+    assert db.observed_labels == [0, 1, 2]  # what the data alone would have said
 
 
 def test_declaration_formats(tmp_path, store):
-    ds, _ = register_from_source(store, "d", npz(tmp_path / "d.npz", [0, 5, 7]), 1.0, 1e-3, labels="0-4, 5,7")
+    ds, _ = register_from_source(
+        store, "d", npz(tmp_path / "d.npz", [0, 5, 7]), 1.0, 1e-3, labels="0-4, 5,7"
+    )
     assert ds.labels == [0, 1, 2, 3, 4, 5, 7]
-    ds2, _ = register_from_source(store, "e", npz(tmp_path / "e.npz", [1, 2, 1]), 1.0, 1e-3, labels=[1, 2, 9])
+    ds2, _ = register_from_source(
+        store, "e", npz(tmp_path / "e.npz", [1, 2, 1]), 1.0, 1e-3, labels=[1, 2, 9]
+    )
     assert ds2.labels == [1, 2, 9]
     with pytest.raises(DataFormatError, match="'cat' is not a label value"):
-        register_from_source(store, "f", npz(tmp_path / "f.npz", [0, 1]), 1.0, 1e-3, labels="cat,dog")
+        register_from_source(
+            store, "f", npz(tmp_path / "f.npz", [0, 1]), 1.0, 1e-3, labels="cat,dog"
+        )
 
 
 def test_folder_declares_its_class_subfolders(tmp_path, store):
@@ -64,7 +80,7 @@ def test_folder_declares_its_class_subfolders(tmp_path, store):
         register_from_source(store, "pets", str(root), 1.0, 1e-3, labels="cat,dog,emu,fox")
     assert ledger.list_datasets(store) == []
     ds, _ = register_from_source(store, "pets", str(root), 1.0, 1e-3, labels="emu,dog,cat")
-    assert ds.labels == [0, 1, 2]                 # emu (empty) is a declared class
+    assert ds.labels == [0, 1, 2]  # emu (empty) is a declared class
     _, data = load_registered(store, "pets")
     assert data.class_names == ["cat", "dog", "emu"] and data.label_set == [0, 1, 2]
 
@@ -92,12 +108,24 @@ def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     keys.create_identity(store, "alice", "steward")
     keys.ensure_release_key(store.workspace)
     register_from_source(store, "no9", str(tmp_path / "no9.npz"), 4.0, 1e-4, labels="0-9")
-    policy = {"feature_samples": 60, "fid_samples": 60, "utility_train_samples": 60, "cnn_epochs": 1,
-              "min_utility_gain": None}  # the utility gate is tested elsewhere; 63 images cannot pass it
-    spec = ReleaseSpec.from_dict({"release": {"dataset": "no9", "mechanism": "ksalsa",
-                                              "heldout": "builtin:mnist5k-heldout"},
-                                  "ksalsa": {"k": 3, "preset": "tiny", "public": "builtin:uci-digits"},
-                                  "policy": policy})
+    policy = {
+        "feature_samples": 60,
+        "fid_samples": 60,
+        "utility_train_samples": 60,
+        "cnn_epochs": 1,
+        "min_utility_gain": None,
+    }  # the utility gate is tested elsewhere; 63 images cannot pass it
+    spec = ReleaseSpec.from_dict(
+        {
+            "release": {
+                "dataset": "no9",
+                "mechanism": "ksalsa",
+                "heldout": "builtin:mnist5k-heldout",
+            },
+            "ksalsa": {"k": 3, "preset": "tiny", "public": "builtin:uci-digits"},
+            "policy": policy,
+        }
+    )
     rel = manager.create_plan(store, spec, "alice")
     manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
     manager.run_release(store, rel.release_id, "alice")
@@ -107,5 +135,8 @@ def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     bundle = published.result.bundle
     v = verify_bundle(bundle["tarball"], keys.public_key_path(store.workspace, "release"))
     assert v.ok, v.problems
-    assert v.predicate["released_image_count"] == len(images) == 63 // 3 and "record_count" not in v.predicate
+    assert (
+        v.predicate["released_image_count"] == len(images) == 63 // 3
+        and "record_count" not in v.predicate
+    )
     assert set(read_bundle_data(bundle["path"])[1]) <= set(range(10))

@@ -1,5 +1,6 @@
 """User-facing text says what was wrong and what to do by itself: no rule numbers of ARCHITECTURE.md and no
 "see README" pointers in error messages, CLI help or printed output (docstrings and comments may cite them)."""
+
 from __future__ import annotations
 
 import ast
@@ -17,7 +18,10 @@ FORBIDDEN = re.compile(r"\brules? \d+\b|\bREADME\b(?!\.md)")
 def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 ids.add(id(first.value))
@@ -40,13 +44,17 @@ def test_no_rule_numbers_or_readme_pointers_in_user_facing_strings():
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            found += user_text_violations(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+            found += user_text_violations(
+                path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
+            )
     assert not found, "say what to do instead:\n" + "\n".join(found)
 
 
 def test_the_check_finds_a_planted_pointer():
-    planted = 'def f():\n    """Docstrings may cite rule 2."""\n    raise ValueError(f"bad {x} (rule 2)")\n' \
-              'HELP = "see README, Scaling out"\nCARD = "README.md"\n'
+    planted = (
+        'def f():\n    """Docstrings may cite rule 2."""\n    raise ValueError(f"bad {x} (rule 2)")\n'
+        'HELP = "see README, Scaling out"\nCARD = "README.md"\n'
+    )
     found = user_text_violations(planted, "planted.py")
     assert sorted(f.split(":")[1] for f in found) == ["3", "4"]
 
@@ -56,10 +64,17 @@ def test_a_policy_that_is_not_a_table_says_how_to_write_one():
     from release.spec import ReleaseSpec
 
     with pytest.raises(InvalidParameterError) as err:
-        ReleaseSpec.from_dict({"release": {"dataset": "d", "mechanism": "ksalsa"}, "ksalsa": {"k": 5},
-                               "policy": "strict"})
-    assert str(err.value) == ("[policy] must be a table of audit thresholds, e.g. a `[policy]` line followed by "
-                              "`mia_max_auc = 0.6`; remove it to use the default policy.")
+        ReleaseSpec.from_dict(
+            {
+                "release": {"dataset": "d", "mechanism": "ksalsa"},
+                "ksalsa": {"k": 5},
+                "policy": "strict",
+            }
+        )
+    assert str(err.value) == (
+        "[policy] must be a table of audit thresholds, e.g. a `[policy]` line followed by "
+        "`mia_max_auc = 0.6`; remove it to use the default policy."
+    )
 
 
 def test_an_unreadable_workspace_config_says_what_it_holds_and_how_to_fix_it(tmp_path):
@@ -71,5 +86,7 @@ def test_an_unreadable_workspace_config_says_what_it_holds_and_how_to_fix_it(tmp
     ws.config_path.write_text("[store\nurl = 1\n")
     with pytest.raises(PrivReleaseError) as err:
         ws.store_url
-    assert "It holds the shared store's URL: fix its [store] url = \"postgresql://...\" line, or remove the file to " \
-           "use the workspace's own store.duckdb." in str(err.value)
+    assert (
+        'It holds the shared store\'s URL: fix its [store] url = "postgresql://..." line, or remove the file to '
+        "use the workspace's own store.duckdb." in str(err.value)
+    )

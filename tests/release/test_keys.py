@@ -1,4 +1,5 @@
 """Identities, Ed25519 key files, signatures and role checks (release/keys.py)."""
+
 from __future__ import annotations
 
 import base64
@@ -33,7 +34,9 @@ def test_create_identity_writes_private_key_0600_and_records_it(store):
     assert _mode(priv) == 0o600
     assert b"BEGIN PRIVATE KEY" in priv.read_bytes() and b"BEGIN PUBLIC KEY" in pub.read_bytes()
     # The stored public key is the raw 32 bytes of the key in the .pub file and matches the private key.
-    raw = keys.load_public_key(pub).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = keys.load_public_key(pub).public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
     assert len(raw) == 32 and base64.b64decode(ident.public_key) == raw
     assert keys.raw_public_bytes(keys.load_private_key(ws, "alice").public_key()) == raw
     assert ident.key_id == hashlib.sha256(raw).hexdigest()
@@ -85,7 +88,10 @@ def test_failed_transaction_leaves_no_key_files(store, monkeypatch):
         keys.create_identity(store, "dave", "consumer")
     monkeypatch.undo()
     ws = store.workspace
-    assert not keys.private_key_path(ws, "dave").exists() and not keys.public_key_path(ws, "dave").exists()
+    assert (
+        not keys.private_key_path(ws, "dave").exists()
+        and not keys.public_key_path(ws, "dave").exists()
+    )
     assert keys.list_identities(store) == []
     assert keys.create_identity(store, "dave", "consumer").name == "dave"  # and it can be retried
 
@@ -103,7 +109,10 @@ def test_list_and_get_identities(store):
     for name, role in [("zed", "consumer"), ("amy", "auditor"), ("sam", "steward")]:
         keys.create_identity(store, name, role)
     assert [(i.name, i.role) for i in keys.list_identities(store)] == [
-        ("amy", "auditor"), ("sam", "steward"), ("zed", "consumer")]
+        ("amy", "auditor"),
+        ("sam", "steward"),
+        ("zed", "consumer"),
+    ]
     with pytest.raises(keys.UnknownIdentityError, match="No identity named 'nobody'"):
         keys.get_identity(store, "nobody")
 
@@ -119,9 +128,11 @@ def test_sign_verify_round_trip_and_failures(store):
     assert keys.verify_signature(keys.public_key_path(ws, "alice"), b"plan digest 123", sig)
     assert keys.verify_signature(a.public_key_bytes, b"plan digest 123", sig)
     assert keys.verify_signature(a.public_key, b"plan digest 123", sig)
-    assert not keys.verify_signature(a.public_key, b"plan digest 124", sig)        # other data
-    assert not keys.verify_signature(b.public_key, b"plan digest 123", sig)        # other key
-    assert not keys.verify_signature(a.public_key, b"plan digest 123", sig[:-1] + bytes([sig[-1] ^ 1]))
+    assert not keys.verify_signature(a.public_key, b"plan digest 124", sig)  # other data
+    assert not keys.verify_signature(b.public_key, b"plan digest 123", sig)  # other key
+    assert not keys.verify_signature(
+        a.public_key, b"plan digest 123", sig[:-1] + bytes([sig[-1] ^ 1])
+    )
     assert not keys.verify_signature(a.public_key, b"plan digest 123", b"short")
     with pytest.raises(keys.KeyFileError):
         keys.verify_signature(b"not a key", b"x", sig)
@@ -161,7 +172,9 @@ def test_require_role():
     consumer = keys.Identity("con", "consumer", base64.b64encode(bytes(32)).decode(), "t")
     assert keys.require_role(steward, "steward") is steward
     assert keys.require_role(consumer, "auditor", "consumer") is consumer
-    with pytest.raises(PermissionDeniedError, match="'con' is a consumer; this action needs the steward role"):
+    with pytest.raises(
+        PermissionDeniedError, match="'con' is a consumer; this action needs the steward role"
+    ):
         keys.require_role(consumer, "steward")
     with pytest.raises(PermissionDeniedError, match="steward or auditor"):
         keys.require_role(consumer, "steward", "auditor")

@@ -1,5 +1,6 @@
 """The versioned release predicate and the typed run record: published bundles keep verifying, unknown versions
 and foreign shapes get a clear error."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,10 @@ def test_a_bundle_published_before_still_verifies_and_its_predicate_round_trips(
     result = verify_bundle(copy, PUBLISHED / "release.pub")
     assert result.ok, result.problems
     typed = result.release_predicate
-    assert typed is not None and typed.to_json() == result.predicate == _signed_statement()["predicate"]
+    assert (
+        typed is not None
+        and typed.to_json() == result.predicate == _signed_statement()["predicate"]
+    )
     assert typed.release_id == "rel-0dc78f0430" and typed.mechanism == "ksalsa" and not typed.is_dp
     assert typed.approval.steward == ("alice",) and typed.ledger_position.trail_seq == 23
     assert typed.history is not None and typed.extra == {}
@@ -43,7 +47,9 @@ def test_a_bundle_published_before_still_verifies_and_its_predicate_round_trips(
 
 def test_an_unknown_predicate_version_is_refused_with_what_to_do():
     predicate = _signed_statement()["predicate"]
-    with pytest.raises(UnsupportedPredicateError, match="version 2; this privrelease reads version 1"):
+    with pytest.raises(
+        UnsupportedPredicateError, match="version 2; this privrelease reads version 1"
+    ):
         ReleasePredicate.from_json(predicate, "https://privrelease.dev/release/v2")
     statement = {**_signed_statement(), "predicateType": "https://privrelease.dev/release/v2"}
     with pytest.raises(TamperError, match="version 2; this privrelease reads version 1. Install"):
@@ -53,7 +59,9 @@ def test_an_unknown_predicate_version_is_refused_with_what_to_do():
 
 
 def test_a_predicate_missing_a_field_is_named():
-    predicate = {k: v for k, v in _signed_statement()["predicate"].items() if k != "ledger_position"}
+    predicate = {
+        k: v for k, v in _signed_statement()["predicate"].items() if k != "ledger_position"
+    }
     with pytest.raises(UnsupportedPredicateError, match="ledger_position"):
         ReleasePredicate.from_json(predicate, PREDICATE_TYPE)
     with pytest.raises(UnsupportedPredicateError, match="not a JSON object"):
@@ -66,9 +74,16 @@ def test_extra_keys_of_a_v1_predicate_survive_the_round_trip():
     assert typed.extra == {"future_note": {"x": 1}} and typed.to_json() == predicate
 
 
-RESULT = {"mechanism": "ksalsa", "guarantee": {"type": "k-anonymity", "k": 5}, "parameters": {"k": 5},
-          "executed_events": [{"mechanism": "non_private"}], "generator": None, "artifacts": {}, "count": 12,
-          "charge_id": "rel-1"}
+RESULT = {
+    "mechanism": "ksalsa",
+    "guarantee": {"type": "k-anonymity", "k": 5},
+    "parameters": {"k": 5},
+    "executed_events": [{"mechanism": "non_private"}],
+    "generator": None,
+    "artifacts": {},
+    "count": 12,
+    "charge_id": "rel-1",
+}
 
 
 def test_the_run_record_keeps_the_stored_json():
@@ -86,10 +101,20 @@ def test_a_stored_result_privrelease_did_not_write_is_tamper(store):
 
     keys.create_identity(store, "alice", "steward")
     register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
-    rel = manager.create_plan(store, ReleaseSpec.from_dict(
-        {"release": {"dataset": "mnist", "mechanism": "ksalsa"}, "ksalsa": {"k": 5, "preset": "tiny"}}), "alice")
+    rel = manager.create_plan(
+        store,
+        ReleaseSpec.from_dict(
+            {
+                "release": {"dataset": "mnist", "mechanism": "ksalsa"},
+                "ksalsa": {"k": 5, "preset": "tiny"},
+            }
+        ),
+        "alice",
+    )
     row = store.query("SELECT * FROM releases WHERE release_id = ?", [rel.release_id])[0]
-    assert Release.from_row({**row, "result": json.dumps(RESULT)}).result == RunRecord.from_json(RESULT)
+    assert Release.from_row({**row, "result": json.dumps(RESULT)}).result == RunRecord.from_json(
+        RESULT
+    )
     broken = {k: v for k, v in RESULT.items() if k != "parameters"}
     with pytest.raises(TamperError, match="store was edited"):
         Release.from_row({**row, "result": json.dumps(broken)})

@@ -5,6 +5,7 @@ as a user would type them, with `privrelease` on PATH running this tree's CLI. O
 tells the reader to fill in (REL, DIGEST: printed by `release plan`) are replaced. The fast tests check that each
 command names a real subcommand and real options and run the commands up to the plan; the slow one runs them all.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,7 +67,7 @@ def privrelease_argv(command: str) -> list[list[str]]:
     for part in re.split(r"&&|\|\||;|\|", first_line.split(" #", 1)[0]):
         words = part.split()
         if "privrelease" in words:
-            out.append(words[words.index("privrelease") + 1:])
+            out.append(words[words.index("privrelease") + 1 :])
     return out
 
 
@@ -75,29 +76,46 @@ class Shell:
     one command to the next, as one interactive shell would."""
 
     def __init__(self, workdir: Path, bindir: Path) -> None:
-        self.state, self.cwd_file, self.env_file = workdir.parent / "shell", workdir.parent / "shell/cwd", \
-            workdir.parent / "shell/env"
+        self.state, self.cwd_file, self.env_file = (
+            workdir.parent / "shell",
+            workdir.parent / "shell/cwd",
+            workdir.parent / "shell/env",
+        )
         self.state.mkdir()
         self.cwd_file.write_text(str(workdir))
         self.env_file.write_text("")
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("PYTHONPATH", "PRIVRELEASE_ACTOR", "PRIVRELEASE_HOME", "VIRTUAL_ENV")}
-        self.env.update(PATH=f"{bindir}{os.pathsep}{self.env.get('PATH', '')}", HF_HOME=str(workdir.parent / "hf"),
-                        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PRIVRELEASE_HOME=str(workdir / ".privrelease"))
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PRIVRELEASE_ACTOR", "PRIVRELEASE_HOME", "VIRTUAL_ENV")
+        }
+        self.env.update(
+            PATH=f"{bindir}{os.pathsep}{self.env.get('PATH', '')}",
+            HF_HOME=str(workdir.parent / "hf"),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            PRIVRELEASE_HOME=str(workdir / ".privrelease"),
+        )
         # beside other pytest workers, torch's default threads oversubscribe the cores and crawl
         self.env.setdefault("OMP_NUM_THREADS", "1")
 
     def run(self, command: str, timeout: float) -> subprocess.CompletedProcess:
-        script = (f'set -e\ncd "$(cat {self.cwd_file})"\n. {self.env_file}\n{command}\n'
-                  f'pwd > {self.cwd_file}\nexport -p > {self.env_file}\n')
-        return subprocess.run(["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=timeout)
+        script = (
+            f'set -e\ncd "$(cat {self.cwd_file})"\n. {self.env_file}\n{command}\n'
+            f"pwd > {self.cwd_file}\nexport -p > {self.env_file}\n"
+        )
+        return subprocess.run(
+            ["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
 
 def make_bin(bindir: Path) -> Path:
     """`privrelease` and `python` as a user of this checkout has them (the console script may point elsewhere)."""
     bindir.mkdir()
-    scripts = {"privrelease": f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m release.entry "$@"',
-               "python": f'exec "{sys.executable}" "$@"'}
+    scripts = {
+        "privrelease": f'PYTHONPATH="{ROOT}" exec "{sys.executable}" -m release.entry "$@"',
+        "python": f'exec "{sys.executable}" "$@"',
+    }
     for name, line in scripts.items():
         path = bindir / name
         path.write_text(f"#!/bin/sh\n{line}\n")
@@ -124,22 +142,46 @@ def capture(output: str, values: dict[str, str]) -> None:
 
 # ----------------------------------------------------------------------------------------------- fast tests
 
+
 def test_walkthrough_has_every_role_and_only_known_placeholders():
     commands = walkthrough_commands()
     invoked = [" ".join(a[:2]) for c in commands for a in privrelease_argv(c)]
-    for needed in ("init --steward", "keys create", "dataset register", "release plan", "release approve",
-                   "release run", "release publish", "audit report", "budget verify", "audit verify", "verify"):
-        assert any(i.startswith(needed) for i in invoked), f"the walkthrough lost `privrelease {needed}`"
+    for needed in (
+        "init --steward",
+        "keys create",
+        "dataset register",
+        "release plan",
+        "release approve",
+        "release run",
+        "release publish",
+        "audit report",
+        "budget verify",
+        "audit verify",
+        "verify",
+    ):
+        assert any(i.startswith(needed) for i in invoked), (
+            f"the walkthrough lost `privrelease {needed}`"
+        )
     # the issue-36 trap: `audit report` with no --as must follow an exported PRIVRELEASE_ACTOR
     report = next(i for i, c in enumerate(commands) if "audit report" in c)
-    assert "--as" in commands[report] or any("export PRIVRELEASE_ACTOR=" in c for c in commands[:report])
-    capitals = {w for c in commands for w in re.findall(r"\b[A-Z]{3,}\b", c.splitlines()[0].split(" #")[0])}
-    assert capitals <= set(PLACEHOLDERS) | {"TOML", "PY", "PRIVRELEASE_ACTOR"}, capitals - set(PLACEHOLDERS)
+    assert "--as" in commands[report] or any(
+        "export PRIVRELEASE_ACTOR=" in c for c in commands[:report]
+    )
+    capitals = {
+        w for c in commands for w in re.findall(r"\b[A-Z]{3,}\b", c.splitlines()[0].split(" #")[0])
+    }
+    assert capitals <= set(PLACEHOLDERS) | {"TOML", "PY", "PRIVRELEASE_ACTOR"}, capitals - set(
+        PLACEHOLDERS
+    )
 
 
 def test_split_commands_keeps_heredocs_and_continuations():
     block = "a --x 1   # note\n\n# comment\ncat > f <<'EOF'\nline\nEOF\nb \\\n  --y\n"
-    assert split_commands(block) == ["a --x 1   # note", "cat > f <<'EOF'\nline\nEOF", "b \\\n  --y"]
+    assert split_commands(block) == [
+        "a --x 1   # note",
+        "cat > f <<'EOF'\nline\nEOF",
+        "b \\\n  --y",
+    ]
 
 
 def help_text(path: list[str], capsys) -> str:
@@ -164,8 +206,9 @@ def check_invocation(argv: list[str], capsys) -> None:
     path = words[:1] if words[0] in ("init", "dashboard", "verify") else words[:2]
     text = help_text(path, capsys)
     for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", " ".join(argv)):
-        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", text), \
+        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", text), (
             f"`privrelease {' '.join(path)}` has no option {opt}"
+        )
 
 
 def test_every_walkthrough_command_and_option_exists(capsys):
@@ -222,10 +265,13 @@ def test_walkthrough_setup_commands_run(tmp_path):
             break
         r = shell.run(fill(command, values), timeout=300)
         assert r.returncode == 0, f"README command failed: {command}\n{r.stdout}\n{r.stderr}"
-    assert (work / ".privrelease" / "keys" / "bob.key").exists() and (work / "release.toml").exists()
+    assert (work / ".privrelease" / "keys" / "bob.key").exists() and (
+        work / "release.toml"
+    ).exists()
 
 
 # ----------------------------------------------------------------------------------------------- slow test
+
 
 @pytest.mark.slow
 def test_whole_walkthrough_runs_as_written(tmp_path):
@@ -237,7 +283,9 @@ def test_whole_walkthrough_runs_as_written(tmp_path):
         t0 = time.monotonic()
         r = shell.run(fill(command, values), timeout=1800)
         took.append((round(time.monotonic() - t0, 1), command.splitlines()[0][:60]))
-        assert r.returncode == 0, f"README command failed: {command}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        assert r.returncode == 0, (
+            f"README command failed: {command}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
         capture(r.stdout, values)
     print("\n".join(f"{t:7.1f} s  {c}" for t, c in took))
     rel = values["REL"]

@@ -1,5 +1,6 @@
 """A whole release, end to end, on a small slice of MNIST: plan -> approve -> run -> audit -> publish ->
 verify offline; plus the budget and trail afterwards. Tiny presets: the point is the wiring, not quality."""
+
 import json
 import math
 
@@ -15,8 +16,15 @@ from release.spec import ReleaseSpec
 from release.verify import verify_bundle
 from synth.datasets import load_source
 
-POLICY = {"mia_samples": 40, "feature_samples": 80, "fid_samples": 80, "utility_train_samples": 120, "cnn_epochs": 1,
-          "mia_max_auc": 0.9, "mia_max_tpr_at_1pct_fpr": 0.5}
+POLICY = {
+    "mia_samples": 40,
+    "feature_samples": 80,
+    "fid_samples": 80,
+    "utility_train_samples": 120,
+    "cnn_epochs": 1,
+    "mia_max_auc": 0.9,
+    "mia_max_tpr_at_1pct_fpr": 0.5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +43,25 @@ def _setup(store, small_data):
     keys.create_identity(store, "alice", "steward")
     keys.create_identity(store, "carol", "consumer")
     keys.ensure_release_key(store.workspace)
-    register_from_source(store, "digits", str(small_data / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4,
-                         labels="0-9")
+    register_from_source(
+        store,
+        "digits",
+        str(small_data / "train.npz"),
+        epsilon_cap=10.0,
+        delta_cap=1e-4,
+        labels="0-9",
+    )
 
 
 def _release(store, spec):
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest,
-                    acknowledge_non_dp=rel.plan.requires_acknowledgement)
+    manager.approve(
+        store,
+        rel.release_id,
+        "alice",
+        digest=rel.plan_digest,
+        acknowledge_non_dp=rel.plan.requires_acknowledgement,
+    )
     stages = []
     rel = manager.run_release(store, rel.release_id, "alice", lambda s, d, t: stages.append(s))
     assert stages, "long work reports progress"
@@ -52,12 +71,18 @@ def _release(store, spec):
 @pytest.mark.slow
 def test_privimage_release_end_to_end(store, small_data):
     _setup(store, small_data)
-    spec = {"release": {"dataset": "digits", "mechanism": "privimage", "n_images": 30,
-                        "heldout": str(small_data / "heldout.npz")},
-            "privimage": {"epsilon": 6.0, "preset": "tiny", "public": "builtin:uci-digits"},
-            # the tiny preset tests the wiring, not quality: its samples are no better than noise, so the
-            # utility gate (tested on its own) is informational here
-            "policy": {**POLICY, "min_utility_gain": None}}
+    spec = {
+        "release": {
+            "dataset": "digits",
+            "mechanism": "privimage",
+            "n_images": 30,
+            "heldout": str(small_data / "heldout.npz"),
+        },
+        "privimage": {"epsilon": 6.0, "preset": "tiny", "public": "builtin:uci-digits"},
+        # the tiny preset tests the wiring, not quality: its samples are no better than noise, so the
+        # utility gate (tested on its own) is informational here
+        "policy": {**POLICY, "min_utility_gain": None},
+    }
     rel = _release(store, spec)
     rid = rel.release_id
     assert rel.state == "checked"
@@ -68,9 +93,12 @@ def test_privimage_release_end_to_end(store, small_data):
     with pytest.raises(PermissionDeniedError):
         manager.publish(store, rid, "carol")
     from audit import load_report
+
     report = load_report(store, rid)
     if not report.passed:
-        pytest.fail("tiny release failed its audit: " + "; ".join(c.summary for c in report.failures))
+        pytest.fail(
+            "tiny release failed its audit: " + "; ".join(c.summary for c in report.failures)
+        )
     rel = manager.publish(store, rid, "alice")
     bundle = rel.result.bundle
     v = verify_bundle(bundle["tarball"], keys.public_key_path(store.workspace, "release"))
@@ -80,12 +108,18 @@ def test_privimage_release_end_to_end(store, small_data):
     # the consumer bundle carries verdicts only: no attack details, no sensitive-data hashes
     pred = v.predicate
     assert set(pred["audit_verdicts"].values()) <= {"pass", "fail", "info"}
-    assert pred["released_image_count"] == 30 and "record_count" not in pred  # not the dataset's 240 records
+    assert (
+        pred["released_image_count"] == 30 and "record_count" not in pred
+    )  # not the dataset's 240 records
     text = json.dumps(pred)
     ds = ledger.get_dataset(store, "digits")
     assert ds.fingerprint not in text and "auc" not in text.lower()
-    assert pred["ledger_position"]["trail_head_sha256"] in {e["entry_hash"] for e in trail.entries(store)}
-    card = (manager.release_dir(store, rid).parent.parent / "bundles" / rid / "README.md").read_text()
+    assert pred["ledger_position"]["trail_head_sha256"] in {
+        e["entry_hash"] for e in trail.entries(store)
+    }
+    card = (
+        manager.release_dir(store, rid).parent.parent / "bundles" / rid / "README.md"
+    ).read_text()
     assert "epsilon by RDP" in card and "dataset size is treated as public" in card
     assert trail.verify(store).ok
     assert manager.list_releases(store, keys.get_identity(store, "carol"))[0].release_id == rid
@@ -94,8 +128,15 @@ def test_privimage_release_end_to_end(store, small_data):
 @pytest.mark.slow
 def test_ksalsa_release_end_to_end(store, small_data):
     _setup(store, small_data)
-    spec = {"release": {"dataset": "digits", "mechanism": "ksalsa", "heldout": str(small_data / "heldout.npz")},
-            "ksalsa": {"k": 5, "preset": "tiny", "public": "builtin:uci-digits"}, "policy": POLICY}
+    spec = {
+        "release": {
+            "dataset": "digits",
+            "mechanism": "ksalsa",
+            "heldout": str(small_data / "heldout.npz"),
+        },
+        "ksalsa": {"k": 5, "preset": "tiny", "public": "builtin:uci-digits"},
+        "policy": POLICY,
+    }
     rel = _release(store, spec)
     assert rel.state == "checked"
     assert rel.result.guarantee["type"] == "k-anonymity"

@@ -1,16 +1,28 @@
 """Specs, plans, approvals and roles (no training: planning and signing only)."""
+
 import pytest
 
 from accounting import ledger, trail
-from accounting.errors import (InvalidParameterError, LedgerStateError, PermissionDeniedError, PrivReleaseError,
-                               TamperError, UnknownDatasetError)
+from accounting.errors import (
+    InvalidParameterError,
+    LedgerStateError,
+    PermissionDeniedError,
+    PrivReleaseError,
+    TamperError,
+    UnknownDatasetError,
+)
 from release import keys, manager
 from release.data import load_registered, register_from_source
 from release.spec import ReleaseSpec
 
-KSALSA = {"release": {"dataset": "mnist", "mechanism": "ksalsa"}, "ksalsa": {"k": 5, "preset": "tiny"}}
-PRIVIMAGE = {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 100},
-             "privimage": {"epsilon": 4.0, "preset": "tiny", "public": "builtin:uci-digits"}}
+KSALSA = {
+    "release": {"dataset": "mnist", "mechanism": "ksalsa"},
+    "ksalsa": {"k": 5, "preset": "tiny"},
+}
+PRIVIMAGE = {
+    "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 100},
+    "privimage": {"epsilon": 4.0, "preset": "tiny", "public": "builtin:uci-digits"},
+}
 
 
 @pytest.fixture
@@ -22,14 +34,23 @@ def ws_store(store):
     return store
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"release": {"mechanism": "ksalsa"}}, "dataset"),
-    ({"release": {"dataset": "mnist", "mechanism": "gan"}}, "mechanism"),
-    ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "n_images": -3}}, "n_images"),
-    ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "colour": 1}}, "Unknown key"),
-    ({**KSALSA, "privimage": {}}, "also has"),
-    ({"release": {"dataset": "mnist", "mechanism": "ksalsa"}, "ksalsa": {"k": 5, "preset": "huge"}}, "preset"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"release": {"mechanism": "ksalsa"}}, "dataset"),
+        ({"release": {"dataset": "mnist", "mechanism": "gan"}}, "mechanism"),
+        ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "n_images": -3}}, "n_images"),
+        ({"release": {"dataset": "mnist", "mechanism": "ksalsa", "colour": 1}}, "Unknown key"),
+        ({**KSALSA, "privimage": {}}, "also has"),
+        (
+            {
+                "release": {"dataset": "mnist", "mechanism": "ksalsa"},
+                "ksalsa": {"k": 5, "preset": "huge"},
+            },
+            "preset",
+        ),
+    ],
+)
 def test_bad_specs_are_refused_clearly(bad, match):
     with pytest.raises(InvalidParameterError, match=match):
         ReleaseSpec.from_dict(bad)
@@ -55,13 +76,18 @@ def test_plan_previews_epsilon_and_changes_no_budget(ws_store):
 
 def test_unknown_dataset_plan(ws_store):
     with pytest.raises(UnknownDatasetError):
-        manager.create_plan(ws_store, ReleaseSpec.from_dict({**KSALSA, "release": {"dataset": "x", "mechanism": "ksalsa"}}),
-                            "alice")
+        manager.create_plan(
+            ws_store,
+            ReleaseSpec.from_dict({**KSALSA, "release": {"dataset": "x", "mechanism": "ksalsa"}}),
+            "alice",
+        )
 
 
 def test_bad_mechanism_parameter(ws_store):
-    spec = {"release": {"dataset": "mnist", "mechanism": "privimage"},
-            "privimage": {"epsilon": float("nan"), "preset": "tiny"}}
+    spec = {
+        "release": {"dataset": "mnist", "mechanism": "privimage"},
+        "privimage": {"epsilon": float("nan"), "preset": "tiny"},
+    }
     with pytest.raises(InvalidParameterError, match="epsilon"):
         manager.create_plan(ws_store, ReleaseSpec.from_dict(spec), "alice")
     spec["privimage"] = {"epsilon": 4.0, "colour": "red"}
@@ -73,13 +99,17 @@ def test_bad_mechanism_parameter(ws_store):
 def test_ksalsa_plan_warns_and_needs_acknowledgement(ws_store):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(KSALSA), "alice")
     assert rel.plan.requires_acknowledgement
-    assert any("no longer hold" in w for w in rel.plan.warnings)  # rule 5: the dataset loses its DP meaning
+    assert any(
+        "no longer hold" in w for w in rel.plan.warnings
+    )  # rule 5: the dataset loses its DP meaning
     assert rel.plan.expected_count == 4000 // 5
     with pytest.raises(PermissionDeniedError, match="acknowledge"):
         manager.approve(ws_store, rel.release_id, "alice")
     assert manager.get_release(ws_store, rel.release_id).state == "planned"
     manager.approve(ws_store, rel.release_id, "alice", acknowledge_non_dp=True)
-    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))["acknowledge_non_dp"]
+    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))[
+        "acknowledge_non_dp"
+    ]
 
 
 def test_only_a_steward_approves(ws_store):
@@ -102,8 +132,10 @@ def test_approval_of_a_different_plan_is_refused(ws_store):
 def test_plan_edited_after_approval_cannot_run(ws_store, tamper):
     rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice")
     manager.approve(ws_store, rel.release_id, "alice", digest=rel.plan_digest)
-    tamper(ws_store.workspace.db_path,
-           "UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')")
+    tamper(
+        ws_store.workspace.db_path,
+        "UPDATE releases SET plan = replace(plan, '\"expected_count\": 100', '\"expected_count\": 99999')",
+    )
     with pytest.raises(TamperError, match="edited"):
         manager.run_release(ws_store, rel.release_id, "alice")
     assert ledger.budget(ws_store, "mnist").charges == []  # nothing reserved
@@ -147,9 +179,13 @@ def test_changed_data_is_refused(tmp_path, store):
 
     path = tmp_path / "d.npz"
     rng = np.random.default_rng(0)
-    np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
+    np.savez(
+        path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2
+    )
     register_from_source(store, "toy", str(path), 1.0, 1e-3, labels="0,1")
-    np.savez(path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2)
+    np.savez(
+        path, images=rng.integers(0, 255, (50, 8, 8), dtype=np.uint8), labels=np.arange(50) % 2
+    )
     with pytest.raises(PrivReleaseError, match="changed since"):
         load_registered(store, "toy")
 
@@ -157,31 +193,50 @@ def test_changed_data_is_refused(tmp_path, store):
 def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_store):
     """Target epsilon = the cap: the RDP epsilon is calibrated to the target, but the ledger admits through the
     stricter filter, so the plan warns; the warning names a target that does fit (bisection over plans)."""
-    spec = ReleaseSpec.from_dict({**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": 10.0}})
+    spec = ReleaseSpec.from_dict(
+        {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": 10.0}}
+    )
     warnings = manager.preview(ws_store, spec)["warnings"]
     refusal = next(w for w in warnings if "will be refused" in w)
     import re
 
-    suggested = float(re.search(r"largest target that fits is about epsilon = ([0-9.]+)", refusal).group(1))
+    suggested = float(
+        re.search(r"largest target that fits is about epsilon = ([0-9.]+)", refusal).group(1)
+    )
     assert 1.0 < suggested < 10.0
-    fits = ReleaseSpec.from_dict({**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}})
+    fits = ReleaseSpec.from_dict(
+        {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}}
+    )
     assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
     from synth.datasets import load_public
 
-    budget = ledger.budget(ws_store, "mnist")  # and the largest, to the search's precision: 10 / 2**8
-    assert not manager._admitted_at(spec, budget, load_public("builtin:uci-digits", budget.dataset.source),
-                                    suggested + 10 / 2**8 + 0.01)
+    budget = ledger.budget(
+        ws_store, "mnist"
+    )  # and the largest, to the search's precision: 10 / 2**8
+    assert not manager._admitted_at(
+        spec,
+        budget,
+        load_public("builtin:uci-digits", budget.dataset.source),
+        suggested + 10 / 2**8 + 0.01,
+    )
 
 
 def test_plan_reports_progress_while_it_calibrates(ws_store):
     calls = []
-    manager.create_plan(ws_store, ReleaseSpec.from_dict(PRIVIMAGE), "alice",
-                        lambda stage, done, total: calls.append((stage, done, total)))
+    manager.create_plan(
+        ws_store,
+        ReleaseSpec.from_dict(PRIVIMAGE),
+        "alice",
+        lambda stage, done, total: calls.append((stage, done, total)),
+    )
     last = {}
     for stage, done, total in calls:
         last[stage] = (done, total)
-    assert list(last) == ["plan: public data and mechanism", "plan: calibrating the noise",
-                          "plan: epsilon before and after (RDP, PLD)"]
+    assert list(last) == [
+        "plan: public data and mechanism",
+        "plan: calibrating the noise",
+        "plan: epsilon before and after (RDP, PLD)",
+    ]
     assert all(done == total > 0 for done, total in last.values()), last
     assert sum(stage == "plan: calibrating the noise" for stage, _, _ in calls) > 10
 
@@ -191,9 +246,14 @@ def test_ksalsa_plan_warns_when_the_membership_audit_will_likely_refuse(ws_store
     import numpy as np
 
     def plan_warnings(dataset: str, k: int) -> list[str]:
-        spec = {"release": {"dataset": dataset, "mechanism": "ksalsa"}, "ksalsa": {"k": k, "preset": "tiny"}}
+        spec = {
+            "release": {"dataset": dataset, "mechanism": "ksalsa"},
+            "ksalsa": {"k": k, "preset": "tiny"},
+        }
         calls = []
-        rel = manager.create_plan(ws_store, ReleaseSpec.from_dict(spec), "alice", lambda *a: calls.append(a))
+        rel = manager.create_plan(
+            ws_store, ReleaseSpec.from_dict(spec), "alice", lambda *a: calls.append(a)
+        )
         assert ("plan: k-anonymity attack estimate", 8, 8) in calls
         return [w for w in rel.plan.warnings if "cluster-membership audit" in w]
 

@@ -1,5 +1,6 @@
 """The runner's lease (one run of a release at a time, every executed DP-SGD step charged), the
 approval binding what runs (spec file, policy, public data, steward key) and plan-time validation."""
+
 from __future__ import annotations
 
 import base64
@@ -56,15 +57,25 @@ def test_two_concurrent_runs_of_one_release_charge_every_executed_step(small, tm
             if stage == "DP fine-tuning":
                 executed[who] += 1
             if who == "a" and stage == "query classifier":
-                inside.set()               # A holds the lease and is running ...
-                second_done.wait(120)      # ... while B tries to run the same release
+                inside.set()  # A holds the lease and is running ...
+                second_done.wait(120)  # ... while B tries to run the same release
+
         return progress
 
     def go(who):
         try:
-            runner.run_charged(store.__class__(store.workspace), run_id="rel-x", dataset="mnist", data=sens,
-                               public=pub, mechanism="privimage", config=cfg, plan=plan, workdir=tmp_path / "w",
-                               progress=progress_for(who))
+            runner.run_charged(
+                store.__class__(store.workspace),
+                run_id="rel-x",
+                dataset="mnist",
+                data=sens,
+                public=pub,
+                mechanism="privimage",
+                config=cfg,
+                plan=plan,
+                workdir=tmp_path / "w",
+                progress=progress_for(who),
+            )
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertions
             errors[who] = exc
         finally:
@@ -79,9 +90,15 @@ def test_two_concurrent_runs_of_one_release_charge_every_executed_step(small, tm
     b.join(300)
     a.join(600)
     assert "a" not in errors, errors.get("a")
-    assert isinstance(errors["b"], runner.RunInProgressError) and "already running" in str(errors["b"])
-    charged = sum(e.steps for c in ledger.budget(store, "mnist").charges for e in c.counted_events
-                  if isinstance(e, DpSgd))
+    assert isinstance(errors["b"], runner.RunInProgressError) and "already running" in str(
+        errors["b"]
+    )
+    charged = sum(
+        e.steps
+        for c in ledger.budget(store, "mnist").charges
+        for e in c.counted_events
+        if isinstance(e, DpSgd)
+    )
     assert executed["b"] == 0 and executed["a"] == plan.step_event.steps == charged
 
 
@@ -91,7 +108,9 @@ def test_lease_of_a_dead_holder_is_taken_over_and_recorded(store):
     lease = runner.acquire_lease(store, "rel-y", "alice")
     with pytest.raises(runner.RunInProgressError, match="already running"):
         runner.acquire_lease(store, "rel-y", "bob")  # a live holder (this process)
-    with store.transaction() as con:  # the holder dies without releasing: its row stays, with its pid
+    with (
+        store.transaction() as con
+    ):  # the holder dies without releasing: its row stays, with its pid
         con.execute("UPDATE run_leases SET pid = ? WHERE run_id = 'rel-y'", [dead.pid])
     lease._stop.set()
     taken = runner.acquire_lease(store, "rel-y", "bob")
@@ -102,7 +121,9 @@ def test_lease_of_a_dead_holder_is_taken_over_and_recorded(store):
     assert len([e for e in trail.entries(store) if e["action"] == "run.lease_takeover"]) == 1
 
 
-def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_nothing(small, tmp_path):
+def test_release_run_while_another_run_holds_the_lease_is_refused_and_changes_nothing(
+    small, tmp_path
+):
     store = small[0]
     rid = _approved(store, tmp_path)
     held = runner.acquire_lease(store, rid, "alice")  # e.g. a first `release run` still in progress
@@ -131,7 +152,9 @@ def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp
         manager.run_release(store, rid, "alice", crash_at_step_3)
     assert manager.get_release(store, rid).state == "failed"
     planned = ledger.get_charge(store, rid)
-    assert planned.state == "reserved"  # it read the data: counted in full until resumed or abandoned
+    assert (
+        planned.state == "reserved"
+    )  # it read the data: counted in full until resumed or abandoned
     rel = manager.abandon_release(store, rid, "alice")
     charge = ledger.get_charge(store, rid)
     assert charge.state == "committed" and "abandoned by alice" in rel.reason
@@ -143,10 +166,17 @@ def test_a_failed_release_is_abandoned_with_its_started_steps_charged(small, tmp
 
 def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(small, tmp_path):
     store = small[0]
-    spec = {"release": {"dataset": "mnist", "mechanism": "ksalsa"},
-            "ksalsa": {"k": 4, "preset": "tiny", "public": "builtin:uci-digits"},
-            "policy": {"mia_samples": 20, "feature_samples": 40, "fid_samples": 40, "utility_train_samples": 60,
-                       "cnn_epochs": 1}}
+    spec = {
+        "release": {"dataset": "mnist", "mechanism": "ksalsa"},
+        "ksalsa": {"k": 4, "preset": "tiny", "public": "builtin:uci-digits"},
+        "policy": {
+            "mia_samples": 20,
+            "feature_samples": 40,
+            "fid_samples": 40,
+            "utility_train_samples": 60,
+            "cnn_epochs": 1,
+        },
+    }
     path = tmp_path / "rel.toml"
     path.write_text(tomli_w.dumps(spec))
     rel = manager.create_plan(store, ReleaseSpec.from_toml(path), "alice")
@@ -162,12 +192,16 @@ def test_a_release_interrupted_in_its_audit_is_audited_on_rerun_not_run_again(sm
     interrupted = manager.get_release(store, rid)
     assert interrupted.result is not None
     # failed, not left `running` with nothing running (issue 36)
-    assert interrupted.state == "failed" and interrupted.reason.startswith("audit not finished: Crash")
+    assert interrupted.state == "failed" and interrupted.reason.startswith(
+        "audit not finished: Crash"
+    )
     assert ledger.get_charge(store, rid).state == "committed"
     rel = manager.run_release(store, rid, "alice")
     assert rel.state == "checked"
     assert [c.run_id for c in ledger.budget(store, "mnist").charges] == [rid]  # charged once
-    assert sum(e["action"] == "run.sensitive_access" for e in trail.entries(store)) == 1  # not run again
+    assert (
+        sum(e["action"] == "run.sensitive_access" for e in trail.entries(store)) == 1
+    )  # not run again
 
 
 HOLDER = """
@@ -181,8 +215,9 @@ time.sleep(600)
 
 
 def test_lease_survives_in_the_store_and_a_killed_holder_is_taken_over(store):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.workspace.root)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(store.workspace.root)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(runner.RunInProgressError, match=f"pid {holder.pid}"):
@@ -198,9 +233,11 @@ def test_lease_survives_in_the_store_and_a_killed_holder_is_taken_over(store):
 
 # ------------------------------------------------------------------ what runs is what was signed
 def _spec(k=1, policy=None, public="builtin:uci-digits"):
-    return {"release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
-            "privimage": {"epsilon": 4.0, "preset": "tiny", "public": public, "k": k},
-            "policy": policy or {"mia_max_auc": 0.6}}
+    return {
+        "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
+        "privimage": {"epsilon": 4.0, "preset": "tiny", "public": public, "k": k},
+        "policy": policy or {"mia_max_auc": 0.6},
+    }
 
 
 def _approved(store, tmp_path, spec=None):
@@ -251,31 +288,42 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     mallory = Ed25519PrivateKey.generate()
     pub_b64 = base64.b64encode(keys.raw_public_bytes(mallory.public_key())).decode()
     digest = manager.get_release(store, rid).plan_digest
-    sig = mallory.sign(manager._approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key())))
-    tamper(store.workspace.db_path, f"UPDATE identities SET public_key = '{pub_b64}' WHERE name = 'alice'",
-           f"UPDATE approvals SET signature = '{sig.hex()}'")
+    sig = mallory.sign(
+        manager._approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key()))
+    )
+    tamper(
+        store.workspace.db_path,
+        f"UPDATE identities SET public_key = '{pub_b64}' WHERE name = 'alice'",
+        f"UPDATE approvals SET signature = '{sig.hex()}'",
+    )
     assert keys.get_identity(store, "alice").key_id == keys.key_id(mallory.public_key())
     with pytest.raises(TamperError, match="key was replaced after approval"):
         manager.verified_approval(store, manager.get_release(store, rid))
 
 
 # ------------------------------------------------------------------ validated at plan time
-@pytest.mark.parametrize("params,match", [
-    ({"k": 1000}, "k = 1000 is more than the 10 classes"),
-    ({"k": 1e308}, r"\[privimage\] k"),
-    ({"query_sigma": 1e308}, "query_sigma"),
-    ({"finetune_epochs": 1e308}, "finetune_epochs"),
-    ({"n_samples": 1e308}, "n_samples"),
-    ({"image_size": 32}, "releases 32x32 images but dataset 'mnist' is 28x28"),
-    ({"vote_sigma": 1e308}, "vote_sigma"),
-    ({"vote_sigma": -1.0}, "vote_sigma"),
-    ({"vote_sigma": float("nan")}, "vote_sigma"),
-    ({"vote_sigma": 2.0, "vote_pool": 1}, "vote_pool must be between 2 and 64"),
-    ({"vote_sigma": 2.0, "vote_pool": 4, "n_samples": 300_000}, "the vote would draw 1,200,000 candidates"),
-    ({"vote_sigma": 2.0, "vote_rounds": 1e308}, "vote_rounds"),
-    ({"vote_sigma": 2.0, "vote_rounds": 20}, "vote_rounds must be between 1 and 8"),
-    ({"vote_sigma": 2.0, "vote_rounds": 2, "variation_strength": -0.5}, "variation_strength"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"k": 1000}, "k = 1000 is more than the 10 classes"),
+        ({"k": 1e308}, r"\[privimage\] k"),
+        ({"query_sigma": 1e308}, "query_sigma"),
+        ({"finetune_epochs": 1e308}, "finetune_epochs"),
+        ({"n_samples": 1e308}, "n_samples"),
+        ({"image_size": 32}, "releases 32x32 images but dataset 'mnist' is 28x28"),
+        ({"vote_sigma": 1e308}, "vote_sigma"),
+        ({"vote_sigma": -1.0}, "vote_sigma"),
+        ({"vote_sigma": float("nan")}, "vote_sigma"),
+        ({"vote_sigma": 2.0, "vote_pool": 1}, "vote_pool must be between 2 and 64"),
+        (
+            {"vote_sigma": 2.0, "vote_pool": 4, "n_samples": 300_000},
+            "the vote would draw 1,200,000 candidates",
+        ),
+        ({"vote_sigma": 2.0, "vote_rounds": 1e308}, "vote_rounds"),
+        ({"vote_sigma": 2.0, "vote_rounds": 20}, "vote_rounds must be between 1 and 8"),
+        ({"vote_sigma": 2.0, "vote_rounds": 2, "variation_strength": -0.5}, "variation_strength"),
+    ],
+)
 def test_bad_mechanism_values_are_refused_at_plan_time(small, params, match):
     store = small[0]
     spec = _spec()
@@ -284,11 +332,22 @@ def test_bad_mechanism_values_are_refused_at_plan_time(small, params, match):
         del spec["release"]["n_images"]
     with pytest.raises(InvalidParameterError, match=match):
         manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    assert store.query("SELECT * FROM releases") == [] and ledger.budget(store, "mnist").charges == []
+    assert (
+        store.query("SELECT * FROM releases") == [] and ledger.budget(store, "mnist").charges == []
+    )
 
 
-@pytest.mark.parametrize("policy", [{"mia_max_auc": 7}, {"mia_samples": -1}, {"cnn_epochs": 1.5},
-                                    {"max_fid": float("nan")}, {"no_such_check": 1}, {"require_attacks": "yes"}])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"mia_max_auc": 7},
+        {"mia_samples": -1},
+        {"cnn_epochs": 1.5},
+        {"max_fid": float("nan")},
+        {"no_such_check": 1},
+        {"require_attacks": "yes"},
+    ],
+)
 def test_bad_policy_is_refused_at_plan_time(small, policy):
     store = small[0]
     with pytest.raises(InvalidParameterError, match="policy"):
@@ -299,7 +358,9 @@ def test_bad_policy_is_refused_at_plan_time(small, policy):
 def test_a_dataset_the_audit_can_never_pass_is_refused_at_plan_time(store, tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "tiny8.npz"
-    np.savez(path, images=rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), labels=np.arange(200) % 10)
+    np.savez(
+        path, images=rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), labels=np.arange(200) % 10
+    )
     register_from_source(store, "mnist", str(path), 10.0, 1e-4, labels="0-9")
     keys.create_identity(store, "alice", "steward")
     with pytest.raises(InvalidParameterError, match="28x28 images but dataset 'mnist' is 8x8"):

@@ -1,4 +1,5 @@
 """DSSE/PAE, statements, and offline verification of bundles against every kind of tampering."""
+
 from __future__ import annotations
 
 import base64
@@ -26,10 +27,13 @@ from release.verify import verify_bundle
 
 # ---------------------------------------------------------------- DSSE
 
+
 def test_pae_matches_the_dsse_spec_example():
     # protocol.md: PAE("http://example.com/HelloWorld", "hello world"), lengths in bytes, decimal.
-    assert dsse.pae("http://example.com/HelloWorld", b"hello world") == \
-        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    assert (
+        dsse.pae("http://example.com/HelloWorld", b"hello world")
+        == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
     assert dsse.pae("\u00e9", b"") == b"DSSEv1 2 \xc3\xa9 0 "
     assert dsse.pae(dsse.PAYLOAD_TYPE, b"{}") == b"DSSEv1 28 application/vnd.in-toto+json 2 {}"
 
@@ -40,18 +44,32 @@ def test_envelope_round_trip_keyid_and_failures():
     raw = keys.raw_public_bytes(key.public_key())
     assert env["payloadType"] == "application/vnd.in-toto+json"
     # securesystemslib's default keyid (sha256 of the canonical JSON key), so its Envelope.verify finds it
-    assert env["signatures"][0]["keyid"] == hashlib.sha256(
-        b'{"keytype":"ed25519","keyval":{"public":"%s"},"scheme":"ed25519"}' % raw.hex().encode()).hexdigest()
-    legacy = {**env, "signatures": [{**env["signatures"][0], "keyid": hashlib.sha256(raw).hexdigest()}]}
-    assert dsse.verify_envelope(legacy, key.public_key()) == b'{"a": 1}'  # bundles signed before it still verify
+    assert (
+        env["signatures"][0]["keyid"]
+        == hashlib.sha256(
+            b'{"keytype":"ed25519","keyval":{"public":"%s"},"scheme":"ed25519"}'
+            % raw.hex().encode()
+        ).hexdigest()
+    )
+    legacy = {
+        **env,
+        "signatures": [{**env["signatures"][0], "keyid": hashlib.sha256(raw).hexdigest()}],
+    }
+    assert (
+        dsse.verify_envelope(legacy, key.public_key()) == b'{"a": 1}'
+    )  # bundles signed before it still verify
     assert base64.b64decode(env["payload"]) == b'{"a": 1}'
     # The signature is over PAE(type, body), not over the body alone.
     sig = base64.b64decode(env["signatures"][0]["sig"])
     key.public_key().verify(sig, dsse.pae(dsse.PAYLOAD_TYPE, b'{"a": 1}'))
     assert dsse.verify_envelope(env, key.public_key()) == b'{"a": 1}'
     assert dsse.verify_envelope(dsse.envelope_bytes(env), raw) == b'{"a": 1}'
-    urlsafe = {**env, "signatures": [{**env["signatures"][0],
-                                      "sig": base64.urlsafe_b64encode(sig).decode().rstrip("=")}]}
+    urlsafe = {
+        **env,
+        "signatures": [
+            {**env["signatures"][0], "sig": base64.urlsafe_b64encode(sig).decode().rstrip("=")}
+        ],
+    }
     assert dsse.verify_envelope(urlsafe, key.public_key()) == b'{"a": 1}'
 
     with pytest.raises(TamperError, match="payloadType"):
@@ -59,7 +77,9 @@ def test_envelope_round_trip_keyid_and_failures():
     with pytest.raises(TamperError, match="payloadType"):
         dsse.verify_envelope(env, key.public_key(), payload_type="text/plain")
     with pytest.raises(TamperError, match="does not verify"):
-        dsse.verify_envelope({**env, "payload": base64.b64encode(b'{"a": 2}').decode()}, key.public_key())
+        dsse.verify_envelope(
+            {**env, "payload": base64.b64encode(b'{"a": 2}').decode()}, key.public_key()
+        )
     with pytest.raises(TamperError, match="wrong key"):
         dsse.verify_envelope(env, other.public_key())
     no_keyid = {**env, "signatures": [{"sig": env["signatures"][0]["sig"]}]}
@@ -83,18 +103,23 @@ def test_statement_is_deterministic_and_checked(tmp_path):
     assert st["subject"][0]["digest"]["sha256"] == hashlib.sha256(b"a").hexdigest()
     text = statement_bytes(st)
     assert text == statement_bytes(json.loads(text)) and parse_statement(text) == st
-    assert text.index(b'"_type"') < text.index(b'"predicate"') < text.index(b'"subject"')  # sorted keys
+    assert (
+        text.index(b'"_type"') < text.index(b'"predicate"') < text.index(b'"subject"')
+    )  # sorted keys
     for bad_name in ["../x", "/etc/passwd", "a/../b", "", "manifest.dsse.json"]:
         bad = {**st, "subject": [{"name": bad_name, "digest": {"sha256": "0" * 64}}]}
         with pytest.raises(TamperError):
             parse_statement(statement_bytes(bad))
     with pytest.raises(TamperError, match="sha256"):
-        parse_statement(statement_bytes({**st, "subject": [{"name": "a", "digest": {"sha256": "xyz"}}]}))
+        parse_statement(
+            statement_bytes({**st, "subject": [{"name": "a", "digest": {"sha256": "xyz"}}]})
+        )
     with pytest.raises(TamperError, match="predicateType"):
         parse_statement(statement_bytes({**st, "predicateType": "https://example.com/other"}))
 
 
 # ---------------------------------------------------------------- bundles
+
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory) -> tuple[Path, Path, Path]:
@@ -104,10 +129,16 @@ def published(tmp_path_factory) -> tuple[Path, Path, Path]:
     ws = Workspace(base / "ws")
     ws.init()
     rng = np.random.default_rng(7)
-    info = write_bundle(base / "bundles" / "rel-7", images=rng.integers(0, 256, (10, 6, 6), dtype=np.uint8),
-                        labels=np.arange(10) % 3, ids=[f"id{i}" for i in range(10)],
-                        card_markdown="# Release rel-7\nepsilon 1.0 (RDP)\n", predicate={"mechanism": "test"},
-                        workspace=ws, rows_per_file=4)
+    info = write_bundle(
+        base / "bundles" / "rel-7",
+        images=rng.integers(0, 256, (10, 6, 6), dtype=np.uint8),
+        labels=np.arange(10) % 3,
+        ids=[f"id{i}" for i in range(10)],
+        card_markdown="# Release rel-7\nepsilon 1.0 (RDP)\n",
+        predicate={"mechanism": "test"},
+        workspace=ws,
+        rows_per_file=4,
+    )
     pub = base / "release.pub"
     shutil.copy(info.public_key_path, pub)
     # Let go of the kept store connection first: its idle-release timer would otherwise close it (and
@@ -140,8 +171,14 @@ def test_untouched_bundle_and_tarball_verify_offline(published):
     for target in (root, tarball):
         r = verify_bundle(target, pub)
         assert r.ok and r.problems == [], r.problems
-        assert sorted(r.checked) == ["README.md", "croissant.json", "data/part-00000.parquet",
-                                     "data/part-00001.parquet", "data/part-00002.parquet", "sample_grid.png"]
+        assert sorted(r.checked) == [
+            "README.md",
+            "croissant.json",
+            "data/part-00000.parquet",
+            "data/part-00001.parquet",
+            "data/part-00002.parquet",
+            "sample_grid.png",
+        ]
         assert r.predicate["mechanism"] == "test" and r.key_id == dsse.sslib_keyid(pub)
 
 
@@ -153,8 +190,11 @@ def test_one_pixel_in_a_parquet_file(bundle):
     img = decode_png(cells[0]["bytes"]).copy()
     img[2, 3] ^= 1  # one pixel, one bit
     cells[0] = {**cells[0], "bytes": encode_png(img)}
-    table = table.set_column(table.schema.get_field_index("image"), "image",
-                             pa.array(cells, table.schema.field("image").type))
+    table = table.set_column(
+        table.schema.get_field_index("image"),
+        "image",
+        pa.array(cells, table.schema.field("image").type),
+    )
     pq.write_table(table, part, compression="zstd")
     r = verify_bundle(root, pub)
     msg = _fails_naming(r, "data/part-00000.parquet", "sha256 mismatch", "altered")
@@ -176,7 +216,9 @@ def test_edited_statement_file(bundle):
     st = json.loads(path.read_bytes())
     st["predicate"]["mechanism"] = "something else"
     path.write_bytes(statement_bytes(st))
-    _fails_naming(verify_bundle(root, pub), "manifest.intoto.json", "differs from the statement signed")
+    _fails_naming(
+        verify_bundle(root, pub), "manifest.intoto.json", "differs from the statement signed"
+    )
 
 
 def test_re_encoded_payload_in_envelope(bundle):
@@ -220,11 +262,15 @@ def test_changed_payload_type(bundle):
 
 def test_extra_file(bundle):
     root, pub = bundle
-    (root / "data" / "part-00003.parquet").write_bytes((root / "data" / "part-00000.parquet").read_bytes())
+    (root / "data" / "part-00003.parquet").write_bytes(
+        (root / "data" / "part-00000.parquet").read_bytes()
+    )
     (root / "notes.txt").write_text("hi")
     r = verify_bundle(root, pub)
     _fails_naming(r, "data/part-00003.parquet", "added after signing")
-    assert r.added == ["data/part-00003.parquet", "notes.txt"] and r.altered == [] and r.missing == []
+    assert (
+        r.added == ["data/part-00003.parquet", "notes.txt"] and r.altered == [] and r.missing == []
+    )
 
 
 def test_missing_file(bundle):
@@ -256,8 +302,11 @@ def test_symlink_in_bundle(bundle, tmp_path):
 def test_wrong_public_key(bundle, tmp_path):
     root, _ = bundle
     other = tmp_path / "other.pub"
-    other.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    other.write_bytes(
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     r = verify_bundle(root, other)
     _fails_naming(r, "manifest.dsse.json", "wrong key", "release.pub")
     assert r.statement is None
@@ -279,17 +328,23 @@ def test_manifest_signed_with_hostile_subject_names(bundle):
     root, _ = bundle
     key = Ed25519PrivateKey.generate()
     pub = root.parent / "attacker.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     st = build_statement(root, {"mechanism": "x"})
     st["subject"].append({"name": "../attacker.pub", "digest": {"sha256": "0" * 64}})
     payload = statement_bytes(st)
     (root / "manifest.intoto.json").write_bytes(payload)
     (root / "manifest.dsse.json").write_bytes(dsse.envelope_bytes(dsse.sign_envelope(payload, key)))
-    _fails_naming(verify_bundle(root, pub), "manifest (signed statement)", "not a plain relative path")
+    _fails_naming(
+        verify_bundle(root, pub), "manifest (signed statement)", "not a plain relative path"
+    )
 
 
 # ---------------------------------------------------------------- tarballs
+
 
 def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
     with tarfile.open(path, "w:gz") as tar:
@@ -357,7 +412,10 @@ def test_verify_states_the_guarantee_in_words() -> None:
     from release.verify_cmd import describe_guarantee
 
     dp = {"type": "dp", "epsilon_rdp": 7.99997, "epsilon_pld": 6.81997, "delta": 1e-5}
-    assert describe_guarantee(dp) == "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05)-DP for the dataset's whole history"
+    assert (
+        describe_guarantee(dp)
+        == "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05)-DP for the dataset's whole history"
+    )
     kanon = {"type": "k-anonymity", "k": 5, "method": "ksalsa", "description": "k-anonymous (k=5)"}
     assert describe_guarantee(kanon) == "k-anonymity with k = 5, ksalsa (no differential privacy)"
     assert describe_guarantee(None) == "no guarantee stated"

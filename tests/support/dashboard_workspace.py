@@ -1,6 +1,7 @@
 """Builds realistic dashboard workspaces through the real APIs (no mocks): identities with passwords,
 registered datasets, ledger charges, release plans and (optionally) one real, published k-SALSA release.
 Imported by the dashboard tests (it holds no tests itself)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,10 @@ from synth.datasets import load_source  # noqa: E402
 
 PASSWORDS = {"alice": "steward-pass-1", "bob": "auditor-pass-1", "carol": "consumer-pass-1"}
 ROLES = {"alice": "steward", "bob": "auditor", "carol": "consumer"}
-KSALSA_SPEC = {"release": {"dataset": "mnist", "mechanism": "ksalsa", "description": "k-anonymous digits"},
-               "ksalsa": {"k": 5, "preset": "tiny"}}
+KSALSA_SPEC = {
+    "release": {"dataset": "mnist", "mechanism": "ksalsa", "description": "k-anonymous digits"},
+    "ksalsa": {"k": 5, "preset": "tiny"},
+}
 
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -40,13 +43,23 @@ class Built:
 # Small audit budgets keep the real audit of the small release to seconds.
 # 12 representatives of 60 images cannot train a useful classifier: the utility gate is off here (it has its
 # own tests in test_audit_utility_gate.py)
-FAST_POLICY = {"feature_samples": 60, "fid_samples": 60, "utility_train_samples": 60, "cnn_epochs": 1,
-               "min_utility_gain": None}
+FAST_POLICY = {
+    "feature_samples": 60,
+    "fid_samples": 60,
+    "utility_train_samples": 60,
+    "cnn_epochs": 1,
+    "min_utility_gain": None,
+}
 
 
-def ksalsa_spec(dataset: str = "mnist", k: int = 5, policy: dict | None = None, **release: object) -> ReleaseSpec:
-    spec = {"release": {**KSALSA_SPEC["release"], "dataset": dataset, **release}, "ksalsa": {"k": k, "preset": "tiny"},
-            "policy": policy or {}}
+def ksalsa_spec(
+    dataset: str = "mnist", k: int = 5, policy: dict | None = None, **release: object
+) -> ReleaseSpec:
+    spec = {
+        "release": {**KSALSA_SPEC["release"], "dataset": dataset, **release},
+        "ksalsa": {"k": k, "preset": "tiny"},
+        "policy": policy or {},
+    }
     return ReleaseSpec.from_dict(spec)
 
 
@@ -60,11 +73,32 @@ def build_workspace(root: Path, *, run_release: bool = False) -> Built:
     keys.ensure_release_key(ws)
     register_from_source(store, "mnist", "builtin:mnist5k", 8.0, 1e-5, actor="alice")
     # Ledger history on mnist: a DP query and a DP-SGD run (committed), one refunded run.
-    ledger.reserve(store, "mnist", [GaussianQuery(20.0)], "run-query-1", description="semantic query", actor="alice")
+    ledger.reserve(
+        store,
+        "mnist",
+        [GaussianQuery(20.0)],
+        "run-query-1",
+        description="semantic query",
+        actor="alice",
+    )
     ledger.commit(store, "run-query-1", [GaussianQuery(20.0)], actor="alice")
-    ledger.reserve(store, "mnist", [DpSgd(0.01, 1.2, 300)], "run-sgd-1", description="DP-SGD fine-tune", actor="alice")
+    ledger.reserve(
+        store,
+        "mnist",
+        [DpSgd(0.01, 1.2, 300)],
+        "run-sgd-1",
+        description="DP-SGD fine-tune",
+        actor="alice",
+    )
     ledger.commit(store, "run-sgd-1", [DpSgd(0.01, 1.2, 200)], actor="alice")
-    ledger.reserve(store, "mnist", [DpSgd(0.01, 1.5, 100)], "run-sgd-2", description="aborted run", actor="alice")
+    ledger.reserve(
+        store,
+        "mnist",
+        [DpSgd(0.01, 1.5, 100)],
+        "run-sgd-2",
+        description="aborted run",
+        actor="alice",
+    )
     ledger.refund(store, "run-sgd-2", reason="failed before reading data", actor="alice")
     built = Built(store, root)
     built.planned.append(manager.create_plan(store, ksalsa_spec(), "alice").release_id)
@@ -80,8 +114,12 @@ def approved_small_release(store: Store, root: Path) -> str:
     path = root.parent / "mnist-small.npz"
     np.savez(path, images=mnist.images[idx], labels=mnist.labels[idx])
     register_from_source(store, "mnist-small", str(path), 4.0, 1e-4, labels="0-9", actor="alice")
-    spec = ksalsa_spec("mnist-small", policy=FAST_POLICY, heldout="builtin:mnist5k-heldout",
-                       description="small k-anonymous release")
+    spec = ksalsa_spec(
+        "mnist-small",
+        policy=FAST_POLICY,
+        heldout="builtin:mnist5k-heldout",
+        description="small k-anonymous release",
+    )
     rel = manager.create_plan(store, spec, "alice")
     rid = rel.release_id
     manager.approve(store, rid, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
@@ -152,7 +190,18 @@ def image_captions(at) -> list[str]:
 def texts(at) -> str:
     """All visible text of the main area and sidebar (titles, markdown, captions, alerts, metrics)."""
     parts = []
-    for kind in ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info", "success", "code"):
+    for kind in (
+        "title",
+        "header",
+        "subheader",
+        "markdown",
+        "caption",
+        "error",
+        "warning",
+        "info",
+        "success",
+        "code",
+    ):
         parts += [str(e.value) for e in getattr(at, kind)]
     parts += [f"{m.label}: {m.value}" for m in at.metric]
     return "\n".join(parts)

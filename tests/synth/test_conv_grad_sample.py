@@ -1,6 +1,7 @@
 """Per-example Conv2d gradients by one grouped convolution backward pass: the same gradients as a loop of
 one backward pass per example (the definition), for every convolution shape, and through the product's
 DP-SGD engine on the whole UNet."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,13 @@ import torch.nn as nn
 from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.conv import compute_conv_grad_sample
 
-from synth.privimage.conv_grad_sample import (conv2d_grad_sample, covered, group_norm_grad_sample, install,
-                                              per_example_gradients_only)
+from synth.privimage.conv_grad_sample import (
+    conv2d_grad_sample,
+    covered,
+    group_norm_grad_sample,
+    install,
+    per_example_gradients_only,
+)
 from synth.privimage.model import make_unet
 from synth.privimage.training import _make_private
 
@@ -22,7 +28,9 @@ CPU = torch.device("cpu")
 
 def _per_example_loop(model: nn.Module, loss_of: callable, n: int) -> dict[str, torch.Tensor]:
     """Each example's gradient by its own backward pass: what per-sample gradients mean."""
-    grads: dict[str, list[torch.Tensor]] = {name: [] for name, p in model.named_parameters() if p.requires_grad}
+    grads: dict[str, list[torch.Tensor]] = {
+        name: [] for name, p in model.named_parameters() if p.requires_grad
+    }
     for i in range(n):
         model.zero_grad()
         loss_of(i).backward()
@@ -37,48 +45,59 @@ def _backprops(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return torch.randn_like(layer(x))
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(in_channels=3, out_channels=5, kernel_size=3, padding=1),
-    dict(in_channels=3, out_channels=5, kernel_size=3, stride=2, padding=1),
-    dict(in_channels=4, out_channels=2, kernel_size=(3, 2), padding=(1, 0), dilation=2),
-    dict(in_channels=1, out_channels=4, kernel_size=1, bias=False),
-    dict(in_channels=5, out_channels=3, kernel_size=1),  # the matrix-product path
-    dict(in_channels=5, out_channels=3, kernel_size=1, stride=2),  # not it: strided
-    dict(in_channels=4, out_channels=1, kernel_size=5, stride=(2, 1), padding=2),
-    dict(in_channels=3, out_channels=5, kernel_size=3, padding=1, padding_mode="reflect"),
-    dict(in_channels=3, out_channels=5, kernel_size=3, padding=(2, 1), padding_mode="circular"),
-    # not covered: opacus' own sampler answers
-    dict(in_channels=4, out_channels=6, kernel_size=3, padding=1, groups=2),
-    dict(in_channels=3, out_channels=5, kernel_size=3, padding="same"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(in_channels=3, out_channels=5, kernel_size=3, padding=1),
+        dict(in_channels=3, out_channels=5, kernel_size=3, stride=2, padding=1),
+        dict(in_channels=4, out_channels=2, kernel_size=(3, 2), padding=(1, 0), dilation=2),
+        dict(in_channels=1, out_channels=4, kernel_size=1, bias=False),
+        dict(in_channels=5, out_channels=3, kernel_size=1),  # the matrix-product path
+        dict(in_channels=5, out_channels=3, kernel_size=1, stride=2),  # not it: strided
+        dict(in_channels=4, out_channels=1, kernel_size=5, stride=(2, 1), padding=2),
+        dict(in_channels=3, out_channels=5, kernel_size=3, padding=1, padding_mode="reflect"),
+        dict(in_channels=3, out_channels=5, kernel_size=3, padding=(2, 1), padding_mode="circular"),
+        # not covered: opacus' own sampler answers
+        dict(in_channels=4, out_channels=6, kernel_size=3, padding=1, groups=2),
+        dict(in_channels=3, out_channels=5, kernel_size=3, padding="same"),
+    ],
+)
 def test_grouped_backward_equals_one_backward_pass_per_example(kwargs: dict) -> None:
     torch.manual_seed(0)
     layer = nn.Conv2d(**kwargs)
     x = torch.randn(6, kwargs["in_channels"], 11, 9)
     g = _backprops(layer, x)
     ours = conv2d_grad_sample(layer, [x], g)
-    truth = _per_example_loop(layer, lambda i: (layer(x[i:i + 1]) * g[i:i + 1]).sum(), len(x))
+    truth = _per_example_loop(layer, lambda i: (layer(x[i : i + 1]) * g[i : i + 1]).sum(), len(x))
     assert set(ours) == {p for p in layer.parameters()}
     for name, p in layer.named_parameters():
         assert ours[p].shape == (len(x), *p.shape)
         torch.testing.assert_close(ours[p], truth[name], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("groups, channels, shape", [(2, 6, (7, 5)), (1, 4, (9,)), (4, 4, (3, 3)), (3, 6, ())])
-def test_folded_group_norm_equals_one_backward_pass_per_example(groups: int, channels: int, shape: tuple) -> None:
+@pytest.mark.parametrize(
+    "groups, channels, shape", [(2, 6, (7, 5)), (1, 4, (9,)), (4, 4, (3, 3)), (3, 6, ())]
+)
+def test_folded_group_norm_equals_one_backward_pass_per_example(
+    groups: int, channels: int, shape: tuple
+) -> None:
     torch.manual_seed(0)
     layer = nn.GroupNorm(groups, channels)
-    with torch.no_grad():  # non-trivial affine parameters (the per-example gradients must not depend on them)
+    with (
+        torch.no_grad()
+    ):  # non-trivial affine parameters (the per-example gradients must not depend on them)
         layer.weight.uniform_(0.5, 2.0)
         layer.bias.uniform_(-1.0, 1.0)
     x = torch.randn(5, channels, *shape) * 3 + 1
     g = torch.randn_like(layer(x))
     ours = group_norm_grad_sample(layer, [x], g)
-    truth = _per_example_loop(layer, lambda i: (layer(x[i:i + 1]) * g[i:i + 1]).sum(), len(x))
+    truth = _per_example_loop(layer, lambda i: (layer(x[i : i + 1]) * g[i : i + 1]).sum(), len(x))
     for name, p in layer.named_parameters():
         assert ours[p].shape == (len(x), *p.shape)
         torch.testing.assert_close(ours[p], truth[name], rtol=1e-5, atol=1e-5)
-    empty = group_norm_grad_sample(layer, [x[:0]], g[:0])  # an empty batch: opacus' own sampler answers
+    empty = group_norm_grad_sample(
+        layer, [x[:0]], g[:0]
+    )  # an empty batch: opacus' own sampler answers
     assert empty[layer.weight].shape == (0, channels)
 
 
@@ -103,7 +122,9 @@ def test_the_fast_path_covers_the_unets_convolutions_and_matches_opacus() -> Non
     g = _backprops(layer, x)
     ours, theirs = conv2d_grad_sample(layer, [x], g), compute_conv_grad_sample(layer, [x], g)
     for p in layer.parameters():
-        torch.testing.assert_close(ours[p], theirs[p], rtol=1e-4, atol=1e-4)  # float rounding of 256-term sums
+        torch.testing.assert_close(
+            ours[p], theirs[p], rtol=1e-4, atol=1e-4
+        )  # float rounding of 256-term sums
 
 
 def test_opacus_own_sampler_is_wrong_for_reflect_padding() -> None:
@@ -112,9 +133,15 @@ def test_opacus_own_sampler_is_wrong_for_reflect_padding() -> None:
     layer = nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect")
     x = torch.randn(3, 2, 7, 7)
     g = _backprops(layer, x)
-    truth = _per_example_loop(layer, lambda i: (layer(x[i:i + 1]) * g[i:i + 1]).sum(), len(x))["weight"]
-    assert not torch.allclose(compute_conv_grad_sample(layer, [x], g)[layer.weight], truth, atol=1e-3)
-    torch.testing.assert_close(conv2d_grad_sample(layer, [x], g)[layer.weight], truth, rtol=1e-5, atol=1e-5)
+    truth = _per_example_loop(layer, lambda i: (layer(x[i : i + 1]) * g[i : i + 1]).sum(), len(x))[
+        "weight"
+    ]
+    assert not torch.allclose(
+        compute_conv_grad_sample(layer, [x], g)[layer.weight], truth, atol=1e-3
+    )
+    torch.testing.assert_close(
+        conv2d_grad_sample(layer, [x], g)[layer.weight], truth, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bfloat16_backprops_give_bfloat16_gradients_close_to_float32() -> None:
@@ -139,7 +166,9 @@ def test_an_empty_batch_gives_empty_gradients() -> None:
 
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("summed", [True, False])
-def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bool, summed: bool) -> None:
+def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(
+    fast: bool, summed: bool
+) -> None:
     """The whole UNet wrapped as dp_finetune wraps it (`_make_private`, hooks, no summed conv gradients): every
     parameter's per-sample gradient equals that example's own backward pass, with the grouped conv sampler and
     with opacus' own, with and without autograd's summed conv gradients."""
@@ -150,7 +179,14 @@ def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bo
     target = torch.randn(n, 1, 16, 16)
 
     def loss_of(i: int) -> torch.Tensor:
-        return (model(x[i:i + 1], t[i:i + 1], class_labels=y[i:i + 1]).sample - target[i:i + 1]).pow(2).mean()
+        return (
+            (
+                model(x[i : i + 1], t[i : i + 1], class_labels=y[i : i + 1]).sample
+                - target[i : i + 1]
+            )
+            .pow(2)
+            .mean()
+        )
 
     truth = _per_example_loop(model, loss_of, n)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -159,12 +195,17 @@ def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(fast: bo
         _, dp_model, dp_opt, _ = _make_private(model, opt, x, y, 2, 1.0, 1.0, 0.5, CPU)
     if not fast:
         from synth.privimage.conv_grad_sample import uninstall
+
         uninstall()
     try:
-        model.zero_grad(set_to_none=True)  # (opacus' zero_grad would leave zero tensors: nothing to tell apart)
+        model.zero_grad(
+            set_to_none=True
+        )  # (opacus' zero_grad would leave zero tensors: nothing to tell apart)
         with per_example_gradients_only(model) if not summed else contextlib.nullcontext():
             out = dp_model(x, t, class_labels=y).sample
-            (out - target).pow(2).mean(dim=(1, 2, 3)).sum().backward()  # summed over examples, as dp_finetune
+            (out - target).pow(2).mean(
+                dim=(1, 2, 3)
+            ).sum().backward()  # summed over examples, as dp_finetune
     finally:
         install()
     for name, p in model.named_parameters():
@@ -184,7 +225,9 @@ def test_per_example_gradients_only_changes_no_output_and_is_undone_on_exit() ->
         inside = model(x, t, class_labels=y).sample
         raise RuntimeError("boom")  # an error inside (a failed step) still restores the layers
     torch.testing.assert_close(inside, before, rtol=0, atol=0)
-    model(x, t, class_labels=y).sample.sum().backward()  # non-private training afterwards: full gradients
+    model(
+        x, t, class_labels=y
+    ).sample.sum().backward()  # non-private training afterwards: full gradients
     assert all(p.grad is not None for p in model.parameters())
     assert not any("forward" in vars(m) for m in model.modules())
 

@@ -1,4 +1,5 @@
 """User data loading: folders, Parquet, NumPy; bad input is a clear error and registers nothing."""
+
 import io
 
 import numpy as np
@@ -25,20 +26,29 @@ def folder(tmp_path):
     for cls in ("cat", "dog"):
         (tmp_path / "imgs" / cls).mkdir(parents=True)
         for i in range(3):
-            (tmp_path / "imgs" / cls / f"{i}.png").write_bytes(png(rng.integers(0, 255, (8, 8), dtype=np.uint8)))
+            (tmp_path / "imgs" / cls / f"{i}.png").write_bytes(
+                png(rng.integers(0, 255, (8, 8), dtype=np.uint8))
+            )
     return tmp_path / "imgs"
 
 
 def test_folder_of_class_subfolders(folder):
     d = load_source(str(folder))
-    assert d.images.shape == (6, 8, 8) and d.class_names == ["cat", "dog"] and list(d.labels) == [0, 0, 0, 1, 1, 1]
+    assert (
+        d.images.shape == (6, 8, 8)
+        and d.class_names == ["cat", "dog"]
+        and list(d.labels) == [0, 0, 0, 1, 1, 1]
+    )
 
 
 def test_corrupt_image_is_named(folder, store):
     (folder / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DataFormatError, match="broken.png: not a readable image"):
         register_from_source(store, "pets", str(folder), 1.0, 1e-3, labels="cat,dog")
-    assert store.query("SELECT * FROM datasets") == [] and store.query("SELECT * FROM audit_trail") == []
+    assert (
+        store.query("SELECT * FROM datasets") == []
+        and store.query("SELECT * FROM audit_trail") == []
+    )
 
 
 def test_wrong_shaped_image_is_named(folder):
@@ -66,11 +76,14 @@ def test_parquet_round_trip_and_missing_column(tmp_path):
         load_source(str(tmp_path / "junk.parquet"))
 
 
-@pytest.mark.parametrize("bad,match", [
-    (np.full((3, 4, 4), np.nan), "NaN"),
-    (-np.ones((3, 4, 4)), "negative"),
-    (np.full((3, 4, 4), 300.0), "above 255"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (np.full((3, 4, 4), np.nan), "NaN"),
+        (-np.ones((3, 4, 4)), "negative"),
+        (np.full((3, 4, 4), 300.0), "above 255"),
+    ],
+)
 def test_numpy_bad_pixels(tmp_path, bad, match):
     np.savez(tmp_path / "x.npz", images=bad, labels=np.zeros(3, dtype=int))
     with pytest.raises(DataFormatError, match=match):
@@ -104,7 +117,7 @@ def test_uci_digits_are_framed_like_mnist():
     border = np.ones((28, 28), bool)
     border[4:24, 4:24] = False
     assert digits.images[:, border].max() == 0
-    assert digits.images[:, 4:24, 4:24].mean() > 60   # the digit fills its box
+    assert digits.images[:, 4:24, 4:24].mean() > 60  # the digit fills its box
     # overall brightness within a factor 1.5 of MNIST's (it was 2.3x when stretched)
     assert 1 / 1.5 < digits.images.mean() / mnist.images.mean() < 1.5
 
@@ -113,8 +126,10 @@ def test_parquet_with_image_struct_as_bundles_write_it(tmp_path):
     """Bundles store `image` as a struct {bytes, path} (the Hugging Face layout): it registers like bytes."""
     rng = np.random.default_rng(2)
     arrays = [rng.integers(0, 255, (8, 8), dtype=np.uint8) for _ in range(3)]
-    image = pa.StructArray.from_arrays([pa.array([png(a) for a in arrays], pa.binary()),
-                                        pa.array(["0.png", "1.png", "2.png"])], names=["bytes", "path"])
+    image = pa.StructArray.from_arrays(
+        [pa.array([png(a) for a in arrays], pa.binary()), pa.array(["0.png", "1.png", "2.png"])],
+        names=["bytes", "path"],
+    )
     pq.write_table(pa.table({"image": image, "label": [0, 1, 1]}), tmp_path / "b.parquet")
     d = load_source(str(tmp_path / "b.parquet"))
     assert np.array_equal(d.images, np.stack(arrays)) and d.labels.tolist() == [0, 1, 1]

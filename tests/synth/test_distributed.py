@@ -1,6 +1,7 @@
 """PrivImage on 2 CPU processes (torchrun, gloo): the same charged events as one process, replicas that
 train identically, a killed worker that leaves the ledger conservatively charged, and the lockstep
 Poisson sampler (opacus 1.6's skips a rank's empty batch)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,17 @@ def _store(root: Path, sens: ImageDataset) -> Store:
     ws = Workspace(root)
     ws.init()
     store = Store(ws)
-    ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
-                            labels=sens.label_set, image_shape=[28, 28], epsilon_cap=10.0, delta_cap=DELTA)
+    ledger.register_dataset(
+        store,
+        name="mnist",
+        source="test",
+        fingerprint="fp",
+        record_count=len(sens),
+        labels=sens.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=10.0,
+        delta_cap=DELTA,
+    )
     return store
 
 
@@ -51,10 +61,31 @@ def _plan(store: Store, pub, cfg):
     return registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
 
 
-def _run(store: Store, sens, pub, cfg, wd: Path, nproc: int, run_id: str = "r", progress=no_progress, plan=None):
+def _run(
+    store: Store,
+    sens,
+    pub,
+    cfg,
+    wd: Path,
+    nproc: int,
+    run_id: str = "r",
+    progress=no_progress,
+    plan=None,
+):
     plan = plan or _plan(store, pub, cfg)
-    res = runner.run_charged(store, run_id=run_id, dataset="mnist", data=sens, public=pub, mechanism="privimage",
-                             config=cfg, plan=plan, workdir=wd, progress=progress, nproc=nproc)
+    res = runner.run_charged(
+        store,
+        run_id=run_id,
+        dataset="mnist",
+        data=sens,
+        public=pub,
+        mechanism="privimage",
+        config=cfg,
+        plan=plan,
+        workdir=wd,
+        progress=progress,
+        nproc=nproc,
+    )
     return plan, res
 
 
@@ -65,7 +96,9 @@ def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: P
     for n in (1, 2):
         store = _store(tmp_path / f"ws{n}", sens)
         stages: set[str] = set()
-        plan, res = _run(store, sens, pub, cfg, tmp_path / f"w{n}", n, progress=lambda s, d, t: stages.add(s))
+        plan, res = _run(
+            store, sens, pub, cfg, tmp_path / f"w{n}", n, progress=lambda s, d, t: stages.add(s)
+        )
         runs[n] = (plan, res, ledger.get_charge(store, "r"), stages)
     (plan1, res1, charge1, stages1), (plan2, res2, charge2, stages2) = runs[1], runs[2]
     assert plan2.events == plan1.events
@@ -74,14 +107,21 @@ def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: P
     (dp,) = charge2.charged_events
     assert isinstance(dp, DpSgd) and dp.steps > 1
     # opacus' own accountant on rank 0 recorded the same (sigma, q, steps) as in one process
-    assert res2.internal["opacus_history"] == res1.internal["opacus_history"] == [
-        [dp.noise_multiplier, dp.sample_rate, dp.steps]]
-    assert state.read_json(tmp_path / "w2" / state.WAL)["started"] == dp.steps  # rank 0 alone counted
+    assert (
+        res2.internal["opacus_history"]
+        == res1.internal["opacus_history"]
+        == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
+    )
+    assert (
+        state.read_json(tmp_path / "w2" / state.WAL)["started"] == dp.steps
+    )  # rank 0 alone counted
     assert stages2 == stages1 == {"DP fine-tuning", "sampling"}  # progress forwarded from rank 0
     assert res2.images.shape == res1.images.shape == (20, 28, 28) and res2.images.dtype == np.uint8
     assert np.array_equal(res2.labels, res1.labels)
     assert len({img.tobytes() for img in res2.images}) == 20  # each rank drew its own noise
-    assert not (tmp_path / "w2" / "dist_finetune_sample_job.pt").exists()  # the sensitive job file is gone
+    assert not (
+        tmp_path / "w2" / "dist_finetune_sample_job.pt"
+    ).exists()  # the sensitive job file is gone
 
 
 def _unet() -> torch.nn.Module:
@@ -101,20 +141,52 @@ def test_replicas_train_identically_and_sampling_is_gathered_in_order(data, tmp_
     y = torch.from_numpy(sens.labels.astype(np.int64))
     model = _unet()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    pre = dict(steps=4, batch=16, lr=2e-3, train_timesteps=100, seed=0, augment=0.0, label_dropout=0.0)
-    job = {"model": model, "x": x, "y": y, "kwargs": pre, "cache_dir": str(tmp_path / "cache"),
-           "workdir_ckpt": str(tmp_path / "pre.pt"), "device": "cpu"}
+    pre = dict(
+        steps=4, batch=16, lr=2e-3, train_timesteps=100, seed=0, augment=0.0, label_dropout=0.0
+    )
+    job = {
+        "model": model,
+        "x": x,
+        "y": y,
+        "kwargs": pre,
+        "cache_dir": str(tmp_path / "cache"),
+        "workdir_ckpt": str(tmp_path / "pre.pt"),
+        "device": "cpu",
+    }
     r = distributed.launch("pretrain", job, nproc=2, workdir=tmp_path, progress=no_progress)
     assert len(r["rank_digests"]) == 2 and len(set(r["rank_digests"])) == 1
     assert _weights_differ(r["weights"], initial)
-    assert len(list((tmp_path / "cache").glob("pretrain-*.pt"))) == 1  # rank 0 alone wrote the cache
+    assert (
+        len(list((tmp_path / "cache").glob("pretrain-*.pt"))) == 1
+    )  # rank 0 alone wrote the cache
     model.load_state_dict(r["weights"])
     labels = np.arange(7) % 3
-    finetune = dict(sample_rate=1 / 8, noise_multiplier=1.0, steps=5, batch_size=15, max_physical_batch=4,
-                    max_grad_norm=1.0, lr=1e-3, ema_decay=0.5, train_timesteps=100, seed=0, ckpt_every=2)
-    sample = dict(labels=labels, image_size=28, channels=1, train_timesteps=100, ddim_steps=2, batch=4, seed=0)
-    job = {"model": model, "x": x, "y": y, "finetune": finetune, "sample": sample,
-           "unet": (28, 1, 10, (8, 16), 1), "workdir": str(tmp_path), "device": "cpu"}
+    finetune = dict(
+        sample_rate=1 / 8,
+        noise_multiplier=1.0,
+        steps=5,
+        batch_size=15,
+        max_physical_batch=4,
+        max_grad_norm=1.0,
+        lr=1e-3,
+        ema_decay=0.5,
+        train_timesteps=100,
+        seed=0,
+        ckpt_every=2,
+    )
+    sample = dict(
+        labels=labels, image_size=28, channels=1, train_timesteps=100, ddim_steps=2, batch=4, seed=0
+    )
+    job = {
+        "model": model,
+        "x": x,
+        "y": y,
+        "finetune": finetune,
+        "sample": sample,
+        "unet": (28, 1, 10, (8, 16), 1),
+        "workdir": str(tmp_path),
+        "device": "cpu",
+    }
     r2 = distributed.launch("finetune_sample", job, nproc=2, workdir=tmp_path, progress=no_progress)
     assert len(set(r2["rank_digests"])) == 1 and _weights_differ(r2["weights"], r["weights"])
     assert r2["steps"] == 5 and [list(h) for h in r2["opacus_history"]] == [[1.0, 1 / 8, 5]]
@@ -129,9 +201,20 @@ def test_replicas_train_identically_and_sampling_is_gathered_in_order(data, tmp_
     assert state.read_json(tmp_path / state.WAL)["started"] == 5
     # rank 0's checkpoint is an ordinary one: one process continues it (a resume with another --nproc)
     resumed: list = []
-    more = dp_finetune(_unet(), x, y, **{**finetune, "steps": 7}, device=torch.device("cpu"), workdir=tmp_path,
-                       on_resume=lambda started, done: resumed.append((started, done)))
-    assert resumed == [(5, 5)] and more.steps == 7 and [list(h) for h in more.opacus_history] == [[1.0, 1 / 8, 7]]
+    more = dp_finetune(
+        _unet(),
+        x,
+        y,
+        **{**finetune, "steps": 7},
+        device=torch.device("cpu"),
+        workdir=tmp_path,
+        on_resume=lambda started, done: resumed.append((started, done)),
+    )
+    assert (
+        resumed == [(5, 5)]
+        and more.steps == 7
+        and [list(h) for h in more.opacus_history] == [[1.0, 1 / 8, 7]]
+    )
 
 
 def _worker_pids(marker: str) -> list[tuple[int, int]]:
@@ -150,7 +233,9 @@ def _worker_pids(marker: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
-def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(data, tmp_path: Path) -> None:
+def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(
+    data, tmp_path: Path
+) -> None:
     sens, pub = data
     cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=2.0)
     store, wd = _store(tmp_path / "ws", sens), tmp_path / "w"
@@ -172,16 +257,24 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(data
     started = state.read_json(wd / state.WAL)["started"]
     assert 5 <= started < planned.steps
     charge = ledger.get_charge(store, "r")
-    assert charge.state == "reserved" and list(charge.planned_events) == list(plan_events)  # in full: >= steps taken
+    assert charge.state == "reserved" and list(charge.planned_events) == list(
+        plan_events
+    )  # in full: >= steps taken
     assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
     ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
-    _, res = _run(store, sens, pub, cfg, wd, 2, plan=plan)  # resumes from the checkpoint, lost steps charged again
+    _, res = _run(
+        store, sens, pub, cfg, wd, 2, plan=plan
+    )  # resumes from the checkpoint, lost steps charged again
     main = ledger.get_charge(store, "r")
     redo = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith("r:redo-")]
     assert main.state == "committed" and list(main.charged_events) == list(plan_events)
-    assert [c.charged_events[0].steps for c in redo] == ([started - ckpt_step] if started > ckpt_step else [])
+    assert [c.charged_events[0].steps for c in redo] == (
+        [started - ckpt_step] if started > ckpt_step else []
+    )
     total = sum(e.steps for c in [main, *redo] for e in c.charged_events)
-    assert total == state.read_json(wd / state.WAL)["started"] >= planned.steps  # every executed step charged
+    assert (
+        total == state.read_json(wd / state.WAL)["started"] >= planned.steps
+    )  # every executed step charged
     assert res.images.shape == (20, 28, 28)
 
 
@@ -189,11 +282,23 @@ def test_nproc_is_refused_before_anything_is_charged(data, tmp_path: Path) -> No
     sens, pub = data
     store = _store(tmp_path / "ws", sens)
     with pytest.raises(InvalidParameterError, match="--nproc must be an integer from 1"):
-        _run(store, sens, pub, PrivImageConfig.tiny(4.0, DELTA, selection="none"), tmp_path / "w", 0)
+        _run(
+            store, sens, pub, PrivImageConfig.tiny(4.0, DELTA, selection="none"), tmp_path / "w", 0
+        )
     assert ledger.get_charge(store, "r").state == "refunded"
     with pytest.raises(PrivReleaseError, match="runs in one process only"):
-        runner.run_charged(store, run_id="k", dataset="mnist", data=sens, public=pub, mechanism="ksalsa",
-                           config=None, plan=None, workdir=tmp_path / "k", nproc=2)
+        runner.run_charged(
+            store,
+            run_id="k",
+            dataset="mnist",
+            data=sens,
+            public=pub,
+            mechanism="ksalsa",
+            config=None,
+            plan=None,
+            workdir=tmp_path / "k",
+            nproc=2,
+        )
     assert ledger.get_charge(store, "k") is None
 
 
@@ -201,9 +306,25 @@ def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
     """q = 1/20 on 20 images: most runs of 40 steps meet empty batches; opacus then had no per-sample
     gradients to clip (it failed); now the step adds noise only and is counted."""
     x, y = torch.rand(20, 1, 28, 28) * 2 - 1, torch.arange(20) % 10
-    out = dp_finetune(_unet(), x, y, sample_rate=1 / 20, noise_multiplier=1.0, steps=40, batch_size=1,
-                      max_physical_batch=4, max_grad_norm=1.0, lr=1e-3, ema_decay=0.5, train_timesteps=100, seed=0,
-                      device=torch.device("cpu"), workdir=tmp_path, ckpt_every=10, on_resume=lambda s, d: None)
+    out = dp_finetune(
+        _unet(),
+        x,
+        y,
+        sample_rate=1 / 20,
+        noise_multiplier=1.0,
+        steps=40,
+        batch_size=1,
+        max_physical_batch=4,
+        max_grad_norm=1.0,
+        lr=1e-3,
+        ema_decay=0.5,
+        train_timesteps=100,
+        seed=0,
+        device=torch.device("cpu"),
+        workdir=tmp_path,
+        ckpt_every=10,
+        on_resume=lambda s, d: None,
+    )
     assert out.steps == 40 and out.opacus_history == [(1.0, 1 / 20, 40)]
     assert state.read_json(tmp_path / state.WAL)["started"] == 40
 
@@ -213,11 +334,16 @@ def _count_batches(rank: int, world: int, port: int, out: dict) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
 
-    kw = dict(total_size=40, sample_rate=1 / 40, steps=200, generator=torch.Generator().manual_seed(rank))
+    kw = dict(
+        total_size=40, sample_rate=1 / 40, steps=200, generator=torch.Generator().manual_seed(rank)
+    )
     ours = list(distributed.LockstepPoissonSampler(**kw))
     kw["generator"] = torch.Generator().manual_seed(rank)
-    out[rank] = (len(ours), len(list(DistributedUniformWithReplacementSampler(**kw))),
-                 sorted({int(i) for b in ours for i in b}))
+    out[rank] = (
+        len(ours),
+        len(list(DistributedUniformWithReplacementSampler(**kw))),
+        sorted({int(i) for b in ours for i in b}),
+    )
     torch.distributed.destroy_process_group()
 
 
@@ -231,7 +357,9 @@ def test_lockstep_sampler_yields_every_step_on_every_rank() -> None:
         ours, opacus_count, seen = result[rank]
         assert ours == 200 and opacus_count < 200  # opacus skips this rank's empty batches
         assert set(seen) <= set(range(40))
-    assert not set(result[0][2]) & set(result[1][2])  # disjoint shards: one Poisson sample of the whole set
+    assert not set(result[0][2]) & set(
+        result[1][2]
+    )  # disjoint shards: one Poisson sample of the whole set
 
 
 COORDINATOR = """
@@ -279,8 +407,12 @@ def test_killing_the_coordinator_stops_its_workers(tmp_path: Path) -> None:
     script = tmp_path / "coordinator.py"
     script.write_text(COORDINATOR)
     wd = tmp_path / "w"
-    coord = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    coord = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert _wait(lambda: state.read_json(wd / state.WAL, {"started": 0})["started"] >= 2, 240)
         assert len(_worker_pids(str(wd))) == 2
@@ -307,21 +439,50 @@ def test_release_run_nproc_through_the_cli(store: Store, tmp_path: Path) -> None
     np.savez(tmp_path / "train.npz", images=train.images[idx], labels=train.labels[idx])
     keys.create_identity(store, "alice", "steward")
     keys.ensure_release_key(store.workspace)
-    register_from_source(store, "digits", str(tmp_path / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4, labels="0-9")
-    spec = {"release": {"dataset": "digits", "mechanism": "privimage", "n_images": 20},
-            "privimage": {"epsilon": 6.0, "preset": "tiny", "public": "builtin:uci-digits", "selection": "none"},
-            "policy": {"mia_samples": 20, "feature_samples": 40, "fid_samples": 40, "utility_train_samples": 60,
-                       "cnn_epochs": 1, "min_utility_gain": None}}
+    register_from_source(
+        store, "digits", str(tmp_path / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4, labels="0-9"
+    )
+    spec = {
+        "release": {"dataset": "digits", "mechanism": "privimage", "n_images": 20},
+        "privimage": {
+            "epsilon": 6.0,
+            "preset": "tiny",
+            "public": "builtin:uci-digits",
+            "selection": "none",
+        },
+        "policy": {
+            "mia_samples": 20,
+            "feature_samples": 40,
+            "fid_samples": 40,
+            "utility_train_samples": 60,
+            "cnn_epochs": 1,
+            "min_utility_gain": None,
+        },
+    }
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
     manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
-    r = CliRunner().invoke(app, ["--workspace", str(store.workspace.root), "release", "run", rel.release_id,
-                                 "--as", "alice", "--nproc", "2"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "--workspace",
+            str(store.workspace.root),
+            "release",
+            "run",
+            rel.release_id,
+            "--as",
+            "alice",
+            "--nproc",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     (charge,) = ledger.budget(store, "digits").charges
     assert charge.state == "committed"
     assert list(charge.charged_events) == [event_from_json(e) for e in rel.plan.events]
     assert manager.get_release(store, rel.release_id).state == "checked"
-    assert (manager.release_dir(store, rel.release_id) / "work" / "dist_finetune_sample.log").exists()
+    assert (
+        manager.release_dir(store, rel.release_id) / "work" / "dist_finetune_sample.log"
+    ).exists()
 
 
 def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:
@@ -334,8 +495,9 @@ def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:
     model = torch.nn.Linear(20_000, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x, y = torch.zeros(64, 20_000), torch.zeros(64, dtype=torch.long)
-    _, dp_model, dp_opt, loader = training._make_private(model, opt, x, y, 16, 2.0, 3.0, 1 / 4,
-                                                         torch.device("cpu"), world_size=world)
+    _, dp_model, dp_opt, loader = training._make_private(
+        model, opt, x, y, 16, 2.0, 3.0, 1 / 4, torch.device("cpu"), world_size=world
+    )
     install(dp_opt)  # as dp_finetune does by default
     xb, _ = next(iter(loader))
     if len(xb):
@@ -353,7 +515,9 @@ def test_the_noise_is_added_once_not_once_per_process() -> None:
     only less useful) and not 0 (no rank adding it: no privacy)."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_one_noisy_step, args=(2, 29500 + (os.getpid() + 7) % 1000, out), nprocs=2, join=True)
+        mp.spawn(
+            _one_noisy_step, args=(2, 29500 + (os.getpid() + 7) % 1000, out), nprocs=2, join=True
+        )
         grads = dict(out)
     assert torch.equal(grads[0], grads[1])  # every replica applies the same update
     expected_batch = 64 // 4
@@ -361,17 +525,27 @@ def test_the_noise_is_added_once_not_once_per_process() -> None:
 
 
 @pytest.mark.slow
-def test_semantic_release_on_two_processes_pretrains_with_ddp_and_charges_the_plan(data, tmp_path: Path) -> None:
+def test_semantic_release_on_two_processes_pretrains_with_ddp_and_charges_the_plan(
+    data, tmp_path: Path
+) -> None:
     """The whole PrivImage path: query in the coordinator, DDP pre-training and DP-SGD + sampling on 2 ranks."""
     sens, pub = data
     cfg = PrivImageConfig.tiny(4.0, DELTA)
     store = _store(tmp_path / "ws", sens)
     stages: set[str] = set()
-    plan, res = _run(store, sens, pub, cfg, tmp_path / "w", 2, progress=lambda s, d, t: stages.add(s))
+    plan, res = _run(
+        store, sens, pub, cfg, tmp_path / "w", 2, progress=lambda s, d, t: stages.add(s)
+    )
     assert stages == {"query classifier", "pretraining", "DP fine-tuning", "sampling"}
     charge = ledger.get_charge(store, "r")
-    assert charge.state == "committed" and list(charge.charged_events) == list(plan.events) and len(plan.events) == 2
+    assert (
+        charge.state == "committed"
+        and list(charge.charged_events) == list(plan.events)
+        and len(plan.events) == 2
+    )
     assert len(res.parameters["selected_public_classes"]) == 10
     cached = list((store.workspace.root / "cache").glob("pretrain-*.pt"))
-    assert len(cached) == 1 and "partial" not in cached[0].name  # one cache entry, keyed on world size 2
+    assert (
+        len(cached) == 1 and "partial" not in cached[0].name
+    )  # one cache entry, keyed on world size 2
     assert res.images.shape == (20, 28, 28)

@@ -1,6 +1,7 @@
 """dp_finetune's loop without host round-trips: Poisson batches drawn ahead (synth/privimage/poisson_batches.py) are
 opacus' own draws, Binomial(N, q) in size, split as BatchMemoryManager splits them, and the loop's outputs for
 fixed seeds are those of opacus' DataLoader path (the charged steps and events included)."""
+
 from __future__ import annotations
 
 import secrets
@@ -20,9 +21,16 @@ from synth.privimage.poisson_batches import PoissonBatches, physical_batches
 PER_SAMPLE_GRADIENTS = training._per_sample_gradients
 
 
-def _opacus_batches(n: int, batch: int, seed: int, epochs: int) -> tuple[list[list[int]], float, int]:
-    loader = DPDataLoader.from_data_loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=batch,
-                                                      generator=torch.Generator().manual_seed(seed)))
+def _opacus_batches(
+    n: int, batch: int, seed: int, epochs: int
+) -> tuple[list[list[int]], float, int]:
+    loader = DPDataLoader.from_data_loader(
+        DataLoader(
+            TensorDataset(torch.arange(n)),
+            batch_size=batch,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    )
     return [xb.tolist() for _ in range(epochs) for (xb,) in loader], loader.sample_rate, len(loader)
 
 
@@ -30,11 +38,19 @@ def _opacus_batches(n: int, batch: int, seed: int, epochs: int) -> tuple[list[li
 def test_the_batches_drawn_ahead_are_opacus_poisson_batches(ahead: int) -> None:
     """Same generator state -> the same index sets step by step, across epochs, however far ahead they are drawn."""
     expected, q, per_epoch = _opacus_batches(90, 10, seed=11, epochs=3)
-    sampler = PoissonBatches(90, q, torch.Generator().manual_seed(11), torch.device("cpu"), steps_per_epoch=per_epoch,
-                             ahead=ahead)
+    sampler = PoissonBatches(
+        90,
+        q,
+        torch.Generator().manual_seed(11),
+        torch.device("cpu"),
+        steps_per_epoch=per_epoch,
+        ahead=ahead,
+    )
     got = [sampler.next().tolist() for _ in expected]
     assert got == expected
-    assert any(len(b) == 0 for b in got) or len({len(b) for b in got}) > 3  # sizes vary: really Poisson
+    assert (
+        any(len(b) == 0 for b in got) or len({len(b) for b in got}) > 3
+    )  # sizes vary: really Poisson
 
 
 def test_batch_sizes_are_binomial_with_the_charged_rate() -> None:
@@ -42,14 +58,22 @@ def test_batch_sizes_are_binomial_with_the_charged_rate() -> None:
     standard error ~2.6%), each example in ~q of the steps. Tolerances ~6 standard errors: a correct sampler
     cannot fail them, a rate off by 5% (or a fixed batch size, variance 0) cannot pass them."""
     n, q, steps = 2000, 0.03, 3000
-    sampler = PoissonBatches(n, q, torch.Generator().manual_seed(secrets.randbits(63)), torch.device("cpu"),
-                             steps_per_epoch=34, ahead=64)
+    sampler = PoissonBatches(
+        n,
+        q,
+        torch.Generator().manual_seed(secrets.randbits(63)),
+        torch.device("cpu"),
+        steps_per_epoch=34,
+        ahead=64,
+    )
     batches = [sampler.next() for _ in range(steps)]
     sizes = np.array([len(b) for b in batches], dtype=float)
     assert abs(sizes.mean() - n * q) < 0.85
     assert abs(sizes.var() / (n * q * (1 - q)) - 1) < 0.16
     counts = np.bincount(torch.cat(batches).numpy(), minlength=n)
-    assert abs(counts.mean() / steps - q) < 0.0006 and counts.std() / steps < 2 * np.sqrt(q * (1 - q) / steps)
+    assert abs(counts.mean() / steps - q) < 0.0006 and counts.std() / steps < 2 * np.sqrt(
+        q * (1 - q) / steps
+    )
     assert all(bool((b[1:] > b[:-1]).all()) for b in batches)  # no index twice in a step
 
 
@@ -86,14 +110,31 @@ def _run(tmp_path: Path, monkeypatch, old_loop: bool) -> tuple[training.DpSgdOut
     def spy(dp_model, dp_opt, sched, params, xb, yb, *args, **kwargs):
         sizes.append(len(xb))
         return real(dp_model, dp_opt, sched, params, xb, yb, *args, **kwargs)
+
     monkeypatch.setattr(training, "_per_sample_gradients", spy)
     torch.manual_seed(0)
     x, y = torch.rand(40, 1, 28, 28) * 2 - 1, torch.arange(40) % 10
     torch.manual_seed(1)
-    out = training.dp_finetune(make_unet(28, 1, 10, (8, 16), 1), x, y, sample_rate=0.125, noise_multiplier=1.0,
-                               steps=9, batch_size=5, max_physical_batch=3, max_grad_norm=1.0, lr=1e-3, ema_decay=0.5,
-                               train_timesteps=100, seed=0, device=torch.device("cpu"), workdir=tmp_path, ckpt_every=4,
-                               on_resume=lambda s, d: None, secure_noise=False)
+    out = training.dp_finetune(
+        make_unet(28, 1, 10, (8, 16), 1),
+        x,
+        y,
+        sample_rate=0.125,
+        noise_multiplier=1.0,
+        steps=9,
+        batch_size=5,
+        max_physical_batch=3,
+        max_grad_norm=1.0,
+        lr=1e-3,
+        ema_decay=0.5,
+        train_timesteps=100,
+        seed=0,
+        device=torch.device("cpu"),
+        workdir=tmp_path,
+        ckpt_every=4,
+        on_resume=lambda s, d: None,
+        secure_noise=False,
+    )
     return out, sizes
 
 

@@ -1,5 +1,6 @@
 """Issue 12 item 4: Fashion-MNIST (Debian dataset-fashion-mnist) as a built-in sensitive dataset, with its
 test split held out for the audit, and a public set that never contains it when it is the sensitive one."""
+
 import hashlib
 
 import numpy as np
@@ -8,10 +9,17 @@ import pytest
 from accounting.errors import DataFormatError, PrivReleaseError
 from release.data import load_registered, register_from_source
 from synth import datasets
-from synth.datasets import check_public_disjoint, fashion_available, heldout_source, load_public, load_source
+from synth.datasets import (
+    check_public_disjoint,
+    fashion_available,
+    heldout_source,
+    load_public,
+    load_source,
+)
 
-needs_fashion = pytest.mark.skipif(not fashion_available(),
-                                   reason="apt package dataset-fashion-mnist is not installed")
+needs_fashion = pytest.mark.skipif(
+    not fashion_available(), reason="apt package dataset-fashion-mnist is not installed"
+)
 
 
 @needs_fashion
@@ -19,10 +27,14 @@ def test_fashion_mnist_splits_and_registration(store):
     train, test = load_source("builtin:fashion-mnist"), load_source("builtin:fashion-mnist-test")
     assert train.images.shape == (60000, 28, 28) and test.images.shape == (10000, 28, 28)
     assert train.label_set == test.label_set == list(range(10))
-    assert np.bincount(train.labels).tolist() == [6000] * 10 and train.class_names[9] == "Ankle boot"
+    assert (
+        np.bincount(train.labels).tolist() == [6000] * 10 and train.class_names[9] == "Ankle boot"
+    )
     assert heldout_source("builtin:fashion-mnist") == "builtin:fashion-mnist-test"
     with pytest.raises(PrivReleaseError, match="not below 1/n"):
-        register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-4)   # 1/60000 = 1.7e-5
+        register_from_source(
+            store, "fashion", "builtin:fashion-mnist", 10.0, 1e-4
+        )  # 1/60000 = 1.7e-5
     ds, _ = register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
     assert ds.record_count == 60000 and ds.labels == list(range(10))
     assert load_registered(store, "fashion")[1].class_names[0] == "T-shirt/top"
@@ -57,11 +69,14 @@ def _digests(images: np.ndarray) -> set[bytes]:
 @needs_fashion
 def test_public_set_is_disjoint_from_fashion_when_it_is_sensitive():
     for public in ("builtin:public-pool", "builtin:fashion-mnist", "builtin:fashion-mnist-test"):
-        with pytest.raises(DataFormatError, match='Fashion-MNIST.*disjoint.*public = "builtin:uci-digits"'):
+        with pytest.raises(
+            DataFormatError, match='Fashion-MNIST.*disjoint.*public = "builtin:uci-digits"'
+        ):
             check_public_disjoint(public, "builtin:fashion-mnist")
     public = load_public("builtin:uci-digits", "builtin:fashion-mnist")
-    fashion = _digests(load_source("builtin:fashion-mnist").images) | \
-        _digests(load_source("builtin:fashion-mnist-test").images)
+    fashion = _digests(load_source("builtin:fashion-mnist").images) | _digests(
+        load_source("builtin:fashion-mnist-test").images
+    )
     assert not _digests(public.images) & fashion
     # with MNIST sensitive, the default 20-class pool (digits + Fashion-MNIST) stays allowed
     pool = load_public("builtin:public-pool", "builtin:mnist5k")
@@ -81,8 +96,10 @@ def test_plan_with_fashion_sensitive_refuses_the_default_pool(store):
 
     keys.create_identity(store, "alice", "steward")
     register_from_source(store, "fashion", "builtin:fashion-mnist", 10.0, 1e-6)
-    spec = {"release": {"dataset": "fashion", "mechanism": "privimage", "n_images": 100},
-            "privimage": {"epsilon": 4.0, "preset": "tiny"}}
+    spec = {
+        "release": {"dataset": "fashion", "mechanism": "privimage", "n_images": 100},
+        "privimage": {"epsilon": 4.0, "preset": "tiny"},
+    }
     with pytest.raises(DataFormatError, match="contains Fashion-MNIST"):
         manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
     assert ledger.budget(store, "fashion").charges == [] and manager.list_releases(store) == []
@@ -94,10 +111,17 @@ def test_plan_with_fashion_sensitive_refuses_the_default_pool(store):
 def _write_idx(folder, n: int, opener) -> None:
     rng = np.random.default_rng(1)
     with opener(folder / "train-images-idx3-ubyte.xz", "wb") as f:
-        f.write((2051).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
-                + rng.integers(0, 256, n * 784).astype(np.uint8).tobytes())
+        f.write(
+            (2051).to_bytes(4, "big")
+            + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
+            + rng.integers(0, 256, n * 784).astype(np.uint8).tobytes()
+        )
     with opener(folder / "train-labels-idx1-ubyte.xz", "wb") as f:
-        f.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + (np.arange(n) % 10).astype(np.uint8).tobytes())
+        f.write(
+            (2049).to_bytes(4, "big")
+            + n.to_bytes(4, "big")
+            + (np.arange(n) % 10).astype(np.uint8).tobytes()
+        )
 
 
 def test_data_dir_env_var_is_read_first_and_xz_files_load(tmp_path, monkeypatch):
@@ -109,14 +133,19 @@ def test_data_dir_env_var_is_read_first_and_xz_files_load(tmp_path, monkeypatch)
     monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path))
     assert datasets.fashion_dirs()[0] == tmp_path and fashion_available()
     train = load_source("builtin:fashion-mnist")
-    assert train.images.shape == (30, 28, 28) and train.labels.tolist()[:11] == list(range(10)) + [0]
+    assert train.images.shape == (30, 28, 28) and train.labels.tolist()[:11] == list(range(10)) + [
+        0
+    ]
     assert train.label_set == list(range(10))
 
 
 def test_without_the_files_anywhere_the_error_names_the_env_var(tmp_path, monkeypatch):
     monkeypatch.setenv(datasets.DATA_DIR_ENV, str(tmp_path / "staged"))
     monkeypatch.setattr(datasets, "FASHION_DIR", tmp_path / "absent")
-    with pytest.raises(DataFormatError, match=f"{tmp_path / 'staged'} or {tmp_path / 'absent'}.*PRIVRELEASE_DATA_DIR"):
+    with pytest.raises(
+        DataFormatError,
+        match=f"{tmp_path / 'staged'} or {tmp_path / 'absent'}.*PRIVRELEASE_DATA_DIR",
+    ):
         load_source("builtin:fashion-mnist-test")
     assert not fashion_available()
 

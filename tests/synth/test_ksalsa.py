@@ -1,4 +1,5 @@
 """k-SALSA building blocks: config, same-size clustering, labels, codec, style loss, the four methods."""
+
 from __future__ import annotations
 
 import math
@@ -14,10 +15,19 @@ from synth.datasets import ImageDataset, load_source, uci_digits
 from synth.ksalsa import KSalsaConfig, aggregate_labels, anonymise, same_size_clusters, train_codec
 from synth.ksalsa.averaging import optimise_batch
 from synth.ksalsa.codec import conform
-from synth.ksalsa.style import EfficientNetStyleContent, gram, match, patches, style_loss, source_style
+from synth.ksalsa.style import (
+    EfficientNetStyleContent,
+    gram,
+    match,
+    patches,
+    style_loss,
+    source_style,
+)
 
 torch.set_num_threads(1)
-DEV = KSalsaConfig.tiny().resolved_device()  # "cuda" where a GPU is present: the tests then cover that path
+DEV = (
+    KSalsaConfig.tiny().resolved_device()
+)  # "cuda" where a GPU is present: the tests then cover that path
 
 
 class PixelCodec:
@@ -36,7 +46,9 @@ class PixelCodec:
 @pytest.fixture(scope="module")
 def mnist_small() -> ImageDataset:
     data = load_source("builtin:mnist5k")
-    idx = np.concatenate([np.flatnonzero(data.labels == c)[:3] for c in range(10)])  # 30 images, 3 per class
+    idx = np.concatenate(
+        [np.flatnonzero(data.labels == c)[:3] for c in range(10)]
+    )  # 30 images, 3 per class
     return data.subset(idx)
 
 
@@ -46,12 +58,24 @@ def net() -> EfficientNetStyleContent:
 
 
 # ------------------------------------------------------------------ config
-@pytest.mark.parametrize("bad", [
-    {"k": 1}, {"k": 2.5}, {"k": True}, {"k": 3, "method": "kmeans"}, {"k": 3, "lambda_content": 1.5},
-    {"k": 3, "lambda_content": math.nan}, {"k": 3, "lr": -0.1}, {"k": 3, "lr": math.inf}, {"k": 3, "steps": -1},
-    {"k": 3, "image_size": 30}, {"k": 3, "style_layers": ()}, {"k": 3, "content_target": "x"},
-    {"k": 3, "device": "tpu"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"k": 1},
+        {"k": 2.5},
+        {"k": True},
+        {"k": 3, "method": "kmeans"},
+        {"k": 3, "lambda_content": 1.5},
+        {"k": 3, "lambda_content": math.nan},
+        {"k": 3, "lr": -0.1},
+        {"k": 3, "lr": math.inf},
+        {"k": 3, "steps": -1},
+        {"k": 3, "image_size": 30},
+        {"k": 3, "style_layers": ()},
+        {"k": 3, "content_target": "x"},
+        {"k": 3, "device": "tpu"},
+    ],
+)
 def test_config_rejects_bad_values(bad):
     with pytest.raises(InvalidParameterError):
         KSalsaConfig(**bad)
@@ -89,7 +113,9 @@ def test_clusters_disjoint_cover_size_k(n, k, seed):
     assert len(res.clusters) == n // k
     assert all(len(c) == k for c in res.clusters)
     everything = np.concatenate(res.clusters + [res.remainder])
-    assert len(everything) == n and set(everything.tolist()) == set(range(n))  # disjoint and covering
+    assert len(everything) == n and set(everything.tolist()) == set(
+        range(n)
+    )  # disjoint and covering
     assert len(res.remainder) == n % k
     # same groups as the plain version (order inside the last group may differ on exact float ties)
     assert [set(c.tolist()) for c in res.clusters] == [set(c) for c in _reference_clusters(z, k)]
@@ -104,16 +130,22 @@ def test_remainder_rule_drops_n_mod_k():
 
 def test_outlier_is_taken_first_with_its_nearest_points():
     z = np.zeros((9, 2))
-    z[:8, 0] = np.arange(8)        # a line of points
-    z[8] = [100.0, 100.0]          # one far outlier
+    z[:8, 0] = np.arange(8)  # a line of points
+    z[8] = [100.0, 100.0]  # one far outlier
     res = same_size_clusters(z, 3)
     assert res.clusters[0][0] == 8
     assert sorted(res.clusters[0][1:].tolist()) == [6, 7]  # its two nearest
 
 
-@pytest.mark.parametrize("latents,k", [
-    (np.zeros((5, 2)), 1), (np.zeros((5, 2)), 6), (np.full((4, 2), np.nan), 2), (np.zeros(5), 2),
-])
+@pytest.mark.parametrize(
+    "latents,k",
+    [
+        (np.zeros((5, 2)), 1),
+        (np.zeros((5, 2)), 6),
+        (np.full((4, 2), np.nan), 2),
+        (np.zeros(5), 2),
+    ],
+)
 def test_clustering_rejects_bad_input(latents, k):
     with pytest.raises(InvalidParameterError):
         same_size_clusters(latents, k)
@@ -151,7 +183,12 @@ def test_conform_converts_colour_and_size():
     rgb = ImageDataset(np.full((2, 10, 10, 3), 255, np.uint8), np.array([0, 1]))
     x = conform(rgb, 12, 1)
     assert x.shape == (2, 1, 12, 12) and np.allclose(x, 1.0)
-    assert conform(ImageDataset(np.zeros((2, 8, 8), np.uint8), np.array([0, 1])), 8, 3).shape == (2, 3, 8, 8)
+    assert conform(ImageDataset(np.zeros((2, 8, 8), np.uint8), np.array([0, 1])), 8, 3).shape == (
+        2,
+        3,
+        8,
+        8,
+    )
 
 
 # ------------------------------------------------------------------ style loss
@@ -169,7 +206,10 @@ def test_vectorised_match_equals_loop():
     for b in range(2):
         for k in range(3):
             for p in range(5):
-                sims = [torch.nn.functional.cosine_similarity(src[b, k, p], rep[b, q], dim=0) for q in range(6)]
+                sims = [
+                    torch.nn.functional.cosine_similarity(src[b, k, p], rep[b, q], dim=0)
+                    for q in range(6)
+                ]
                 assert idx[b, k, p] == int(torch.stack(sims).argmax())
 
 
@@ -189,13 +229,26 @@ def test_style_loss_zero_when_representative_is_the_source(net, mnist_small):
 @pytest.mark.parametrize("codec_kind", ["pixel", "trained"])
 def test_style_loss_decreases_under_optimisation(net, mnist_small, tmp_path, codec_kind):
     x = torch.from_numpy(conform(mnist_small, 28, 1)).to(DEV)
-    codec = PixelCodec() if codec_kind == "pixel" else train_codec(uci_digits().subset(np.arange(300)), tmp_path,
-                                                                   KSalsaConfig.tiny(2).with_(codec_epochs=3))
+    codec = (
+        PixelCodec()
+        if codec_kind == "pixel"
+        else train_codec(
+            uci_digits().subset(np.arange(300)),
+            tmp_path,
+            KSalsaConfig.tiny(2).with_(codec_epochs=3),
+        )
+    )
     idx = torch.tensor([[0, 1, 2], [3, 4, 5]], device=DEV)  # two clusters of three
     with torch.no_grad():
         z0 = codec.encode(x)[idx].mean(1)
-    cfg = KSalsaConfig(k=3, lambda_content=0.0, steps=8, lr=0.005 if codec_kind == "pixel" else 0.5, grid=2,
-                       feature_size=32)
+    cfg = KSalsaConfig(
+        k=3,
+        lambda_content=0.0,
+        steps=8,
+        lr=0.005 if codec_kind == "pixel" else 0.5,
+        grid=2,
+        feature_size=32,
+    )
     _, trace = optimise_batch(codec, net, x[idx], z0, cfg)
     assert len(trace.style) == cfg.steps + 1
     assert trace.style[-1] < 0.95 * trace.style[0]
@@ -208,13 +261,23 @@ def test_each_method_output_shape_and_range(method, mnist_small, net, tmp_path):
     codec = train_codec(uci_digits().subset(np.arange(200)), tmp_path, cfg)
     x = torch.from_numpy(conform(mnist_small, 28, 1))
     stages = []
-    out = anonymise(x, mnist_small.labels, 10, codec, cfg, net=net, progress=lambda s, d, t: stages.append((s, d, t)))
+    out = anonymise(
+        x,
+        mnist_small.labels,
+        10,
+        codec,
+        cfg,
+        net=net,
+        progress=lambda s, d, t: stages.append((s, d, t)),
+    )
     assert out.images.shape == (30 // 4, 28, 28) and out.images.dtype == np.uint8
     assert out.images.max() > out.images.min()  # not a blank image
     assert out.labels.shape == (7,) and out.label_distributions.shape == (7, 10)
     np.testing.assert_allclose(out.label_distributions.sum(1), 1.0)
     assert len(out.clusters.remainder) == 2
-    assert any(d == t == 7 for s, d, t in stages if "clusters" in s)  # progress reached every cluster
+    assert any(
+        d == t == 7 for s, d, t in stages if "clusters" in s
+    )  # progress reached every cluster
     if method == "pixel":
         c = out.clusters.clusters[0]
         expected = np.clip(np.rint(mnist_small.images[c].astype(np.float64).mean(0)), 0, 255)
@@ -226,8 +289,13 @@ def test_user_cnn_adapter_plugs_into_ksalsa(mnist_small):
     from synth.ksalsa.style import SequentialStyleContent
 
     torch.manual_seed(0)
-    body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                               torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU())
+    body = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+    )
     user_net = SequentialStyleContent(body, style_layers=(1, 4), size=32)
     x = torch.from_numpy(conform(mnist_small, 28, 1))
     maps = user_net.style_maps(x[:2])

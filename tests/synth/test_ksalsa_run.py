@@ -1,4 +1,5 @@
 """k-SALSA through the runner against a real workspace: acknowledgement, charging, refunds, one failure rule."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,13 @@ import functools
 import types
 
 from accounting import ledger, trail
-from accounting.errors import (DataFormatError, InvalidParameterError, LedgerStateError, PrivReleaseError,
-                               UnknownDatasetError)
+from accounting.errors import (
+    DataFormatError,
+    InvalidParameterError,
+    LedgerStateError,
+    PrivReleaseError,
+    UnknownDatasetError,
+)
 from accounting.events import NonPrivateRelease
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
@@ -40,10 +46,17 @@ def store(tmp_path, sensitive) -> Store:
     ws = Workspace(tmp_path / "ws")
     ws.init()
     st = Store(ws)
-    ledger.register_dataset(st, name="mnist", source="builtin:mnist5k",
-                            fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
-                            record_count=len(sensitive), labels=sensitive.label_set, image_shape=[28, 28],
-                            epsilon_cap=8.0, delta_cap=1e-3)
+    ledger.register_dataset(
+        st,
+        name="mnist",
+        source="builtin:mnist5k",
+        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
+        record_count=len(sensitive),
+        labels=sensitive.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=8.0,
+        delta_cap=1e-3,
+    )
     return st
 
 
@@ -73,10 +86,25 @@ def _plan(store, public, cfg, dataset="mnist"):
 
 
 def _run(store, sensitive, public, cfg, run_id, tmp_path, *, ack=True, progress=None, **inject):
-    mech = types.SimpleNamespace(name="ksalsa", run=functools.partial(ksalsa_run, **inject)) if inject else "ksalsa"
-    return runner.run_charged(store, run_id=run_id, dataset="mnist", data=sensitive, public=public, mechanism=mech,
-                              config=cfg, plan=_plan(store, public, cfg), workdir=tmp_path / "w",
-                              acknowledge_non_dp=ack, actor="alice", progress=progress or (lambda *a: None))
+    mech = (
+        types.SimpleNamespace(name="ksalsa", run=functools.partial(ksalsa_run, **inject))
+        if inject
+        else "ksalsa"
+    )
+    return runner.run_charged(
+        store,
+        run_id=run_id,
+        dataset="mnist",
+        data=sensitive,
+        public=public,
+        mechanism=mech,
+        config=cfg,
+        plan=_plan(store, public, cfg),
+        workdir=tmp_path / "w",
+        acknowledge_non_dp=ack,
+        actor="alice",
+        progress=progress or (lambda *a: None),
+    )
 
 
 def test_plan(sensitive):
@@ -112,11 +140,17 @@ def test_bad_inputs_are_refused_before_charging(store, sensitive, public, tmp_pa
 def test_full_run_commits(store, sensitive, public, tmp_path):
     cfg = KSalsaConfig.tiny(4, "ksalsa")
     stages = []
-    res = _run(store, sensitive, public, cfg, "run-1", tmp_path, progress=lambda s, d, t: stages.append(s))
+    res = _run(
+        store, sensitive, public, cfg, "run-1", tmp_path, progress=lambda s, d, t: stages.append(s)
+    )
     assert res.images.shape == (7, 28, 28) and res.images.dtype == np.uint8
     assert res.labels.shape == (7,) and res.output.label_distributions.shape == (7, 10)
-    assert res.guarantee.as_dict() == {"type": "k-anonymity", "k": 4, "method": "ksalsa",
-                                       "description": "k-anonymous (k=4)"}
+    assert res.guarantee.as_dict() == {
+        "type": "k-anonymity",
+        "k": 4,
+        "method": "ksalsa",
+        "description": "k-anonymous (k=4)",
+    }
     assert res.parameters["n_released"] == 7 and res.parameters["n_dropped"] == 2
     clusters = [c.tolist() for c in res.output.clusters]
     assert all(len(c) == 4 for c in clusters)
@@ -129,23 +163,46 @@ def test_full_run_commits(store, sensitive, public, tmp_path):
     assert ledger.budget(store, "mnist").dp_void
     assert any(e["action"] == "run.sensitive_access" for e in trail.entries(store))
     assert trail.verify(store).ok
-    with pytest.raises(LedgerStateError, match="already settled"):  # never recomputed without a new charge
+    with pytest.raises(
+        LedgerStateError, match="already settled"
+    ):  # never recomputed without a new charge
         _run(store, sensitive, public, cfg, "run-1", tmp_path)
     assert len(ledger.budget(store, "mnist").charges) == 1
 
 
 def test_codec_failure_before_reading_is_refunded(store, sensitive, public, tmp_path):
     with pytest.raises(DataFormatError, match="codec"):
-        _run(store, sensitive, public, KSalsaConfig.tiny(3, "centroid"), "r-bad", tmp_path, codec=BrokenCodec())
+        _run(
+            store,
+            sensitive,
+            public,
+            KSalsaConfig.tiny(3, "centroid"),
+            "r-bad",
+            tmp_path,
+            codec=BrokenCodec(),
+        )
     assert ledger.get_charge(store, "r-bad").state == "refunded"
     assert not ledger.budget(store, "mnist").dp_void
 
 
-def test_failure_after_reading_stays_charged_and_a_retry_failing_early_keeps_it(store, sensitive, public, tmp_path):
+def test_failure_after_reading_stays_charged_and_a_retry_failing_early_keeps_it(
+    store, sensitive, public, tmp_path
+):
     codec = train_codec(public, tmp_path / "w", KSalsaConfig.tiny(3))
     with pytest.raises(RuntimeError, match="boom"):
-        _run(store, sensitive, public, KSalsaConfig.tiny(3), "r-mid", tmp_path, codec=codec, net=FailingNet())
-    assert ledger.get_charge(store, "r-mid").state == "reserved"  # counted in full until resumed or abandoned
+        _run(
+            store,
+            sensitive,
+            public,
+            KSalsaConfig.tiny(3),
+            "r-mid",
+            tmp_path,
+            codec=codec,
+            net=FailingNet(),
+        )
+    assert (
+        ledger.get_charge(store, "r-mid").state == "reserved"
+    )  # counted in full until resumed or abandoned
     assert ledger.budget(store, "mnist").dp_void
     # a retry that fails before reading must not refund what the earlier attempt's read made due
     with pytest.raises(DataFormatError):

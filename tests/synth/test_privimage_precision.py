@@ -1,5 +1,6 @@
 """bfloat16 autocast: chosen only where it is native, validated, float32 clipping under it, samples that
 match float32's, its own pre-training cache key, and recorded in the release's parameters."""
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,9 @@ def test_auto_picks_bfloat16_exactly_where_it_is_native() -> None:
     assert resolve_precision("float32", CPU) == "float32"
 
 
-def test_auto_is_float32_on_a_gpu_even_with_native_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_float32_on_a_gpu_even_with_native_bfloat16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Measured on an H200: bfloat16 autocast made our DP-SGD and sampling steps slower there."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -41,7 +44,9 @@ def test_auto_is_float32_on_a_gpu_even_with_native_bfloat16(monkeypatch: pytest.
     assert resolve_precision("bfloat16", gpu) == "bfloat16"
 
 
-def test_explicit_bfloat16_without_native_support_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explicit_bfloat16_without_native_support_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert not native_bfloat16(CPU)
@@ -67,11 +72,19 @@ def test_bfloat16_per_example_gradients_are_clipped_in_float32() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dp_model, dp_opt, _ = engine.make_private(
-            module=model, optimizer=opt, data_loader=DataLoader(TensorDataset(x, y), batch_size=1),
-            noise_multiplier=0.0, max_grad_norm=0.5, poisson_sampling=False, grad_sample_mode="hooks",
-            loss_reduction=HOOKS_LOSS_REDUCTION)
+            module=model,
+            optimizer=opt,
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=1),
+            noise_multiplier=0.0,
+            max_grad_norm=0.5,
+            poisson_sampling=False,
+            grad_sample_mode="hooks",
+            loss_reduction=HOOKS_LOSS_REDUCTION,
+        )
         params = [p for p in model.parameters() if p.requires_grad]
-        _per_sample_gradients(dp_model, dp_opt, make_scheduler(50), params, x, y, 1, CPU, "bfloat16")
+        _per_sample_gradients(
+            dp_model, dp_opt, make_scheduler(50), params, x, y, 1, CPU, "bfloat16"
+        )
     assert {p.grad_sample.dtype for p in params} == {torch.float32}
     raw = math.sqrt(sum(float(p.grad_sample.pow(2).sum()) for p in params))
     dp_opt.pre_step()
@@ -83,15 +96,24 @@ def test_bfloat16_per_example_gradients_are_clipped_in_float32() -> None:
 def test_bfloat16_samples_stay_close_to_float32_ones() -> None:
     model = _unet().eval()
     labels = np.array([0, 1] * 8)
-    kw = dict(image_size=16, channels=1, train_timesteps=50, ddim_steps=5, batch=8, seed=0, device=CPU)
-    full, half = sample_images(model, labels, **kw), sample_images(model, labels, precision="bfloat16", **kw)
+    kw = dict(
+        image_size=16, channels=1, train_timesteps=50, ddim_steps=5, batch=8, seed=0, device=CPU
+    )
+    full, half = (
+        sample_images(model, labels, **kw),
+        sample_images(model, labels, precision="bfloat16", **kw),
+    )
     assert full.shape == half.shape and full.dtype == half.dtype == np.uint8
-    assert np.abs(full.astype(int) - half.astype(int)).mean() < 4.0  # of 255: the same images, rounded
+    assert (
+        np.abs(full.astype(int) - half.astype(int)).mean() < 4.0
+    )  # of 255: the same images, rounded
 
 
 def test_bfloat16_pretraining_has_its_own_cache_key_and_float32_keeps_the_old_one() -> None:
     x, y = -torch.ones(4, 1, 16, 16), torch.arange(4) % 2
-    base = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, augment=1.0, label_dropout=0.2)
+    base = dict(
+        steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, augment=1.0, label_dropout=0.2
+    )
     old = _pretrain_key(_unet(), x, y, base)
     assert _pretrain_key(_unet(), x, y, {**base, "precision": "float32"}) == old
     assert _pretrain_key(_unet(), x, y, {**base, "precision": "bfloat16"}) != old
@@ -101,5 +123,11 @@ def test_precision_does_not_change_the_plan() -> None:
     """Precision changes what the model computes, not what is charged."""
     from synth.privimage.plan import plan_privimage
 
-    plans = [plan_privimage(PrivImageConfig.tiny(2.0, 1e-5, precision=p), 200) for p in ("float32", "bfloat16")]
-    assert plans[0].events == plans[1].events and plans[0].noise_multiplier == plans[1].noise_multiplier
+    plans = [
+        plan_privimage(PrivImageConfig.tiny(2.0, 1e-5, precision=p), 200)
+        for p in ("float32", "bfloat16")
+    ]
+    assert (
+        plans[0].events == plans[1].events
+        and plans[0].noise_multiplier == plans[1].noise_multiplier
+    )

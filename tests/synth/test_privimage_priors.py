@@ -1,5 +1,6 @@
 """Priors that do not depend on matching public data: DP central images (charged, calibrated, cross-checked with
 dp-accounting), procedural public images, and the semantic query's fit threshold with its fallback."""
+
 from __future__ import annotations
 
 import math
@@ -27,10 +28,21 @@ DELTA = 1e-4
 
 
 # ------------------------------------------------------------------ config
-@pytest.mark.parametrize("bad", [dict(central_images=-1), dict(central_images=17), dict(central_images=1.5),
-                                 dict(central_sigma=0), dict(central_clip=-1.0), dict(central_steps=0),
-                                 dict(fit_threshold=1.5), dict(share_public_classes="yes"),
-                                 dict(procedural_images=0), dict(selection="imagenet")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(central_images=-1),
+        dict(central_images=17),
+        dict(central_images=1.5),
+        dict(central_sigma=0),
+        dict(central_clip=-1.0),
+        dict(central_steps=0),
+        dict(fit_threshold=1.5),
+        dict(share_public_classes="yes"),
+        dict(procedural_images=0),
+        dict(selection="imagenet"),
+    ],
+)
 def test_prior_options_are_validated_up_front(bad: dict) -> None:
     with pytest.raises(InvalidParameterError):
         PrivImageConfig(epsilon=1.0, delta=DELTA, **bad)
@@ -38,14 +50,28 @@ def test_prior_options_are_validated_up_front(bad: dict) -> None:
 
 # ------------------------------------------------------------------ central images: the mechanism and its charge
 def test_central_event_is_planned_charged_and_calibrated_within_target() -> None:
-    cfg = PrivImageConfig(epsilon=1.0, delta=1e-5, batch_size=250, finetune_epochs=4.0, central_images=2,
-                          central_sigma=10.0)
+    cfg = PrivImageConfig(
+        epsilon=1.0,
+        delta=1e-5,
+        batch_size=250,
+        finetune_epochs=4.0,
+        central_images=2,
+        central_sigma=10.0,
+    )
     base = plan_privimage(cfg.with_(central_images=0), 60000)
     p = plan_privimage(cfg, 60000)
-    assert p.central_event == GaussianQuery(sigma=10.0 * math.sqrt(2), sensitivity=math.sqrt(2), count=2)
-    assert p.query_event is p.events[0] and p.central_event is p.events[1] and isinstance(p.events[2], DpSgd)
+    assert p.central_event == GaussianQuery(
+        sigma=10.0 * math.sqrt(2), sensitivity=math.sqrt(2), count=2
+    )
+    assert (
+        p.query_event is p.events[0]
+        and p.central_event is p.events[1]
+        and isinstance(p.events[2], DpSgd)
+    )
     assert p.epsilon.epsilon_rdp <= 1.0 + 1e-9
-    assert p.noise_multiplier > base.noise_multiplier  # the DP-SGD noise pays for the central images
+    assert (
+        p.noise_multiplier > base.noise_multiplier
+    )  # the DP-SGD noise pays for the central images
     again = type(p).from_json(p.to_json())
     assert again.central_event == p.central_event and again.query_event == p.query_event
     # without a semantic query the central event is still found, and no query is invented
@@ -54,14 +80,25 @@ def test_central_event_is_planned_charged_and_calibrated_within_target() -> None
 
 
 def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_computation() -> None:
-    cfg = PrivImageConfig(epsilon=3.0, delta=1e-5, batch_size=250, finetune_epochs=4.0, central_images=3,
-                          central_sigma=8.0, vote_sigma=8.0)
+    cfg = PrivImageConfig(
+        epsilon=3.0,
+        delta=1e-5,
+        batch_size=250,
+        finetune_epochs=4.0,
+        central_images=3,
+        central_sigma=8.0,
+        vote_sigma=8.0,
+    )
     p = plan_privimage(cfg, 60000)
     # the same mechanisms written out by hand with dp-accounting alone
-    query = dp_accounting.GaussianDpEvent(cfg.query_sigma)                     # sqrt(k) sigma / sqrt(k)
+    query = dp_accounting.GaussianDpEvent(cfg.query_sigma)  # sqrt(k) sigma / sqrt(k)
     cent = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(8.0), 3)
     sgd = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(1 / 240, dp_accounting.GaussianDpEvent(p.noise_multiplier)), 960)
+        dp_accounting.PoissonSampledDpEvent(
+            1 / 240, dp_accounting.GaussianDpEvent(p.noise_multiplier)
+        ),
+        960,
+    )
     vote = dp_accounting.GaussianDpEvent(8.0)
     acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
     acc.compose(dp_accounting.ComposedDpEvent([query, cent, sgd, vote]))
@@ -73,9 +110,10 @@ def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_co
 
 def test_central_means_have_the_planned_noise_and_clip_each_image() -> None:
     n, rows = 4000, np.repeat(np.arange(2), 2000)
-    x = torch.full((n, 1, 8, 8), 1.0)                  # white: half-res norm 4 in [0, 1] pixels
-    means, counts = central.noisy_class_means(x, rows, 2, clip=2.0, noise_multiplier=5.0,
-                                              rng=np.random.default_rng(0))
+    x = torch.full((n, 1, 8, 8), 1.0)  # white: half-res norm 4 in [0, 1] pixels
+    means, counts = central.noisy_class_means(
+        x, rows, 2, clip=2.0, noise_multiplier=5.0, rng=np.random.default_rng(0)
+    )
     # each image clipped to norm 2 (every pixel 0.5), noisy sum / noisy count: 0.5 up to noise of std
     # 5 * sqrt(2) * 2 / 2000 = 0.007 per pixel
     assert np.allclose(means, 0.5, atol=0.05) and np.allclose(counts, 2000, atol=50)
@@ -86,8 +124,9 @@ def test_central_means_have_the_planned_noise_and_clip_each_image() -> None:
 
 def test_central_images_are_full_size_one_per_class_and_query() -> None:
     x = torch.rand(60, 1, 28, 28) * 2 - 1
-    images, labels = central.central_images(x, np.arange(60) % 3, 3, queries=2, clip=8.0, noise_multiplier=5.0,
-                                            seed=0, augment=1.0)
+    images, labels = central.central_images(
+        x, np.arange(60) % 3, 3, queries=2, clip=8.0, noise_multiplier=5.0, seed=0, augment=1.0
+    )
     assert images.shape == (6, 1, 28, 28) and labels.tolist() == [0, 1, 2, 0, 1, 2]
     assert images.min() >= -1 and images.max() <= 1
 
@@ -105,30 +144,48 @@ def test_procedural_images_are_deterministic_sized_and_of_every_kind() -> None:
 
 # ------------------------------------------------------------------ the fit threshold and shared classes
 def test_fit_threshold_rejects_classes_no_public_class_fits() -> None:
-    noisy = np.array([[900.0, 60.0, 40.0],     # row 0: public 0 holds 90%: fits
-                      [350.0, 330.0, 320.0],   # row 1: spread out, nothing reaches 50%: falls back
-                      [20.0, 30.0, 950.0]])    # row 2: public 2
+    noisy = np.array(
+        [
+            [900.0, 60.0, 40.0],  # row 0: public 0 holds 90%: fits
+            [350.0, 330.0, 320.0],  # row 1: spread out, nothing reaches 50%: falls back
+            [20.0, 30.0, 950.0],
+        ]
+    )  # row 2: public 2
     chosen = select_fitting(noisy, 1, fit_threshold=0.5, noise_std=10.0, shared=False)
     assert chosen == [[0], [], [2]]
     assert fit_floor(noisy, 1, 0.5, 10.0).tolist() == [500.0, 500.0, 500.0]
     # today's behaviour (threshold 0) forces a class onto every row
-    assert select_fitting(noisy, 1, fit_threshold=0.0, noise_std=10.0, shared=False) == select_classes(noisy, 1)
+    assert select_fitting(
+        noisy, 1, fit_threshold=0.0, noise_std=10.0, shared=False
+    ) == select_classes(noisy, 1)
 
 
 def test_fit_floor_is_at_least_four_noise_stds_so_pure_noise_rarely_fits() -> None:
     rng = np.random.default_rng(0)
     false_fits = 0
-    for _ in range(200):  # a tiny class (5 images) whose images spread over 10 classes: nothing truly fits
+    for _ in range(
+        200
+    ):  # a tiny class (5 images) whose images spread over 10 classes: nothing truly fits
         noisy = np.full((1, 10), 0.5) + rng.normal(0, 10.0, size=(1, 10))
-        false_fits += bool(select_fitting(noisy, 1, fit_threshold=0.3, noise_std=10.0, shared=True)[0])
+        false_fits += bool(
+            select_fitting(noisy, 1, fit_threshold=0.3, noise_std=10.0, shared=True)[0]
+        )
     assert false_fits <= 2
 
 
 def test_shared_classes_let_several_sensitive_classes_use_the_same_public_class() -> None:
     noisy = np.array([[800.0, 100.0, 100.0], [700.0, 200.0, 100.0], [600.0, 300.0, 100.0]])
-    assert select_fitting(noisy, 1, fit_threshold=0.5, noise_std=10.0, shared=True) == [[0], [0], [0]]
+    assert select_fitting(noisy, 1, fit_threshold=0.5, noise_std=10.0, shared=True) == [
+        [0],
+        [0],
+        [0],
+    ]
     # one-to-one: late rows get leftovers that do not fit, so they fall back instead
-    assert select_fitting(noisy, 1, fit_threshold=0.5, noise_std=10.0, shared=False) == [[0], [], []]
+    assert select_fitting(noisy, 1, fit_threshold=0.5, noise_std=10.0, shared=False) == [
+        [0],
+        [],
+        [],
+    ]
     sel = build_selection([[0], [0], []], np.array([0, 1, 0, 2]))
     assert sel.public_index.tolist() == [0, 0, 2, 2] and sel.new_labels.tolist() == [0, 1, 0, 1]
     assert sel.ratio == 0.5
@@ -149,28 +206,54 @@ def _store(tmp_path: Path, sens: ImageDataset) -> Store:
     ws = Workspace(tmp_path / "ws")
     ws.init()
     store = Store(ws)
-    ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
-                            labels=sens.label_set, image_shape=[28, 28], epsilon_cap=10.0, delta_cap=DELTA)
+    ledger.register_dataset(
+        store,
+        name="mnist",
+        source="test",
+        fingerprint="fp",
+        record_count=len(sens),
+        labels=sens.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=10.0,
+        delta_cap=DELTA,
+    )
     return store
 
 
 def _run(store: Store, sens, pub, cfg: PrivImageConfig, wd: Path, stages: set | None = None):
     b = ledger.budget(store, "mnist")
     plan = registry.get("privimage").plan(cfg, dataset_info(b.dataset), b.history, pub)
-    return runner.run_charged(store, run_id="r", dataset="mnist", data=sens, public=pub, mechanism="privimage",
-                              config=cfg, plan=plan, workdir=wd,
-                              progress=(lambda s, d, t: stages.add(s)) if stages is not None else lambda *a: None)
+    return runner.run_charged(
+        store,
+        run_id="r",
+        dataset="mnist",
+        data=sens,
+        public=pub,
+        mechanism="privimage",
+        config=cfg,
+        plan=plan,
+        workdir=wd,
+        progress=(lambda s, d, t: stages.add(s)) if stages is not None else lambda *a: None,
+    )
 
 
-def test_fallback_end_to_end_records_which_classes_fit_and_pretrains_on_procedural_images(data, tmp_path) -> None:
+def test_fallback_end_to_end_records_which_classes_fit_and_pretrains_on_procedural_images(
+    data, tmp_path
+) -> None:
     sens, pub = data
     store = _store(tmp_path, sens)
     # a threshold no class can reach: every class falls back to the procedural prior
-    cfg = PrivImageConfig.tiny(4.0, DELTA, fit_threshold=1.0, procedural_images=30, share_public_classes=True)
+    cfg = PrivImageConfig.tiny(
+        4.0, DELTA, fit_threshold=1.0, procedural_images=30, share_public_classes=True
+    )
     res = _run(store, sens, pub, cfg, tmp_path / "w")
     p = res.parameters
     assert p["fitted_classes"] == [] and len(p["fallback_classes"]) == 10
-    assert p["selected_images"] == 0 and p["fit_threshold"] == 1.0 and p["share_public_classes"] is True
+    assert (
+        p["selected_images"] == 0
+        and p["fit_threshold"] == 1.0
+        and p["share_public_classes"] is True
+    )
     assert res.images.shape == (20, 28, 28)
     query, dp = ledger.get_charge(store, "r").charged_events
     assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd)
@@ -180,12 +263,21 @@ def test_central_images_end_to_end_are_charged_saved_and_reused(data, tmp_path) 
     sens, pub = data
     store = _store(tmp_path, sens)
     stages: set[str] = set()
-    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="procedural", procedural_images=30, central_images=2,
-                               central_sigma=5.0, central_steps=2)
+    cfg = PrivImageConfig.tiny(
+        4.0,
+        DELTA,
+        selection="procedural",
+        procedural_images=30,
+        central_images=2,
+        central_sigma=5.0,
+        central_steps=2,
+    )
     res = _run(store, sens, pub, cfg, tmp_path / "w", stages)
     charged = ledger.get_charge(store, "r").charged_events
     assert charged[0] == GaussianQuery(sigma=5.0 * math.sqrt(2), sensitivity=math.sqrt(2), count=2)
-    assert isinstance(charged[1], DpSgd) and len(charged) == 2       # no semantic query with "procedural"
+    assert (
+        isinstance(charged[1], DpSgd) and len(charged) == 2
+    )  # no semantic query with "procedural"
     assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
     p = res.parameters
     assert p["central_images"] == 2 and p["central_noise_std"] == pytest.approx(5.0 * math.sqrt(2))

@@ -1,5 +1,6 @@
 """The PrivImage training recipe: public augmentation, cached pre-training, noise multiplicity,
 partial fine-tuning and classifier-free guidance (small models, seconds)."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,14 @@ from synth.privimage.augment import augment_public
 from synth.privimage.conv_grad_sample import per_example_gradients_only
 from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
 from synth.privimage.sampling import sample_images, vary_images
-from synth.privimage.training import (_average_draws, _make_private, _per_sample_gradients, dp_finetune,
-                                      pretrain_cached, select_trainable)
+from synth.privimage.training import (
+    _average_draws,
+    _make_private,
+    _per_sample_gradients,
+    dp_finetune,
+    pretrain_cached,
+    select_trainable,
+)
 
 CPU = torch.device("cpu")
 
@@ -49,12 +56,18 @@ def test_sharpening_and_elastic_distortion_change_what_they_claim() -> None:
     plain = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=False, sharpen=False)
     sharp = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=False, sharpen=True)
     grey = (plain > -0.6) & (plain < 0.6)
-    assert grey.any() and (sharp[grey].abs() > plain[grey].abs()).float().mean() > 0.9  # greys pushed to the ends
+    assert (
+        grey.any() and (sharp[grey].abs() > plain[grey].abs()).float().mean() > 0.9
+    )  # greys pushed to the ends
     bent = augment_public(x, torch.Generator().manual_seed(3), 1.0, elastic=True, sharpen=False)
     assert not torch.allclose(bent, plain)  # the elastic field moved strokes ...
-    assert ((bent + 1).sum() / (plain + 1).sum() - 1).abs() < 0.1  # ... without adding or removing ink
+    assert (
+        (bent + 1).sum() / (plain + 1).sum() - 1
+    ).abs() < 0.1  # ... without adding or removing ink
     again = augment_public(x, torch.Generator().manual_seed(3), 1.0)
-    assert torch.equal(again, augment_public(x, torch.Generator().manual_seed(3), 1.0))  # seeded: reproducible
+    assert torch.equal(
+        again, augment_public(x, torch.Generator().manual_seed(3), 1.0)
+    )  # seeded: reproducible
 
 
 def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -> None:
@@ -63,8 +76,12 @@ def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -
 
     x, y = _digits()
     model = make_unet(16, 1, 10, (8, 16), 1)
-    base = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, augment=1.0, label_dropout=0.1)
-    assert _pretrain_key(model, x, y, {**base, "elastic": False}) == _pretrain_key(model, x, y, base)
+    base = dict(
+        steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, augment=1.0, label_dropout=0.1
+    )
+    assert _pretrain_key(model, x, y, {**base, "elastic": False}) == _pretrain_key(
+        model, x, y, base
+    )
     assert _pretrain_key(model, x, y, {**base, "elastic": True}) != _pretrain_key(model, x, y, base)
 
 
@@ -85,27 +102,58 @@ def test_pretraining_cache_key_is_the_same_in_every_process() -> None:
     import subprocess
     import sys
 
-    keys = {subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.split()[-1]
-            for seed in ("1", "2", "3")}
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", _KEY_SCRIPT],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.split()[-1]
+        for seed in ("1", "2", "3")
+    }
     assert len(keys) == 1, keys
 
 
 def test_pretraining_is_cached_by_content(tmp_path: Path) -> None:
     x, y = _digits()
-    settings = dict(steps=4, batch=8, lr=1e-3, train_timesteps=50, seed=0, device=CPU, augment=1.0,
-                    label_dropout=0.2)
+    settings = dict(
+        steps=4,
+        batch=8,
+        lr=1e-3,
+        train_timesteps=50,
+        seed=0,
+        device=CPU,
+        augment=1.0,
+        label_dropout=0.2,
+    )
     stages: list[str] = []
-    first = pretrain_cached(_unet(), x, y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt",
-                            progress=lambda s, i, n: stages.append(s), **settings)
+    first = pretrain_cached(
+        _unet(),
+        x,
+        y,
+        cache_dir=tmp_path,
+        workdir_ckpt=tmp_path / "w.pt",
+        progress=lambda s, i, n: stages.append(s),
+        **settings,
+    )
     assert "pretraining" in stages and len(list(tmp_path.glob("pretrain-*.pt"))) == 1
     stages.clear()
-    second = pretrain_cached(_unet(), x, y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt",
-                             progress=lambda s, i, n: stages.append(s), **settings)
+    second = pretrain_cached(
+        _unet(),
+        x,
+        y,
+        cache_dir=tmp_path,
+        workdir_ckpt=tmp_path / "w.pt",
+        progress=lambda s, i, n: stages.append(s),
+        **settings,
+    )
     assert stages == ["pretraining (cached)"]
     for a, b in zip(first.state_dict().values(), second.state_dict().values()):
         assert torch.equal(a, b)
-    pretrain_cached(_unet(), x.flip(-1), y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt", **settings)
+    pretrain_cached(
+        _unet(), x.flip(-1), y, cache_dir=tmp_path, workdir_ckpt=tmp_path / "w.pt", **settings
+    )
     assert len(list(tmp_path.glob("pretrain-*.pt"))) == 2  # other public images: another entry
 
 
@@ -125,8 +173,14 @@ def test_multiplicity_keeps_each_example_to_one_clipped_gradient() -> None:
     loader = DataLoader(TensorDataset(x, torch.zeros(1)), batch_size=1)
     engine = PrivacyEngine(accountant="rdp")
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    dp_model, dp_opt, _ = engine.make_private(module=model, optimizer=opt, data_loader=loader,
-                                              noise_multiplier=0.0, max_grad_norm=1.0, poisson_sampling=False)
+    dp_model, dp_opt, _ = engine.make_private(
+        module=model,
+        optimizer=opt,
+        data_loader=loader,
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
     k = 5
     xs = x.repeat_interleave(k, 0) + torch.randn(k, 4)
     dp_model(xs).pow(2).mean().backward()
@@ -137,7 +191,9 @@ def test_multiplicity_keeps_each_example_to_one_clipped_gradient() -> None:
 
 
 @pytest.mark.parametrize("reps", [1, 2])
-def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the_expected_batch(reps: int) -> None:
+def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the_expected_batch(
+    reps: int,
+) -> None:
     """The product's DP step (summed loss, opacus hooks without their batch-size rescale, optimiser dividing by
     the expected batch): example i's per-sample gradient is the gradient of its own denoising loss (mean of its
     draws), and without clipping or noise the update is the ordinary gradient of the batch's mean loss."""
@@ -145,8 +201,9 @@ def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the
     reference = make_unet(16, 1, 2, (8, 16), 1)
     reference.load_state_dict(model.state_dict())
     x, y = _digits(4)
-    _, dp_model, dp_opt, _ = _make_private(model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0,
-                                           1e6, 1.0, CPU)
+    _, dp_model, dp_opt, _ = _make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0, 1e6, 1.0, CPU
+    )
     params = list(model.parameters())
     torch.manual_seed(7)
     with per_example_gradients_only(model):  # as dp_finetune: no summed conv gradients
@@ -160,7 +217,9 @@ def test_the_dp_step_differentiates_each_examples_own_loss_and_averages_over_the
     for i in range(len(x)):
         reference.zero_grad()
         rows = slice(i * reps, (i + 1) * reps)
-        pred = reference(sched.add_noise(xr[rows], noise[rows], t[rows]), t[rows], class_labels=yr[rows]).sample
+        pred = reference(
+            sched.add_noise(xr[rows], noise[rows], t[rows]), t[rows], class_labels=yr[rows]
+        ).sample
         ((pred - noise[rows]) ** 2).mean().backward()
         for name, p in reference.named_parameters():
             torch.testing.assert_close(per_sample[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -178,8 +237,12 @@ def test_the_dp_optimisers_scale_grad_divides_as_opacus_does_with_accumulated_pa
 
     x, y = _digits(4)
     model = _unet()
-    _, _, dp_opt, _ = _make_private(model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0, 1e6, 1.0, CPU)
-    for p in dp_opt.params:  # per-sample gradients of two passes, as opacus keeps them when it accumulates
+    _, _, dp_opt, _ = _make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), x, y, 4, 0.0, 1e6, 1.0, CPU
+    )
+    for p in (
+        dp_opt.params
+    ):  # per-sample gradients of two passes, as opacus keeps them when it accumulates
         p.grad_sample = [torch.zeros(4, *p.shape), torch.zeros(4, *p.shape)]
     assert dp_opt.accumulated_iterations == 2 and type(dp_opt).scale_grad is DPOptimizer.scale_grad
     grads = [torch.randn_like(p) for p in dp_opt.params]
@@ -202,10 +265,28 @@ def test_partial_fine_tuning_leaves_frozen_weights_untouched(tmp_path: Path, whi
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainable = {n for n, p in model.named_parameters() if p in set(select_trainable(model, which))}
     assert 0 < len(trainable) < len(before)
-    out = dp_finetune(model, x, y, sample_rate=0.25, noise_multiplier=1.0, steps=3, batch_size=8, max_physical_batch=8,
-                      max_grad_norm=1.0, lr=1e-2, ema_decay=0.0, train_timesteps=50, seed=0, device=CPU,
-                      workdir=tmp_path, ckpt_every=10, on_resume=lambda a, b: None, optimizer="sgd",
-                      noise_multiplicity=2, trainable=which)
+    out = dp_finetune(
+        model,
+        x,
+        y,
+        sample_rate=0.25,
+        noise_multiplier=1.0,
+        steps=3,
+        batch_size=8,
+        max_physical_batch=8,
+        max_grad_norm=1.0,
+        lr=1e-2,
+        ema_decay=0.0,
+        train_timesteps=50,
+        seed=0,
+        device=CPU,
+        workdir=tmp_path,
+        ckpt_every=10,
+        on_resume=lambda a, b: None,
+        optimizer="sgd",
+        noise_multiplicity=2,
+        trainable=which,
+    )
     changed = {k for k in before if not torch.equal(before[k], out.weights[k])}
     assert changed and changed <= trainable
     assert out.steps == 3
@@ -214,18 +295,30 @@ def test_partial_fine_tuning_leaves_frozen_weights_untouched(tmp_path: Path, whi
 def test_guidance_changes_samples_and_zero_is_plain_conditional() -> None:
     model = _unet().eval()
     labels = np.array([0, 1, 0, 1])
-    kw = dict(image_size=16, channels=1, train_timesteps=50, ddim_steps=3, batch=4, seed=0, device=CPU)
+    kw = dict(
+        image_size=16, channels=1, train_timesteps=50, ddim_steps=3, batch=4, seed=0, device=CPU
+    )
     plain = sample_images(model, labels, **kw)
     assert np.array_equal(plain, sample_images(model, labels, guidance=0.0, **kw))
     assert not np.array_equal(plain, sample_images(model, labels, guidance=2.0, **kw))
 
 
-@pytest.mark.parametrize("field,value", [("noise_multiplicity", 0), ("noise_multiplicity", 1e308),
-                                         ("dp_optimizer", "rmsprop"), ("trainable", "half"),
-                                         ("guidance", float("nan")), ("label_dropout", 0.9),
-                                         ("pretrain_augment", -1.0), ("pretrain_elastic", "yes"),
-                                         ("finetune_t_min", 0.95), ("finetune_t_min", float("nan")),
-                                         ("finetune_t_min", -0.1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("noise_multiplicity", 0),
+        ("noise_multiplicity", 1e308),
+        ("dp_optimizer", "rmsprop"),
+        ("trainable", "half"),
+        ("guidance", float("nan")),
+        ("label_dropout", 0.9),
+        ("pretrain_augment", -1.0),
+        ("pretrain_elastic", "yes"),
+        ("finetune_t_min", 0.95),
+        ("finetune_t_min", float("nan")),
+        ("finetune_t_min", -0.1),
+    ],
+)
 def test_recipe_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(InvalidParameterError, match=field):
         PrivImageConfig.tiny(1.0, 1e-5, **{field: value})
@@ -246,7 +339,9 @@ def test_dp_fine_tuning_draws_timesteps_from_t_min_up(monkeypatch: pytest.Monkey
     ddpm_loss(_unet(), sched, x, y, t_min=0.6)
     ddpm_loss(_unet(), sched, x, y)
     assert seen[0].min() >= 60 and seen[0].max() < 100
-    assert seen[1].min() < 60  # the default still covers every timestep (24 draws below 60 are near-certain)
+    assert (
+        seen[1].min() < 60
+    )  # the default still covers every timestep (24 draws below 60 are near-certain)
 
 
 @pytest.mark.parametrize("steps", [1, 3, 20, 39, 40])
@@ -255,8 +350,19 @@ def test_pretraining_runs_for_any_step_count(tmp_path: Path, steps: int) -> None
     x, y = _digits(8)
     from synth.privimage.training import pretrain
 
-    model = pretrain(_unet(), x, y, steps=steps, batch=4, lr=1e-3, train_timesteps=20, seed=0, device=CPU,
-                     ckpt=tmp_path / "p.pt", ckpt_every=1000)
+    model = pretrain(
+        _unet(),
+        x,
+        y,
+        steps=steps,
+        batch=4,
+        lr=1e-3,
+        train_timesteps=20,
+        seed=0,
+        device=CPU,
+        ckpt=tmp_path / "p.pt",
+        ckpt_every=1000,
+    )
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -266,8 +372,17 @@ def test_opacus_notices_do_not_reach_the_steward(recwarn: pytest.WarningsRecorde
     from synth.privimage.training import _make_private
 
     model = torch.nn.Linear(2, 1)
-    _make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(10, 2), torch.zeros(10), 5, 1.0,
-                  1.0, 0.5, CPU)
+    _make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.randn(10, 2),
+        torch.zeros(10),
+        5,
+        1.0,
+        1.0,
+        0.5,
+        CPU,
+    )
     assert not [w for w in recwarn if "Secure RNG" in str(w.message)]
 
 
@@ -287,10 +402,19 @@ def test_loading_models_prints_no_library_notices(tmp_path: Path) -> None:
         " channels=1, train_timesteps=10)\n"
         "load_model(d)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout == "" and "accelerate" not in out.stderr and "Loaded pretrained" not in out.stderr
+    assert (
+        out.stdout == ""
+        and "accelerate" not in out.stderr
+        and "Loaded pretrained" not in out.stderr
+    )
 
 
 def test_dp_finetune_prints_no_library_warnings(tmp_path: Path) -> None:
@@ -310,8 +434,13 @@ def test_dp_finetune_prints_no_library_warnings(tmp_path: Path) -> None:
         "            train_timesteps=50, seed=0, device=torch.device('cpu'),\n"
         f"            workdir=pathlib.Path({str(tmp_path)!r}), ckpt_every=10, on_resume=lambda a, b: None)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr and "warn" not in out.stderr.lower(), out.stderr
 
@@ -323,7 +452,9 @@ def test_variations_stay_near_their_parent_at_low_strength_and_come_in_order() -
     model = make_unet(28, 1, 3, (8, 16), 1)
     rng = np.random.default_rng(0)
     parents = rng.integers(0, 256, (3, 28, 28), dtype=np.uint8)
-    kw = dict(copies=2, train_timesteps=100, ddim_steps=10, batch=4, seed=5, device=torch.device("cpu"))
+    kw = dict(
+        copies=2, train_timesteps=100, ddim_steps=10, batch=4, seed=5, device=torch.device("cpu")
+    )
     near = vary_images(model, parents, np.arange(3), strength=0.05, **kw)
     far = vary_images(model, parents, np.arange(3), strength=1.0, **kw)
     assert near.shape == far.shape == (6, 28, 28) and near.dtype == np.uint8

@@ -1,5 +1,6 @@
 """PrivImage through the runner at toy scale: ledger charging, opacus vs ledger epsilon, refusal, refund,
 crash/resume without double charging, abandon, per-sample loss."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,17 @@ def store(tmp_path: Path) -> Store:
 
 
 def _register(store: Store, sens: ImageDataset, cap: float = 10.0) -> None:
-    ledger.register_dataset(store, name="mnist", source="test", fingerprint="fp", record_count=len(sens),
-                            labels=sens.label_set, image_shape=[28, 28], epsilon_cap=cap, delta_cap=DELTA)
+    ledger.register_dataset(
+        store,
+        name="mnist",
+        source="test",
+        fingerprint="fp",
+        record_count=len(sens),
+        labels=sens.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=cap,
+        delta_cap=DELTA,
+    )
 
 
 def _cfg(**kw) -> PrivImageConfig:
@@ -70,8 +80,12 @@ def _assert_opacus_matches_ledger(history: list, event: DpSgd) -> None:
     ours.compose(event.to_dp_event())
     op = RDPAccountant()
     op.history = [tuple(h) for h in history]
-    assert op.get_epsilon(delta=DELTA, alphas=orders) == pytest.approx(ours.get_epsilon(DELTA), rel=1e-9)
-    assert op.get_epsilon(delta=DELTA, alphas=list(RDP_ORDERS)) <= epsilon_rdp([event], DELTA) + 1e-9
+    assert op.get_epsilon(delta=DELTA, alphas=orders) == pytest.approx(
+        ours.get_epsilon(DELTA), rel=1e-9
+    )
+    assert (
+        op.get_epsilon(delta=DELTA, alphas=list(RDP_ORDERS)) <= epsilon_rdp([event], DELTA) + 1e-9
+    )
 
 
 def _trail_len(store: Store) -> int:
@@ -84,8 +98,18 @@ def _plan(store: Store, pub: ImageDataset, cfg: PrivImageConfig):
 
 
 def _run(store, sens, pub, cfg, run_id, wd, progress=no_progress, plan=None):
-    return runner.run_charged(store, run_id=run_id, dataset="mnist", data=sens, public=pub, mechanism="privimage",
-                              config=cfg, plan=plan or _plan(store, pub, cfg), workdir=wd, progress=progress)
+    return runner.run_charged(
+        store,
+        run_id=run_id,
+        dataset="mnist",
+        data=sens,
+        public=pub,
+        mechanism="privimage",
+        config=cfg,
+        plan=plan or _plan(store, pub, cfg),
+        workdir=wd,
+        progress=progress,
+    )
 
 
 def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path: Path) -> None:
@@ -93,13 +117,25 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     _register(store, sens)
     stages: set[str] = set()
     plan = _plan(store, pub, _cfg())
-    res = _run(store, sens, pub, _cfg(), "run-1", tmp_path / "w", progress=lambda s, d, t: stages.add(s), plan=plan)
+    res = _run(
+        store,
+        sens,
+        pub,
+        _cfg(),
+        "run-1",
+        tmp_path / "w",
+        progress=lambda s, d, t: stages.add(s),
+        plan=plan,
+    )
     assert stages == {"query classifier", "pretraining", "DP fine-tuning", "sampling"}
     charge = ledger.get_charge(store, "run-1")
     assert charge.state == "committed" and res.charge_id == "run-1"
     query, dp = charge.charged_events
     assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd)
-    assert dp.steps == res.parameters["steps"] and dp.noise_multiplier == res.parameters["noise_multiplier"]
+    assert (
+        dp.steps == res.parameters["steps"]
+        and dp.noise_multiplier == res.parameters["noise_multiplier"]
+    )
     # opacus' own RDP accountant and dp-accounting on the ledger's event agree on the DP-SGD epsilon
     assert res.internal["opacus_history"] == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
     _assert_opacus_matches_ledger(res.internal["opacus_history"], dp)
@@ -111,12 +147,18 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     # output: balanced labels in the sensitive label set, images of the right shape
     assert res.images.shape == (20, 28, 28) and res.images.dtype == np.uint8
     assert np.bincount(res.labels).tolist() == [2] * 10
-    assert len(res.parameters["selected_public_classes"]) == 10 and 0 < res.parameters["selection_ratio"] <= 1
+    assert (
+        len(res.parameters["selected_public_classes"]) == 10
+        and 0 < res.parameters["selection_ratio"] <= 1
+    )
     assert "noisy_histogram" not in res.parameters
     assert np.asarray(res.internal["noisy_histogram"]).shape == (10, 10)
     # the precision the UNet ran in is recorded (config "auto" resolved for this machine)
     assert res.parameters["precision"] == resolve_precision("auto", torch.device("cpu"))
-    assert res.output.selected_public_indices is not None and len(res.output.selected_public_indices) > 0
+    assert (
+        res.output.selected_public_indices is not None
+        and len(res.output.selected_public_indices) > 0
+    )
     # a settled run is not executed again (that would need a new charge)
     before = _trail_len(store)
     with pytest.raises(LedgerStateError, match="already settled"):
@@ -130,7 +172,9 @@ def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path
     c = per_sample_diffusion_loss(model, sens.images[:6], sens.labels[:6], n_noise=1, seed=1)
     assert not np.array_equal(a, c)
     bare = load_model(model)[0]
-    d = per_sample_diffusion_loss(bare, sens.images[:6], sens.labels[:6], n_noise=1, train_timesteps=100)
+    d = per_sample_diffusion_loss(
+        bare, sens.images[:6], sens.labels[:6], n_noise=1, train_timesteps=100
+    )
     assert np.allclose(a, d)
 
 
@@ -139,7 +183,15 @@ def test_budget_refused_before_any_training(store: Store, data, tmp_path: Path) 
     _register(store, sens, cap=1.0)
     called: list = []
     with pytest.raises(BudgetExceededError):
-        _run(store, sens, pub, _cfg(), "too-much", tmp_path / "w", progress=lambda *a: called.append(a))
+        _run(
+            store,
+            sens,
+            pub,
+            _cfg(),
+            "too-much",
+            tmp_path / "w",
+            progress=lambda *a: called.append(a),
+        )
     assert called == [] and ledger.get_charge(store, "too-much") is None
 
 
@@ -158,6 +210,7 @@ def _crash_at(step: int, stage_name: str = "DP fine-tuning"):
     def progress(stage: str, done: int, total: int) -> None:
         if stage == stage_name and done == step:
             raise Crash("simulated crash")
+
     return progress
 
 
@@ -168,7 +221,9 @@ def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path:
     plan = _plan(store, pub, cfg)
     with pytest.raises(Crash):  # 3 steps started, checkpoint at step 2: one step lost
         _run(store, sens, pub, cfg, "r", wd, progress=_crash_at(3), plan=plan)
-    assert ledger.get_charge(store, "r").state == "reserved"  # read data: stays charged, not refunded
+    assert (
+        ledger.get_charge(store, "r").state == "reserved"
+    )  # read data: stays charged, not refunded
     assert registry.read_counter(wd)["started"] == 3
     res = _run(store, sens, pub, cfg, "r", wd, plan=plan)
     steps = plan.step_event.steps
@@ -178,8 +233,9 @@ def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path:
     assert main.state == "committed" and main.charged_events[1].steps == steps
     assert registry.read_counter(wd)["started"] == steps + 1
     assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == steps + 1
-    assert res.internal["opacus_history"] == [[main.charged_events[1].noise_multiplier,
-                                               main.charged_events[1].sample_rate, steps]]
+    assert res.internal["opacus_history"] == [
+        [main.charged_events[1].noise_multiplier, main.charged_events[1].sample_rate, steps]
+    ]
     _assert_opacus_matches_ledger(res.internal["opacus_history"], main.charged_events[1])
 
 
@@ -198,8 +254,9 @@ def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: P
     assert spent < epsilon_rdp(charge.planned_events, DELTA)  # unexecuted remainder released
 
 
-def test_failure_before_data_access_is_refunded_and_a_retry_is_charged_again(store: Store, data,
-                                                                               tmp_path: Path) -> None:
+def test_failure_before_data_access_is_refunded_and_a_retry_is_charged_again(
+    store: Store, data, tmp_path: Path
+) -> None:
     sens, pub = data
     _register(store, sens)
     wd, plan = tmp_path / "w", _plan(store, pub, _cfg())
@@ -211,10 +268,16 @@ def test_failure_before_data_access_is_refunded_and_a_retry_is_charged_again(sto
     with pytest.raises(Crash):
         _run(store, sens, pub, _cfg(), "c", wd, progress=crash_in_classifier, plan=plan)
     assert ledger.get_charge(store, "c").state == "refunded"
-    assert runner.abandon(store, run_id="c", dataset="mnist", plan=plan, workdir=wd).state == "refunded"
+    assert (
+        runner.abandon(store, run_id="c", dataset="mnist", plan=plan, workdir=wd).state
+        == "refunded"
+    )
     # the retry must not ride on the refunded reservation: it is charged under a new attempt id
     res = _run(store, sens, pub, _cfg(), "c", wd, plan=plan)
-    assert res.charge_id == "c:attempt-2" and ledger.get_charge(store, "c:attempt-2").state == "committed"
+    assert (
+        res.charge_id == "c:attempt-2"
+        and ledger.get_charge(store, "c:attempt-2").state == "committed"
+    )
     assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
 
 
@@ -237,8 +300,9 @@ def _assert_vote_charged_once(store: Store, res, plan, vote: GaussianQuery) -> N
     assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
 
 
-def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume(store: Store, data,
-                                                                                 tmp_path: Path) -> None:
+def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume(
+    store: Store, data, tmp_path: Path
+) -> None:
     sens, pub = data
     _register(store, sens)
     cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3), tmp_path / "w"
@@ -247,17 +311,25 @@ def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume
         _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(1, "private vote"), plan=plan)
     saved = (wd / state.VOTE).read_text()
     res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
-    assert (wd / state.VOTE).read_text() == saved  # one vote, one noise draw: the resumed run reused it
+    assert (
+        wd / state.VOTE
+    ).read_text() == saved  # one vote, one noise draw: the resumed run reused it
     _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))
     assert res.parameters["vote_candidates"] == 60 and res.parameters["vote_kept"] == 20
-    assert [len(r) for r in res.internal["noisy_votes"]] == [60] and "noisy_votes" not in res.parameters
+    assert [len(r) for r in res.internal["noisy_votes"]] == [
+        60
+    ] and "noisy_votes" not in res.parameters
 
 
 def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_from_the_saved_rounds(
-        store: Store, data, tmp_path: Path) -> None:
+    store: Store, data, tmp_path: Path
+) -> None:
     sens, pub = data
     _register(store, sens)
-    cfg, wd = _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5), tmp_path / "w"
+    cfg, wd = (
+        _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5),
+        tmp_path / "w",
+    )
     plan = _plan(store, pub, cfg)
     with pytest.raises(Crash):  # between vote rounds 2 and 3
         _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(1, "private vote 2/3"), plan=plan)
@@ -265,15 +337,20 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     assert len(first_two) == 2
     res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
     rounds = json.loads((wd / state.VOTE).read_text())["rounds"]
-    assert rounds[:2] == first_two and len(rounds) == 3  # the saved rounds were reused, the third drawn once
+    assert (
+        rounds[:2] == first_two and len(rounds) == 3
+    )  # the saved rounds were reused, the third drawn once
     _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0, count=3))
     assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
-    assert not np.all(np.diff(res.labels) >= 0)  # released in random order, not grouped and ranked by votes
+    assert not np.all(
+        np.diff(res.labels) >= 0
+    )  # released in random order, not grouped and ranked by votes
     assert [len(r) for r in res.internal["noisy_votes"]] == [60, 60, 60]
 
 
-def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(store: Store, data,
-                                                                             tmp_path: Path) -> None:
+def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(
+    store: Store, data, tmp_path: Path
+) -> None:
     """Each voted image is released with one variation: the plan charges exactly what the same run without
     them charges, the vote runs on half as many images, and a crash while drawing the variations resumes
     without a second vote (no noise drawn or charged twice)."""
@@ -283,18 +360,24 @@ def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(st
     plan = _plan(store, pub, cfg)
     assert plan.events == _plan(store, pub, cfg.with_(release_variations=0)).events
     with pytest.raises(Crash):
-        _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(10, "release variations"), plan=plan)
+        _run(
+            store, sens, pub, cfg, "v", wd, progress=_crash_at(10, "release variations"), plan=plan
+        )
     saved = (wd / state.VOTE).read_text()
     res = _run(store, sens, pub, cfg, "v", wd, plan=plan)
     assert (wd / state.VOTE).read_text() == saved
     _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))
     assert res.parameters["vote_candidates"] == 30 and res.parameters["vote_kept"] == 10
-    assert res.parameters["release_variations"] == 1 and res.parameters["release_variation_strength"] == 0.15
+    assert (
+        res.parameters["release_variations"] == 1
+        and res.parameters["release_variation_strength"] == 0.15
+    )
     assert len(np.unique(res.images.reshape(20, -1), axis=0)) == 20  # the variations are new images
 
 
-def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(store: Store, data, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(
+    store: Store, data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """finetune_t_min only narrows which diffusion timesteps the DP-SGD loss draws (data-independent): the plan
     charges exactly what the default charges, the loss sees the setting, and the release records it."""
     from synth.privimage import training
@@ -318,8 +401,9 @@ def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(store
     assert res.parameters["finetune_t_min"] == 0.5
 
 
-def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(store: Store, data, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(
+    store: Store, data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vote_space "embedding": the same events as the pixel vote, the network really featurises the sensitive
     images (once) and the candidates, and the release records the space."""
     import synth.features

@@ -1,4 +1,5 @@
 """PrivImage pieces without training: query histogram and sensitivity, selection, plan, config."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,12 @@ from synth.privimage import PrivImageConfig, plan_privimage
 from synth.privimage.data import label_index, to_format, to_tensor, to_uint8
 from synth.privimage.plan import query_event, sample_rate_for
 from synth.privimage.augment import augment_public
-from synth.privimage.query import (build_selection, noisy_semantic_histogram, select_classes,
-                                   semantic_histogram)
+from synth.privimage.query import (
+    build_selection,
+    noisy_semantic_histogram,
+    select_classes,
+    semantic_histogram,
+)
 
 
 def _top_k(rng: np.random.Generator, n: int, k: int, n_public: int) -> np.ndarray:
@@ -50,7 +55,9 @@ def test_noisy_histogram_noise_has_the_planned_std() -> None:
 
 
 def test_query_event_matches_sensitivity_and_sigma() -> None:
-    cfg = PrivImageConfig(epsilon=5, delta=1e-5, k=4, query_sigma=10.0, finetune_epochs=1, batch_size=100)
+    cfg = PrivImageConfig(
+        epsilon=5, delta=1e-5, k=4, query_sigma=10.0, finetune_epochs=1, batch_size=100
+    )
     q = query_event(cfg)
     assert isinstance(q, GaussianQuery)
     assert q.sensitivity == pytest.approx(2.0) and q.sigma == pytest.approx(20.0)
@@ -58,10 +65,13 @@ def test_query_event_matches_sensitivity_and_sigma() -> None:
 
 
 def test_selection_is_top_k_and_disjoint() -> None:
-    noisy = np.array([
-        [50, 40, 1, 0, 30, 0],
-        [45, 2, 35, 0, 0, 20],   # wants class 0 too, but row 0 has it more often
-    ], dtype=float)
+    noisy = np.array(
+        [
+            [50, 40, 1, 0, 30, 0],
+            [45, 2, 35, 0, 0, 20],  # wants class 0 too, but row 0 has it more often
+        ],
+        dtype=float,
+    )
     chosen = select_classes(noisy, 2)
     assert chosen == [[0, 1], [2, 5]]
     flat = [j for cols in chosen for j in cols]
@@ -98,16 +108,32 @@ def test_plan_meets_target_over_the_whole_history_and_is_deterministic() -> None
 
 
 def test_baseline_plans_have_no_query() -> None:
-    plan = plan_privimage(PrivImageConfig(epsilon=2, delta=1e-5, selection="all", finetune_epochs=1,
-                                          batch_size=100), 1000)
+    plan = plan_privimage(
+        PrivImageConfig(epsilon=2, delta=1e-5, selection="all", finetune_epochs=1, batch_size=100),
+        1000,
+    )
     assert [type(e) for e in plan.events] == [DpSgd] and plan.query_event is None
 
 
-@pytest.mark.parametrize("bad", [
-    dict(epsilon=float("nan")), dict(epsilon=-1), dict(delta=1.5), dict(k=0), dict(query_sigma=float("inf")),
-    dict(image_size=64), dict(selection="random"), dict(batch_size=0), dict(ema_decay=1.0), dict(max_grad_norm=0),
-    dict(unet_channels=(12, 24)), dict(ddim_steps=2000), dict(device="tpu"), dict(finetune_epochs=float("nan")),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(epsilon=float("nan")),
+        dict(epsilon=-1),
+        dict(delta=1.5),
+        dict(k=0),
+        dict(query_sigma=float("inf")),
+        dict(image_size=64),
+        dict(selection="random"),
+        dict(batch_size=0),
+        dict(ema_decay=1.0),
+        dict(max_grad_norm=0),
+        dict(unet_channels=(12, 24)),
+        dict(ddim_steps=2000),
+        dict(device="tpu"),
+        dict(finetune_epochs=float("nan")),
+    ],
+)
 def test_config_rejects_bad_values(bad: dict) -> None:
     args = dict(epsilon=1.0, delta=1e-5) | bad
     with pytest.raises(PrivReleaseError):

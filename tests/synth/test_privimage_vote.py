@@ -1,5 +1,6 @@
 """The private vote on PrivImage samples: nearest-candidate counts, their sensitivity, the noise, the
 selection, the plan's event and its epsilon (cross-checked with dp-accounting directly)."""
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,13 @@ from accounting.epsilon import epsilon_rdp
 from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import DpSgd, GaussianQuery
 from synth.privimage import PrivImageConfig, plan_privimage
-from synth.privimage.vote import evolve, nearest_candidate_votes, noisy_votes, select_by_votes, vote_and_select
+from synth.privimage.vote import (
+    evolve,
+    nearest_candidate_votes,
+    noisy_votes,
+    select_by_votes,
+    vote_and_select,
+)
 
 
 def _data(seed: int, n: int = 60, m: int = 40, classes: int = 3):
@@ -25,7 +32,7 @@ def _data(seed: int, n: int = 60, m: int = 40, classes: int = 3):
 
 def test_each_sensitive_image_votes_for_its_nearest_candidate_of_its_own_class() -> None:
     cand = np.zeros((4, 2, 2), dtype=np.uint8)
-    cand[1], cand[3] = 200, 90                 # class 0: candidates 0 (black) and 2 (grey 100); class 1: 1 and 3
+    cand[1], cand[3] = 200, 90  # class 0: candidates 0 (black) and 2 (grey 100); class 1: 1 and 3
     cand[2] = 100
     sens = np.stack([np.full((2, 2), v, dtype=np.uint8) for v in (10, 95, 250, 80)])
     votes = nearest_candidate_votes(sens, np.array([0, 0, 1, 1]), cand, np.array([0, 1, 0, 1]))
@@ -77,19 +84,35 @@ def test_vote_and_select_releases_wanted_counts() -> None:
 
 
 def test_plan_charges_the_vote_after_dpsgd_and_meets_the_target() -> None:
-    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
-                          vote_sigma=3.0)
+    cfg = PrivImageConfig(
+        epsilon=8.0,
+        delta=1e-5,
+        k=1,
+        query_sigma=10.0,
+        finetune_epochs=8,
+        batch_size=250,
+        vote_sigma=3.0,
+    )
     plan = plan_privimage(cfg, 4000)
     query, dp, vote = plan.events
-    assert isinstance(query, GaussianQuery) and isinstance(dp, DpSgd) and isinstance(vote, GaussianQuery)
+    assert (
+        isinstance(query, GaussianQuery)
+        and isinstance(dp, DpSgd)
+        and isinstance(vote, GaussianQuery)
+    )
     assert plan.query_event is query and plan.vote_event is vote and plan.dpsgd_event is dp
     assert vote.sigma == 3.0 and vote.sensitivity == 1.0
     # independent: dp-accounting's RDP accountant fed the three mechanisms by hand
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(10.0))
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)),
-        dp.steps))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)
+            ),
+            dp.steps,
+        )
+    )
     acc.compose(dp_accounting.GaussianDpEvent(3.0))
     assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
     assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
@@ -100,8 +123,9 @@ def test_plan_charges_the_vote_after_dpsgd_and_meets_the_target() -> None:
 
 
 def test_baseline_plan_with_a_vote_has_no_query() -> None:
-    cfg = PrivImageConfig(epsilon=5.0, delta=1e-5, selection="none", finetune_epochs=1, batch_size=100,
-                          vote_sigma=4.0)
+    cfg = PrivImageConfig(
+        epsilon=5.0, delta=1e-5, selection="none", finetune_epochs=1, batch_size=100, vote_sigma=4.0
+    )
     plan = plan_privimage(cfg, 1000)
     assert plan.query_event is None and plan.vote_event is plan.events[-1]
     assert [type(e) for e in plan.events] == [DpSgd, GaussianQuery]
@@ -110,30 +134,61 @@ def test_baseline_plan_with_a_vote_has_no_query() -> None:
 def test_plan_charges_the_vote_once_per_round() -> None:
     """Private Evolution rounds compose: three rounds at sigma 3 cost what dp-accounting says three Gaussian
     queries cost, and more DP-SGD noise than one round."""
-    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
-                          vote_sigma=3.0, vote_rounds=3)
+    cfg = PrivImageConfig(
+        epsilon=8.0,
+        delta=1e-5,
+        k=1,
+        query_sigma=10.0,
+        finetune_epochs=8,
+        batch_size=250,
+        vote_sigma=3.0,
+        vote_rounds=3,
+    )
     plan = plan_privimage(cfg, 4000)
     assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd, GaussianQuery]
-    assert plan.vote_event == GaussianQuery(sigma=3.0, sensitivity=1.0, count=3) and plan.vote_sigmas == [3.0] * 3
+    assert (
+        plan.vote_event == GaussianQuery(sigma=3.0, sensitivity=1.0, count=3)
+        and plan.vote_sigmas == [3.0] * 3
+    )
     assert "x3" in plan.vote_event.describe()
     dp = plan.dpsgd_event
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(10.0))
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)),
-        dp.steps))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                dp.sample_rate, dp_accounting.GaussianDpEvent(dp.noise_multiplier)
+            ),
+            dp.steps,
+        )
+    )
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 3))
     assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
     assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
     assert plan.noise_multiplier > plan_privimage(cfg.with_(vote_rounds=1), 4000).noise_multiplier
 
 
-@pytest.mark.parametrize("bad", [{"vote_sigma": float("nan")}, {"vote_sigma": -1.0}, {"vote_sigma": 1e308},
-                                 {"vote_sigma": math.inf}, {"vote_sigma": "3"}, {"vote_sigma": 3.0, "vote_pool": 1},
-                                 {"vote_sigma": 3.0, "vote_pool": 1000}, {"vote_pool": 0}, {"vote_rounds": 0},
-                                 {"vote_rounds": 9}, {"vote_rounds": 2.5}, {"vote_rounds": 1e308},
-                                 {"variation_strength": 0.0}, {"variation_strength": 1.5},
-                                 {"variation_strength": float("nan")}, {"variation_strength": "0.5"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"vote_sigma": float("nan")},
+        {"vote_sigma": -1.0},
+        {"vote_sigma": 1e308},
+        {"vote_sigma": math.inf},
+        {"vote_sigma": "3"},
+        {"vote_sigma": 3.0, "vote_pool": 1},
+        {"vote_sigma": 3.0, "vote_pool": 1000},
+        {"vote_pool": 0},
+        {"vote_rounds": 0},
+        {"vote_rounds": 9},
+        {"vote_rounds": 2.5},
+        {"vote_rounds": 1e308},
+        {"variation_strength": 0.0},
+        {"variation_strength": 1.5},
+        {"variation_strength": float("nan")},
+        {"variation_strength": "0.5"},
+    ],
+)
 def test_config_rejects_bad_vote_settings(bad: dict) -> None:
     with pytest.raises(InvalidParameterError):
         PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
@@ -141,10 +196,15 @@ def test_config_rejects_bad_vote_settings(bad: dict) -> None:
 
 def test_candidates_per_image_is_the_pool_only_with_the_vote_on() -> None:
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_pool=6).candidates_per_image == 1
-    assert PrivImageConfig(epsilon=5.0, delta=1e-5, vote_sigma=2.0, vote_pool=6).candidates_per_image == 6
+    assert (
+        PrivImageConfig(epsilon=5.0, delta=1e-5, vote_sigma=2.0, vote_pool=6).candidates_per_image
+        == 6
+    )
 
 
-def test_evolve_votes_each_round_on_variations_of_the_last_winners_and_reuses_saved_rounds() -> None:
+def test_evolve_votes_each_round_on_variations_of_the_last_winners_and_reuses_saved_rounds() -> (
+    None
+):
     sens, pos, cand, cpos = _data(4, m=60)
     wanted = np.repeat(np.arange(3), 5)
     seen: list[tuple[int, int]] = []
@@ -154,24 +214,64 @@ def test_evolve_votes_each_round_on_variations_of_the_last_winners_and_reuses_sa
         return np.repeat(images, 2, 0)  # two copies of each winner (a stand-in for SDEdit)
 
     rounds: list[np.ndarray] = []
-    out, out_pos = evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0, 1.0], vary, 2,
-                          on_round=lambda r, keep, noisy: rounds.append(keep))
+    out, out_pos = evolve(
+        sens,
+        pos,
+        cand,
+        cpos,
+        wanted,
+        [1.0, 1.0, 1.0],
+        vary,
+        2,
+        on_round=lambda r, keep, noisy: rounds.append(keep),
+    )
     assert seen == [(1, 15), (2, 15)] and len(rounds) == 3  # each later round varies the 15 winners
     assert out.shape == (15, 6, 6) and np.bincount(out_pos).tolist() == [5, 5, 5]
-    assert all(any((o == c).all() for c in cand) for o in out)  # copies of round-0 candidates, nothing else
+    assert all(
+        any((o == c).all() for c in cand) for o in out
+    )  # copies of round-0 candidates, nothing else
     # resuming after round 2: rounds 1-2 are not voted again, only round 3 is
     again: list[int] = []
-    evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0, 1.0], vary, 2, saved=rounds[:2],
-           on_round=lambda r, keep, noisy: again.append(r))
+    evolve(
+        sens,
+        pos,
+        cand,
+        cpos,
+        wanted,
+        [1.0, 1.0, 1.0],
+        vary,
+        2,
+        saved=rounds[:2],
+        on_round=lambda r, keep, noisy: again.append(r),
+    )
     assert again == [2]
     with pytest.raises(LedgerStateError, match="round 2 selects candidates this run did not draw"):
-        evolve(sens, pos, cand, cpos, wanted, [1.0, 1.0], vary, 2, saved=[rounds[0], np.array([10_000])])
+        evolve(
+            sens,
+            pos,
+            cand,
+            cpos,
+            wanted,
+            [1.0, 1.0],
+            vary,
+            2,
+            saved=[rounds[0], np.array([10_000])],
+        )
 
 
-@pytest.mark.parametrize("bad", [{"release_variations": -1}, {"release_variations": 16},
-                                 {"release_variations": 2.5}, {"release_variations": True},
-                                 {"release_variations": "3"}, {"release_variation_strength": 0.0},
-                                 {"release_variation_strength": float("nan")}, {"release_variation_strength": 1e308}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"release_variations": -1},
+        {"release_variations": 16},
+        {"release_variations": 2.5},
+        {"release_variations": True},
+        {"release_variations": "3"},
+        {"release_variation_strength": 0.0},
+        {"release_variation_strength": float("nan")},
+        {"release_variation_strength": 1e308},
+    ],
+)
 def test_config_rejects_bad_release_variations(bad: dict) -> None:
     with pytest.raises(InvalidParameterError, match="release_variation"):
         PrivImageConfig(epsilon=5.0, delta=1e-5, **bad)
@@ -179,8 +279,15 @@ def test_config_rejects_bad_release_variations(bad: dict) -> None:
 
 def test_release_variations_shrink_what_is_drawn_and_voted_not_what_is_released() -> None:
     demo = PrivImageConfig.demo(8.0, 1e-5)
-    assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (4000, 1000, 8000)
-    assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10, release_variations=3).base_images == 3
+    assert (demo.n_samples, demo.base_images, demo.base_images * demo.candidates_per_image) == (
+        4000,
+        1000,
+        8000,
+    )
+    assert (
+        PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10, release_variations=3).base_images
+        == 3
+    )
     assert PrivImageConfig(epsilon=5.0, delta=1e-5, n_samples=10).base_images == 10
 
 
@@ -215,9 +322,15 @@ def test_embedding_vote_picks_the_shifted_copy_where_pixel_l2_picks_another_clas
 
     sens, pos, cand, cpos = _shift_or_other_class(12)
     pixel = nearest_candidate_votes(sens, pos, cand, cpos)
-    embedded = nearest_candidate_votes(sens, pos, cand, cpos, featurize=embedding_features("cpu", "float32"))
-    assert pixel[0::2].sum() == 0 and pixel[1::2].sum() == len(sens)  # pixels: every vote to the other class
-    assert embedded[0::2].sum() >= 0.75 * len(sens)  # features: (nearly) every vote to the shifted copy
+    embedded = nearest_candidate_votes(
+        sens, pos, cand, cpos, featurize=embedding_features("cpu", "float32")
+    )
+    assert pixel[0::2].sum() == 0 and pixel[1::2].sum() == len(
+        sens
+    )  # pixels: every vote to the other class
+    assert embedded[0::2].sum() >= 0.75 * len(
+        sens
+    )  # features: (nearly) every vote to the shifted copy
 
 
 def test_embedding_features_do_not_depend_on_batchmates_and_are_unit_vectors() -> None:
@@ -228,7 +341,9 @@ def test_embedding_features_do_not_depend_on_batchmates_and_are_unit_vectors() -
     sens, _, cand, _ = _shift_or_other_class(4)
     featurize = embedding_features("cpu", "float32")
     both = featurize(np.concatenate([sens, cand]))
-    assert np.array_equal(both[:1], featurize(sens[:1])) and np.array_equal(both[len(sens):], featurize(cand))
+    assert np.array_equal(both[:1], featurize(sens[:1])) and np.array_equal(
+        both[len(sens) :], featurize(cand)
+    )
     assert both.shape == (12, 1280) and np.allclose(np.linalg.norm(both, axis=1), 1.0, atol=1e-5)
 
 
@@ -248,12 +363,26 @@ def test_removing_one_sensitive_image_changes_one_embedding_vote_by_one() -> Non
 
 
 def test_vote_space_charges_the_same_events_and_is_validated() -> None:
-    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, query_sigma=10.0, finetune_epochs=8, batch_size=250,
-                          vote_sigma=2.0, vote_rounds=4)
-    pixel, embedding = plan_privimage(cfg, 4000), plan_privimage(cfg.with_(vote_space="embedding"), 4000)
+    cfg = PrivImageConfig(
+        epsilon=8.0,
+        delta=1e-5,
+        k=1,
+        query_sigma=10.0,
+        finetune_epochs=8,
+        batch_size=250,
+        vote_sigma=2.0,
+        vote_rounds=4,
+    )
+    pixel, embedding = (
+        plan_privimage(cfg, 4000),
+        plan_privimage(cfg.with_(vote_space="embedding"), 4000),
+    )
     assert pixel.events == embedding.events and pixel.noise_multiplier == embedding.noise_multiplier
     assert PrivImageConfig(epsilon=5.0, delta=1e-5).vote_space == "pixel"
-    assert PrivImageConfig.from_dict(cfg.with_(vote_space="embedding").as_dict()).vote_space == "embedding"
+    assert (
+        PrivImageConfig.from_dict(cfg.with_(vote_space="embedding").as_dict()).vote_space
+        == "embedding"
+    )
     for bad in ("inception", "", None, 1, "Embedding"):
         with pytest.raises(InvalidParameterError, match="vote_space must be one of"):
             PrivImageConfig(epsilon=5.0, delta=1e-5, vote_space=bad)
@@ -275,7 +404,16 @@ def test_evolve_featurises_the_sensitive_images_once_and_votes_in_the_given_spac
         return -pixel_features(images)  # another space: the negated pixels (same distances)
 
     wanted = np.repeat(np.arange(3), 5)
-    out, _ = evolve(sens, pos, cand, cpos, wanted, [0.5, 0.5], lambda im, p, r: np.repeat(im, 2, 0), 2,
-                    featurize=featurize)
+    out, _ = evolve(
+        sens,
+        pos,
+        cand,
+        cpos,
+        wanted,
+        [0.5, 0.5],
+        lambda im, p, r: np.repeat(im, 2, 0),
+        2,
+        featurize=featurize,
+    )
     assert calls == [len(sens), 60, 30]  # sensitive once, then each round's candidates
     assert out.shape == (15, 6, 6)

@@ -1,4 +1,5 @@
 """Secure DP-SGD noise: right distribution, unpredictable, never saved, and used by dp_finetune by default."""
+
 import os
 import pickle
 from pathlib import Path
@@ -17,7 +18,9 @@ from synth.secure_noise import SecureGaussian
 
 N, SIGMA = 1_000_000, 1.7
 # the CPU path (AES keystream from OpenSSL) and the device path (ChaCha20 in torch ops, run here on the CPU)
-GENERATORS = pytest.mark.parametrize("make", [SecureGaussian, ChaChaGaussian], ids=["aes", "chacha"])
+GENERATORS = pytest.mark.parametrize(
+    "make", [SecureGaussian, ChaChaGaussian], ids=["aes", "chacha"]
+)
 
 
 def ks_distance(z: np.ndarray, sigma: float) -> float:
@@ -32,7 +35,9 @@ def test_noise_has_the_requested_mean_and_std(make):
     assert z.dtype == np.float64
     assert abs(z.mean()) < 0.02 and abs(z.std() - SIGMA) < 0.012
     assert ks_distance(z, SIGMA) < 0.004  # the 1e-6 critical value at N = 1e6 is ~0.0027
-    assert ks_distance(z, 2 * SIGMA) > 0.1 and ks_distance(z, 1.05 * SIGMA) > 0.01  # the same test sees a wrong sigma
+    assert (
+        ks_distance(z, 2 * SIGMA) > 0.1 and ks_distance(z, 1.05 * SIGMA) > 0.01
+    )  # the same test sees a wrong sigma
 
 
 @GENERATORS
@@ -40,7 +45,7 @@ def test_uniforms_are_in_the_open_interval_with_53_bits(make):
     u = make().uniform(200_000)
     assert u.dtype == torch.float64 and float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.005
-    frac = (u * 2.0 ** 53 - 0.5).numpy()
+    frac = (u * 2.0**53 - 0.5).numpy()
     assert np.all(frac == np.round(frac))  # on the 2^-53 grid, offset by half a step
 
 
@@ -63,10 +68,14 @@ def test_draws_never_alias_the_reused_workspace(make):
     n = 2 * secure_noise._CHUNK + 3  # three chunks, the last one short
     z = g.noise((n,), SIGMA)
     c = secure_noise._CHUNK
-    assert not torch.equal(z[:c], z[c:2 * c]) and z.shape == (n,)
+    assert not torch.equal(z[:c], z[c : 2 * c]) and z.shape == (n,)
     assert abs(float(z.std()) - SIGMA) < 0.02
     odd = g.standard_normal(4 * c + 1)  # odd length, more than one Box-Muller chunk
-    assert odd.shape == (4 * c + 1,) and not torch.equal(odd[:c], odd[2 * c:3 * c]) and abs(float(odd.std()) - 1) < 0.02
+    assert (
+        odd.shape == (4 * c + 1,)
+        and not torch.equal(odd[:c], odd[2 * c : 3 * c])
+        and abs(float(odd.std()) - 1) < 0.02
+    )
 
 
 @GENERATORS
@@ -75,7 +84,10 @@ def test_off_cpu_the_words_are_shipped_and_converted_on_the_device(make):
     torch's meta device: shapes and dtypes only, so a CPU-only machine still executes every line of it (for
     ChaCha20: the keystream and its conversion as ops on the device)."""
     g = make()
-    assert g.noise((3, 5), 1.0, "meta").shape == (3, 5) and g.noise((3, 5), 1.0, "meta").dtype == torch.float64
+    assert (
+        g.noise((3, 5), 1.0, "meta").shape == (3, 5)
+        and g.noise((3, 5), 1.0, "meta").dtype == torch.float64
+    )
     assert g.standard_normal(7, "meta").shape == (7,) and g.uniform(5, "meta").device.type == "meta"
 
 
@@ -91,9 +103,26 @@ def test_the_generator_cannot_be_saved_or_copied(tmp_path, make):
 def _finetune(tmp_path: Path, **kw) -> None:
     torch.manual_seed(0)
     x, y = torch.rand(24, 1, 28, 28) * 2 - 1, torch.arange(24) % 10
-    dp_finetune(make_unet(28, 1, 10, (8, 16), 1), x, y, sample_rate=0.25, noise_multiplier=1.0, steps=4, batch_size=6,
-                max_physical_batch=6, max_grad_norm=1.0, lr=1e-3, ema_decay=0.5, train_timesteps=100, seed=0,
-                device=torch.device("cpu"), workdir=tmp_path, ckpt_every=2, on_resume=lambda s, d: None, **kw)
+    dp_finetune(
+        make_unet(28, 1, 10, (8, 16), 1),
+        x,
+        y,
+        sample_rate=0.25,
+        noise_multiplier=1.0,
+        steps=4,
+        batch_size=6,
+        max_physical_batch=6,
+        max_grad_norm=1.0,
+        lr=1e-3,
+        ema_decay=0.5,
+        train_timesteps=100,
+        seed=0,
+        device=torch.device("cpu"),
+        workdir=tmp_path,
+        ckpt_every=2,
+        on_resume=lambda s, d: None,
+        **kw,
+    )
 
 
 def _spy(monkeypatch) -> tuple[list[bytes], list[int]]:

@@ -1,4 +1,5 @@
 """The semantic query's classifier: class-balanced training, and (slow) the demo's query on MNIST-5k."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,9 @@ def test_balanced_weights_are_ones_for_a_balanced_set() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not fashion_available(), reason="needs dataset-fashion-mnist (the 20-class public pool)")
+@pytest.mark.skipif(
+    not fashion_available(), reason="needs dataset-fashion-mnist (the 20-class public pool)"
+)
 def test_demo_query_classifier_sends_every_digit_to_its_own_public_digit() -> None:
     """Before class balancing, the demo's classifier sent most MNIST 9s to 7 or 4 and
     digit 9's noiseless count for public '9' was 41-66 of ~400, so the noisy query chose clothing for it in
@@ -34,10 +37,20 @@ def test_demo_query_classifier_sends_every_digit_to_its_own_public_digit() -> No
     torch.set_num_threads(2)
     px, py, sx, sy, n_public = query_data()
     cfg = PrivImageConfig.demo(8.0, 1e-5, k=1)
-    net = train_classifier(px, py, n_public, epochs=cfg.classifier_epochs, batch=cfg.classifier_batch,
-                           seed=0, device=torch.device("cpu"), augmented=True)
+    net = train_classifier(
+        px,
+        py,
+        n_public,
+        epochs=cfg.classifier_epochs,
+        batch=cfg.classifier_batch,
+        seed=0,
+        device=torch.device("cpu"),
+        augmented=True,
+    )
     _, hist = noiseless_histogram(net, sx, sy, n_public)
     assert select_classes(hist, 1) == [[d] for d in range(10)]
     clothing_best = hist[:, 10:].max(axis=1)
     margin = np.diag(hist[:, :10]) - clothing_best
-    assert margin.min() > 3 * cfg.query_sigma, f"own-digit count minus best clothing count per digit: {margin}"
+    assert margin.min() > 3 * cfg.query_sigma, (
+        f"own-digit count minus best clothing count per digit: {margin}"
+    )
