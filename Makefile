@@ -26,6 +26,7 @@ test: $(STAMP)
 # ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
 lint: $(STAMP)
 	$(BIN)/ruff check accounting synth audit release dashboard
+	$(BIN)/ruff format --check accounting synth audit release dashboard benchmarks tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -1,1 +1,2 @@
-"""Privacy mathematics (DpEvents, RDP/PLD epsilon, calibration) and the budget ledger. No torch here."""
+"""Privacy mathematics (DpEvents, RDP/PLD epsilon, calibration) and the budget ledger. No torch
+here."""

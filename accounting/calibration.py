@@ -31,9 +31,8 @@ EXPECTED_EVALUATIONS = (
     32  # brentq over the bracket: ~30 evaluations (a progress bar's initial total)
 )
 
-Progress = Callable[
-    [str, int, int], None
-]  # progress(stage, done, total), as synth.progress.ProgressFn
+# progress(stage, done, total), as synth.progress.ProgressFn
+Progress = Callable[[str, int, int], None]
 _PROGRESS: ContextVar[Progress | None] = ContextVar("calibration_progress", default=None)
 
 
@@ -48,7 +47,8 @@ def reporting(progress: Progress) -> Iterator[None]:
 
 
 class _Counter:
-    """Counts accountant evaluations for a progress bar whose total grows if the search runs long."""
+    """Counts accountant evaluations for a progress bar whose total grows if the search runs
+    long."""
 
     def __init__(self, stage: str, progress: Progress | None) -> None:
         self.stage, self.progress, self.done = stage, progress or _PROGRESS.get(), 0
@@ -85,8 +85,9 @@ def _check_room(prior: list[MechanismEvent], target: float, delta: float) -> Non
     spent = epsilon_rdp(prior, delta)
     if spent >= target:
         raise BudgetExceededError(
-            f"The prior spend already has epsilon {spent:.4g} (RDP) >= target {target:g}; no amount of noise "
-            "fits. Raise the target epsilon (within the dataset cap) or release nothing more from this dataset."
+            f"The prior spend already has epsilon {spent:.4g} (RDP) >= target {target:g}; no "
+            "amount of noise fits. Raise the target epsilon (within the dataset cap) or release "
+            "nothing more from this dataset."
         )
 
 
@@ -111,8 +112,9 @@ def calibrate_noise(
 def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.DpEvent]) -> float:
     if epsilon_rdp(event_of(MAX_SIGMA), delta) > target:
         raise BudgetExceededError(
-            f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; the remaining budget "
-            "is too small for this run. Raise the target (within the cap) or run fewer steps."
+            f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; "
+            "the remaining budget is too small for this run. Raise the target (within the cap) or "
+            "run fewer steps."
         )
     if epsilon_rdp(event_of(MIN_NOISE_MULTIPLIER), delta) <= target:
         return (

@@ -1,4 +1,5 @@
-"""The running RDP curve of each dataset: the sum, order by order, of the RDP of every counted event.
+"""The running RDP curve of each dataset: the sum, order by order, of the RDP of every counted
+event.
 
 RDP composes by addition at each order, so the composed history's curve is the sum of its events'
 curves, and epsilon follows from the curve alone (dp-accounting's `compute_epsilon`, the same
@@ -23,7 +24,8 @@ from accounting.epsilon import RDP_ORDERS, rdp_accountant
 from accounting.events import MechanismEvent, NonPrivateRelease, event_to_json, events_from_text
 
 TABLE = """CREATE TABLE IF NOT EXISTS rdp_curves (
-    dataset_id VARCHAR PRIMARY KEY, rdp VARCHAR NOT NULL, non_private BIGINT NOT NULL, events BIGINT NOT NULL,
+    dataset_id VARCHAR PRIMARY KEY, rdp VARCHAR NOT NULL, non_private BIGINT NOT NULL,
+    events BIGINT NOT NULL,
     orders VARCHAR NOT NULL)"""
 ORDERS_KEY = json.dumps(list(RDP_ORDERS))
 # Relative float error allowed between the running sum and a fresh composition (10,000 additions of
@@ -70,7 +72,8 @@ EMPTY = Curve(np.zeros(len(RDP_ORDERS)))
 
 @lru_cache(maxsize=4096)
 def _event_curve(text: str) -> tuple[float, ...]:
-    """RDP curve of one event (by its JSON), from dp-accounting's RdpAccountant; cached per process."""
+    """RDP curve of one event (by its JSON), from dp-accounting's RdpAccountant; cached per
+    process."""
     acc = rdp_accountant()
     acc.compose(events_from_text(f"[{text}]")[0].to_dp_event())
     return tuple(float(x) for x in acc._rdp)  # the accountant's per-order RDP (no public getter)
@@ -94,8 +97,8 @@ def _ensure_table(con: duckdb.DuckDBPyConnection) -> None:
 def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
     """The curve recomputed from the counted events of the dataset's charges table."""
     rows = con.execute(
-        "SELECT state, planned_events, charged_events FROM charges WHERE dataset_id = ? "
-        "ORDER BY position",
+        "SELECT state, planned_events, charged_events FROM charges WHERE dataset_id = ? ORDER BY "
+        "position",
         [dataset_id],
     ).fetchall()
     counted = [
@@ -107,7 +110,8 @@ def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
 
 
 def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
-    """The stored running curve; built from the charges if there is none yet (or the order grid changed)."""
+    """The stored running curve; built from the charges if there is none yet (or the order grid
+    changed)."""
     _ensure_table(con)
     row = con.execute(
         "SELECT rdp, non_private, events, orders FROM rdp_curves WHERE dataset_id = ?", [dataset_id]
@@ -119,9 +123,9 @@ def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
 
 def _save(con: duckdb.DuckDBPyConnection, dataset_id: str, curve: Curve) -> Curve:
     con.execute(
-        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-        "rdp = excluded.rdp, non_private = excluded.non_private, events = excluded.events, "
-        "orders = excluded.orders",
+        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET rdp "
+        "= excluded.rdp, non_private = excluded.non_private, events = excluded.events, orders = "
+        "excluded.orders",
         [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY],
     )
     return curve
@@ -134,16 +138,17 @@ def save_change(
     add: Sequence[MechanismEvent] = (),
     remove: Sequence[MechanismEvent] = (),
 ) -> Curve:
-    """Store `before` (loaded before the charges table changed, same transaction) + events now counted -
-    events no longer counted."""
+    """Store `before` (loaded before the charges table changed, same transaction) + events now
+    counted - events no longer counted."""
     new = before.plus(curve_of(add)).plus(curve_of(remove), -1)
     if not np.all(np.isfinite(new.rdp)) or new.events < 0:
-        new = from_scratch(
-            con, dataset_id
-        )  # an infinite order cannot be subtracted back: recompute exactly
-    # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per charge)
+        # an infinite order cannot be subtracted back: recompute exactly
+        new = from_scratch(con, dataset_id)
+    # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per
+    # charge)
     con.execute(
-        "UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id = ?",
+        "UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id "
+        "= ?",
         [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id],
     )
     return new

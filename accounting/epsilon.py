@@ -99,8 +99,8 @@ class EpsilonReport:
         }
 
 
-# Above this RDP epsilon the PLD is not computed (its grid grows to gigabytes for very low noise, and no
-# budget is that large): the PLD figure is then the RDP one, a valid upper bound.
+# Above this RDP epsilon the PLD is not computed (its grid grows to gigabytes for very low noise,
+# and no budget is that large): the PLD figure is then the RDP one, a valid upper bound.
 PLD_MAX_EPSILON = 100.0
 
 

@@ -2,9 +2,11 @@
 
 An event is stored as JSON holding both our readable parameters and the DpEvent tree, e.g.
 
-    {"mechanism": "dpsgd", "params": {"sample_rate": 0.01, "noise_multiplier": 1.1, "steps": 500},
-     "dp_event": {"type": "SelfComposedDpEvent", "count": 500, "event": {"type": "PoissonSampledDpEvent",
-                  "sampling_probability": 0.01, "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.1}}}}
+    {"mechanism": "dpsgd",
+     "params": {"sample_rate": 0.01, "noise_multiplier": 1.1, "steps": 500},
+     "dp_event": {"type": "SelfComposedDpEvent", "count": 500,
+                  "event": {"type": "PoissonSampledDpEvent", "sampling_probability": 0.01,
+                            "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.1}}}}
 
 so anyone can rebuild the DpEvent with dp-accounting alone and recompute epsilon independently.
 """
@@ -117,8 +119,8 @@ class DpSgd:
 
 @dataclass(frozen=True)
 class NonPrivateRelease:
-    """A release with no DP guarantee (e.g. k-anonymous averages). Composing it makes epsilon infinite:
-    after it the dataset's DP guarantees no longer hold (ARCHITECTURE.md rule 5)."""
+    """A release with no DP guarantee (e.g. k-anonymous averages). Composing it makes epsilon
+    infinite: after it the dataset's DP guarantees no longer hold (ARCHITECTURE.md rule 5)."""
 
     reason: str
     mechanism = "non_private"
@@ -147,7 +149,8 @@ def event_to_json(event: MechanismEvent) -> dict[str, Any]:
 
 
 def event_from_json(data: dict[str, Any]) -> MechanismEvent:
-    """Rebuild an event; the stored DpEvent must agree with the parameters (it is what auditors recompute)."""
+    """Rebuild an event; the stored DpEvent must agree with the parameters (it is what auditors
+    recompute)."""
     cls = _KINDS.get(data.get("mechanism", ""))
     if cls is None:
         raise InvalidParameterError(f"Unknown mechanism {data.get('mechanism')!r} in stored event.")

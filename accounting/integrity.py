@@ -36,9 +36,8 @@ SPEND_TOLERANCE = 1e-9
 @dataclass
 class IntegrityReport:
     trail: trail.TrailVerification
-    problems: list[str] = field(
-        default_factory=list
-    )  # ledger and checkpoint problems (chain ones are in trail)
+    # ledger and checkpoint problems (chain ones are in trail)
+    problems: list[str] = field(default_factory=list)
     spend: list[dict] = field(default_factory=list)  # per dataset: trail vs tables
     checkpoints: list[dict] = field(default_factory=list)
 
@@ -117,13 +116,13 @@ def _compare_charges(trail_charges: dict[str, dict], table: list[dict]) -> list[
         diff = [k for k in ledger.RECORD_FIELDS if rec.get(k) is not None and rec.get(k) != row[k]]
         if diff:
             problems.append(
-                f"charge {run_id}: the table's {', '.join(diff)} differ from the trail "
-                f"(trail: state {rec.get('state')}; table: state {row['state']}) — edited"
+                f"charge {run_id}: the table's {', '.join(diff)} differ from the trail (trail: "
+                f"state {rec.get('state')}; table: state {row['state']}) — edited"
             )
     for run_id in trail_charges.keys() - in_table.keys():
         problems.append(
-            f"charge {run_id}: recorded in the trail ({trail_charges[run_id].get('state')}) but missing "
-            "from the charges table (deleted)"
+            f"charge {run_id}: recorded in the trail ({trail_charges[run_id].get('state')}) but "
+            "missing from the charges table (deleted)"
         )
     return problems
 
@@ -131,14 +130,15 @@ def _compare_charges(trail_charges: dict[str, dict], table: list[dict]) -> list[
 def _spend(history_json: list, delta: float) -> float:
     if not history_json:
         return 0.0
-    # The sum of per-event RDP curves (cached per distinct event): the same epsilon as composing the history.
-    return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(
-        delta
-    )  # inf after a non-DP release
+    # The sum of per-event RDP curves (cached per distinct event): the same epsilon as composing the
+    # history.
+    # inf after a non-DP release
+    return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(delta)
 
 
 def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
-    """Replay the trail and compare with the datasets and charges tables; returns (problems, spend table)."""
+    """Replay the trail and compare with the datasets and charges tables; returns (problems, spend
+    table)."""
     trail_charges, trail_datasets = replay(rows)
     with store.transaction() as con:
         table = ledger._rows(con, "SELECT * FROM charges ORDER BY position")
@@ -155,7 +155,8 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
             changed = [k for k in DATASET_FIELDS if k in rec and rec[k] != ds[k]]
             if changed:
                 problems.append(
-                    f"dataset {ds['name']}: {', '.join(changed)} differ from its registration entry (edited)"
+                    f"dataset {ds['name']}: {', '.join(changed)} differ from its registration "
+                    "entry (edited)"
                 )
         delta = float(rec["delta_cap"]) if rec and "delta_cap" in rec else ds["delta_cap"]
 
@@ -170,8 +171,8 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
         agree = by_trail == by_table or abs(by_trail - by_table) <= SPEND_TOLERANCE
         if not agree:
             problems.append(
-                f"dataset {ds['name']}: spend recomputed from the trail is epsilon {by_trail:.6g} (RDP) "
-                f"but the ledger tables give {by_table:.6g}"
+                f"dataset {ds['name']}: spend recomputed from the trail is epsilon {by_trail:.6g} "
+                f"(RDP) but the ledger tables give {by_table:.6g}"
             )
         spend.append(
             {
@@ -192,8 +193,8 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
                 )
     for missing in trail_datasets.keys() - {d["dataset_id"] for d in datasets}:
         problems.append(
-            f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing from "
-            "the datasets table (deleted)"
+            f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing "
+            "from the datasets table (deleted)"
         )
     return problems, spend
 
@@ -207,8 +208,9 @@ def _message(cp: dict) -> bytes:
 
 
 def make_checkpoint(store: Store, steward: str, private_key: Ed25519PrivateKey) -> dict:
-    """Sign the current head with a steward's key; write it to checkpoints/ (0600) and record it in the trail.
-    Refused if the store does not verify: a signature must never vouch for an altered store."""
+    """Sign the current head with a steward's key; write it to checkpoints/ (0600) and record it in
+    the trail. Refused if the store does not verify: a signature must never vouch for an altered
+    store."""
     report = verify_store(store)
     if not report.ok:
         raise TamperError(
@@ -265,8 +267,8 @@ def check_checkpoint(
     steward_keys: dict[str, str],
     trusted_keys: list[bytes] | None = None,
 ) -> list[str]:
-    """Problems of one checkpoint against the stored chain. The signer must be a trusted key (given from
-    outside the store) or, failing that, a steward's key registered in the store."""
+    """Problems of one checkpoint against the stored chain. The signer must be a trusted key (given
+    from outside the store) or, failing that, a steward's key registered in the store."""
     where = f"checkpoint of entry {cp.get('seq')} by {cp.get('steward')}"
     try:
         raw = base64.b64decode(cp["public_key"])
@@ -282,12 +284,13 @@ def check_checkpoint(
     seq = int(cp["seq"])
     if seq > len(rows):
         return [
-            f"{where}: the chain now has only {len(rows)} entries (entries after a signed head were removed)"
+            f"{where}: the chain now has only {len(rows)} entries (entries after a signed head "
+            "were removed)"
         ]
     if rows[seq - 1][0] != seq or rows[seq - 1][6] != cp["head_hash"]:
         return [
-            f"{where}: the chain's entry {seq} no longer has the signed hash {cp['head_hash'][:12]}… "
-            "(the trail was rewritten and its hashes recomputed)"
+            f"{where}: the chain's entry {seq} no longer has the signed hash "
+            f"{cp['head_hash'][:12]}… (the trail was rewritten and its hashes recomputed)"
         ]
     return []
 
@@ -295,7 +298,8 @@ def check_checkpoint(
 def verify_store(
     store: Store, checkpoint_files: Iterable[Path] = (), trusted_keys: list[bytes] | None = None
 ) -> IntegrityReport:
-    """Chain + head, ledger replayed from the trail, and every checkpoint (the workspace's and those given)."""
+    """Chain + head, ledger replayed from the trail, and every checkpoint (the workspace's and those
+    given)."""
     with store._lock:  # one consistent snapshot: no commit lands between the reads
         rows = trail.read_rows(store)
         v = trail.verify_rows(

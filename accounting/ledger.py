@@ -1,9 +1,10 @@
 """The budget ledger: datasets with caps, and the charges (runs) against them.
 
 Epsilon is always derived from the whole composed history by RDP (the reference) and PLD (reported
-beside it). The cap is enforced as a privacy filter over the running RDP curve (accounting.filter: the
-stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A charge is
-`reserved` (its planned events count), `committed` (the executed events count) or `refunded` (nothing counts).
+beside it). The cap is enforced as a privacy filter over the running RDP curve (accounting.filter:
+the stop rule a theorem proves valid when each release is chosen after seeing the earlier ones). A
+charge is `reserved` (its planned events count), `committed` (the executed events count) or
+`refunded` (nothing counts).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from accounting.validation import check_count, check_delta, check_epsilon
 
 ACTIVE_STATES = ("reserved", "committed")
 PLD_CACHE = (
-    "CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT NULL, "
-    "epsilon_pld DOUBLE NOT NULL)"
+    "CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT "
+    "NULL, epsilon_pld DOUBLE NOT NULL)"
 )
 
 
@@ -92,8 +93,9 @@ class Budget:
     dataset: Dataset
     charges: list[Charge]
     spent: EpsilonReport
-    # Under adaptive choice of releases (accounting.filter): the filter's epsilon of the running curve (the cap
-    # check: <= cap while the filter admits) and the odometer's bound on the spend, valid at every time at once.
+    # Under adaptive choice of releases (accounting.filter): the filter's epsilon of the running
+    # curve (the cap check: <= cap while the filter admits) and the odometer's bound on the spend,
+    # valid at every time at once.
     filter_epsilon: float = 0.0
     odometer_epsilon: float = 0.0
 
@@ -137,8 +139,8 @@ def register_dataset(
     record_count = check_count(record_count, "record count")
     if delta_cap >= 1.0 / record_count:
         raise DatasetConflictError(
-            f"delta cap {delta_cap:g} is not below 1/n = {1 / record_count:.3g}: with that delta a mechanism may "
-            "publish a whole record. Choose delta well below 1/n."
+            f"delta cap {delta_cap:g} is not below 1/n = {1 / record_count:.3g}: with that delta a "
+            "mechanism may publish a whole record. Choose delta well below 1/n."
         )
     with store.transaction() as con:
         row = con.execute(
@@ -147,8 +149,8 @@ def register_dataset(
         if row is not None:
             if row[0] != fingerprint:
                 raise DatasetConflictError(
-                    f"A dataset named {name!r} is already registered with different content. Its ledger belongs to "
-                    "that content; register the new data under a new name."
+                    f"A dataset named {name!r} is already registered with different content. Its "
+                    "ledger belongs to that content; register the new data under a new name."
                 )
             existing = row[1]
         else:
@@ -157,8 +159,9 @@ def register_dataset(
             ).fetchone()
             if twin is not None:
                 raise DatasetConflictError(
-                    f"This content is already registered as {twin[0]!r}. One dataset has one budget: registering it "
-                    "again under another name would double its privacy budget. Use the existing name."
+                    f"This content is already registered as {twin[0]!r}. One dataset has one "
+                    "budget: registering it again under another name would double its privacy "
+                    "budget. Use the existing name."
                 )
             existing = None
             dataset_id = "ds-" + uuid.uuid4().hex[:12]
@@ -225,7 +228,8 @@ def _dataset_row(con, name_or_id: str) -> Dataset:
             or "none yet"
         )
         raise UnknownDatasetError(
-            f"Unknown dataset {name_or_id!r} (registered: {known}). Register it with `privrelease dataset register`."
+            f"Unknown dataset {name_or_id!r} (registered: {known}). Register it with `privrelease "
+            "dataset register`."
         )
     return Dataset.from_row(rows[0])
 
@@ -253,9 +257,10 @@ def reserve(
     non_private = any(isinstance(e, NonPrivateRelease) for e in events)
     if non_private and not allow_non_private:
         raise LedgerStateError(
-            "This run makes a release without a DP guarantee, after which no release of this dataset keeps a DP "
-            "guarantee (its epsilon becomes infinite). Nothing was charged. To accept that, approve the release "
-            "with `privrelease release approve REL --acknowledge-non-dp`."
+            "This run makes a release without a DP guarantee, after which no release of this "
+            "dataset keeps a DP guarantee (its epsilon becomes infinite). Nothing was charged. To "
+            "accept that, approve the release with `privrelease release approve REL "
+            "--acknowledge-non-dp`."
         )
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
@@ -265,12 +270,12 @@ def reserve(
                 existing.planned_events
             ) != events_to_text(events):
                 raise LedgerStateError(
-                    f"Run id {run_id!r} was already used for a different reservation; use a new run id."
+                    f"Run id {run_id!r} was already used for a different reservation; use a new "
+                    "run id."
                 )
             return existing  # replay: no second charge
-        before = curve.load(
-            con, ds.dataset_id
-        )  # the running RDP curve: no re-composition of the history
+        # the running RDP curve: no re-composition of the history
+        before = curve.load(con, ds.dataset_id)
         if not non_private:
             after = before.plus(curve.curve_of(events))
             eps = after.epsilon(ds.delta_cap)
@@ -326,10 +331,11 @@ def charge_many(
     description: str = "",
     actor: str = "system",
 ) -> list[Charge]:
-    """Reserve then commit each of `histories` (one charge each, run ids `run_prefix`1, 2, ...) in one
-    transaction, with the rows and trail entries `reserve` and `commit` would write one by one: for seeding a
-    large ledger (benchmarks/accounting_bench.py). The cap's filter is checked once, on the final curve, before
-    anything is written: RDP only grows as charges are added, so a final curve it admits admits every prefix.
+    """Reserve then commit each of `histories` (one charge each, run ids `run_prefix`1, 2, ...) in
+    one transaction, with the rows and trail entries `reserve` and `commit` would write one by one:
+    for seeding a large ledger (benchmarks/accounting_bench.py). The cap's filter is checked once,
+    on the final curve, before anything is written: RDP only grows as charges are added, so a final
+    curve it admits admits every prefix.
 
     Raises:
         LedgerStateError: no charges, an empty one, a non-DP event, or a run id already used.
@@ -396,16 +402,18 @@ def charge_many(
 def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
     if after.non_private:
         return (
-            f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP release can claim "
-            "a finite epsilon. Nothing was charged."
+            f"Dataset {ds.name!r} already had a release without a DP guarantee: no further DP "
+            "release can claim a finite epsilon. Nothing was charged."
         )
     return (
-        f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap valid however "
-        f"releases are chosen, would stop here. This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
+        f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap "
+        "valid however releases are chosen, would stop here. This run would bring the filter's "
+        f"epsilon (delta={ds.delta_cap:g}) from "
         f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
-        f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap {ds.epsilon_cap:g} (RDP epsilon "
-        f"{after.epsilon(ds.delta_cap):.4g}). Nothing was charged. Use more noise or fewer steps (see `privrelease "
-        "budget plan`), or a smaller target epsilon."
+        f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap "
+        f"{ds.epsilon_cap:g} (RDP epsilon {after.epsilon(ds.delta_cap):.4g}). Nothing was charged. "
+        "Use more noise or fewer steps (see `privrelease budget plan`), or a smaller target "
+        "epsilon."
     )
 
 
@@ -433,7 +441,8 @@ def commit(
             _check_within_reservation(run_id, charge.planned_events, executed, ds.delta_cap)
         before = curve.load(con, charge.dataset_id)
         con.execute(
-            "UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE run_id = ?",
+            "UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE "
+            "run_id = ?",
             [text, trail.now(), run_id],
         )
         curve.save_change(
@@ -456,7 +465,8 @@ def _check_within_reservation(
     if actual.non_private or np.any(over):
         raise LedgerStateError(
             f"Run {run_id!r} executed more (epsilon {actual.epsilon(delta):.4g}) than it reserved "
-            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. Nothing was changed."
+            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. "
+            "Nothing was changed."
         )
 
 
@@ -470,8 +480,8 @@ def refund(store: Store, run_id: str, *, reason: str, actor: str = "system") -> 
             return charge
         if charge.state == "committed":
             raise LedgerStateError(
-                f"Run {run_id!r} is committed and cannot be refunded: it read the data, so what it executed stays "
-                "charged. Nothing was changed."
+                f"Run {run_id!r} is committed and cannot be refunded: it read the data, so what it "
+                "executed stays charged. Nothing was changed."
             )
         before = curve.load(con, charge.dataset_id)
         con.execute(
@@ -489,7 +499,8 @@ RECORD_FIELDS = ("run_id", "dataset_id", "position", "state", "planned_events", 
 
 def charge_record(row: dict) -> dict:
     """What a budget.* trail entry commits to: the charge row's accounting fields (events as parsed
-    JSON) after the change. `privrelease audit verify` replays these and compares them with the table."""
+    JSON) after the change. `privrelease audit verify` replays these and compares them with the
+    table."""
     out = {k: row[k] for k in RECORD_FIELDS}
     out["planned_events"], out["charged_events"] = (
         json.loads(row["planned_events"]),
@@ -538,8 +549,9 @@ def budget(store: Store, dataset: str) -> Budget:
 def pld_cached(
     store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float
 ) -> float:
-    """PLD epsilon of the history, cached in the store by the history's content (PLD of a long history takes
-    seconds; it is recomputed only when the history changed, on the first read after a charge)."""
+    """PLD epsilon of the history, cached in the store by the history's content (PLD of a long
+    history takes seconds; it is recomputed only when the history changed, on the first read after a
+    charge)."""
     key = hashlib.sha256(f"{delta!r}|{events_to_text(history)}".encode()).hexdigest()
     with store.transaction() as con:
         con.execute(PLD_CACHE)

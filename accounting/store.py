@@ -1,12 +1,12 @@
 """The workspace and its store: an embedded DuckDB file (default) or a shared PostgreSQL database.
 
 DuckDB allows one process per file, so every access (reads too: a read-only open is refused while
-another process holds the file for writing) goes through `Store.transaction()`, under an exclusive file
-lock. A process keeps the connection and the lock across a burst of transactions and lets go at once
-when another process waits, or after a short idle time (store_backends.HOLD_IDLE_S), so several CLI
-processes can run at once safely and a charge does not pay connect + checkpoint each time. With
-PostgreSQL (`privrelease init --store postgresql://...`), transactions of every host are serialised by
-an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-nothing.
+another process holds the file for writing) goes through `Store.transaction()`, under an exclusive
+file lock. A process keeps the connection and the lock across a burst of transactions and lets go at
+once when another process waits, or after a short idle time (store_backends.HOLD_IDLE_S), so several
+CLI processes can run at once safely and a charge does not pay connect + checkpoint each time. With
+PostgreSQL (`privrelease init --store postgresql://...`), transactions of every host are serialised
+by an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS datasets (
 CREATE TABLE IF NOT EXISTS charges (
     position BIGINT PRIMARY KEY, run_id VARCHAR UNIQUE NOT NULL, dataset_id VARCHAR NOT NULL,
     state VARCHAR NOT NULL, planned_events VARCHAR NOT NULL, charged_events VARCHAR NOT NULL,
-    description VARCHAR NOT NULL, actor VARCHAR NOT NULL, reserved_at VARCHAR NOT NULL, settled_at VARCHAR);
+    description VARCHAR NOT NULL, actor VARCHAR NOT NULL, reserved_at VARCHAR NOT NULL,
+    settled_at VARCHAR);
 CREATE TABLE IF NOT EXISTS audit_trail (
     seq BIGINT PRIMARY KEY, ts VARCHAR NOT NULL, actor VARCHAR NOT NULL, action VARCHAR NOT NULL,
     payload VARCHAR NOT NULL, prev_hash VARCHAR NOT NULL, entry_hash VARCHAR NOT NULL);
@@ -46,12 +47,14 @@ CREATE TABLE IF NOT EXISTS identities (
     password_hash VARCHAR, created_at VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
     release_id VARCHAR PRIMARY KEY, dataset_id VARCHAR NOT NULL, mechanism VARCHAR NOT NULL,
-    state VARCHAR NOT NULL, spec VARCHAR NOT NULL, plan VARCHAR NOT NULL, plan_digest VARCHAR NOT NULL,
+    state VARCHAR NOT NULL, spec VARCHAR NOT NULL, plan VARCHAR NOT NULL,
+    plan_digest VARCHAR NOT NULL,
     created_by VARCHAR NOT NULL, created_at VARCHAR NOT NULL, updated_at VARCHAR NOT NULL,
     reason VARCHAR, result VARCHAR);
 CREATE TABLE IF NOT EXISTS approvals (
     release_id VARCHAR NOT NULL, approver VARCHAR NOT NULL, decision VARCHAR NOT NULL,
-    plan_digest VARCHAR NOT NULL, signature VARCHAR NOT NULL, reason VARCHAR, decided_at VARCHAR NOT NULL);
+    plan_digest VARCHAR NOT NULL, signature VARCHAR NOT NULL, reason VARCHAR,
+    decided_at VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS audit_results (
     release_id VARCHAR NOT NULL, check_name VARCHAR NOT NULL, passed BOOLEAN,
     summary VARCHAR NOT NULL, details VARCHAR NOT NULL, checked_at VARCHAR NOT NULL,
@@ -72,9 +75,8 @@ class Workspace:
     db_path = property(lambda self: self.root / "store.duckdb")
     config_path = property(lambda self: self.root / "config.toml")
     lock_path = property(lambda self: self.root / "store.lock")
-    pg_lock_path = property(
-        lambda self: self.root / "store-pg.lock"
-    )  # this host's writers, PostgreSQL store
+    # this host's writers, PostgreSQL store
+    pg_lock_path = property(lambda self: self.root / "store-pg.lock")
     artifacts = property(lambda self: self.root / "artifacts")
     keys = property(lambda self: self.root / "keys")
     bundles = property(lambda self: self.root / "bundles")
@@ -97,8 +99,8 @@ class Workspace:
         return config.get("store", {}).get("url") or None
 
     def set_store_url(self, url: str | None) -> None:
-        """Point the workspace at a PostgreSQL store (None: back to store.duckdb). The file is 0600: the URL may
-        hold a password."""
+        """Point the workspace at a PostgreSQL store (None: back to store.duckdb). The file is 0600:
+        the URL may hold a password."""
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             tomli_w.dump({"store": {"url": url}} if url else {}, f)
@@ -109,24 +111,25 @@ class Workspace:
         return store_there and self.hmac_key_path.exists()
 
     def init(self, store_url: str | None = None) -> bool:
-        """Create the workspace if needed; returns True if it was created now. Idempotent. `store_url`
-        (postgresql://...) keeps the tables in that database instead of store.duckdb."""
+        """Create the workspace if needed; returns True if it was created now. Idempotent.
+        `store_url` (postgresql://...) keeps the tables in that database instead of store.duckdb."""
         if store_url is not None:
             check_store_url(store_url)
             if self.initialised and self.store_url != store_url:
                 raise PrivReleaseError(
-                    f"The workspace at {self.root} already has its store ({redact(self.store_url or str(self.db_path))})."
-                    " To move it to PostgreSQL use `privrelease store migrate --to URL`."
+                    f"The workspace at {self.root} already has its store "
+                    f"({redact(self.store_url or str(self.db_path))}). To move it to PostgreSQL "
+                    "use `privrelease store migrate --to URL`."
                 )
         created = not self.initialised
         for d in (self.root, self.artifacts, self.keys, self.bundles):
             d.mkdir(parents=True, exist_ok=True)
-            # The workspace holds sensitive data's derivatives (models, samples, reports) and the HMAC
-            # key: only its owner may enter any of it (README, "Trust model").
+            # The workspace holds sensitive data's derivatives (models, samples, reports) and the
+            # HMAC key: only its owner may enter any of it (README, "Trust model").
             os.chmod(d, 0o700)
         if not self.hmac_key_path.exists():
-            # Secret key for dataset/record fingerprints (ARCHITECTURE.md rule 4): a plain hash of sensitive
-            # data would let anyone tell D from a neighbouring D'.
+            # Secret key for dataset/record fingerprints (ARCHITECTURE.md rule 4): a plain hash of
+            # sensitive data would let anyone tell D from a neighbouring D'.
             fd = os.open(self.hmac_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(32))
@@ -157,7 +160,7 @@ class Workspace:
 def check_store_url(url: str) -> None:
     if not is_postgres_url(url):
         raise PrivReleaseError(
-            f"--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
+            "--store takes a PostgreSQL URL (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), "
             f"not {redact(url)!r}; without --store the workspace uses its own store.duckdb."
         )
 
@@ -172,9 +175,10 @@ def create_schema(store: Store) -> None:
 
 
 def check_fingerprint_key(ws: Workspace, store: Store) -> None:
-    """Every workspace sharing a store must fingerprint with the same HMAC key: a dataset registered on one
-    host is re-checked against its fingerprint when a release on another host reads it. The store keeps
-    an HMAC of a constant under the key (not the key) and refuses a workspace whose key differs."""
+    """Every workspace sharing a store must fingerprint with the same HMAC key: a dataset registered
+    on one host is re-checked against its fingerprint when a release on another host reads it. The
+    store keeps an HMAC of a constant under the key (not the key) and refuses a workspace whose key
+    differs."""
     key_id = hmac.new(ws.hmac_key(), b"privrelease fingerprint key id", hashlib.sha256).hexdigest()[
         :32
     ]
@@ -187,16 +191,17 @@ def check_fingerprint_key(ws: Workspace, store: Store) -> None:
         ]
     if stored != key_id:
         raise PrivReleaseError(
-            f"The store {redact(ws.store_url or '')} is used by workspaces with another fingerprint key. Copy "
-            f"keys/fingerprint.key from a workspace that uses this store to {ws.hmac_key_path} (mode 0600) and run "
-            "`privrelease init --store URL` again."
+            f"The store {redact(ws.store_url or '')} is used by workspaces with another "
+            "fingerprint key. Copy keys/fingerprint.key from a workspace that uses this store to "
+            f"{ws.hmac_key_path} (mode 0600) and run `privrelease init --store URL` again."
         )
 
 
 class Store:
     """All reads and writes of the workspace's tables, one serialised transaction at a time."""
 
-    # set by accounting.trail during a transaction: the head it will create, and whose hooks record it
+    # set by accounting.trail during a transaction: the head it will create, and whose hooks record
+    # it
     _trail_new_head: tuple[int, str]
     _trail_hooks_of: Any
 
@@ -209,8 +214,8 @@ class Store:
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         if not _allow_uninitialised and not self.workspace.initialised:
             raise PrivReleaseError(
-                f"No privrelease workspace at {self.workspace.root}. Run `privrelease init` "
-                "(or pass --workspace / set PRIVRELEASE_HOME to an existing one)."
+                f"No privrelease workspace at {self.workspace.root}. Run `privrelease init` (or "
+                "pass --workspace / set PRIVRELEASE_HOME to an existing one)."
             )
         # Everything this process writes from now on (models, samples, reports, audit plots of real
         # images, bundles) is its owner's only: files 0600, folders 0700 (README, "Trust model").
@@ -226,7 +231,8 @@ class Store:
 
     @property
     def _lock(self) -> Any:
-        """Held: no transaction of this host runs (reads that must see the rows and the head files together)."""
+        """Held: no transaction of this host runs (reads that must see the rows and the head files
+        together)."""
         return self.backend.locked()
 
     @property

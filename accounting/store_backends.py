@@ -1,9 +1,10 @@
-"""Where the store's tables live: an embedded DuckDB file (the default) or a shared PostgreSQL server.
+"""Where the store's tables live: an embedded DuckDB file (the default) or a shared PostgreSQL
+server.
 
-Both backends give `Store.transaction()` the same thing: a connection whose `execute(sql, params)` takes
-the DuckDB dialect the code is written in (`?` parameters, `ORDER BY rowid`, `DOUBLE`) and returns a cursor
-with `fetchone`, `fetchall` and `description`, inside one all-or-nothing transaction that no other writer
-interleaves with.
+Both backends give `Store.transaction()` the same thing: a connection whose `execute(sql, params)`
+takes the DuckDB dialect the code is written in (`?` parameters, `ORDER BY rowid`, `DOUBLE`) and
+returns a cursor with `fetchone`, `fetchall` and `description`, inside one all-or-nothing
+transaction that no other writer interleaves with.
 """
 
 from __future__ import annotations
@@ -24,17 +25,18 @@ from filelock import FileLock, Timeout
 from accounting.errors import PrivReleaseError
 
 LOCK_TIMEOUT_S = 120
-# A process keeps its DuckDB connection (and the file lock) this long after its last transaction, so that a
-# burst of transactions (a reserve and its commit, a page of the dashboard) pays connect + checkpoint once.
-# Another process that wants the store leaves a marker and gets it at the end of the current transaction.
+# A process keeps its DuckDB connection (and the file lock) this long after its last transaction, so
+# that a burst of transactions (a reserve and its commit, a page of the dashboard) pays connect +
+# checkpoint once. Another process that wants the store leaves a marker and gets it at the end of
+# the current transaction.
 HOLD_IDLE_S = 0.05
 Hooks = Callable[[], None]
 
 
 # ------------------------------------------------------------------ DuckDB
 class _DuckHold:
-    """This process's open connection to one DuckDB file, and the file lock that must be held while it is
-    open (DuckDB refuses a second process while one has the file open)."""
+    """This process's open connection to one DuckDB file, and the file lock that must be held while
+    it is open (DuckDB refuses a second process while one has the file open)."""
 
     def __init__(self, db_path: Path, lock_path: Path) -> None:
         self.db_path = db_path
@@ -49,7 +51,8 @@ class _DuckHold:
         self.timer: threading.Timer | None = None
 
     def acquire_file_lock(self) -> None:
-        """Take the file lock (re-entrant); while blocked, leave a marker so the holder lets go soon."""
+        """Take the file lock (re-entrant); while blocked, leave a marker so the holder lets go
+        soon."""
         try:
             self.lock.acquire(timeout=0)
             return
@@ -69,7 +72,8 @@ class _DuckHold:
             self.timer.cancel()
             self.timer = None
         if self.con is not None and _inode(self.db_path) != self.inode:
-            self.close()  # the file was removed or replaced behind us (a workspace deleted and made again)
+            # the file was removed or replaced behind us (a workspace deleted and made again)
+            self.close()
         if self.con is None:
             self.acquire_file_lock()
             try:
@@ -98,13 +102,13 @@ class _DuckHold:
         for name in names:
             if name.isdigit() and _alive(int(name)):
                 return True
-            (self.waiting / name).unlink(
-                missing_ok=True
-            )  # a waiter that died: not waiting any more
+            # a waiter that died: not waiting any more
+            (self.waiting / name).unlink(missing_ok=True)
         return False
 
     def idle(self) -> None:
-        """After the outermost transaction: let go now if another process waits, else after HOLD_IDLE_S."""
+        """After the outermost transaction: let go now if another process waits, else after
+        HOLD_IDLE_S."""
         if self.con is None:
             return
         if self.someone_waits():
@@ -160,7 +164,8 @@ def _hold_for(db_path: Path, lock_path: Path) -> _DuckHold:
 
 
 def _forget_after_fork() -> None:
-    """A forked child must not use (or, by garbage collection, close) its parent's connection and lock."""
+    """A forked child must not use (or, by garbage collection, close) its parent's connection and
+    lock."""
     global _HOLDS_MUTEX
     _ORPHANS.extend(_HOLDS.values())
     _HOLDS.clear()
@@ -198,7 +203,8 @@ class DuckDBBackend:
         hold = self._hold
         with hold.mutex:
             con = hold.open()
-            # A transaction opened inside another (same thread) gets its own connection to the same database.
+            # A transaction opened inside another (same thread) gets its own connection to the same
+            # database.
             cur = con.cursor() if hold.depth else con
             hold.depth += 1
             try:
@@ -246,14 +252,15 @@ def _run(cur: Any, before_commit: Hooks, after_commit: Hooks) -> Iterator[Any]:
     after_commit()
 
 
-# ------------------------------------------------------------------ PostgreSQL
-# Every store transaction takes this transaction-scoped advisory lock first, so transactions of all
-# stewards on all hosts run one at a time, as DuckDB's file lock makes them run on one host. Chosen over
-# SERIALIZABLE + retry because a transaction body is not safely retryable: it runs Python hooks (the trail's
-# write-ahead head file), and its checks (cap vs. running curve, trail head -> seq + 1) would make
-# concurrent charges conflict and abort anyway. A ledger sees a few writes a minute; one at a time is
-# plenty. READ COMMITTED, not REPEATABLE READ: each statement's snapshot is taken after the lock is
-# granted, so it sees everything committed before (a REPEATABLE READ snapshot would predate the wait).
+# ------------------------------------------------------------------ PostgreSQL Every store
+# transaction takes this transaction-scoped advisory lock first, so transactions of all stewards on
+# all hosts run one at a time, as DuckDB's file lock makes them run on one host. Chosen over
+# SERIALIZABLE + retry because a transaction body is not safely retryable: it runs Python hooks (the
+# trail's write-ahead head file), and its checks (cap vs. running curve, trail head -> seq + 1)
+# would make concurrent charges conflict and abort anyway. A ledger sees a few writes a minute; one
+# at a time is plenty. READ COMMITTED, not REPEATABLE READ: each statement's snapshot is taken after
+# the lock is granted, so it sees everything committed before (a REPEATABLE READ snapshot would
+# predate the wait).
 ADVISORY_KEY = int.from_bytes(b"privrels", "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -342,8 +349,9 @@ def connect_postgres(url: str) -> Any:
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PrivReleaseError(
-            f"Cannot reach the PostgreSQL store {redact(url)}: {first}. Check that the server runs and accepts this "
-            "user (its password from ~/.pgpass or PGPASSWORD), and the URL given to `privrelease init --store`."
+            f"Cannot reach the PostgreSQL store {redact(url)}: {first}. Check that the server runs "
+            "and accepts this user (its password from ~/.pgpass or PGPASSWORD), and the URL given "
+            "to `privrelease init --store`."
         ) from None
 
 
@@ -353,8 +361,9 @@ _DOUBLE = re.compile(r"\bDOUBLE\b(?!\s+PRECISION)", re.IGNORECASE)
 
 
 def to_postgres(sql: str, has_params: bool) -> str:
-    """DuckDB dialect -> PostgreSQL: `?` -> `%s` (and a literal `%` -> `%%` when psycopg parses parameters),
-    `rowid` (storage order) -> `ctid`, `DOUBLE` -> `DOUBLE PRECISION`. Quoted text is left alone."""
+    """DuckDB dialect -> PostgreSQL: `?` -> `%s` (and a literal `%` -> `%%` when psycopg parses
+    parameters), `rowid` (storage order) -> `ctid`, `DOUBLE` -> `DOUBLE PRECISION`. Quoted text is
+    left alone."""
 
     def sub(m: re.Match) -> str:
         tok = m.group(0)

@@ -1,8 +1,10 @@
-"""Move a workspace's store from its DuckDB file into a PostgreSQL database (`privrelease store migrate`).
+"""Move a workspace's store from its DuckDB file into a PostgreSQL database (`privrelease store
+migrate`).
 
-Every table is copied in storage order (the trail's order is part of what `audit verify` checks) inside one
-PostgreSQL transaction, while the DuckDB store is locked; the workspace is switched to the new store only
-when the copy verifies: chain, recorded head, ledger replayed from the trail, and the same head entry.
+Every table is copied in storage order (the trail's order is part of what `audit verify` checks)
+inside one PostgreSQL transaction, while the DuckDB store is locked; the workspace is switched to
+the new store only when the copy verifies: chain, recorded head, ledger replayed from the trail, and
+the same head entry.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ class Migration:
 def _source_tables(src: Store) -> list[tuple[str, str]]:
     with src.transaction() as con:
         return con.execute(
-            "SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' "
-            "ORDER BY table_name"
+            "SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY "
+            "table_name"
         ).fetchall()
 
 
@@ -40,16 +42,16 @@ def _refuse_non_empty(con: PgConnection, url: str) -> None:
     filled = [t for t in tables if con.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()]
     if filled:
         raise PrivReleaseError(
-            f"The target database {redact(url)} is not empty (tables with rows: {', '.join(sorted(filled))}). "
-            "Migrate into a new, empty database (e.g. `createdb privrelease`); nothing was copied."
+            f"The target database {redact(url)} is not empty (tables with rows: "
+            f"{', '.join(sorted(filled))}). Migrate into a new, empty database (e.g. `createdb "
+            "privrelease`); nothing was copied."
         )
 
 
 def _copy_table(src_con, dst: PgConnection, table: str, ddl: str) -> int:
     dst.execute(to_postgres(ddl.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1), False))
-    cur = src_con.execute(
-        f'SELECT * FROM "{table}" ORDER BY rowid'
-    )  # storage order: the trail's is checked
+    # storage order: the trail's is checked
+    cur = src_con.execute(f'SELECT * FROM "{table}" ORDER BY rowid')
     columns = ", ".join(f'"{d[0]}"' for d in cur.description)
     n = 0
     with dst.raw.cursor().copy(f'COPY "{table}" ({columns}) FROM STDIN') as copy:
@@ -69,7 +71,8 @@ def _head(store: Store) -> tuple[int, str] | None:
 
 
 def migrate_to_postgres(ws: Workspace, url: str) -> Migration:
-    """Copy the workspace's DuckDB store into the empty PostgreSQL database at `url`, verify, switch."""
+    """Copy the workspace's DuckDB store into the empty PostgreSQL database at `url`, verify,
+    switch."""
     check_store_url(url)
     if ws.store_url is not None:
         raise PrivReleaseError(
@@ -79,8 +82,8 @@ def migrate_to_postgres(ws: Workspace, url: str) -> Migration:
     before = integrity.verify_store(src)
     if not before.ok:
         raise TamperError(
-            "The workspace's store does not verify, so it is not migrated (the copy would carry the "
-            "alteration over): "
+            "The workspace's store does not verify, so it is not migrated (the copy would carry "
+            "the alteration over): "
             + "; ".join(before.all_problems[:3])
             + ". See `privrelease audit verify`."
         )

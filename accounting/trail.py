@@ -24,8 +24,8 @@ import duckdb
 from accounting.store import Store
 
 GENESIS = "0" * 64
-# The chain's last entry: max() reads only the seq column, then one primary-key lookup (ORDER BY seq DESC
-# LIMIT 1 sorted the whole table: 12 ms at 100,000 entries instead of 1 ms).
+# The chain's last entry: max() reads only the seq column, then one primary-key lookup (ORDER BY seq
+# DESC LIMIT 1 sorted the whole table: 12 ms at 100,000 entries instead of 1 ms).
 HEAD_SQL = "SELECT seq, entry_hash FROM audit_trail WHERE seq = (SELECT max(seq) FROM audit_trail)"
 
 
@@ -60,9 +60,8 @@ def append(
     `trail.head.pending` (the head this transaction will create) is written just before COMMIT and
     `trail.head` just after. A crash in between leaves pending == the stored chain's end, which
     `verify` reports as "interrupted" (not "altered") and the next append repairs."""
-    hooked = (
-        getattr(store, "_trail_hooks_of", None) is store.before_commit
-    )  # this transaction's hooks set?
+    # this transaction's hooks set?
+    hooked = getattr(store, "_trail_hooks_of", None) is store.before_commit
     if not hooked:
         _recover_head(con, store)
     row = con.execute(HEAD_SQL).fetchone()
@@ -86,13 +85,13 @@ def append(
 def append_many(
     con: duckdb.DuckDBPyConnection, store: Store, actor: str, entries: Sequence[tuple[str, dict]]
 ) -> tuple[int, str]:
-    """Append (action, payload) entries in order inside the caller's transaction, chained as `append` chains
-    them one by one; the head is read once (seeding a large store: `ledger.charge_many`)."""
+    """Append (action, payload) entries in order inside the caller's transaction, chained as
+    `append` chains them one by one; the head is read once (seeding a large store:
+    `ledger.charge_many`)."""
     if not entries:
         raise ValueError("append_many needs at least one entry.")
-    seq, h = append(
-        con, store, actor, entries[0][0], entries[0][1]
-    )  # recovers the head, sets the hooks
+    # recovers the head, sets the hooks
+    seq, h = append(con, store, actor, entries[0][0], entries[0][1])
     ts, rows = now(), []
     for action, payload in entries[1:]:
         text, prev, seq = canonical(payload), h, seq + 1
@@ -104,14 +103,15 @@ def append_many(
 
 
 def _insert_many(con: Any, table: str, columns: Sequence[str], rows: list[list]) -> None:
-    """Insert rows in one statement on DuckDB (an Arrow table scanned by INSERT ... SELECT: executemany costs
-    milliseconds a row there), one by one elsewhere."""
+    """Insert rows in one statement on DuckDB (an Arrow table scanned by INSERT ... SELECT:
+    executemany costs milliseconds a row there), one by one elsewhere."""
     if not rows:
         return
     if hasattr(con, "register"):  # DuckDB
         import pyarrow as pa
 
-        bulk = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})  # noqa: F841 (scanned by name)
+        # DuckDB's replacement scan reads the local `bulk` by its name in the SQL below
+        bulk = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})  # noqa: F841
         con.execute(
             f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM bulk"
         )
@@ -140,7 +140,8 @@ def _promote_pending(store: Store) -> None:
 
 
 def _recover_head(con: duckdb.DuckDBPyConnection, store: Store) -> None:
-    """Under the store lock: finish an interrupted head update, or drop a rolled-back pending one."""
+    """Under the store lock: finish an interrupted head update, or drop a rolled-back pending
+    one."""
     pending_path = store.workspace.root / PENDING_NAME
     pending = _read_head(pending_path)
     if pending is None:
@@ -187,7 +188,8 @@ def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
     ):
         if seq != expected_seq:
             problems.append(
-                f"entry {seq}: expected sequence number {expected_seq} (an entry was deleted or moved)"
+                f"entry {seq}: expected sequence number {expected_seq} (an entry was deleted or "
+                "moved)"
             )
             broken.append(seq)
         if prev_hash != prev:
@@ -209,20 +211,20 @@ def verify_rows(
     *,
     shared: bool = False,
 ) -> TrailVerification:
-    """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in storage order,
-    against the recorded head (and the write-ahead pending head, if a crash left one). With a `shared` store
-    (PostgreSQL) other hosts append too: this workspace's head pins the chain up to what it last wrote."""
+    """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in
+    storage order, against the recorded head (and the write-ahead pending head, if a crash left
+    one). With a `shared` store (PostgreSQL) other hosts append too: this workspace's head pins the
+    chain up to what it last wrote."""
     end = (len(rows), rows[-1][6] if rows else GENESIS)
     if shared and pending_head != end and _pinned_prefix(rows, recorded_head):
-        recorded_head = (
-            end if rows else None
-        )  # later entries are other hosts' (a crash of ours: pending == end)
+        # later entries are other hosts' (a crash of ours: pending == end)
+        recorded_head = end if rows else None
     problems, broken = _chain_problems(rows)
     notes: list[str] = []
     if isinstance(recorded_head, str):
         problems.append(
-            f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, "
-            "so it was edited"
+            f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, so "
+            "it was edited"
         )
     elif recorded_head is None and not rows:
         pass
@@ -235,20 +237,22 @@ def verify_rows(
         )
     elif recorded_head is None:
         problems.append(
-            f"the chain has {len(rows)} entries but the workspace has no recorded head "
-            "(trail.head deleted)"
+            f"the chain has {len(rows)} entries but the workspace has no recorded head (trail.head "
+            "deleted)"
         )
     else:
         problems.append(
             f"chain ends at entry {end[0]} {end[1][:12]}… but the workspace recorded head entry "
-            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the head file edited)"
+            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the "
+            "head file edited)"
         )
     status = "altered" if problems else ("interrupted" if notes else "intact")
     return TrailVerification(not problems, len(rows), end[1], problems, broken, status, notes)
 
 
 def _pinned_prefix(rows: list[tuple], recorded: tuple[int, str] | str | None) -> bool:
-    """True if the recorded head is absent (this host never wrote) or an entry of the chain, hash included."""
+    """True if the recorded head is absent (this host never wrote) or an entry of the chain, hash
+    included."""
     if recorded is None:
         return True
     if isinstance(recorded, str) or not 1 <= recorded[0] <= len(rows):
@@ -258,7 +262,8 @@ def _pinned_prefix(rows: list[tuple], recorded: tuple[int, str] | str | None) ->
 
 
 def _extends(rows: list[tuple], recorded: tuple[int, str] | None) -> bool:
-    """True if the recorded head is the entry just before the chain's end (or absent for a 1-entry chain)."""
+    """True if the recorded head is the entry just before the chain's end (or absent for a 1-entry
+    chain)."""
     if recorded is None:
         return len(rows) == 1
     seq, h = recorded
@@ -269,7 +274,8 @@ def read_rows(store: Store) -> list[tuple]:
     with store.transaction() as con:
         # Storage order, not ORDER BY seq: a reordering must show up, not be sorted away.
         return con.execute(
-            "SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER BY rowid"
+            "SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER "
+            "BY rowid"
         ).fetchall()
 
 

@@ -11,8 +11,8 @@ from numbers import Integral, Real
 
 from accounting.errors import InvalidParameterError
 
-# Beyond these the numbers mean nothing and the accountants misbehave (overflow, division by zero, or a
-# PLD grid of petabytes), so they are refused with a message instead.
+# Beyond these the numbers mean nothing and the accountants misbehave (overflow, division by zero,
+# or a PLD grid of petabytes), so they are refused with a message instead.
 MAX_EPSILON = (
     1000.0  # e**epsilon overflows a float near 710; no release is private at such a budget
 )
@@ -40,8 +40,8 @@ def check_epsilon(value: object, name: str = "epsilon") -> float:
         )
     if v > MAX_EPSILON:
         raise InvalidParameterError(
-            f"{name} {v:g} is above {MAX_EPSILON:g}: at such a budget nothing is protected (e^epsilon overflows). "
-            "Useful budgets are below about 10."
+            f"{name} {v:g} is above {MAX_EPSILON:g}: at such a budget nothing is protected "
+            "(e^epsilon overflows). Useful budgets are below about 10."
         )
     return v
 
@@ -50,13 +50,15 @@ def check_delta(value: object, name: str = "delta") -> float:
     v = _finite(name, value)
     if not 0 < v < 1:
         raise InvalidParameterError(
-            f"{name} must be in (0, 1), got {v}; use a value well below 1/n, e.g. 1e-5 for 5,000 records."
+            f"{name} must be in (0, 1), got {v}; use a value well below 1/n, e.g. 1e-5 for 5,000 "
+            "records."
         )
     return v
 
 
 def check_sigma(value: object, name: str = "sigma") -> float:
-    """A noise multiplier (noise std / L2 sensitivity), within [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]."""
+    """A noise multiplier (noise std / L2 sensitivity), within [MIN_NOISE_MULTIPLIER,
+    MAX_NOISE_MULTIPLIER]."""
     v = _finite(name, value)
     if v <= 0:
         raise InvalidParameterError(
@@ -64,14 +66,16 @@ def check_sigma(value: object, name: str = "sigma") -> float:
         )
     if v < MIN_NOISE_MULTIPLIER:
         raise InvalidParameterError(
-            f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the sensitivity: so little noise gives no useful "
-            "privacy (epsilon in the hundreds or more). Use a noise multiplier of about 0.5 or more, or ask "
-            "`privrelease budget plan --epsilon E` for the one that fits."
+            f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the sensitivity: so little "
+            "noise gives no useful privacy (epsilon in the hundreds or more). Use a noise "
+            "multiplier of about 0.5 or more, or ask `privrelease budget plan --epsilon E` for "
+            "the one that fits."
         )
     if v > MAX_NOISE_MULTIPLIER:
         raise InvalidParameterError(
-            f"{name} {v:g} is above {MAX_NOISE_MULTIPLIER:g} times the sensitivity: the output would be pure noise. "
-            "Use less noise (`privrelease budget plan --epsilon E` finds the smallest that fits)."
+            f"{name} {v:g} is above {MAX_NOISE_MULTIPLIER:g} times the sensitivity: the output "
+            "would be pure noise. Use less noise (`privrelease budget plan --epsilon E` finds the "
+            "smallest that fits)."
         )
     return v
 

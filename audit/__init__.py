@@ -1,6 +1,6 @@
 """Checks of releases: Great Expectations suite over the release table, attack tests (membership
-inference, memorisation, k-anonymity attacks), fidelity and utility. Results are internal (computed on
-sensitive data); only AuditReport.verdicts() may reach a consumer (ARCHITECTURE.md rule 4)."""
+inference, memorisation, k-anonymity attacks), fidelity and utility. Results are internal (computed
+on sensitive data); only AuditReport.verdicts() may reach a consumer (ARCHITECTURE.md rule 4)."""
 
 from audit.policy import AuditPolicy
 from audit.report import (

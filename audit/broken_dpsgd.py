@@ -1,8 +1,9 @@
-"""Deliberately broken DP-SGD trainers: the controls of the one-run audit (the audit must flag each).
+"""Deliberately broken DP-SGD trainers: the controls of the one-run audit (the audit must flag
+each).
 
-Each wraps PrivImage's real DP-SGD trainer (`synth.registry.dpsgd_trainer("privimage")`, its `dp_finetune`)
-with one privacy bug while the ledger would still charge the planned (sigma, q, steps): the tests and
-`benchmarks/audit_bench.py` run the audit against them."""
+Each wraps PrivImage's real DP-SGD trainer (`synth.registry.dpsgd_trainer("privimage")`, its
+`dp_finetune`) with one privacy bug while the ledger would still charge the planned (sigma, q,
+steps): the tests and `benchmarks/audit_bench.py` run the audit against them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def no_noise(model: Any, x: Any, y: Any, **kw: Any) -> Any:
 
 
 def no_clipping(model: Any, x: Any, y: Any, **kw: Any) -> Any:
-    """Broken: per-sample gradients are not clipped (clip norm 1e6) while the noise std stays sigma * C."""
+    """Broken: per-sample gradients are not clipped (clip norm 1e6) while the noise std stays sigma
+    * C."""
     big = 1e6 * kw["max_grad_norm"]
     return _dp_finetune(
         model,

@@ -1,26 +1,28 @@
 """One-run privacy audit of the DP-SGD implementation (Steinke, Nasr & Jagielski, NeurIPS 2023).
 
-The mechanism's own DP-SGD code (its registry entry's `dpsgd_trainer`, PrivImage's `dp_finetune`,
-or anything with its signature) trains with the release's clipping norm, noise multiplier, sampling rate and step count on
-PUBLIC images plus m canaries, each included with probability 1/2. No sensitive data is read, so the
-audit costs no budget. The bound (audit.one_run) is compared with the epsilon the ledger charges for
-that DP-SGD run.
+The mechanism's own DP-SGD code (its registry entry's `dpsgd_trainer`, PrivImage's `dp_finetune`, or
+anything with its signature) trains with the release's clipping norm, noise multiplier, sampling
+rate and step count on PUBLIC images plus m canaries, each included with probability 1/2. No
+sensitive data is read, so the audit costs no budget. The bound (audit.one_run) is compared with the
+epsilon the ledger charges for that DP-SGD run.
 
 The trained network is a probe built to make each canary's signal as large as DP-SGD allows: a
 "diffusion model" whose noise prediction is a per-class learned vector (a class table times a fixed
-orthonormal basis, scaled by a gain). Every canary is a mislabelled out-of-distribution image (uniform
-noise) carrying a label no other record has, so its clipped gradient lands in its own table row and
-always points the same way (the "Dirac canary" of the paper's gradient-space audits, realised through
-the data). A canary's score is how far its row moved against that direction. Any change the
-implementation makes to sampling, clipping or noise changes exactly that movement, whatever the
-network: DP-SGD's guarantee holds for every model, so a worst-case probe is a fair test of the code.
+orthonormal basis, scaled by a gain). Every canary is a mislabelled out-of-distribution image
+(uniform noise) carrying a label no other record has, so its clipped gradient lands in its own table
+row and always points the same way (the "Dirac canary" of the paper's gradient-space audits,
+realised through the data). A canary's score is how far its row moved against that direction. Any
+change the implementation makes to sampling, clipping or noise changes exactly that movement,
+whatever the network: DP-SGD's guarantee holds for every model, so a worst-case probe is a fair test
+of the code.
 
 Two scores (`score=`): "model" reads only the final weights (the release's view). "gradients" is a
-white-box auditor (as in Nasr et al. 2023 and Steinke et al.'s white-box experiments): it records the
-privatised gradient the optimiser receives at every step (the T outputs DP-SGD's accounting covers) and
-scores each canary by the log-likelihood ratio of "its clipped gradient was in this step's noisy sum with
-probability q", summed over steps. At small noise this sees the individual steps' inclusions, which a sum
-over steps averages away, so it certifies more; at large noise the two are alike (BENCHMARKS.md).
+white-box auditor (as in Nasr et al. 2023 and Steinke et al.'s white-box experiments): it records
+the privatised gradient the optimiser receives at every step (the T outputs DP-SGD's accounting
+covers) and scores each canary by the log-likelihood ratio of "its clipped gradient was in this
+step's noisy sum with probability q", summed over steps. At small noise this sees the individual
+steps' inclusions, which a sum over steps averages away, so it certifies more; at large noise the
+two are alike (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -44,9 +46,8 @@ from synth import registry
 from synth.datasets import ImageDataset, to_format
 from synth.progress import ProgressFn, no_progress
 
-Trainer = Callable[
-    ..., Any
-]  # dp_finetune's signature; returns an object with `.weights` (state dict)
+# dp_finetune's signature; returns an object with `.weights` (state dict)
+Trainer = Callable[..., Any]
 TABLE_DIM = 16  # width of the class table: the probe's only parameters
 GRADIENT_OVER_CLIP = 1000.0  # a canary's raw gradient norm in units of the clipping norm
 Score = Literal["model", "gradients"]
@@ -73,8 +74,8 @@ class DpSgdSetting:
         k = round(1 / self.sample_rate) if 0 < self.sample_rate <= 1 else 0
         if k < 1 or abs(1 / k - self.sample_rate) > 1e-12:
             raise InvalidParameterError(
-                f"sample rate must be 1/K for an integer K (opacus' Poisson loader samples "
-                f"with 1/ceil(N/B)), got {self.sample_rate!r}."
+                "sample rate must be 1/K for an integer K (opacus' Poisson loader samples with "
+                f"1/ceil(N/B)), got {self.sample_rate!r}."
             )
         if not (
             self.noise_multiplier > 0
@@ -83,9 +84,8 @@ class DpSgdSetting:
             and 0 < self.delta < 1
         ):
             raise InvalidParameterError(
-                "noise multiplier and clipping norm must be > 0, steps >= 1 and delta in "
-                f"(0, 1); got {self.noise_multiplier}, {self.max_grad_norm}, {self.steps}, "
-                f"{self.delta}."
+                "noise multiplier and clipping norm must be > 0, steps >= 1 and delta in (0, 1); "
+                f"got {self.noise_multiplier}, {self.max_grad_norm}, {self.steps}, {self.delta}."
             )
 
     @classmethod
@@ -120,7 +120,8 @@ class DpSgdSetting:
 
 
 class CanaryProbe(torch.nn.Module):
-    """Noise prediction = gain * table[class] @ basis, shaped like the input image (see module doc)."""
+    """Noise prediction = gain * table[class] @ basis, shaped like the input image (see module
+    doc)."""
 
     def __init__(self, rows: int, image_shape: tuple[int, ...], gain: float, seed: int) -> None:
         super().__init__()
@@ -170,12 +171,10 @@ def _dataset(public: ImageDataset, included: np.ndarray, n_total: int, rng: np.r
     y_pub = torch.from_numpy(np.searchsorted(classes, public.labels[pick]).astype(np.int64))
     n_classes = len({int(v) for v in public.labels})
     canary_ids = np.flatnonzero(included)
-    x_can = torch.from_numpy(
-        rng.uniform(-1, 1, (len(canary_ids), 1, 28, 28)).astype(np.float32)
-    )  # OOD noise
-    y_can = torch.from_numpy(
-        n_classes + canary_ids
-    )  # each canary: its own label, held by no other record
+    # OOD noise
+    x_can = torch.from_numpy(rng.uniform(-1, 1, (len(canary_ids), 1, 28, 28)).astype(np.float32))
+    # each canary: its own label, held by no other record
+    y_can = torch.from_numpy(n_classes + canary_ids)
     return torch.cat([x_pub, x_can]), torch.cat([y_pub, y_can]).long(), n_pub, n_classes
 
 
@@ -189,8 +188,8 @@ def run_canaries(
     progress: ProgressFn = no_progress,
     score: str = "model",
 ) -> CanaryRun:
-    """Train `trainer` (default: the setting's mechanism's DP-SGD trainer) on public images + canaries; score
-    them."""
+    """Train `trainer` (default: the setting's mechanism's DP-SGD trainer) on public images +
+    canaries; score them."""
     if score not in SCORES:
         raise InvalidParameterError(f"score must be one of {SCORES}, got {score!r}.")
     trainer = trainer or registry.dpsgd_trainer(setting.mechanism)
@@ -226,9 +225,8 @@ def run_canaries(
         )
         return CanaryRun(scores, included, n_pub, b, time.perf_counter() - t0, score, linear)
     final = out.weights["table.weight"][n_classes:].double()
-    scores = (
-        ((start.double() - final) * start.double()).sum(1).numpy()
-    )  # movement against the gradient
+    # movement against the gradient
+    scores = ((start.double() - final) * start.double()).sum(1).numpy()
     return CanaryRun(scores, included, n_pub, b, time.perf_counter() - t0)
 
 
@@ -236,10 +234,11 @@ def run_canaries(
 def _record_canary_gradients(
     table: torch.Tensor, first: int, steps: list[np.ndarray], enabled: bool
 ) -> Iterator[None]:
-    """While active, append at every optimiser step each canary row's privatised gradient projected on
-    the row's direction (the direction its clipped gradient points in). The hook is global because the
-    trainer builds its own optimiser; it acts only on an optimiser that holds `table`, and never on
-    opacus' DPOptimizer wrapper (whose .grad is not yet noised when its step starts)."""
+    """While active, append at every optimiser step each canary row's privatised gradient projected
+    on the row's direction (the direction its clipped gradient points in). The hook is global
+    because the trainer builds its own optimiser; it acts only on an optimiser that holds `table`,
+    and never on opacus' DPOptimizer wrapper (whose .grad is not yet noised when its step
+    starts)."""
     if not enabled:
         yield
         return
@@ -267,10 +266,11 @@ def gradient_scores(x: np.ndarray, q: float, sigma: float) -> tuple[np.ndarray, 
     """(log-likelihood-ratio score, linear score) from per-step projections x (canaries x steps).
 
     Each step is put in units of one clipped gradient by its robust noise scale (the median absolute
-    deviation over canaries: at most a fraction q of them is in any step's batch), so
-    y = I + N(0, sigma^2) with I ~ Bernoulli(q) for an included canary. The score sums, over steps, the
+    deviation over canaries: at most a fraction q of them is in any step's batch), so y = I + N(0,
+    sigma^2) with I ~ Bernoulli(q) for an included canary. The score sums, over steps, the
     log-likelihood ratio of that mixture against N(0, sigma^2). The scale is read from the data, not
-    trusted from the claim, so an implementation that rescales noise and signal together is scored alike."""
+    trusted from the claim, so an implementation that rescales noise and signal together is scored
+    alike."""
     if x.ndim != 2 or x.shape[1] == 0:
         raise InvalidParameterError(
             "no optimiser step was recorded: the trainer did not train the probe."
@@ -343,7 +343,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 @dataclass(frozen=True)
 class GaussianEstimate:
-    """Gaussian fit of the two score distributions (Andrew et al., ICLR 2024): an estimate, not a proof."""
+    """Gaussian fit of the two score distributions (Andrew et al., ICLR 2024): an estimate, not a
+    proof."""
 
     mu: float
     mu_lower: float  # one-sided lower confidence limit of mu (normal approximation)
@@ -354,9 +355,8 @@ class GaussianEstimate:
 def gaussian_estimate(run: CanaryRun, delta: float, confidence: float = 0.95) -> GaussianEstimate:
     from scipy.stats import norm
 
-    linear = (
-        run.scores if run.linear is None else run.linear
-    )  # a log-likelihood ratio is not Gaussian
+    # a log-likelihood ratio is not Gaussian
+    linear = run.scores if run.linear is None else run.linear
     s_in, s_out = linear[run.included], linear[~run.included]
     sd = float(np.std(s_out, ddof=1))
     shift = float(np.mean(s_in)) - float(np.mean(s_out))
@@ -370,7 +370,8 @@ def gaussian_estimate(run: CanaryRun, delta: float, confidence: float = 0.95) ->
 
 @dataclass(frozen=True)
 class ImplementationAudit:
-    """compute_implementation_audit's numbers; check_implementation_audit turns them into a verdict."""
+    """compute_implementation_audit's numbers; check_implementation_audit turns them into a
+    verdict."""
 
     setting: DpSgdSetting
     claimed_epsilon: float
@@ -427,8 +428,9 @@ def compute_implementation_audit(
     progress: ProgressFn = no_progress,
     score: str = "model",
 ) -> ImplementationAudit:
-    """Train once with canaries and compute the one-run epsilon lower bound beside the claimed epsilon.
-    `score`: "model" (final weights only) or "gradients" (every step's privatised gradient; module doc)."""
+    """Train once with canaries and compute the one-run epsilon lower bound beside the claimed
+    epsilon. `score`: "model" (final weights only) or "gradients" (every step's privatised gradient;
+    module doc)."""
     if m < 10:
         raise InvalidParameterError(f"the one-run audit needs at least 10 canaries, got {m}.")
     run = run_canaries(
@@ -445,12 +447,13 @@ def compute_implementation_audit(
 
 
 def detection_text(audit: ImplementationAudit) -> tuple[str, str]:
-    """(status, explanation): "violation" (proven at the confidence level), "suspect" (Gaussian estimate
-    above the claim) or "consistent" (with what the audit could and could not have seen)."""
+    """(status, explanation): "violation" (proven at the confidence level), "suspect" (Gaussian
+    estimate above the claim) or "consistent" (with what the audit could and could not have
+    seen)."""
     b, g, claim = audit.bound, audit.gaussian, audit.claimed_epsilon
     head = (
-        f"one-run bound eps >= {b.eps_lower:.3f} ({b.confidence:.0%}; {b.correct}/{b.guesses} guesses right, "
-        f"{b.m} canaries) vs claimed eps {claim:.3f}"
+        f"one-run bound eps >= {b.eps_lower:.3f} ({b.confidence:.0%}; {b.correct}/{b.guesses} "
+        f"guesses right, {b.m} canaries) vs claimed eps {claim:.3f}"
     )
     if b.eps_lower > claim:
         return (
@@ -467,8 +470,9 @@ def detection_text(audit: ImplementationAudit) -> tuple[str, str]:
 
 
 def blind_spot(audit: ImplementationAudit) -> str:
-    """What a 'consistent' audit could not have detected, in words and numbers: the ceiling against the
-    claim, the canaries it would take, and the epsilon of a sampling rate misreported by 2x as the example."""
+    """What a 'consistent' audit could not have detected, in words and numbers: the ceiling against
+    the claim, the canaries it would take, and the epsilon of a sampling rate misreported by 2x as
+    the example."""
     from accounting.epsilon import epsilon_rdp
     from accounting.events import DpSgd
     from audit.one_run import ceiling_search
@@ -485,18 +489,18 @@ def blind_spot(audit: ImplementationAudit) -> str:
         more = (
             f"about {need:,} canaries would lift the ceiling above it"
             if need
-            else f"no canary count can at delta {s.delta:g} (the ceiling peaks near {peak:.2f}: the bound's "
-            "2 m delta term grows with m)"
+            else f"no canary count can at delta {s.delta:g} (the ceiling peaks near {peak:.2f}: "
+            "the bound's 2 m delta term grows with m)"
         )
         return (
-            f"could not prove a violation: with {b.m} canaries even all-correct guesses certify at most eps "
-            f"{b.max_certifiable:.2f} <= claimed {claim:.2f}, and {more}; a leak such as {example} "
-            "cannot be detected by this bound"
+            f"could not prove a violation: with {b.m} canaries even all-correct guesses certify at "
+            f"most eps {b.max_certifiable:.2f} <= claimed {claim:.2f}, and {more}; a leak such as "
+            f"{example} cannot be detected by this bound"
         )
     return (
-        f"no violation detected, but the bound certifies only part of a leak (ceiling {b.max_certifiable:.2f} "
-        f"with {b.m} canaries): a subtler bug such as {example} can pass, its canaries separating too little "
-        "to push the 95% bound above the claim"
+        "no violation detected, but the bound certifies only part of a leak (ceiling "
+        f"{b.max_certifiable:.2f} with {b.m} canaries): a subtler bug such as {example} can pass, "
+        "its canaries separating too little to push the 95% bound above the claim"
     )
 
 
@@ -523,7 +527,8 @@ def plot_canary_scores(audit: ImplementationAudit, path: Path, title: str = "") 
     ax.set_ylabel("canaries")
     ax.set_title(
         title
-        or f"one-run audit: eps >= {audit.bound.eps_lower:.2f} vs claimed {audit.claimed_epsilon:.2f}",
+        or f"one-run audit: eps >= {audit.bound.eps_lower:.2f} vs claimed "
+        f"{audit.claimed_epsilon:.2f}",
         fontsize=9,
     )
     ax.legend(fontsize=8)
@@ -535,7 +540,8 @@ def plot_canary_scores(audit: ImplementationAudit, path: Path, title: str = "") 
 
 
 def check_implementation_audit(audit: ImplementationAudit, artifacts_dir: Path | None = None):
-    """The verdict as a CheckResult: fails on a proven violation or a Gaussian estimate above the claim."""
+    """The verdict as a CheckResult: fails on a proven violation or a Gaussian estimate above the
+    claim."""
     from audit.report import CheckResult
 
     status, text = detection_text(audit)

@@ -1,10 +1,11 @@
 """Empirical epsilon lower bound from a membership test (Jagielski et al. 2020; Nasr et al. 2021).
 
 (eps, delta)-DP implies, for the rejection region S = {score >= t}: TPR <= e^eps * FPR + delta and
-(complement) TNR <= e^eps * FNR + delta. With Clopper-Pearson bounds (TPR_lo, FPR_hi), each one-sided
-at (1 - confidence) / 2, eps >= max(log((TPR_lo - delta) / FPR_hi), log((TNR_lo - delta) / FNR_hi))
-holds with probability >= confidence. Picking the best threshold on the same data would void that
-guarantee, so the threshold is chosen on one random half and the bound is computed on the other.
+(complement) TNR <= e^eps * FNR + delta. With Clopper-Pearson bounds (TPR_lo, FPR_hi), each
+one-sided at (1 - confidence) / 2, eps >= max(log((TPR_lo - delta) / FPR_hi), log((TNR_lo - delta) /
+FNR_hi)) holds with probability >= confidence. Picking the best threshold on the same data would
+void that guarantee, so the threshold is chosen on one random half and the bound is computed on the
+other.
 """
 
 from __future__ import annotations

@@ -75,9 +75,8 @@ def release_table(
 
 
 def _offline() -> None:
-    os.environ.setdefault(
-        "GX_ANALYTICS_ENABLED", "false"
-    )  # before GX is first imported; audits run offline
+    # before GX is first imported; audits run offline
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
 @lru_cache(maxsize=1)

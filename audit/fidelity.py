@@ -41,8 +41,9 @@ def _update(metric, images: np.ndarray, real: bool, batch: int = 256) -> None:
 
 
 def compute_fid(fake: np.ndarray, real: np.ndarray) -> float:
-    """FID between two uint8 image sets; inside `audit.images.audit_cache()` the real set's statistics
-    are computed once and reused (they are derived from sensitive data: never kept beyond the block)."""
+    """FID between two uint8 image sets; inside `audit.images.audit_cache()` the real set's
+    statistics are computed once and reused (they are derived from sensitive data: never kept beyond
+    the block)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     cache, key = scoped_cache(), content_key("fid-real:", real)
@@ -64,9 +65,8 @@ class FidelityNumbers:
     value: float | None  # None: fewer than 2 images in a set
     n_fake: int
     n_real: int
-    real_heldout_baseline: (
-        float | None
-    )  # FID of an equally large real held-out sample (small-sample floor)
+    # FID of an equally large real held-out sample (small-sample floor)
+    real_heldout_baseline: float | None
 
 
 def compute_fidelity(

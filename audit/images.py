@@ -1,4 +1,5 @@
-"""Image conversions and the audit-scoped cache of EfficientNet-Lite0 embeddings shared by the checks.
+"""Image conversions and the audit-scoped cache of EfficientNet-Lite0 embeddings shared by the
+checks.
 
 The cache lives in memory only (never on disk) and only inside `audit_cache()` (one audit, or one
 benchmark run): embeddings and FID statistics of sensitive images are sensitive, so nothing outlives
@@ -76,7 +77,8 @@ def rms_nearest(query_images: np.ndarray, ref_images: np.ndarray) -> tuple[np.nd
 
 
 def embed_images(images: np.ndarray) -> np.ndarray:
-    """EfficientNet-Lite0 pooled features (1280-d) of uint8 images, cached by content within an audit."""
+    """EfficientNet-Lite0 pooled features (1280-d) of uint8 images, cached by content within an
+    audit."""
     import torch
 
     from synth.features import embed

@@ -44,7 +44,8 @@ def _validate_clusters(
 
 def _precision(rep: np.ndarray, cands: np.ndarray, is_member: np.ndarray, k: int) -> float:
     """Top-k precision when candidate rows are ranked by cosine similarity to `rep` (stable sort:
-    deterministic; members come first in `cands`, so exact ties favour the attacker, conservatively)."""
+    deterministic; members come first in `cands`, so exact ties favour the attacker,
+    conservatively)."""
     top = np.argsort(-(cands @ rep), kind="stable")[:k]
     return float(is_member[top].mean())
 
@@ -152,16 +153,16 @@ def check_kanon_attacks(n: KanonNumbers, policy: AuditPolicy) -> list[CheckResul
         "kanon_cluster_membership",
         "attack",
         best <= policy.kanon_max_attack_precision,
-        f"cluster-membership attack top-k precision {best:.3f} (best of pixel/feature ranking; chance 0.50, "
-        f"max {policy.kanon_max_attack_precision})",
+        f"cluster-membership attack top-k precision {best:.3f} (best of pixel/feature ranking; "
+        f"chance 0.50, max {policy.kanon_max_attack_precision})",
         n.membership,
     )
     reid = CheckResult(
         "kanon_reidentification",
         "attack",
         n.reid_rate <= policy.kanon_max_reid_rate,
-        f"re-identification: nearest record is a source for {n.reid_rate:.3f} of representatives (chance "
-        f"{n.reid_chance:.4f}, max {policy.kanon_max_reid_rate})",
+        f"re-identification: nearest record is a source for {n.reid_rate:.3f} of representatives "
+        f"(chance {n.reid_chance:.4f}, max {policy.kanon_max_reid_rate})",
         {
             "reid_rate": n.reid_rate,
             "chance": n.reid_chance,

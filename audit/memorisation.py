@@ -1,10 +1,10 @@
 """Memorisation: distance to closest record (DCR) against training vs. held-out data.
 
-For each released image: d_tr (nearest training image), d_ho (nearest held-out image), in pixel space
-(RMS, pixels in [0, 1]) and in EfficientNet-Lite0 feature space (cosine distance). A near-copy has
-d_tr / d_ho < near_copy_ratio and pixel d_tr < near_copy_max_distance. The fraction of released
-images closer to training than to held-out is measured with training subsampled to the held-out
-size (then ~0.5 is what an independent sample gives)."""
+For each released image: d_tr (nearest training image), d_ho (nearest held-out image), in pixel
+space (RMS, pixels in [0, 1]) and in EfficientNet-Lite0 feature space (cosine distance). A near-copy
+has d_tr / d_ho < near_copy_ratio and pixel d_tr < near_copy_max_distance. The fraction of released
+images closer to training than to held-out is measured with training subsampled to the held-out size
+(then ~0.5 is what an independent sample gives)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,9 @@ def compute_memorisation(
         "n_release": len(images),
         "n_train": len(sensitive),
         "pixel_distance": "RMS, pixels in [0,1]",
-        "near_copy_rule": f"d_tr/d_ho < {policy.near_copy_ratio} and d_tr < {policy.near_copy_max_distance}",
+        "near_copy_rule": (
+            f"d_tr/d_ho < {policy.near_copy_ratio} and d_tr < {policy.near_copy_max_distance}"
+        ),
     }
     idx_ho = None
     if heldout is not None:
@@ -197,11 +199,11 @@ def check_memorisation(
             d_tr,
             Path(artifacts_dir) / "nearest_pairs.png",
         )
+    spread = details.get("closer_to_train_spread") or {}
     closer_txt = (
         (
-            f"{closer:.2f} closer to train than held-out (equal-size sets, {policy.dcr_repeats} draws, range "
-            f"{details['closer_to_train_spread']['min']:.2f}-{details['closer_to_train_spread']['max']:.2f}; "
-            "~0.5 healthy)"
+            f"{closer:.2f} closer to train than held-out (equal-size sets, {policy.dcr_repeats} "
+            f"draws, range {spread.get('min', 0):.2f}-{spread.get('max', 0):.2f}; ~0.5 healthy)"
         )
         if closer is not None
         else "no held-out"
@@ -211,7 +213,10 @@ def check_memorisation(
         f"{policy.max_near_copy_fraction:.2%}; rule {details['near_copy_rule']}); {closer_txt}"
     )
     if "feature_space" in details:
-        summary += f"; feature-space closer fraction {details['feature_space']['closer_to_train_fraction']:.2f}"
+        summary += (
+            "; feature-space closer fraction "
+            f"{details['feature_space']['closer_to_train_fraction']:.2f}"
+        )
     return CheckResult(
         "memorisation_dcr", "attack", all(checks.values()), summary, details, artifacts
     )
@@ -227,7 +232,8 @@ def run_memorisation(
     artifacts_dir: Path | None,
     features: bool = True,
 ) -> CheckResult:
-    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training image."""
+    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training
+    image."""
     numbers = compute_memorisation(images, sensitive, heldout, d_tr, policy, features)
     return check_memorisation(
         numbers, images, sensitive, heldout, d_tr, idx_tr, policy, artifacts_dir

@@ -46,8 +46,8 @@ def _losses(loss_fn: LossFn, data: ImageDataset) -> np.ndarray:
     losses = np.asarray(loss_fn(data.images, data.labels), dtype=np.float64).reshape(-1)
     if losses.shape != (len(data),):
         raise InvalidParameterError(
-            f"loss_fn returned {losses.shape[0]} losses for {len(data)} images; "
-            "it must return one loss per image."
+            f"loss_fn returned {losses.shape[0]} losses for {len(data)} images; it must return one "
+            "loss per image."
         )
     if not np.isfinite(losses).all():
         raise InvalidParameterError(
@@ -88,8 +88,8 @@ def calibrated_scores(target: np.ndarray, references: np.ndarray) -> np.ndarray:
     refs = np.atleast_2d(np.asarray(references, np.float64))
     if refs.shape[1] != len(target):
         raise InvalidParameterError(
-            f"reference losses have shape {refs.shape}; give one row per reference model and "
-            f"one column per example ({len(target)})."
+            f"reference losses have shape {refs.shape}; give one row per reference model and one "
+            f"column per example ({len(target)})."
         )
     if len(refs) == 1:
         return refs[0] - target
@@ -101,7 +101,8 @@ def calibrated_scores(target: np.ndarray, references: np.ndarray) -> np.ndarray:
 def tpr_interval(
     member_scores: np.ndarray, nonmember_scores: np.ndarray, fpr: float, confidence: float
 ) -> dict:
-    """TPR at the largest threshold whose FPR <= `fpr`, with a two-sided Clopper-Pearson interval."""
+    """TPR at the largest threshold whose FPR <= `fpr`, with a two-sided Clopper-Pearson
+    interval."""
     from audit.epsilon_bound import clopper_pearson
 
     non = np.sort(nonmember_scores)[::-1]
@@ -123,9 +124,8 @@ class MiaNumbers:
     """compute_mia's numbers: the raw loss attack and, with reference models, the calibrated one."""
 
     n: int
-    attacks: dict[
-        str, dict
-    ]  # "loss" | "calibrated" -> auc, tpr intervals at 1% / 0.1%, epsilon bound, roc
+    # "loss" | "calibrated" -> auc, tpr intervals at 1% / 0.1%, epsilon bound, roc
+    attacks: dict[str, dict]
 
     @property
     def strongest(self) -> str:
@@ -177,7 +177,8 @@ def check_mia(
     policy: AuditPolicy,
     artifacts_dir: Path | None,
 ) -> CheckResult:
-    """Verdict on the strongest attack: AUC, TPR@1%FPR (and 0.1% if set) and the epsilon bound vs the claim."""
+    """Verdict on the strongest attack: AUC, TPR@1%FPR (and 0.1% if set) and the epsilon bound vs
+    the claim."""
     name = numbers.strongest
     a = numbers.attacks[name]
     bound, n = a["epsilon_bound"], numbers.n
@@ -199,9 +200,10 @@ def check_mia(
     eps_txt = f"{claimed_epsilon:.3g}" if claimed_epsilon is not None else "none claimed"
     ci1, ci01 = a["tpr_1pct"]["ci"], a["tpr_01pct"]["ci"]
     summary = (
-        f"{name} attack: AUC {a['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR {a['tpr_at_1pct_fpr']:.3f} "
-        f"[{ci1[0]:.3f}, {ci1[1]:.3f}] (max {policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR "
-        f"{a['tpr_at_01pct_fpr']:.3f} [{ci01[0]:.3f}, {ci01[1]:.3f}]; empirical eps >= {bound['eps_lower']:.3f} "
+        f"{name} attack: AUC {a['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR "
+        f"{a['tpr_at_1pct_fpr']:.3f} [{ci1[0]:.3f}, {ci1[1]:.3f}] (max "
+        f"{policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR {a['tpr_at_01pct_fpr']:.3f} "
+        f"[{ci01[0]:.3f}, {ci01[1]:.3f}]; empirical eps >= {bound['eps_lower']:.3f} "
         f"({policy.mia_confidence:.0%} CP) vs claimed {eps_txt}"
         + (" — CONTRADICTS the claimed epsilon" if contradiction else "")
         + (
@@ -226,9 +228,11 @@ def check_mia(
         "contradiction": contradiction,
         "checks": checks,
         "fpr_resolution": 1.0 / n,
-        "note": "Empirical bound treats each member/non-member as an independent trial (many-canary "
-        "heuristic); it is a lower bound on leakage, not a proof of privacy. Reported: the strongest "
-        "attack by its epsilon bound.",
+        "note": (
+            "Empirical bound treats each member/non-member as an independent trial (many-canary "
+            "heuristic); it is a lower bound on leakage, not a proof of privacy. Reported: the "
+            "strongest attack by its epsilon bound."
+        ),
     }
     return CheckResult(
         "membership_inference", "attack", all(checks.values()), summary, details, artifacts

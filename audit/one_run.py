@@ -1,17 +1,18 @@
-"""Epsilon lower bound from one training run (Steinke, Nasr & Jagielski, "Privacy Auditing with One (1)
-Training Run", NeurIPS 2023, arXiv:2305.08846).
+"""Epsilon lower bound from one training run (Steinke, Nasr & Jagielski, "Privacy Auditing with One
+(1) Training Run", NeurIPS 2023, arXiv:2305.08846).
 
 m canaries are each included in the training set independently with probability 1/2. After training
 the auditor ranks the canaries by a score, guesses "included" for the k+ highest, "excluded" for the
 k- lowest and abstains on the rest. Theorem 5.2 of the paper: if training is (eps, delta)-DP, the
 number of correct guesses V among r = k+ + k- guesses satisfies, for every v,
 
-    P[V >= v] <= P[Binomial(r, p) >= v] + 2 m delta * max_{i in 1..v} P[v > Binomial(r, p) >= v - i] / i,
+    P[V >= v] <= P[Binomial(r, p) >= v] + 2 m delta * max_{i in 1..v} P[v > Binomial(r, p) >= v - i]
+    / i,
 
-with p = e^eps / (1 + e^eps) (the accuracy of eps-DP randomised response; this is the computation of the
-paper's Algorithm 2 / its code listing in the appendix). The epsilon lower bound is the largest eps
-whose p-value is below 1 - confidence. The guess counts are fixed before looking at the scores and
-the level is split over them (Bonferroni), so reporting the best of them keeps the confidence.
+with p = e^eps / (1 + e^eps) (the accuracy of eps-DP randomised response; this is the computation of
+the paper's Algorithm 2 / its code listing in the appendix). The epsilon lower bound is the largest
+eps whose p-value is below 1 - confidence. The guess counts are fixed before looking at the scores
+and the level is split over them (Bonferroni), so reporting the best of them keeps the confidence.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from scipy import stats
 
 from accounting.errors import InvalidParameterError
 
+# of m, guesses on each side = fraction * m / 2
 DEFAULT_GUESS_FRACTIONS = (
     0.02,
     0.05,
@@ -33,11 +35,12 @@ DEFAULT_GUESS_FRACTIONS = (
     0.6,
     0.8,
     1.0,
-)  # of m, guesses on each side = fraction * m / 2
+)
 
 
 def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
-    """P[>= v correct of r guesses] under (eps, delta)-DP with m randomised canaries (Theorem 5.2)."""
+    """P[>= v correct of r guesses] under (eps, delta)-DP with m randomised canaries (Theorem
+    5.2)."""
     p = 1.0 / (1.0 + math.exp(-eps))
     tail = float(stats.binom.sf(v - 1, r, p))
     if v <= 0 or delta == 0:
@@ -48,7 +51,8 @@ def p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
 
 
 def epsilon_from_guesses(m: int, r: int, v: int, delta: float, alpha: float) -> float:
-    """Largest eps (bisection to 1e-6) such that v correct of r guesses has p-value < alpha; 0 if none."""
+    """Largest eps (bisection to 1e-6) such that v correct of r guesses has p-value < alpha; 0 if
+    none."""
     if not 0 <= v <= r <= m:
         raise InvalidParameterError(f"need 0 <= correct ({v}) <= guesses ({r}) <= canaries ({m}).")
     if p_value(m, r, v, 0.0, delta) >= alpha:
@@ -90,8 +94,8 @@ def one_run_bound(
     m = len(s)
     if inc.shape != s.shape or m < 10:
         raise InvalidParameterError(
-            f"need one inclusion bit per score and at least 10 canaries, got {m} scores "
-            f"and {inc.shape} bits."
+            f"need one inclusion bit per score and at least 10 canaries, got {m} scores and "
+            f"{inc.shape} bits."
         )
     if not np.isfinite(s).all():
         raise InvalidParameterError(
@@ -120,7 +124,8 @@ def ceiling(
     confidence: float = 0.95,
     guess_fractions: tuple[float, ...] = DEFAULT_GUESS_FRACTIONS,
 ) -> float:
-    """The most one_run_bound can certify with m canaries: every guess at the largest count right."""
+    """The most one_run_bound can certify with m canaries: every guess at the largest count
+    right."""
     counts = sorted({max(1, int(f * m / 2)) for f in guess_fractions})
     return epsilon_from_guesses(
         m, 2 * counts[-1], 2 * counts[-1], delta, (1 - confidence) / len(counts)
@@ -130,9 +135,9 @@ def ceiling(
 def ceiling_search(
     eps: float, delta: float, confidence: float = 0.95, most: int = 256_000
 ) -> tuple[int | None, float]:
-    """(smallest canary count, 1,000 x a power of 2 up to `most`, whose ceiling exceeds eps, or None; the
-    highest ceiling seen). The 2 m delta term of Theorem 5.2 grows with m, so the ceiling peaks (about 6.1
-    at m = 4,000 for delta = 1e-5) and then falls; the search stops there."""
+    """(smallest canary count, 1,000 x a power of 2 up to `most`, whose ceiling exceeds eps, or
+    None; the highest ceiling seen). The 2 m delta term of Theorem 5.2 grows with m, so the ceiling
+    peaks (about 6.1 at m = 4,000 for delta = 1e-5) and then falls; the search stops there."""
     m, peak = 1000, -math.inf
     while m <= most:
         c = ceiling(m, delta, confidence)

@@ -47,8 +47,9 @@ class AuditPolicy:
     mia_confidence: float = 0.95  # Clopper-Pearson level of the epsilon lower bound
     # one-run audit of the DP-SGD implementation at the release's settings (public data + canaries)
     one_run_canaries: int | None = 1000
-    # canary score: "gradients" (every step's privatised gradient; certifies more at small noise, and stayed
-    # below the charge in 20/20 honest runs, BENCHMARKS.md "One-run audit") or "model" (final weights only)
+    # canary score: "gradients" (every step's privatised gradient; certifies more at small noise,
+    # and stayed below the charge in 20/20 honest runs, BENCHMARKS.md "One-run audit") or "model"
+    # (final weights only)
     one_run_score: str = "gradients"
     # memorisation / distance to closest record
     near_copy_ratio: float = 0.5  # d_train / d_heldout below this ...
@@ -63,13 +64,13 @@ class AuditPolicy:
         0.9  # cluster-membership attack top-k precision (chance 0.5)
     )
     kanon_max_reid_rate: float = 0.9  # representative -> top-1 nearest record is one of its sources
-    # fidelity and utility
-    # Utility gate: the best of LR / MLP / CNN trained on the release and tested on the real held-out set
-    # must reach chance + min_utility_gain * (1 - chance), chance = the held-out majority-class rate.
-    # Default 1/3 of the way from guessing to perfect (0.40 for 10 balanced classes): noise and
-    # mode-collapsed releases score near chance, real MNIST-5k data about 0.9, so the gate refuses
-    # noise while leaving DP noise a wide margin. min_downstream_accuracy adds an absolute floor; 0 or None
-    # turns the relative gate off (TOML has no null).
+    # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
+    # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =
+    # the held-out majority-class rate. Default 1/3 of the way from guessing to perfect (0.40 for 10
+    # balanced classes): noise and mode-collapsed releases score near chance, real MNIST-5k data
+    # about 0.9, so the gate refuses noise while leaving DP noise a wide margin.
+    # min_downstream_accuracy adds an absolute floor; 0 or None turns the relative gate off (TOML
+    # has no null).
     min_utility_gain: float | None = 1 / 3
     min_downstream_accuracy: float | None = None
     max_fid: float | None = None  # FID (EfficientNet-Lite0 features)
@@ -148,10 +149,10 @@ class AuditPolicy:
         return asdict(self)
 
     def utility_threshold(self, chance: float) -> float | None:
-        """Accuracy the release must reach, given the held-out majority-class rate; None = no gate."""
-        limits = (
-            [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain else []
-        )  # 0 = off
+        """Accuracy the release must reach, given the held-out majority-class rate; None = no
+        gate."""
+        # 0 = off
+        limits = [chance + self.min_utility_gain * (1 - chance)] if self.min_utility_gain else []
         limits += [self.min_downstream_accuracy] if self.min_downstream_accuracy is not None else []
         return max(limits) if limits else None
 
@@ -162,9 +163,10 @@ class AuditPolicy:
 
 # What the utility gate reveals, for the dataset card (the publication decision depends on it).
 UTILITY_GATE_CHANNEL = (
-    "Utility gate (uncharged channel): the release was published only because classifiers trained on it "
-    "reached the required accuracy on a real held-out set that is not part of the registered dataset. "
-    "The decision is a function of this DP release and of that held-out set only, so it is post-processing "
-    "with respect to the registered records and spends no budget; it reveals about one bit about the "
-    "held-out set (whether the release is useful on it), which carries no DP guarantee."
+    "Utility gate (uncharged channel): the release was published only because classifiers trained "
+    "on it reached the required accuracy on a real held-out set that is not part of the registered "
+    "dataset. The decision is a function of this DP release and of that held-out set only, so it "
+    "is post-processing with respect to the registered records and spends no budget; it reveals "
+    "about one bit about the held-out set (whether the release is useful on it), which carries no "
+    "DP guarantee."
 )

@@ -1,7 +1,7 @@
 """Audit results: per-check verdicts, JSON, storage in the store's audit_results table, rendering.
 
-Everything here except `verdicts()` is computed on sensitive data and is internal (ARCHITECTURE.md rule 4):
-stewards and auditors see it; only the pass/fail strings may reach a consumer manifest.
+Everything here except `verdicts()` is computed on sensitive data and is internal (ARCHITECTURE.md
+rule 4): stewards and auditors see it; only the pass/fail strings may reach a consumer manifest.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ KINDS = ("expectations", "attack", "fidelity", "utility")
 
 def jsonable(obj: Any, inf_as_text: bool = False) -> Any:
     """Plain JSON data from numpy scalars/arrays and nested containers; non-finite floats -> None
-    (with `inf_as_text`, infinities -> "inf" / "-inf", e.g. epsilon = infinity in benchmark results)."""
+    (with `inf_as_text`, infinities -> "inf" / "-inf", e.g. epsilon = infinity in benchmark
+    results)."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v, inf_as_text) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set)):
@@ -105,8 +106,8 @@ class AuditReport:
 # ------------------------------------------------------------------ store
 def _passed_nullable(con) -> bool:
     rows = con.execute(
-        "SELECT is_nullable FROM information_schema.columns "
-        "WHERE table_name = 'audit_results' AND column_name = 'passed'"
+        "SELECT is_nullable FROM information_schema.columns WHERE table_name = 'audit_results' AND "
+        "column_name = 'passed'"
     ).fetchall()
     return bool(rows) and str(rows[0][0]).upper() == "YES"
 
@@ -118,8 +119,8 @@ def save_report(store, report: AuditReport) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InvalidParameterError(
-            f"audit report for {report.release_id} has duplicate check names {dupes}; "
-            "each check must have a unique name."
+            f"audit report for {report.release_id} has duplicate check names {dupes}; each check "
+            "must have a unique name."
         )
     with store.transaction() as con:
         nullable = _passed_nullable(con)

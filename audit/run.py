@@ -1,8 +1,8 @@
 """run_audit: every check of a release, in order, into one AuditReport.
 
-A check that cannot run for lack of inputs (no held-out data, no loss function) fails when the policy
-requires attacks, else it is reported as informational; a check that crashes is reported as failed
-with its error, so that no release is published unchecked."""
+A check that cannot run for lack of inputs (no held-out data, no loss function) fails when the
+policy requires attacks, else it is reported as informational; a check that crashes is reported as
+failed with its error, so that no release is published unchecked."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class AuditInputs:
     clusters: list[np.ndarray] | None = None  # sensitive indices per representative (k-anonymous)
     selected_public: ImageDataset | None = None  # PrivImage's selected public images (SDS)
     artifacts_dir: Path | None = None  # PNGs go here
-    # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the MIA
+    # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the
+    # MIA
     reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
     dpsgd: DpSgdSetting | None = (
         None  # the executed DP-SGD run: one-run audit of its implementation
@@ -109,7 +110,7 @@ class AuditInputs:
             not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0
         ):
             raise InvalidParameterError(
-                f"claimed_epsilon must be a finite positive number or None, got "
+                "claimed_epsilon must be a finite positive number or None, got "
                 f"{self.claimed_epsilon!r}."
             )
         if self.delta is not None and not (0 <= self.delta < 1):
@@ -158,8 +159,8 @@ def _guard(
 
 
 def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResult:
-    """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public set,
-    else UCI digits): reads no sensitive data."""
+    """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public
+    set, else UCI digits): reads no sensitive data."""
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
     from synth.datasets import uci_digits
 
@@ -191,8 +192,8 @@ def run_audit(
 def _training_distances(
     images: np.ndarray, sens: ImageDataset
 ) -> tuple[bool, np.ndarray, np.ndarray]:
-    """(usable, d_tr, idx_tr): pixel distances to the nearest training image, for the release table and
-    the memorisation check; `usable` = non-empty uint8 images of the sensitive set's shape."""
+    """(usable, d_tr, idx_tr): pixel distances to the nearest training image, for the release table
+    and the memorisation check; `usable` = non-empty uint8 images of the sensitive set's shape."""
     from audit.images import rms_nearest
 
     usable = (
@@ -283,9 +284,9 @@ def _utility(
     if heldout is None:
         gate = (
             (
-                '; the utility gate needs real held-out images: give `heldout = "PATH"` in the spec\'s [release] '
-                "table (real images not in the registered data), or set min_utility_gain = 0.0 in [policy] to turn "
-                "the gate off"
+                '; the utility gate needs real held-out images: give `heldout = "PATH"` in the '
+                "spec's [release] table (real images not in the registered data), or set "
+                "min_utility_gain = 0.0 in [policy] to turn the gate off"
             )
             if policy.utility_gated
             else ""
@@ -309,7 +310,8 @@ def _utility(
 
 
 class _Stages:
-    """Each audit stage is one bar, "audit: NAME" 0/1 while it runs and 1/1 (clock stopped) when it ends."""
+    """Each audit stage is one bar, "audit: NAME" 0/1 while it runs and 1/1 (clock stopped) when it
+    ends."""
 
     def __init__(self, progress: ProgressFn) -> None:
         self.progress: ProgressFn = progress
@@ -348,8 +350,9 @@ def _run_audit(
                 "release_readable",
                 "expectations",
                 False,
-                "attacks and metrics not run: release images are not non-empty uint8 images of the sensitive set's shape "
-                f"{sens.image_shape} (got {images.dtype}, {images.shape})",
+                "attacks and metrics not run: release images are not non-empty uint8 images of "
+                f"the sensitive set's shape {sens.image_shape} (got {images.dtype}, "
+                f"{images.shape})",
                 {},
             )
         )

@@ -1,4 +1,5 @@
-"""Semantic distribution similarity (SDS) between PrivImage's selected public set and the sensitive set.
+"""Semantic distribution similarity (SDS) between PrivImage's selected public set and the sensitive
+set.
 
 PrivImage compares semantic distributions obtained with its query classifier; that classifier is not
 available to the audit, so SDS is defined here as: k-means (scikit-learn) on EfficientNet-Lite0

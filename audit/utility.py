@@ -1,5 +1,6 @@
-"""Downstream utility ("CA"): logistic regression, MLP (scikit-learn) and a small CNN (torch) trained on
-the release and tested on real held-out data, beside the same classifiers trained on real data."""
+"""Downstream utility ("CA"): logistic regression, MLP (scikit-learn) and a small CNN (torch)
+trained on the release and tested on real held-out data, beside the same classifiers trained on real
+data."""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ def compute_utility(
     heldout: ImageDataset,
     policy: AuditPolicy,
 ) -> UtilityNumbers:
-    """Train LR / MLP / CNN on the release (and, with `sensitive`, on real data), test on held-out."""
+    """Train LR / MLP / CNN on the release (and, with `sensitive`, on real data), test on
+    held-out."""
     rng = np.random.default_rng(policy.seed)
     tops = [labels.max(), heldout.labels.max()] + (
         [sensitive.labels.max()] if sensitive is not None else []
@@ -148,7 +150,10 @@ def check_utility(u: UtilityNumbers, policy: AuditPolicy) -> CheckResult:
     limit = (
         "informational, no threshold"
         if threshold is None
-        else f"gate {threshold:.3f} = chance {u.chance:.3f} + {policy.min_utility_gain or 0:.2f} x (1 - chance)"
+        else (
+            f"gate {threshold:.3f} = chance {u.chance:.3f} + {policy.min_utility_gain or 0:.2f} x "
+            "(1 - chance)"
+        )
         + (
             f", floor {policy.min_downstream_accuracy}"
             if policy.min_downstream_accuracy is not None

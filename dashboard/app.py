@@ -17,7 +17,14 @@ if __package__ in (
 
 import streamlit as st  # noqa: E402
 
-from dashboard.common import PAGE_ICONS, ROLE_BADGE, get_store, guarded, pages_for, show_flash  # noqa: E402
+from dashboard.common import (  # noqa: E402
+    PAGE_ICONS,
+    ROLE_BADGE,
+    get_store,
+    guarded,
+    pages_for,
+    show_flash,
+)
 from dashboard.views import audit_trail, downloads, ledger, overview, releases  # noqa: E402
 from release import (
     auth,  # noqa: E402
@@ -36,7 +43,9 @@ VIEWS = {
 CSS = """
 <style>
 .block-container {padding-top: 2.2rem; max-width: 1300px;}
-div[data-testid="stMetric"] {background: #f6f8fa; border: 1px solid #e3e8ee; border-radius: 10px; padding: 10px 14px;}
+div[data-testid="stMetric"] {
+  background: #f6f8fa; border: 1px solid #e3e8ee; border-radius: 10px; padding: 10px 14px;
+}
 .pr-muted {color: #52606d; font-size: 0.9rem;}
 [data-testid="stAppDeployButton"] {display: none;}
 </style>
@@ -64,8 +73,8 @@ def sign_in(store: Store) -> None:
     with mid:
         st.markdown("## :material/shield_lock: privrelease")
         st.markdown(
-            '<p class="pr-muted">Privacy-accounted releases of image datasets. Sign in with the identity '
-            "and password the CLI created (<code>privrelease keys create</code>, "
+            '<p class="pr-muted">Privacy-accounted releases of image datasets. Sign in with the '
+            "identity and password the CLI created (<code>privrelease keys create</code>, "
             "<code>privrelease keys password</code>).</p>",
             unsafe_allow_html=True,
         )
@@ -80,9 +89,8 @@ def sign_in(store: Store) -> None:
         if notice and not submitted:
             st.warning(notice, icon=":material/logout:")
         if submitted:
-            result = auth.sign_in(
-                store, name, password
-            )  # throttled; every attempt is an audit-trail entry
+            # throttled; every attempt is an audit-trail entry
+            result = auth.sign_in(store, name, password)
             if result.identity is None:
                 st.error(result.message, icon=":material/block:")
             else:
@@ -91,7 +99,8 @@ def sign_in(store: Store) -> None:
                     ident.name,
                     result.session_epoch,
                 )
-                # ?page=NAME deep-links to a page; one the role may not open is refused with a message
+                # ?page=NAME deep-links to a page; one the role may not open is refused with a
+                # message
                 st.session_state["page"] = st.query_params.get("page", "Overview")
                 st.rerun()
 
@@ -138,14 +147,16 @@ def main() -> None:
         return
     page, refused = sidebar(store, ident)
     if refused is not None:
-        # Only a known page name is echoed: any other ?page= value is attacker-chosen text (a link, markup).
+        # Only a known page name is echoed: any other ?page= value is attacker-chosen text (a link,
+        # markup).
         what = (
             f"The {refused} page is"
             if refused in VIEWS
             else "The requested page does not exist or is"
         )
         st.error(
-            f"{what} not available to a {ident.role}. You can open: {', '.join(pages_for(ident.role))}.",
+            f"{what} not available to a {ident.role}. You can open: "
+            f"{', '.join(pages_for(ident.role))}.",
             icon=":material/block:",
         )
         return

@@ -35,8 +35,8 @@ def budget_gauge(
     title: str = "",
     planned_rdp: float | None = None,
 ) -> Figure:
-    """A half-circle gauge: filled arc = epsilon spent by RDP (the reference, checked against the cap),
-    black tick = PLD (tighter), dashed tick = after a planned run. An infinite spend (a non-DP
+    """A half-circle gauge: filled arc = epsilon spent by RDP (the reference, checked against the
+    cap), black tick = PLD (tighter), dashed tick = after a planned run. An infinite spend (a non-DP
     release was made) fills the gauge in red and says so."""
     fig = Figure(figsize=(3.4, 2.15), dpi=110)
     ax = fig.add_axes((0, 0, 1, 1))
@@ -88,8 +88,9 @@ def budget_gauge(
 
 def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> alt.Chart:
     """Step lines of cumulative epsilon (RDP solid, PLD dashed) per dataset over time, with each
-    dataset's cap as a rule. `rows` carry dataset, time, cumulative_epsilon_rdp/pld (charge_breakdown).
-    Infinite values (after a non-DP release) are drawn at the top edge and flagged in the tooltip."""
+    dataset's cap as a rule. `rows` carry dataset, time, cumulative_epsilon_rdp/pld
+    (charge_breakdown). Infinite values (after a non-DP release) are drawn at the top edge and
+    flagged in the tooltip."""
     df = pd.DataFrame(rows)
     if df.empty:
         return alt.Chart(pd.DataFrame({"x": []})).mark_point()
@@ -161,7 +162,8 @@ def to_display(images: np.ndarray) -> np.ndarray:
 
 
 def image_grid(images: np.ndarray, columns: int = 10, pad: int = 2, scale: int = 2) -> np.ndarray:
-    """Tile images (uint8, grey or RGB) into one RGB array with a light border, upscaled by `scale`."""
+    """Tile images (uint8, grey or RGB) into one RGB array with a light border, upscaled by
+    `scale`."""
     x = to_display(images)
     if len(x) == 0:
         return np.full((8, 8, 3), 255, np.uint8)

@@ -45,8 +45,8 @@ def get_store() -> Store:
     root = os.environ.get("PRIVRELEASE_HOME")
     if not root:
         raise PrivReleaseError(
-            "PRIVRELEASE_HOME is not set. Start the dashboard with `privrelease dashboard` "
-            "(or set PRIVRELEASE_HOME to a workspace directory)."
+            "PRIVRELEASE_HOME is not set. Start the dashboard with `privrelease dashboard` (or set "
+            "PRIVRELEASE_HOME to a workspace directory)."
         )
     return open_store(root)
 

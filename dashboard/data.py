@@ -1,7 +1,7 @@
 """Cached reads for the dashboard. PLD accounting takes about a second per history, so budgets,
-per-charge breakdowns and what-ifs are cached, keyed by the workspace and a cheap signature of the ledger's
-rows: any reserve/commit/refund changes the signature, so a cached value is never stale. The figures are
-release.budget's; this module only caches them."""
+per-charge breakdowns and what-ifs are cached, keyed by the workspace and a cheap signature of the
+ledger's rows: any reserve/commit/refund changes the signature, so a cached value is never stale.
+The figures are release.budget's; this module only caches them."""
 
 from __future__ import annotations
 

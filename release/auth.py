@@ -1,4 +1,5 @@
-"""Dashboard passwords (set by `privrelease keys password`): scrypt hashes in `identities.password_hash`.
+"""Dashboard passwords (set by `privrelease keys password`): scrypt hashes in
+`identities.password_hash`.
 
 Format: "scrypt$n$r$p$salt_b64$hash_b64". The password itself is never stored or logged; setting one
 appends an `identity.password` entry (name only) to the audit trail.
@@ -22,7 +23,8 @@ from release import keys
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 SALT_BYTES, HASH_BYTES = 16, 32
 MIN_PASSWORD_LENGTH = 8
-# 128 * n * r bytes of memory; OpenSSL's default 32 MiB limit is exactly that for n=2**14, r=8 and refuses it.
+# 128 * n * r bytes of memory; OpenSSL's default 32 MiB limit is exactly that for n=2**14, r=8 and
+# refuses it.
 _MAXMEM = 64 * 1024 * 1024
 
 
@@ -58,11 +60,13 @@ def verify_hash(stored: str | None, password: str) -> bool:
 def set_password(
     store: Store, name: str, password: str, *, actor: str | None = None
 ) -> keys.Identity:
-    """Set (or replace) the dashboard password of an existing identity; sessions opened with the old one
-    end (see session_valid). Raises PrivReleaseError for an unknown identity or a password shorter than 8."""
+    """Set (or replace) the dashboard password of an existing identity; sessions opened with the old
+    one end (see session_valid). Raises PrivReleaseError for an unknown identity or a password
+    shorter than 8."""
     if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
         raise InvalidParameterError(
-            f"The password must be at least {MIN_PASSWORD_LENGTH} characters long; choose a longer one."
+            f"The password must be at least {MIN_PASSWORD_LENGTH} characters long; choose a longer "
+            "one."
         )
     keys.get_identity(store, name)  # UnknownIdentityError (a PrivReleaseError) with a hint
     stored = hash_password(password)
@@ -85,9 +89,10 @@ def check_password(store: Store, name: str, password: str) -> keys.Identity | No
 
 _DUMMY_HASH = hash_password(secrets.token_hex(16))
 
-# Sign-in throttling: after MAX_FAILURES failed attempts in a row for one name, that name is locked for
-# LOCKOUT_SECONDS (a locked attempt is refused unchecked and does not extend the lock). Attempts are audit-trail
-# entries, so the count survives restarts and is shared by every dashboard process on the workspace.
+# Sign-in throttling: after MAX_FAILURES failed attempts in a row for one name, that name is locked
+# for LOCKOUT_SECONDS (a locked attempt is refused unchecked and does not extend the lock). Attempts
+# are audit-trail entries, so the count survives restarts and is shared by every dashboard process
+# on the workspace.
 MAX_FAILURES = 5
 LOCKOUT_SECONDS = 300
 SIGN_IN_ACTIONS = ("auth.sign_in", "auth.sign_in_failed")
@@ -101,7 +106,8 @@ class SignIn:
 
 
 def password_epoch(identity: keys.Identity) -> str:
-    """Changes whenever the password does: a session opened under an older password is no longer valid."""
+    """Changes whenever the password does: a session opened under an older password is no longer
+    valid."""
     return hashlib.sha256((identity.password_hash or "").encode()).hexdigest()[:32]
 
 
@@ -120,8 +126,8 @@ def _locked_for(store: Store, name: str, now: float) -> float:
     """Seconds left on `name`'s lockout (0 if not locked)."""
     needle = f'"name":{trail.canonical(name)}'
     rows = store.query(
-        "SELECT action, ts FROM audit_trail WHERE action IN (?, ?) AND position(? IN payload) > 0 "
-        f"ORDER BY seq DESC LIMIT {MAX_FAILURES}",
+        "SELECT action, ts FROM audit_trail WHERE action IN (?, ?) AND position(? IN payload) > "
+        f"0 ORDER BY seq DESC LIMIT {MAX_FAILURES}",
         [*SIGN_IN_ACTIONS, needle],
     )
     if len(rows) < MAX_FAILURES or any(r["action"] == "auth.sign_in" for r in rows):
@@ -152,7 +158,8 @@ def sign_in(store: Store, name: str, password: str, *, now: float | None = None)
         )
         return SignIn(
             None,
-            "Unknown identity or wrong password (or no password set: `privrelease keys password NAME`).",
+            "Unknown identity or wrong password (or no password set: `privrelease keys password "
+            "NAME`).",
         )
     _record(store, name, "auth.sign_in", "ok")
     return SignIn(ident, "", password_epoch(ident))

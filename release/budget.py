@@ -1,4 +1,5 @@
-"""The budget API: a dataset's spend, its per-charge breakdown and the what-if of a planned DP-SGD run.
+"""The budget API: a dataset's spend, its per-charge breakdown and the what-if of a planned DP-SGD
+run.
 
 The CLI (`budget show|plan`) and the dashboard only display what these return. Every figure is the
 ledger's own: epsilon of the whole composed history (never a sum of epsilons), and the cap's privacy
@@ -28,8 +29,8 @@ def _finite(x: float) -> float | None:
 
 @dataclass(frozen=True)
 class BudgetSummary:
-    """A dataset's cap and what its history spent. Epsilons of an empty history are 0; an infinite one
-    (no DP guarantee) is inf here, None in `to_dict` (JSON has no infinity)."""
+    """A dataset's cap and what its history spent. Epsilons of an empty history are 0; an infinite
+    one (no DP guarantee) is inf here, None in `to_dict` (JSON has no infinity)."""
 
     dataset: str
     dataset_id: str
@@ -67,7 +68,8 @@ class BudgetSummary:
 
 @dataclass(frozen=True)
 class ChargeRow:
-    """One charge of a dataset: its own epsilon and the epsilon of the history up to and including it."""
+    """One charge of a dataset: its own epsilon and the epsilon of the history up to and including
+    it."""
 
     position: int
     run_id: str
@@ -155,7 +157,8 @@ def summary(b: ledger.Budget) -> BudgetSummary:
 
 
 def breakdown(b: ledger.Budget) -> list[ChargeRow]:
-    """Per charge, oldest first: its own epsilon and the cumulative epsilon of the history up to it."""
+    """Per charge, oldest first: its own epsilon and the cumulative epsilon of the history up to
+    it."""
     out, history = [], []
     delta = b.dataset.delta_cap
     for c in b.charges:
@@ -191,12 +194,12 @@ def what_if(
     delta: float | None = None,
     history: ledger.Budget | None = None,
 ) -> WhatIf:
-    """A DP-SGD run at (q, sigma, steps), or the conservative sigma for a target `epsilon`, composed with
-    `history`'s spend when given (delta then defaults to its cap).
+    """A DP-SGD run at (q, sigma, steps), or the conservative sigma for a target `epsilon`, composed
+    with `history`'s spend when given (delta then defaults to its cap).
 
     Raises:
-        InvalidParameterError: not exactly one of sigma and epsilon; no delta and no history; a delta above
-            the history's delta cap.
+        InvalidParameterError: not exactly one of sigma and epsilon; no delta and no history; a
+            delta above the history's delta cap.
     """
     if (sigma is None) == (epsilon is None):
         raise InvalidParameterError(
@@ -208,9 +211,9 @@ def what_if(
         prior = history.history
         if delta is not None and delta > d.delta_cap:
             raise InvalidParameterError(
-                f"--delta {delta:g} is above {d.name}'s delta cap {d.delta_cap:g} (which is below 1/n = "
-                f"{1 / d.record_count:.3g}): its budget is stated at that delta. Leave --delta out to use the cap, "
-                "or give a smaller one."
+                f"--delta {delta:g} is above {d.name}'s delta cap {d.delta_cap:g} (which is below "
+                f"1/n = {1 / d.record_count:.3g}): its budget is stated at that delta. Leave "
+                "--delta out to use the cap, or give a smaller one."
             )
         delta = d.delta_cap if delta is None else delta
     if delta is None:
@@ -249,8 +252,8 @@ def what_if(
 
 
 def ledger_signature(store: Store) -> str:
-    """A cheap digest of every dataset's cap and every charge's state: changes whenever the ledger does
-    (a cache key for views that compose the history)."""
+    """A cheap digest of every dataset's cap and every charge's state: changes whenever the ledger
+    does (a cache key for views that compose the history)."""
     rows: list[Any] = [
         (d.dataset_id, d.epsilon_cap, d.delta_cap) for d in ledger.list_datasets(store)
     ]

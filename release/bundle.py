@@ -1,9 +1,9 @@
 """Writing and reading published bundles.
 
-Layout: data/part-NNNNN.parquet (image struct {bytes: PNG, path}, label int64, id string, optional extra
-columns; the Hugging Face Image layout, so pyarrow, polars, duckdb and `datasets` read it as is),
-sample_grid.png (a few images per class), croissant.json (MLCommons Croissant with its Responsible-AI
-fields), README.md (the dataset card, with YAML front matter for
+Layout: data/part-NNNNN.parquet (image struct {bytes: PNG, path}, label int64, id string, optional
+extra columns; the Hugging Face Image layout, so pyarrow, polars, duckdb and `datasets` read it as
+is), sample_grid.png (a few images per class), croissant.json (MLCommons Croissant with its
+Responsible-AI fields), README.md (the dataset card, with YAML front matter for
 `datasets.load_dataset`), manifest.intoto.json (in-toto Statement over every other file, release id
 included) and manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
 `<bundle>.tar.gz` beside the directory, with the two manifest files first so that a verifier can
@@ -52,9 +52,8 @@ CARD_FILE = "README.md"
 GRID_FILE = "sample_grid.png"
 BASE_COLUMNS = ("image", "label", "id")
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-ROW_GROUP_BYTES = (
-    16 << 20
-)  # about this much image data per Parquet row group: streams in small reads
+# about this much image data per Parquet row group: streams in small reads
+ROW_GROUP_BYTES = 16 << 20
 GRID_PER_CLASS, GRID_CLASSES = 8, 10
 
 
@@ -80,7 +79,7 @@ class BundleInfo:
 def _check_images(images: object) -> np.ndarray:
     if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
         raise DataFormatError(
-            f"images must be a uint8 numpy array, got "
+            "images must be a uint8 numpy array, got "
             f"{getattr(images, 'dtype', type(images).__name__)}; convert to 0-255 uint8 first."
         )
     if images.ndim == 4 and images.shape[-1] == 1:
@@ -224,8 +223,9 @@ def sample_grid(images: np.ndarray, labels: np.ndarray) -> bytes:
 
 
 def _write_tarball(src: Path, arcroot: str, dest: Path) -> None:
-    """Deterministic .tar.gz of `src` under top-level dir `arcroot`: mtime 0, owner 0, the signed manifest
-    first (a verifier then refuses unsigned members from their headers), then the other files sorted."""
+    """Deterministic .tar.gz of `src` under top-level dir `arcroot`: mtime 0, owner 0, the signed
+    manifest first (a verifier then refuses unsigned members from their headers), then the other
+    files sorted."""
 
     def add(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         info = tarfile.TarInfo(arcname)
@@ -274,8 +274,9 @@ def write_bundle(
     """Write, sign and archive a bundle at `out_dir` (and `<out_dir>.tar.gz`); never overwrites.
 
     `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it and
-    `release_id` (= the bundle's directory name, which verification binds to the signature). The card
-    is completed with the data's features, the key fingerprints and the verify/recompute recipes.
+    `release_id` (= the bundle's directory name, which verification binds to the signature). The
+    card is completed with the data's features, the key fingerprints and the verify/recompute
+    recipes.
     """
     out_dir = Path(out_dir)
     if out_dir.name in ("", ".", ".."):
@@ -301,8 +302,8 @@ def write_bundle(
     for p in (out_dir, tar_path):
         if os.path.lexists(p):
             raise BundleExistsError(
-                f"{p} already exists; bundles are never overwritten. Choose another output "
-                "path or move the old bundle away."
+                f"{p} already exists; bundles are never overwritten. Choose another output path or "
+                "move the old bundle away."
             )
     pub_path = keys.ensure_release_key(workspace)
     signing_key = keys.load_private_key(workspace, keys.RELEASE_KEY)
@@ -350,13 +351,12 @@ def _complete_predicate(predicate: object, name: str) -> dict:
     rid = predicate.get("release_id", name)
     if rid != name:
         raise InvalidParameterError(
-            f"The bundle directory must be named after the release id ({rid!r}), got "
-            f"{name!r}: verification binds the signed release id to the bundle's name."
+            f"The bundle directory must be named after the release id ({rid!r}), got {name!r}: "
+            "verification binds the signed release id to the bundle's name."
         )
     predicate = {**predicate, "release_id": rid, "tool": predicate.get("tool", tool_info())}
-    statement_bytes(
-        {"predicate": predicate}
-    )  # refuse NaN / non-JSON values before writing anything
+    # refuse NaN / non-JSON values before writing anything
+    statement_bytes({"predicate": predicate})
     return predicate
 
 
@@ -434,9 +434,8 @@ def _self_check(targets: tuple[Path, ...], pub_path: Path) -> None:
 def _place(root: Path, staged_tar: Path, out_dir: Path, tar_path: Path) -> None:
     """Move the staged bundle into place; never replaces a bundle that appeared meanwhile."""
     try:
-        os.link(
-            staged_tar, tar_path
-        )  # fails instead of replacing a tarball that appeared meanwhile
+        # fails instead of replacing a tarball that appeared meanwhile
+        os.link(staged_tar, tar_path)
     except FileExistsError:
         raise BundleExistsError(
             f"{tar_path} appeared while the bundle was being written; not replaced."
@@ -472,7 +471,8 @@ def read_bundle_table(bundle_dir: Path) -> pa.Table:
 def read_bundle_data(
     bundle_dir: Path, *, public_key_path: Path | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(images uint8 (N,H,W) or (N,H,W,3), labels int64, ids). With `public_key_path`, verify the bundle first."""
+    """(images uint8 (N,H,W) or (N,H,W,3), labels int64, ids). With `public_key_path`, verify the
+    bundle first."""
     if public_key_path is not None:
         from release.verify import verify_bundle
 

@@ -1,9 +1,10 @@
-"""The dataset card (README.md of a bundle): what was released, what the guarantee means, how to use it.
+"""The dataset card (README.md of a bundle): what was released, what the guarantee means, how to use
+it.
 
 The card follows the Hugging Face dataset-card layout: a YAML front matter (license, task, size,
 `dataset_info` features with a ClassLabel, `configs` pointing at `data/*.parquet`) so that
-`datasets.load_dataset(<bundle dir>)` returns decoded images with named labels, then sections for the
-guarantee, how the data was made, limitations, intended use, version, citation and license.
+`datasets.load_dataset(<bundle dir>)` returns decoded images with named labels, then sections for
+the guarantee, how the data was made, limitations, intended use, version, citation and license.
 `dataset_card` writes what the release knows; `finish_card` (called while the bundle is written)
 adds what only the bundle knows: the data features, the signing key's fingerprints and the recipes
 to verify the bundle and recompute its epsilon.
@@ -40,7 +41,8 @@ def size_category(n: int) -> str:
 
 
 def label_feature(labels: list[int], names: dict[int, str] | None = None) -> dict[str, Any]:
-    """The `label` column as a Hugging Face ClassLabel over 0..max(labels) (names default to the numbers)."""
+    """The `label` column as a Hugging Face ClassLabel over 0..max(labels) (names default to the
+    numbers)."""
     top = max(labels, default=0)
     if min(labels, default=0) < 0 or top >= MAX_CLASS_NAMES:
         return {"name": "label", "dtype": "int64"}
@@ -58,7 +60,9 @@ def _front_matter(
     dp = result["guarantee"]["type"] == "dp"
     return {
         "license": rel.get("license") or DEFAULT_LICENSE,
-        "pretty_name": f"{release['release_id']}: {result['mechanism']} release of {dataset['dataset_id']}",
+        "pretty_name": (
+            f"{release['release_id']}: {result['mechanism']} release of {dataset['dataset_id']}"
+        ),
         "task_categories": ["image-classification"],
         "size_categories": [size_category(n)],
         "tags": [
@@ -80,7 +84,8 @@ def dataset_card(
     history: dict[str, Any] | None = None,
     published_at: datetime | None = None,
 ) -> str:
-    """The card's text: YAML front matter and the sections a consumer needs to judge and cite the data."""
+    """The card's text: YAML front matter and the sections a consumer needs to judge and cite the
+    data."""
     meta = _front_matter(release, dataset, result, n_records)
     lines = [
         "---",
@@ -113,7 +118,8 @@ def dataset_card(
 
 
 def card_for(release: dict[str, Any], dataset: dict[str, Any], predicate: ReleasePredicate) -> str:
-    """The card of a release being published, from its signed predicate (what the card states is what is signed)."""
+    """The card of a release being published, from its signed predicate (what the card states is
+    what is signed)."""
     return dataset_card(
         release,
         dataset,
@@ -132,14 +138,15 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
             "## What this is",
             "",
             f"{n} images, each the **average of k = {g['k']} records** of the sensitive dataset "
-            f"(method: {g.get('method', params.get('method'))}), with the majority label of its group and the "
-            "group's label distribution.",
+            f"(method: {g.get('method', params.get('method'))}), with the majority label of its "
+            "group and the group's label distribution.",
             "",
             "## Privacy guarantee",
             "",
-            f"**k-anonymity with k = {g['k']}**: each released image is computed from a group of {g['k']} records. "
-            "This is *not* differential privacy. Averages can leak attributes shared by a group, and the "
-            "source dataset's earlier DP guarantees no longer hold after this release.",
+            f"**k-anonymity with k = {g['k']}**: each released image is computed from a group of "
+            f"{g['k']} records. This is *not* differential privacy. Averages can leak attributes "
+            "shared by a group, and the source dataset's earlier DP guarantees no longer hold "
+            "after this release.",
             "",
         ]
     rdp, pld, delta = g.get("epsilon_rdp"), g.get("epsilon_pld"), g["delta"]
@@ -148,8 +155,8 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
     vote = params.get("vote_sigma")
     rounds = params.get("vote_rounds") or 1
     evolved = (
-        f" The vote ran {rounds} rounds: each later round voted again on variations of the previous "
-        "round's winners, drawn by the same model."
+        f" The vote ran {rounds} rounds: each later round voted again on variations of the "
+        "previous round's winners, drawn by the same model."
         if rounds > 1
         else ""
     )
@@ -160,56 +167,58 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
         else ""
     )
     voted = (
-        f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} generated "
-        "candidates by a differentially private vote of the sensitive images (noise std "
-        f"{vote:g} on each candidate's count of nearest sensitive images"
-        f"{space_note}).{evolved}"
+        f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} "
+        "generated candidates by a differentially private vote of the sensitive images (noise std "
+        f"{vote:g} on each candidate's count of nearest sensitive images{space_note}).{evolved}"
         if vote
         else ""
     )
     varied = (
         f" Each {'voted' if vote else 'generated'} image is released with {copies} "
-        f"variation{'s' if copies > 1 else ''} of it (the same model re-drawing it from a lightly noised copy, "
-        "strength "
-        f"{params.get('release_variation_strength'):g}): groups of {copies + 1} images are near-duplicates, so "
-        "do not count them as independent samples."
+        f"variation{'s' if copies > 1 else ''} of it (the same model re-drawing it from a lightly "
+        f"noised copy, strength {params.get('release_variation_strength'):g}): groups of "
+        f"{copies + 1} images are near-duplicates, so do not count them as independent samples."
         if copies
         else ""
     )
     return [
         "## What this is",
         "",
-        f"{n} **synthetic** labelled images generated by PrivImage: a diffusion model pre-trained on public "
-        "images chosen by a differentially private semantic query, then fine-tuned on the sensitive dataset "
-        f"with DP-SGD.{voted}{varied} No image in this bundle is a record of the sensitive dataset.",
+        f"{n} **synthetic** labelled images generated by PrivImage: a diffusion model pre-trained "
+        "on public images chosen by a differentially private semantic query, then fine-tuned on "
+        f"the sensitive dataset with DP-SGD.{voted}{varied} No image in this bundle is a record "
+        "of the sensitive dataset.",
         "",
         "## Privacy guarantee",
         "",
-        "(epsilon, delta)-differential privacy for the whole history of releases from the source dataset "
-        f"{'as of publication ' if history is not None else ''}(this one included), with delta = {delta:g}:",
+        "(epsilon, delta)-differential privacy for the whole history of releases from the source "
+        f"dataset {'as of publication ' if history is not None else ''}(this one included), with "
+        f"delta = {delta:g}:",
         "",
         f"- epsilon by RDP (reference accountant): **{_eps(rdp)}**",
         f"- epsilon by PLD (tighter accountant): **{_eps(pld)}**",
         "",
-        f"The privacy unit is **{dataset['privacy_unit']}** (add/remove one record). It covers the synthetic images "
-        "and labels (DP-SGD), the choice of public classes named below (DP Gaussian query)"
-        f"{' and the choice of candidates (DP Gaussian vote)' if vote else ''}.",
+        f"The privacy unit is **{dataset['privacy_unit']}** (add/remove one record). It covers "
+        "the synthetic images and labels (DP-SGD), the choice of public classes named below (DP "
+        f"Gaussian query){' and the choice of candidates (DP Gaussian vote)' if vote else ''}.",
         "",
         *_adaptive_cap(dataset),
     ]
 
 
 def _adaptive_cap(dataset: dict) -> list[str]:
-    """The figures above compose the history as if it had been fixed in advance; releases are in fact chosen
-    one after another. What holds under that adaptive choice is the ledger's cap, enforced by a privacy filter."""
+    """The figures above compose the history as if it had been fixed in advance; releases are in
+    fact chosen one after another. What holds under that adaptive choice is the ledger's cap,
+    enforced by a privacy filter."""
     if dataset.get("epsilon_cap") is None:
         return []
     return [
-        f"Releases from this dataset are chosen one after another, each after seeing the earlier ones. The "
-        f"publisher's ledger admitted each only through a privacy filter with cap epsilon = "
-        f"{dataset['epsilon_cap']:g}, delta = {dataset['delta_cap']:g} (a multi-order Rényi filter, after "
-        "Feldman & Zrnic 2021): under that adaptive choice, every release from this dataset, past and future, "
-        f"is together ({dataset['epsilon_cap']:g}, {dataset['delta_cap']:g})-differentially private.",
+        "Releases from this dataset are chosen one after another, each after seeing the earlier "
+        "ones. The publisher's ledger admitted each only through a privacy filter with cap "
+        f"epsilon = {dataset['epsilon_cap']:g}, delta = {dataset['delta_cap']:g} (a multi-order "
+        "Rényi filter, after Feldman & Zrnic 2021): under that adaptive choice, every release "
+        f"from this dataset, past and future, is together ({dataset['epsilon_cap']:g}, "
+        f"{dataset['delta_cap']:g})-differentially private.",
         "",
     ]
 
@@ -223,7 +232,8 @@ def _how_made(release: dict, result: dict) -> list[str]:
         "",
         f"- Mechanism: {mech}",
         f"- Preset: {params.get('preset', 'default')}",
-        f"- Public data: {params.get('public', 'the mechanism default')} (public; not covered by the guarantee)",
+        f"- Public data: {params.get('public', 'the mechanism default')} (public; not covered by "
+        "the guarantee)",
     ]
     chosen = result["parameters"].get("selected_public_classes")
     if chosen is not None:
@@ -241,16 +251,18 @@ def _limitations_and_use() -> list[str]:
         "## Limitations",
         "",
         "- The dataset size is treated as public (it is not protected by the guarantee).",
-        "- Synthetic or averaged images have lower fidelity than the originals; check the utility for your task.",
-        "- The guarantee is about records of the source dataset; it says nothing about people who appear in "
-        "several records unless the privacy unit covers them.",
-        "- The publication itself depended on pass/fail audit checks computed on the sensitive data; see the "
-        "checks below.",
+        "- Synthetic or averaged images have lower fidelity than the originals; check the utility "
+        "for your task.",
+        "- The guarantee is about records of the source dataset; it says nothing about people who "
+        "appear in several records unless the privacy unit covers them.",
+        "- The publication itself depended on pass/fail audit checks computed on the sensitive "
+        "data; see the checks below.",
         "",
         "## Intended use",
         "",
-        "Prototyping, teaching, method development and benchmarking where the original images cannot be shared. "
-        "Not for clinical or individual decisions, and not for re-identifying anyone.",
+        "Prototyping, teaching, method development and benchmarking where the original images "
+        "cannot be shared. Not for clinical or individual decisions, and not for re-identifying "
+        "anyone.",
         "",
     ]
 
@@ -261,7 +273,10 @@ def _version_citation(release: dict, dataset: dict, license_id: str, when: datet
     license_text = (
         f"`{license_id}`"
         if license_id != DEFAULT_LICENSE
-        else "`other`: the publisher set no license in the release spec; ask them before redistributing"
+        else (
+            "`other`: the publisher set no license in the release spec; ask them before "
+            "redistributing"
+        )
     )
     return [
         "",
@@ -288,7 +303,8 @@ def _version_citation(release: dict, dataset: dict, license_id: str, when: datet
     ]
 
 
-# ---------------------------------------------------------------- completed while the bundle is written
+# ---------------------------------------------------------------- completed while the bundle is
+# written
 
 
 def split_front_matter(card: str) -> tuple[dict[str, Any], str]:
@@ -312,7 +328,8 @@ def finish_card(
     key_fingerprints: tuple[str, str],
     predicate: dict[str, Any],
 ) -> str:
-    """The card with the data's `dataset_info`/`configs`, and the load, verify and recompute sections."""
+    """The card with the data's `dataset_info`/`configs`, and the load, verify and recompute
+    sections."""
     meta, body = split_front_matter(card)
     declared = {f.get("name"): f for f in (meta.get("dataset_info") or {}).get("features", [])}
     meta.setdefault("license", DEFAULT_LICENSE)
@@ -333,7 +350,8 @@ def finish_card(
 
 
 def _declared_or(declared: dict | None, derived: dict) -> dict:
-    """The card's declared feature (e.g. every label of the dataset, named), if it covers the data's values."""
+    """The card's declared feature (e.g. every label of the dataset, named), if it covers the data's
+    values."""
     if declared is None:
         return derived
 
@@ -353,11 +371,12 @@ def _use_section(rid: str) -> list[str]:
     return [
         "## Files and loading",
         "",
-        "- `data/part-*.parquet`: columns `image` (struct of PNG `bytes` and a `path` name, the Hugging Face "
-        "Image layout), `label` (integer class), `id` (row id), and any extra columns; row groups are small "
-        "enough to stream.",
+        "- `data/part-*.parquet`: columns `image` (struct of PNG `bytes` and a `path` name, the "
+        "Hugging Face Image layout), `label` (integer class), `id` (row id), and any extra "
+        "columns; row groups are small enough to stream.",
         "- `sample_grid.png`: a few images per class, for a first look.",
-        "- `croissant.json`: MLCommons Croissant metadata (files with sha256, fields, Responsible-AI properties), "
+        "- `croissant.json`: MLCommons Croissant metadata (files with sha256, fields, "
+        "Responsible-AI properties), "
         'e.g. `mlcroissant.Dataset(jsonld="croissant.json").records("default")`.',
         "",
         "![sample grid](sample_grid.png)",
@@ -375,15 +394,16 @@ def _verify_section(rid: str, fingerprints: tuple[str, str]) -> list[str]:
     return [
         "## Verify",
         "",
-        "The bundle is signed with the publisher's Ed25519 release key. Check its fingerprint against the one "
-        "the publisher gives you out of band:",
+        "The bundle is signed with the publisher's Ed25519 release key. Check its fingerprint "
+        "against the one the publisher gives you out of band:",
         "",
         f"- keyid (securesystemslib default): `{keyid}`",
         f"- sha256 of the raw public key: `{raw_sha}`",
         "",
         f"`privrelease verify {rid}.tar.gz --key release.pub` checks the DSSE signature over "
-        "`manifest.intoto.json`, every file's sha256 and that the archive's name is the signed release id, "
-        "offline. Without privrelease, with securesystemslib and the Python standard library:",
+        "`manifest.intoto.json`, every file's sha256 and that the archive's name is the signed "
+        "release id, offline. Without privrelease, with securesystemslib and the Python standard "
+        "library:",
         "",
         "```python",
         "import hashlib, json, pathlib",
@@ -393,7 +413,8 @@ def _verify_section(rid: str, fingerprints: tuple[str, str]) -> list[str]:
         "",
         'key = SSlibKey.from_crypto(load_pem_public_key(pathlib.Path("release.pub").read_bytes()))',
         f'assert key.keyid == "{keyid}"',
-        f'envelope = Envelope.from_dict(json.loads(pathlib.Path("{rid}/manifest.dsse.json").read_bytes()))',
+        "envelope = "
+        f'Envelope.from_dict(json.loads(pathlib.Path("{rid}/manifest.dsse.json").read_bytes()))',
         "envelope.verify([key], 1)  # raises unless the publisher's key signed it",
         "statement = json.loads(envelope.payload)",
         f'assert statement["predicate"]["release_id"] == "{rid}"',

@@ -1,4 +1,5 @@
-"""The dataset's whole ledger history for the signed predicate, and the recipe that recomputes its epsilon.
+"""The dataset's whole ledger history for the signed predicate, and the recipe that recomputes its
+epsilon.
 
 The predicate of a bundle carries every charge of the source dataset as of publication, in ledger
 order, with each charge's counted events in Google dp-accounting's DpEvent JSON. The stated epsilon
@@ -18,7 +19,8 @@ NEIGHBOURING = "add_or_remove_one"
 
 
 def ledger_history(store: Any, dataset_id: str) -> dict[str, Any]:
-    """Every charge of `dataset_id` (position, run id, state, counted events) and the composed epsilon."""
+    """Every charge of `dataset_id` (position, run id, state, counted events) and the composed
+    epsilon."""
     from accounting import ledger
     from accounting.epsilon import PLD_DISCRETIZATION, RDP_ORDERS
     from accounting.events import event_to_json
@@ -118,13 +120,14 @@ def history_section(root: str, history: dict[str, Any]) -> list[str]:
     lines = [
         "## Recompute the privacy loss yourself",
         "",
-        f"The signed manifest (`manifest.intoto.json`, predicate `history`) lists all {len(history['entries'])} "
-        f"charge(s) of the source dataset as of publication ({n_events} mechanism event(s)), in ledger order "
-        "with their positions, each event in Google dp-accounting's DpEvent JSON. Refunded charges are listed "
-        "with no events; a charge still `reserved` counts its planned events (conservative). With "
-        f"delta = {history['delta']:g} they compose to epsilon {_fmt(history.get('epsilon_rdp'))} (RDP) and "
-        f"{_fmt(history.get('epsilon_pld'))} (PLD). This recomputes both with dp-accounting alone "
-        "(`pip install dp-accounting`):",
+        "The signed manifest (`manifest.intoto.json`, predicate `history`) lists all "
+        f"{len(history['entries'])} charge(s) of the source dataset as of publication ({n_events} "
+        "mechanism event(s)), in ledger order with their positions, each event in Google "
+        "dp-accounting's DpEvent JSON. Refunded charges are listed with no events; a charge "
+        "still `reserved` counts its planned events (conservative). With delta = "
+        f"{history['delta']:g} they compose to epsilon {_fmt(history.get('epsilon_rdp'))} (RDP) "
+        f"and {_fmt(history.get('epsilon_pld'))} (PLD). This recomputes both with dp-accounting "
+        "alone (`pip install dp-accounting`):",
         "",
         "```python",
         RECIPE.replace("{root}", root).rstrip(),

@@ -2,7 +2,8 @@
 
 The label set is declared at registration (public metadata), never read off the data: the data's
 labels must be a subset of the declaration, and everything downstream (the classes a mechanism
-generates, the released label set) uses the declaration, so a class held by one record is not revealed.
+generates, the released label set) uses the declaration, so a class held by one record is not
+revealed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ DECLARE_HELP = (
 
 
 def _parse_values(text: str) -> list[int]:
-    """`0-9`, `0,1,2,5`, `0-4,7`: label values, each in 0..MAX_LABEL (checked before any range is built)."""
+    """`0-9`, `0,1,2,5`, `0-4,7`: label values, each in 0..MAX_LABEL (checked before any range is
+    built)."""
     values: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         lo, sep, hi = part.partition("-")
@@ -46,8 +48,8 @@ def _parse_values(text: str) -> list[int]:
 
 
 def _folder_labels(data: ImageDataset, names: list[str]) -> list[int]:
-    """A folder's classes are its subfolders (labels by sorted name); the declared names must be exactly those,
-    an empty subfolder standing for a declared class without images."""
+    """A folder's classes are its subfolders (labels by sorted name); the declared names must be
+    exactly those, an empty subfolder standing for a declared class without images."""
     missing, extra = (
         sorted(set(names) - set(data.class_names)),
         sorted(set(data.class_names) - set(names)),
@@ -70,8 +72,8 @@ def _folder_labels(data: ImageDataset, names: list[str]) -> list[int]:
 
 
 def declared_labels(source: str, data: ImageDataset, declaration: LabelDeclaration) -> list[int]:
-    """The label set to register: the declaration (a built-in's own when none is given), checked to cover
-    every label in the data."""
+    """The label set to register: the declaration (a built-in's own when none is given), checked to
+    cover every label in the data."""
     if declaration is None or (isinstance(declaration, str) and not declaration.strip()):
         if source in BUILTINS:
             return list(data.label_set)
@@ -105,8 +107,9 @@ def register_from_source(
     privacy_unit: str = "one image",
     actor: str = "steward",
 ) -> tuple[ledger.Dataset, bool]:
-    """Load the data once to check and fingerprint it (HMAC, rule 4) and register it with its declared
-    label set; the data stays where it is. Any problem raises before the store is touched."""
+    """Load the data once to check and fingerprint it (HMAC, rule 4) and register it with its
+    declared label set; the data stays where it is. Any problem raises before the store is
+    touched."""
     data = load_source(source)
     label_set = declared_labels(source, data, labels)
     fp = dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels)
@@ -133,7 +136,8 @@ def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDatas
     data = load_source(ds.source)
     if dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels) != ds.fingerprint:
         raise DatasetConflictError(
-            f"The data at {ds.source} has changed since dataset {ds.name!r} was registered. Restore the original "
-            "data, or register the new content under a new name (its budget starts fresh)."
+            f"The data at {ds.source} has changed since dataset {ds.name!r} was registered. "
+            "Restore the original data, or register the new content under a new name (its budget "
+            "starts fresh)."
         )
     return ds, data.with_declared(list(ds.labels))

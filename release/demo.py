@@ -27,7 +27,8 @@ from release.terminal import console, fmt_eps, print_plan, rich_progress
 from release.verify import verify_bundle
 from synth.privimage.config import PrivImageConfig
 
-DEMO_PASSWORD = "demo-password"  # demo workspace only; real identities set theirs with `privrelease keys password`
+# demo workspace only; real identities set theirs with `privrelease keys password`
+DEMO_PASSWORD = "demo-password"
 DEMO_SPEC: dict[str, dict[str, Any]] = {
     "release": {
         "dataset": "mnist",
@@ -35,7 +36,8 @@ DEMO_SPEC: dict[str, dict[str, Any]] = {
         "n_images": 4000,
         "description": "Synthetic MNIST-style digits for prototyping (privrelease demo).",
     },
-    # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured: BENCHMARKS.md)
+    # the demo preset, sized to finish in well under 15 minutes on 2 idle CPU cores (measured:
+    # BENCHMARKS.md)
     "privimage": {"public": "builtin:public-pool", "epsilon": 8.0, "k": 1, "preset": "demo"},
     "policy": {
         "mia_max_auc": 0.6,
@@ -59,8 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.time()
     root = args.workspace
-    # Public pre-training costs no budget and is cached across releases; keep the demo's cache outside its
-    # workspace (which is wiped every run) so a second `make demo` skips it.
+    # Public pre-training costs no budget and is cached across releases; keep the demo's cache
+    # outside its workspace (which is wiped every run) so a second `make demo` skips it.
     os.environ.setdefault("PRIVRELEASE_CACHE", str(Path(".privrelease-cache").resolve()))
     if root.exists():
         shutil.rmtree(root)  # the demo's own workspace: start from scratch every time
@@ -94,8 +96,9 @@ def _register(store: Store) -> None:
         store, "mnist", "builtin:mnist5k", epsilon_cap=10.0, delta_cap=1e-5, actor="alice"
     )
     console.print(
-        f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap epsilon={ds.epsilon_cap:g}, "
-        f"delta={ds.delta_cap:g}; fingerprint (HMAC) {ds.fingerprint[:16]}…"
+        f"  {ds.name} ({ds.dataset_id}): {ds.record_count} records, cap "
+        f"epsilon={ds.epsilon_cap:g}, delta={ds.delta_cap:g}; fingerprint (HMAC) "
+        f"{ds.fingerprint[:16]}…"
     )
 
 
@@ -116,19 +119,21 @@ def _run_and_audit(store: Store, rid: str) -> None:
     from audit import load_report, render_report
 
     step(
-        "5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> vote -> audit"
+        "5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> "
+        "vote -> audit"
     )
     demo = PrivImageConfig.demo(
         DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"]
     )
     console.print(
-        f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} public "
-        f"pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next run), "
-        f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the private vote "
-        f"({demo.vote_rounds} rounds of {demo.candidates_per_image * demo.base_images:,} candidates, each "
-        f"round on variations of the last one's winners), each released with {demo.release_variations} "
-        f"light variations ({demo.n_samples:,} images). The images "
-        "are recognisable digits but grainy; use preset 'default' (or a GPU) for real releases.[/]"
+        f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} "
+        f"public pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next "
+        f"run), {demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the "
+        f"private vote ({demo.vote_rounds} rounds of "
+        f"{demo.candidates_per_image * demo.base_images:,} candidates, each round on variations of "
+        f"the last one's winners), each released with {demo.release_variations} light variations "
+        f"({demo.n_samples:,} images). The images are recognisable digits but grainy; use preset "
+        "'default' (or a GPU) for real releases.[/]"
     )
     with rich_progress() as progress:
         manager.run_release(store, rid, "alice", progress)
@@ -146,13 +151,14 @@ def _publish_and_verify(store: Store, rid: str, release_pub: Path) -> dict:
     bundle = manager.publish(store, rid, "alice").bundle
     assert bundle is not None  # a published release has its bundle
     console.print(
-        f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  {bundle['tarball_sha256']}"
+        f"  bundle:  {bundle['path']}\n  archive: {bundle['tarball']}\n  sha256:  "
+        f"{bundle['tarball_sha256']}"
     )
     step("7. Verify offline, as a consumer would (bundle + release.pub only)")
     result = verify_bundle(Path(bundle["tarball"]), release_pub)
     console.print(
-        f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files match, "
-        f"signature key {result.key_id[:16]}…"
+        f"  {'[green]OK[/]' if result.ok else '[red]FAILED[/]'}: {len(result.checked)} files "
+        f"match, signature key {result.key_id[:16]}…"
     )
     if not result.ok:
         raise SystemExit(1)
@@ -163,8 +169,8 @@ def _summary(store: Store, root: Path, bundle: dict, release_pub: Path, t0: floa
     step("8. Budget and audit trail")
     b = ledger.budget(store, "mnist")
     console.print(
-        f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of cap "
-        f"{b.dataset.epsilon_cap:g}; remaining {b.remaining_rdp:.3f}"
+        f"  mnist: spent RDP {fmt_eps(b.spent.epsilon_rdp)}, PLD {fmt_eps(b.spent.epsilon_pld)} of "
+        f"cap {b.dataset.epsilon_cap:g}; remaining {b.remaining_rdp:.3f}"
     )
     for c in b.charges:
         console.print(
@@ -176,11 +182,10 @@ def _summary(store: Store, root: Path, bundle: dict, release_pub: Path, t0: floa
     )
     console.print(Rule())
     console.print(
-        f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\n"
-        f"Sample grid: {Path(bundle['path']) / 'sample_grid.png'}\n"
-        f"Try: .venv/bin/privrelease --workspace {root} budget show mnist\n"
-        f"     .venv/bin/privrelease verify {bundle['tarball']} --key {release_pub}\n"
-        f"     .venv/bin/privrelease --workspace {root} dashboard"
+        f"[bold green]Done in {time.time() - t0:.0f} s.[/] Bundle: {bundle['tarball']}\nSample "
+        f"grid: {Path(bundle['path']) / 'sample_grid.png'}\nTry: .venv/bin/privrelease --workspace "
+        f"{root} budget show mnist\n     .venv/bin/privrelease verify {bundle['tarball']} --key "
+        f"{release_pub}\n     .venv/bin/privrelease --workspace {root} dashboard"
     )
 
 

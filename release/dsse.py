@@ -44,12 +44,14 @@ def sslib_keyid(public_key: PublicKeyLike) -> str:
 
 
 def key_ids(public_key: PublicKeyLike) -> tuple[str, str]:
-    """(securesystemslib keyid, sha256 of the raw key): the ids a signature by this key may carry."""
+    """(securesystemslib keyid, sha256 of the raw key): the ids a signature by this key may
+    carry."""
     return sslib_keyid(public_key), key_id(public_key)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
-    """Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body (LEN in bytes, decimal)."""
+    """Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body (LEN in
+    bytes, decimal)."""
     if not isinstance(payload_type, str) or not isinstance(payload, (bytes, bytearray)):
         raise InvalidParameterError("PAE needs the payload type as text and the payload as bytes.")
     t = payload_type.encode("utf-8")
@@ -134,11 +136,13 @@ def verify_envelope(
             return payload
     if tried:
         raise TamperError(
-            f"manifest.dsse.json: the signature does not verify with the given public key (key id {want[:16]}…): "
-            f"the signed manifest or the signature was altered after signing. {REFETCH}"
+            "manifest.dsse.json: the signature does not verify with the given public key (key id "
+            f"{want[:16]}…): the signed manifest or the signature was altered after signing. "
+            f"{REFETCH}"
         )
     raise TamperError(
-        f"manifest.dsse.json: signed by key id {', '.join(k[:16] + '…' for k in other_ids)}, but the given public "
-        f"key has id {want[:16]}…. Check that you were given the publisher's release.pub (wrong key?); if it is "
-        "the right key, the bundle was re-signed by someone else: do not use it."
+        f"manifest.dsse.json: signed by key id {', '.join(k[:16] + '…' for k in other_ids)}, but "
+        f"the given public key has id {want[:16]}…. Check that you were given the publisher's "
+        "release.pub (wrong key?); if it is the right key, the bundle was re-signed by someone "
+        "else: do not use it."
     )

@@ -1,6 +1,6 @@
-"""The `privrelease` executable. `privrelease verify` is dispatched before the rest of the command line
-is imported (the ledger's accountants alone take most of a second to import); everything else goes
-to the full CLI in release.cli."""
+"""The `privrelease` executable. `privrelease verify` is dispatched before the rest of the command
+line is imported (the ledger's accountants alone take most of a second to import); everything else
+goes to the full CLI in release.cli."""
 
 from __future__ import annotations
 

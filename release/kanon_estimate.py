@@ -1,13 +1,14 @@
-"""Plan-time estimate of the cluster-membership attack on a k-anonymous release, from PUBLIC data only.
+"""Plan-time estimate of the cluster-membership attack on a k-anonymous release, from PUBLIC data
+only.
 
 The audit's attack (audit/kanon_attacks.py) ranks a representative's k sources against k held-out
 images by similarity; its top-k precision is high when clusters are tight next to a random image,
 which depends on k, on how many records there are (more records, tighter clusters) and on the kind
 of images. So the plan re-enacts the release on public images of the same shape: a stand-in
 "sensitive" part clustered into groups of k (same-size clustering of PCA codes), each group averaged
-in pixel space (k-Same-Pixel, the average that gives membership away most), attacked with the audit's
-own code, held-out negatives from the rest of the public set. Nothing sensitive is read: the inputs
-are the public set, k, the record count and the image shape (all public).
+in pixel space (k-Same-Pixel, the average that gives membership away most), attacked with the
+audit's own code, held-out negatives from the rest of the public set. Nothing sensitive is read: the
+inputs are the public set, k, the record count and the image shape (all public).
 """
 
 from __future__ import annotations
@@ -49,20 +50,23 @@ class MembershipEstimate:
         fix = (
             f"k = {self.passing_k} stayed under it there ({self.tried[self.passing_k]:.3f})"
             if self.passing_k
-            else f"no k up to {k_max} stayed under it there ({self.tried[k_max]:.3f} at k = {k_max})"
+            else (
+                f"no k up to {k_max} stayed under it there ({self.tried[k_max]:.3f} at k = {k_max})"
+            )
         )
         more = (
-            f" Your {self.record_count} records may cluster more tightly than {self.proxy_records} public ones, so "
-            "the k that passes may be larger still."
+            f" Your {self.record_count} records may cluster more tightly than {self.proxy_records} "
+            "public ones, so the k that passes may be larger still."
             if self.record_count > self.proxy_records
             else ""
         )
         return (
-            f"The cluster-membership audit will likely refuse this release: re-enacted on {self.proxy_records} "
-            f"public images of this shape ({self.source}), averages of k = {self.k} images let the attack reach "
-            f"top-k precision {self.precision:.3f} > the policy's kanon_max_attack_precision "
-            f"{self.threshold:g}; {fix}.{more} Raise k in the spec's [ksalsa] table before the run, or accept a "
-            "refused release. (Estimated from public data only: pixel averages, pixel-space ranking.)"
+            "The cluster-membership audit will likely refuse this release: re-enacted on "
+            f"{self.proxy_records} public images of this shape ({self.source}), averages of k = "
+            f"{self.k} images let the attack reach top-k precision {self.precision:.3f} > the "
+            f"policy's kanon_max_attack_precision {self.threshold:g}; {fix}.{more} Raise k in the "
+            "spec's [ksalsa] table before the run, or accept a refused release. (Estimated from "
+            "public data only: pixel averages, pixel-space ranking.)"
         )
 
 
@@ -118,8 +122,9 @@ def estimate_membership(
     seed: int = 0,
     progress: ProgressFn = no_progress,
 ) -> MembershipEstimate | None:
-    """The attack's precision re-enacted on public data at `k` and, if that exceeds `threshold`, at larger k
-    until one stays under it. None when the public set is too small to stand in for clusters of k."""
+    """The attack's precision re-enacted on public data at `k` and, if that exceeds `threshold`, at
+    larger k until one stays under it. None when the public set is too small to stand in for
+    clusters of k."""
     from sklearn.decomposition import PCA
 
     images = _proxy_images(public, tuple(image_shape))

@@ -85,8 +85,8 @@ def _check_name(name: object) -> str:
         or not name.isascii()
     ):
         raise PrivReleaseError(
-            f"Identity name {name!r} is not usable: use 1-64 ASCII letters, digits, '-', '_' or '.', "
-            "not starting with '.'."
+            f"Identity name {name!r} is not usable: use 1-64 ASCII letters, digits, '-', '_' or "
+            "'.', not starting with '.'."
         )
     if name.lower() in RESERVED_NAMES:
         raise PrivReleaseError(
@@ -117,7 +117,8 @@ def _write_exclusive(path: Path, data: bytes, mode: int) -> None:
 
 
 def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, list[Path]]:
-    """Generate a key and write `<name>.key` (0600) and `<name>.pub`; returns the key and files written."""
+    """Generate a key and write `<name>.key` (0600) and `<name>.pub`; returns the key and files
+    written."""
     workspace.keys.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     priv_pem = key.private_bytes(
@@ -136,8 +137,9 @@ def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, 
                 _write_exclusive(path, data, mode)
             except FileExistsError:
                 raise KeyFileError(
-                    f"Key file {path} already exists but no identity {name!r} is registered (left over from an "
-                    "interrupted run, or created by hand). Move it away or choose another name."
+                    f"Key file {path} already exists but no identity {name!r} is registered (left "
+                    "over from an interrupted run, or created by hand). Move it away or choose "
+                    "another name."
                 ) from None
             written.append(path)
     except BaseException:
@@ -151,8 +153,9 @@ def create_identity(
     store: Store, name: str, role: str, *, actor: str = "system", endorser: str | None = None
 ) -> Identity:
     """Create an identity with a fresh Ed25519 key; refuses a duplicate name or an unknown role.
-    Once a steward exists, a new steward needs `endorser`: an existing steward, proven by their private
-    key, whose signature over the new identity is recorded in the trail (the first one is made at init)."""
+    Once a steward exists, a new steward needs `endorser`: an existing steward, proven by their
+    private key, whose signature over the new identity is recorded in the trail (the first one is
+    made at init)."""
     name, role = _check_name(name), _check_role(role)
     ws = store.workspace
     endorsing = authenticate(store, endorser, "steward") if endorser is not None else None
@@ -169,8 +172,9 @@ def create_identity(
             )
             if role == "steward" and has_steward and endorsing is None:
                 raise PermissionDeniedError(
-                    f"Only an existing steward can create another steward: run `privrelease keys create {name} "
-                    "--role steward --as STEWARD` with that steward's private key in the workspace's keys/."
+                    "Only an existing steward can create another steward: run `privrelease keys "
+                    f"create {name} --role steward --as STEWARD` with that steward's private key "
+                    "in the workspace's keys/."
                 )
             key, written = _write_keypair(ws, name)
             raw = raw_public_bytes(key.public_key())
@@ -206,8 +210,8 @@ def get_identity(store: Store, name: str) -> Identity:
     )
     if not rows:
         raise UnknownIdentityError(
-            f"No identity named {name!r}. Create one with `privrelease keys create {name} --role ROLE --as STEWARD` "
-            "or list them with `privrelease keys list`."
+            f"No identity named {name!r}. Create one with `privrelease keys create {name} --role "
+            "ROLE --as STEWARD` or list them with `privrelease keys list`."
         )
     return Identity(**rows[0])
 
@@ -224,8 +228,8 @@ def require_role(identity: Identity, *roles: str) -> Identity:
     if identity.role not in roles:
         needed = " or ".join(roles)
         raise PermissionDeniedError(
-            f"{identity.name!r} is a {identity.role}; this action needs the {needed} role. "
-            f"Act as an identity with that role."
+            f"{identity.name!r} is a {identity.role}; this action needs the {needed} role. Act as "
+            "an identity with that role."
         )
     return identity
 
@@ -246,9 +250,9 @@ def has_steward(store: Store) -> bool:
 
 
 def authenticate(store: Store, name: str, *roles: str) -> Identity:
-    """The identity `name`, proven by possession of its private key (a name alone is not enough for a
-    state-changing action). Raises UnknownIdentityError, PermissionDeniedError (wrong role) or KeyFileError
-    (key missing, unreadable, or not the key registered for `name`)."""
+    """The identity `name`, proven by possession of its private key (a name alone is not enough for
+    a state-changing action). Raises UnknownIdentityError, PermissionDeniedError (wrong role) or
+    KeyFileError (key missing, unreadable, or not the key registered for `name`)."""
     ident = get_identity(store, name)
     if roles:
         require_role(ident, *roles)
@@ -256,15 +260,15 @@ def authenticate(store: Store, name: str, *roles: str) -> Identity:
         key = load_private_key(store.workspace, name)
     except KeyFileError as e:
         raise KeyFileError(f"Acting as {name!r} needs {name}'s private key: {e}") from None
-    challenge = os.urandom(
-        32
-    )  # proof of possession: sign, then verify with the registered public key
+    # proof of possession: sign, then verify with the registered public key
+    challenge = os.urandom(32)
     try:
         ident.public_key_object().verify(key.sign(challenge), challenge)
     except InvalidSignature:
         raise KeyFileError(
-            f"The private key at {private_key_path(store.workspace, name)} is not the key registered for {name!r}; "
-            "restore the right key file (an identity's key cannot be swapped)."
+            f"The private key at {private_key_path(store.workspace, name)} is not the key "
+            f"registered for {name!r}; restore the right key file (an identity's key cannot be "
+            "swapped)."
         ) from None
     return ident
 
@@ -277,7 +281,10 @@ def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
         hint = (
             "it is created by the first signed release"
             if name == RELEASE_KEY
-            else f"create the identity with `privrelease keys create {name} --role ROLE --as STEWARD`"
+            else (
+                f"create the identity with `privrelease keys create {name} --role ROLE --as "
+                "STEWARD`"
+            )
         )
         raise KeyFileError(f"No private key for {name!r} at {path}: {hint}.") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -304,7 +311,8 @@ def sign(workspace: Workspace, name: str, data: bytes) -> bytes:
 
 
 def ensure_release_key(workspace: Workspace) -> Path:
-    """Create the platform's release-signing key if needed; returns the path of `release.pub`. Idempotent."""
+    """Create the platform's release-signing key if needed; returns the path of `release.pub`.
+    Idempotent."""
     workspace.keys.mkdir(parents=True, exist_ok=True)
     with FileLock(str(workspace.keys / ".release.lock"), timeout=60):
         priv, pub = (

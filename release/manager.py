@@ -82,9 +82,8 @@ def approvals(store: Store, release_id: str) -> list[dict]:
 
 
 def _steward(store: Store, name: str) -> keys.Identity:
-    return keys.authenticate(
-        store, name, "steward"
-    )  # the private key, not only the name (README, Trust model)
+    # the private key, not only the name (README, Trust model)
+    return keys.authenticate(store, name, "steward")
 
 
 def _set_state(
@@ -151,8 +150,8 @@ def _check_policy(spec: ReleaseSpec) -> None:
     AuditPolicy.from_dict(spec.policy)  # raises InvalidParameterError naming the bad value
 
 
-# ------------------------------------------------------------------ budget views (CLI and dashboard)
-# ------------------------------------------------------------------ plan
+# ------------------------------------------------------------------ budget views (CLI and
+# dashboard) ------------------------------------------------------------------ plan
 def _spec_file_check(spec_file: str | None, signed: dict) -> None:
     """The spec file the plan came from, if it still exists, must still say what was signed."""
     if not spec_file or not Path(spec_file).exists():
@@ -189,8 +188,8 @@ def _preview(
     public: ImageDataset,
     progress: ProgressFn = no_progress,
 ):
-    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data read).
-    `progress` sees each stage, the noise calibration's accountant evaluations included."""
+    """Validate everything a run will use and ask the mechanism for its plan (no sensitive data
+    read). `progress` sees each stage, the noise calibration's accountant evaluations included."""
     _check_policy(spec)
     ds = budget.dataset
     with calibration.reporting(lambda stage, done, total: progress(f"plan: {stage}", done, total)):
@@ -206,16 +205,17 @@ def _preview(
         warnings += _kanon_audit_warning(spec, ds, mplan, public, progress)
     if budget.dp_void:
         warnings.append(
-            "A k-anonymous release was already made from this dataset: its DP guarantees no longer hold."
+            "A k-anonymous release was already made from this dataset: its DP guarantees no longer "
+            "hold."
         )
     rdp_after = curve.curve_of(
         budget.history + list(mplan.events)
     ).rdp  # the cap is a privacy filter on this curve
     if mplan.guarantee_kind == "dp" and not _admitted(rdp_after, ds):
         warnings.append(
-            f"The cap's privacy filter would stop this release (filter epsilon after it "
-            f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap {ds.epsilon_cap:g}; RDP "
-            f"epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
+            "The cap's privacy filter would stop this release (filter epsilon after it "
+            f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap "
+            f"{ds.epsilon_cap:g}; RDP epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
             + _fitting_target_hint(
                 spec, budget, public, progress=_stage(progress, "largest target that fits")
             )
@@ -235,8 +235,9 @@ def _kanon_audit_warning(
     public: ImageDataset,
     progress: ProgressFn,
 ) -> list[str]:
-    """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release, re-enacted on
-    the public data (release.kanon_estimate): reads nothing sensitive, so the warning may be shown as it is."""
+    """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release,
+    re-enacted on the public data (release.kanon_estimate): reads nothing sensitive, so the warning
+    may be shown as it is."""
     from audit import AuditPolicy
     from release.kanon_estimate import estimate_membership
 
@@ -275,7 +276,8 @@ def _admitted(rdp: np.ndarray, ds: ledger.Dataset) -> bool:
 def _admitted_at(
     spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, epsilon: float
 ) -> bool:
-    """Whether the cap's filter admits the history plus this spec's plan at target `epsilon` (no data read)."""
+    """Whether the cap's filter admits the history plus this spec's plan at target `epsilon` (no
+    data read)."""
     try:
         events = _mechanism_plan(
             replace(spec, mechanism_params={**spec.mechanism_params, "epsilon": epsilon}),
@@ -294,9 +296,10 @@ def _fitting_target_hint(
     rounds: int = 8,
     progress=lambda done, total: None,
 ) -> str:
-    """The largest target epsilon whose plan the cap's filter admits, by bisection over plans (`rounds` of them:
-    to target / 2**rounds, rounded down to 2 decimals). Bisection, because the filter's epsilon is monotone in
-    the target but not smooth: a plan's structure can change with it."""
+    """The largest target epsilon whose plan the cap's filter admits, by bisection over plans
+    (`rounds` of them: to target / 2**rounds, rounded down to 2 decimals). Bisection, because the
+    filter's epsilon is monotone in the target but not smooth: a plan's structure can change with
+    it."""
     target = getattr(mechanism_config(spec, budget.dataset), "epsilon", None)
     if target is None:
         return ""
@@ -312,8 +315,8 @@ def _fitting_target_hint(
     if suggestion <= 0:
         return "No positive target epsilon fits what is left of the cap."
     return (
-        f"The largest target that fits is about epsilon = {suggestion:g} (set `epsilon = {suggestion:g}` in the "
-        f"spec's [{spec.mechanism}] table), or raise the dataset's cap."
+        f"The largest target that fits is about epsilon = {suggestion:g} (set `epsilon = "
+        f"{suggestion:g}` in the spec's [{spec.mechanism}] table), or raise the dataset's cap."
     )
 
 
@@ -327,8 +330,8 @@ def _public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> Imag
 
 
 def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress) -> dict[str, Any]:
-    """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing, reads
-    no sensitive data, charges nothing."""
+    """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing,
+    reads no sensitive data, charges nothing."""
     budget = ledger.budget(store, spec.dataset)
     mplan, before, after, warnings = _preview(
         spec, budget, _public(spec, budget.dataset, progress), progress
@@ -346,9 +349,10 @@ def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress)
 def dpsgd_setting(
     store: Store, spec: ReleaseSpec, name: str = ""
 ) -> tuple[DpSgdSetting, ImageDataset]:
-    """The DP-SGD run `spec` would execute now (the plan's q, sigma, steps; the config's clipping, learning rate
-    and EMA) and the public data it names: what the one-run implementation audit trains. Stores nothing,
-    reads no sensitive data, charges nothing. `name` labels the setting (the spec file's path).
+    """The DP-SGD run `spec` would execute now (the plan's q, sigma, steps; the config's clipping,
+    learning rate and EMA) and the public data it names: what the one-run implementation audit
+    trains. Stores nothing, reads no sensitive data, charges nothing. `name` labels the setting (the
+    spec file's path).
 
     Raises:
         InvalidParameterError: the spec's mechanism runs no DP-SGD.
@@ -361,8 +365,8 @@ def dpsgd_setting(
     event = _mechanism_plan(spec, budget, public).step_event
     if event is None:
         raise InvalidParameterError(
-            f"{name or 'the spec'}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is "
-            "no implementation to audit; give a PrivImage spec."
+            f"{name or 'the spec'}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
+            "implementation to audit; give a PrivImage spec."
         )
     return DpSgdSetting(
         event.sample_rate,
@@ -469,7 +473,8 @@ def approve(
     digest: str | None = None,
     acknowledge_non_dp: bool = False,
 ) -> Release:
-    """A steward signs the plan's digest. `digest` (what the steward reviewed) must match the plan."""
+    """A steward signs the plan's digest. `digest` (what the steward reviewed) must match the
+    plan."""
     ident = _steward(store, steward)
     rel = get_release(store, release_id)
     current = _check_plan_intact(rel)
@@ -480,15 +485,16 @@ def approve(
         )
     if rel.plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
-            f"Release {release_id} is k-anonymous: it carries no DP guarantee, and after it no release of this "
-            "dataset keeps one (its epsilon becomes infinite). Approve with --acknowledge-non-dp to accept this."
+            f"Release {release_id} is k-anonymous: it carries no DP guarantee, and after it no "
+            "release of this dataset keeps one (its epsilon becomes infinite). Approve with "
+            "--acknowledge-non-dp to accept this."
         )
     msg = _approval_message(release_id, current, "approve", acknowledge_non_dp, ident.key_id)
     sig = keys.sign(store.workspace, ident.name, msg)
     if not keys.verify_signature(ident.public_key, msg, sig):
         raise TamperError(
-            f"{ident.name}'s private key does not match the public key registered for {ident.name}; "
-            "the key files or the store were changed. Nothing was approved."
+            f"{ident.name}'s private key does not match the public key registered for "
+            f"{ident.name}; the key files or the store were changed. Nothing was approved."
         )
     with store.transaction() as con:
         con.execute(
@@ -584,12 +590,12 @@ def verified_approval(store: Store, rel: Release) -> dict:
     if swapped:
         raise TamperError(
             f"Release {rel.release_id}: the approving steward's public key is not the key that "
-            "signed the approval (the key was replaced after approval). Re-approve with the steward's "
-            "current key, or restore the key."
+            "signed the approval (the key was replaced after approval). Re-approve with the "
+            "steward's current key, or restore the key."
         )
     raise TamperError(
-        f"Release {rel.release_id} has no valid steward approval of its current plan. "
-        "Approve it with `privrelease release approve`."
+        f"Release {rel.release_id} has no valid steward approval of its current plan. Approve it "
+        "with `privrelease release approve`."
     )
 
 
@@ -601,7 +607,8 @@ def release_dir(store: Store, release_id: str) -> Path:
 def _save_output(
     store: Store, release_id: str, result: runner.RunResult, mechanism: str
 ) -> RunRecord:
-    """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived, internal)."""
+    """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived,
+    internal)."""
     from audit.report import jsonable
 
     out, o = release_dir(store, release_id), result.output
@@ -643,7 +650,8 @@ def load_release_data(
 
 
 def load_output(store: Store, release_id: str) -> MechanismOutput:
-    """A synthesised release's output, typed (internal fields included: stewards and auditors only)."""
+    """A synthesised release's output, typed (internal fields included: stewards and auditors
+    only)."""
     rel = get_release(store, release_id)
     if rel.result is None:
         raise LedgerStateError(f"Release {release_id} has not been synthesised yet; run it first.")
@@ -673,7 +681,8 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
 def _bound_inputs(
     store: Store, rel: Release
 ) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
-    """Everything the run reads, each checked against the signed plan before any sensitive data is used."""
+    """Everything the run reads, each checked against the signed plan before any sensitive data is
+    used."""
     plan = rel.plan
     _spec_file_check(plan.spec_file, plan.spec)
     spec = ReleaseSpec.from_dict(plan.spec)
@@ -695,8 +704,8 @@ def _bound_inputs(
 def run_release(
     store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, nproc: int = 1
 ) -> Release:
-    """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit it.
-    A failed release can be run again: it resumes under the same charge (no double charge)."""
+    """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit
+    it. A failed release can be run again: it resumes under the same charge (no double charge)."""
     ident = _steward(store, actor)
     rel = get_release(store, release_id)
     if rel.state not in ("approved", "failed", "running"):
@@ -780,7 +789,8 @@ def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:
 
 
 def run_status(store: Store, release_id: str) -> runner.RunStatus:
-    """Where a failed or interrupted release's run stands (its charge, data read, DP-SGD steps started)."""
+    """Where a failed or interrupted release's run stands (its charge, data read, DP-SGD steps
+    started)."""
     rel = get_release(store, release_id)
     return runner.run_status(
         store,
@@ -849,9 +859,8 @@ def audit_release(
         if data is not None
         else load_registered(store, spec.dataset)
     )
-    mechanism = (
-        rel.result.mechanism if rel.result else rel.mechanism
-    )  # load_output refused a release not run
+    # load_output refused a release not run
+    mechanism = rel.result.mechanism if rel.result else rel.mechanism
     g = rel.guarantee
     selected = None
     if out.selected_public_indices is not None:
@@ -986,7 +995,8 @@ def release_predicate(
     n_images: int,
     head: trail.TrailVerification,
 ) -> ReleasePredicate:
-    """The signed predicate of a release being published: what it is, what it cost, where the ledger stood."""
+    """The signed predicate of a release being published: what it is, what it cost, where the ledger
+    stood."""
     from release.card_history import ledger_history
 
     charge = ledger.get_charge(store, res.charge_id or rel.release_id)

@@ -1,4 +1,5 @@
-"""in-toto Statement v1 listing every file of a bundle with its sha256, plus the release predicate."""
+"""in-toto Statement v1 listing every file of a bundle with its sha256, plus the release
+predicate."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def file_sha256(path: Path) -> str:
 
 
 def bundle_files(root: Path) -> list[str]:
-    """Relative POSIX paths of the regular files under `root` (no links followed), manifest files excluded."""
+    """Relative POSIX paths of the regular files under `root` (no links followed), manifest files
+    excluded."""
     names = []
     for p in sorted(Path(root).rglob("*")):
         if p.is_file() and not p.is_symlink():
@@ -67,19 +69,20 @@ def statement_bytes(statement: dict) -> bytes:
         text = json.dumps(statement, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     except ValueError as e:
         raise InvalidParameterError(
-            f"The release predicate holds a NaN or infinite number ({e}); "
-            "every figure in a manifest must be finite."
+            f"The release predicate holds a NaN or infinite number ({e}); every figure in a "
+            "manifest must be finite."
         ) from None
     except TypeError as e:
         raise InvalidParameterError(
-            f"The release predicate is not plain JSON data ({e}); convert numpy values "
-            "and paths to int/float/str first."
+            f"The release predicate is not plain JSON data ({e}); convert numpy values and paths "
+            "to int/float/str first."
         ) from None
     return (text + "\n").encode("utf-8")
 
 
 def safe_member_name(name: object) -> bool:
-    """A relative path inside the bundle: no absolute path, no '..', no backslashes or empty parts."""
+    """A relative path inside the bundle: no absolute path, no '..', no backslashes or empty
+    parts."""
     if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:
         return False
     parts = PurePosixPath(name).parts

@@ -1,9 +1,10 @@
 """The signed release predicate: what a bundle's in-toto statement asserts about the release.
 
-Built once (`manager.publish`), signed into the bundle, read back by `verify`, the card and the dashboard.
-Its version is the one in the statement's `predicateType` (`https://privrelease.dev/release/v1`); the JSON
-of a version never changes, so bundles already published keep verifying. A new version gets a new type
-URI and a reader for it here; a reader refuses a version it does not know.
+Built once (`manager.publish`), signed into the bundle, read back by `verify`, the card and the
+dashboard. Its version is the one in the statement's `predicateType`
+(`https://privrelease.dev/release/v1`); the JSON of a version never changes, so bundles already
+published keep verifying. A new version gets a new type URI and a reader for it here; a reader
+refuses a version it does not know.
 """
 
 from __future__ import annotations
@@ -26,18 +27,20 @@ def version_of(predicate_type: str) -> int:
     """The version in a predicate type URI (`.../release/v1` -> 1).
 
     Raises:
-        UnsupportedPredicateError: not a privrelease release predicate type, or a version this tool does not read.
+        UnsupportedPredicateError: not a privrelease release predicate type, or a version this
+            tool does not read.
     """
     tail = predicate_type[len(TYPE_PREFIX) :] if isinstance(predicate_type, str) else ""
     if not predicate_type.startswith(TYPE_PREFIX) or not tail.isdigit():
         raise UnsupportedPredicateError(
-            f"The statement's predicate type {predicate_type!r} is not a privrelease "
-            f"release predicate ({PREDICATE_TYPE}); this is not a privrelease bundle."
+            f"The statement's predicate type {predicate_type!r} is not a privrelease release "
+            f"predicate ({PREDICATE_TYPE}); this is not a privrelease bundle."
         )
     if int(tail) != VERSION:
         raise UnsupportedPredicateError(
-            f"The bundle's release predicate is version {int(tail)}; this privrelease reads version {VERSION}. "
-            "Install the privrelease version that published it (its card names it) and verify with that."
+            f"The bundle's release predicate is version {int(tail)}; this privrelease reads "
+            f"version {VERSION}. Install the privrelease version that published it (its card names "
+            "it) and verify with that."
         )
     return int(tail)
 
@@ -59,8 +62,9 @@ class Approval:
 
 @dataclass(frozen=True)
 class ReleasePredicate:
-    """Version 1 of the predicate. JSON-valued fields (parameters, guarantee, events, verdicts, history) stay
-    JSON: their keys vary with the mechanism; `events` are dp-accounting DpEvent JSON."""
+    """Version 1 of the predicate. JSON-valued fields (parameters, guarantee, events, verdicts,
+    history) stay JSON: their keys vary with the mechanism; `events` are dp-accounting DpEvent
+    JSON."""
 
     release_id: str
     dataset_id: str
@@ -78,9 +82,8 @@ class ReleasePredicate:
     history: dict[str, Any] | None = (
         None  # the dataset's whole ledger (consumers recompute epsilon from it)
     )
-    extra: dict[str, Any] = field(
-        default_factory=dict
-    )  # keys of a v1 predicate this reader does not name
+    # keys of a v1 predicate this reader does not name
+    extra: dict[str, Any] = field(default_factory=dict)
 
     predicate_type = PREDICATE_TYPE
 
@@ -121,13 +124,14 @@ class ReleasePredicate:
         """Read a signed predicate of type `predicate_type`.
 
         Raises:
-            UnsupportedPredicateError: another version, or a predicate missing what version 1 always holds.
+            UnsupportedPredicateError: another version, or a predicate missing what version 1
+                always holds.
         """
         version_of(predicate_type)
         if not isinstance(data, dict):
             raise UnsupportedPredicateError(
-                "The release predicate is not a JSON object; this is not a privrelease "
-                "bundle, or it is damaged."
+                "The release predicate is not a JSON object; this is not a privrelease bundle, or "
+                "it is damaged."
             )
         try:
             lp, ap = data["ledger_position"], data["approval"]
@@ -153,6 +157,7 @@ class ReleasePredicate:
             )
         except (KeyError, TypeError) as exc:
             raise UnsupportedPredicateError(
-                f"The release predicate lacks {exc} (or has it in another shape), which every version {VERSION} "
-                "predicate holds: the bundle was not published by privrelease, or it is damaged."
+                f"The release predicate lacks {exc} (or has it in another shape), which every "
+                f"version {VERSION} predicate holds: the bundle was not published by privrelease, "
+                "or it is damaged."
             ) from None

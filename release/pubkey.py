@@ -35,7 +35,8 @@ def key_id(public_key: PublicKeyLike) -> str:
 
 
 def load_public_key(source: PublicKeyLike) -> Ed25519PublicKey:
-    """An Ed25519 public key from a key object, a PEM file path, PEM bytes/text, raw 32 bytes or their base64."""
+    """An Ed25519 public key from a key object, a PEM file path, PEM bytes/text, raw 32 bytes or
+    their base64."""
     if isinstance(source, Ed25519PublicKey):
         return source
     if isinstance(source, os.PathLike):

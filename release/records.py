@@ -1,5 +1,5 @@
-"""The typed release record: one row of the store's `releases` table, as the release manager, the CLI
-and the dashboard see it. Frozen: a state change is a new row read back from the store."""
+"""The typed release record: one row of the store's `releases` table, as the release manager, the
+CLI and the dashboard see it. Frozen: a state change is a new row read back from the store."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from typing import Any
 from accounting.errors import TamperError
 from release.spec import Plan
 
-# The lifecycle (README, "Walkthrough of a release"): planned -> approved -> running -> checked -> published, or
-# rejected / failed on the way.
+# The lifecycle (README, "Walkthrough of a release"): planned -> approved -> running -> checked ->
+# published, or rejected / failed on the way.
 STATES = ("planned", "approved", "rejected", "running", "checked", "published", "failed")
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a release's run produced, as stored in its `result` column (JSON). `guarantee`, `parameters`,
-    `executed_events` (DpEvent JSON) and `artifacts` stay JSON: their keys vary with the mechanism."""
+    """What a release's run produced, as stored in its `result` column (JSON). `guarantee`,
+    `parameters`, `executed_events` (DpEvent JSON) and `artifacts` stay JSON: their keys vary with
+    the mechanism."""
 
     mechanism: str
     guarantee: dict[str, Any]
@@ -66,7 +67,8 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Release:
-    """A release as stored. `plan` is the signed plan, typed; `result` what its run produced (None before)."""
+    """A release as stored. `plan` is the signed plan, typed; `result` what its run produced (None
+    before)."""
 
     release_id: str
     dataset_id: str
@@ -84,8 +86,8 @@ class Release:
     def __post_init__(self) -> None:
         if self.state not in STATES:
             raise TamperError(
-                f"Release {self.release_id} has state {self.state!r}, which is none of {STATES}: the "
-                "store was edited. Run `privrelease audit verify`."
+                f"Release {self.release_id} has state {self.state!r}, which is none of {STATES}: "
+                "the store was edited. Run `privrelease audit verify`."
             )
 
     @classmethod
@@ -101,8 +103,8 @@ class Release:
             KeyError,
         ) as exc:  # not JSON, or missing/unknown keys: not what this tool wrote
             raise TamperError(
-                f"Release {row['release_id']}: the stored plan, spec or result is not what privrelease "
-                f"writes ({exc}); the store was edited. Re-plan from the spec."
+                f"Release {row['release_id']}: the stored plan, spec or result is not what "
+                f"privrelease writes ({exc}); the store was edited. Re-plan from the spec."
             ) from exc
         return cls(
             release_id=row["release_id"],

@@ -1,6 +1,8 @@
-"""The one runner: it alone charges the budget for every mechanism (ARCHITECTURE.md, "Path of a release").
+"""The one runner: it alone charges the budget for every mechanism (ARCHITECTURE.md, "Path of a
+release").
 
-    lease -> reserve the plan's events -> mechanism.run(config, data, ctx) -> commit what ran | refund
+    lease -> reserve the plan's events -> mechanism.run(config, data, ctx) -> commit what ran |
+    refund
 
 One failure rule for every mechanism: a run that fails before `ctx.on_sensitive_access()` is
 refunded; after it, the reservation stays in force (counted in full) until the run is resumed or
@@ -36,8 +38,10 @@ from synth.registry import Guarantee, Mechanism, MechanismOutput, MechanismPlan
 LEASE_TTL_S = 120.0  # a lease on another host lapses this long after its last heartbeat
 HEARTBEAT_S = 15.0
 LEASES = """CREATE TABLE IF NOT EXISTS run_leases (
-    run_id VARCHAR PRIMARY KEY, token VARCHAR, holder VARCHAR NOT NULL, pid BIGINT NOT NULL, host VARCHAR NOT NULL,
-    acquired_at VARCHAR NOT NULL, expires_at DOUBLE NOT NULL, charge_id VARCHAR, accessed BOOLEAN NOT NULL)"""
+    run_id VARCHAR PRIMARY KEY, token VARCHAR, holder VARCHAR NOT NULL, pid BIGINT NOT NULL,
+    host VARCHAR NOT NULL,
+    acquired_at VARCHAR NOT NULL, expires_at DOUBLE NOT NULL, charge_id VARCHAR,
+    accessed BOOLEAN NOT NULL)"""
 
 
 class RunInProgressError(LedgerStateError):
@@ -80,7 +84,8 @@ def _holder_alive(row: dict) -> bool:
 
 
 class Lease:
-    """The exclusive right to execute one run; `release()` gives it back (a crash leaves it to lapse)."""
+    """The exclusive right to execute one run; `release()` gives it back (a crash leaves it to
+    lapse)."""
 
     def __init__(self, store: Store, run_id: str, token: str, row: dict) -> None:
         self.store, self.run_id, self.token, self.row = store, run_id, token, row
@@ -92,8 +97,8 @@ class Lease:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self.update(expires_at=time.time() + LEASE_TTL_S)
-            except Exception:  # noqa: BLE001 - a missed beat only shortens the lease; the run goes on
-                pass
+            except Exception:
+                pass  # a missed beat only shortens the lease; the run goes on
 
     def update(self, **values: Any) -> dict:
         with self.store.transaction() as con:
@@ -129,8 +134,9 @@ def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
         if old is not None and old["token"] is not None:
             if _holder_alive(old):
                 raise RunInProgressError(
-                    f"Run {run_id} is already running (by {old['holder']}, pid {old['pid']} on {old['host']}, since "
-                    f"{old['acquired_at'][:19]}). Wait for it to finish, then see `privrelease release show {run_id}`."
+                    f"Run {run_id} is already running (by {old['holder']}, pid {old['pid']} on "
+                    f"{old['host']}, since {old['acquired_at'][:19]}). Wait for it to finish, then "
+                    f"see `privrelease release show {run_id}`."
                 )
             trail.append(
                 con,
@@ -171,8 +177,8 @@ def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
 
 # ------------------------------------------------------------------ the context a mechanism runs in
 def public_cache_dir(store: Store) -> Path:
-    """Where mechanisms keep what they computed from PUBLIC data only (pre-trained models), shared by
-    every release of the workspace: PRIVRELEASE_CACHE if set, else <workspace>/cache."""
+    """Where mechanisms keep what they computed from PUBLIC data only (pre-trained models), shared
+    by every release of the workspace: PRIVRELEASE_CACHE if set, else <workspace>/cache."""
     env = os.environ.get("PRIVRELEASE_CACHE")
     return Path(env) if env else store.workspace.root / "cache"
 
@@ -222,7 +228,9 @@ class _Context:
             self.dataset,
             [replace(step, steps=lost)],
             f"{self.charge_id}:redo-{len(redo) + 1}",
-            description=f"{self.lease.run_id}: {lost} DP-SGD steps executed but lost in a crash, run again",
+            description=(
+                f"{self.lease.run_id}: {lost} DP-SGD steps executed but lost in a crash, run again"
+            ),
             actor=self.actor,
         )
 
@@ -241,7 +249,8 @@ def _redo_charges(store: Store, dataset: str, charge_id: str) -> list[ledger.Cha
 
 # ------------------------------------------------------------------ run, settle, abandon
 def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
-    """The charge this attempt runs under: the current one unless it was refunded (then a new one)."""
+    """The charge this attempt runs under: the current one unless it was refunded (then a new
+    one)."""
     current = lease.row["charge_id"]
     if current is not None:
         charge = ledger.get_charge(store, current)
@@ -282,8 +291,8 @@ def run_charged(
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
     if nproc != 1 and not getattr(mech, "distributed", False):
         raise PrivReleaseError(
-            f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out "
-            "--nproc (only PrivImage trains on several processes). Nothing was charged."
+            f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out --nproc "
+            "(only PrivImage trains on several processes). Nothing was charged."
         )
     if plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
@@ -341,7 +350,8 @@ def why(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RunStatus:
-    """Where a stopped run stands: its current charge, whether it read sensitive data, DP-SGD steps."""
+    """Where a stopped run stands: its current charge, whether it read sensitive data, DP-SGD
+    steps."""
 
     charge: ledger.Charge | None  # the current attempt's charge (None: it never reserved)
     accessed: bool  # it read sensitive data: a reserved charge stays until resumed or abandoned
@@ -385,7 +395,8 @@ def _executed(plan: MechanismPlan, main_steps: int) -> list[MechanismEvent]:
 def _settle(
     store: Store, dataset: str, plan: MechanismPlan, charge_id: str, workdir: Path, actor: str
 ) -> list[MechanismEvent]:
-    """Commit every redo charge as reserved and the main charge with the started steps (write-ahead)."""
+    """Commit every redo charge as reserved and the main charge with the started steps
+    (write-ahead)."""
     executed: list[MechanismEvent] = []
     redone = 0
     for c in _redo_charges(store, dataset, charge_id):
@@ -450,7 +461,8 @@ def run_direct(
     nproc: int = 1,
 ) -> RunResult:
     """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
-    reproduction). A workspace's real datasets are released through plan -> approval -> run_release."""
+    reproduction). A workspace's real datasets are released through plan -> approval ->
+    run_release."""
     mech = registry.get(mechanism)
     b = ledger.budget(store, dataset)
     info = registry.DatasetInfo(

@@ -128,8 +128,8 @@ class ReleaseSpec:
         params = dict(data.get(mechanism) or {})
         if not isinstance(data.get("policy", {}), dict):
             raise InvalidParameterError(
-                "[policy] must be a table of audit thresholds, e.g. a `[policy]` line "
-                "followed by `mia_max_auc = 0.6`; remove it to use the default policy."
+                "[policy] must be a table of audit thresholds, e.g. a `[policy]` line followed by "
+                "`mia_max_auc = 0.6`; remove it to use the default policy."
             )
         if params.get("preset", "default") not in PRESETS:
             raise InvalidParameterError(
@@ -176,9 +176,9 @@ def digest(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """A stored plan. Its digest (what the steward signs) binds everything a run reads: the whole spec
-    (mechanism table and [policy]), the public data reference and content hash, the dataset id and
-    fingerprint, the events and the spec file's content."""
+    """A stored plan. Its digest (what the steward signs) binds everything a run reads: the whole
+    spec (mechanism table and [policy]), the public data reference and content hash, the dataset id
+    and fingerprint, the events and the spec file's content."""
 
     release_id: str
     dataset_id: str
@@ -233,12 +233,13 @@ _LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
 
 
 def _license(value: Any) -> str | None:
-    """[release] license: the identifier the dataset card declares (Hugging Face/SPDX style, lowercase)."""
+    """[release] license: the identifier the dataset card declares (Hugging Face/SPDX style,
+    lowercase)."""
     if value is None:
         return None
     if not isinstance(value, str) or not _LICENSE_ID.fullmatch(value):
         raise InvalidParameterError(
-            f"[release] license must be a lowercase license identifier such as 'cc-by-4.0', "
+            "[release] license must be a lowercase license identifier such as 'cc-by-4.0', "
             f"'cc0-1.0' or 'other', got {value!r}."
         )
     return value

@@ -1,5 +1,5 @@
-"""Terminal output shared by the CLI and `make demo`: the console, epsilon figures, progress bars driven
-by the mechanisms' progress(stage, done, total) callback, and a stored plan's summary."""
+"""Terminal output shared by the CLI and `make demo`: the console, epsilon figures, progress bars
+driven by the mechanisms' progress(stage, done, total) callback, and a stored plan's summary."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def print_plan(rel: Release) -> None:
         f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}"
     )
     console.print(
-        f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
-        f"   (cap {p.epsilon_cap:g}, delta {a['delta']:g})"
+        f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}   "
+        f"(cap {p.epsilon_cap:g}, delta {a['delta']:g})"
     )
     if p.remaining_after_rdp is not None:
         console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")

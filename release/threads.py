@@ -1,9 +1,11 @@
-"""How many CPU threads torch uses in a run: PRIVRELEASE_THREADS if set, else the cores that are free.
+"""How many CPU threads torch uses in a run: PRIVRELEASE_THREADS if set, else the cores that are
+free.
 
-torch starts one intra-op thread per core whether or not other processes keep those cores busy; under
-contention its threads then wait on each other at every operation (issue 36: pre-training 3-6x slower
-than one thread on a busy 2-core machine; BENCHMARKS.md, "CPU threads under contention"). Free cores =
-the cores this process may use (sched_getaffinity) minus the 1-minute load average, at least 1.
+torch starts one intra-op thread per core whether or not other processes keep those cores busy;
+under contention its threads then wait on each other at every operation (issue 36: pre-training 3-6x
+slower than one thread on a busy 2-core machine; BENCHMARKS.md, "CPU threads under contention").
+Free cores = the cores this process may use (sched_getaffinity) minus the 1-minute load average, at
+least 1.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def choose(
     if value:
         if not value.isdigit() or int(value) < 1:
             raise InvalidParameterError(
-                f"{ENV}={value!r}: give a whole number of CPU threads >= 1, or unset it to "
-                "let each run use the cores that are free."
+                f"{ENV}={value!r}: give a whole number of CPU threads >= 1, or unset it to let "
+                "each run use the cores that are free."
             )
         return ThreadChoice(int(value), f"{ENV}={int(value)}")
     if env.get("OMP_NUM_THREADS", "").strip():
@@ -60,7 +62,8 @@ _applied: ThreadChoice | None = None
 
 
 def apply() -> ThreadChoice:
-    """Choose once per process and set torch's intra-op threads; later calls return the same choice."""
+    """Choose once per process and set torch's intra-op threads; later calls return the same
+    choice."""
     global _applied
     if _applied is None:
         choice = choose()

@@ -1,4 +1,5 @@
-"""Offline verification of a bundle with only the bundle (directory or .tar.gz) and the release public key.
+"""Offline verification of a bundle with only the bundle (directory or .tar.gz) and the release
+public key.
 
 Checks the DSSE signature over the in-toto statement (payload type included), that
 manifest.intoto.json is exactly the signed statement, every file's sha256, and that the bundle's
@@ -75,7 +76,8 @@ class VerificationResult:
         """The signed predicate, typed (None until the signature verified).
 
         Raises:
-            UnsupportedPredicateError: a predicate of another version, or not one privrelease publishes.
+            UnsupportedPredicateError: a predicate of another version, or not one privrelease
+                publishes.
         """
         if not self.statement:
             return None
@@ -91,16 +93,16 @@ def verify_bundle(
     extract_to: Path | None = None,
     max_bytes: int | None = None,
 ) -> VerificationResult:
-    """Verify a bundle directory or `<release>.tar.gz` against the publisher's Ed25519 public key (PEM file).
+    """Verify a bundle directory or `<release>.tar.gz` against the publisher's Ed25519 public key
+    (PEM file).
 
-    With `extract_to`, a verified archive is also extracted to `extract_to/<release>` (nothing is left
-    there if verification fails). `max_bytes` bounds how far an archive may expand (default: 20x its
-    size plus 64 MiB).
+    With `extract_to`, a verified archive is also extracted to `extract_to/<release>` (nothing is
+    left there if verification fails). `max_bytes` bounds how far an archive may expand (default:
+    20x its size plus 64 MiB).
     """
     path = Path(path)
-    key = load_public_key(
-        Path(public_key_path)
-    )  # a missing/invalid key file is the caller's error: raises
+    # a missing/invalid key file is the caller's error: raises
+    key = load_public_key(Path(public_key_path))
     if not path.exists():
         raise PrivReleaseError(f"No bundle at {path}: give the bundle directory or its .tar.gz.")
     if path.is_dir():
@@ -118,7 +120,8 @@ def verify_bundle(
 
 
 def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: str = "") -> None:
-    """The signed release id must be the bundle's name: a renamed bundle of another release is not this one."""
+    """The signed release id must be the bundle's name: a renamed bundle of another release is not
+    this one."""
     if res.predicate is None:
         return
     rid = res.predicate.get("release_id")
@@ -129,9 +132,10 @@ def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: st
         )
     elif rid != name:
         res.problems.append(
-            f"{shown}: the signed manifest is for release {rid!r}, but the bundle is named {name!r}: it is "
-            f"another release's bundle under this name, or it was renamed. Make sure {rid!r} is the release you "
-            f"wanted; if it is, rename the bundle to {rid}{suffix} and verify again."
+            f"{shown}: the signed manifest is for release {rid!r}, but the bundle is named "
+            f"{name!r}: it is another release's bundle under this name, or it was renamed. Make "
+            f"sure {rid!r} is the release you wanted; if it is, rename the bundle to {rid}{suffix} "
+            "and verify again."
         )
 
 
@@ -227,13 +231,13 @@ class _ArchiveScan:
             return f"member {m.name!r} is not a plain relative path"
         if name.split("/")[0] != self.top or (name == self.top and not m.isdir()):
             return (
-                f"member {m.name!r} is outside the top-level directory {self.top!r} that a bundle named "
-                f"{self.top}{ARCHIVE_SUFFIX} must have (renamed, or not a privrelease bundle)"
+                f"member {m.name!r} is outside the top-level directory {self.top!r} that a bundle "
+                f"named {self.top}{ARCHIVE_SUFFIX} must have (renamed, or not a privrelease bundle)"
             )
         if name in self.seen:
             return (
-                f"member {m.name!r} appears twice (tar would silently keep the last copy, which the "
-                "signature never covered)"
+                f"member {m.name!r} appears twice (tar would silently keep the last copy, which "
+                "the signature never covered)"
             )
         self.seen.add(name)
         if m.isfile():
@@ -243,9 +247,10 @@ class _ArchiveScan:
                 return f"member {m.name!r} is {m.size} bytes, far larger than any signed manifest"
             if self.total > self.limit:
                 return (
-                    f"member {m.name!r} makes the archive expand to more than {self.limit} bytes (its own "
-                    f"size is {m.size}): a decompression bomb or not a bundle; refused before reading it "
-                    "(raise the limit with --max-size only for a bundle you expect to be that large)"
+                    f"member {m.name!r} makes the archive expand to more than {self.limit} bytes "
+                    f"(its own size is {m.size}): a decompression bomb or not a bundle; refused "
+                    "before reading it (raise the limit with --max-size only for a bundle you "
+                    "expect to be that large)"
                 )
         return None
 
@@ -343,18 +348,20 @@ def _archive_name(archive: Path) -> str | None:
 
 
 def _scan_archive(archive: Path, scan: _ArchiveScan) -> str | None:
-    """Stream every member through `scan`; returns a problem with the archive's structure, if any."""
+    """Stream every member through `scan`; returns a problem with the archive's structure, if
+    any."""
     with open(archive, "rb") as raw:
         gz = _OneGzipMember(raw)
         try:
-            with tarfile.open(fileobj=gz, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
+            with tarfile.open(  # type: ignore[call-overload]
+                fileobj=gz, mode="r|", bufsize=CHUNK
+            ) as tar:
                 for m in tar:
                     scan.member(tar, m)
                     if scan.problem:
                         return None
-                rest = getattr(
-                    tar.fileobj, "buf", b""
-                )  # read past the end-of-archive block, not yet consumed
+                # read past the end-of-archive block, not yet consumed
+                rest = getattr(tar.fileobj, "buf", b"")
             while len(rest) <= TRAILER_MAX and (block := gz.read(CHUNK)):
                 rest += block
         finally:

@@ -1,8 +1,9 @@
-"""`privrelease verify BUNDLE --key PUB`, importable without the store, the accountants, torch or typer.
+"""`privrelease verify BUNDLE --key PUB`, importable without the store, the accountants, torch or
+typer.
 
 `release.entry` runs `main` directly when the command line asks for `verify`, so a consumer's check
-starts in a fraction of a second (argparse here: typer's option parsing alone costs 0.4 s to import);
-the full CLI registers a typer wrapper around `run`, with the same options.
+starts in a fraction of a second (argparse here: typer's option parsing alone costs 0.4 s to
+import); the full CLI registers a typer wrapper around `run`, with the same options.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from accounting.errors import PrivReleaseError
 HELP = {
     "bundle": "Bundle directory or its <release>.tar.gz",
     "key": "The publisher's release public key (release.pub)",
-    "extract": "Also extract a verified .tar.gz into this directory (as DIR/<release>); nothing is left there "
-    "if verification fails",
-    "max_size": "Refuse an archive that expands beyond this many bytes (default: 20x its size + 64 MiB)",
+    "extract": (
+        "Also extract a verified .tar.gz into this directory (as DIR/<release>); nothing is left "
+        "there if verification fails"
+    ),
+    "max_size": (
+        "Refuse an archive that expands beyond this many bytes (default: 20x its size + 64 MiB)"
+    ),
     "json": "Print the result (and the signed predicate) as JSON",
 }
 DOC = (
-    "Verify a bundle offline: DSSE signature, every file's sha256, the release id bound to the bundle's "
-    "name. Exit 1 if anything is wrong."
+    "Verify a bundle offline: DSSE signature, every file's sha256, the release id bound to the "
+    "bundle's name. Exit 1 if anything is wrong."
 )
 
 
@@ -36,7 +41,8 @@ def run(
     max_size: int | None = None,
     as_json: bool = False,
 ) -> int:
-    """Verify, print the outcome; returns the exit code (0 ok, 1 failed). Raises PrivReleaseError on bad input."""
+    """Verify, print the outcome; returns the exit code (0 ok, 1 failed). Raises PrivReleaseError on
+    bad input."""
     from release.verify import verify_bundle
 
     r = verify_bundle(bundle, key, extract_to=extract, max_bytes=max_size)
@@ -62,7 +68,8 @@ def run(
     elif r.ok:
         p = r.predicate or {}
         print(
-            f"OK: signature valid (key {r.key_id[:16]}…), {len(r.checked)} files match the manifest."
+            f"OK: signature valid (key {r.key_id[:16]}…), {len(r.checked)} files match the "
+            "manifest."
         )
         print(
             f"  release {p.get('release_id')} of dataset {p.get('dataset_id')}: "
@@ -78,15 +85,16 @@ def run(
 
 
 def describe_guarantee(g: dict | None) -> str:
-    """The signed guarantee in words: "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05) for the dataset's whole history"."""
+    """The signed guarantee in words: "(epsilon 8.000 RDP / 6.820 PLD, delta 1e-05) for the
+    dataset's whole history"."""
     if not isinstance(g, dict):
         return "no guarantee stated"
     if g.get("type") == "dp" and isinstance(g.get("epsilon_rdp"), (int, float)):
         pld = g.get("epsilon_pld")
         pld_text = f" / {pld:.3f} PLD" if isinstance(pld, (int, float)) else ""
         return (
-            f"(epsilon {g['epsilon_rdp']:.3f} RDP{pld_text}, delta {g.get('delta'):g})-DP for the dataset's whole "
-            "history"
+            f"(epsilon {g['epsilon_rdp']:.3f} RDP{pld_text}, delta {g.get('delta'):g})-DP for the "
+            "dataset's whole history"
         )
     if g.get("type") == "k-anonymity":
         return f"k-anonymity with k = {g.get('k')}, {g.get('method')} (no differential privacy)"
@@ -104,7 +112,8 @@ def _positive(text: str) -> int:
 
 
 def main(args: list[str]) -> None:
-    """Parse the arguments that follow `verify` and run it; exits 0, 1 (verification failed) or 2 (bad input)."""
+    """Parse the arguments that follow `verify` and run it; exits 0, 1 (verification failed) or 2
+    (bad input)."""
     parser = argparse.ArgumentParser(prog="privrelease verify", description=DOC)
     parser.add_argument("bundle", type=Path, help=HELP["bundle"])
     parser.add_argument("--key", type=Path, required=True, help=HELP["key"])

@@ -1,7 +1,7 @@
-"""Read-only views of a workspace for display (the dashboard): its datasets, audit trail, audit reports and,
-for stewards and auditors, a registered dataset's images. Nothing here writes; the release lifecycle is
-`release.manager`, the budget figures `release.budget`. The dashboard imports release only, so these are
-the accounting and audit reads it shows, in one place."""
+"""Read-only views of a workspace for display (the dashboard): its datasets, audit trail, audit
+reports and, for stewards and auditors, a registered dataset's images. Nothing here writes; the
+release lifecycle is `release.manager`, the budget figures `release.budget`. The dashboard imports
+release only, so these are the accounting and audit reads it shows, in one place."""
 
 from __future__ import annotations
 
@@ -61,18 +61,21 @@ def trail_entries(store: Store) -> list[dict]:
 
 
 def audit_report(store: Store, release_id: str) -> AuditReport | None:
-    """The stored audit of a release (internal: summaries and details are computed on sensitive data), or None."""
+    """The stored audit of a release (internal: summaries and details are computed on sensitive
+    data), or None."""
     return load_report(store, release_id)
 
 
 def sensitive_images(store: Store, name: str) -> np.ndarray:
-    """The registered dataset's images, checked to be the registered content (steward and auditor views only)."""
+    """The registered dataset's images, checked to be the registered content (steward and auditor
+    views only)."""
     return load_registered(store, name)[1].images
 
 
 def published_predicate(rel: Release) -> ReleasePredicate | None:
-    """The predicate signed into a published release's bundle, as the bundle states it (None before publication
-    or if the bundle folder is gone). Displayed, not verified: consumers verify with `privrelease verify`."""
+    """The predicate signed into a published release's bundle, as the bundle states it (None before
+    publication or if the bundle folder is gone). Displayed, not verified: consumers verify with
+    `privrelease verify`."""
     path = Path(rel.bundle["path"]) / STATEMENT_FILE if rel.bundle else None
     if path is None or not path.is_file():
         return None

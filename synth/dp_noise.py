@@ -1,6 +1,7 @@
-"""The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure generators,
-`SecureNoise` picking one per device: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream) for CPU
-tensors, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on the device) for any other."""
+"""The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure
+generators, `SecureNoise` picking one per device: SecureGaussian (synth/secure_noise.py, OpenSSL's
+AES keystream) for CPU tensors, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed
+on the device) for any other."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from synth.secure_noise import SecureGaussian
 
 
 def _secure_add_noise(self: DPOptimizer) -> None:
-    """DPOptimizer.add_noise with the secure generator (rank 0 only under DPDDP, as opacus does). One draw
-    for all parameters of a device: one keystream call instead of one per tensor."""
+    """DPOptimizer.add_noise with the secure generator (rank 0 only under DPDDP, as opacus does).
+    One draw for all parameters of a device: one keystream call instead of one per tensor."""
     noisy = getattr(self, "rank", 0) == 0
     grads = [p.summed_grad for p in self.params]
     for g in grads:
@@ -37,10 +38,11 @@ PATHS = ("auto", "aes", "chacha")
 
 
 class SecureNoise:
-    """The secure generator for each device: "auto" (the default) draws CPU tensors' noise from SecureGaussian
-    (OpenSSL's AES keystream) and any other device's from synth.device_noise.ChaChaGaussian (a ChaCha20
-    keystream computed on that device, no host work or copy per draw); "aes" or "chacha" use one for all.
-    Each generator gets its own fresh key on first use; none can be saved."""
+    """The secure generator for each device: "auto" (the default) draws CPU tensors' noise from
+    SecureGaussian (OpenSSL's AES keystream) and any other device's from
+    synth.device_noise.ChaChaGaussian (a ChaCha20 keystream computed on that device, no host work or
+    copy per draw); "aes" or "chacha" use one for all. Each generator gets its own fresh key on
+    first use; none can be saved."""
 
     def __init__(self, path: str = "auto") -> None:
         if path not in PATHS:
@@ -78,14 +80,14 @@ def noise_like(
         flat = gen.noise((sum(tensors[i].numel() for i in idx),), std, device)
         for i, chunk in zip(idx, torch.split(flat, [tensors[i].numel() for i in idx]), strict=True):
             out[i] = chunk.view(tensors[i].shape)
-    return [
-        t for t in out if t is not None
-    ]  # every index was filled: each tensor is on one of the devices
+    # every index was filled: each tensor is on one of the devices
+    return [t for t in out if t is not None]
 
 
 def install(optimizer: DPOptimizer, path: str = "auto") -> DPOptimizer:
-    """Make an opacus DPOptimizer draw its DP noise from fresh secure generators (this instance only): by
-    `path` (SecureNoise), the AES keystream for CPU tensors and ChaCha20 on the device for GPU tensors."""
+    """Make an opacus DPOptimizer draw its DP noise from fresh secure generators (this instance
+    only): by `path` (SecureNoise), the AES keystream for CPU tensors and ChaCha20 on the device for
+    GPU tensors."""
     if not isinstance(optimizer, DPOptimizer):
         raise TypeError(
             f"secure noise plugs into an opacus DPOptimizer, got {type(optimizer).__name__}"

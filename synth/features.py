@@ -54,8 +54,8 @@ def prepare(x: torch.Tensor, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
 
 
 def feature_maps(net: Any, x: torch.Tensor, upto_block: int) -> list[torch.Tensor]:
-    """Feature maps after the stem and after blocks 0..upto_block (early layers carry style). `net` is an
-    EfficientNet-Lite (untyped library): its stem and blocks are plain attributes."""
+    """Feature maps after the stem and after blocks 0..upto_block (early layers carry style). `net`
+    is an EfficientNet-Lite (untyped library): its stem and blocks are plain attributes."""
     out = []
     h = net._swish(net._bn0(net._conv_stem(x)))
     out.append(h)
@@ -78,9 +78,10 @@ def embed(
     size: int = DEFAULT_INPUT_SIZE,
     fixed_batch: bool = False,
 ) -> torch.Tensor:
-    """Pooled features of many images, batched, without gradients. `fixed_batch` pads the last batch to `batch`
-    images, so every forward pass has one shape and the same kernels: an image's features are then the same
-    whatever it is batched with (the private vote needs that: one record must not move another's vote)."""
+    """Pooled features of many images, batched, without gradients. `fixed_batch` pads the last batch
+    to `batch` images, so every forward pass has one shape and the same kernels: an image's features
+    are then the same whatever it is batched with (the private vote needs that: one record must not
+    move another's vote)."""
     net = efficientnet_lite0(device)
     parts = []
     for i in range(0, len(images_pm1), batch):

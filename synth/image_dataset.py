@@ -1,10 +1,10 @@
 """The `ImageDataset` object every loader returns, and the check of its labels.
 
-uint8 images (N, H, W) for grey or (N, H, W, 3) for colour, int64 labels, class names, and (for registered
-or built-in data) the declared label set. The declared set is public metadata; `label_set` returns it, never
-the labels that happen to occur in the data, so a class with a single record is not revealed by its presence.
-Its own module so that the built-ins (synth.datasets) and user data (synth.user_data) share it without
-importing each other.
+uint8 images (N, H, W) for grey or (N, H, W, 3) for colour, int64 labels, class names, and (for
+registered or built-in data) the declared label set. The declared set is public metadata;
+`label_set` returns it, never the labels that happen to occur in the data, so a class with a single
+record is not revealed by its presence. Its own module so that the built-ins (synth.datasets) and
+user data (synth.user_data) share it without importing each other.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ MAX_LABEL = (
 
 
 def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
-    """Labels as int64 class indices in 0..MAX_LABEL; anything else (strings, NaN, 2.5, -1, 1e12) is refused."""
+    """Labels as int64 class indices in 0..MAX_LABEL; anything else (strings, NaN, 2.5, -1, 1e12) is
+    refused."""
     labels = np.asarray(labels)
     if labels.dtype.kind in "US":
         sample = f" such as {labels.ravel()[0]!r}" if labels.size else f" (dtype {labels.dtype})"
         raise DataFormatError(
             f"{where}: labels must be integer class indices, got text{sample}. Map class names to "
-            "0..K-1 and declare them at registration (`--labels 0-9`), or use a folder of class subfolders, whose "
-            "names are the classes."
+            "0..K-1 and declare them at registration (`--labels 0-9`), or use a folder of class "
+            "subfolders, whose names are the classes."
         )
     if (
         labels.dtype.kind == "c"
@@ -55,8 +56,8 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
         )
     if labels.size and labels.max() > MAX_LABEL:
         raise DataFormatError(
-            f"{where}: label {labels.max().item()!r} is above the limit {MAX_LABEL}; labels are class indices 0..K-1. "
-            "Renumber the classes."
+            f"{where}: label {labels.max().item()!r} is above the limit {MAX_LABEL}; labels are "
+            "class indices 0..K-1. Renumber the classes."
         )
     return labels.astype(np.int64)
 
@@ -79,8 +80,8 @@ class ImageDataset:
         ok_shape = self.images.ndim == 3 or (self.images.ndim == 4 and self.images.shape[3] == 3)
         if not ok_shape or len(self.images) == 0 or 0 in self.images.shape:
             raise DataFormatError(
-                f"{where}: expected a non-empty stack of images (N, H, W) grey or (N, H, W, 3) colour, got shape "
-                f"{self.images.shape}."
+                f"{where}: expected a non-empty stack of images (N, H, W) grey or (N, H, W, 3) "
+                f"colour, got shape {self.images.shape}."
             )
         if np.shape(self.labels) != (len(self.images),):
             raise DataFormatError(
@@ -107,8 +108,9 @@ class ImageDataset:
         undeclared = sorted(set(self.observed_labels) - set(declared))
         if undeclared:
             raise DataFormatError(
-                f"{self.source or 'dataset'}: the data has labels {undeclared[:10]} that are not in the declared set "
-                f"{_short(declared)}. Register it again with --labels listing every class the data may hold."
+                f"{self.source or 'dataset'}: the data has labels {undeclared[:10]} that are not "
+                f"in the declared set {_short(declared)}. Register it again with --labels listing "
+                "every class the data may hold."
             )
         self.declared_labels = declared
 

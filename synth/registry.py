@@ -1,12 +1,13 @@
 """The mechanism interface and its registry.
 
 A mechanism reads sensitive data and produces releasable data. It never touches the budget ledger:
-it declares a frozen config type, `plan(config, dataset, prior, public) -> MechanismPlan` (the events
-it will charge, warnings, its guarantee) and `run(config, data, ctx) -> MechanismOutput`. The runner
-in `release/runner.py` reserves the plan's events, calls `run`, and settles the charge from what the
-context recorded (ARCHITECTURE.md, "Adding a mechanism").
+it declares a frozen config type, `plan(config, dataset, prior, public) -> MechanismPlan` (the
+events it will charge, warnings, its guarantee) and `run(config, data, ctx) -> MechanismOutput`. The
+runner in `release/runner.py` reserves the plan's events, calls `run`, and settles the charge from
+what the context recorded (ARCHITECTURE.md, "Adding a mechanism").
 
-Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + one line in `_ENTRIES`.
+Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + one line in
+`_ENTRIES`.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Guarantee:
 
 @dataclass(frozen=True)
 class MechanismPlan:
-    """What a run will charge and produce; `detail` is the mechanism's own JSON (e.g. sigma, q, steps)."""
+    """What a run will charge and produce; `detail` is the mechanism's own JSON (e.g. sigma, q,
+    steps)."""
 
     events: tuple[MechanismEvent, ...]
     expected_count: int
@@ -116,7 +118,8 @@ class RunContext(Protocol):
     nproc: int  # processes a distributed mechanism may run on (1 = this process)
 
     def on_sensitive_access(self) -> None:
-        """Call just before the first read of sensitive data: from then on a failure is not refunded."""
+        """Call just before the first read of sensitive data: from then on a failure is not
+        refunded."""
 
     def charge_lost_steps(self, started: int, resumed_from: int) -> None:
         """A resumed run will re-execute steps started before a crash but lost since the checkpoint
@@ -131,7 +134,8 @@ class Mechanism(Protocol):
     def make_config(
         self, params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
     ) -> Any:
-        """The frozen config from a spec's table (unknown or bad values raise InvalidParameterError)."""
+        """The frozen config from a spec's table (unknown or bad values raise
+        InvalidParameterError)."""
 
     def plan(
         self,
@@ -140,7 +144,8 @@ class Mechanism(Protocol):
         prior: Sequence[MechanismEvent],
         public: ImageDataset,
     ) -> MechanismPlan:
-        """Events, count, shape and warnings; validates data compatibility. Reads no sensitive data."""
+        """Events, count, shape and warnings; validates data compatibility. Reads no sensitive
+        data."""
 
     def run(self, config: Any, data: ImageDataset, ctx: RunContext) -> MechanismOutput: ...
 
@@ -162,8 +167,9 @@ class MechanismEntry:
     run: Callable[..., MechanismOutput]
     loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None]
     distributed: bool = False  # its run honours ctx.nproc > 1 (`release run --nproc`)
-    # its DP-SGD trainer, `(model, x, y, **settings) -> outcome with .weights`, for the one-run implementation
-    # audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with DP-SGD
+    # its DP-SGD trainer, `(model, x, y, **settings) -> outcome with .weights`, for the one-run
+    # implementation audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with
+    # DP-SGD
     dpsgd_trainer: Callable[..., Any] | None = None
 
 
@@ -179,13 +185,14 @@ def get(name: str) -> Mechanism:
 
 
 def dpsgd_trainer(name: str) -> Callable[..., Any]:
-    """The DP-SGD trainer of mechanism `name`, the code the implementation audit runs on canaries."""
+    """The DP-SGD trainer of mechanism `name`, the code the implementation audit runs on
+    canaries."""
     trainer = getattr(get(name), "dpsgd_trainer", None)
     if trainer is None:
         with_dpsgd = [n for n in names() if getattr(get(n), "dpsgd_trainer", None) is not None]
         raise InvalidParameterError(
-            f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation "
-            f"to audit; the audit applies to {', '.join(with_dpsgd)}."
+            f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation to "
+            f"audit; the audit applies to {', '.join(with_dpsgd)}."
         )
     return trainer
 

@@ -18,10 +18,10 @@ gives the same protection with the `cryptography` package:
   noise to the gradient in float64 and round only the noisy sum to the parameter's precision
   (rounding after the noise is post-processing).
 
-Where the gradients live on a GPU, the same uniforms, Box-Muller and sum come from a ChaCha20 keystream computed
-on the device itself (synth/device_noise.py; synth/dp_noise.py's `SecureNoise` picks the generator by device and plugs it into
-opacus), so no keystream is made
-on the host or copied per step.
+Where the gradients live on a GPU, the same uniforms, Box-Muller and sum come from a ChaCha20
+keystream computed on the device itself (synth/device_noise.py; synth/dp_noise.py's `SecureNoise`
+picks the generator by device and plugs it into opacus), so no keystream is made on the host or
+copied per step.
 
 What it does not protect against: timing side channels of the training process, a compromised host
 (the key is in its memory while training), and anything outside the noise (the accountant's
@@ -39,17 +39,17 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SUMMED_NORMALS = 4  # Holohan & Braghin's 2n with n = 2, as opacus' secure mode
 _MASK53 = (1 << 53) - 1
-_CHUNK = (
-    1 << 17
-)  # noise values per keystream call (4 MiB of keystream): the buffers below stay in cache
+# noise values per keystream call (4 MiB of keystream): the buffers below stay in cache
+_CHUNK = 1 << 17
 
 
 class SecureGaussian:
     """N(0, std^2) samples from an AES-CTR keystream; a fresh random key per instance.
 
-    Only the keystream is made on the CPU (OpenSSL AES); the raw 64-bit words go to the target device, where
-    the conversion to uniforms and Box-Muller run in place in a workspace kept between draws. Fresh
-    32 MiB tensors per draw cost more in page faults than the AES and the arithmetic together."""
+    Only the keystream is made on the CPU (OpenSSL AES); the raw 64-bit words go to the target
+    device, where the conversion to uniforms and Box-Muller run in place in a workspace kept between
+    draws. Fresh 32 MiB tensors per draw cost more in page faults than the AES and the arithmetic
+    together."""
 
     def __init__(self) -> None:
         key, counter = os.urandom(32), os.urandom(16)
@@ -64,22 +64,27 @@ class SecureGaussian:
 
     def _buffers(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(n float64 values, n // 2 + 1 float64 values) of scratch space on `device`."""
-        work, half = self._workspace.get(device, (None, None))
-        if work is None or work.numel() < n:
-            work = torch.empty(n, dtype=torch.float64, device=device)
-            half = torch.empty(n // 2 + 1, dtype=torch.float64, device=device)
-            self._workspace[device] = work, half
+        cached = self._workspace.get(device)
+        if cached is None or cached[0].numel() < n:
+            cached = (
+                torch.empty(n, dtype=torch.float64, device=device),
+                torch.empty(n // 2 + 1, dtype=torch.float64, device=device),
+            )
+            self._workspace[device] = cached
+        work, half = cached
         return work[:n], half
 
     def _uniform_into(self, out: torch.Tensor) -> torch.Tensor:
-        """Fill float64 `out` with uniforms in (0, 1), 53 random bits each (never 0, so log() is safe)."""
+        """Fill float64 `out` with uniforms in (0, 1), 53 random bits each (never 0, so log() is
+        safe)."""
         n = out.numel()
         nbytes = 8 * n
         if len(self._zeros) < nbytes:
+            # CTR writes len(data); API: +15
             self._zeros, self._keystream = (
                 bytes(nbytes),
                 bytearray(nbytes + 15),
-            )  # CTR writes len(data); API: +15
+            )
         self._stream.update_into(memoryview(self._zeros)[:nbytes], self._keystream)
         words = torch.frombuffer(self._keystream, dtype=torch.int64, count=n)
         if out.device.type == "cpu":
@@ -102,8 +107,8 @@ class SecureGaussian:
         return out
 
     def _normals(self, n: int, device: torch.device) -> torch.Tensor:
-        """n (even, <= 4 x chunk) float64 N(0, 1) samples by Box-Muller, in the workspace: valid until
-        the next draw."""
+        """n (even, <= 4 x chunk) float64 N(0, 1) samples by Box-Muller, in the workspace: valid
+        until the next draw."""
         pairs = n // 2
         u, cos = self._buffers(n, device)
         self._uniform_into(u)

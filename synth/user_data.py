@@ -1,4 +1,5 @@
-"""Reading user data: a folder of class subfolders, Parquet (`image` bytes + `label`) or NumPy `.npz`.
+"""Reading user data: a folder of class subfolders, Parquet (`image` bytes + `label`) or NumPy
+`.npz`.
 
 Sizes are checked from headers (image headers, the .npy headers inside an .npz, the Parquet schema)
 before anything is decoded, so a hostile file cannot make us allocate gigabytes. Every problem is a
@@ -121,8 +122,9 @@ def _decode_all(items: Sequence[bytes | Path], names: list[str], where: str) -> 
     if len(set(sizes)) > 1:
         odd = next(i for i, s in enumerate(sizes) if s != sizes[0])
         raise DataFormatError(
-            f"{where}: images have different sizes; e.g. {names[odd]} is {sizes[odd][0]}x{sizes[odd][1]} while "
-            f"{names[0]} is {sizes[0][0]}x{sizes[0][1]}. Resize all images to one size first."
+            f"{where}: images have different sizes; e.g. {names[odd]} is "
+            f"{sizes[odd][0]}x{sizes[odd][1]} while {names[0]} is {sizes[0][0]}x{sizes[0][1]}. "
+            "Resize all images to one size first."
         )
     arrays = [_decode(item, name) for item, name in zip(items, names, strict=True)]
     if any(a.ndim == 3 for a in arrays):
@@ -132,7 +134,8 @@ def _decode_all(items: Sequence[bytes | Path], names: list[str], where: str) -> 
 
 # ----------------------------------------------------------------- folders
 def _inside(path: Path, root: Path, where: str) -> Path:
-    """Refuse a symlink that leads out of the registered folder (the data would not be what was named)."""
+    """Refuse a symlink that leads out of the registered folder (the data would not be what was
+    named)."""
     try:
         real = path.resolve()
     except (OSError, RuntimeError) as exc:  # a link loop
@@ -146,8 +149,8 @@ def _inside(path: Path, root: Path, where: str) -> Path:
 
 
 def load_folder(path: Path) -> ImageDataset:
-    """A folder with one subfolder per class (sorted names -> labels 0..K-1), images inside. An empty
-    subfolder is a class with no images; hidden entries are ignored."""
+    """A folder with one subfolder per class (sorted names -> labels 0..K-1), images inside. An
+    empty subfolder is a class with no images; hidden entries are ignored."""
     root = path.resolve()
     subdirs = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir())
     if not subdirs:
@@ -178,7 +181,8 @@ def load_folder(path: Path) -> ImageDataset:
 
 # ----------------------------------------------------------------- Parquet
 def load_parquet(path: Path) -> ImageDataset:
-    """Parquet with columns `image` (encoded bytes, e.g. PNG) and `label` (int); our bundle format."""
+    """Parquet with columns `image` (encoded bytes, e.g. PNG) and `label` (int); our bundle
+    format."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -196,7 +200,8 @@ def load_parquet(path: Path) -> ImageDataset:
     if _bytes_type(schema.field("image").type) is None:
         raise DataFormatError(
             f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
-            "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per row."
+            "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per "
+            "row."
         )
     if not pa.types.is_integer(schema.field("label").type):
         raise DataFormatError(
@@ -213,13 +218,14 @@ def load_parquet(path: Path) -> ImageDataset:
     )
     if stored > MAX_VALUES:
         raise DataFormatError(
-            f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; "
-            "register a subset or smaller images."
+            f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; register "
+            "a subset or smaller images."
         )
     table = meta.read(columns=["image", "label"])
     if table.column("image").null_count or table.column("label").null_count:
         raise DataFormatError(
-            f"{path}: some images or labels are null; every row needs an image and an integer label."
+            f"{path}: some images or labels are null; every row needs an image and an integer "
+            "label."
         )
     labels = check_label_values(table.column("label").to_numpy(), str(path))
     column = table.column("image")
@@ -243,7 +249,8 @@ def load_parquet(path: Path) -> ImageDataset:
 
 
 def _bytes_type(t):
-    """The binary type holding the encoded image: the column itself, or the `bytes` field of a struct."""
+    """The binary type holding the encoded image: the column itself, or the `bytes` field of a
+    struct."""
     import pyarrow as pa
 
     if pa.types.is_struct(t):
@@ -283,8 +290,8 @@ def _check_npz_arrays(path: Path, headers: dict) -> None:
     (shape, dtype), (lshape, ldtype) = headers["images"], headers["labels"]
     if dtype.kind not in "uif":
         raise DataFormatError(
-            f"{path}: image array has dtype {dtype}; pixels must be real numbers (uint8 0-255, "
-            "or floats in [0, 1] or [0, 255])."
+            f"{path}: image array has dtype {dtype}; pixels must be real numbers (uint8 0-255, or "
+            "floats in [0, 1] or [0, 255])."
         )
     if len(shape) not in (3, 4) or shape[0] == 0:
         raise DataFormatError(
@@ -318,8 +325,8 @@ def _class_names(names: np.ndarray, labels: np.ndarray, where: str) -> list[str]
     top = int(labels.max())
     if len(out) <= top:
         raise DataFormatError(
-            f"{where}: `class_names` has {len(out)} names but the labels go up to {top}; name every "
-            f"label value 0..{top} in order (class_names[v] is the name of label v)."
+            f"{where}: `class_names` has {len(out)} names but the labels go up to {top}; name "
+            f"every label value 0..{top} in order (class_names[v] is the name of label v)."
         )
     empty = [i for i, n in enumerate(out) if not n]
     if empty:
@@ -335,8 +342,8 @@ def _class_names(names: np.ndarray, labels: np.ndarray, where: str) -> list[str]
 
 
 def load_numpy(path: Path) -> ImageDataset:
-    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]), `labels` (int) and, optionally,
-    `class_names` (strings: class_names[v] names label value v)."""
+    """.npz with arrays `images` (N,H,W[,C], uint8 or floats in [0,1] / [0,255]), `labels` (int)
+    and, optionally, `class_names` (strings: class_names[v] names label value v)."""
     headers = _npz_headers(path)
     _check_npz_arrays(path, headers)
     try:

@@ -1,4 +1,5 @@
-"""Audit trail: the hash chain, its verification status, and the entries where it breaks highlighted."""
+"""Audit trail: the hash chain, its verification status, and the entries where it breaks
+highlighted."""
 
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ def render(store: Store, ident: keys.Identity) -> None:
     result = views.verify_trail(store)
     if result.ok:
         st.success(
-            f"Chain verified: {result.length} entries, each hashing the previous one. "
-            f"Head `{result.head_hash[:16]}…` matches the workspace's recorded head.",
+            f"Chain verified: {result.length} entries, each hashing the previous one. Head "
+            f"`{result.head_hash[:16]}…` matches the workspace's recorded head.",
             icon=":material/check_circle:",
         )
     else:
         st.error(
-            f"Chain BROKEN: {len(result.problems)} problem(s) over {result.length} entries. Publishing is "
-            "refused until this is resolved.",
+            f"Chain BROKEN: {len(result.problems)} problem(s) over {result.length} entries. "
+            "Publishing is refused until this is resolved.",
             icon=":material/gpp_bad:",
         )
         for p in result.problems:

@@ -1,4 +1,5 @@
-"""Downloads: published bundles with their card, a download button, the public key and how to verify."""
+"""Downloads: published bundles with their card, a download button, the public key and how to
+verify."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def public_key_panel(store: Store) -> None:
         st.markdown("#### :material/key: Publisher's public key")
         if not pub_path.is_file():
             st.info(
-                "No release key yet: it is created with the first identity or the first signed release."
+                "No release key yet: it is created with the first identity or the first signed "
+                "release."
             )
             return
         pem = pub_path.read_text()
@@ -47,16 +49,15 @@ def public_key_panel(store: Store) -> None:
             width="stretch",
         )
         st.caption(
-            f"Key id (sha256 of the raw Ed25519 key): `{keys.key_id(pub_path)}`. Compare it with the key id the "
-            "publisher announced through another channel before trusting a bundle."
+            f"Key id (sha256 of the raw Ed25519 key): `{keys.key_id(pub_path)}`. Compare it with "
+            "the key id the publisher announced through another channel before trusting a bundle."
         )
 
 
 def bundle_card(rel: Release) -> None:
     rid, b = rel.release_id, rel.bundle or {}
-    signed = views.published_predicate(
-        rel
-    )  # what the bundle asserts: its image count and guarantee
+    # what the bundle asserts: its image count and guarantee
+    signed = views.published_predicate(rel)
     count = signed.released_image_count if signed else (rel.result.count if rel.result else None)
     guarantee = (signed.guarantee if signed else rel.guarantee).get("description", "")
     tarball = Path(b["tarball"])
@@ -64,8 +65,8 @@ def bundle_card(rel: Release) -> None:
         head, button = st.columns([3, 1.2])
         head.markdown(f"#### {rid} · {guarantee}")
         head.caption(
-            f"Published {short_time(rel.updated_at)} UTC · {'?' if count is None else count} images · "
-            f"dataset `{rel.dataset_id}`"
+            f"Published {short_time(rel.updated_at)} UTC · {'?' if count is None else count} "
+            f"images · dataset `{rel.dataset_id}`"
         )
         if tarball.is_file():
             button.download_button(
@@ -82,19 +83,21 @@ def bundle_card(rel: Release) -> None:
             button.error(f"The archive {tarball.name} is missing on the server.")
         st.markdown("**Verify offline** (needs only the bundle and `release.pub`):")
         st.code(
-            f"sha256sum {tarball.name}\n# expect {b['tarball_sha256']}\n"
-            f"privrelease verify {tarball.name} --key release.pub",
+            f"sha256sum {tarball.name}\n# expect {b['tarball_sha256']}\nprivrelease verify "
+            f"{tarball.name} --key release.pub",
             language="bash",
         )
         st.caption(
-            "`privrelease verify` checks the DSSE (Ed25519) signature over the in-toto manifest and the sha256 of "
-            "every file in the bundle; it exits non-zero if anything was changed."
+            "`privrelease verify` checks the DSSE (Ed25519) signature over the in-toto manifest "
+            "and the sha256 of every file in the bundle; it exits non-zero if anything was changed."
         )
         card = Path(b["path"]) / "README.md"
         with st.expander("Dataset card (README.md in the bundle)", icon=":material/description:"):
             if not card.is_file():
                 st.markdown("_The card is missing from the bundle._")
-            else:  # the YAML front matter is for `datasets`; the grid is shown as an image, not a relative link
+            else:
+                # the YAML front matter is for `datasets`; the grid is shown as an image, not a
+                # relative link
                 body = split_front_matter(card.read_text())[1].replace(
                     "![sample grid](sample_grid.png)", ""
                 )

@@ -1,4 +1,5 @@
-"""Ledger: the charges with filters, cumulative epsilon over time per dataset, and a what-if panel."""
+"""Ledger: the charges with filters, cumulative epsilon over time per dataset, and a what-if
+panel."""
 
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ def events_table(rows: list[dict]) -> None:
         }
     )
     st.caption(
-        f"{len(shown)} of {len(df)} charges. A refunded charge counts nothing; a committed one counts the "
-        "steps it actually executed."
+        f"{len(shown)} of {len(df)} charges. A refunded charge counts nothing; a committed one "
+        "counts the steps it actually executed."
     )
     colour = {"committed": "#2e9d5b", "reserved": "#e0a100", "refunded": "#7b8794"}
     st.dataframe(
@@ -156,8 +157,8 @@ def what_if(store: Store, names: list[str]) -> None:
             st.markdown(f"**Planned run:** {w.described}, δ = {w.delta:g}")
             if now.dp_void:
                 st.warning(
-                    "This dataset already had a k-anonymous release: its DP guarantees no longer hold, "
-                    "whatever noise is used.",
+                    "This dataset already had a k-anonymous release: its DP guarantees no longer "
+                    "hold, whatever noise is used.",
                     icon=":material/warning:",
                 )
             else:
@@ -166,17 +167,18 @@ def what_if(store: Store, names: list[str]) -> None:
 
 
 def _cap_verdict(admitted: bool, filter_eps: float, cap: float, eps_rdp: float) -> None:
-    """The ledger's verdict (its privacy filter, README "Privacy guarantees"), not RDP epsilon <= cap: the
-    filter is what keeps the cap valid when releases are chosen after seeing earlier ones."""
+    """The ledger's verdict (its privacy filter, README "Privacy guarantees"), not RDP epsilon <=
+    cap: the filter is what keeps the cap valid when releases are chosen after seeing earlier
+    ones."""
     if admitted:
         st.success(
-            f"Fits the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f} (RDP ε after: "
-            f"{eps_rdp:.3f}).",
+            f"Fits the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f} (RDP ε "
+            f"after: {eps_rdp:.3f}).",
             icon=":material/check_circle:",
         )
     else:
         st.error(
-            f"Exceeds the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f}, so the ledger "
-            "would refuse this run. Use more noise, a smaller q or fewer steps.",
+            f"Exceeds the cap {cap:g}: the cap's privacy filter would be at {filter_eps:.3f}, so "
+            "the ledger would refuse this run. Use more noise, a smaller q or fewer steps.",
             icon=":material/block:",
         )

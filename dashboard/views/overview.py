@@ -71,8 +71,8 @@ def render(store: Store, ident: keys.Identity) -> None:
 
     st.subheader("Privacy budgets")
     st.caption(
-        "Filled arc: ε spent by RDP (the reference, checked against the cap). Black tick: PLD (tighter). "
-        "Remaining = cap − RDP spend."
+        "Filled arc: ε spent by RDP (the reference, checked against the cap). Black tick: PLD "
+        "(tighter). Remaining = cap − RDP spend."
     )
     if not datasets:
         st.info("No dataset registered yet. Register one with `privrelease dataset register`.")
@@ -94,7 +94,8 @@ def render(store: Store, ident: keys.Identity) -> None:
                 )
                 if b.dp_void:
                     st.warning(
-                        "A k-anonymous release was made from this dataset: its DP guarantees no longer hold.",
+                        "A k-anonymous release was made from this dataset: its DP guarantees no "
+                        "longer hold.",
                         icon=":material/warning:",
                     )
 

@@ -1,6 +1,7 @@
-"""One release: parameters, steward actions (run with progress, publish), audit report, sample images
-and, for k-anonymous releases, the cluster viewer. Internal results (computed on sensitive data) are
-shown to stewards and auditors only; a consumer sees the pass/fail verdicts (ARCHITECTURE.md rule 4)."""
+"""One release: parameters, steward actions (run with progress, publish), audit report, sample
+images and, for k-anonymous releases, the cluster viewer. Internal results (computed on sensitive
+data) are shown to stewards and auditors only; a consumer sees the pass/fail verdicts
+(ARCHITECTURE.md rule 4)."""
 
 from __future__ import annotations
 
@@ -193,7 +194,10 @@ def samples(store: Store, rid: str) -> None:
     idx = np.sort(rng.choice(len(images), n, replace=False)) if len(images) > n else np.arange(n)
     st.image(
         image_grid(images[idx], columns=10, scale=3),
-        caption=f"{n} of {len(images)} released images; labels: {', '.join(str(int(x)) for x in labels[idx])}",
+        caption=(
+            f"{n} of {len(images)} released images; labels: "
+            f"{', '.join(str(int(x)) for x in labels[idx])}"
+        ),
     )
 
 
@@ -202,8 +206,8 @@ def _has_clusters(store: Store, rel: Release) -> bool:
 
 
 def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
-    """Kept for this browser session only (never in a process-wide cache of the server); the read checks the
-    content is the registered one."""
+    """Kept for this browser session only (never in a process-wide cache of the server); the read
+    checks the content is the registered one."""
     key = f"sensitive:{store.workspace.root}:{name}:{fingerprint}"
     if key not in st.session_state:
         st.session_state[key] = views.sensitive_images(store, name)
@@ -211,7 +215,8 @@ def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
 
 
 def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
-    """The k sensitive records beside the representative released for them (steward/auditor only)."""
+    """The k sensitive records beside the representative released for them (steward/auditor
+    only)."""
     keys.require_role(ident, *INTERNAL_ROLES)
     out = manager.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
@@ -223,7 +228,8 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     ds = views.dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption(
-        "Internal: the sensitive source records of each released representative. Never shown to consumers."
+        "Internal: the sensitive source records of each released representative. Never shown to "
+        "consumers."
     )
     i = st.number_input(
         f"Cluster (0–{len(clusters) - 1})",

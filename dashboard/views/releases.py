@@ -21,7 +21,8 @@ def render(store: Store, ident: keys.Identity) -> None:
         st.subheader(f"Plans awaiting approval ({len(pending)})")
         if not pending:
             st.info(
-                "No plan is waiting for approval. Plan one with `privrelease release plan SPEC.toml`."
+                "No plan is waiting for approval. Plan one with `privrelease release plan "
+                "SPEC.toml`."
             )
         for rel in pending:
             plan_card(store, ident, rel)
@@ -30,9 +31,9 @@ def render(store: Store, ident: keys.Identity) -> None:
     requested = st.session_state.get("release")
     if requested is not None and requested not in ids:
         # e.g. a consumer asking for an unpublished release: refuse rather than fall back silently
+        sees = "published releases only" if ident.role == "consumer" else "existing releases only"
         st.error(
-            f"Release {requested!r} is not available to you (a {ident.role} sees "
-            f"{'published releases only' if ident.role == 'consumer' else 'existing releases only'}).",
+            f"Release {requested!r} is not available to you (a {ident.role} sees {sees}).",
             icon=":material/block:",
         )
         del st.session_state["release"]
@@ -60,8 +61,8 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
     with st.container(border=True):
         st.markdown(f"#### {rid} · {plan.mechanism} on **{plan.dataset}**")
         st.caption(
-            f"Planned by {rel.created_by} at {short_time(rel.created_at)} UTC · "
-            f"plan digest `{rel.plan_digest[:16]}…`"
+            f"Planned by {rel.created_by} at {short_time(rel.created_at)} UTC · plan digest "
+            f"`{rel.plan_digest[:16]}…`"
         )
         m1, m2, m3, m4 = st.columns(4)
         m1.metric("ε before (RDP)", fmt_eps(before["epsilon_rdp"]))
@@ -87,8 +88,9 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
                 ack = st.checkbox(
                     "I accept: no DP guarantee",
                     key=f"ack_{rid}",
-                    help="This k-anonymous release carries no differential-privacy guarantee and voids "
-                    "the DP meaning of every release of this dataset: its epsilon becomes infinite.",
+                    help="This k-anonymous release carries no differential-privacy guarantee and "
+                    "voids the DP meaning of every release of this dataset: its epsilon becomes "
+                    "infinite.",
                 )
             if st.button(
                 "Approve (sign the plan)",
@@ -97,7 +99,8 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
                 icon=":material/check:",
             ):
                 with guarded("approving"):
-                    # The digest shown above is what the steward reviewed; the manager refuses any other plan.
+                    # The digest shown above is what the steward reviewed; the manager refuses any
+                    # other plan.
                     manager.approve(
                         store, rid, ident.name, digest=rel.plan_digest, acknowledge_non_dp=ack
                     )

@@ -94,20 +94,22 @@ def init(
     ws = workspace()
     created = ws.init(store_url=store_url)
     console.print(
-        f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at {ws.root.resolve()}"
+        f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at "
+        f"{ws.root.resolve()}"
     )
     if steward is not None:
         s = Store(ws)
         if keys.has_steward(s):
             raise PermissionDeniedError(
-                "This workspace already has a steward; add another with "
-                f"`privrelease keys create {steward} --role steward --as STEWARD`."
+                "This workspace already has a steward; add another with `privrelease keys create "
+                f"{steward} --role steward --as STEWARD`."
             )
         ident = keys.create_identity(s, steward, "steward", actor=steward)
         keys.ensure_release_key(ws)
         console.print(
             f"[green]Created[/] first steward {ident.name}; private key "
-            f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's authority)."
+            f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's "
+            "authority)."
         )
 
 

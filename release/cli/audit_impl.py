@@ -13,7 +13,8 @@ from release.cli.common import console, print_json, store
 
 
 def dpsgd_setting_for(spec_path: Path):
-    """The DP-SGD run a spec would execute now, and the public data it names (manager.dpsgd_setting)."""
+    """The DP-SGD run a spec would execute now, and the public data it names
+    (manager.dpsgd_setting)."""
     from release import manager
     from release.spec import ReleaseSpec
 

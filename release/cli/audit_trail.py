@@ -33,8 +33,8 @@ def verify(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Check the hash chain and its head, recompute every dataset's spend from the trail and compare it with
-    the ledger tables, and check signed checkpoints. Exit 1 if anything was altered."""
+    """Check the hash chain and its head, recompute every dataset's spend from the trail and compare
+    it with the ledger tables, and check signed checkpoints. Exit 1 if anything was altered."""
     trusted = [raw_public_bytes(load_public_key(k)) for k in key] or None
     r = integrity.verify_store(store(), checkpoint, trusted)
     v = r.trail
@@ -70,13 +70,15 @@ def _print_verification(r: integrity.IntegrityReport) -> None:
             console.print(f"  - {escape(p)}")
         console.print(
             "The store has been altered outside privrelease. Restore it from a backup and compare "
-            "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a bundle."
+            "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a "
+            "bundle."
         )
     for row in r.spend:
         mark = "[green]agrees[/]" if row["agree"] else "[red]DIFFERS[/]"
         console.print(
             f"  spend of {row['dataset']} recomputed from the trail: epsilon "
-            f"{fmt_eps(row['epsilon_rdp_trail'])} (RDP); ledger tables {fmt_eps(row['epsilon_rdp_ledger'])}: {mark}"
+            f"{fmt_eps(row['epsilon_rdp_trail'])} (RDP); ledger tables "
+            f"{fmt_eps(row['epsilon_rdp_ledger'])}: {mark}"
         )
     for cp in r.checkpoints:
         console.print(
@@ -92,8 +94,8 @@ def checkpoint(
         None, "--out", help="Also write the checkpoint here (keep it off this machine)."
     ),
 ) -> None:
-    """Sign the audit trail's head with a steward's key (an anchor outside the store). Refused if the store does
-    not verify."""
+    """Sign the audit trail's head with a steward's key (an anchor outside the store). Refused if
+    the store does not verify."""
     steward = acting(actor, "steward")
     cp = integrity.make_checkpoint(
         store(), steward.name, keys.load_private_key(workspace(), steward.name)
@@ -101,8 +103,8 @@ def checkpoint(
     if out is not None:
         out.write_text(Path(cp["path"]).read_text())
     console.print(
-        f"[green]Checkpoint[/] of entry {cp['seq']} head {cp['head_hash']} signed by {steward.name}: "
-        f"{cp['path']}"
+        f"[green]Checkpoint[/] of entry {cp['seq']} head {cp['head_hash']} signed by "
+        f"{steward.name}: {cp['path']}"
     )
     console.print(
         "Keep a copy elsewhere; check later with `privrelease audit verify --checkpoint FILE "
@@ -154,9 +156,8 @@ def report(
     from audit import load_report, render_report
 
     s = store()
-    acting(
-        actor, "steward", "auditor"
-    )  # internal results: a known steward or auditor holding their key
+    # internal results: a known steward or auditor holding their key
+    acting(actor, "steward", "auditor")
     rep = load_report(s, release_id)
     if rep is None:
         console.print(

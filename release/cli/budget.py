@@ -23,8 +23,9 @@ def print_adaptive(s: budgets.BudgetSummary) -> None:
         f"  spent so far (odometer): epsilon <= {fmt_eps(s.odometer_epsilon)} at delta={s.delta:g}"
     )
     console.print(
-        "  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it would pass "
-        "the cap. Odometer: holds now and later, however releases were chosen (docs/privacy.md).[/]"
+        "  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it "
+        "would pass the cap. Odometer: holds now and later, however releases were chosen "
+        "(docs/privacy.md).[/]"
     )
 
 
@@ -41,13 +42,15 @@ def show(dataset: str, as_json: bool = typer.Option(False, "--json")) -> None:
         f"delta={summary.delta:g}"
     )
     console.print(
-        f"  spent   RDP: {fmt_eps(summary.spent_epsilon_rdp)}   PLD: {fmt_eps(summary.spent_epsilon_pld)}"
+        f"  spent   RDP: {fmt_eps(summary.spent_epsilon_rdp)}   PLD: "
+        f"{fmt_eps(summary.spent_epsilon_pld)}"
     )
     console.print(f"  remaining (cap - RDP): {summary.remaining_epsilon_rdp:.4f}")
     print_adaptive(summary)
     if summary.dp_void:
         console.print(
-            "  [red]A non-DP (k-anonymous) release was made from this dataset: its DP guarantees no longer hold.[/]"
+            "  [red]A non-DP (k-anonymous) release was made from this dataset: its DP guarantees "
+            "no longer hold.[/]"
         )
     console.print(
         table(
@@ -86,7 +89,8 @@ def plan(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """What-if: epsilon of a DP-SGD run by RDP and PLD (or the sigma for a target epsilon). Changes nothing."""
+    """What-if: epsilon of a DP-SGD run by RDP and PLD (or the sigma for a target epsilon). Changes
+    nothing."""
     history = budgets.budget(store(), dataset) if dataset is not None else None
     w = budgets.what_if(
         sample_rate, steps, sigma=sigma, epsilon=epsilon, delta=delta, history=history
@@ -103,16 +107,17 @@ def plan(
     if w.epsilon_cap is not None:
         colour = "green" if w.fits_cap else "red"
         console.print(
-            f"  [{colour}]{'fits' if w.fits_cap else 'exceeds'} the cap {w.epsilon_cap:g}: the cap's privacy "
-            f"filter would be at {w.filter_epsilon:.4f} (RDP remaining after: "
+            f"  [{colour}]{'fits' if w.fits_cap else 'exceeds'} the cap {w.epsilon_cap:g}: the "
+            f"cap's privacy filter would be at {w.filter_epsilon:.4f} (RDP remaining after: "
             f"{w.remaining_after_rdp:.4f})[/]"
         )
 
 
 @app.command("verify")
 def verify(as_json: bool = typer.Option(False, "--json")) -> None:
-    """The auditor's check: recompute every dataset's RDP curve from its stored events and compare it with the
-    running curve the ledger keeps (and charges against). Exit 1 on any difference beyond float error."""
+    """The auditor's check: recompute every dataset's RDP curve from its stored events and compare
+    it with the running curve the ledger keeps (and charges against). Exit 1 on any difference
+    beyond float error."""
     s = store()
     with s.transaction() as con:
         rows = curve.verify(con)

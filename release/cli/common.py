@@ -37,16 +37,17 @@ def default_actor() -> str:
 
 
 def acting(name: str | None, *roles: str):
-    """The identity acting on the command line (`--as NAME`, else $PRIVRELEASE_ACTOR, else the OS user name),
-    proven by its private key and checked for one of `roles`. A name alone never authorises a change."""
+    """The identity acting on the command line (`--as NAME`, else $PRIVRELEASE_ACTOR, else the OS
+    user name), proven by its private key and checked for one of `roles`. A name alone never
+    authorises a change."""
     from release import keys
 
     return keys.authenticate(store(), actor_name(name, *roles), *roles)
 
 
 def actor_name(name: str | None, *roles: str) -> str:
-    """`name` if given; else the default identity ($PRIVRELEASE_ACTOR, else the OS user name), which must exist:
-    if it does not, the error names the identities that do and how to choose one."""
+    """`name` if given; else the default identity ($PRIVRELEASE_ACTOR, else the OS user name), which
+    must exist: if it does not, the error names the identities that do and how to choose one."""
     from release import keys
 
     if name:
@@ -78,8 +79,8 @@ def _no_default_identity(s: Store, who: str, roles: tuple[str, ...]) -> str:
     which = f"Identities with the {' or '.join(roles)} role here" if roles else "Identities here"
     names = ", ".join(f"{i.name} ({i.role})" for i in known) or "none"
     return (
-        f"No identity named {who!r} ({source}). {which}: {names}. "
-        "Act as one with `--as NAME`, or set it once with `export PRIVRELEASE_ACTOR=NAME`."
+        f"No identity named {who!r} ({source}). {which}: {names}. Act as one with `--as NAME`, or "
+        "set it once with `export PRIVRELEASE_ACTOR=NAME`."
     )
 
 

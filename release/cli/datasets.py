@@ -25,8 +25,8 @@ def register(
         None,
         "--labels",
         help="The label set (public): values like 0-9 or 0,1,2,5 for "
-        ".npz/Parquet, the class subfolder names (cat,dog) for a folder; "
-        "built-ins declare their own.",
+        ".npz/Parquet, the class subfolder names (cat,dog) for a folder; built-ins declare their "
+        "own.",
     ),
     epsilon: float = typer.Option(
         ..., "--epsilon", help="Budget cap epsilon for all releases of this dataset."
@@ -42,7 +42,8 @@ def register(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Register a dataset with its privacy budget; the data stays where it is, the store keeps its HMAC."""
+    """Register a dataset with its privacy budget; the data stays where it is, the store keeps its
+    HMAC."""
     steward = acting(actor, "steward")
     ds, created = register_from_source(
         store(),
@@ -59,8 +60,8 @@ def register(
         return
     verb = "Registered" if created else "Already registered (same content)"
     console.print(
-        f"[green]{verb}[/] {ds.name} ({ds.dataset_id}): {ds.record_count} records, labels {ds.labels}, "
-        f"cap epsilon={ds.epsilon_cap:g}, delta={ds.delta_cap:g}"
+        f"[green]{verb}[/] {ds.name} ({ds.dataset_id}): {ds.record_count} records, labels "
+        f"{ds.labels}, cap epsilon={ds.epsilon_cap:g}, delta={ds.delta_cap:g}"
     )
 
 
@@ -103,5 +104,6 @@ def show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     rows = [[k, escape(str(v))] for k, v in d.__dict__.items()]
     console.print(table(f"Dataset {d.name}", ["field", "value"], rows))
     console.print(
-        "[dim]fingerprint = HMAC-SHA256 under the workspace key (a plain hash would leak membership).[/]"
+        "[dim]fingerprint = HMAC-SHA256 under the workspace key (a plain hash would leak "
+        "membership).[/]"
     )

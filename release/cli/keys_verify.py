@@ -23,20 +23,21 @@ def create(
         None, "--as", help="The steward creating it (their private key signs it)."
     ),
 ) -> None:
-    """Create an identity with a new Ed25519 key pair (private key file mode 0600). Needs a steward's key."""
+    """Create an identity with a new Ed25519 key pair (private key file mode 0600). Needs a
+    steward's key."""
     s = store()
     if not keys.has_steward(s):
         raise PermissionDeniedError(
-            "This workspace has no steward yet: create the first one with "
-            "`privrelease init --steward NAME`, then add identities with --as NAME."
+            "This workspace has no steward yet: create the first one with `privrelease init "
+            "--steward NAME`, then add identities with --as NAME."
         )
     steward = acting(actor, "steward")
     ident = keys.create_identity(s, name, role, actor=steward.name, endorser=steward.name)
     keys.ensure_release_key(s.workspace)
     console.print(
-        f"[green]Created[/] {ident.role} {ident.name} (key id {ident.key_id[:16]}…)\n"
-        f"  private key: {keys.private_key_path(s.workspace, name)}\n"
-        f"  public key:  {keys.public_key_path(s.workspace, name)}"
+        f"[green]Created[/] {ident.role} {ident.name} (key id {ident.key_id[:16]}…)\n  private "
+        f"key: {keys.private_key_path(s.workspace, name)}\n  public key:  "
+        f"{keys.public_key_path(s.workspace, name)}"
     )
 
 
@@ -70,7 +71,8 @@ def verify(
     max_size: int = typer.Option(None, "--max-size", min=1, help=verify_cmd.HELP["max_size"]),
     as_json: bool = typer.Option(False, "--json", help=verify_cmd.HELP["json"]),
 ) -> None:
-    """Verify a bundle offline (the `privrelease` executable runs release/verify_cmd.py directly)."""
+    """Verify a bundle offline (the `privrelease` executable runs release/verify_cmd.py
+    directly)."""
     code = verify_cmd.run(bundle, key, extract=extract, max_size=max_size, as_json=as_json)
     if code:
         raise typer.Exit(code)
@@ -81,8 +83,8 @@ def password(
     name: str,
     actor: str = typer.Option(None, "--as", help="NAME itself or a steward (default: NAME)."),
 ) -> None:
-    """Set the dashboard sign-in password of an identity (salted scrypt hash); signs out its sessions.
-    Needs NAME's private key, or a steward's."""
+    """Set the dashboard sign-in password of an identity (salted scrypt hash); signs out its
+    sessions. Needs NAME's private key, or a steward's."""
     from release.auth import set_password
 
     keys.get_identity(store(), name)

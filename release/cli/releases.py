@@ -49,7 +49,8 @@ def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--jso
         return
     print_plan(rel)
     console.print(
-        f"Next: privrelease release approve {rel.release_id} --as STEWARD --digest {rel.plan_digest}"
+        f"Next: privrelease release approve {rel.release_id} --as STEWARD --digest "
+        f"{rel.plan_digest}"
     )
 
 
@@ -129,7 +130,8 @@ def approve(
         store(), release_id, _actor(actor), digest=digest, acknowledge_non_dp=acknowledge_non_dp
     )
     console.print(
-        f"[green]Approved[/] {release_id} (plan {rel.plan_digest[:16]}…). Next: privrelease release run {release_id}"
+        f"[green]Approved[/] {release_id} (plan {rel.plan_digest[:16]}…). Next: privrelease "
+        f"release run {release_id}"
     )
 
 
@@ -149,11 +151,11 @@ def run(
         "--nproc",
         min=1,
         help="Train PrivImage on N processes under torchrun (one per "
-        "GPU, or CPU processes); charged once, exactly as one process "
-        "(docs/scaling-out.md).",
+        "GPU, or CPU processes); charged once, exactly as one process (docs/scaling-out.md).",
     ),
 ) -> None:
-    """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed one to resume."""
+    """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed
+    one to resume."""
     from release import threads
 
     name = _actor(actor)
@@ -178,8 +180,8 @@ def run(
 
 @contextmanager
 def _second_interrupt_waits() -> Iterator[None]:
-    """The first Ctrl-C stops the run; while the store records that (state, refund), a second one only
-    says to wait, so that it cannot leave the release half-recorded."""
+    """The first Ctrl-C stops the run; while the store records that (state, refund), a second one
+    only says to wait, so that it cannot leave the release half-recorded."""
 
     def first(signum, frame) -> None:
         signal.signal(signal.SIGINT, later)
@@ -200,7 +202,8 @@ def _events(events) -> str:
 
 
 def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] | None) -> None:
-    """What a Ctrl-C left behind: the release's state, what is charged, and the commands that go on."""
+    """What a Ctrl-C left behind: the release's state, what is charged, and the commands that go
+    on."""
     s = store()
     rel = manager.get_release(s, release_id)
     where = f" during {stage[0]} ({stage[1]}/{stage[2]})" if stage else ""
@@ -218,38 +221,43 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
     if rel.result is not None:
         settled = f" ({_events(charge.charged_events)} committed)" if charge else ""
         say(
-            f"Charged: the synthesis had finished and is settled{settled}; only the audit was interrupted. "
-            f"Audit it again: {resume}"
+            f"Charged: the synthesis had finished and is settled{settled}; only the audit was "
+            f"interrupted. Audit it again: {resume}"
         )
         return
     if charge is None or charge.state == "refunded":
         say(
-            "Charged: nothing. It stopped before reading the sensitive data, so its reservation was refunded."
+            "Charged: nothing. It stopped before reading the sensitive data, so its reservation "
+            "was refunded."
         )
         say(f"Resume (a new attempt, reserved again): {resume}")
         return
     steps = (
-        f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were started"
+        f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were "
+        "started"
         if st.planned_steps is not None
         else ""
     )
     say(
-        f"Charged: it had read the sensitive data, so its reservation ({_events(charge.planned_events)})"
-        f" stays in force, counted in full against the cap, until you resume or settle it{steps}."
+        "Charged: it had read the sensitive data, so its reservation "
+        f"({_events(charge.planned_events)}) stays in force, counted in full against the cap, "
+        f"until you resume or settle it{steps}."
     )
     say(
-        f"Resume (from its last checkpoint; steps lost since then are charged again first): {resume}"
+        "Resume (from its last checkpoint; steps lost since then are charged again first): "
+        f"{resume}"
     )
     kept = "the DP-SGD steps it started" if st.planned_steps is not None else "the whole run"
     say(
-        f"Or settle it for good (keeps {kept} charged, refunds the rest): "
-        f"privrelease release abandon {release_id} --as {actor}"
+        f"Or settle it for good (keeps {kept} charged, refunds the rest): privrelease release "
+        f"abandon {release_id} --as {actor}"
     )
 
 
 @app.command("abandon")
 def abandon(release_id: str, actor: str = AS) -> None:
-    """Settle a failed release for good: refunded if it never read the data, else the steps it started stay charged."""
+    """Settle a failed release for good: refunded if it never read the data, else the steps it
+    started stay charged."""
     rel = manager.abandon_release(store(), release_id, _actor(actor))
     console.print(f"[yellow]Abandoned[/] {release_id}: {escape(rel.reason or '')}")
 
@@ -262,8 +270,8 @@ def _print_outcome(rel: Release) -> None:
         "[green]all checks passed[/]" if report and report.passed else "[red]some checks FAILED[/]"
     )
     console.print(
-        f"Release {rel.release_id} is {rel.state}: {verdict}. "
-        f"See `privrelease audit report {rel.release_id}`."
+        f"Release {rel.release_id} is {rel.state}: {verdict}. See `privrelease audit report "
+        f"{rel.release_id}`."
     )
 
 
@@ -278,6 +286,7 @@ def publish(
         print_json(b)
         return
     console.print(
-        f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  archive: {b['tarball']}\n"
-        f"  sha256:  {b['tarball_sha256']}\n  verify:  privrelease verify {b['tarball']} --key {b['public_key']}"
+        f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  archive: {b['tarball']}\n  "
+        f"sha256:  {b['tarball_sha256']}\n  verify:  privrelease verify {b['tarball']} --key "
+        f"{b['public_key']}"
     )

@@ -1,4 +1,5 @@
-"""`privrelease store info|migrate`: where the workspace's tables live (DuckDB file or PostgreSQL)."""
+"""`privrelease store info|migrate`: where the workspace's tables live (DuckDB file or
+PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def migrate(
         None, "--as", help="The steward doing it (default $PRIVRELEASE_ACTOR)."
     ),
 ) -> None:
-    """Copy this workspace's DuckDB store into an empty PostgreSQL database, verify the copy (audit trail chain
-    and head, ledger replayed from the trail) and switch the workspace to it. store.duckdb is left as it was,
-    no longer used. Refuses a target database that already holds rows."""
+    """Copy this workspace's DuckDB store into an empty PostgreSQL database, verify the copy (audit
+    trail chain and head, ledger replayed from the trail) and switch the workspace to it.
+    store.duckdb is left as it was, no longer used. Refuses a target database that already holds
+    rows."""
     from accounting.store_migrate import migrate_to_postgres
 
     ident = acting(as_, "steward")
@@ -67,6 +69,6 @@ def migrate(
         )
     )
     console.print(
-        f"[green]Verified[/]: the trail ends at entry {m.head[0]} ({m.head[1][:12]}…) in both stores. "
-        f"This workspace now uses {redact(to)}; {ws.db_path.name} is kept, unused."
+        f"[green]Verified[/]: the trail ends at entry {m.head[0]} ({m.head[1][:12]}…) in both "
+        f"stores. This workspace now uses {redact(to)}; {ws.db_path.name} is kept, unused."
     )

@@ -1,5 +1,5 @@
-"""`privrelease synth privimage|ksalsa`: preview what a mechanism run would cost, without reading the
-sensitive data or spending budget. Running goes through the release lifecycle (plan -> steward
+"""`privrelease synth privimage|ksalsa`: preview what a mechanism run would cost, without reading
+the sensitive data or spending budget. Running goes through the release lifecycle (plan -> steward
 approval -> run): `--write-spec` writes the spec to plan with `privrelease release plan`."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from release.terminal import rich_progress
 from synth.datasets import heldout_source
 
 app = typer.Typer(
-    help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or charged. "
-    "To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` and "
-    "approve it.",
+    help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or "
+    "charged. To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` "
+    "and approve it.",
     no_args_is_help=True,
 )
 WRITE = typer.Option(
@@ -38,8 +38,8 @@ HELDOUT = typer.Option(
 
 
 def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
-    """The spec with `heldout` in [release]: the given source, else a built-in dataset's own split (written out,
-    so the spec says what the audit will use)."""
+    """The spec with `heldout` in [release]: the given source, else a built-in dataset's own split
+    (written out, so the spec says what the audit will use)."""
     if heldout is None:
         ds = ledger.get_dataset(store(), spec["release"]["dataset"])
         heldout = heldout_source(ds.source)
@@ -50,9 +50,8 @@ def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
                 ".parquet or .npz) of the registered data's format."
             )
         local = not heldout.startswith("builtin:")
-        spec["release"]["heldout"] = (
-            str(Path(heldout).resolve()) if local else heldout
-        )  # plan from anywhere
+        # plan from anywhere
+        spec["release"]["heldout"] = str(Path(heldout).resolve()) if local else heldout
     return spec
 
 
@@ -76,9 +75,9 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
     if "heldout" not in spec["release"]:
         console.print(
-            "  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need real "
-            "held-out images of this dataset (not in the registered set); add --heldout PATH (a folder, "
-            "Parquet or .npz file), or the audit will refuse the release."
+            "  [yellow]warning:[/] no held-out data: the audit's attacks and utility gate need "
+            "real held-out images of this dataset (not in the registered set); add --heldout PATH "
+            "(a folder, Parquet or .npz file), or the audit will refuse the release."
         )
     if write_spec is not None:
         write_spec.write_text(tomli_w.dumps(spec))
@@ -88,7 +87,8 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         )
     else:
         console.print(
-            "To run it: add --write-spec FILE, then `privrelease release plan FILE` and a steward's approval."
+            "To run it: add --write-spec FILE, then `privrelease release plan FILE` and a "
+            "steward's approval."
         )
 
 
@@ -117,8 +117,7 @@ def privimage(
         None,
         "--vote-rounds",
         help="Rounds of the private vote; each later round votes on variations of the "
-        "previous winners and is charged as one more Gaussian query "
-        "(default: the preset's).",
+        "previous winners and is charged as one more Gaussian query (default: the preset's).",
     ),
     release_variations: int = typer.Option(
         None,
@@ -130,14 +129,14 @@ def privimage(
         None,
         "--precision",
         help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
-        "else float32) | float32 | bfloat16. Changes speed, not the guarantee "
-        "(default: auto).",
+        "else float32) | float32 | bfloat16. Changes speed, not the guarantee (default: auto).",
     ),
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
-    """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples (preview)."""
+    """PrivImage: DP semantic query -> selection -> pretrain -> DP-SGD fine-tune -> DDIM samples
+    (preview)."""
     params = {
         "public": public,
         "epsilon": epsilon,
@@ -179,7 +178,8 @@ def ksalsa(
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
-    """k-SALSA / k-Same baselines: one averaged representative per cluster of k records (preview)."""
+    """k-SALSA / k-Same baselines: one averaged representative per cluster of k records
+    (preview)."""
     _preview(
         _with_heldout(
             {

@@ -1,8 +1,9 @@
 """One representative image per cluster, four ways:
 
 - pixel    (k-Same-Pixel): the pixel mean of the members.
-- pca      (k-Same-PCA / k-Same-Eigen): the mean of the members' PCA codes, mapped back to pixels. The
-           basis is fitted on the kept sensitive images, as in k-Same-Eigen; only the averages leave.
+- pca      (k-Same-PCA / k-Same-Eigen): the mean of the members' PCA codes, mapped back to
+           pixels. The basis is fitted on the kept sensitive images, as in k-Same-Eigen; only
+           the averages leave.
 - centroid (k-Centroid): G(mean of the members' latent codes).
 - ksalsa   : start from the mean latent, optimise it with lambda*content + (1-lambda)*style (local
            style alignment, synth/ksalsa/style.py); batches of clusters are optimised together.
@@ -46,9 +47,8 @@ def pca_means(
     from sklearn.decomposition import PCA
 
     flat = x.flatten(1).numpy().astype(np.float64)
-    kept = flat[
-        np.concatenate(clusters)
-    ]  # the remainder is not released and does not shape the basis
+    # the remainder is not released and does not shape the basis
+    kept = flat[np.concatenate(clusters)]
     pca = PCA(n_components=min(components, kept.shape[0], kept.shape[1]), random_state=seed).fit(
         kept
     )
@@ -105,7 +105,8 @@ def optimise_batch(
         total, ls, lc = losses()
         trace.record(total, ls, lc)
         opt.zero_grad(set_to_none=True)
-        total.sum().backward()  # clusters are independent: summing keeps each one's gradient its own
+        # clusters are independent: summing keeps each one's gradient its own
+        total.sum().backward()
         opt.step()
     with torch.no_grad():
         trace.record(*losses())
@@ -146,7 +147,8 @@ def representatives(
     net: StyleContentNet | None = None,
     progress: ProgressFn = no_progress,
 ) -> tuple[torch.Tensor, float]:
-    """The method's representatives and the seconds it took (averaging only, not encoding/clustering)."""
+    """The method's representatives and the seconds it took (averaging only, not
+    encoding/clustering)."""
     t0 = time.perf_counter()
     total = len(clusters)
     if method == "pixel":

@@ -22,9 +22,8 @@ from synth.progress import ProgressFn, no_progress
 
 @dataclass
 class ClusterResult:
-    clusters: list[
-        np.ndarray
-    ]  # indices into the input, k each, disjoint; first index = the seed (outlier)
+    # indices into the input, k each, disjoint; first index = the seed (outlier)
+    clusters: list[np.ndarray]
     remainder: np.ndarray  # indices that are not released (n mod k of them)
 
     @property
@@ -41,7 +40,8 @@ def _dist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def same_size_clusters(
     latents: np.ndarray, k: int, progress: ProgressFn = no_progress, chunk: int = 2048
 ) -> ClusterResult:
-    """Partition the rows of `latents` (n, d) into n // k clusters of exactly k, plus a remainder."""
+    """Partition the rows of `latents` (n, d) into n // k clusters of exactly k, plus a
+    remainder."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
         raise InvalidParameterError(f"k must be an integer >= 2, got {k!r}.")
     z = np.asarray(latents, dtype=np.float64)
@@ -57,16 +57,16 @@ def same_size_clusters(
             f"k={k} is larger than the number of records ({n}); choose k <= {n}."
         )
 
-    # sums[i] = sum of distances from i to every remaining point (computed in chunks: no n x n matrix)
+    # sums[i] = sum of distances from i to every remaining point (computed in chunks: no n x n
+    # matrix)
     sums = np.concatenate([_dist(z[i : i + chunk], z).sum(1) for i in range(0, n, chunk)])
     remaining = np.ones(n, dtype=bool)
     clusters: list[np.ndarray] = []
     total = n // k
     for c in range(total):
         live = np.flatnonzero(remaining)
-        seed = live[
-            np.argmax(sums[live])
-        ]  # largest average distance (same count for all, so the sum)
+        # largest average distance (same count for all, so the sum)
+        seed = live[np.argmax(sums[live])]
         d = _dist(z[seed : seed + 1], z[live])[0]
         d[live == seed] = -1.0  # the seed itself comes first
         members = live[np.argsort(d, kind="stable")[:k]]

@@ -36,7 +36,8 @@ class LatentCodec(Protocol):
 
 
 class ConvAutoencoder(nn.Module):
-    """Two stride-2 convolutions down to (64, H/4, W/4), a linear bottleneck of `latent_dim`, mirrored up."""
+    """Two stride-2 convolutions down to (64, H/4, W/4), a linear bottleneck of `latent_dim`,
+    mirrored up."""
 
     def __init__(self, channels: int, size: int, latent_dim: int):
         super().__init__()
@@ -75,11 +76,15 @@ class ConvAutoencoder(nn.Module):
 
     @property
     def description(self) -> str:
-        return f"conv autoencoder ({CODEC_VERSION}), latent {self.latent_dim}, {self.channels}x{self.size}x{self.size}"
+        return (
+            f"conv autoencoder ({CODEC_VERSION}), latent {self.latent_dim}, "
+            f"{self.channels}x{self.size}x{self.size}"
+        )
 
 
 def conform(data: ImageDataset, size: int, channels: int) -> np.ndarray:
-    """uint8 images of any shape -> float32 (N, channels, size, size) in [-1, 1]: resized, grey <-> RGB."""
+    """uint8 images of any shape -> float32 (N, channels, size, size) in [-1, 1]: resized, grey <->
+    RGB."""
     images = data.images
     if images.ndim == 4 and channels == 1:
         images = np.rint(images[..., :3].mean(-1)).astype(np.uint8)
@@ -95,7 +100,8 @@ def conform(data: ImageDataset, size: int, channels: int) -> np.ndarray:
 
 
 def codec_cache_key(public: ImageDataset, size: int, channels: int, config: KSalsaConfig) -> str:
-    """Public data may be hashed in plain (it is public); the key also covers every codec setting."""
+    """Public data may be hashed in plain (it is public); the key also covers every codec
+    setting."""
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(public.images).tobytes())
     h.update(str(public.images.shape).encode())

@@ -33,11 +33,11 @@ def _float(name: str, value: object, low: float, high: float, *, open_low: bool 
 
 @dataclass
 class KSalsaConfig:
-    """k: anonymity parameter (every released image averages >= k records).
-    method: ksalsa (local style alignment), centroid (G of the mean latent), pixel (k-Same-Pixel),
-    pca (k-Same-PCA / k-Same-Eigen).
-    lambda_content: weight of the content loss; 1 - lambda weighs the style loss. Both losses are
-    relative errors (divided by the target's squared norm), so lambda trades comparable quantities."""
+    """k: anonymity parameter (every released image averages >= k records). method: ksalsa (local
+    style alignment), centroid (G of the mean latent), pixel (k-Same-Pixel), pca (k-Same-PCA /
+    k-Same-Eigen). lambda_content: weight of the content loss; 1 - lambda weighs the style loss.
+    Both losses are relative errors (divided by the target's squared norm), so lambda trades
+    comparable quantities."""
 
     k: int
     method: str = "ksalsa"
@@ -92,7 +92,8 @@ class KSalsaConfig:
             self.image_size = _int("image_size", self.image_size, 8)
             if self.image_size % 4:
                 raise InvalidParameterError(
-                    f"image_size must be a multiple of 4 (the codec halves it twice); got {self.image_size}."
+                    "image_size must be a multiple of 4 (the codec halves it twice); got "
+                    f"{self.image_size}."
                 )
         self.seed = _int("seed", self.seed, 0)
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda", "mps")):
@@ -102,7 +103,8 @@ class KSalsaConfig:
 
     @classmethod
     def demo(cls, k: int = 5, method: str = "ksalsa") -> KSalsaConfig:
-        """Whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec training included."""
+        """Whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec training
+        included."""
         return cls(k=k, method=method, steps=10, cluster_batch=64, feature_size=48, codec_epochs=15)
 
     @classmethod

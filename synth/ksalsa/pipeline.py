@@ -51,8 +51,9 @@ def check_codec(codec: LatentCodec, probe: torch.Tensor, device: str) -> None:
         out = codec.decode(codec.encode(probe.to(device)))
     if tuple(out.shape) != tuple(probe.shape):
         raise DataFormatError(
-            f"The codec turns images of shape {tuple(probe.shape[1:])} into {tuple(out.shape[1:])}; it must "
-            "reproduce the sensitive images' shape. Use a codec trained at that size (or set image_size)."
+            f"The codec turns images of shape {tuple(probe.shape[1:])} into "
+            f"{tuple(out.shape[1:])}; it must reproduce the sensitive images' shape. Use a codec "
+            "trained at that size (or set image_size)."
         )
 
 

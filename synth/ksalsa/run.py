@@ -25,10 +25,11 @@ from synth.ksalsa.style import StyleContentNet
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 RULE5_WARNING = (
-    "A k-anonymous release carries NO differential-privacy guarantee: after it, the dataset's DP guarantees no "
-    "longer hold, for this release and for every earlier or later DP release of it (its epsilon becomes infinite "
-    "in the ledger). k-anonymity only says each released image averages at least k records; it does not bound "
-    "what can be inferred about one record. Acknowledge explicitly to run."
+    "A k-anonymous release carries NO differential-privacy guarantee: after it, the dataset's DP "
+    "guarantees no longer hold, for this release and for every earlier or later DP release of it "
+    "(its epsilon becomes infinite in the ledger). k-anonymity only says each released image "
+    "averages at least k records; it does not bound what can be inferred about one record. "
+    "Acknowledge explicitly to run."
 )
 
 
@@ -43,7 +44,8 @@ class KSalsaPlan:
 
 
 def plan_ksalsa(config: KSalsaConfig, record_count: int) -> KSalsaPlan:
-    """What a run will do and cost: one NonPrivateRelease event, n // k images, n mod k records dropped."""
+    """What a run will do and cost: one NonPrivateRelease event, n // k images, n mod k records
+    dropped."""
     if not isinstance(config, KSalsaConfig):
         raise InvalidParameterError(f"config must be a KSalsaConfig, got {type(config).__name__}.")
     if (
@@ -97,8 +99,8 @@ def _geometry(shape: Sequence[int], config: KSalsaConfig) -> tuple[int, int]:
     if size is None:
         if h != w or h % 4:
             raise InvalidParameterError(
-                f"Sensitive images are {h}x{w}; the codec needs square sizes divisible by 4. "
-                "Set image_size (e.g. 28 or 32) to resize them."
+                f"Sensitive images are {h}x{w}; the codec needs square sizes divisible by 4. Set "
+                "image_size (e.g. 28 or 32) to resize them."
             )
         size = h
     return size, channels
@@ -115,8 +117,9 @@ def plan(
     shape = (size, size) if channels == 1 else (size, size, channels)
     if tuple(dataset.image_shape) != shape:
         raise InvalidParameterError(
-            f"k-SALSA would release {'x'.join(map(str, shape))} images but dataset {dataset.name!r} is "
-            f"{'x'.join(map(str, dataset.image_shape))}: the audit would refuse every image. Leave image_size unset."
+            f"k-SALSA would release {'x'.join(map(str, shape))} images but dataset "
+            f"{dataset.name!r} is {'x'.join(map(str, dataset.image_shape))}: the audit would "
+            "refuse every image. Leave image_size unset."
         )
     return MechanismPlan(
         events=p.events,
@@ -138,7 +141,8 @@ def run(
     codec: LatentCodec | None = None,
     net: StyleContentNet | None = None,
 ) -> MechanismOutput:
-    """One representative per cluster of k sensitive records; `codec`/`net` replace the trained ones."""
+    """One representative per cluster of k sensitive records; `codec`/`net` replace the trained
+    ones."""
     size, channels = _geometry(data.image_shape, config)
     public = ctx.public
     if codec is None:  # public data only up to on_sensitive_access: a failure is refunded

@@ -37,7 +37,8 @@ class StyleContentNet(Protocol):
 
 
 class EfficientNetStyleContent:
-    """EfficientNet-Lite0 (ImageNet): stem/early blocks for style, pooled final features for content."""
+    """EfficientNet-Lite0 (ImageNet): stem/early blocks for style, pooled final features for
+    content."""
 
     name = features.FEATURE_NAME
 
@@ -51,9 +52,8 @@ class EfficientNetStyleContent:
         # caller asking for another device would move ours under us
         self.net = copy.deepcopy(features.efficientnet_lite0("cpu")).to(device)
         self.size, self.layers = size, tuple(layers)
-        blocks: Any = (
-            self.net._blocks
-        )  # EfficientNet-Lite's blocks (an untyped library's attribute)
+        # EfficientNet-Lite's blocks (an untyped library's attribute)
+        blocks: Any = self.net._blocks
         n_maps = 1 + len(blocks)
         if max(self.layers) >= n_maps:
             from accounting.errors import InvalidParameterError
@@ -71,7 +71,8 @@ class EfficientNetStyleContent:
 
 
 def patches(fmap: torch.Tensor, grid: int) -> torch.Tensor:
-    """(N, C, H, W) -> (N, grid*grid, C, h*w): non-overlapping patches on a grid (H, W cropped to a multiple)."""
+    """(N, C, H, W) -> (N, grid*grid, C, h*w): non-overlapping patches on a grid (H, W cropped to a
+    multiple)."""
     n, c, h, w = fmap.shape
     g = max(1, min(grid, h, w))
     ph, pw = h // g, w // g
@@ -136,8 +137,9 @@ def content_loss(net: StyleContentNet, rep: torch.Tensor, target: torch.Tensor) 
 
 class SequentialStyleContent:
     """Adapter for a user's plain feed-forward CNN, e.g. torchvision's `vgg19(weights=...).features`
-    (style at relu1_1, relu2_1, ... = indices (1, 6, 11, 20); content = the last map, average-pooled).
-    Inputs are normalised with the given mean/std (ImageNet by default) at `size` x `size`."""
+    (style at relu1_1, relu2_1, ... = indices (1, 6, 11, 20); content = the last map,
+    average-pooled). Inputs are normalised with the given mean/std (ImageNet by default) at `size` x
+    `size`."""
 
     def __init__(
         self,

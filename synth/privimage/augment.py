@@ -1,12 +1,13 @@
 """Augmentation of PUBLIC images for pre-training (no privacy cost).
 
-The public prior decides how good a DP fine-tune can be: the 1,797 UCI digits are 8x8 scans, upsampled,
-so they all share one stroke width, slant and size. Random affine maps (scale, rotation, shear, shift)
-and random stroke thickness (grey-scale dilation/erosion) widen that prior; elastic distortion (Simard et al.
-2003) bends the strokes, and a contrast curve sharpens the blur that upsampling 8x8 scans leaves. Measured on
-MNIST-5k (the small CNN, 40 epochs on 1,797 augmented UCI digits, 2 seeds): affine + thickness 0.672, with
-elastic distortion and sharpening 0.727. Yet a diffusion model pre-trained on the latter draws blobbier digits
-(BENCHMARKS.md, "PrivImage recipe"), so pre-training leaves them off unless `pretrain_elastic` is set."""
+The public prior decides how good a DP fine-tune can be: the 1,797 UCI digits are 8x8 scans,
+upsampled, so they all share one stroke width, slant and size. Random affine maps (scale, rotation,
+shear, shift) and random stroke thickness (grey-scale dilation/erosion) widen that prior; elastic
+distortion (Simard et al. 2003) bends the strokes, and a contrast curve sharpens the blur that
+upsampling 8x8 scans leaves. Measured on MNIST-5k (the small CNN, 40 epochs on 1,797 augmented UCI
+digits, 2 seeds): affine + thickness 0.672, with elastic distortion and sharpening 0.727. Yet a
+diffusion model pre-trained on the latter draws blobbier digits (BENCHMARKS.md, "PrivImage recipe"),
+so pre-training leaves them off unless `pretrain_elastic` is set."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def augment_public(
 ) -> torch.Tensor:
     """Randomly transformed copy of a batch x (N,C,H,W) in [-1, 1] with a black (-1) background.
 
-    strength 0 returns x unchanged; 1 means scale +-15%, rotation +-14 deg, shear +-0.2, shift +-10%,
-    30% of images thickened and 20% thinned by a 3x3 grey-scale dilation/erosion, then (if asked) an
-    elastic distortion of up to 2 px and a sharpening contrast curve."""
+    strength 0 returns x unchanged; 1 means scale +-15%, rotation +-14 deg, shear +-0.2, shift
+    +-10%, 30% of images thickened and 20% thinned by a 3x3 grey-scale dilation/erosion, then (if
+    asked) an elastic distortion of up to 2 px and a sharpening contrast curve."""
     if strength <= 0:
         return x
     x = _affine_and_thickness(x, gen, strength)
@@ -61,7 +62,8 @@ def _affine_and_thickness(x: torch.Tensor, gen: torch.Generator, strength: float
 def _elastic(
     x: torch.Tensor, gen: torch.Generator, max_shift_px: float, smooth_px: float = 3.0
 ) -> torch.Tensor:
-    """Displace every pixel by a random field smoothed with a Gaussian of `smooth_px` (Simard et al. 2003)."""
+    """Displace every pixel by a random field smoothed with a Gaussian of `smooth_px` (Simard et al.
+    2003)."""
     n, _, h, w = x.shape
     field = torch.rand(n * 2, 1, h, w, generator=gen) * 2 - 1
     r = torch.arange(int(4 * smooth_px) | 1) - int(4 * smooth_px) // 2

@@ -1,14 +1,15 @@
-"""DP central images (DP-FETA's "easy to hard" warm-up, Li et al., S&P 2025): per sensitive class, a noisy mean
-of its (augmented) images, on which the diffusion model is pre-trained before DP-SGD.
+"""DP central images (DP-FETA's "easy to hard" warm-up, Li et al., S&P 2025): per sensitive class, a
+noisy mean of its (augmented) images, on which the diffusion model is pre-trained before DP-SGD.
 
-The mechanism, one query: every image is taken at half resolution with pixels in [0, 1], clipped to L2 norm
-`clip`, and contributes the vector (image / clip, 1) to its class's (sum, count). Adding or removing one image
-changes one class's vector by at most sqrt(2) in L2, so the noisy sums and the noisy counts are released together
-as one Gaussian query of L2 sensitivity sqrt(2) with noise std `noise_multiplier` * sqrt(2) in every coordinate
-(the sums' noise, back in pixel units, has std noise_multiplier * sqrt(2) * clip). The class counts are not
-public: they are released only as these noisy counts, and the mean is the noisy sum over the noisy count
-(post-processing). `queries` repeats the query on independently augmented copies (a GaussianQuery of that count);
-the augmentation's randomness is independent of the data."""
+The mechanism, one query: every image is taken at half resolution with pixels in [0, 1], clipped to
+L2 norm `clip`, and contributes the vector (image / clip, 1) to its class's (sum, count). Adding or
+removing one image changes one class's vector by at most sqrt(2) in L2, so the noisy sums and the
+noisy counts are released together as one Gaussian query of L2 sensitivity sqrt(2) with noise std
+`noise_multiplier` * sqrt(2) in every coordinate (the sums' noise, back in pixel units, has std
+noise_multiplier * sqrt(2) * clip). The class counts are not public: they are released only as these
+noisy counts, and the mean is the noisy sum over the noisy count (post-processing). `queries`
+repeats the query on independently augmented copies (a GaussianQuery of that count); the
+augmentation's randomness is independent of the data."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from torch.nn import functional as F
 from accounting.events import GaussianQuery
 from synth.privimage.augment import augment_public
 
-CENTRAL = "central.npz"  # in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
+# in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
+CENTRAL = "central.npz"
 SENSITIVITY = math.sqrt(2.0)
 
 
@@ -54,13 +56,14 @@ def noisy_class_means(
     rng: np.random.Generator,
     chunk: int = 4096,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One query: (means (n_rows, D) in [0, 1], noisy counts (n_rows,)) from images x (N,C,H,W) in [-1, 1]."""
-    sums = None
+    """One query: (means (n_rows, D) in [0, 1], noisy counts (n_rows,)) from images x (N,C,H,W) in
+    [-1, 1]."""
+    sums = np.zeros((n_rows, 0))
     for i in range(0, len(x), chunk):
         v = clipped(_half_res_01(x[i : i + chunk].float()), clip).double().numpy() / clip
         part = np.zeros((n_rows, v.shape[1]))
         np.add.at(part, rows[i : i + chunk], v)
-        sums = part if sums is None else sums + part
+        sums = part if i == 0 else sums + part
     counts = np.bincount(rows, minlength=n_rows).astype(np.float64)
     std = noise_multiplier * SENSITIVITY
     noisy_sums = (sums + rng.normal(0.0, std, size=sums.shape)) * clip
@@ -79,8 +82,9 @@ def central_images(
     seed: int,
     augment: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`queries` noisy means per class, each over a freshly augmented copy of the images (the first over the
-    images as they are): (images (queries * n_rows, C, H, W) in [-1, 1] at full resolution, their rows)."""
+    """`queries` noisy means per class, each over a freshly augmented copy of the images (the first
+    over the images as they are): (images (queries * n_rows, C, H, W) in [-1, 1] at full resolution,
+    their rows)."""
     rng = np.random.default_rng()  # OS entropy: the noise must not be reproducible from the config
     gen = torch.Generator().manual_seed(seed)
     c, h, w = x.shape[1:]

@@ -19,12 +19,14 @@ from synth.privimage.precision import PRECISIONS
 
 DP_OPTIMIZERS = ("adam", "sgd")
 TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.select_trainable
-# PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style | procedural images only (docs/privimage-priors.md)
+# PrivImage | DPDM-style (no pretraining) | PDP-Diffusion-style | procedural images only
+# (docs/privimage-priors.md)
 SELECTIONS = ("semantic", "none", "all", "procedural")
+# where the private vote measures nearness (synth.privimage.vote)
 VOTE_SPACES = (
     "pixel",
     "embedding",
-)  # where the private vote measures nearness (synth.privimage.vote)
+)
 
 
 def _check_range(value: object, name: str, low: float, high: float) -> float:
@@ -32,7 +34,7 @@ def _check_range(value: object, name: str, low: float, high: float) -> float:
         isinstance(value, bool)
         or not isinstance(value, Real)
         or not math.isfinite(float(value))
-        or not low <= value <= high
+        or not low <= float(value) <= high
     ):
         raise InvalidParameterError(
             f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}."
@@ -45,7 +47,7 @@ def _check_decay(value: object) -> float:
         isinstance(value, bool)
         or not isinstance(value, Real)
         or not math.isfinite(float(value))
-        or not 0 <= value < 1
+        or not 0 <= float(value) < 1
     ):
         raise InvalidParameterError(
             f"ema_decay must be a finite number in [0, 1), got {value!r} (e.g. 0.999)."
@@ -54,10 +56,11 @@ def _check_decay(value: object) -> float:
 
 
 # The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
-# vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four (CNN 0.883 against
-# 0.831 at epsilon 10, BENCHMARKS.md "Private vote"). max_physical_batch 320: a Poisson batch of expected size 250
-# (sd ~15) almost always fits one pass; at 125 it took two or three, and a DP-SGD step was 3-12% slower on 2 CPU
-# cores (BENCHMARKS.md, "DP-SGD step cost: what the rows say").
+# vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four (CNN
+# 0.883 against 0.831 at epsilon 10, BENCHMARKS.md "Private vote"). max_physical_batch 320: a
+# Poisson batch of expected size 250 (sd ~15) almost always fits one pass; at 125 it took two or
+# three, and a DP-SGD step was 3-12% slower on 2 CPU cores (BENCHMARKS.md, "DP-SGD step cost: what
+# the rows say").
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6,
     unet_channels=(16, 32, 32),
@@ -196,7 +199,8 @@ class PrivImageConfig:
         )
         if len(self.unet_channels) < 2 or any(c % 8 for c in self.unet_channels):
             raise InvalidParameterError(
-                f"unet_channels must have >= 2 entries, each a multiple of 8 (GroupNorm groups), got {self.unet_channels}."
+                "unet_channels must have >= 2 entries, each a multiple of 8 (GroupNorm groups), "
+                f"got {self.unet_channels}."
             )
         if self.image_size == 28 and len(self.unet_channels) > 3:
             raise InvalidParameterError(
@@ -218,8 +222,8 @@ class PrivImageConfig:
         self.vote_pool = check_count(self.vote_pool, "vote_pool")
         if self.vote_sigma and not 2 <= self.vote_pool <= 64:
             raise InvalidParameterError(
-                f"vote_pool must be between 2 and 64 candidates per released image, "
-                f"got {self.vote_pool}."
+                "vote_pool must be between 2 and 64 candidates per released image, got "
+                f"{self.vote_pool}."
             )
         self.vote_rounds = check_count(self.vote_rounds, "vote_rounds")
         if self.vote_rounds > 8:
@@ -228,8 +232,8 @@ class PrivImageConfig:
             )
         if self.vote_space not in VOTE_SPACES:
             raise InvalidParameterError(
-                f"vote_space must be one of {VOTE_SPACES} (where the private vote measures "
-                f"which candidate is nearest), got {self.vote_space!r}."
+                f"vote_space must be one of {VOTE_SPACES} (where the private vote measures which "
+                f"candidate is nearest), got {self.vote_space!r}."
             )
         self.variation_strength = _check_range(
             self.variation_strength, "variation_strength", 0.05, 1.0
@@ -240,7 +244,7 @@ class PrivImageConfig:
             or not 0 <= self.release_variations <= 15
         ):
             raise InvalidParameterError(
-                f"release_variations must be a whole number between 0 and 15 variations per "
+                "release_variations must be a whole number between 0 and 15 variations per "
                 f"generated image, got {self.release_variations!r}."
             )
         self.release_variation_strength = _check_range(
@@ -260,7 +264,8 @@ class PrivImageConfig:
             )
         if self.ddim_steps > self.train_timesteps:
             raise InvalidParameterError(
-                f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps ({self.train_timesteps})."
+                f"ddim_steps ({self.ddim_steps}) cannot exceed train_timesteps "
+                f"({self.train_timesteps})."
             )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
@@ -298,8 +303,8 @@ class PrivImageConfig:
             or not 0 <= self.central_images <= 16
         ):
             raise InvalidParameterError(
-                f"central_images must be a whole number of noisy means per class between 0 "
-                f"(off) and 16, got {self.central_images!r}."
+                "central_images must be a whole number of noisy means per class between 0 (off) "
+                f"and 16, got {self.central_images!r}."
             )
         self.central_sigma = check_sigma(self.central_sigma, "central_sigma")
         self.central_clip = check_sensitivity(self.central_clip, "central_clip")
@@ -307,8 +312,8 @@ class PrivImageConfig:
 
     @property
     def base_images(self) -> int:
-        """Images drawn (and voted on) before each gets `release_variations` variations; the release keeps the
-        first `n_samples` of them and their variations."""
+        """Images drawn (and voted on) before each gets `release_variations` variations; the release
+        keeps the first `n_samples` of them and their variations."""
         return -(-self.n_samples // (1 + self.release_variations))
 
     @property
@@ -319,11 +324,12 @@ class PrivImageConfig:
     # ------------------------------------------------------------ presets
     @classmethod
     def demo(cls, epsilon: float, delta: float, **overrides: Any) -> PrivImageConfig:
-        """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then cached for
-        later releases), 4 DP-SGD epochs with Adam at 3e-4, then four rounds of the private vote (Private
-        Evolution): 8 candidates per released image, then three times 8 SDEdit variations of each winner at
-        strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). Sampling batches of 125 run
-        about 1.5x faster per image than 500 on 2 CPU cores (cache-sized activations)."""
+        """CPU-sized (2 cores): 2,000 augmented public pre-training steps (about 7 minutes, then
+        cached for later releases), 4 DP-SGD epochs with Adam at 3e-4, then four rounds of the
+        private vote (Private Evolution): 8 candidates per released image, then three times 8 SDEdit
+        variations of each winner at strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private
+        vote"). Sampling batches of 125 run about 1.5x faster per image than 500 on 2 CPU cores
+        (cache-sized activations)."""
         return cls(epsilon=epsilon, delta=delta, **{**DEMO_RECIPE, **overrides})
 
     @classmethod

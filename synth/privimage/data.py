@@ -1,4 +1,5 @@
-"""Bring sensitive and public images to one model format: size x size, the sensitive set's channels."""
+"""Bring sensitive and public images to one model format: size x size, the sensitive set's
+channels."""
 
 from __future__ import annotations
 

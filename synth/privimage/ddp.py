@@ -1,8 +1,8 @@
 """The DP-SGD pieces of one rank of a distributed run: opacus' DPDDP and a lockstep Poisson loader.
 
 training._make_private uses them when world_size > 1; synth.privimage.distributed (the coordinator,
-which reads training's outcome) re-exports the sampler. A module of their own so that training and the
-coordinator do not import each other.
+which reads training's outcome) re-exports the sampler. A module of their own so that training and
+the coordinator do not import each other.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 
 class LockstepPoissonSampler(DistributedUniformWithReplacementSampler):
-    """opacus' distributed Poisson sampler, except that a rank's empty local batch is yielded instead
-    of skipped: opacus 1.6 skips it, so ranks would leave the lockstep of the gradient all-reduce
-    (a hang, or rank r's step k averaged with rank s's step k+1) and a rank would run fewer steps."""
+    """opacus' distributed Poisson sampler, except that a rank's empty local batch is yielded
+    instead of skipped: opacus 1.6 skips it, so ranks would leave the lockstep of the gradient
+    all-reduce (a hang, or rank r's step k averaged with rank s's step k+1) and a rank would run
+    fewer steps."""
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         indices = torch.randperm(
             self.total_size, generator=torch.Generator().manual_seed(self.shuffle_seed)
         )
-        indices = indices[
-            self.rank : self.total_size : self.num_replicas
-        ]  # this rank's shard (public split)
+        # this rank's shard (public split)
+        indices = indices[self.rank : self.total_size : self.num_replicas]
         for _ in range(self.num_batches):
             mask = torch.rand(self.num_samples, generator=self.generator) < self.sample_rate
             yield indices[mask.nonzero(as_tuple=False).reshape(-1)]

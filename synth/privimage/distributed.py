@@ -69,13 +69,14 @@ def gather_images(images: np.ndarray, n: int) -> np.ndarray | None:
 
 
 def report_progress(stage: str, done: int, total: int) -> None:
-    """Rank 0's progress, one tagged line on stdout that the coordinator forwards to its progress bar."""
+    """Rank 0's progress, one tagged line on stdout that the coordinator forwards to its progress
+    bar."""
     print(f"{PROGRESS_TAG}\t{stage}\t{done}\t{total}", flush=True)
 
 
 def die_with_parent() -> None:
-    """Linux: SIGTERM this process when its parent dies, so that no orphan keeps training (and writing
-    the step counter) after the coordinator or torchrun's agent was killed."""
+    """Linux: SIGTERM this process when its parent dies, so that no orphan keeps training (and
+    writing the step counter) after the coordinator or torchrun's agent was killed."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -89,8 +90,9 @@ def check_nproc(nproc: int, device: torch.device) -> None:
         )
     if device.type == "cuda" and nproc > torch.cuda.device_count():
         raise InvalidParameterError(
-            f"--nproc {nproc} needs one GPU per process but this host has {torch.cuda.device_count()}; use "
-            f"--nproc {torch.cuda.device_count()} or fewer, or choose the GPUs with CUDA_VISIBLE_DEVICES."
+            f"--nproc {nproc} needs one GPU per process but this host has "
+            f"{torch.cuda.device_count()}; use --nproc {torch.cuda.device_count()} or fewer, or "
+            "choose the GPUs with CUDA_VISIBLE_DEVICES."
         )
 
 
@@ -112,12 +114,12 @@ def launch(
         job_path.unlink(missing_ok=True)
     if rc != 0 or not result_path.exists():
         raise PrivReleaseError(
-            f"Distributed {stage} failed: torchrun exited with {rc} (a worker failed or was killed). Last lines of "
-            f"{log_path}:\n"
+            f"Distributed {stage} failed: torchrun exited with {rc} (a worker failed or was "
+            f"killed). Last lines of {log_path}:\n"
             + "".join(tail)
             + "\nThe release is failed and its reservation stays in force. Run "
-            "`privrelease release run REL` again to resume from its last checkpoint, or `privrelease release abandon "
-            "REL` to settle it."
+            "`privrelease release run REL` again to resume from its last checkpoint, or "
+            "`privrelease release abandon REL` to settle it."
         )
     result = torch.load(result_path, map_location="cpu", weights_only=False)
     result_path.unlink()
@@ -125,13 +127,13 @@ def launch(
 
 
 # torchrun's agent, started through a tiny exec wrapper that first asks to die with this process
-# (preexec_fn would be unsafe here: the runner's lease heartbeat is a thread). PDEATHSIG survives exec.
+# (preexec_fn would be unsafe here: the runner's lease heartbeat is a thread). PDEATHSIG survives
+# exec.
 _EXEC_DYING_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "if sys.platform.startswith('linux'):\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "    if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
-    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
+    "import ctypes, os, signal, sys\nif sys.platform.startswith('linux'):\n    "
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n    if os.getppid() != "
+    "int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\nos.execv(sys.executable, "
+    "[sys.executable] + sys.argv[2:])\n"
 )
 
 
@@ -162,6 +164,7 @@ def _torchrun(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         ) as proc,
     ):
+        assert proc.stdout is not None  # stdout=PIPE
         try:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_TAG):

@@ -51,9 +51,9 @@ def ddpm_loss(
     reduction: str = "mean",
     t_min: float = 0.0,
 ) -> torch.Tensor:
-    """Each image's noise-prediction MSE (mean over its pixels), reduced over the batch by `reduction`:
-    "mean", or "sum" (the DP backward pass, see training.HOOKS_LOSS_REDUCTION). Timesteps are uniform on
-    [t_min * T, T)."""
+    """Each image's noise-prediction MSE (mean over its pixels), reduced over the batch by
+    `reduction`: "mean", or "sum" (the DP backward pass, see training.HOOKS_LOSS_REDUCTION).
+    Timesteps are uniform on [t_min * T, T)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     noise = torch.randn(x0.shape, generator=generator, device=x0.device)
@@ -94,9 +94,8 @@ def load_model(path: Path | str) -> tuple[UNet2DModel, dict]:
             f"{path}: not a PrivImage model folder (no {META_FILE}); pass the release's saved "
             "model folder (MechanismOutput.generator)."
         )
-    model = UNet2DModel.from_pretrained(
-        str(path), low_cpu_mem_usage=False
-    )  # no `accelerate` install hint
+    # no `accelerate` install hint
+    model = UNet2DModel.from_pretrained(str(path), low_cpu_mem_usage=False)
     return model.eval(), json.loads((path / META_FILE).read_text())
 
 
@@ -143,7 +142,8 @@ def per_sample_diffusion_loss(
     bad = [t for t in timesteps if not 0 <= int(t) < meta["train_timesteps"]]
     if bad or n_noise < 1:
         raise DataFormatError(
-            f"timesteps must lie in [0, {meta['train_timesteps']}) and n_noise >= 1; got {bad}, {n_noise}."
+            f"timesteps must lie in [0, {meta['train_timesteps']}) and n_noise >= 1; got {bad}, "
+            f"{n_noise}."
         )
     device = next(model.parameters()).device
     sched = make_scheduler(meta["train_timesteps"])

@@ -51,7 +51,8 @@ MAX_QUERY_SIGMA = 1e6
 
 @dataclass
 class _Prepared:
-    """What is known before any sensitive pixel is read: formats, the public classifier, the model."""
+    """What is known before any sensitive pixel is read: formats, the public classifier, the
+    model."""
 
     device: torch.device
     label_values: list[int]
@@ -93,15 +94,15 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     """Everything that would otherwise fail only after the budget is charged."""
     if config.n_samples > MAX_SAMPLES:
         raise InvalidParameterError(
-            f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; "
-            "ask for fewer images."
+            f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; ask for "
+            "fewer images."
         )
     drawn = config.base_images * config.candidates_per_image
     if drawn > MAX_SAMPLES:
         raise InvalidParameterError(
             f"[privimage] the vote would draw {drawn:,} candidates (n_samples / "
-            f"(release_variations + 1) x vote_pool), more than {MAX_SAMPLES:,}; ask for "
-            "fewer images or a smaller vote_pool."
+            f"(release_variations + 1) x vote_pool), more than {MAX_SAMPLES:,}; ask for fewer "
+            "images or a smaller vote_pool."
         )
     if config.query_sigma > MAX_QUERY_SIGMA:
         raise InvalidParameterError(
@@ -111,8 +112,8 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     n_public = len(np.unique(public.labels))  # classes present (a subset may declare more)
     if config.selection == "semantic" and config.k > n_public:
         raise InvalidParameterError(
-            f"[privimage] k = {config.k:g} is more than the {n_public} classes of the public "
-            f"set {public.source}; choose k <= {n_public}."
+            f"[privimage] k = {config.k:g} is more than the {n_public} classes of the public set "
+            f"{public.source}; choose k <= {n_public}."
         )
     if (
         config.selection == "semantic"
@@ -120,9 +121,9 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
         and not config.share_public_classes
     ):
         raise InvalidParameterError(
-            f"The public set {public.source} has {n_public} classes but the sensitive set {len(dataset.labels)}: the "
-            "semantic query needs at least one public class per sensitive class. Use a larger public set, or "
-            "share_public_classes = true."
+            f"The public set {public.source} has {n_public} classes but the sensitive set "
+            f"{len(dataset.labels)}: the semantic query needs at least one public class per "
+            "sensitive class. Use a larger public set, or share_public_classes = true."
         )
     steps = config.finetune_epochs * math.ceil(dataset.record_count / config.batch_size)
     if steps > MAX_DPSGD_STEPS:
@@ -133,9 +134,9 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     shape = _output_shape(config, dataset)
     if tuple(dataset.image_shape) != shape:
         raise InvalidParameterError(
-            f"PrivImage releases {'x'.join(map(str, shape))} images but dataset {dataset.name!r} is "
-            f"{'x'.join(map(str, dataset.image_shape))}: the audit would refuse every image. Set image_size to the "
-            "dataset's size (28 or 32), or register the data at that size."
+            f"PrivImage releases {'x'.join(map(str, shape))} images but dataset {dataset.name!r} "
+            f"is {'x'.join(map(str, dataset.image_shape))}: the audit would refuse every image. "
+            "Set image_size to the dataset's size (28 or 32), or register the data at that size."
         )
 
 
@@ -159,22 +160,22 @@ def plan(
         p = plan_privimage(config, dataset.record_count, prior)
     except OverflowError as exc:
         raise InvalidParameterError(
-            f"[privimage] the parameters overflow the accountant ({exc}): an epsilon, "
-            "noise or step count is far outside the usual range. Use values like those "
-            "of `privrelease synth privimage --write-spec FILE`."
+            f"[privimage] the parameters overflow the accountant ({exc}): an epsilon, noise or "
+            "step count is far outside the usual range. Use values like those of `privrelease "
+            "synth privimage --write-spec FILE`."
         ) from exc
     warnings = []
     if p.noise_multiplier < 0.5:
         warnings.append(
-            f"DP-SGD noise multiplier {p.noise_multiplier:.3g} is small: utility will be good but the "
-            "guarantee rests on a generous epsilon."
+            f"DP-SGD noise multiplier {p.noise_multiplier:.3g} is small: utility will be good but "
+            "the guarantee rests on a generous epsilon."
         )
     n_public = len(np.unique(public.labels))
     one_to_one = config.selection == "semantic" and not config.share_public_classes
     if one_to_one and config.k * len(dataset.labels) >= n_public:
         warnings.append(
-            f"k = {config.k} public classes for each of {len(dataset.labels)} sensitive classes uses the "
-            f"whole {n_public}-class public set: the selection chooses nothing."
+            f"k = {config.k} public classes for each of {len(dataset.labels)} sensitive classes "
+            f"uses the whole {n_public}-class public set: the selection chooses nothing."
         )
     return MechanismPlan(
         events=tuple(p.events),
@@ -190,7 +191,8 @@ def plan(
 def _prepare_public(
     sensitive: ImageDataset, public: ImageDataset, config: PrivImageConfig, ctx: RunContext
 ) -> _Prepared:
-    """Public data only: label sets and channel count of the sensitive set are registered metadata."""
+    """Public data only: label sets and channel count of the sensitive set are registered
+    metadata."""
     device = pick_device(config.device)
     precision = resolve_precision(config.precision, device)
     label_values, channels, public_values = (
@@ -252,8 +254,9 @@ def _procedural(config: PrivImageConfig, channels: int) -> torch.Tensor:
 
 
 def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
-    """Public data only: a model pre-trained on the same public images with the same settings is reused
-    from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is post-processing)."""
+    """Public data only: a model pre-trained on the same public images with the same settings is
+    reused from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is
+    post-processing)."""
     kw = dict(
         steps=config.pretrain_steps,
         batch=config.pretrain_batch,
@@ -292,7 +295,8 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
 
 
 def _nproc(ctx: RunContext) -> int:
-    """Processes to train and sample on (`release run --nproc`); a context without it runs in-process."""
+    """Processes to train and sample on (`release run --nproc`); a context without it runs
+    in-process."""
     return getattr(ctx, "nproc", 1)
 
 
@@ -305,30 +309,33 @@ def _semantic_selection(
     prep: _Prepared,
     ctx: RunContext,
 ) -> tuple[dict, np.ndarray]:
-    """The DP query (once: a resumed run reuses its noisy histogram), then pre-training on the selection. Classes
-    that no public class fits (fit_threshold) fall back to the procedural images, which join the pre-training
-    set under the null class: they carry no class, so they shape the shared denoiser and leave the class
-    embeddings to the fitting public classes, the central images and DP-SGD."""
+    """The DP query (once: a resumed run reuses its noisy histogram), then pre-training on the
+    selection. Classes that no public class fits (fit_threshold) fall back to the procedural images,
+    which join the pre-training set under the null class: they carry no class, so they shape the
+    shared denoiser and leave the class embeddings to the fitting public classes, the central images
+    and DP-SGD."""
     query = state.read_json(ctx.workdir / state.QUERY)
     if query is None:
-        if prep.classifier is None:
+        if prep.classifier is None or p.query_event is None:
             raise LedgerStateError(
-                f"{ctx.workdir}: the query classifier is missing; re-plan the release."
+                f"{ctx.workdir}: the query classifier or the query's charge is missing; re-plan "
+                "the release."
             )
+        sigma = p.query_event.sigma
         top = top_k_predictions(prep.classifier, sens_x, config.k, prep.device)
         noisy = noisy_semantic_histogram(
             top,
             sens_y,
             len(prep.label_values),
             len(prep.public_values),
-            p.query_event.sigma,
-            np.random.default_rng(),
-        )  # OS entropy
+            sigma,
+            np.random.default_rng(),  # OS entropy
+        )
         chosen = select_fitting(
             noisy,
             config.k,
             fit_threshold=config.fit_threshold,
-            noise_std=p.query_event.sigma,
+            noise_std=sigma,
             shared=config.share_public_classes,
         )
         query = {"noisy_histogram": noisy.tolist(), "chosen": chosen}
@@ -376,8 +383,9 @@ def _central_warmup(
     prep: _Prepared,
     ctx: RunContext,
 ) -> dict[str, Any]:
-    """DP central images (charged as the plan's central event; computed once, a resumed run reuses them), then
-    pre-training on augmented copies of them labelled with their class, after any public pre-training."""
+    """DP central images (charged as the plan's central event; computed once, a resumed run reuses
+    them), then pre-training on augmented copies of them labelled with their class, after any public
+    pre-training."""
     saved = central.load(ctx.workdir)
     if saved is None:
         saved = central.central_images(
@@ -425,12 +433,12 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         check_nproc(_nproc(ctx), pick_device(config.device))
     prep = _prepare_public(data, ctx.public, config, ctx)
     ctx.on_sensitive_access()  # from here on, failures stay charged
-    sens_formatted = to_format(
-        data.images, config.image_size, prep.channels
-    )  # uint8; the vote reads it too
+    # uint8; the vote reads it too
+    sens_formatted = to_format(data.images, config.image_size, prep.channels)
     sens_x = to_tensor(sens_formatted)
     sens_y = label_index(data.labels, prep.label_values)
-    info, selected = ({}, None)
+    info: dict[str, Any] = {}
+    selected = None
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
     if p.central_event is not None:
@@ -441,7 +449,8 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     t_dp = time.time()
     images, positions, model, model_dir = _sample(outcome.weights, data, config, prep, ctx, images)
     t_sample = time.time()
-    vote_info, noisy_votes = {}, None
+    vote_info: dict[str, Any] = {}
+    noisy_votes = None
     if p.vote_event is not None:
         images, positions, vote_info, noisy_votes = _vote(
             images, positions, sens_formatted, sens_y, model, config, p, prep, ctx
@@ -449,8 +458,9 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     t_vote = time.time()
     images, positions = _with_variations(images, positions, model, config, prep, ctx)
     if p.vote_event is not None or config.release_variations:
-        # the winners come ranked by their noisy counts, the variations beside their image: release them in a
-        # seeded random order, so that the bundle's first rows (and its sample grid) are a fair sample
+        # the winners come ranked by their noisy counts, the variations beside their image: release
+        # them in a seeded random order, so that the bundle's first rows (and its sample grid) are a
+        # fair sample
         order = np.random.default_rng(config.seed).permutation(len(images))
         images, positions = images[order], positions[order]
     labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
@@ -488,8 +498,9 @@ def _finetune(
     prep: _Prepared,
     ctx: RunContext,
 ) -> tuple[DpSgdOutcome, np.ndarray | None]:
-    """DP-SGD in this process, or DP-SGD and sampling on ctx.nproc processes (images then come back too)."""
-    kw = dict(
+    """DP-SGD in this process, or DP-SGD and sampling on ctx.nproc processes (images then come back
+    too)."""
+    kw: dict[str, Any] = dict(
         sample_rate=p.sample_rate,
         noise_multiplier=p.noise_multiplier,
         steps=p.steps,
@@ -545,7 +556,8 @@ def _unet_args(config: PrivImageConfig, prep: _Prepared) -> tuple:
 
 
 def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
-    """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to release."""
+    """Sampling settings; with the vote on, `vote_pool` candidates are drawn per image to
+    release."""
     n = config.base_images * config.candidates_per_image
     return dict(
         labels=balanced_labels(n, len(prep.label_values)),
@@ -605,9 +617,10 @@ def _vote(
     prep: _Prepared,
     ctx: RunContext,
 ) -> tuple[np.ndarray, np.ndarray, dict, list]:
-    """The private vote, as many rounds as the planned vote event's count (Private Evolution, vote.py). Each
-    round's selection is saved before the next starts: a resumed run re-draws the same seeded candidates and
-    variations and reuses the saved selections, so no round's noise is drawn (or charged) twice."""
+    """The private vote, as many rounds as the planned vote event's count (Private Evolution,
+    vote.py). Each round's selection is saved before the next starts: a resumed run re-draws the
+    same seeded candidates and variations and reuses the saved selections, so no round's noise is
+    drawn (or charged) twice."""
     path = ctx.workdir / state.VOTE
     saved = state.read_json(path, {"rounds": []})
     if "keep" in saved:  # a one-round vote.json from before the rounds existed
@@ -644,9 +657,10 @@ def _with_variations(
     prep: _Prepared,
     ctx: RunContext,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each image followed by `release_variations` low-strength SDEdit variations of it drawn by the DP model
-    (post-processing of DP outputs: no privacy cost), cut to `n_samples`. A larger release of the same digits
-    with small changes of stroke and shape: classifiers trained on it generalise better (BENCHMARKS.md)."""
+    """Each image followed by `release_variations` low-strength SDEdit variations of it drawn by the
+    DP model (post-processing of DP outputs: no privacy cost), cut to `n_samples`. A larger release
+    of the same digits with small changes of stroke and shape: classifiers trained on it generalise
+    better (BENCHMARKS.md)."""
     copies = config.release_variations
     if not copies:
         return images, positions
@@ -675,7 +689,8 @@ def variations_for(
     device: torch.device,
     progress: ProgressFn = no_progress,
 ) -> VaryFn:
-    """The vote's later rounds: `vote_pool` SDEdit variations of each winner, seeded by config seed + round."""
+    """The vote's later rounds: `vote_pool` SDEdit variations of each winner, seeded by config seed
+    + round."""
 
     def vary(images: np.ndarray, positions: np.ndarray, r: int) -> np.ndarray:
         return vary_images(
@@ -745,7 +760,8 @@ def _parameters(
 
 
 def _prior_parameters(config: PrivImageConfig, p: PrivImagePlan) -> dict[str, Any]:
-    """The prior's settings (docs/privimage-priors.md); the central images' noise as planned and charged."""
+    """The prior's settings (docs/privimage-priors.md); the central images' noise as planned and
+    charged."""
     out: dict[str, Any] = {
         "fit_threshold": config.fit_threshold,
         "share_public_classes": config.share_public_classes,

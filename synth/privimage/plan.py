@@ -1,4 +1,5 @@
-"""The privacy plan of a PrivImage run: which events it will charge, calibrated over the whole history."""
+"""The privacy plan of a PrivImage run: which events it will charge, calibrated over the whole
+history."""
 
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ from synth.privimage.config import PrivImageConfig
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    events: list[
-        MechanismEvent
-    ]  # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery
-    # (count = rounds)]: the query only for selection "semantic", the central
-    # images only with central_images > 0, the vote only with vote_sigma > 0
+    # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery (count = rounds)]:
+    # the query only for selection "semantic", the central images only with central_images > 0,
+    # the vote only with vote_sigma > 0
+    events: list[MechanismEvent]
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -32,18 +32,22 @@ class PrivImagePlan:
 
     @property
     def query_event(self) -> GaussianQuery | None:
-        """The semantic query: the first Gaussian query before DP-SGD, unless that is the central images'."""
+        """The semantic query: the first Gaussian query before DP-SGD, unless that is the central
+        images'."""
         before = [e for e in self.events[: self._dpsgd_index] if isinstance(e, GaussianQuery)]
         return next(iter(before[:-1] if self.central else before), None)
 
     @property
     def central_event(self) -> GaussianQuery | None:
-        """The DP central images (synth.privimage.central): the Gaussian query just before DP-SGD."""
-        return self.events[self._dpsgd_index - 1] if self.central else None  # type: ignore[return-value]
+        """The DP central images (synth.privimage.central): the Gaussian query just before
+        DP-SGD."""
+        event = self.events[self._dpsgd_index - 1] if self.central else None
+        return event if isinstance(event, GaussianQuery) else None
 
     @property
     def vote_event(self) -> GaussianQuery | None:
-        """The private vote on the samples: the Gaussian query after DP-SGD, `count` = its rounds."""
+        """The private vote on the samples: the Gaussian query after DP-SGD, `count` = its
+        rounds."""
         return next(
             (e for e in self.events[self._dpsgd_index + 1 :] if isinstance(e, GaussianQuery)), None
         )
@@ -56,7 +60,9 @@ class PrivImagePlan:
 
     @property
     def dpsgd_event(self) -> DpSgd:
-        return self.events[self._dpsgd_index]
+        event = self.events[self._dpsgd_index]
+        assert isinstance(event, DpSgd)  # _dpsgd_index finds the DpSgd event
+        return event
 
     @property
     def _dpsgd_index(self) -> int:
@@ -101,25 +107,29 @@ def sample_rate_for(record_count: int, batch_size: int) -> float:
 
 
 def query_event(config: PrivImageConfig) -> GaussianQuery:
-    # One image adds 1 to k cells of one row: L2 sensitivity sqrt(k); noise std sqrt(k) * query_sigma.
+    # One image adds 1 to k cells of one row: L2 sensitivity sqrt(k); noise std sqrt(k) *
+    # query_sigma.
     root_k = math.sqrt(config.k)
     return GaussianQuery(sigma=root_k * config.query_sigma, sensitivity=root_k)
 
 
 def vote_event(config: PrivImageConfig) -> GaussianQuery:
-    # Each round, one sensitive image adds 1 to one candidate's count (synth.privimage.vote): L2 sensitivity 1.
+    # Each round, one sensitive image adds 1 to one candidate's count (synth.privimage.vote): L2
+    # sensitivity 1.
     return GaussianQuery(sigma=config.vote_sigma, sensitivity=1.0, count=config.vote_rounds)
 
 
 def plan_privimage(
     config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()
 ) -> PrivImagePlan:
-    """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that keeps
-    the RDP epsilon of prior + query + central images + DP-SGD + every vote round <= config.epsilon."""
+    """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that
+    keeps the RDP epsilon of prior + query + central images + DP-SGD + every vote round <=
+    config.epsilon."""
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
-            f"batch_size {config.batch_size} is larger than the dataset ({n} records); use a smaller batch."
+            f"batch_size {config.batch_size} is larger than the dataset ({n} records); use a "
+            "smaller batch."
         )
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))

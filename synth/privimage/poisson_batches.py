@@ -1,12 +1,15 @@
-"""Poisson-sampled DP-SGD batches drawn ahead for many steps, as index tensors on the training device.
+"""Poisson-sampled DP-SGD batches drawn ahead for many steps, as index tensors on the training
+device.
 
-The draws are opacus' (UniformWithReplacementSampler): each step, every example is in the batch independently with
-probability q, decided by `torch.rand(N, generator=g) < q` from the same CPU generator, in the same order, so the
-sampling the accountant charges is unchanged; only when the masks are drawn and where the indices live changes.
-`ahead` steps are drawn in one `torch.rand` call (the same stream as `ahead` calls of N), their indices go to the
-device in one copy, and a step's batch is a slice whose length the host already knows: no host round-trip per
-step. opacus' DataLoader also takes one 64-bit draw from the generator when each epoch's iterator starts (its
-base seed); `draw_per_epoch` reproduces that, so with the same generator state the batches are opacus' own.
+The draws are opacus' (UniformWithReplacementSampler): each step, every example is in the batch
+independently with probability q, decided by `torch.rand(N, generator=g) < q` from the same CPU
+generator, in the same order, so the sampling the accountant charges is unchanged; only when the
+masks are drawn and where the indices live changes. `ahead` steps are drawn in one `torch.rand` call
+(the same stream as `ahead` calls of N), their indices go to the device in one copy, and a step's
+batch is a slice whose length the host already knows: no host round-trip per step. opacus'
+DataLoader also takes one 64-bit draw from the generator when each epoch's iterator starts (its base
+seed); `draw_per_epoch` reproduces that, so with the same generator state the batches are opacus'
+own.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class PoissonBatches:
 
 
 def physical_batches(indices: torch.Tensor, max_physical: int) -> list[torch.Tensor]:
-    """A logical batch split as opacus' BatchMemoryManager splits it (np.array_split into ceil(B / max) parts);
-    an empty batch stays one empty part."""
+    """A logical batch split as opacus' BatchMemoryManager splits it (np.array_split into ceil(B /
+    max) parts); an empty batch stays one empty part."""
     parts = -(-len(indices) // max_physical)
     return list(torch.tensor_split(indices, parts)) if parts > 1 else [indices]

@@ -1,13 +1,13 @@
 """Compute precision of the UNet: float32, or bfloat16 autocast where the hardware runs it natively.
 
-bfloat16 autocast runs the convolutions in bfloat16 and keeps weights, optimiser state, losses, the DDIM
-update and DP-SGD's clipping and noise in float32. On a CPU with AVX512-BF16 (or AMX) it halves the cost
-of a sampling step; without native support it is emulated and slower, so "auto" only picks it there. On a
-GPU "auto" is float32: on an H200 bfloat16 did not pay for our small UNets (32/64/64 UNet, batch 500: plain
-step equal, DP-SGD step 25% and sampling step 18% slower in bfloat16; BENCHMARKS.md, "DP-SGD step cost on one
-GPU"); an explicit "bfloat16" still runs there.
-Precision changes what the model computes, never what is charged: DP-SGD clips and noises whatever
-per-example gradient it is given, so the guarantee is the same in either precision."""
+bfloat16 autocast runs the convolutions in bfloat16 and keeps weights, optimiser state, losses, the
+DDIM update and DP-SGD's clipping and noise in float32. On a CPU with AVX512-BF16 (or AMX) it halves
+the cost of a sampling step; without native support it is emulated and slower, so "auto" only picks
+it there. On a GPU "auto" is float32: on an H200 bfloat16 did not pay for our small UNets (32/64/64
+UNet, batch 500: plain step equal, DP-SGD step 25% and sampling step 18% slower in bfloat16;
+BENCHMARKS.md, "DP-SGD step cost on one GPU"); an explicit "bfloat16" still runs there. Precision
+changes what the model computes, never what is charged: DP-SGD clips and noises whatever per-example
+gradient it is given, so the guarantee is the same in either precision."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 def native_bfloat16(device: torch.device) -> bool:
-    """Whether `device` runs bfloat16 convolutions natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX)."""
+    """Whether `device` runs bfloat16 convolutions natively (CUDA with bf16, a CPU with AVX512-BF16
+    or AMX)."""
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -34,18 +35,20 @@ def native_bfloat16(device: torch.device) -> bool:
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """ "float32" or "bfloat16" for this device: "auto" picks bfloat16 on a CPU where it is native (float32 on a
-    GPU, measured faster there); an explicit "bfloat16" on hardware that would only emulate it is refused (it
-    would run several times slower)."""
+    """The precision to train in on `device`, "float32" or "bfloat16".
+
+    "auto" picks bfloat16 on a CPU where it is native (float32 on a GPU, measured faster there);
+    an explicit "bfloat16" on hardware that would only emulate it is refused (it would run several
+    times slower)."""
     if requested not in PRECISIONS:
         raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {requested!r}.")
     if requested == "auto":
         return "bfloat16" if device.type == "cpu" and native_bfloat16(device) else "float32"
     if requested == "bfloat16" and not native_bfloat16(device):
         raise InvalidParameterError(
-            f"precision 'bfloat16' was asked for, but this {device.type} has no native bfloat16 support "
-            "(AVX512-BF16 or AMX on a CPU, a bf16-capable GPU); it would be emulated and slower. Use precision "
-            "'auto' (picks float32 here) or 'float32'."
+            f"precision 'bfloat16' was asked for, but this {device.type} has no native bfloat16 "
+            "support (AVX512-BF16 or AMX on a CPU, a bf16-capable GPU); it would be emulated and "
+            "slower. Use precision 'auto' (picks float32 here) or 'float32'."
         )
     return requested
 

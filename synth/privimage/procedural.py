@@ -1,10 +1,12 @@
-"""Procedurally generated public images: a domain-agnostic pre-training source that needs no matching public set.
+"""Procedurally generated public images: a domain-agnostic pre-training source that needs no
+matching public set.
 
-Three kinds, in equal shares (Baradad et al., "Learning to see by looking at noise", NeurIPS 2021; DP-SynGen,
-arXiv 2412.09842): dead leaves (overlapping discs and boxes of random grey levels), random shapes (filled or
-outlined polygons and ellipses, light on a black background like MNIST-style scans) and rendered glyphs (letters
-of the DejaVu fonts that matplotlib ships: offline, no system fonts needed). Digits are left out of the glyphs
-so that they never look like a public digit class. Deterministic for a seed; no data is read."""
+Three kinds, in equal shares (Baradad et al., "Learning to see by looking at noise", NeurIPS 2021;
+DP-SynGen, arXiv 2412.09842): dead leaves (overlapping discs and boxes of random grey levels),
+random shapes (filled or outlined polygons and ellipses, light on a black background like
+MNIST-style scans) and rendered glyphs (letters of the DejaVu fonts that matplotlib ships: offline,
+no system fonts needed). Digits are left out of the glyphs so that they never look like a public
+digit class. Deterministic for a seed; no data is read."""
 
 from __future__ import annotations
 
@@ -76,11 +78,12 @@ def _glyph(img: Image.Image, rng: np.random.Generator, s: int, fonts: list[Path]
     x = (s - (right - left)) / 2 - left + rng.uniform(-0.1, 0.1) * s
     y = (s - (bottom - top)) / 2 - top + rng.uniform(-0.1, 0.1) * s
     draw.text((x, y), ch, fill=int(rng.integers(150, 256)), font=font)
-    return img.rotate(float(rng.uniform(-20, 20)), resample=Image.BILINEAR)
+    return img.rotate(float(rng.uniform(-20, 20)), resample=Image.Resampling.BILINEAR)
 
 
 def procedural_images(n: int, size: int, seed: int, channels: int = 1) -> ImageDataset:
-    """`n` images of `size` x `size` (grey, or grey repeated over 3 channels), labelled by kind (KINDS)."""
+    """`n` images of `size` x `size` (grey, or grey repeated over 3 channels), labelled by kind
+    (KINDS)."""
     if not isinstance(n, int) or n < 1 or size < 8:
         raise InvalidParameterError(
             f"procedural images need n >= 1 and size >= 8, got n={n!r}, size={size!r}."
@@ -97,7 +100,7 @@ def procedural_images(n: int, size: int, seed: int, channels: int = 1) -> ImageD
             _shapes(ImageDraw.Draw(img), rng, s)
         else:
             img = _glyph(img, rng, s, fonts)
-        out[i] = np.asarray(img.resize((size, size), Image.BOX))
+        out[i] = np.asarray(img.resize((size, size), Image.Resampling.BOX))
     images = out if channels == 1 else np.repeat(out[..., None], 3, -1)
     return ImageDataset(
         images, kinds.astype(np.int64), list(KINDS), f"procedural(seed={seed})", [0, 1, 2]

@@ -30,10 +30,11 @@ def make_classifier(channels: int, n_classes: int) -> nn.Module:
 
 
 def balanced_class_weights(y: np.ndarray, n_classes: int) -> torch.Tensor:
-    """Cross-entropy weights n / (C * count) per class, C the classes present (0 for an absent class): every
-    public class weighs the same in the loss and an image weighs 1 on average. The built-in pool holds 1,000 images
-    per clothing class but ~180 per digit, and an unweighted classifier leans ambiguous sensitive digits towards
-    clothing (BENCHMARKS.md, "Semantic query")."""
+    """Cross-entropy weights n / (C * count) per class, C the classes present (0 for an absent
+    class): every public class weighs the same in the loss and an image weighs 1 on average. The
+    built-in pool holds 1,000 images per clothing class but ~180 per digit, and an unweighted
+    classifier leans ambiguous sensitive digits towards clothing (BENCHMARKS.md, "Semantic
+    query")."""
     counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=n_classes).astype(np.float64)
     weights = np.divide(
         len(y), np.count_nonzero(counts) * counts, out=np.zeros(n_classes), where=counts > 0
@@ -56,11 +57,12 @@ def train_classifier(
     elastic: bool = False,
     balanced: bool = True,
 ) -> nn.Module:
-    """Cross-entropy training of the semantic query function on the public labelled set, class-balanced unless
-    `balanced` is False. `augmented` distorts every batch (affine, stroke thickness and, with `elastic`, elastic
-    distortion and sharpening) so the function transfers to other digit styles than the public set's. The
-    switches exist for the ablation (BENCHMARKS.md, "Semantic query": elastic distortion and twice the epochs
-    bought no safer selection); the pipeline uses the defaults."""
+    """Cross-entropy training of the semantic query function on the public labelled set,
+    class-balanced unless `balanced` is False. `augmented` distorts every batch (affine, stroke
+    thickness and, with `elastic`, elastic distortion and sharpening) so the function transfers to
+    other digit styles than the public set's. The switches exist for the ablation (BENCHMARKS.md,
+    "Semantic query": elastic distortion and twice the epochs bought no safer selection); the
+    pipeline uses the defaults."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     net = make_classifier(x.shape[1], n_classes)
@@ -147,8 +149,9 @@ def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
     n_rows, n_public = noisy.shape
     if n_public < n_rows:
         raise InvalidParameterError(
-            f"The public set has {n_public} classes but the sensitive set has {n_rows}: every sensitive class needs "
-            "at least one public class of its own. Use a public set with more classes, or share_public_classes."
+            f"The public set has {n_public} classes but the sensitive set has {n_rows}: every "
+            "sensitive class needs at least one public class of its own. Use a public set with "
+            "more classes, or share_public_classes."
         )
     chosen: list[list[int]] = [[] for _ in range(n_rows)]
     taken: set[int] = set()
@@ -168,8 +171,9 @@ def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:
 
 
 def fit_floor(noisy: np.ndarray, k: int, fit_threshold: float, noise_std: float) -> np.ndarray:
-    """Per row, the noisy count a public class needs to fit it: `fit_threshold` x the row's noisy size (its noisy
-    sum / k, post-processing of the DP histogram), and at least FIT_NOISE_STDS noise stds."""
+    """Per row, the noisy count a public class needs to fit it: `fit_threshold` x the row's noisy
+    size (its noisy sum / k, post-processing of the DP histogram), and at least FIT_NOISE_STDS noise
+    stds."""
     size = np.maximum(np.asarray(noisy).sum(axis=1) / k, 0.0)
     return np.maximum(fit_threshold * size, FIT_NOISE_STDS * noise_std)
 
@@ -177,9 +181,10 @@ def fit_floor(noisy: np.ndarray, k: int, fit_threshold: float, noise_std: float)
 def select_fitting(
     noisy: np.ndarray, k: int, *, fit_threshold: float, noise_std: float, shared: bool
 ) -> list[list[int]]:
-    """Like select_classes, but a public class is chosen for a row only where its noisy count clears the row's
-    fit_floor, so a row can end with no class (it then falls back to the domain-agnostic prior); with `shared`
-    every row takes its own top-k fitting classes, a public class serving several rows."""
+    """Like select_classes, but a public class is chosen for a row only where its noisy count clears
+    the row's fit_floor, so a row can end with no class (it then falls back to the domain-agnostic
+    prior); with `shared` every row takes its own top-k fitting classes, a public class serving
+    several rows."""
     noisy = np.asarray(noisy, dtype=np.float64)
     floor = (
         fit_floor(noisy, k, fit_threshold, noise_std)
@@ -197,8 +202,9 @@ def select_fitting(
 
 
 def build_selection(chosen: list[list[int]], public_labels: np.ndarray) -> Selection:
-    """The public images of every chosen class, labelled with the row that chose it; an image of a class shared
-    by several rows appears once per row. Empty when no row chose anything (all fell back)."""
+    """The public images of every chosen class, labelled with the row that chose it; an image of a
+    class shared by several rows appears once per row. Empty when no row chose anything (all fell
+    back)."""
     labels = np.asarray(public_labels)
     pairs = sorted(
         (int(i), r)

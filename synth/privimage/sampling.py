@@ -1,10 +1,11 @@
-"""Class-conditional sampling and SDEdit variations with a DDIM scheduler, batched, with progress."""
+"""Class-conditional sampling and SDEdit variations with a DDIM scheduler, batched, with
+progress."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler
+from diffusers import DDIMScheduler, UNet2DModel
 
 from synth.privimage.data import to_tensor, to_uint8
 from synth.privimage.precision import autocast
@@ -32,9 +33,10 @@ def sample_images(
     guidance: float = 0.0,
     precision: str = "float32",
 ) -> np.ndarray:
-    """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0, classifier-free
-    guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the last class embedding.
-    `precision` (resolved, synth.privimage.precision) is the UNet's; the DDIM update stays in float32."""
+    """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0,
+    classifier-free guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the
+    last class embedding. `precision` (resolved, synth.privimage.precision) is the UNet's; the DDIM
+    update stays in float32."""
     sched = _ddim(train_timesteps, ddim_steps)
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
@@ -67,9 +69,10 @@ def vary_images(
     stage: str = "variations",
     precision: str = "float32",
 ) -> np.ndarray:
-    """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the DDIM
-    timestep nearest `strength` x T, then denoise with the model under its label. Image i's copies are rows
-    i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths keep the image's shape."""
+    """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the
+    DDIM timestep nearest `strength` x T, then denoise with the model under its label. Image i's
+    copies are rows i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths
+    keep the image's shape."""
     sched = _ddim(train_timesteps, ddim_steps)
     steps = [t for t in sched.timesteps if t <= strength * train_timesteps] or [sched.timesteps[-1]]
     gen = torch.Generator().manual_seed(seed)
@@ -112,7 +115,7 @@ def _denoise(
 
 
 def _guided_eps(
-    model: torch.nn.Module, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, w: float
+    model: UNet2DModel, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, w: float
 ) -> torch.Tensor:
     if w <= 0:
         return model(x, t, class_labels=y).sample

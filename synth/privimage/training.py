@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers import UNet2DModel
 from diffusers.training_utils import EMAModel
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
@@ -37,20 +38,21 @@ from synth.progress import ProgressFn, no_progress
 PRETRAIN_RECIPE = (
     "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
 )
-# Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution backward
-# pass (synth/privimage/conv_grad_sample.py): faster on CPU than opacus' own conv sampler and than its
-# functorch (vmap) mode, in float32 and under bfloat16 autocast (BENCHMARKS.md, "DP-SGD step cost").
+# Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution
+# backward pass (synth/privimage/conv_grad_sample.py): faster on CPU than opacus' own conv sampler
+# and than its functorch (vmap) mode, in float32 and under bfloat16 autocast (BENCHMARKS.md, "DP-SGD
+# step cost").
 GRAD_SAMPLE_MODE = "hooks"
-# The DP backward pass differentiates the *sum* of the per-example losses, so opacus' hooks take each layer's
-# output gradient as it is ("sum"); with a mean loss they would multiply every hooked layer's output gradient
-# by the batch size first (one full-size multiply per layer, ~4% of a CPU step: BENCHMARKS.md). The optimiser
-# still divides the clipped, noised sum by the expected batch size (its own loss_reduction stays "mean"), so
-# the update is the same as before, only cheaper.
+# The DP backward pass differentiates the *sum* of the per-example losses, so opacus' hooks take
+# each layer's output gradient as it is ("sum"); with a mean loss they would multiply every hooked
+# layer's output gradient by the batch size first (one full-size multiply per layer, ~4% of a CPU
+# step: BENCHMARKS.md). The optimiser still divides the clipped, noised sum by the expected batch
+# size (its own loss_reduction stays "mean"), so the update is the same as before, only cheaper.
 HOOKS_LOSS_REDUCTION = "sum"
 
 
 def pretrain(
-    model: torch.nn.Module,
+    model: UNet2DModel,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -76,9 +78,9 @@ def pretrain(
     batch stays `batch`; only rank 0 writes the checkpoint.
 
     `augment` is the strength of augment_public (0 = off), `elastic` adds its elastic distortion and
-    sharpening; `label_dropout` is the fraction of labels
-    replaced by the null class (the last class embedding), so that sampling can use classifier-free
-    guidance. `precision` is a resolved precision (synth.privimage.precision) for the forward pass."""
+    sharpening; `label_dropout` is the fraction of labels replaced by the null class (the last class
+    embedding), so that sampling can use classifier-free guidance. `precision` is a resolved
+    precision (synth.privimage.precision) for the forward pass."""
     sched = make_scheduler(train_timesteps)
     model.to(device).train()
     null_class = model.config.num_class_embeds - 1
@@ -149,14 +151,15 @@ def _writer(world_size: int) -> bool:
 def _schedule(
     opt: torch.optim.Optimizer, lr: float, steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """One-cycle (5% warm-up, cosine decay); a constant rate when there are too few steps to warm up."""
+    """One-cycle (5% warm-up, cosine decay); a constant rate when there are too few steps to warm
+    up."""
     if steps * 0.05 < 2:
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
 
 
 def pretrain_cached(
-    model: torch.nn.Module,
+    model: UNet2DModel,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -164,9 +167,9 @@ def pretrain_cached(
     workdir_ckpt: Path,
     **kwargs,
 ) -> torch.nn.Module:
-    """`pretrain`, reusing a finished model from `cache_dir` when the same public images, labels, model
-    and settings were pre-trained before. Public data only, so sharing it across releases (and datasets)
-    costs no privacy; the key is a sha256 over everything that determines the weights."""
+    """`pretrain`, reusing a finished model from `cache_dir` when the same public images, labels,
+    model and settings were pre-trained before. Public data only, so sharing it across releases (and
+    datasets) costs no privacy; the key is a sha256 over everything that determines the weights."""
     if cache_dir is None:
         return pretrain(model, x, y, ckpt=workdir_ckpt, **kwargs)
     key = _pretrain_key(model, x, y, kwargs)
@@ -184,13 +187,15 @@ def pretrain_cached(
     return model
 
 
-def _pretrain_key(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, settings: dict) -> str:
+def _pretrain_key(model: UNet2DModel, x: torch.Tensor, y: torch.Tensor, settings: dict) -> str:
     h = hashlib.sha256(PRETRAIN_RECIPE.encode())
-    # diffusers' private config entries ("_use_default_values" is a list made from a set, so its order changes
-    # with each process's string hashing) would make the key differ between runs: only public fields count
+    # diffusers' private config entries ("_use_default_values" is a list made from a set, so its
+    # order changes with each process's string hashing) would make the key differ between runs: only
+    # public fields count
     architecture = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
     h.update(json.dumps(architecture, sort_keys=True, default=str).encode())
-    # elastic=False and float32 compute exactly what recipe v2 did before the options existed: leave them out
+    # elastic=False and float32 compute exactly what recipe v2 did before the options existed: leave
+    # them out
     keep = {
         k: v
         for k, v in settings.items()
@@ -215,7 +220,8 @@ class DpSgdOutcome:
 def select_trainable(model: torch.nn.Module, which: str) -> list[torch.nn.Parameter]:
     """Freeze all but the chosen part: "all"; "no_down" (decoder, middle block, embeddings, output:
     the encoder of a model pre-trained on public images is kept); "norms_emb" (GroupNorm affine and
-    the time/class embeddings: a few percent of the weights, as in bias/norm-only DP fine-tuning)."""
+    the time/class embeddings: a few percent of the weights, as in bias/norm-only DP
+    fine-tuning)."""
     if which not in TRAINABLE:
         raise PrivReleaseError(f"trainable must be one of {TRAINABLE}, got {which!r}.")
     for name, p in model.named_parameters():
@@ -231,14 +237,15 @@ def select_trainable(model: torch.nn.Module, which: str) -> list[torch.nn.Parame
 def _average_draws(params: list[torch.nn.Parameter], n: int, multiplicity: int) -> None:
     """Noise multiplicity (DPDM): each example was repeated `multiplicity` times with independent
     diffusion noise and timestep; its per-sample gradient is the mean over its copies, taken before
-    opacus clips it, so one example still contributes one clipped gradient (sensitivity unchanged)."""
+    opacus clips it, so one example still contributes one clipped gradient (sensitivity
+    unchanged)."""
     for p in params:
-        gs = p.grad_sample
-        p.grad_sample = gs.reshape(n, multiplicity, *gs.shape[1:]).mean(1)
+        gs = p.grad_sample  # type: ignore[attr-defined]
+        p.grad_sample = gs.reshape(n, multiplicity, *gs.shape[1:]).mean(1)  # type: ignore[attr-defined]
 
 
 def dp_finetune(
-    model: torch.nn.Module,
+    model: UNet2DModel,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -265,17 +272,19 @@ def dp_finetune(
     precision: str = "float32",
     t_min: float = 0.0,
 ) -> DpSgdOutcome:
-    """DP-SGD via opacus (Poisson sampling, per-sample clipping, physical batches as BatchMemoryManager splits
-    them, EMA); with `world_size` > 1, one rank of opacus' DPDDP, charged as one process
-    (synth/privimage/distributed.py). In one process the Poisson batches are opacus' draws made many steps ahead
-    and the data sits on the device, so a step needs no host round-trip (poisson_batches.py).
+    """DP-SGD via opacus (Poisson sampling, per-sample clipping, physical batches as
+    BatchMemoryManager splits them, EMA); with `world_size` > 1, one rank of opacus' DPDDP, charged
+    as one process (synth/privimage/distributed.py). In one process the Poisson batches are opacus'
+    draws made many steps ahead and the data sits on the device, so a step needs no host round-trip
+    (poisson_batches.py).
 
     `on_resume(started, checkpoint_step)` is called before any step when a previous attempt left
     state behind; the caller charges executed-but-lost steps there (it may raise to refuse).
 
-    With `precision` "bfloat16" the forward and backward passes run under autocast; every per-example
-    gradient is brought to float32 before opacus clips, sums and noises it. `t_min` > 0 draws the DP loss's
-    diffusion timesteps from t_min * T up only (the high-noise ones, which set a digit's shape)."""
+    With `precision` "bfloat16" the forward and backward passes run under autocast; every
+    per-example gradient is brought to float32 before opacus clips, sums and noises it. `t_min` > 0
+    draws the DP loss's diffusion timesteps from t_min * T up only (the high-noise ones, which set a
+    digit's shape)."""
     model.to(device).train()
     params = select_trainable(model, trainable)
     opt = (
@@ -283,9 +292,8 @@ def dp_finetune(
         if optimizer == "sgd"
         else torch.optim.Adam(params, lr=lr)
     )
-    ema = EMAModel(
-        model.parameters(), decay=ema_decay, foreach=True
-    )  # a few fused kernels, not 3 per tensor
+    # a few fused kernels, not 3 per tensor
+    ema = EMAModel(model.parameters(), decay=ema_decay, foreach=True)
     wal_path, ckpt_path, writer = workdir / state.WAL, workdir / state.FINETUNE, _writer(world_size)
     wal = state.read_json(wal_path, {"started": 0, "redo": []})
     done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
@@ -373,9 +381,10 @@ def _presampled_steps(
     physical: int,
     device: torch.device,
 ) -> Iterator[Batches]:
-    """One process: each logical step's physical batches, from Poisson indices drawn many steps ahead with the
-    loader's own generator and rate (exactly its draws: poisson_batches.py), gathered from data resident on the
-    device, split and signalled to the optimiser as opacus' BatchMemoryManager does. No host round-trip."""
+    """One process: each logical step's physical batches, from Poisson indices drawn many steps
+    ahead with the loader's own generator and rate (exactly its draws: poisson_batches.py), gathered
+    from data resident on the device, split and signalled to the optimiser as opacus'
+    BatchMemoryManager does. No host round-trip."""
     x, y = x.to(device), y.to(device)
     sampler = PoissonBatches(
         len(x),
@@ -403,7 +412,8 @@ def _loader_steps(
     physical: int,
     device: torch.device,
 ) -> Iterator[Batches]:
-    """Under torchrun: the lockstep distributed loader through opacus' BatchMemoryManager, epoch after epoch."""
+    """Under torchrun: the lockstep distributed loader through opacus' BatchMemoryManager, epoch
+    after epoch."""
     while True:
         with BatchMemoryManager(
             data_loader=dp_loader, max_physical_batch_size=physical, optimizer=dp_opt
@@ -414,8 +424,8 @@ def _loader_steps(
 
 
 def _until_step_end(first: tuple, rest: Iterator, dp_opt: DPOptimizer) -> Batches:
-    """A logical step's physical batches: up to the one after which the optimiser took its step (the caller
-    steps it after each batch; BatchMemoryManager signalled the others as skipped)."""
+    """A logical step's physical batches: up to the one after which the optimiser took its step (the
+    caller steps it after each batch; BatchMemoryManager signalled the others as skipped)."""
     batch = first
     while True:
         yield batch[0], batch[1]
@@ -431,17 +441,19 @@ def scale_grad_once(optimizer: DPOptimizer) -> DPOptimizer:
 
 
 def _scale_grad(self: DPOptimizer) -> None:
-    """opacus' DPOptimizer.scale_grad, reading `accumulated_iterations` once per step: opacus reads that
-    property (a pass over every parameter's per-sample gradients) once per parameter, O(P^2) Python work:
-    3.9 ms a step for the demo UNet's 143 tensors on this project's 2-core VM, 0.3 ms read once; host time a
-    GPU step, launch-bound at these sizes, pays in full (BENCHMARKS.md, "DP-SGD step cost: what the rows say")."""
+    """opacus' DPOptimizer.scale_grad, reading `accumulated_iterations` once per step: opacus reads
+    that property (a pass over every parameter's per-sample gradients) once per parameter, O(P^2)
+    Python work: 3.9 ms a step for the demo UNet's 143 tensors on this project's 2-core VM, 0.3 ms
+    read once; host time a GPU step, launch-bound at these sizes, pays in full (BENCHMARKS.md,
+    "DP-SGD step cost: what the rows say")."""
     if self.loss_reduction == "mean":
         divisor = self.expected_batch_size * self.accumulated_iterations
         torch._foreach_div_([p.grad for p in self.params], divisor)
 
 
 def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
-    """Count one more step as started, durably, before it runs (rank 0 alone writes under torchrun)."""
+    """Count one more step as started, durably, before it runs (rank 0 alone writes under
+    torchrun)."""
     wal["started"] += 1
     if writer:
         state.write_json(wal_path, wal)
@@ -554,11 +566,12 @@ def _make_private(
     scale_grad_once(dp_opt)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
-            f"Internal error: opacus samples with q={dp_loader.sample_rate} but the plan charged q={sample_rate} "
-            f"(N={len(x)}, batch={batch_size}); nothing was trained."
+            f"Internal error: opacus samples with q={dp_loader.sample_rate} but the plan charged "
+            f"q={sample_rate} (N={len(x)}, batch={batch_size}); nothing was trained."
         )
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-    # opacus' functorch path (layers without a hooks sampler) asks CPU autocast for float32: a notice per step
+    # opacus' functorch path (layers without a hooks sampler) asks CPU autocast for float32: a
+    # notice per step
     warnings.filterwarnings(
         "ignore", message="In CPU autocast, but the target dtype", category=UserWarning
     )

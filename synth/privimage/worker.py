@@ -90,15 +90,15 @@ def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str
     images = sample_images(
         model, labels[mine], device=device, progress=_progress(), **{**s, "seed": s["seed"] + rank}
     )
-    images = distributed.gather_images(images, len(labels))
-    if rank != 0:
+    gathered = distributed.gather_images(images, len(labels))
+    if rank != 0 or gathered is None:
         return None
     return {
         "weights": outcome.weights,
         "steps": outcome.steps,
         "opacus_history": outcome.opacus_history,
         "opacus_sample_rate": outcome.opacus_sample_rate,
-        "images": images,
+        "images": gathered,
         "rank_digests": digests,
     }
 
@@ -110,8 +110,8 @@ def main(argv: list[str]) -> int:
     distributed.die_with_parent()
     if len(argv) != 1:
         print(
-            "usage: python -m synth.privimage.worker JOB (started by torchrun for `privrelease release run "
-            "--nproc N`; not run by hand)",
+            "usage: python -m synth.privimage.worker JOB (started by torchrun for `privrelease "
+            "release run --nproc N`; not run by hand)",
             file=sys.stderr,
         )
         return 2
