@@ -27,9 +27,8 @@ from accounting.validation import (
 )
 
 MAX_SIGMA = 1e4
-EXPECTED_EVALUATIONS = (
-    32  # brentq over the bracket: ~30 evaluations (a progress bar's initial total)
-)
+# brentq over the bracket: ~30 evaluations (a progress bar's initial total)
+EXPECTED_EVALUATIONS = 32
 
 # progress(stage, done, total), as synth.progress.ProgressFn
 Progress = Callable[[str, int, int], None]

@@ -173,9 +173,8 @@ class TrailVerification:
     head_hash: str
     problems: list[str] = field(default_factory=list)
     broken_seqs: list[int] = field(default_factory=list)
-    status: str = (
-        "intact"  # intact | interrupted (a crash between commit and head record) | altered
-    )
+    # intact | interrupted (a crash between commit and head record) | altered
+    status: str = "intact"
     notes: list[str] = field(default_factory=list)
 
 

@@ -13,9 +13,8 @@ from accounting.errors import InvalidParameterError
 
 # Beyond these the numbers mean nothing and the accountants misbehave (overflow, division by zero,
 # or a PLD grid of petabytes), so they are refused with a message instead.
-MAX_EPSILON = (
-    1000.0  # e**epsilon overflows a float near 710; no release is private at such a budget
-)
+# e**epsilon overflows a float near 710; no release is private at such a budget
+MAX_EPSILON = 1000.0
 MIN_NOISE_MULTIPLIER = 0.1  # one Gaussian query at 0.1 already costs epsilon ~ 96 (delta 1e-5)
 MAX_NOISE_MULTIPLIER = 1e6  # epsilon is 0 to float precision well before this
 MAX_COUNT = 10**9

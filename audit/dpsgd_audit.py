@@ -149,9 +149,8 @@ class CanaryRun:
     batch_size: int
     seconds: float
     score: str = "model"
-    linear: np.ndarray | None = (
-        None  # a score linear in the canary's signal, for the Gaussian fit (None: scores)
-    )
+    # a score linear in the canary's signal, for the Gaussian fit (None: scores)
+    linear: np.ndarray | None = None
 
 
 def _batch_for(rate: float, n_min: int) -> tuple[int, int]:

@@ -53,16 +53,14 @@ class AuditPolicy:
     one_run_score: str = "gradients"
     # memorisation / distance to closest record
     near_copy_ratio: float = 0.5  # d_train / d_heldout below this ...
-    near_copy_max_distance: float = (
-        0.08  # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
-    )
+    # ... and RMS pixel distance (pixels in [0, 1]) below this = near-copy
+    near_copy_max_distance: float = 0.08
     max_near_copy_fraction: float = 0.01
     max_closer_to_train_fraction: float | None = None  # ~0.5 is healthy; informational by default
     dcr_repeats: int = 5  # training subsampled to the held-out size this many times
     # k-anonymous releases
-    kanon_max_attack_precision: float = (
-        0.9  # cluster-membership attack top-k precision (chance 0.5)
-    )
+    # cluster-membership attack top-k precision (chance 0.5)
+    kanon_max_attack_precision: float = 0.9
     kanon_max_reid_rate: float = 0.9  # representative -> top-1 nearest record is one of its sources
     # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
     # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =

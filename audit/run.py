@@ -43,18 +43,16 @@ class AuditInputs:
     claimed_epsilon: float | None = None
     delta: float | None = None
     k: int | None = None
-    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = (
-        None  # per-sample diffusion loss
-    )
+    # per-sample diffusion loss
+    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     clusters: list[np.ndarray] | None = None  # sensitive indices per representative (k-anonymous)
     selected_public: ImageDataset | None = None  # PrivImage's selected public images (SDS)
     artifacts_dir: Path | None = None  # PNGs go here
     # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the
     # MIA
     reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
-    dpsgd: DpSgdSetting | None = (
-        None  # the executed DP-SGD run: one-run audit of its implementation
-    )
+    # the executed DP-SGD run: one-run audit of its implementation
+    dpsgd: DpSgdSetting | None = None
 
     def validate(self) -> None:
         if not isinstance(self.sensitive, ImageDataset):

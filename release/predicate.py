@@ -79,9 +79,8 @@ class ReleasePredicate:
     approval: Approval
     audit_verdicts: dict[str, str]
     tool: dict[str, str]
-    history: dict[str, Any] | None = (
-        None  # the dataset's whole ledger (consumers recompute epsilon from it)
-    )
+    # the dataset's whole ledger (consumers recompute epsilon from it)
+    history: dict[str, Any] | None = None
     # keys of a v1 predicate this reader does not name
     extra: dict[str, Any] = field(default_factory=dict)
 

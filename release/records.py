@@ -28,13 +28,10 @@ class RunRecord:
     generator: str | None = None  # path of the released generator, if the mechanism keeps one
     artifacts: dict[str, Any] = field(default_factory=dict)
     count: int | None = None  # images released (None in records older than the count)
-    charge_id: str | None = (
-        None  # the ledger charge that paid for the run (older records: the release id)
-    )
-    bundle: dict[str, str] | None = (
-        None  # once published: path, tarball, tarball_sha256, manifest_digest, key_id,
-    )
-    #                                        public_key
+    # the ledger charge that paid for the run (older records: the release id)
+    charge_id: str | None = None
+    # once published: path, tarball, tarball_sha256, manifest_digest, key_id, public_key
+    bundle: dict[str, str] | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:

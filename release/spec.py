@@ -48,9 +48,8 @@ class ReleaseSpec:
     description: str
     mechanism_params: dict[str, Any]
     policy: dict[str, Any] = field(default_factory=dict)
-    heldout: str | None = (
-        None  # real held-out data of the same distribution, for attacks and utility
-    )
+    # real held-out data of the same distribution, for attacks and utility
+    heldout: str | None = None
     license: str | None = None  # the dataset card's license id (e.g. cc-by-4.0); None: "other"
     source_file: str | None = None  # the TOML file it was read from (not part of the spec itself)
 

@@ -62,9 +62,8 @@ class VerificationResult:
     missing: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     altered: list[str] = field(default_factory=list)
-    extracted: Path | None = (
-        None  # where the verified bundle was extracted (extract_to given, ok only)
-    )
+    # where the verified bundle was extracted (extract_to given, ok only)
+    extracted: Path | None = None
 
     @property
     def predicate(self) -> dict | None:

@@ -14,9 +14,8 @@ import torch.nn.functional as F
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-DEFAULT_INPUT_SIZE = (
-    64  # 224 px is too slow on 2 CPU cores; 64 px keeps usable features for 28 px images
-)
+# 224 px is too slow on 2 CPU cores; 64 px keeps usable features for 28 px images
+DEFAULT_INPUT_SIZE = 64
 FEATURE_NAME = "EfficientNet-Lite0 (ImageNet) features"
 
 

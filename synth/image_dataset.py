@@ -15,9 +15,8 @@ import numpy as np
 
 from accounting.errors import DataFormatError
 
-MAX_LABEL = (
-    9_999  # label values are class indices; bounded so nothing sized by a label allocates GBs
-)
+# label values are class indices; bounded so nothing sized by a label allocates GBs
+MAX_LABEL = 9_999
 
 
 def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
@@ -68,9 +67,8 @@ class ImageDataset:
     labels: np.ndarray  # int64, (N,)
     class_names: list[str] = field(default_factory=list)  # indexed by label value
     source: str = ""
-    declared_labels: list[int] | None = (
-        None  # the public label set; None for unregistered user data
-    )
+    # the public label set; None for unregistered user data
+    declared_labels: list[int] | None = None
 
     def __post_init__(self) -> None:
         where = self.source or "images"

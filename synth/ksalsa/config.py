@@ -48,17 +48,15 @@ class KSalsaConfig:
     grid: int = 4  # style patches: grid x grid per feature map
     style_layers: tuple[int, ...] = (0, 2)  # indices into the style net's early maps (0 = stem)
     feature_size: int = 64  # input size of the style/content CNN
-    content_target: str = (
-        "mean_features"  # or "centroid": pooled features of G(mean latent), as in the paper
-    )
+    # or "centroid": pooled features of G(mean latent), as in the paper
+    content_target: str = "mean_features"
     codec_epochs: int = 20
     codec_lr: float = 2e-3
     codec_batch: int = 128
     latent_dim: int = 32
     pca_components: int = 40
-    image_size: int | None = (
-        None  # released size; None = the sensitive images' size (must divide by 4)
-    )
+    # released size; None = the sensitive images' size (must divide by 4)
+    image_size: int | None = None
     seed: int = 0
     device: str = "auto"
 

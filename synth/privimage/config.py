@@ -88,13 +88,11 @@ class PrivImageConfig:
     epsilon: float
     delta: float
     k: int = 3  # k1 = k2: top-k predictions per image and public classes per sensitive class
-    query_sigma: float = (
-        10.0  # noise multiplier of the semantic query (std = sqrt(k) * query_sigma)
-    )
+    # noise multiplier of the semantic query (std = sqrt(k) * query_sigma)
+    query_sigma: float = 10.0
     image_size: int = 28  # 28 or 32
-    selection: str = (
-        "semantic"  # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style)
-    )
+    # "semantic" (PrivImage), "none" (DPDM-style), "all" (PDP-Diffusion-style), "procedural"
+    selection: str = "semantic"
     # semantic-query classifier (public data only)
     classifier_epochs: int = 6
     classifier_batch: int = 128
@@ -106,27 +104,21 @@ class PrivImageConfig:
     pretrain_steps: int = 1500
     pretrain_batch: int = 64
     pretrain_lr: float = 2e-3
-    pretrain_augment: float = (
-        1.0  # strength of the public-image augmentation (0 = off; synth.privimage.augment)
-    )
-    pretrain_elastic: bool = (
-        False  # add elastic distortion + sharpening to it (ablation: blobbier samples)
-    )
-    label_dropout: float = (
-        0.1  # fraction of pre-training labels replaced by the null class (for guidance)
-    )
+    # strength of the public-image augmentation (0 = off; synth.privimage.augment)
+    pretrain_augment: float = 1.0
+    # add elastic distortion + sharpening to it (ablation: blobbier samples)
+    pretrain_elastic: bool = False
+    # fraction of pre-training labels replaced by the null class (for guidance)
+    label_dropout: float = 0.1
     # the prior when public data may not fit (docs/privimage-priors.md)
-    fit_threshold: float = (
-        0.0  # a public class fits a sensitive class if its noisy count >= this fraction
-    )
-    # of the class's noisy size (and 4 noise stds); 0 = always fit (PrivImage)
-    share_public_classes: bool = (
-        False  # a public class may serve several sensitive classes (else one-to-one)
-    )
-    procedural_images: int = (
-        6000  # procedural public images (synth.privimage.procedural) for selection
-    )
-    # "procedural" and for the classes that no public class fits
+    # a public class fits a sensitive class if its noisy count >= this fraction of the class's
+    # noisy size (and 4 noise stds); 0 = always fit (PrivImage)
+    fit_threshold: float = 0.0
+    # a public class may serve several sensitive classes (else one-to-one)
+    share_public_classes: bool = False
+    # procedural public images (synth.privimage.procedural) for selection "procedural" and for
+    # the classes that no public class fits
+    procedural_images: int = 6000
     central_images: int = 0  # DP central images: noisy means per class (queries); 0 = off
     central_sigma: float = 10.0  # their noise multiplier (synth.privimage.central)
     central_clip: float = 8.0  # L2 clip of one half-resolution image with pixels in [0, 1]
@@ -136,9 +128,8 @@ class PrivImageConfig:
     batch_size: int = 256  # expected logical batch (Poisson sampling)
     max_physical_batch: int = 64
     max_grad_norm: float = 1.0
-    finetune_t_min: float = (
-        0.0  # DP-SGD trains on diffusion timesteps >= this fraction of T (0 = all)
-    )
+    # DP-SGD trains on diffusion timesteps >= this fraction of T (0 = all)
+    finetune_t_min: float = 0.0
     lr: float = 3e-4  # Adam at 1e-3 under DP noise undoes pre-training (ablation)
     ema_decay: float = 0.999
     dp_optimizer: str = "adam"  # "adam" or "sgd" (momentum 0.9)
@@ -153,15 +144,12 @@ class PrivImageConfig:
     vote_pool: int = 4  # candidates drawn per released image when the vote is on
     vote_rounds: int = 1  # Private Evolution rounds: each later round votes on variations
     vote_space: str = "pixel"  # nearest by pixel L2, or by cosine of EfficientNet-Lite0 features
-    variation_strength: float = (
-        0.5  # of the previous winners (SDEdit: re-noised to this fraction of T)
-    )
-    release_variations: int = (
-        0  # low-strength variations released beside each voted (or sampled) image
-    )
-    release_variation_strength: float = (
-        0.15  # their SDEdit strength (post-processing: no privacy cost)
-    )
+    # of the previous winners (SDEdit: re-noised to this fraction of T)
+    variation_strength: float = 0.5
+    # low-strength variations released beside each voted (or sampled) image
+    release_variations: int = 0
+    # their SDEdit strength (post-processing: no privacy cost)
+    release_variation_strength: float = 0.15
     n_samples: int = 5000  # total, balanced over the sensitive classes
     sample_batch: int = 250
     seed: int = 0

@@ -136,9 +136,8 @@ class Selection:
     ratio: float  # selected images / public images
 
 
-FIT_NOISE_STDS = (
-    4.0  # a cell must also clear 4 noise stds: a pure-noise cell does so with probability 3e-5
-)
+# a cell must also clear 4 noise stds: a pure-noise cell does so with probability 3e-5
+FIT_NOISE_STDS = 4.0
 
 
 def select_classes(noisy: np.ndarray, k: int) -> list[list[int]]:

@@ -35,9 +35,8 @@ from synth.privimage.poisson_batches import PoissonBatches, physical_batches
 from synth.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
 
-PRETRAIN_RECIPE = (
-    "pretrain-v2"  # bump when pretrain() changes what it computes (invalidates caches)
-)
+# bump when pretrain() changes what it computes (invalidates caches)
+PRETRAIN_RECIPE = "pretrain-v2"
 # Per-sample gradients by opacus' module hooks, with Conv2d's computed as one grouped convolution
 # backward pass (synth/privimage/conv_grad_sample.py): faster on CPU than opacus' own conv sampler
 # and than its functorch (vmap) mode, in float32 and under bfloat16 autocast (BENCHMARKS.md, "DP-SGD
@@ -560,9 +559,8 @@ def _make_private(
             noise_generator=torch.Generator(device).manual_seed(secrets.randbits(63)),
             loss_reduction=HOOKS_LOSS_REDUCTION,
         )
-    dp_opt.loss_reduction = (
-        "mean"  # average the noisy sum over the expected batch (see HOOKS_LOSS_REDUCTION)
-    )
+    # average the noisy sum over the expected batch (see HOOKS_LOSS_REDUCTION)
+    dp_opt.loss_reduction = "mean"
     scale_grad_once(dp_opt)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivReleaseError(
