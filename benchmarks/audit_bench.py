@@ -53,7 +53,7 @@ def settings() -> list[tuple[str, Any]]:
         )
     result = []
     for label, c in out:
-        plan = plan_privimage(c, 4000)  # MNIST-5k's 4,000 training images
+        plan = plan_privimage(c, 4000, n_classes=10)  # MNIST-5k's 4,000 training images
         result.append(
             (
                 label,

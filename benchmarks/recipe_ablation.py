@@ -166,7 +166,8 @@ def _pretrained(cfg: PrivImageConfig) -> torch.nn.Module:
 
 
 def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
-    plan = plan_privimage(cfg, len(sensitive))  # the product's calibration: query + DP-SGD (+ vote)
+    # the product's calibration: query + DP-SGD (+ vote)
+    plan = plan_privimage(cfg, len(sensitive), n_classes=10)
     q, steps, sigma = plan.sample_rate, plan.steps, plan.noise_multiplier
     out = dp_finetune(
         model,
@@ -267,7 +268,7 @@ def _voted(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The winners of the product's vote rounds (vote.evolve), taken after each round in `rounds_to_score`
     (one continued run: the rounds after a stop vote on variations of its winners, as evolve's would)."""
-    sigmas = plan_privimage(cfg, len(sensitive)).vote_sigmas
+    sigmas = plan_privimage(cfg, len(sensitive), n_classes=10).vote_sigmas
     vary = variations_for(model, cfg, torch.device("cpu"))
     wanted, picks, done = balanced_labels(n, 10), {}, 0
     for stop in sorted(rounds_to_score):

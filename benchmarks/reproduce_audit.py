@@ -29,7 +29,7 @@ def audit_settings(s: dict[str, Any]) -> list[tuple[float, Any]]:
     out = []
     for eps in s["audit_epsilons"]:
         cfg = privimage_config(s, eps)
-        plan = plan_privimage(cfg, N_SENSITIVE)
+        plan = plan_privimage(cfg, N_SENSITIVE, n_classes=10)
         out.append(
             (
                 eps,

@@ -27,6 +27,29 @@ from synth.privimage.augment import augment_public
 # in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
 CENTRAL = "central.npz"
 SENSITIVITY = math.sqrt(2.0)
+# central_images = "auto": AUTO_QUERIES central images per class where the noise on their pixels
+# is at most AUTO_MAX_PIXEL_NOISE of the pixel range, else none. Measured (BENCHMARKS.md, "DP
+# central images at full scale"): noise 0.019 (Fashion-MNIST, 6,000 per class) and 0.11 (10,000
+# of them, a reduced run) helped at epsilon 1; 0.28 (MNIST-5k, 400 per class) wrecked the samples.
+AUTO_QUERIES = 2
+AUTO_MAX_PIXEL_NOISE = 0.15
+
+
+def pixel_noise_std(noise_multiplier: float, clip: float, class_size: float) -> float:
+    """The noise std on a central image's pixels (pixel range 1) for a class of `class_size`."""
+    return noise_multiplier * SENSITIVITY * clip / max(class_size, 1.0)
+
+
+def resolve_queries(
+    setting: int | str, noise_multiplier: float, clip: float, record_count: int, n_classes: int
+) -> int:
+    """How many central images per class a release makes: `setting` itself, or for "auto" a
+    decision from public metadata only (the record count and the number of classes, both part of
+    the registration), never from the class sizes, which are private."""
+    if setting != "auto":
+        return int(setting)
+    noise = pixel_noise_std(noise_multiplier, clip, record_count / max(n_classes, 1))
+    return AUTO_QUERIES if noise <= AUTO_MAX_PIXEL_NOISE else 0
 
 
 def central_event(noise_multiplier: float, queries: int) -> GaussianQuery:

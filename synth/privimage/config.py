@@ -23,6 +23,8 @@ TRAINABLE = ("all", "no_down", "norms_emb")  # see synth.privimage.training.sele
 # (docs/privimage-priors.md)
 SELECTIONS = ("semantic", "none", "all", "procedural")
 # where the private vote measures nearness (synth.privimage.vote)
+# central_images = "auto": decided at plan time from public metadata (synth.privimage.central)
+CENTRAL_AUTO = "auto"
 VOTE_SPACES = (
     "pixel",
     "embedding",
@@ -119,7 +121,9 @@ class PrivImageConfig:
     # procedural public images (synth.privimage.procedural) for selection "procedural" and for
     # the classes that no public class fits
     procedural_images: int = 6000
-    central_images: int = 0  # DP central images: noisy means per class (queries); 0 = off
+    # DP central images: noisy means per class (queries); 0 = off; "auto": on where the classes are
+    # large enough for the means to be more signal than noise (synth.privimage.central)
+    central_images: int | str = "auto"
     central_sigma: float = 10.0  # their noise multiplier (synth.privimage.central)
     central_clip: float = 8.0  # L2 clip of one half-resolution image with pixels in [0, 1]
     central_steps: int = 500  # pre-training steps on the (augmented) central images
@@ -285,14 +289,14 @@ class PrivImageConfig:
             raise InvalidParameterError(
                 f"procedural_images must be at most 100,000, got {self.procedural_images}."
             )
-        if (
+        if self.central_images != CENTRAL_AUTO and (
             not isinstance(self.central_images, int)
             or isinstance(self.central_images, bool)
             or not 0 <= self.central_images <= 16
         ):
             raise InvalidParameterError(
                 "central_images must be a whole number of noisy means per class between 0 (off) "
-                f"and 16, got {self.central_images!r}."
+                f'and 16, or "{CENTRAL_AUTO}", got {self.central_images!r}.'
             )
         self.central_sigma = check_sigma(self.central_sigma, "central_sigma")
         self.central_clip = check_sensitivity(self.central_clip, "central_clip")

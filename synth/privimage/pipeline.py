@@ -24,7 +24,7 @@ from accounting.events import MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.privimage import central, state
-from synth.privimage.config import PrivImageConfig
+from synth.privimage.config import CENTRAL_AUTO, PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
 from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
@@ -157,7 +157,7 @@ def plan(
 ) -> MechanismPlan:
     _check_sizes(config, dataset, public)
     try:
-        p = plan_privimage(config, dataset.record_count, prior)
+        p = plan_privimage(config, dataset.record_count, prior, n_classes=len(dataset.labels))
     except OverflowError as exc:
         raise InvalidParameterError(
             f"[privimage] the parameters overflow the accountant ({exc}): an epsilon, noise or "
@@ -380,19 +380,22 @@ def _central_warmup(
     sens_x: torch.Tensor,
     sens_y: np.ndarray,
     config: PrivImageConfig,
+    p: PrivImagePlan,
     prep: _Prepared,
     ctx: RunContext,
 ) -> dict[str, Any]:
     """DP central images (charged as the plan's central event; computed once, a resumed run reuses
     them), then pre-training on augmented copies of them labelled with their class, after any public
     pre-training."""
+    event = p.central_event
+    assert event is not None  # called only when the plan has the central images' charge
     saved = central.load(ctx.workdir)
     if saved is None:
         saved = central.central_images(
             sens_x,
             sens_y,
             len(prep.label_values),
-            queries=config.central_images,
+            queries=event.count,
             clip=config.central_clip,
             noise_multiplier=config.central_sigma,
             seed=config.seed,
@@ -416,7 +419,7 @@ def _central_warmup(
         label_dropout=config.label_dropout,
         precision=prep.precision,
     )
-    return {"central_images_per_class": config.central_images}
+    return {"central_images_per_class": event.count}
 
 
 def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
@@ -442,7 +445,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
     if p.central_event is not None:
-        info.update(_central_warmup(sens_x, sens_y, config, prep, ctx))
+        info.update(_central_warmup(sens_x, sens_y, config, p, prep, ctx))
     t_pre = time.time()
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
@@ -766,8 +769,11 @@ def _prior_parameters(config: PrivImageConfig, p: PrivImagePlan) -> dict[str, An
         "fit_threshold": config.fit_threshold,
         "share_public_classes": config.share_public_classes,
         "procedural_images": config.procedural_images,
-        "central_images": config.central_images,
+        # the number the plan charged; "auto" decided it (docs/privimage-priors.md)
+        "central_images": p.central_event.count if p.central_event is not None else 0,
     }
+    if config.central_images == CENTRAL_AUTO:
+        out["central_images_setting"] = CENTRAL_AUTO
     if p.central_event is not None:
         out.update(
             central_sigma=config.central_sigma,

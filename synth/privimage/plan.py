@@ -13,8 +13,8 @@ from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, event_from_json, event_to_json
 from accounting.validation import check_count
-from synth.privimage.central import central_event
-from synth.privimage.config import PrivImageConfig
+from synth.privimage.central import central_event, resolve_queries
+from synth.privimage.config import CENTRAL_AUTO, PrivImageConfig
 
 
 @dataclass(frozen=True)
@@ -120,11 +120,19 @@ def vote_event(config: PrivImageConfig) -> GaussianQuery:
 
 
 def plan_privimage(
-    config: PrivImageConfig, record_count: int, prior: Sequence[MechanismEvent] = ()
+    config: PrivImageConfig,
+    record_count: int,
+    prior: Sequence[MechanismEvent] = (),
+    n_classes: int | None = None,
 ) -> PrivImagePlan:
-    """Deterministic given (config, record_count, prior): the DP-SGD noise is the smallest that
-    keeps the RDP epsilon of prior + query + central images + DP-SGD + every vote round <=
-    config.epsilon."""
+    """Deterministic given (config, record_count, prior, n_classes): the DP-SGD noise is the
+    smallest that keeps the RDP epsilon of prior + query + central images + DP-SGD + every vote
+    round <= config.epsilon. `n_classes` (the registered label count) is needed only to decide
+    `central_images = "auto"`.
+
+    Raises:
+        InvalidParameterError: a batch larger than the dataset, or "auto" without `n_classes`.
+    """
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
@@ -134,8 +142,16 @@ def plan_privimage(
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before = [query_event(config)] if config.selection == "semantic" else []
-    if config.central_images:
-        before.append(central_event(config.central_sigma, config.central_images))
+    if config.central_images == CENTRAL_AUTO and n_classes is None:
+        raise InvalidParameterError(
+            'central_images = "auto" is decided from the number of classes; pass n_classes (or '
+            "set central_images to a number)."
+        )
+    central_queries = resolve_queries(
+        config.central_images, config.central_sigma, config.central_clip, n, n_classes or 1
+    )
+    if central_queries:
+        before.append(central_event(config.central_sigma, central_queries))
     after = [vote_event(config)] if config.vote_sigma else []
     sigma = calibrate_dpsgd_sigma(
         config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
@@ -148,5 +164,5 @@ def plan_privimage(
         steps,
         n,
         epsilon_report(list(prior) + events, config.delta),
-        central=bool(config.central_images),
+        central=bool(central_queries),
     )

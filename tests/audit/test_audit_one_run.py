@@ -70,7 +70,7 @@ def test_setting_from_a_stored_plan():
     from synth.privimage.plan import plan_privimage
 
     cfg = PrivImageConfig.demo(epsilon=8.0, delta=1e-5)
-    plan = plan_privimage(cfg, 4000)
+    plan = plan_privimage(cfg, 4000, n_classes=10)
     s = DpSgdSetting.from_plan(plan.to_json(), cfg.as_dict())
     assert (s.sample_rate, s.noise_multiplier, s.steps) == (
         plan.sample_rate,

@@ -233,7 +233,7 @@ def test_vote_settings_fit_every_reproduced_epsilon() -> None:
             cfg = privimage_config(s, eps)
             expected = vote_settings(eps) | ({"vote_pool": 2} if mode == "micro" else {})
             assert {k: getattr(cfg, k) for k in expected} == expected
-            plan = plan_privimage(cfg, 4000)
+            plan = plan_privimage(cfg, 4000, n_classes=10)
             assert plan.vote_event is not None and plan.epsilon.epsilon_rdp <= eps + 1e-9
     low, mid, high = vote_settings(1.0), vote_settings(5.0), vote_settings(10.0)
     assert low["vote_sigma"] > high["vote_sigma"] and low["vote_rounds"] < high["vote_rounds"]
@@ -382,6 +382,7 @@ def test_audit_settings_are_the_privimage_runs_plans() -> None:
             **s["vote"]["1"],
         ),
         4000,
+        n_classes=10,
     )
     assert (sets[0][1].sample_rate, sets[0][1].noise_multiplier, sets[0][1].steps) == (
         plan.sample_rate,
@@ -407,7 +408,7 @@ def test_throwaway_ledger_admits_the_run_it_is_made_for(tmp_path) -> None:
     s = settings("cpu")
     for eps in EPSILONS:
         store = throwaway_store(tmp_path / f"ws-{eps:g}", "mnist5k", sens, eps, s["delta"])
-        plan = plan_privimage(privimage_config(s, eps), len(sens))
+        plan = plan_privimage(privimage_config(s, eps), len(sens), n_classes=10)
         charge = ledger.reserve(store, "mnist5k", plan.events, f"run-{eps:g}")
         assert charge.run_id == f"run-{eps:g}"
         store.backend.release()

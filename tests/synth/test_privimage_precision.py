@@ -124,7 +124,7 @@ def test_precision_does_not_change_the_plan() -> None:
     from synth.privimage.plan import plan_privimage
 
     plans = [
-        plan_privimage(PrivImageConfig.tiny(2.0, 1e-5, precision=p), 200)
+        plan_privimage(PrivImageConfig.tiny(2.0, 1e-5, precision=p), 200, n_classes=10)
         for p in ("float32", "bfloat16")
     ]
     assert (

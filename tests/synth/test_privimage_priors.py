@@ -34,6 +34,9 @@ DELTA = 1e-4
         dict(central_images=-1),
         dict(central_images=17),
         dict(central_images=1.5),
+        dict(central_images="Auto"),
+        dict(central_images="on"),
+        dict(central_images=True),
         dict(central_sigma=0),
         dict(central_clip=-1.0),
         dict(central_steps=0),
@@ -58,8 +61,8 @@ def test_central_event_is_planned_charged_and_calibrated_within_target() -> None
         central_images=2,
         central_sigma=10.0,
     )
-    base = plan_privimage(cfg.with_(central_images=0), 60000)
-    p = plan_privimage(cfg, 60000)
+    base = plan_privimage(cfg.with_(central_images=0), 60000, n_classes=10)
+    p = plan_privimage(cfg, 60000, n_classes=10)
     assert p.central_event == GaussianQuery(
         sigma=10.0 * math.sqrt(2), sensitivity=math.sqrt(2), count=2
     )
@@ -75,8 +78,69 @@ def test_central_event_is_planned_charged_and_calibrated_within_target() -> None
     again = type(p).from_json(p.to_json())
     assert again.central_event == p.central_event and again.query_event == p.query_event
     # without a semantic query the central event is still found, and no query is invented
-    none = plan_privimage(cfg.with_(selection="procedural"), 60000)
+    none = plan_privimage(cfg.with_(selection="procedural"), 60000, n_classes=10)
     assert none.query_event is None and none.central_event == p.central_event
+
+
+# ------------------------------------------------------------------ central_images = "auto"
+def test_auto_decides_from_public_metadata_only() -> None:
+    # the noise on a central image's pixels for the average class: 10 * sqrt(2) * 8 / class size
+    assert central.pixel_noise_std(10.0, 8.0, 6000) == pytest.approx(10 * math.sqrt(2) * 8 / 6000)
+    decide = lambda n, classes: central.resolve_queries("auto", 10.0, 8.0, n, classes)  # noqa: E731
+    assert decide(60000, 10) == central.AUTO_QUERIES  # Fashion-MNIST: 0.019 of the pixel range
+    assert decide(4000, 10) == 0  # MNIST-5k: 0.28, noise more than signal
+    # the bar is AUTO_MAX_PIXEL_NOISE, whatever the class count
+    per_class = 10 * math.sqrt(2) * 8 / central.AUTO_MAX_PIXEL_NOISE
+    assert decide(math.ceil(per_class) * 7, 7) == central.AUTO_QUERIES
+    assert decide(math.floor(per_class) * 7 - 7, 7) == 0
+    # a larger noise multiplier or clip needs larger classes
+    assert central.resolve_queries("auto", 100.0, 8.0, 60000, 10) == 0
+    # a number is taken as it is, large data or not
+    assert central.resolve_queries(0, 10.0, 8.0, 60000, 10) == 0
+    assert central.resolve_queries(3, 10.0, 8.0, 4000, 10) == 3
+
+
+def test_auto_is_the_default_and_the_plan_charges_what_it_decided() -> None:
+    cfg = PrivImageConfig(epsilon=1.0, delta=1e-5, batch_size=250, finetune_epochs=4.0)
+    assert cfg.central_images == "auto"
+    large = plan_privimage(cfg, 60000, n_classes=10)
+    assert large.central_event == GaussianQuery(
+        sigma=10.0 * math.sqrt(2), sensitivity=math.sqrt(2), count=central.AUTO_QUERIES
+    )
+    assert (
+        large.central
+        and type(large).from_json(large.to_json()).central_event == large.central_event
+    )
+    explicit = plan_privimage(cfg.with_(central_images=2), 60000, n_classes=10)
+    assert large.events == explicit.events and large.noise_multiplier == explicit.noise_multiplier
+    small = plan_privimage(cfg, 4000, n_classes=10)
+    assert small.central_event is None and not small.central
+    assert small.events == plan_privimage(cfg.with_(central_images=0), 4000, n_classes=10).events
+    with pytest.raises(InvalidParameterError, match="n_classes"):
+        plan_privimage(cfg, 60000)
+
+
+def test_auto_through_the_mechanism_uses_the_registered_label_count() -> None:
+    """The mechanism's plan reads the class count from the registration (DatasetInfo.labels)."""
+    mech = registry.get("privimage")
+    pub = uci_digits()
+    cfg = PrivImageConfig(
+        epsilon=1.0, delta=1e-5, batch_size=250, finetune_epochs=1.0, share_public_classes=True
+    )
+
+    def info(n: int, classes: int) -> registry.DatasetInfo:
+        return registry.DatasetInfo("d", "d", n, tuple(range(classes)), (28, 28), 1e-5)
+
+    def central_count(plan: registry.MechanismPlan) -> int:
+        found = [
+            e for e in plan.events if isinstance(e, GaussianQuery) and e.sensitivity == math.sqrt(2)
+        ]
+        return found[0].count if found else 0
+
+    assert central_count(mech.plan(cfg, info(60000, 10), [], pub)) == central.AUTO_QUERIES
+    # the same record count over 100 classes: 600 per class, too few
+    assert central_count(mech.plan(cfg, info(60000, 100), [], pub)) == 0
+    assert mech.plan(cfg, info(60000, 10), [], pub).parameters["central_images"] == "auto"
 
 
 def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_computation() -> None:
@@ -89,7 +153,7 @@ def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_co
         central_sigma=8.0,
         vote_sigma=8.0,
     )
-    p = plan_privimage(cfg, 60000)
+    p = plan_privimage(cfg, 60000, n_classes=10)
     # the same mechanisms written out by hand with dp-accounting alone
     query = dp_accounting.GaussianDpEvent(cfg.query_sigma)  # sqrt(k) sigma / sqrt(k)
     cent = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(8.0), 3)

@@ -286,7 +286,7 @@ def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Pa
     _register(store, sens)
     prior = [GaussianQuery(sigma=3.0)]
     ledger.reserve(store, "mnist", prior, "earlier")
-    plan = plan_privimage(_cfg(), len(sens), ledger.budget(store, "mnist").history)
+    plan = plan_privimage(_cfg(), len(sens), ledger.budget(store, "mnist").history, n_classes=10)
     assert epsilon_rdp(prior + plan.events, DELTA) == pytest.approx(4.0, rel=1e-3)
     assert epsilon_rdp(prior + plan.events, DELTA) <= 4.0
 

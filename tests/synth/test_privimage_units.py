@@ -97,12 +97,15 @@ def test_build_selection_relabels_with_the_choosing_class() -> None:
 def test_plan_meets_target_over_the_whole_history_and_is_deterministic() -> None:
     cfg = PrivImageConfig(epsilon=3.0, delta=1e-5, finetune_epochs=2, batch_size=250)
     prior = [GaussianQuery(sigma=5.0)]
-    a, b = plan_privimage(cfg, 4000, prior), plan_privimage(cfg, 4000, prior)
+    a, b = (
+        plan_privimage(cfg, 4000, prior, n_classes=10),
+        plan_privimage(cfg, 4000, prior, n_classes=10),
+    )
     assert a == b
     assert a.sample_rate == sample_rate_for(4000, 250) == 1 / 16 and a.steps == 32
     assert epsilon_rdp(prior + a.events, 1e-5) <= 3.0
     assert epsilon_rdp(prior + a.events, 1e-5) == pytest.approx(3.0, rel=1e-3)
-    fresh = plan_privimage(cfg, 4000)
+    fresh = plan_privimage(cfg, 4000, n_classes=10)
     assert fresh.noise_multiplier < a.noise_multiplier  # prior spend forces more noise
     assert [type(e) for e in a.events] == [GaussianQuery, DpSgd]
 
@@ -111,6 +114,7 @@ def test_baseline_plans_have_no_query() -> None:
     plan = plan_privimage(
         PrivImageConfig(epsilon=2, delta=1e-5, selection="all", finetune_epochs=1, batch_size=100),
         1000,
+        n_classes=10,
     )
     assert [type(e) for e in plan.events] == [DpSgd] and plan.query_event is None
 
@@ -142,7 +146,7 @@ def test_config_rejects_bad_values(bad: dict) -> None:
 
 def test_plan_rejects_batch_larger_than_data() -> None:
     with pytest.raises(InvalidParameterError, match="larger than the dataset"):
-        plan_privimage(PrivImageConfig(epsilon=1, delta=1e-5, batch_size=500), 100)
+        plan_privimage(PrivImageConfig(epsilon=1, delta=1e-5, batch_size=500), 100, n_classes=10)
 
 
 def test_formats_round_trip_and_label_mapping() -> None:

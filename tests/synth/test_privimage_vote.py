@@ -93,7 +93,7 @@ def test_plan_charges_the_vote_after_dpsgd_and_meets_the_target() -> None:
         batch_size=250,
         vote_sigma=3.0,
     )
-    plan = plan_privimage(cfg, 4000)
+    plan = plan_privimage(cfg, 4000, n_classes=10)
     query, dp, vote = plan.events
     assert (
         isinstance(query, GaussianQuery)
@@ -117,7 +117,7 @@ def test_plan_charges_the_vote_after_dpsgd_and_meets_the_target() -> None:
     assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
     assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
     # the vote costs DP-SGD noise: more than without it, less than 2% more at this epsilon
-    without = plan_privimage(cfg.with_(vote_sigma=0.0), 4000)
+    without = plan_privimage(cfg.with_(vote_sigma=0.0), 4000, n_classes=10)
     assert without.vote_event is None and len(without.events) == 2
     assert without.noise_multiplier < plan.noise_multiplier < 1.02 * without.noise_multiplier
 
@@ -126,7 +126,7 @@ def test_baseline_plan_with_a_vote_has_no_query() -> None:
     cfg = PrivImageConfig(
         epsilon=5.0, delta=1e-5, selection="none", finetune_epochs=1, batch_size=100, vote_sigma=4.0
     )
-    plan = plan_privimage(cfg, 1000)
+    plan = plan_privimage(cfg, 1000, n_classes=10)
     assert plan.query_event is None and plan.vote_event is plan.events[-1]
     assert [type(e) for e in plan.events] == [DpSgd, GaussianQuery]
 
@@ -144,7 +144,7 @@ def test_plan_charges_the_vote_once_per_round() -> None:
         vote_sigma=3.0,
         vote_rounds=3,
     )
-    plan = plan_privimage(cfg, 4000)
+    plan = plan_privimage(cfg, 4000, n_classes=10)
     assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd, GaussianQuery]
     assert (
         plan.vote_event == GaussianQuery(sigma=3.0, sensitivity=1.0, count=3)
@@ -165,7 +165,10 @@ def test_plan_charges_the_vote_once_per_round() -> None:
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 3))
     assert acc.get_epsilon(1e-5) == pytest.approx(8.0, rel=1e-2)
     assert epsilon_rdp(plan.events, 1e-5) <= 8.0 + 1e-9
-    assert plan.noise_multiplier > plan_privimage(cfg.with_(vote_rounds=1), 4000).noise_multiplier
+    assert (
+        plan.noise_multiplier
+        > plan_privimage(cfg.with_(vote_rounds=1), 4000, n_classes=10).noise_multiplier
+    )
 
 
 @pytest.mark.parametrize(
@@ -374,8 +377,8 @@ def test_vote_space_charges_the_same_events_and_is_validated() -> None:
         vote_rounds=4,
     )
     pixel, embedding = (
-        plan_privimage(cfg, 4000),
-        plan_privimage(cfg.with_(vote_space="embedding"), 4000),
+        plan_privimage(cfg, 4000, n_classes=10),
+        plan_privimage(cfg.with_(vote_space="embedding"), 4000, n_classes=10),
     )
     assert pixel.events == embedding.events and pixel.noise_multiplier == embedding.noise_multiplier
     assert PrivImageConfig(epsilon=5.0, delta=1e-5).vote_space == "pixel"
