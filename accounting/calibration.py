@@ -111,9 +111,9 @@ def calibrate_noise(
 def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.DpEvent]) -> float:
     if epsilon_rdp(event_of(MAX_SIGMA), delta) > target:
         raise BudgetExceededError(
-            f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep epsilon <= {target:g}; "
-            "the remaining budget is too small for this run. Raise the target (within the cap) or "
-            "run fewer steps."
+            f"Even noise {MAX_SIGMA:g} times the sensitivity does not keep "
+            f"epsilon <= {target:g}; the remaining budget is too small for "
+            "this run. Raise the target (within the cap) or run fewer steps."
         )
     if epsilon_rdp(event_of(MIN_NOISE_MULTIPLIER), delta) <= target:
         return (

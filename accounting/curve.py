@@ -97,8 +97,8 @@ def _ensure_table(con: duckdb.DuckDBPyConnection) -> None:
 def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
     """The curve recomputed from the counted events of the dataset's charges table."""
     rows = con.execute(
-        "SELECT state, planned_events, charged_events FROM charges WHERE dataset_id = ? ORDER BY "
-        "position",
+        "SELECT state, planned_events, charged_events FROM "
+        "charges WHERE dataset_id = ? ORDER BY position",
         [dataset_id],
     ).fetchall()
     counted = [
@@ -123,9 +123,9 @@ def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
 
 def _save(con: duckdb.DuckDBPyConnection, dataset_id: str, curve: Curve) -> Curve:
     con.execute(
-        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET rdp "
-        "= excluded.rdp, non_private = excluded.non_private, events = excluded.events, orders = "
-        "excluded.orders",
+        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) "
+        "DO UPDATE SET rdp = excluded.rdp, non_private = excluded.non_private, "
+        "events = excluded.events, orders = excluded.orders",
         [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY],
     )
     return curve
@@ -147,8 +147,8 @@ def save_change(
     # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per
     # charge)
     con.execute(
-        "UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? WHERE dataset_id "
-        "= ?",
+        "UPDATE rdp_curves SET rdp = ?, non_private = "
+        "?, events = ?, orders = ? WHERE dataset_id = ?",
         [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id],
     )
     return new

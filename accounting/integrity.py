@@ -155,8 +155,8 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
             changed = [k for k in DATASET_FIELDS if k in rec and rec[k] != ds[k]]
             if changed:
                 problems.append(
-                    f"dataset {ds['name']}: {', '.join(changed)} differ from its registration "
-                    "entry (edited)"
+                    f"dataset {ds['name']}: {', '.join(changed)} "
+                    "differ from its registration entry (edited)"
                 )
         delta = float(rec["delta_cap"]) if rec and "delta_cap" in rec else ds["delta_cap"]
 
@@ -284,8 +284,8 @@ def check_checkpoint(
     seq = int(cp["seq"])
     if seq > len(rows):
         return [
-            f"{where}: the chain now has only {len(rows)} entries (entries after a signed head "
-            "were removed)"
+            f"{where}: the chain now has only {len(rows)} "
+            "entries (entries after a signed head were removed)"
         ]
     if rows[seq - 1][0] != seq or rows[seq - 1][6] != cp["head_hash"]:
         return [

@@ -228,8 +228,8 @@ def _dataset_row(con, name_or_id: str) -> Dataset:
             or "none yet"
         )
         raise UnknownDatasetError(
-            f"Unknown dataset {name_or_id!r} (registered: {known}). Register it with `privrelease "
-            "dataset register`."
+            f"Unknown dataset {name_or_id!r} (registered: {known}). "
+            "Register it with `privrelease dataset register`."
         )
     return Dataset.from_row(rows[0])
 
@@ -270,8 +270,8 @@ def reserve(
                 existing.planned_events
             ) != events_to_text(events):
                 raise LedgerStateError(
-                    f"Run id {run_id!r} was already used for a different reservation; use a new "
-                    "run id."
+                    f"Run id {run_id!r} was already used for a "
+                    "different reservation; use a new run id."
                 )
             return existing  # replay: no second charge
         # the running RDP curve: no re-composition of the history
@@ -406,14 +406,14 @@ def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:
             "release can claim a finite epsilon. Nothing was charged."
         )
     return (
-        f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, which keeps the cap "
-        "valid however releases are chosen, would stop here. This run would bring the filter's "
-        f"epsilon (delta={ds.delta_cap:g}) from "
+        f"Budget exceeded for dataset {ds.name!r}: the cap's privacy filter, "
+        "which keeps the cap valid however releases are chosen, would stop here. "
+        f"This run would bring the filter's epsilon (delta={ds.delta_cap:g}) from "
         f"{privacy_filter.filter_epsilon(before.rdp, ds.delta_cap):.4g} to "
-        f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the cap "
-        f"{ds.epsilon_cap:g} (RDP epsilon {after.epsilon(ds.delta_cap):.4g}). Nothing was charged. "
-        "Use more noise or fewer steps (see `privrelease budget plan`), or a smaller target "
-        "epsilon."
+        f"{privacy_filter.filter_epsilon(after.rdp, ds.delta_cap):.4g}, over the "
+        f"cap {ds.epsilon_cap:g} (RDP epsilon {after.epsilon(ds.delta_cap):.4g}). "
+        "Nothing was charged. Use more noise or fewer steps (see `privrelease "
+        "budget plan`), or a smaller target epsilon."
     )
 
 
@@ -441,8 +441,8 @@ def commit(
             _check_within_reservation(run_id, charge.planned_events, executed, ds.delta_cap)
         before = curve.load(con, charge.dataset_id)
         con.execute(
-            "UPDATE charges SET state = 'committed', charged_events = ?, settled_at = ? WHERE "
-            "run_id = ?",
+            "UPDATE charges SET state = 'committed', "
+            "charged_events = ?, settled_at = ? WHERE run_id = ?",
             [text, trail.now(), run_id],
         )
         curve.save_change(
@@ -464,9 +464,9 @@ def _check_within_reservation(
         )
     if actual.non_private or np.any(over):
         raise LedgerStateError(
-            f"Run {run_id!r} executed more (epsilon {actual.epsilon(delta):.4g}) than it reserved "
-            f"({planned.epsilon(delta):.4g}) at some RDP order; this is a bug in the mechanism. "
-            "Nothing was changed."
+            f"Run {run_id!r} executed more (epsilon {actual.epsilon(delta):.4g}) "
+            f"than it reserved ({planned.epsilon(delta):.4g}) at some RDP order; "
+            "this is a bug in the mechanism. Nothing was changed."
         )
 
 

@@ -27,8 +27,8 @@ class Migration:
 def _source_tables(src: Store) -> list[tuple[str, str]]:
     with src.transaction() as con:
         return con.execute(
-            "SELECT table_name, sql FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY "
-            "table_name"
+            "SELECT table_name, sql FROM duckdb_tables() "
+            "WHERE schema_name = 'main' ORDER BY table_name"
         ).fetchall()
 
 

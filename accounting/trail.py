@@ -187,8 +187,8 @@ def _chain_problems(rows: list[tuple]) -> tuple[list[str], list[int]]:
     ):
         if seq != expected_seq:
             problems.append(
-                f"entry {seq}: expected sequence number {expected_seq} (an entry was deleted or "
-                "moved)"
+                f"entry {seq}: expected sequence number "
+                f"{expected_seq} (an entry was deleted or moved)"
             )
             broken.append(seq)
         if prev_hash != prev:
@@ -222,8 +222,8 @@ def verify_rows(
     notes: list[str] = []
     if isinstance(recorded_head, str):
         problems.append(
-            f"the recorded head (trail.head) {recorded_head}; privrelease writes it atomically, so "
-            "it was edited"
+            f"the recorded head (trail.head) {recorded_head}; "
+            "privrelease writes it atomically, so it was edited"
         )
     elif recorded_head is None and not rows:
         pass
@@ -236,14 +236,14 @@ def verify_rows(
         )
     elif recorded_head is None:
         problems.append(
-            f"the chain has {len(rows)} entries but the workspace has no recorded head (trail.head "
-            "deleted)"
+            f"the chain has {len(rows)} entries but the "
+            "workspace has no recorded head (trail.head deleted)"
         )
     else:
         problems.append(
-            f"chain ends at entry {end[0]} {end[1][:12]}… but the workspace recorded head entry "
-            f"{recorded_head[0]} {recorded_head[1][:12]}… (entries removed from the end or the "
-            "head file edited)"
+            f"chain ends at entry {end[0]} {end[1][:12]}… but the workspace "
+            f"recorded head entry {recorded_head[0]} {recorded_head[1][:12]}… "
+            "(entries removed from the end or the head file edited)"
         )
     status = "altered" if problems else ("interrupted" if notes else "intact")
     return TrailVerification(not problems, len(rows), end[1], problems, broken, status, notes)
@@ -273,8 +273,8 @@ def read_rows(store: Store) -> list[tuple]:
     with store.transaction() as con:
         # Storage order, not ORDER BY seq: a reordering must show up, not be sorted away.
         return con.execute(
-            "SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER "
-            "BY rowid"
+            "SELECT seq, ts, actor, action, payload, prev_hash, "
+            "entry_hash FROM audit_trail ORDER BY rowid"
         ).fetchall()
 
 

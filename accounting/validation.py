@@ -49,8 +49,8 @@ def check_delta(value: object, name: str = "delta") -> float:
     v = _finite(name, value)
     if not 0 < v < 1:
         raise InvalidParameterError(
-            f"{name} must be in (0, 1), got {v}; use a value well below 1/n, e.g. 1e-5 for 5,000 "
-            "records."
+            f"{name} must be in (0, 1), got {v}; use a value "
+            "well below 1/n, e.g. 1e-5 for 5,000 records."
         )
     return v
 
@@ -65,16 +65,16 @@ def check_sigma(value: object, name: str = "sigma") -> float:
         )
     if v < MIN_NOISE_MULTIPLIER:
         raise InvalidParameterError(
-            f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the sensitivity: so little "
-            "noise gives no useful privacy (epsilon in the hundreds or more). Use a noise "
-            "multiplier of about 0.5 or more, or ask `privrelease budget plan --epsilon E` for "
-            "the one that fits."
+            f"{name} {v:g} is below {MIN_NOISE_MULTIPLIER:g} times the "
+            "sensitivity: so little noise gives no useful privacy (epsilon in "
+            "the hundreds or more). Use a noise multiplier of about 0.5 or more, "
+            "or ask `privrelease budget plan --epsilon E` for the one that fits."
         )
     if v > MAX_NOISE_MULTIPLIER:
         raise InvalidParameterError(
-            f"{name} {v:g} is above {MAX_NOISE_MULTIPLIER:g} times the sensitivity: the output "
-            "would be pure noise. Use less noise (`privrelease budget plan --epsilon E` finds the "
-            "smallest that fits)."
+            f"{name} {v:g} is above {MAX_NOISE_MULTIPLIER:g} times the "
+            "sensitivity: the output would be pure noise. Use less noise "
+            "(`privrelease budget plan --epsilon E` finds the smallest that fits)."
         )
     return v
 

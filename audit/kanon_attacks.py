@@ -35,8 +35,8 @@ def _validate_clusters(
         c = np.asarray(c, dtype=np.int64).reshape(-1)
         if len(c) == 0 or c.min() < 0 or c.max() >= n_sensitive:
             raise DataFormatError(
-                f"cluster {i} has indices outside the sensitive set (0..{n_sensitive - 1}) or is "
-                "empty."
+                f"cluster {i} has indices outside the sensitive "
+                f"set (0..{n_sensitive - 1}) or is empty."
             )
         out.append(c)
     return out

@@ -46,8 +46,8 @@ def _losses(loss_fn: LossFn, data: ImageDataset) -> np.ndarray:
     losses = np.asarray(loss_fn(data.images, data.labels), dtype=np.float64).reshape(-1)
     if losses.shape != (len(data),):
         raise InvalidParameterError(
-            f"loss_fn returned {losses.shape[0]} losses for {len(data)} images; it must return one "
-            "loss per image."
+            f"loss_fn returned {losses.shape[0]} losses for "
+            f"{len(data)} images; it must return one loss per image."
         )
     if not np.isfinite(losses).all():
         raise InvalidParameterError(

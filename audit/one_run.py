@@ -94,8 +94,8 @@ def one_run_bound(
     m = len(s)
     if inc.shape != s.shape or m < 10:
         raise InvalidParameterError(
-            f"need one inclusion bit per score and at least 10 canaries, got {m} scores and "
-            f"{inc.shape} bits."
+            "need one inclusion bit per score and at least 10 "
+            f"canaries, got {m} scores and {inc.shape} bits."
         )
     if not np.isfinite(s).all():
         raise InvalidParameterError(

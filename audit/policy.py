@@ -161,10 +161,10 @@ class AuditPolicy:
 
 # What the utility gate reveals, for the dataset card (the publication decision depends on it).
 UTILITY_GATE_CHANNEL = (
-    "Utility gate (uncharged channel): the release was published only because classifiers trained "
-    "on it reached the required accuracy on a real held-out set that is not part of the registered "
-    "dataset. The decision is a function of this DP release and of that held-out set only, so it "
-    "is post-processing with respect to the registered records and spends no budget; it reveals "
-    "about one bit about the held-out set (whether the release is useful on it), which carries no "
-    "DP guarantee."
+    "Utility gate (uncharged channel): the release was published only because "
+    "classifiers trained on it reached the required accuracy on a real held-out set "
+    "that is not part of the registered dataset. The decision is a function of this DP "
+    "release and of that held-out set only, so it is post-processing with respect to "
+    "the registered records and spends no budget; it reveals about one bit about the "
+    "held-out set (whether the release is useful on it), which carries no DP guarantee."
 )

@@ -348,9 +348,9 @@ def _run_audit(
                 "release_readable",
                 "expectations",
                 False,
-                "attacks and metrics not run: release images are not non-empty uint8 images of "
-                f"the sensitive set's shape {sens.image_shape} (got {images.dtype}, "
-                f"{images.shape})",
+                "attacks and metrics not run: release images are not "
+                "non-empty uint8 images of the sensitive set's shape "
+                f"{sens.image_shape} (got {images.dtype}, {images.shape})",
                 {},
             )
         )

@@ -151,8 +151,8 @@ def check_utility(u: UtilityNumbers, policy: AuditPolicy) -> CheckResult:
         "informational, no threshold"
         if threshold is None
         else (
-            f"gate {threshold:.3f} = chance {u.chance:.3f} + {policy.min_utility_gain or 0:.2f} x "
-            "(1 - chance)"
+            f"gate {threshold:.3f} = chance {u.chance:.3f} + "
+            f"{policy.min_utility_gain or 0:.2f} x (1 - chance)"
         )
         + (
             f", floor {policy.min_downstream_accuracy}"

@@ -65,8 +65,8 @@ def set_password(
     shorter than 8."""
     if not isinstance(password, str) or len(password) < MIN_PASSWORD_LENGTH:
         raise InvalidParameterError(
-            f"The password must be at least {MIN_PASSWORD_LENGTH} characters long; choose a longer "
-            "one."
+            f"The password must be at least {MIN_PASSWORD_LENGTH} "
+            "characters long; choose a longer one."
         )
     keys.get_identity(store, name)  # UnknownIdentityError (a PrivReleaseError) with a hint
     stored = hash_password(password)
@@ -158,8 +158,8 @@ def sign_in(store: Store, name: str, password: str, *, now: float | None = None)
         )
         return SignIn(
             None,
-            "Unknown identity or wrong password (or no password set: `privrelease keys password "
-            "NAME`).",
+            "Unknown identity or wrong password (or no "
+            "password set: `privrelease keys password NAME`).",
         )
     _record(store, name, "auth.sign_in", "ok")
     return SignIn(ident, "", password_epoch(ident))

@@ -143,10 +143,10 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
             "",
             "## Privacy guarantee",
             "",
-            f"**k-anonymity with k = {g['k']}**: each released image is computed from a group of "
-            f"{g['k']} records. This is *not* differential privacy. Averages can leak attributes "
-            "shared by a group, and the source dataset's earlier DP guarantees no longer hold "
-            "after this release.",
+            f"**k-anonymity with k = {g['k']}**: each released image is computed "
+            f"from a group of {g['k']} records. This is *not* differential privacy. "
+            "Averages can leak attributes shared by a group, and the source "
+            "dataset's earlier DP guarantees no longer hold after this release.",
             "",
         ]
     rdp, pld, delta = g.get("epsilon_rdp"), g.get("epsilon_pld"), g["delta"]
@@ -191,9 +191,9 @@ def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> lis
         "",
         "## Privacy guarantee",
         "",
-        "(epsilon, delta)-differential privacy for the whole history of releases from the source "
-        f"dataset {'as of publication ' if history is not None else ''}(this one included), with "
-        f"delta = {delta:g}:",
+        "(epsilon, delta)-differential privacy for the whole history of releases from "
+        f"the source dataset {'as of publication ' if history is not None else ''}(this "
+        f"one included), with delta = {delta:g}:",
         "",
         f"- epsilon by RDP (reference accountant): **{_eps(rdp)}**",
         f"- epsilon by PLD (tighter accountant): **{_eps(pld)}**",
@@ -232,8 +232,8 @@ def _how_made(release: dict, result: dict) -> list[str]:
         "",
         f"- Mechanism: {mech}",
         f"- Preset: {params.get('preset', 'default')}",
-        f"- Public data: {params.get('public', 'the mechanism default')} (public; not covered by "
-        "the guarantee)",
+        f"- Public data: {params.get('public', 'the mechanism default')} "
+        "(public; not covered by the guarantee)",
     ]
     chosen = result["parameters"].get("selected_public_classes")
     if chosen is not None:
@@ -251,8 +251,8 @@ def _limitations_and_use() -> list[str]:
         "## Limitations",
         "",
         "- The dataset size is treated as public (it is not protected by the guarantee).",
-        "- Synthetic or averaged images have lower fidelity than the originals; check the utility "
-        "for your task.",
+        "- Synthetic or averaged images have lower fidelity "
+        "than the originals; check the utility for your task.",
         "- The guarantee is about records of the source dataset; it says nothing about people who "
         "appear in several records unless the privacy unit covers them.",
         "- The publication itself depended on pass/fail audit checks computed on the sensitive "
@@ -260,9 +260,9 @@ def _limitations_and_use() -> list[str]:
         "",
         "## Intended use",
         "",
-        "Prototyping, teaching, method development and benchmarking where the original images "
-        "cannot be shared. Not for clinical or individual decisions, and not for re-identifying "
-        "anyone.",
+        "Prototyping, teaching, method development and benchmarking "
+        "where the original images cannot be shared. Not for clinical "
+        "or individual decisions, and not for re-identifying anyone.",
         "",
     ]
 
@@ -274,8 +274,8 @@ def _version_citation(release: dict, dataset: dict, license_id: str, when: datet
         f"`{license_id}`"
         if license_id != DEFAULT_LICENSE
         else (
-            "`other`: the publisher set no license in the release spec; ask them before "
-            "redistributing"
+            "`other`: the publisher set no license in the "
+            "release spec; ask them before redistributing"
         )
     )
     return [
@@ -400,10 +400,10 @@ def _verify_section(rid: str, fingerprints: tuple[str, str]) -> list[str]:
         f"- keyid (securesystemslib default): `{keyid}`",
         f"- sha256 of the raw public key: `{raw_sha}`",
         "",
-        f"`privrelease verify {rid}.tar.gz --key release.pub` checks the DSSE signature over "
-        "`manifest.intoto.json`, every file's sha256 and that the archive's name is the signed "
-        "release id, offline. Without privrelease, with securesystemslib and the Python standard "
-        "library:",
+        f"`privrelease verify {rid}.tar.gz --key release.pub` checks the DSSE "
+        "signature over `manifest.intoto.json`, every file's sha256 and that "
+        "the archive's name is the signed release id, offline. Without "
+        "privrelease, with securesystemslib and the Python standard library:",
         "",
         "```python",
         "import hashlib, json, pathlib",

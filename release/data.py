@@ -136,8 +136,8 @@ def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDatas
     data = load_source(ds.source)
     if dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels) != ds.fingerprint:
         raise DatasetConflictError(
-            f"The data at {ds.source} has changed since dataset {ds.name!r} was registered. "
-            "Restore the original data, or register the new content under a new name (its budget "
-            "starts fresh)."
+            f"The data at {ds.source} has changed since dataset {ds.name!r} "
+            "was registered. Restore the original data, or register the "
+            "new content under a new name (its budget starts fresh)."
         )
     return ds, data.with_declared(list(ds.labels))

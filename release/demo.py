@@ -119,8 +119,8 @@ def _run_and_audit(store: Store, rid: str) -> None:
     from audit import load_report, render_report
 
     step(
-        "5. Run: reserve budget -> semantic query -> pretrain -> DP-SGD fine-tune -> sample -> "
-        "vote -> audit"
+        "5. Run: reserve budget -> semantic query -> pretrain "
+        "-> DP-SGD fine-tune -> sample -> vote -> audit"
     )
     demo = PrivImageConfig.demo(
         DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"]

@@ -136,13 +136,13 @@ def verify_envelope(
             return payload
     if tried:
         raise TamperError(
-            "manifest.dsse.json: the signature does not verify with the given public key (key id "
-            f"{want[:16]}…): the signed manifest or the signature was altered after signing. "
-            f"{REFETCH}"
+            "manifest.dsse.json: the signature does not verify with the "
+            f"given public key (key id {want[:16]}…): the signed manifest "
+            f"or the signature was altered after signing. {REFETCH}"
         )
     raise TamperError(
-        f"manifest.dsse.json: signed by key id {', '.join(k[:16] + '…' for k in other_ids)}, but "
-        f"the given public key has id {want[:16]}…. Check that you were given the publisher's "
-        "release.pub (wrong key?); if it is the right key, the bundle was re-signed by someone "
-        "else: do not use it."
+        "manifest.dsse.json: signed by key id "
+        f"{', '.join(k[:16] + '…' for k in other_ids)}, but the given public key has id "
+        f"{want[:16]}…. Check that you were given the publisher's release.pub (wrong key?); "
+        "if it is the right key, the bundle was re-signed by someone else: do not use it."
     )

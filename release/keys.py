@@ -137,9 +137,9 @@ def _write_keypair(workspace: Workspace, name: str) -> tuple[Ed25519PrivateKey, 
                 _write_exclusive(path, data, mode)
             except FileExistsError:
                 raise KeyFileError(
-                    f"Key file {path} already exists but no identity {name!r} is registered (left "
-                    "over from an interrupted run, or created by hand). Move it away or choose "
-                    "another name."
+                    f"Key file {path} already exists but no identity {name!r} "
+                    "is registered (left over from an interrupted run, or "
+                    "created by hand). Move it away or choose another name."
                 ) from None
             written.append(path)
     except BaseException:
@@ -266,9 +266,9 @@ def authenticate(store: Store, name: str, *roles: str) -> Identity:
         ident.public_key_object().verify(key.sign(challenge), challenge)
     except InvalidSignature:
         raise KeyFileError(
-            f"The private key at {private_key_path(store.workspace, name)} is not the key "
-            f"registered for {name!r}; restore the right key file (an identity's key cannot be "
-            "swapped)."
+            f"The private key at {private_key_path(store.workspace, name)} "
+            f"is not the key registered for {name!r}; restore the right "
+            "key file (an identity's key cannot be swapped)."
         ) from None
     return ident
 
@@ -282,8 +282,8 @@ def load_private_key(workspace: Workspace, name: str) -> Ed25519PrivateKey:
             "it is created by the first signed release"
             if name == RELEASE_KEY
             else (
-                f"create the identity with `privrelease keys create {name} --role ROLE --as "
-                "STEWARD`"
+                "create the identity with `privrelease keys "
+                f"create {name} --role ROLE --as STEWARD`"
             )
         )
         raise KeyFileError(f"No private key for {name!r} at {path}: {hint}.") from None

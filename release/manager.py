@@ -205,8 +205,8 @@ def _preview(
         warnings += _kanon_audit_warning(spec, ds, mplan, public, progress)
     if budget.dp_void:
         warnings.append(
-            "A k-anonymous release was already made from this dataset: its DP guarantees no longer "
-            "hold."
+            "A k-anonymous release was already made from "
+            "this dataset: its DP guarantees no longer hold."
         )
     rdp_after = curve.curve_of(
         budget.history + list(mplan.events)

@@ -129,8 +129,8 @@ class ReleasePredicate:
         version_of(predicate_type)
         if not isinstance(data, dict):
             raise UnsupportedPredicateError(
-                "The release predicate is not a JSON object; this is not a privrelease bundle, or "
-                "it is damaged."
+                "The release predicate is not a JSON object; this "
+                "is not a privrelease bundle, or it is damaged."
             )
         try:
             lp, ap = data["ledger_position"], data["approval"]
@@ -156,7 +156,7 @@ class ReleasePredicate:
             )
         except (KeyError, TypeError) as exc:
             raise UnsupportedPredicateError(
-                f"The release predicate lacks {exc} (or has it in another shape), which every "
-                f"version {VERSION} predicate holds: the bundle was not published by privrelease, "
-                "or it is damaged."
+                f"The release predicate lacks {exc} (or has it in another "
+                f"shape), which every version {VERSION} predicate holds: the "
+                "bundle was not published by privrelease, or it is damaged."
             ) from None

@@ -126,15 +126,15 @@ def _check_release_id(res: VerificationResult, name: str, shown: str, suffix: st
     rid = res.predicate.get("release_id")
     if not isinstance(rid, str) or not rid:
         res.problems.append(
-            f"{shown}: the signed manifest names no release id, so the bundle cannot be bound to "
-            f"its name. {REFETCH}"
+            f"{shown}: the signed manifest names no release id, "
+            f"so the bundle cannot be bound to its name. {REFETCH}"
         )
     elif rid != name:
         res.problems.append(
-            f"{shown}: the signed manifest is for release {rid!r}, but the bundle is named "
-            f"{name!r}: it is another release's bundle under this name, or it was renamed. Make "
-            f"sure {rid!r} is the release you wanted; if it is, rename the bundle to {rid}{suffix} "
-            "and verify again."
+            f"{shown}: the signed manifest is for release {rid!r}, but the bundle "
+            f"is named {name!r}: it is another release's bundle under this name, "
+            f"or it was renamed. Make sure {rid!r} is the release you wanted; if "
+            f"it is, rename the bundle to {rid}{suffix} and verify again."
         )
 
 
@@ -397,8 +397,8 @@ def _verify_archive(
         except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
             structural = None
             res.problems.append(
-                f"{name}: not a readable .tar.gz archive ({e}); it is truncated or corrupted. "
-                f"{REFETCH}"
+                f"{name}: not a readable .tar.gz archive ({e}); "
+                f"it is truncated or corrupted. {REFETCH}"
             )
         if scan.tamper:
             res.problems.append(scan.tamper)
@@ -455,8 +455,8 @@ def _compare(res: VerificationResult, scan: _ArchiveScan) -> None:
 def _check_statement_file(res: VerificationResult, stmt: bytes | None, payload: bytes) -> None:
     if stmt is None:
         res.problems.append(
-            f"{STATEMENT_FILE}: missing (listed beside the signed envelope in every bundle). "
-            f"{REFETCH}"
+            f"{STATEMENT_FILE}: missing (listed beside the "
+            f"signed envelope in every bundle). {REFETCH}"
         )
     elif stmt != payload:
         res.problems.append(

@@ -68,8 +68,8 @@ def run(
     elif r.ok:
         p = r.predicate or {}
         print(
-            f"OK: signature valid (key {r.key_id[:16]}…), {len(r.checked)} files match the "
-            "manifest."
+            f"OK: signature valid (key {r.key_id[:16]}…), "
+            f"{len(r.checked)} files match the manifest."
         )
         print(
             f"  release {p.get('release_id')} of dataset {p.get('dataset_id')}: "

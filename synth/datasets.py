@@ -179,8 +179,8 @@ def fashion_mnist(split: str = "train") -> ImageDataset:
     pixels, labels = _idx_file(img_file, 2051, 16), _idx_file(lab_file, 2049, 8)
     if pixels.size != labels.size * 28 * 28:
         raise DataFormatError(
-            f"{img_file}: {pixels.size} pixels for {labels.size} labels; the files are damaged. "
-            f"{_REINSTALL}"
+            f"{img_file}: {pixels.size} pixels for {labels.size} "
+            f"labels; the files are damaged. {_REINSTALL}"
         )
     name = "builtin:fashion-mnist" if split == "train" else "builtin:fashion-mnist-test"
     return _builtin(
@@ -280,8 +280,8 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
         )
     if public_source == sensitive_source:
         raise DataFormatError(
-            f"The public set {public_source!r} is the sensitive dataset itself; choose a public "
-            "set "
+            f"The public set {public_source!r} is the "
+            "sensitive dataset itself; choose a public set "
             'that holds none of its records (`public = "..."` in the spec).'
         )
 

@@ -46,8 +46,8 @@ def check_label_values(labels: np.ndarray, where: str) -> np.ndarray:
         )
         if bad.size:
             raise DataFormatError(
-                f"{where}: labels must be whole numbers, got {bad[0].item()!r}. Clean or drop "
-                "those rows."
+                f"{where}: labels must be whole numbers, got "
+                f"{bad[0].item()!r}. Clean or drop those rows."
             )
     if labels.size and labels.min() < 0:
         raise DataFormatError(

@@ -142,8 +142,8 @@ def _inside(path: Path, root: Path, where: str) -> Path:
         raise DataFormatError(f"{where}: a broken link ({exc}); remove it.") from exc
     if real != root and root not in real.parents:
         raise DataFormatError(
-            f"{where}: a link to {real}, outside the folder {root}. Copy the file into the folder "
-            "or remove the link."
+            f"{where}: a link to {real}, outside the folder {root}. "
+            "Copy the file into the folder or remove the link."
         )
     return real
 
@@ -194,14 +194,14 @@ def load_parquet(path: Path) -> ImageDataset:
     missing = {"image", "label"} - set(schema.names)
     if missing:
         raise DataFormatError(
-            f"{path}: missing column(s) {sorted(missing)}; need `image` (PNG bytes) and `label` "
-            "(int)."
+            f"{path}: missing column(s) {sorted(missing)}; "
+            "need `image` (PNG bytes) and `label` (int)."
         )
     if _bytes_type(schema.field("image").type) is None:
         raise DataFormatError(
-            f"{path}: column `image` is {schema.field('image').type}; it must hold encoded image "
-            "bytes (binary, e.g. PNG, or a struct {bytes, path} as our bundles write), one per "
-            "row."
+            f"{path}: column `image` is {schema.field('image').type}; "
+            "it must hold encoded image bytes (binary, e.g. PNG, or a "
+            "struct {bytes, path} as our bundles write), one per row."
         )
     if not pa.types.is_integer(schema.field("label").type):
         raise DataFormatError(
@@ -224,8 +224,8 @@ def load_parquet(path: Path) -> ImageDataset:
     table = meta.read(columns=["image", "label"])
     if table.column("image").null_count or table.column("label").null_count:
         raise DataFormatError(
-            f"{path}: some images or labels are null; every row needs an image and an integer "
-            "label."
+            f"{path}: some images or labels are null; every "
+            "row needs an image and an integer label."
         )
     labels = check_label_values(table.column("label").to_numpy(), str(path))
     column = table.column("image")

@@ -32,8 +32,8 @@ def public_key_panel(store: Store) -> None:
         st.markdown("#### :material/key: Publisher's public key")
         if not pub_path.is_file():
             st.info(
-                "No release key yet: it is created with the first identity or the first signed "
-                "release."
+                "No release key yet: it is created with the "
+                "first identity or the first signed release."
             )
             return
         pem = pub_path.read_text()

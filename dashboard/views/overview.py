@@ -94,8 +94,8 @@ def render(store: Store, ident: keys.Identity) -> None:
                 )
                 if b.dp_void:
                     st.warning(
-                        "A k-anonymous release was made from this dataset: its DP guarantees no "
-                        "longer hold.",
+                        "A k-anonymous release was made from this "
+                        "dataset: its DP guarantees no longer hold.",
                         icon=":material/warning:",
                     )
 

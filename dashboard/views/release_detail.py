@@ -228,8 +228,8 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     ds = views.dataset(store, rel.dataset_id)
     sensitive = _sensitive_images(store, ds.name, ds.fingerprint)
     st.caption(
-        "Internal: the sensitive source records of each released representative. Never shown to "
-        "consumers."
+        "Internal: the sensitive source records of each "
+        "released representative. Never shown to consumers."
     )
     i = st.number_input(
         f"Cluster (0–{len(clusters) - 1})",

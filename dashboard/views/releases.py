@@ -21,8 +21,8 @@ def render(store: Store, ident: keys.Identity) -> None:
         st.subheader(f"Plans awaiting approval ({len(pending)})")
         if not pending:
             st.info(
-                "No plan is waiting for approval. Plan one with `privrelease release plan "
-                "SPEC.toml`."
+                "No plan is waiting for approval. Plan one "
+                "with `privrelease release plan SPEC.toml`."
             )
         for rel in pending:
             plan_card(store, ident, rel)
@@ -89,8 +89,8 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
                     "I accept: no DP guarantee",
                     key=f"ack_{rid}",
                     help="This k-anonymous release carries no differential-privacy guarantee and "
-                    "voids the DP meaning of every release of this dataset: its epsilon becomes "
-                    "infinite.",
+                    "voids the DP meaning of every release of "
+                    "this dataset: its epsilon becomes infinite.",
                 )
             if st.button(
                 "Approve (sign the plan)",

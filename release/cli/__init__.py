@@ -94,8 +94,8 @@ def init(
     ws = workspace()
     created = ws.init(store_url=store_url)
     console.print(
-        f"[green]{'Initialised' if created else 'Already initialised'}[/] workspace at "
-        f"{ws.root.resolve()}"
+        f"[green]{'Initialised' if created else 'Already initialised'}[/] "
+        f"workspace at {ws.root.resolve()}"
     )
     if steward is not None:
         s = Store(ws)
@@ -107,9 +107,9 @@ def init(
         ident = keys.create_identity(s, steward, "steward", actor=steward)
         keys.ensure_release_key(ws)
         console.print(
-            f"[green]Created[/] first steward {ident.name}; private key "
-            f"{keys.private_key_path(ws, steward)} (keep it private: it is the steward's "
-            "authority)."
+            f"[green]Created[/] first steward {ident.name}; "
+            f"private key {keys.private_key_path(ws, steward)} "
+            "(keep it private: it is the steward's authority)."
         )
 
 

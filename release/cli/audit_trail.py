@@ -69,9 +69,9 @@ def _print_verification(r: integrity.IntegrityReport) -> None:
         for p in r.all_problems:
             console.print(f"  - {escape(p)}")
         console.print(
-            "The store has been altered outside privrelease. Restore it from a backup and compare "
-            "against a pinned head: a signed checkpoint (`privrelease audit checkpoint`) or a "
-            "bundle."
+            "The store has been altered outside privrelease. Restore it "
+            "from a backup and compare against a pinned head: a signed "
+            "checkpoint (`privrelease audit checkpoint`) or a bundle."
         )
     for row in r.spend:
         mark = "[green]agrees[/]" if row["agree"] else "[red]DIFFERS[/]"

@@ -23,9 +23,9 @@ def print_adaptive(s: budgets.BudgetSummary) -> None:
         f"  spent so far (odometer): epsilon <= {fmt_eps(s.odometer_epsilon)} at delta={s.delta:g}"
     )
     console.print(
-        "  [dim]RDP/PLD: the history as if fixed in advance. Filter: new charges stop when it "
-        "would pass the cap. Odometer: holds now and later, however releases were chosen "
-        "(docs/privacy.md).[/]"
+        "  [dim]RDP/PLD: the history as if fixed in advance. Filter: new "
+        "charges stop when it would pass the cap. Odometer: holds now "
+        "and later, however releases were chosen (docs/privacy.md).[/]"
     )
 
 
@@ -49,8 +49,8 @@ def show(dataset: str, as_json: bool = typer.Option(False, "--json")) -> None:
     print_adaptive(summary)
     if summary.dp_void:
         console.print(
-            "  [red]A non-DP (k-anonymous) release was made from this dataset: its DP guarantees "
-            "no longer hold.[/]"
+            "  [red]A non-DP (k-anonymous) release was made from "
+            "this dataset: its DP guarantees no longer hold.[/]"
         )
     console.print(
         table(

@@ -25,8 +25,8 @@ def register(
         None,
         "--labels",
         help="The label set (public): values like 0-9 or 0,1,2,5 for "
-        ".npz/Parquet, the class subfolder names (cat,dog) for a folder; built-ins declare their "
-        "own.",
+        ".npz/Parquet, the class subfolder names (cat,dog) "
+        "for a folder; built-ins declare their own.",
     ),
     epsilon: float = typer.Option(
         ..., "--epsilon", help="Budget cap epsilon for all releases of this dataset."
@@ -104,6 +104,6 @@ def show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     rows = [[k, escape(str(v))] for k, v in d.__dict__.items()]
     console.print(table(f"Dataset {d.name}", ["field", "value"], rows))
     console.print(
-        "[dim]fingerprint = HMAC-SHA256 under the workspace key (a plain hash would leak "
-        "membership).[/]"
+        "[dim]fingerprint = HMAC-SHA256 under the workspace "
+        "key (a plain hash would leak membership).[/]"
     )

@@ -49,8 +49,8 @@ def plan(spec: Path, actor: str = AS, as_json: bool = typer.Option(False, "--jso
         return
     print_plan(rel)
     console.print(
-        f"Next: privrelease release approve {rel.release_id} --as STEWARD --digest "
-        f"{rel.plan_digest}"
+        f"Next: privrelease release approve {rel.release_id} "
+        f"--as STEWARD --digest {rel.plan_digest}"
     )
 
 
@@ -227,14 +227,14 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
         return
     if charge is None or charge.state == "refunded":
         say(
-            "Charged: nothing. It stopped before reading the sensitive data, so its reservation "
-            "was refunded."
+            "Charged: nothing. It stopped before reading the "
+            "sensitive data, so its reservation was refunded."
         )
         say(f"Resume (a new attempt, reserved again): {resume}")
         return
     steps = (
-        f"; {min(st.started_steps, st.planned_steps)} of {st.planned_steps} DP-SGD steps were "
-        "started"
+        f"; {min(st.started_steps, st.planned_steps)} of "
+        f"{st.planned_steps} DP-SGD steps were started"
         if st.planned_steps is not None
         else ""
     )
@@ -244,8 +244,8 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
         f"until you resume or settle it{steps}."
     )
     say(
-        "Resume (from its last checkpoint; steps lost since then are charged again first): "
-        f"{resume}"
+        "Resume (from its last checkpoint; steps lost "
+        f"since then are charged again first): {resume}"
     )
     kept = "the DP-SGD steps it started" if st.planned_steps is not None else "the whole run"
     say(
@@ -270,8 +270,8 @@ def _print_outcome(rel: Release) -> None:
         "[green]all checks passed[/]" if report and report.passed else "[red]some checks FAILED[/]"
     )
     console.print(
-        f"Release {rel.release_id} is {rel.state}: {verdict}. See `privrelease audit report "
-        f"{rel.release_id}`."
+        f"Release {rel.release_id} is {rel.state}: {verdict}. "
+        f"See `privrelease audit report {rel.release_id}`."
     )
 
 
@@ -286,7 +286,7 @@ def publish(
         print_json(b)
         return
     console.print(
-        f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  archive: {b['tarball']}\n  "
-        f"sha256:  {b['tarball_sha256']}\n  verify:  privrelease verify {b['tarball']} --key "
-        f"{b['public_key']}"
+        f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  "
+        f"archive: {b['tarball']}\n  sha256:  {b['tarball_sha256']}\n  "
+        f"verify:  privrelease verify {b['tarball']} --key {b['public_key']}"
     )

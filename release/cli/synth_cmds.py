@@ -21,8 +21,8 @@ from synth.datasets import heldout_source
 
 app = typer.Typer(
     help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or "
-    "charged. To run it, write the spec (--write-spec FILE), then `privrelease release plan FILE` "
-    "and approve it.",
+    "charged. To run it, write the spec (--write-spec FILE), "
+    "then `privrelease release plan FILE` and approve it.",
     no_args_is_help=True,
 )
 WRITE = typer.Option(
@@ -87,8 +87,8 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         )
     else:
         console.print(
-            "To run it: add --write-spec FILE, then `privrelease release plan FILE` and a "
-            "steward's approval."
+            "To run it: add --write-spec FILE, then `privrelease "
+            "release plan FILE` and a steward's approval."
         )
 
 

@@ -90,8 +90,8 @@ class KSalsaConfig:
             self.image_size = _int("image_size", self.image_size, 8)
             if self.image_size % 4:
                 raise InvalidParameterError(
-                    "image_size must be a multiple of 4 (the codec halves it twice); got "
-                    f"{self.image_size}."
+                    "image_size must be a multiple of 4 (the codec "
+                    f"halves it twice); got {self.image_size}."
                 )
         self.seed = _int("seed", self.seed, 0)
         if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda", "mps")):

@@ -214,8 +214,8 @@ class PrivImageConfig:
         self.vote_pool = check_count(self.vote_pool, "vote_pool")
         if self.vote_sigma and not 2 <= self.vote_pool <= 64:
             raise InvalidParameterError(
-                "vote_pool must be between 2 and 64 candidates per released image, got "
-                f"{self.vote_pool}."
+                "vote_pool must be between 2 and 64 candidates "
+                f"per released image, got {self.vote_pool}."
             )
         self.vote_rounds = check_count(self.vote_rounds, "vote_rounds")
         if self.vote_rounds > 8:

@@ -142,8 +142,8 @@ def per_sample_diffusion_loss(
     bad = [t for t in timesteps if not 0 <= int(t) < meta["train_timesteps"]]
     if bad or n_noise < 1:
         raise DataFormatError(
-            f"timesteps must lie in [0, {meta['train_timesteps']}) and n_noise >= 1; got {bad}, "
-            f"{n_noise}."
+            f"timesteps must lie in [0, {meta['train_timesteps']}) "
+            f"and n_noise >= 1; got {bad}, {n_noise}."
         )
     device = next(model.parameters()).device
     sched = make_scheduler(meta["train_timesteps"])

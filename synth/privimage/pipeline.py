@@ -94,8 +94,8 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
     """Everything that would otherwise fail only after the budget is charged."""
     if config.n_samples > MAX_SAMPLES:
         raise InvalidParameterError(
-            f"[privimage] n_samples {config.n_samples:g} is more than {MAX_SAMPLES:,}; ask for "
-            "fewer images."
+            f"[privimage] n_samples {config.n_samples:g} is "
+            f"more than {MAX_SAMPLES:,}; ask for fewer images."
         )
     drawn = config.base_images * config.candidates_per_image
     if drawn > MAX_SAMPLES:
@@ -318,8 +318,8 @@ def _semantic_selection(
     if query is None:
         if prep.classifier is None or p.query_event is None:
             raise LedgerStateError(
-                f"{ctx.workdir}: the query classifier or the query's charge is missing; re-plan "
-                "the release."
+                f"{ctx.workdir}: the query classifier or the "
+                "query's charge is missing; re-plan the release."
             )
         sigma = p.query_event.sigma
         top = top_k_predictions(prep.classifier, sens_x, config.k, prep.device)

@@ -136,8 +136,8 @@ def plan_privimage(
     n = check_count(record_count, "record count")
     if config.batch_size > n:
         raise InvalidParameterError(
-            f"batch_size {config.batch_size} is larger than the dataset ({n} records); use a "
-            "smaller batch."
+            f"batch_size {config.batch_size} is larger than "
+            f"the dataset ({n} records); use a smaller batch."
         )
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
