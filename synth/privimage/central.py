@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from accounting.events import GaussianQuery
 from synth.privimage.augment import augment_public
+from synth.privimage.config import CENTRAL_AUTO
 
 # in the run's workdir: the DP central images, reused by a resumed run (never re-queried)
 CENTRAL = "central.npz"
@@ -46,7 +47,7 @@ def resolve_queries(
     """How many central images per class a release makes: `setting` itself, or for "auto" a
     decision from public metadata only (the record count and the number of classes, both part of
     the registration), never from the class sizes, which are private."""
-    if setting != "auto":
+    if setting != CENTRAL_AUTO:
         return int(setting)
     noise = pixel_noise_std(noise_multiplier, clip, record_count / max(n_classes, 1))
     return AUTO_QUERIES if noise <= AUTO_MAX_PIXEL_NOISE else 0
@@ -81,12 +82,11 @@ def noisy_class_means(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One query: (means (n_rows, D) in [0, 1], noisy counts (n_rows,)) from images x (N,C,H,W) in
     [-1, 1]."""
-    sums = np.zeros((n_rows, 0))
+    c, h, w = x.shape[1:]
+    sums = np.zeros((n_rows, c * math.ceil(h / 2) * math.ceil(w / 2)))  # as _half_res_01's output
     for i in range(0, len(x), chunk):
         v = clipped(_half_res_01(x[i : i + chunk].float()), clip).double().numpy() / clip
-        part = np.zeros((n_rows, v.shape[1]))
-        np.add.at(part, rows[i : i + chunk], v)
-        sums = part if i == 0 else sums + part
+        np.add.at(sums, rows[i : i + chunk], v)
     counts = np.bincount(rows, minlength=n_rows).astype(np.float64)
     std = noise_multiplier * SENSITIVITY
     noisy_sums = (sums + rng.normal(0.0, std, size=sums.shape)) * clip

@@ -137,10 +137,11 @@ def test_auto_through_the_mechanism_uses_the_registered_label_count() -> None:
         ]
         return found[0].count if found else 0
 
-    assert central_count(mech.plan(cfg, info(60000, 10), [], pub)) == central.AUTO_QUERIES
+    large_classes = mech.plan(cfg, info(60000, 10), [], pub)
+    assert central_count(large_classes) == central.AUTO_QUERIES
+    assert large_classes.parameters["central_images"] == "auto"
     # the same record count over 100 classes: 600 per class, too few
     assert central_count(mech.plan(cfg, info(60000, 100), [], pub)) == 0
-    assert mech.plan(cfg, info(60000, 10), [], pub).parameters["central_images"] == "auto"
 
 
 def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_computation() -> None:
