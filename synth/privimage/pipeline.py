@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from accounting.errors import InvalidParameterError, LedgerStateError
-from accounting.events import MechanismEvent
+from accounting.events import GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.privimage import central, state
@@ -380,15 +380,13 @@ def _central_warmup(
     sens_x: torch.Tensor,
     sens_y: np.ndarray,
     config: PrivImageConfig,
-    p: PrivImagePlan,
+    event: GaussianQuery,
     prep: _Prepared,
     ctx: RunContext,
 ) -> dict[str, Any]:
-    """DP central images (charged as the plan's central event; computed once, a resumed run reuses
-    them), then pre-training on augmented copies of them labelled with their class, after any public
-    pre-training."""
-    event = p.central_event
-    assert event is not None  # called only when the plan has the central images' charge
+    """DP central images (charged as the plan's central `event`; computed once, a resumed run
+    reuses them), then pre-training on augmented copies of them labelled with their class, after any
+    public pre-training."""
     saved = central.load(ctx.workdir)
     if saved is None:
         saved = central.central_images(
@@ -445,7 +443,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
     if p.central_event is not None:
-        info.update(_central_warmup(sens_x, sens_y, config, p, prep, ctx))
+        info.update(_central_warmup(sens_x, sens_y, config, p.central_event, prep, ctx))
     t_pre = time.time()
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
