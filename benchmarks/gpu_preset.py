@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import dpimagebench
 from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
 from synth.privimage import PrivImageConfig
@@ -41,14 +42,24 @@ def _record(out: Path, row: dict) -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
-    """One charged PrivImage release of source `name` at `epsilon`; its images saved for scoring."""
+def run_one(
+    name: str, epsilon: float, s: dict, out: Path, tmp: Path, protocol: str = "ours"
+) -> None:
+    """One charged PrivImage release of source `name` at `epsilon`; its images saved for scoring. On
+    DPImageBench's protocol the generator sees its 55,000-image private split, delta is 1 / (N ln N) and
+    60,000 images are released (benchmarks.dpimagebench)."""
     from release.runner import run_direct
     from synth.datasets import load_source, public_pool
 
     source, _, with_fashion = SOURCES[name]
     sens, pub = load_source(source), public_pool(include_fashion=with_fashion)
-    tag = f"{name}-eps{epsilon:g}-{int(time.time())}"
+    s = {**s, "privimage": dict(s["privimage"])}
+    if protocol == "dpimagebench":
+        private, _ = dpimagebench.split_indices(len(sens))
+        sens = sens.subset(np.sort(private))
+        s["delta"] = dpimagebench.protocol_delta(len(sens))
+        s["privimage"]["n_samples"] = dpimagebench.GENERATED
+    tag = f"{name}-eps{epsilon:g}-{protocol}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", name, sens, epsilon, s["delta"])
     started = time.time()
     res = run_direct(
@@ -70,6 +81,8 @@ def run_one(name: str, epsilon: float, s: dict, out: Path, tmp: Path) -> None:
             "dataset": name,
             "n_sensitive": len(sens),
             "epsilon": epsilon,
+            "delta": s["delta"],
+            "protocol": protocol,
             "steps": p["steps"],
             "sigma": p["noise_multiplier"],
             "selected": p.get("selected_public_classes"),
@@ -195,6 +208,13 @@ def main() -> None:
         metavar="KEY=JSON",
         help="override one recipe setting for an ablation, e.g. --set batch_size=500",
     )
+    parser.add_argument(
+        "--protocol",
+        default="ours",
+        choices=("ours", "dpimagebench"),
+        help="ours: all training images private, delta 1e-5; dpimagebench: its 55,000 / 5,000 split, "
+        "delta 1 / (N ln N), 60,000 released images",
+    )
     args = parser.parse_args()
     s = settings(args.mode)
     apply_sets(parser, s, args.set)
@@ -211,7 +231,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="privrelease-gpu-preset-") as tmp:
         for name, eps in runs:
             try:
-                run_one(name, eps, s, args.out, Path(tmp))
+                run_one(name, eps, s, args.out, Path(tmp), args.protocol)
             except Exception as exc:  # keep the other runs; say what failed
                 _record(
                     args.out,
