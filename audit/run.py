@@ -21,11 +21,10 @@ from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
+from synth.registry import DP, GUARANTEE_KINDS
 
 if TYPE_CHECKING:  # torch-heavy: imported only where the one-run audit runs
     from audit.dpsgd_audit import DpSgdSetting
-
-MECHANISMS = ("privimage", "ksalsa")
 
 
 @dataclass
@@ -39,7 +38,7 @@ class AuditInputs:
     sensitive: ImageDataset  # training (member) data
     heldout: ImageDataset | None  # real held-out data (non-members, utility test set)
     record_fingerprint_key: bytes  # HMAC key for the exact-copy check
-    mechanism: str  # "privimage" | "ksalsa"
+    mechanism: str  # the registry name of the mechanism that made the release
     claimed_epsilon: float | None = None
     delta: float | None = None
     k: int | None = None
@@ -53,15 +52,18 @@ class AuditInputs:
     reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
     # the executed DP-SGD run: one-run audit of its implementation
     dpsgd: DpSgdSetting | None = None
+    # what the release claims (synth.registry.GUARANTEE_KINDS): picks the attacks that test it
+    guarantee_kind: str = DP
 
     def validate(self) -> None:
         if not isinstance(self.sensitive, ImageDataset):
             raise DataFormatError(
                 f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}."
             )
-        if self.mechanism not in MECHANISMS:
+        if self.guarantee_kind not in GUARANTEE_KINDS:
             raise InvalidParameterError(
-                f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}."
+                f"guarantee_kind must be one of {sorted(GUARANTEE_KINDS)}, got "
+                f"{self.guarantee_kind!r}."
             )
         images = np.asarray(self.images)
         if images.ndim not in (3, 4):
@@ -94,7 +96,7 @@ class AuditInputs:
                 f"{self.sensitive.image_shape}; give held-out data of the same format."
             )
         if (
-            self.mechanism == "ksalsa"
+            self.guarantee_kind == "k-anonymity"
             and self.clusters is not None
             and len(self.clusters) != len(images)
         ):
@@ -113,9 +115,11 @@ class AuditInputs:
             )
         if self.delta is not None and not (0 <= self.delta < 1):
             raise InvalidParameterError(f"delta must be in [0, 1) or None, got {self.delta!r}.")
-        if self.mechanism == "ksalsa" and (self.k is None or int(self.k) != self.k or self.k < 1):
+        if self.guarantee_kind == "k-anonymity" and (
+            self.k is None or int(self.k) != self.k or self.k < 1
+        ):
             raise InvalidParameterError(
-                f"a k-anonymous (ksalsa) release needs an integer k >= 1, got {self.k!r}."
+                f"a k-anonymous release needs an integer k >= 1, got {self.k!r}."
             )
         if (
             not isinstance(self.record_fingerprint_key, (bytes, bytearray))
@@ -228,7 +232,7 @@ def _attacks(
     inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
 ) -> list[CheckResult]:
     sens, ho = inputs.sensitive, inputs.heldout
-    if inputs.mechanism != "privimage":
+    if inputs.guarantee_kind == "k-anonymity":
         clusters = inputs.clusters
         if clusters is None:
             return [
@@ -241,6 +245,15 @@ def _attacks(
             "attack",
             lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
         )
+    if inputs.guarantee_kind != DP:  # no attack is defined for this kind of release yet
+        return [
+            _cannot_run(
+                "reidentification",
+                "attack",
+                f"no attack tests a {inputs.guarantee_kind} release of this data",
+                policy,
+            )
+        ]
     out: list[CheckResult] = []
     loss_fn = inputs.loss_fn
     if loss_fn is None:

@@ -76,7 +76,7 @@ def budget_gauge(
     ax.text(-1.0, -0.2, "0", ha="center", fontsize=8, color="#52606d")
     ax.text(1.0, -0.2, f"{cap:g}", ha="center", fontsize=8, color="#52606d")
     sub = (
-        "no DP guarantee (k-anonymous release)"
+        "no DP guarantee (a k-anonymous or de-identified release)"
         if void
         else f"RDP {spent_rdp:.3f} · PLD {spent_pld:.3f} · left {max(cap - spent_rdp, 0):.3f}"
     )

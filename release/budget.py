@@ -40,7 +40,7 @@ class BudgetSummary:
     spent_epsilon_rdp: float
     spent_epsilon_pld: float
     remaining_epsilon_rdp: float
-    dp_void: bool  # a k-anonymous release was made: DP guarantees no longer hold
+    dp_void: bool  # a release without a DP guarantee was made: DP guarantees no longer hold
     filter_epsilon: float  # the cap's privacy filter on the history (the cap check)
     odometer_epsilon: float  # holds now and later, however releases were chosen
     charges_counted: int  # charges not refunded

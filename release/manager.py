@@ -205,8 +205,8 @@ def _preview(
         warnings += _kanon_audit_warning(spec, ds, mplan, public, progress)
     if budget.dp_void:
         warnings.append(
-            "A k-anonymous release was already made from "
-            "this dataset: its DP guarantees no longer hold."
+            "A release without a DP guarantee (k-anonymity, de-identification) was already made "
+            "from this dataset: its DP guarantees no longer hold."
         )
     rdp_after = curve.curve_of(
         budget.history + list(mplan.events)
@@ -485,7 +485,8 @@ def approve(
         )
     if rel.plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
-            f"Release {release_id} is k-anonymous: it carries no DP guarantee, and after it no "
+            f"Release {release_id} is {registry.guarantee_label(rel.plan.guarantee_kind)}: it "
+            "carries no DP guarantee, and after it no "
             "release of this dataset keeps one (its epsilon becomes infinite). Approve with "
             "--acknowledge-non-dp to accept this."
         )
@@ -876,6 +877,7 @@ def audit_release(
         heldout=spec_heldout(spec, ds),
         record_fingerprint_key=store.workspace.hmac_key(),
         mechanism=mechanism,
+        guarantee_kind=str(g.get("type") or rel.plan.guarantee_kind),
         claimed_epsilon=g.get("epsilon_rdp"),
         delta=g.get("delta"),
         k=g.get("k"),

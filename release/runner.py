@@ -414,8 +414,18 @@ def _guarantee(store: Store, dataset: str, plan: MechanismPlan) -> Guarantee:
         return Guarantee(
             "dp", epsilon_rdp=spent.epsilon_rdp, epsilon_pld=spent.epsilon_pld, delta=spent.delta
         )
-    k, method = plan.parameters.get("k"), plan.parameters.get("method")
-    return Guarantee(plan.guarantee_kind, k=k, method=method, description=f"k-anonymous (k={k})")
+    k = plan.parameters.get("k") if plan.guarantee_kind == "k-anonymity" else None
+    return Guarantee(
+        plan.guarantee_kind,
+        k=k,
+        method=plan.parameters.get("method"),
+        description=str(
+            plan.detail.get("guarantee_description")
+            # plans stored before mechanisms wrote their own line
+            or (f"k-anonymous (k={k})" if k is not None else "")
+            or registry.guarantee_label(plan.guarantee_kind)
+        ),
+    )
 
 
 def abandon(

@@ -98,6 +98,8 @@ def describe_guarantee(g: dict | None) -> str:
         )
     if g.get("type") == "k-anonymity":
         return f"k-anonymity with k = {g.get('k')}, {g.get('method')} (no differential privacy)"
+    if isinstance(g.get("type"), str) and g.get("description"):  # e.g. empirical de-identification
+        return f"{g['type']}: {g['description']} (no differential privacy)"
     return ", ".join(f"{k} {v}" for k, v in sorted(g.items()))
 
 

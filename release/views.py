@@ -19,13 +19,15 @@ from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
 from release.records import Release
+from synth.registry import guarantee_label
 
-__all__ = [
+__all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry)
     "AuditReport",
     "Dataset",
     "PrivReleaseError",
     "Store",
     "audit_report",
+    "guarantee_label",
     "dataset",
     "datasets",
     "open_store",

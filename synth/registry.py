@@ -47,9 +47,41 @@ class DatasetInfo:
     delta_cap: float
 
 
+# The guarantee kinds a mechanism may declare (MechanismPlan.guarantee_kind), with the words the
+# plan, card, dashboard and policy use for them. Every kind but "dp" carries no differential
+# privacy: a release of such a kind voids the DP meaning of its dataset's other releases unless the
+# steward acknowledges it (ARCHITECTURE.md, rule 5), whatever the mechanism.
+DP = "dp"
+GUARANTEE_KINDS: dict[str, str] = {
+    DP: "differential privacy",
+    "k-anonymity": "k-anonymity",
+    "empirical": "empirical de-identification",
+}
+
+
+def guarantee_label(kind: str) -> str:
+    """The words for a guarantee kind ("k-anonymity (no DP guarantee)")."""
+    label = GUARANTEE_KINDS.get(kind, kind)
+    return label if kind == DP else f"{label} (no DP guarantee)"
+
+
+@dataclass(frozen=True)
+class MechanismDescription:
+    """What a mechanism tells a consumer about a release it made (the card, Croissant): written by
+    the mechanism, so that release/ never needs to know which mechanism made what."""
+
+    what: str  # the card's "What this is" paragraph
+    # DP: what the guarantee covers ("the synthetic images and labels (DP-SGD), ...");
+    # otherwise the card's whole "Privacy guarantee" paragraph
+    guarantee: str
+    collection: str  # one sentence: how the data was made (Croissant's data_collection)
+    collection_type: str = "Synthetic data"  # Croissant's data_collection_type
+    tags: tuple[str, ...] = ("synthetic", "differential-privacy")
+
+
 @dataclass(frozen=True)
 class Guarantee:
-    kind: str  # "dp" | "k-anonymity"
+    kind: str  # a key of GUARANTEE_KINDS
     epsilon_rdp: float | None = None  # of the dataset's whole history (dp)
     epsilon_pld: float | None = None
     delta: float | None = None
@@ -85,7 +117,15 @@ class MechanismPlan:
     warnings: tuple[str, ...] = ()
     requires_acknowledgement: bool = False
     parameters: Mapping[str, Any] = field(default_factory=dict)  # public config, JSON
+    # the mechanism's own JSON; for a guarantee other than DP, "guarantee_description" holds the
+    # line the card and dashboard show ("k-anonymous (k=5)")
     detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.guarantee_kind not in GUARANTEE_KINDS:
+            raise InvalidParameterError(
+                f"guarantee kind {self.guarantee_kind!r} is not one of {sorted(GUARANTEE_KINDS)}."
+            )
 
     @property
     def step_event(self) -> DpSgd | None:
@@ -171,6 +211,10 @@ class MechanismEntry:
     # implementation audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with
     # DP-SGD
     dpsgd_trainer: Callable[..., Any] | None = None
+    # `(public parameters, guarantee dict, image count) -> MechanismDescription` for the card
+    describe: Callable[[Mapping[str, Any], Mapping[str, Any], int], MechanismDescription] | None = (
+        None
+    )
 
 
 def names() -> tuple[str, ...]:
@@ -182,6 +226,28 @@ def get(name: str) -> Mechanism:
         raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(_ENTRIES)}.")
     module, attr = _ENTRIES[name].split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def describe(
+    name: str, parameters: Mapping[str, Any], guarantee: Mapping[str, Any], n: int
+) -> MechanismDescription:
+    """Mechanism `name`'s account of a release of `n` images (a plain one where it gives none)."""
+    # a mechanism not installed here (e.g. a bundle from another publisher) gets the plain account
+    fn = getattr(get(name), "describe", None) if name in _ENTRIES else None
+    if fn is not None:
+        return fn(parameters, guarantee, n)
+    kind = str(guarantee.get("type", DP))
+    return MechanismDescription(
+        what=f"{n} images released by the {name} mechanism.",
+        guarantee=(
+            "the released images and labels"
+            if kind == DP
+            else f"{guarantee_label(kind)}: {guarantee.get('description') or name}."
+        ),
+        collection=f"Images released by the {name} mechanism from a sensitive image dataset.",
+        collection_type="Synthetic data" if kind == DP else "Derived data",
+        tags=("synthetic", "differential-privacy") if kind == DP else ("anonymized",),
+    )
 
 
 def dpsgd_trainer(name: str) -> Callable[..., Any]:

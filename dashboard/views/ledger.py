@@ -157,8 +157,8 @@ def what_if(store: Store, names: list[str]) -> None:
             st.markdown(f"**Planned run:** {w.described}, δ = {w.delta:g}")
             if now.dp_void:
                 st.warning(
-                    "This dataset already had a k-anonymous release: its DP guarantees no longer "
-                    "hold, whatever noise is used.",
+                    "This dataset already had a release without a DP guarantee (k-anonymity, "
+                    "de-identification): its DP guarantees no longer hold, whatever noise is used.",
                     icon=":material/warning:",
                 )
             else:

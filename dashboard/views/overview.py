@@ -11,7 +11,7 @@ from dashboard.charts import budget_gauge
 from dashboard.common import INTERNAL_ROLES, fmt_eps, short_time
 from release import keys, manager, views
 from release.records import Release
-from release.views import Store
+from release.views import Store, guarantee_label
 
 STATE_COLOURS = {
     "planned": "#3566c2",
@@ -30,7 +30,7 @@ def guarantee_text(rel: Release) -> str:
     if g:
         return g.get("description") or str(g)
     if rel.plan.requires_acknowledgement:
-        return "k-anonymous (no DP)"
+        return guarantee_label(rel.plan.guarantee_kind)
     return f"planned ε ≤ {fmt_eps(rel.plan.epsilon_after.get('epsilon_rdp'))}"
 
 
@@ -94,8 +94,8 @@ def render(store: Store, ident: keys.Identity) -> None:
                 )
                 if b.dp_void:
                     st.warning(
-                        "A k-anonymous release was made from this "
-                        "dataset: its DP guarantees no longer hold.",
+                        "A release without a DP guarantee (k-anonymity, de-identification) was "
+                        "made from this dataset: its DP guarantees no longer hold.",
                         icon=":material/warning:",
                     )
 

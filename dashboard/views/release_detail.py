@@ -15,7 +15,7 @@ from dashboard.charts import image_grid, to_display
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from release import keys, manager, views
 from release.records import Release
-from release.views import Store
+from release.views import Store, guarantee_label
 
 VERDICT_ICON = {"pass": "pass", "fail": "FAIL", "info": "info"}
 SAMPLE_COUNT = 40
@@ -31,7 +31,7 @@ def render(store: Store, ident: keys.Identity, rel: Release) -> None:
     c3.metric("Dataset", plan.dataset)
     c4.metric("Images", res.count if res and res.count is not None else plan.expected_count)
     guarantee = g.get("description") or (
-        "k-anonymous, no DP guarantee"
+        guarantee_label(plan.guarantee_kind)
         if plan.requires_acknowledgement
         else f"planned ε ≤ {fmt_eps(plan.epsilon_after['epsilon_rdp'])} (RDP)"
     )

@@ -10,7 +10,7 @@ from dashboard.views import release_detail
 from dashboard.views.overview import styled_releases
 from release import keys, manager
 from release.records import Release
-from release.views import Store
+from release.views import Store, guarantee_label
 
 
 def render(store: Store, ident: keys.Identity) -> None:
@@ -88,7 +88,8 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
                 ack = st.checkbox(
                     "I accept: no DP guarantee",
                     key=f"ack_{rid}",
-                    help="This k-anonymous release carries no differential-privacy guarantee and "
+                    help=f"This release ({guarantee_label(plan.guarantee_kind)}) carries no "
+                    "differential-privacy guarantee and "
                     "voids the DP meaning of every release of "
                     "this dataset: its epsilon becomes infinite.",
                 )

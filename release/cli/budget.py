@@ -49,8 +49,8 @@ def show(dataset: str, as_json: bool = typer.Option(False, "--json")) -> None:
     print_adaptive(summary)
     if summary.dp_void:
         console.print(
-            "  [red]A non-DP (k-anonymous) release was made from "
-            "this dataset: its DP guarantees no longer hold.[/]"
+            "  [red]A release without a DP guarantee (k-anonymity, de-identification) was made "
+            "from this dataset: its DP guarantees no longer hold.[/]"
         )
     console.print(
         table(

@@ -122,7 +122,10 @@ def approve(
         None, "--digest", help="The plan digest you reviewed (refused if different)."
     ),
     acknowledge_non_dp: bool = typer.Option(
-        False, "--acknowledge-non-dp", help="Accept that a k-anonymous release voids DP guarantees."
+        False,
+        "--acknowledge-non-dp",
+        help="Accept that a release without a DP guarantee (k-anonymity, de-identification) "
+        "voids the dataset's DP guarantees.",
     ),
 ) -> None:
     """Sign the plan's digest as a steward."""

@@ -20,6 +20,7 @@ from synth import registry
 from synth.datasets import ImageDataset
 from synth.ksalsa.codec import LatentCodec, conform, describe_codec, train_codec
 from synth.ksalsa.config import KSalsaConfig
+from synth.ksalsa.describe import describe
 from synth.ksalsa.pipeline import anonymise, check_codec
 from synth.ksalsa.style import StyleContentNet
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
@@ -129,7 +130,11 @@ def plan(
         warnings=p.warnings,
         requires_acknowledgement=True,
         parameters=config.public_parameters(),
-        detail={"n_released": p.n_released, "n_dropped": p.n_dropped},
+        detail={
+            "n_released": p.n_released,
+            "n_dropped": p.n_dropped,
+            "guarantee_description": f"k-anonymous (k={config.k})",
+        },
     )
 
 
@@ -199,5 +204,12 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
 
 
 MECHANISM = registry.MechanismEntry(
-    "ksalsa", KSalsaConfig, "builtin:uci-digits", make_config, plan, run, loss_function
+    "ksalsa",
+    KSalsaConfig,
+    "builtin:uci-digits",
+    make_config,
+    plan,
+    run,
+    loss_function,
+    describe=describe,
 )

@@ -26,6 +26,7 @@ from synth.datasets import ImageDataset
 from synth.privimage import central, state
 from synth.privimage.config import CENTRAL_AUTO, PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
+from synth.privimage.describe import describe
 from synth.privimage.model import make_unet, save_model
 from synth.privimage.plan import PrivImagePlan, plan_privimage
 from synth.privimage.precision import resolve_precision
@@ -827,4 +828,5 @@ MECHANISM = registry.MechanismEntry(
     loss_function,
     distributed=True,
     dpsgd_trainer=dp_finetune,
+    describe=describe,
 )

@@ -196,6 +196,7 @@ def test_k_anonymous_release(parts, tmp_path):
         ids=[f"rep-{i}" for i in range(len(reps))],
         expected_count=len(reps),
         mechanism="ksalsa",
+        guarantee_kind="k-anonymity",
         k=k,
         claimed_epsilon=None,
         delta=None,
@@ -220,9 +221,12 @@ def test_invalid_inputs_raise(parts, tmp_path):
     with pytest.raises(DataFormatError):
         run_audit(_inputs(parts, tmp_path, ids=["a", "b"]), SMALL)
     with pytest.raises(InvalidParameterError):
-        run_audit(_inputs(parts, tmp_path, mechanism="gan"), SMALL)
+        run_audit(_inputs(parts, tmp_path, guarantee_kind="gan-magic"), SMALL)
     with pytest.raises(InvalidParameterError):
-        run_audit(_inputs(parts, tmp_path, mechanism="ksalsa", k=None), SMALL)
+        run_audit(
+            _inputs(parts, tmp_path, mechanism="ksalsa", guarantee_kind="k-anonymity", k=None),
+            SMALL,
+        )
     with pytest.raises(InvalidParameterError):
         run_audit(_inputs(parts, tmp_path, claimed_epsilon=float("nan")), SMALL)
     with pytest.raises(InvalidParameterError):
