@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,15 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 
 def save_torch(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    # a temporary name of this process's own: two processes saving the same file (two runs sharing
+    # the public pre-training cache) must never write into, or rename, each other's half-written
+    # file
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_torch(path: Path) -> Any:

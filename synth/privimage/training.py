@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from diffusers import UNet2DModel
 from diffusers.training_utils import EMAModel
+from filelock import FileLock
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
 from opacus.utils.batch_memory_manager import BatchMemoryManager
@@ -172,17 +173,29 @@ def pretrain_cached(
     if cache_dir is None:
         return pretrain(model, x, y, ckpt=workdir_ckpt, **kwargs)
     key = _pretrain_key(model, x, y, kwargs)
-    final = Path(cache_dir) / f"pretrain-{key}.pt"
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    if kwargs.get("world_size", 1) > 1:  # the ranks of one job train together: no lock
+        return _pretrain_into_cache(model, x, y, Path(cache_dir), key, kwargs)
+    # Two runs at once with the same public pre-training (two releases, or benchmark runs side by
+    # side on one GPU): the second waits for the first and loads its model instead of training the
+    # same weights into the same checkpoint files. The lock is released if its holder dies.
+    with FileLock(str(Path(cache_dir) / f"pretrain-{key}.lock")):
+        return _pretrain_into_cache(model, x, y, Path(cache_dir), key, kwargs)
+
+
+def _pretrain_into_cache(
+    model: UNet2DModel, x: torch.Tensor, y: torch.Tensor, cache_dir: Path, key: str, kwargs: dict
+) -> torch.nn.Module:
+    final = cache_dir / f"pretrain-{key}.pt"
     if final.exists():  # weights only: a cache file is never unpickled as code
         model.load_state_dict(torch.load(final, map_location="cpu", weights_only=True))
         kwargs.get("progress", no_progress)("pretraining (cached)", 1, 1)
         return model.to(kwargs["device"]).eval()
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    model = pretrain(model, x, y, ckpt=Path(cache_dir) / f"pretrain-{key}.partial.pt", **kwargs)
+    model = pretrain(model, x, y, ckpt=cache_dir / f"pretrain-{key}.partial.pt", **kwargs)
     if not _writer(kwargs.get("world_size", 1)):
         return model
     state.save_torch(final, {k: v.detach().cpu() for k, v in model.state_dict().items()})
-    (Path(cache_dir) / f"pretrain-{key}.partial.pt").unlink(missing_ok=True)
+    (cache_dir / f"pretrain-{key}.partial.pt").unlink(missing_ok=True)
     return model
 
 

@@ -4,6 +4,8 @@ partial fine-tuning and classifier-free guidance (small models, seconds)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -462,3 +464,58 @@ def test_variations_stay_near_their_parent_at_low_strength_and_come_in_order() -
     assert gap(near) < 5 < gap(far)
     assert np.array_equal(near, vary_images(model, parents, np.arange(3), strength=0.05, **kw))
     assert not np.array_equal(near[0], near[1])  # the two copies of a parent differ
+
+
+_SAME_PRETRAINING = """
+import sys, torch
+from pathlib import Path
+from synth.privimage.model import make_unet
+from synth.privimage.training import pretrain_cached
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+x = -torch.ones(24, 1, 16, 16)
+x[:, :, 4:12, 7:9] = torch.rand(24, 1, 8, 2, generator=g) * 2 - 1
+torch.manual_seed(0)
+stages = []
+model = pretrain_cached(
+    make_unet(16, 1, 2, (8, 16), 1), x, torch.arange(24) % 2, cache_dir=Path(sys.argv[1]),
+    workdir_ckpt=Path(sys.argv[2]), progress=lambda s, i, n: stages.append(s), steps=60, batch=8,
+    lr=1e-3, train_timesteps=50, seed=0, device=torch.device("cpu"), augment=1.0,
+    label_dropout=0.2, ckpt_every=5,
+)
+torch.save(model.state_dict(), sys.argv[3])
+print("cached" if stages == ["pretraining (cached)"] else "trained")
+"""
+
+
+def test_two_runs_with_the_same_pretraining_at_once_share_it(tmp_path: Path) -> None:
+    """Two processes pre-training the same public model at once (two runs side by side on one GPU
+    crashed on each other's checkpoint file): one trains, the other waits and loads its model."""
+    cache = tmp_path / "cache"
+    runs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SAME_PRETRAINING,
+                str(cache),
+                str(tmp_path / f"w{i}.pt"),
+                str(tmp_path / f"m{i}.pt"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outcomes = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+        outcomes.append(out.split()[-1])
+    assert sorted(outcomes) == ["cached", "trained"]
+    first, second = (torch.load(tmp_path / f"m{i}.pt", weights_only=True) for i in range(2))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert [p.name for p in cache.iterdir() if p.suffix in (".pt", ".tmp")] == [
+        next(p.name for p in cache.glob("pretrain-*.pt"))
+    ]  # one finished model; no partial checkpoint or temporary file left behind
