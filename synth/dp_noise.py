@@ -1,7 +1,12 @@
 """The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure
-generators, `SecureNoise` picking one per device: SecureGaussian (synth/secure_noise.py, OpenSSL's
-AES keystream) for CPU tensors, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed
-on the device) for any other."""
+generators: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream on the host, copied to the
+device) by default, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on the
+device) where asked for.
+
+Why AES on a GPU too: on an H100 (2026-11-27, UNet [32, 64, 64], batch 500; BENCHMARKS.md, "GPU
+lease of 2026-11-27") the product's whole DP-SGD loop took 127 ms a step with the host's AES noise
+and 167 ms with ChaCha20 in eager torch ops on the device (113 ms with torch's insecure generator):
+the keystream's many small integer kernels cost more than the host's OpenSSL plus one copy."""
 
 from __future__ import annotations
 
@@ -38,10 +43,10 @@ PATHS = ("auto", "aes", "chacha")
 
 
 class SecureNoise:
-    """The secure generator for each device: "auto" (the default) draws CPU tensors' noise from
-    SecureGaussian (OpenSSL's AES keystream) and any other device's from
-    synth.device_noise.ChaChaGaussian (a ChaCha20 keystream computed on that device, no host work or
-    copy per draw); "aes" or "chacha" use one for all. Each generator gets its own fresh key on
+    """The secure generator for each device: "auto" (the default) and "aes" draw every device's
+    noise from SecureGaussian (OpenSSL's AES keystream, measured fastest on a CPU and an H100: module
+    docstring); "chacha" from synth.device_noise.ChaChaGaussian (a ChaCha20 keystream computed on
+    the noise's device, no host work or copy per draw). Each generator gets its own fresh key on
     first use; none can be saved."""
 
     def __init__(self, path: str = "auto") -> None:
@@ -56,11 +61,7 @@ class SecureNoise:
         )
 
     def generator_for(self, device: torch.device | str) -> SecureGaussian:
-        kind = (
-            self.path
-            if self.path != "auto"
-            else ("aes" if torch.device(device).type in ("cpu", "meta") else "chacha")
-        )
+        kind = "aes" if self.path == "auto" else self.path
         if kind not in self._generators:
             self._generators[kind] = SecureGaussian() if kind == "aes" else ChaChaGaussian()
         return self._generators[kind]

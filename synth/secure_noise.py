@@ -18,10 +18,9 @@ gives the same protection with the `cryptography` package:
   noise to the gradient in float64 and round only the noisy sum to the parameter's precision
   (rounding after the noise is post-processing).
 
-Where the gradients live on a GPU, the same uniforms, Box-Muller and sum come from a ChaCha20
-keystream computed on the device itself (synth/device_noise.py; synth/dp_noise.py's `SecureNoise`
-picks the generator by device and plugs it into opacus), so no keystream is made on the host or
-copied per step.
+The same uniforms, Box-Muller and sum can come from a ChaCha20 keystream computed on a GPU itself
+(synth/device_noise.py; synth/dp_noise.py's `SecureNoise("chacha")`); the default is this module's
+AES keystream on every device, which was faster in an H100's DP-SGD loop (synth/dp_noise.py).
 
 What it does not protect against: timing side channels of the training process, a compromised host
 (the key is in its memory while training), and anything outside the noise (the accountant's

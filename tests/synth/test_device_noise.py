@@ -110,11 +110,13 @@ def test_uniforms_are_the_aes_paths_formula_over_the_chacha20_keystream() -> Non
     assert g.uniform(8)[0] != u[-1]
 
 
-def test_secure_noise_picks_aes_on_the_cpu_and_chacha20_on_a_gpu() -> None:
+def test_secure_noise_picks_the_aes_keystream_on_every_device_unless_told() -> None:
+    """AES on the host was faster than ChaCha20 on the device in the H100's DP-SGD loop (127 vs
+    167 ms a step): "auto" takes it for a GPU's tensors too."""
     auto = SecureNoise()
     assert type(auto.generator_for("cpu")) is SecureGaussian
     assert (
-        type(auto.generator_for(torch.device("cuda", 0))) is ChaChaGaussian
+        type(auto.generator_for(torch.device("cuda", 0))) is SecureGaussian
     )  # no CUDA needed to choose
     assert auto.generator_for("cpu") is auto.generator_for("cpu")  # one key per generator, kept
     assert type(SecureNoise("chacha").generator_for("cpu")) is ChaChaGaussian
