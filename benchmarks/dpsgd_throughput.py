@@ -406,11 +406,26 @@ def _labelled() -> Iterator[None]:
             setattr(owner, name, real)
 
 
-def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step: int = 3) -> dict:
+def _by_label(events) -> dict[str, list]:
+    """The profiler's averaged events grouped by name: on a GPU one record_function range appears
+    twice (its CPU range and a device-side annotation with no CPU time), so a plain dict of key ->
+    event kept whichever came last and read every labelled part as 0 ms."""
+    out: dict[str, list] = {}
+    for e in events:
+        out.setdefault(e.key, []).append(e)
+    return out
+
+
+def profile_loop(
+    batch: int, device: torch.device, widths: tuple[int, ...], step: int | None = None
+) -> dict:
     """torch.profiler over one step of dp_finetune (the `step`-th; the ones before warm up): wall ms of the step
     and of each labelled part (PROFILED), the rest as "other", and the top operators by self time."""
     from torch.profiler import ProfilerActivity, profile
 
+    # a GPU's first steps load modules and pick kernels (the H100's third step spent 100 ms in
+    # cudaFuncGetAttributes and module loading): profile a later one there
+    step = step or (8 if device.type == "cuda" else 3)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof, marks = profile(activities=activities), {}
 
@@ -437,10 +452,19 @@ def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step
             workdir=Path(workdir),
             progress=progress,
         )
-    events = {e.key: e for e in prof.key_averages()}
+    events = _by_label(prof.key_averages())
     total = (marks["end"] - marks["start"]) * 1000
-    parts = {label: events[label].cpu_time_total / 1000 for label in PROFILED if label in events}
+    parts = {
+        label: max(e.cpu_time_total for e in events[label]) / 1000
+        for label in PROFILED
+        if label in events
+    }
     gpu_key = "device_time_total" if device.type == "cuda" else None
+    device_parts = {
+        label: max(getattr(e, gpu_key, 0) for e in events[label]) / 1000
+        for label in PROFILED
+        if gpu_key and label in events
+    }
     top = sorted(
         (e for e in prof.key_averages() if e.key not in PROFILED),
         key=lambda e: -e.self_cpu_time_total,
@@ -450,7 +474,9 @@ def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step
         "widths": list(widths),
         "batch": batch,
         "step_ms": round(total, 2),
+        "step": step,
         "parts_ms": {k: round(v, 2) for k, v in parts.items()},
+        "parts_device_ms": {k: round(v, 2) for k, v in device_parts.items()},
         "other_ms": round(total - sum(parts.values()), 2),
         "top_ops_self_cpu_ms": {e.key: round(e.self_cpu_time_total / 1000, 2) for e in top},
         "top_ops_device_ms": (
@@ -467,17 +493,20 @@ def profile_loop(batch: int, device: torch.device, widths: tuple[int, ...], step
 
 
 def render_profile(p: dict) -> str:
-    rows = [[k, f"{v:.1f}", f"{100 * v / p['step_ms']:.0f}%"] for k, v in p["parts_ms"].items()]
-    rows.append(
-        [
-            "other (batch gather, opacus' bookkeeping, Python)",
-            f"{p['other_ms']:.1f}",
-            f"{100 * p['other_ms'] / p['step_ms']:.0f}%",
-        ]
-    )
+    """The parts' host (CPU) milliseconds and, on a GPU, their kernels' device milliseconds."""
+    dev = p.get("parts_device_ms") or {}
+
+    def row(name: str, ms: float, dev_ms: float | None) -> list[str]:
+        cells = [name, f"{ms:.1f}", f"{100 * ms / p['step_ms']:.0f}%"]
+        return cells + ([f"{dev_ms:.1f}" if dev_ms is not None else "-"] if dev else [])
+
+    rows = [row(k, v, dev.get(k)) for k, v in p["parts_ms"].items()]
+    rows.append(row("other (batch gather, opacus' bookkeeping, Python)", p["other_ms"], None))
+    header = ["part", "host ms", "share"] + (["device ms"] if dev else [])
     return (
-        f"One dp_finetune step under torch.profiler, UNet {p['widths']}, batch {p['batch']}, {p['device']}: "
-        f"{p['step_ms']:.0f} ms ({p['when']}).\n\n" + md_table(["part", "ms", "share"], rows)
+        f"One dp_finetune step (step {p.get('step', 3)}) under torch.profiler, UNet "
+        f"{p['widths']}, batch {p['batch']}, {p['device']}: {p['step_ms']:.0f} ms "
+        f"({p['when']}).\n\n" + md_table(header, rows)
     )
 
 

@@ -132,3 +132,17 @@ def test_the_profiler_labels_are_removed_afterwards() -> None:
     with _labelled():
         assert DPOptimizer.clip_and_accumulate is not before[0]
     assert (DPOptimizer.clip_and_accumulate, training._per_sample_gradients) == before
+
+
+def test_a_labelled_part_counts_its_cpu_range_not_its_device_annotation() -> None:
+    """On a GPU each record_function range appears twice in key_averages (the CPU range and a
+    device-side annotation with no CPU time): the H100 profile read every part as 0 ms."""
+    from types import SimpleNamespace
+
+    from benchmarks.dpsgd_throughput import _by_label
+
+    cpu = SimpleNamespace(key="Adam", cpu_time_total=900.0, device_time_total=40.0)
+    annotation = SimpleNamespace(key="Adam", cpu_time_total=0.0, device_time_total=850.0)
+    grouped = _by_label([cpu, annotation])
+    assert max(e.cpu_time_total for e in grouped["Adam"]) == 900.0
+    assert max(e.device_time_total for e in grouped["Adam"]) == 850.0
