@@ -1,7 +1,7 @@
 """The DP-SGD noise plugged into opacus: `install` makes a DPOptimizer draw its noise from secure
-generators: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream on the host, copied to the
-device) by default, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on the
-device) where asked for.
+generators: SecureGaussian (synth/secure_noise.py, OpenSSL's AES keystream on the host, copied to
+the device) by default, ChaChaGaussian (synth/device_noise.py, a ChaCha20 keystream computed on
+the device) where asked for.
 
 Why AES on a GPU too: on an H100 (2026-11-27, UNet [32, 64, 64], batch 500; BENCHMARKS.md, "GPU
 lease of 2026-11-27") the product's whole DP-SGD loop took 127 ms a step with the host's AES noise
@@ -44,10 +44,10 @@ PATHS = ("auto", "aes", "chacha")
 
 class SecureNoise:
     """The secure generator for each device: "auto" (the default) and "aes" draw every device's
-    noise from SecureGaussian (OpenSSL's AES keystream, measured fastest on a CPU and an H100: module
-    docstring); "chacha" from synth.device_noise.ChaChaGaussian (a ChaCha20 keystream computed on
-    the noise's device, no host work or copy per draw). Each generator gets its own fresh key on
-    first use; none can be saved."""
+    noise from SecureGaussian (OpenSSL's AES keystream, measured fastest on a CPU and an H100:
+    module docstring); "chacha" from synth.device_noise.ChaChaGaussian (a ChaCha20 keystream
+    computed on the noise's device, no host work or copy per draw). Each generator gets its own
+    fresh key on first use; none can be saved."""
 
     def __init__(self, path: str = "auto") -> None:
         if path not in PATHS:

@@ -31,6 +31,7 @@ from synth.progress import ProgressFn
 _ENTRIES: dict[str, str] = {
     "privimage": "synth.privimage.pipeline:MECHANISM",
     "ksalsa": "synth.ksalsa.run:MECHANISM",
+    "merf": "synth.merf.run:MECHANISM",
 }
 STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
 

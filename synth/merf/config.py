@@ -1,0 +1,73 @@
+"""DP-MERF run parameters, validated up front (the plan refuses what a run could not do)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from accounting.errors import InvalidParameterError
+from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity
+
+# Measured on Fashion-MNIST at epsilon 1 (BENCHMARKS.md, "DP-MERF"): the DPImageBench / FETA-Pro
+# kernel bandwidth of 28x28 images (rff_sigma 105) scaled with the pixel count for other sizes.
+BANDWIDTH_PER_PIXEL = 105 / 784
+
+
+@dataclass
+class MerfConfig:
+    """One Gaussian query (the noisy random-feature embedding of each class), then a small generator
+    trained against it on the publisher's machine (post-processing). `epsilon` is the target for the
+    dataset's whole history, this query included; its noise is calibrated at plan time."""
+
+    epsilon: float
+    delta: float
+    n_features: int = 4000  # random Fourier features (half cosines, half sines)
+    bandwidth: float | None = None  # kernel bandwidth; None = 105 per 784 pixels
+    z_dim: int = 60
+    width: int = 32  # generator channels at the middle resolution (x2 at the first, /2 at the last)
+    steps: int = 2000  # generator updates
+    batch: int = 200
+    lr: float = 0.01  # Adam, cosine-decayed to lr / 10
+    n_samples: int = 10_000  # released, balanced over the classes
+    seed: int = 0  # public: the random frequencies, the generator's initialisation and draws
+
+    def __post_init__(self) -> None:
+        self.epsilon = check_epsilon(self.epsilon, "target epsilon")
+        self.delta = check_delta(self.delta)
+        self.n_features = check_count(self.n_features, "n_features")
+        if self.n_features % 2 or not 64 <= self.n_features <= 100_000:
+            raise InvalidParameterError(
+                f"n_features must be an even number between 64 and 100000, got {self.n_features}."
+            )
+        if self.bandwidth is not None:
+            self.bandwidth = check_sensitivity(self.bandwidth, "bandwidth")
+        self.z_dim = check_count(self.z_dim, "z_dim")
+        self.width = check_count(self.width, "width")
+        if self.width % 2 or self.width > 512:
+            raise InvalidParameterError(
+                f"width must be an even number of channels up to 512, got {self.width}."
+            )
+        self.steps = check_count(self.steps, "steps")
+        self.batch = check_count(self.batch, "batch")
+        self.lr = check_sensitivity(self.lr, "lr")
+        if self.lr > 1:
+            raise InvalidParameterError(f"lr must be at most 1, got {self.lr:g}.")
+        self.n_samples = check_count(self.n_samples, "n_samples")
+        if self.n_samples > 10_000_000:
+            raise InvalidParameterError(
+                f"n_samples must be at most 10,000,000 images, got {self.n_samples}."
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
+
+    def bandwidth_for(self, n_pixels: int) -> float:
+        return self.bandwidth if self.bandwidth is not None else BANDWIDTH_PER_PIXEL * n_pixels
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> MerfConfig:
+        """For tests: seconds, meaningless quality."""
+        base: dict[str, Any] = dict(n_features=256, z_dim=8, width=8, steps=5, batch=32)
+        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

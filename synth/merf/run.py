@@ -1,0 +1,219 @@
+"""`mechanism = "merf"`: DP-MERF released directly. One Gaussian query charged, a generator trained
+on the publisher's machine against its answer, `n_samples` images drawn from it (a first release of
+any data set in minutes, and the baseline every PrivImage release must beat)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accounting.calibration import calibrate_gaussian_sigma
+from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.events import GaussianQuery, MechanismEvent
+from synth import registry
+from synth.datasets import ImageDataset
+from synth.merf.config import MerfConfig
+from synth.merf.describe import describe
+from synth.merf.embedding import SENSITIVITY, embedding_event, features
+from synth.merf.fit import FittedMerf, MerfSettings, fit, generator_size, to_unit
+from synth.merf.generator import ConditionalGenerator
+from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+
+GENERATOR_DIR = "merf-generator"  # in the run's workdir: weights and settings, for the audit's MIA
+
+
+def settings(config: MerfConfig, n_pixels: int) -> MerfSettings:
+    return MerfSettings(
+        n_features=config.n_features,
+        bandwidth=config.bandwidth_for(n_pixels),
+        z_dim=config.z_dim,
+        width=config.width,
+        steps=config.steps,
+        batch=config.batch,
+        lr=config.lr,
+        seed=config.seed,
+    )
+
+
+def make_config(
+    params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
+) -> MerfConfig:
+    params = dict(params)
+    params.pop("public", None)  # DP-MERF uses no public data
+    base: dict[str, Any] = {"epsilon": params.pop("epsilon", None), "delta": dataset.delta_cap}
+    if base["epsilon"] is None:
+        raise InvalidParameterError(
+            "[merf] needs `epsilon`, the target for the dataset's whole history (this release "
+            "included)."
+        )
+    if n_images is not None:
+        base["n_samples"] = n_images
+    return registry.build_config(MerfConfig, "merf", preset, base, params)
+
+
+def _geometry(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(height, width, channels) of the registered images; 1 or 3 channels."""
+    if len(shape) not in (2, 3):
+        raise InvalidParameterError(f"DP-MERF needs 2D images, got shape {list(shape)}.")
+    channels = 1 if len(shape) == 2 else int(shape[-1])
+    if channels not in (1, 3):
+        raise InvalidParameterError(f"DP-MERF needs 1 or 3 channels, got {channels}.")
+    return int(shape[0]), int(shape[1]), channels
+
+
+def plan(
+    config: MerfConfig,
+    dataset: DatasetInfo,
+    prior: Sequence[MechanismEvent],
+    public: ImageDataset,
+) -> MechanismPlan:
+    if not isinstance(config, MerfConfig):
+        raise InvalidParameterError(f"config must be a MerfConfig, got {type(config).__name__}.")
+    h, w, c = _geometry(dataset.image_shape)
+    size = generator_size(h, w)
+    sigma = calibrate_gaussian_sigma(config.epsilon, config.delta, SENSITIVITY, prior)
+    event = embedding_event(sigma)
+    per_class = dataset.record_count / max(len(dataset.labels), 1)
+    warnings = []
+    if sigma / per_class > 0.05:  # the noise on a class's mean embedding, per unit of signal
+        warnings.append(
+            f"Noise std {sigma:.3g} against classes of about {per_class:.0f} records: the noisy "
+            "embedding is mostly noise and the images will show little of the data. Raise epsilon "
+            "or release from a larger dataset."
+        )
+    return MechanismPlan(
+        events=(event,),
+        expected_count=config.n_samples,
+        output_shape=tuple(dataset.image_shape),
+        guarantee_kind=registry.DP,
+        warnings=tuple(warnings),
+        parameters=config.as_dict(),
+        detail={
+            "sigma": sigma,
+            "sensitivity": SENSITIVITY,
+            "generator_size": size,
+            "bandwidth": config.bandwidth_for(c * size * size),
+        },
+    )
+
+
+def _event_sigma(ctx: RunContext) -> float:
+    (event,) = ctx.plan.events
+    if not isinstance(event, GaussianQuery):
+        raise InvalidParameterError("A merf plan charges one Gaussian query; this plan does not.")
+    return float(event.sigma)
+
+
+def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
+    h, w, channels = _geometry(data.image_shape)
+    sigma = _event_sigma(ctx)
+    values = list(data.label_set)
+    lookup = {v: i for i, v in enumerate(values)}
+    started = time.time()
+    ctx.on_sensitive_access()
+    try:
+        rows = np.array([lookup[int(v)] for v in data.labels], dtype=np.int64)
+    except KeyError as exc:
+        raise DataFormatError(
+            f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
+        ) from None
+    size = generator_size(h, w)
+    fitted = fit(
+        data.images,
+        rows,
+        len(values),
+        sigma,
+        settings(config, channels * size * size),
+        ctx.progress,
+    )
+    trained = time.time() - started
+    out_rows = np.sort(np.arange(config.n_samples) % len(values))
+    ctx.progress("drawing images", 0, 1)
+    images = fitted.draw(out_rows, config.seed + 1, (h, w))
+    ctx.progress("drawing images", 1, 1)
+    generator = _save_generator(ctx.workdir, fitted, config, channels)
+    return MechanismOutput(
+        images=images,
+        labels=np.asarray(values, dtype=np.int64)[out_rows],
+        parameters={
+            "mechanism": "merf",
+            **config.as_dict(),
+            "sigma": sigma,
+            "sensitivity": SENSITIVITY,
+            "bandwidth": config.bandwidth_for(channels * size * size),
+            "generator_size": size,
+            "n_released": len(images),
+        },
+        generator=generator,
+        internal={"timings_s": {"query_and_generator": round(trained, 2)}},
+    )
+
+
+def _save_generator(workdir: Path, fitted: FittedMerf, config: MerfConfig, channels: int) -> str:
+    """The generator's weights and what rebuilds it (internal: for the audit's membership test)."""
+    d = Path(workdir) / GENERATOR_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    torch.save(fitted.generator.state_dict(), d / "generator.pt")
+    (d / "settings.json").write_text(
+        json.dumps(
+            {
+                "n_classes": int(fitted.generator.embed.num_embeddings),
+                "size": fitted.size,
+                "channels": channels,
+                "z_dim": config.z_dim,
+                "width": config.width,
+                "n_features": config.n_features,
+                "bandwidth": config.bandwidth_for(channels * fitted.size**2),
+                "seed": config.seed,
+            }
+        )
+    )
+    return str(d)
+
+
+def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """A membership score for the audit: a record's squared distance, in the query's feature space,
+    to the mean feature of 2,000 images the generator draws of its class. The generator saw the
+    data only through the noisy embedding, so members should score no lower than non-members."""
+    if not generator:
+        return None
+    d = Path(generator)
+    s = json.loads((d / "settings.json").read_text())
+    gen = ConditionalGenerator(s["n_classes"], s["size"], s["channels"], s["z_dim"], s["width"])
+    gen.load_state_dict(torch.load(d / "generator.pt", map_location="cpu", weights_only=True))
+    from synth.merf.embedding import frequencies
+
+    w = frequencies(s["channels"] * s["size"] ** 2, s["n_features"], s["bandwidth"], s["seed"])
+    fitted = FittedMerf(gen, w, None, s["size"])  # type: ignore[arg-type]
+    per_class = max(1, math.ceil(2000 / s["n_classes"]))
+    means = []
+    for c in range(s["n_classes"]):
+        drawn = fitted.draw(np.full(per_class, c), seed=c, out_size=(s["size"], s["size"]))
+        means.append(features(to_unit(drawn, s["size"]).flatten(1), w).mean(0))
+    centre = torch.stack(means)
+
+    def loss(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        phi = features(to_unit(images, s["size"]).flatten(1), w)
+        pos = torch.from_numpy(np.asarray(labels, dtype=np.int64)).clamp(0, s["n_classes"] - 1)
+        return ((phi - centre[pos]) ** 2).sum(1).double().numpy()
+
+    return loss
+
+
+MECHANISM = registry.MechanismEntry(
+    "merf",
+    MerfConfig,
+    "builtin:uci-digits",  # unused: DP-MERF reads no public data
+    make_config,
+    plan,
+    run,
+    loss_function,
+    describe=describe,
+)

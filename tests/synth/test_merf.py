@@ -1,0 +1,179 @@
+"""DP-MERF: its one query's sensitivity and epsilon checked independently, the generator learning the
+classes from the noisy embedding alone, and the `merf` mechanism through the runner."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from accounting import ledger, trail
+from accounting.errors import InvalidParameterError
+from accounting.events import GaussianQuery
+from accounting.fingerprint import dataset_fingerprint
+from accounting.store import Store, Workspace
+from release import runner
+from release.manager import dataset_info
+from synth import registry
+from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.merf import MerfConfig
+from synth.merf.embedding import class_sums, frequencies, noisy_embedding
+from synth.merf.fit import MerfSettings, fit
+from synth.merf.run import MECHANISM
+
+torch.set_num_threads(1)
+
+
+def _unit_images(n: int, seed: int) -> torch.Tensor:
+    return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_one_record_moves_the_query_by_exactly_its_sensitivity() -> None:
+    """Adding a record adds a vector of norm 1 to one class's column: the L2 sensitivity the ledger
+    charges (noise std sigma = noise multiplier)."""
+    x, rows = _unit_images(41, 0), np.arange(41) % 3
+    w = frequencies(64, 128, 8.0, seed=1)
+    with_all = class_sums(x, rows, 3, w)
+    without_last = class_sums(x[:40], rows[:40], 3, w)
+    assert np.linalg.norm(with_all - without_last) == pytest.approx(1.0, abs=1e-9)
+
+
+def _analytic_gaussian_epsilon(mu: float, delta: float) -> float:
+    """Balle & Wang 2018: the exact epsilon of a Gaussian mechanism with mu = sensitivity / sigma,
+    found by bisection on delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        d = norm.cdf(-mid / mu + mu / 2) - math.exp(mid) * norm.cdf(-mid / mu - mu / 2)
+        lo, hi = (mid, hi) if d > delta else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 10.0])
+def test_the_planned_noise_keeps_epsilon_under_the_target_by_an_independent_account(
+    epsilon: float,
+) -> None:
+    """The plan calibrates by RDP (dp-accounting); the analytic Gaussian epsilon of the same noise,
+    computed here from the normal CDF alone, must be at most the target (RDP is the looser one)."""
+    info = registry.DatasetInfo("d", "d", 60_000, tuple(range(10)), (28, 28), 1e-5)
+    plan = MECHANISM.plan(MerfConfig(epsilon, 1e-5), info, [], uci_digits())
+    (event,) = plan.events
+    assert isinstance(event, GaussianQuery) and event.sensitivity == 1.0 and event.count == 1
+    exact = _analytic_gaussian_epsilon(1.0 / event.sigma, 1e-5)
+    assert exact <= epsilon and exact > 0.6 * epsilon  # conservative, not absurdly so
+    more = MECHANISM.plan(MerfConfig(epsilon, 1e-5), info, [GaussianQuery(40.0)], uci_digits())
+    assert more.events[0].sigma > event.sigma  # prior spend leaves less: more noise
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"n_features": 101}, "even number"),
+        ({"n_features": 10**9}, "even number"),
+        ({"lr": float("nan")}, "lr"),
+        ({"width": 7}, "width"),
+        ({"steps": 0}, "steps"),
+        ({"epsilon": -1}, "epsilon"),
+        ({"epsilon": 1e308}, "above 1000"),
+        ({"delta": 2.0}, "delta"),
+        ({"seed": -3}, "seed"),
+    ],
+)
+def test_bad_settings_are_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(InvalidParameterError, match=message):
+        MerfConfig(**{"epsilon": 1.0, "delta": 1e-5, **overrides})
+
+
+def test_the_generator_learns_each_class_from_the_noisy_embedding_alone() -> None:
+    """Two classes, a bright left half and a bright right half: trained only against the noisy
+    embedding (epsilon ~ 10 here), the generator draws each class's half brighter."""
+    n = 400
+    images = np.zeros((n, 8, 8), np.uint8)
+    rows = np.arange(n) % 2
+    images[rows == 0, :, :4] = 220
+    images[rows == 1, :, 4:] = 220
+    s = MerfSettings(
+        n_features=512, bandwidth=8.0, z_dim=8, width=8, steps=150, batch=64, lr=0.01, seed=0
+    )
+    fitted = fit(images, rows, 2, sigma=0.5, s=s)
+    assert fitted.embedding.proportions() == pytest.approx([0.5, 0.5], abs=0.05)
+    drawn = fitted.draw(np.repeat([0, 1], 50), seed=3, out_size=(8, 8)).astype(float)
+    left, right = drawn[:, :, :4].mean(axis=(1, 2)), drawn[:, :, 4:].mean(axis=(1, 2))
+    assert (left[:50] > right[:50]).mean() > 0.9 and (right[50:] > left[50:]).mean() > 0.9
+
+
+def test_the_noise_is_fresh_each_time() -> None:
+    x, rows = _unit_images(20, 0), np.arange(20) % 2
+    w = frequencies(64, 64, 8.0, seed=0)
+    a, b = (noisy_embedding(x, rows, 2, w, sigma=1.0) for _ in range(2))
+    assert not np.allclose(a.sums, b.sums)
+
+
+@pytest.fixture
+def store(tmp_path) -> tuple[Store, ImageDataset]:
+    data = load_source("builtin:mnist5k")
+    sensitive = data.subset(
+        np.concatenate([np.flatnonzero(data.labels == c)[:20] for c in range(10)])
+    )
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    st = Store(ws)
+    ledger.register_dataset(
+        st,
+        name="mnist",
+        source="builtin:mnist5k",
+        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
+        record_count=len(sensitive),
+        labels=sensitive.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=8.0,
+        delta_cap=1e-5,
+    )
+    return st, sensitive
+
+
+def test_a_merf_release_through_the_runner_is_charged_its_one_query(store, tmp_path) -> None:
+    st, sensitive = store
+    cfg = MerfConfig.tiny(2.0, 1e-5, n_samples=30)
+    public = uci_digits()
+    b = ledger.budget(st, "mnist")
+    plan = MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, public)
+    assert plan.guarantee_kind == "dp" and plan.expected_count == 30
+    assert any("mostly noise" in w for w in plan.warnings)  # 20 images a class at epsilon 2
+    stages: list[str] = []
+    res = runner.run_charged(
+        st,
+        run_id="m1",
+        dataset="mnist",
+        data=sensitive,
+        public=public,
+        mechanism="merf",
+        config=cfg,
+        plan=plan,
+        workdir=tmp_path / "w",
+        actor="alice",
+        progress=lambda s, d, t: stages.append(s),
+    )
+    assert res.images.shape == (30, 28, 28) and res.images.dtype == np.uint8
+    assert sorted(set(res.labels.tolist())) == list(range(10))
+    assert {"DP-MERF embedding (one Gaussian query)", "DP-MERF generator"} <= set(stages)
+    charge = ledger.get_charge(st, "m1")
+    assert charge.state == "committed" and tuple(charge.charged_events) == plan.events
+    assert ledger.budget(st, "mnist").spent.epsilon_rdp <= 2.0
+    assert trail.verify(st).ok
+    loss = MECHANISM.loss_function(res.output.generator)
+    scores = loss(sensitive.images[:10], sensitive.labels[:10])
+    assert scores.shape == (10,) and np.isfinite(scores).all()
+    about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 30)
+    assert "DP-MERF" in about.what and "never saw an image" in about.what
+
+
+def test_a_spec_table_without_epsilon_is_refused() -> None:
+    info = registry.DatasetInfo("d", "d", 100, (0, 1), (28, 28), 1e-5)
+    with pytest.raises(InvalidParameterError, match="needs `epsilon`"):
+        MECHANISM.make_config({"steps": 10}, info, None, "default")
+    with pytest.raises(InvalidParameterError, match="Unknown \\[merf\\]"):
+        MECHANISM.make_config({"epsilon": 1.0, "stepz": 10}, info, None, "default")
