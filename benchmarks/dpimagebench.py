@@ -12,8 +12,10 @@ FETA-Pro, DP-FETA, PrivImage, DPDM and DP-MERF anchors in BENCHMARKS.md are meas
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import torch
 
 PRIVATE_SIZE = 55_000  # MNIST / Fashion-MNIST (45,000 for 50,000-image sets such as CIFAR-10)
 GENERATED = 60_000
@@ -23,8 +25,6 @@ SPLIT_SEED = 0
 def split_indices(n: int, private_size: int = PRIVATE_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """(private, validation) indices of a training set of `n` images, exactly as DPImageBench draws them:
     torch's default CPU generator seeded with 0, one randperm of n, the first `private_size` private."""
-    import torch
-
     if not 0 < private_size < n:
         raise ValueError(f"private_size must be in (0, {n}), got {private_size}")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
@@ -36,3 +36,234 @@ def protocol_delta(n_private: int) -> float:
     if n_private < 2:
         raise ValueError(f"the private set needs at least 2 records, got {n_private}")
     return 1.0 / (n_private * math.log(n_private))
+
+
+# ---------------------------------------------------------------------------- the classifiers
+def _wide_basic(c_in: int, c_out: int, stride: int, drop: float) -> torch.nn.Module:
+    """A pre-activation wide residual block (Zagoruyko & Komodakis 2016)."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn1, self.bn2 = nn.BatchNorm2d(c_in), nn.BatchNorm2d(c_out)
+            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+            self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+            self.drop = nn.Dropout(drop)
+            self.short = (
+                None
+                if c_in == c_out and stride == 1
+                else nn.Conv2d(c_in, c_out, 1, stride, 0, bias=False)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            o = torch.relu(self.bn1(x))
+            y = self.conv1(o)
+            y = self.conv2(self.drop(torch.relu(self.bn2(y))))
+            return y + (x if self.short is None else self.short(o))
+
+    return Block()
+
+
+def wide_resnet(channels: int, n_classes: int, depth: int = 40, widen: int = 4, drop: float = 0.3):
+    """WRN-depth-widen, DPImageBench's classifier for 28x28 data (depth 40, widen 4, dropout 0.3)."""
+    from torch import nn
+
+    n = (depth - 4) // 6
+    widths = [16, 16 * widen, 32 * widen, 64 * widen]
+    layers: list[nn.Module] = [nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False)]
+    for stage, stride in zip(range(3), (1, 2, 2), strict=True):
+        for i in range(n):
+            c_in = widths[stage] if i == 0 else widths[stage + 1]
+            layers.append(_wide_basic(c_in, widths[stage + 1], stride if i == 0 else 1, drop))
+    layers += [
+        nn.BatchNorm2d(widths[3]),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(widths[3], n_classes),
+    ]
+    return nn.Sequential(*layers)
+
+
+def cpu_cnn(channels: int, n_classes: int):
+    """The protocol's CPU classifier: three 3x3 convolution blocks (32, 64, 128 channels) with batch
+    norm, max pooling after the first two, global average pooling, dropout 0.3."""
+    from torch import nn
+
+    def block(c_in: int, c_out: int) -> list[nn.Module]:
+        return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+
+    return nn.Sequential(
+        *block(channels, 32),
+        nn.MaxPool2d(2),
+        *block(32, 64),
+        nn.MaxPool2d(2),
+        *block(64, 128),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.3),
+        nn.Linear(128, n_classes),
+    )
+
+
+CLASSIFIERS = {
+    "wrn": ("WRN-40-4 (DPImageBench's)", wide_resnet),
+    "cpu-cnn": ("CPU CNN (3 conv blocks 32/64/128, BN)", cpu_cnn),
+}
+
+
+# ---------------------------------------------------------------------------- the protocol's score
+EPOCHS = 50
+BATCH = 256
+LR = 0.01  # Adam; StepLR(20, 0.2)
+EMA_DECAY = 0.9999  # with DPImageBench's warm-up: min(decay, (1 + n) / (10 + n)) after n updates
+
+
+@dataclass(frozen=True)
+class ProtocolScore:
+    """One release scored on the protocol; accuracies in [0, 1] on the real test set."""
+
+    classifier: str  # the CLASSIFIERS key
+    classifier_name: str
+    epochs: int
+    n_train: int  # generated images the classifier trained on (55,000 of the 60,000)
+    accuracy: float  # at the epoch of best noisy validation accuracy (Laplace 1 / epsilon)
+    accuracy_clean_selection: float  # at the epoch of best validation accuracy (no noise)
+    best_test: float  # the best test accuracy of any epoch (an oracle: never reported as a score)
+    val_curve: list[float] = field(default_factory=list)
+    test_curve: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Ema:
+    """DPImageBench's exponential moving average of the parameters (evaluation/ema.py's rule)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        self.decay, self.updates = decay, 0
+        self.shadow = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        self.updates += 1
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for s, p in zip(self.shadow, model.parameters(), strict=True):
+            s.mul_(d).add_(p.detach(), alpha=1 - d)
+
+    @torch.no_grad()
+    def swap(self, model: torch.nn.Module) -> None:
+        """Exchange the model's parameters with the averages (call twice to restore)."""
+        for s, p in zip(self.shadow, model.parameters(), strict=True):
+            tmp = p.detach().clone()
+            p.copy_(s)
+            s.copy_(tmp)
+
+
+def _pm1(images: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W[, C]) -> float (N, C, H, W) in [-1, 1], as the protocol feeds its classifier."""
+    x = torch.from_numpy(np.asarray(images)).float().div(255)
+    x = x[:, None] if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    return x * 2 - 1
+
+
+@torch.no_grad()
+def _correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str) -> int:
+    model.eval()
+    hits = 0
+    for i in range(0, len(x), 1000):
+        pred = model(x[i : i + 1000].to(device)).argmax(1).cpu()
+        hits += int((pred == y[i : i + 1000]).sum())
+    return hits
+
+
+def score(
+    images: np.ndarray,
+    labels: np.ndarray,
+    val: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    epsilon: float,
+    *,
+    classifier: str = "cpu-cnn",
+    epochs: int = EPOCHS,
+    seed: int = 0,
+    device: str = "cpu",
+    progress=lambda epoch, total, test_acc: None,
+) -> ProtocolScore:
+    """DPImageBench's `cal_acc` on one release: the generated images shuffled with seed 0, the first
+    55,000 trained on for `epochs` (Adam lr 0.01, StepLR(20, 0.2), batch 256, EMA 0.9999 evaluated
+    each epoch), the checkpoint chosen by the real validation set's correct count plus Laplace noise
+    of scale 1 / epsilon; the test set gives only the reported accuracy."""
+    import time
+
+    from torch.nn import functional as F
+
+    if classifier not in CLASSIFIERS:
+        raise ValueError(f"classifier must be one of {sorted(CLASSIFIERS)}, got {classifier!r}")
+    started = time.time()
+    order = np.random.default_rng(0).permutation(len(images))
+    train_idx = order[:PRIVATE_SIZE]
+    x, y = _pm1(images[train_idx]), torch.from_numpy(np.asarray(labels)[train_idx]).long()
+    xv, yv = _pm1(val[0]), torch.from_numpy(np.asarray(val[1])).long()
+    xt, yt = _pm1(test[0]), torch.from_numpy(np.asarray(test[1])).long()
+    n_classes = int(max(y.max(), yv.max(), yt.max())) + 1
+    torch.manual_seed(seed)
+    name, build = CLASSIFIERS[classifier]
+    model = build(x.shape[1], n_classes).to(device)
+    ema = _Ema(model, EMA_DECAY)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.2)
+    gen = torch.Generator().manual_seed(seed)
+    laplace = np.random.default_rng(seed)
+    best_noisy, best_clean = -np.inf, -1
+    acc, acc_clean, val_curve, test_curve = 0.0, 0.0, [], []
+    for epoch in range(epochs):
+        model.train()
+        for b in torch.randperm(len(x), generator=gen).split(BATCH):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[b].to(device)), y[b].to(device)).backward()
+            opt.step()
+            ema.update(model)
+        sched.step()
+        ema.swap(model)
+        v, t = _correct(model, xv, yv, device), _correct(model, xt, yt, device) / len(xt)
+        ema.swap(model)
+        noisy = v + laplace.laplace(0.0, 1.0 / epsilon)
+        if noisy >= best_noisy:
+            best_noisy, acc = noisy, t
+        if v >= best_clean:
+            best_clean, acc_clean = v, t
+        val_curve.append(v / len(xv))
+        test_curve.append(t)
+        progress(epoch + 1, epochs, t)
+    return ProtocolScore(
+        classifier=classifier,
+        classifier_name=name,
+        epochs=epochs,
+        n_train=len(x),
+        accuracy=round(acc, 4),
+        accuracy_clean_selection=round(acc_clean, 4),
+        best_test=round(max(test_curve), 4),
+        val_curve=[round(a, 4) for a in val_curve],
+        test_curve=[round(a, 4) for a in test_curve],
+        seconds=round(time.time() - started, 1),
+    )
+
+
+def protocol_sets(train_source: str, test_source: str) -> tuple[tuple, tuple]:
+    """(validation, test) as (images, labels): the 5,000 images the split keeps out of the private
+    set, and the real test set."""
+    from synth.datasets import load_source
+
+    train, test = load_source(train_source), load_source(test_source)
+    _, val_idx = split_indices(len(train))
+    return (train.images[val_idx], train.labels[val_idx]), (test.images, test.labels)
+
+
+def balanced_subset(labels: np.ndarray, per_class: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of up to `per_class` rows of each label (for grids and partial copies)."""
+    rng = np.random.default_rng(seed)
+    keep = [rng.permutation(np.flatnonzero(labels == c))[:per_class] for c in np.unique(labels)]
+    return np.sort(np.concatenate(keep))

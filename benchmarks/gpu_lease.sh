@@ -16,7 +16,7 @@
 #   1. the DP-SGD step cost on the GPU with the product's loop rows (benchmarks.dpsgd_throughput --device cuda),
 #   2. the GPU preset (benchmarks.gpu_preset --mode full) for RUNS (default "fashion:1,mnist5k:10"),
 # and packs the preset's rows and released images into $OUT/preset.tgz.aa, .ab, ..., to be scored on the CPU afterwards:
-#   mkdir DIR && cat preset.tgz.* | tar xzf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
+#   mkdir DIR && cat preset.tgz.* | tar xf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
 # BUDGET (seconds, default 540) bounds the preset so the results come back inside one 10-minute command;
 # PY (default python3), MODE (default full; micro for a smoke test on any machine) and PRESET_ARGS (extra
 # arguments of benchmarks.gpu_preset, e.g. "--set vote_space=embedding" or "--protocol dpimagebench") change what
@@ -30,7 +30,8 @@ cd "$(dirname "$0")/.."
 WHEELS=(opacus==1.6.0 diffusers==0.42.1 dp-accounting==0.6.0 dm-tree==0.1.10 duckdb==2.0.0
         cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 tomli-w==1.2.0 mlxtend==0.25.0 ${EXTRA_WHEELS:-})
 IMPORTS="opacus diffusers dp_accounting duckdb cryptography tomli_w mlxtend sklearn pyarrow rich yaml matplotlib"
-FASHION_FILES="train-images-idx3-ubyte train-labels-idx1-ubyte"  # the GPU runs only train; scoring is done here
+# train for the runs; the test set too, for scoring on the GPU itself (gpu_preset --score-with wrn)
+FASHION_FILES="train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte"
 
 ignored_folder() {  # .whl/ ignores itself, in a clone or a worktree alike
     mkdir -p .whl && printf '*\n' > .whl/.gitignore
@@ -114,10 +115,13 @@ print(' '.join(m for m in '$IMPORTS'.split() if importlib.util.find_spec(m) is N
         timeout "$left" "$py" -m benchmarks.gpu_preset --mode "${MODE:-full}" --out "$out/preset" --runs "$runs" \
             ${PRESET_ARGS:-} 2>&1 | tail -40 | tee "$out/preset.txt" || true
     fi
-    # back here: cat preset.tgz.* | tar xzf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
-    # in parts of 15 MiB: a file that comes back from the lease is at most 16 MiB (one 60,000-image release is ~20)
+    # back here: cat preset.tgz.* | tar xf - -C DIR && python -m benchmarks.gpu_preset --out DIR --score
+    # A lease brings back at most 64 MiB in files of at most 16 MiB: one 60,000-image release is ~43 MiB
+    # (generated images hardly compress), so the releases are first cut to FIT_MIB in all (whole ones in
+    # run order while they fit, then balanced parts), then packed in parts of 15 MiB.
     mv "$out"/preset-*.log "$out/preset/" 2>/dev/null || true
-    (cd "$out/preset" 2>/dev/null && tar czf - . | split -b 15m - "$out/preset.tgz." && rm -rf "$out/preset") || true
+    "$py" -m benchmarks.gpu_preset --out "$out/preset" --fit-mib "${FIT_MIB:-56}" || true
+    (cd "$out/preset" 2>/dev/null && tar cf - . | split -b 15m - "$out/preset.tgz." && rm -rf "$out/preset") || true
 }
 
 case "${1:-}" in

@@ -43,7 +43,13 @@ def _record(out: Path, row: dict) -> None:
 
 
 def run_one(
-    name: str, epsilon: float, s: dict, out: Path, tmp: Path, protocol: str = "ours"
+    name: str,
+    epsilon: float,
+    s: dict,
+    out: Path,
+    tmp: Path,
+    protocol: str = "ours",
+    score_with: str | None = None,
 ) -> None:
     """One charged PrivImage release of source `name` at `epsilon`; its images saved for scoring. On
     DPImageBench's protocol the generator sees its 55,000-image private split, delta is 1 / (N ln N) and
@@ -93,10 +99,60 @@ def run_one(
             "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"],
         },
     )
+    if score_with and protocol == "dpimagebench":  # on this machine (a GPU: DPImageBench's WRN)
+        protocol_score(out, tag, name, epsilon, res.images, res.labels, score_with, _device())
 
 
-def score(out: Path, s: dict) -> None:
-    """Accuracies of the classifiers trained on each unscored release in `out`, and its grid."""
+def protocol_score(
+    out: Path,
+    tag: str,
+    name: str,
+    epsilon: float,
+    images: np.ndarray,
+    labels: np.ndarray,
+    classifier: str,
+    where: str,
+) -> dict:
+    """DPImageBench's score of one release (benchmarks.dpimagebench.score), appended to the log."""
+    source, test_source, _ = SOURCES[name]
+    val, test = dpimagebench.protocol_sets(source, test_source)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = dpimagebench.score(
+        images, labels, val, test, epsilon, classifier=classifier, device=device
+    )
+    row = {
+        "tag": tag,
+        "dataset": name,
+        "epsilon": epsilon,
+        "protocol_score": result.as_dict(),
+        "scored_on": where,
+    }
+    _record(out, row)
+    return row
+
+
+def fit_releases(out: Path, mib: float) -> None:
+    """Keep the saved releases within `mib` MiB (what a GPU lease can bring back): whole ones in run
+    order while they fit, then a balanced 600-per-class part of each of the rest (`<tag>.npz` is
+    then that part; its log row says how many images it kept)."""
+    budget = mib * 2**20
+    for path in sorted(out.glob("*.npz"), key=lambda p: p.stat().st_mtime):
+        size = path.stat().st_size
+        if size <= budget:
+            budget -= size
+            continue
+        with np.load(path) as data:
+            images, labels = data["images"], data["labels"]
+        keep = dpimagebench.balanced_subset(labels, 600)
+        np.savez_compressed(path, images=images[keep], labels=labels[keep])
+        budget -= path.stat().st_size
+        _record(out, {"tag": path.stem, "kept_images": len(keep), "of": len(images)})
+
+
+def score(out: Path, s: dict, classifier: str = "cpu-cnn") -> None:
+    """Accuracies of the classifiers trained on each unscored release in `out` (the audit's LR / MLP
+    / CNN on 10,000 of its images, the old scorer), its grid, and for a release made on
+    DPImageBench's protocol with all its images back, the protocol's score with `classifier`."""
     from benchmarks.reproduce_plots import image_grid
     from benchmarks.reproduce_privimage import _accuracies
     from synth.datasets import load_source
@@ -136,6 +192,17 @@ def score(out: Path, s: dict) -> None:
             },
         )
         scored.add(r["tag"])
+        if r.get("protocol") == "dpimagebench" and len(data["labels"]) >= dpimagebench.GENERATED:
+            protocol_score(
+                out,
+                r["tag"],
+                r["dataset"],
+                r["epsilon"],
+                data["images"],
+                data["labels"],
+                classifier,
+                "this machine's CPU",
+            )
 
 
 def _device() -> str:
@@ -209,6 +276,17 @@ def main() -> None:
         help="override one recipe setting for an ablation, e.g. --set batch_size=500",
     )
     parser.add_argument(
+        "--score-with",
+        choices=sorted(dpimagebench.CLASSIFIERS),
+        help="with --protocol dpimagebench: score each release on this machine right after it "
+        "(wrn on a GPU)",
+    )
+    parser.add_argument(
+        "--fit-mib",
+        type=float,
+        help="only shrink the saved releases in --out to this many MiB (what a lease brings back)",
+    )
+    parser.add_argument(
         "--protocol",
         default="ours",
         choices=("ours", "dpimagebench"),
@@ -219,6 +297,9 @@ def main() -> None:
     s = settings(args.mode)
     apply_sets(parser, s, args.set)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.fit_mib is not None:
+        fit_releases(args.out, args.fit_mib)
+        return
     if args.score:
         if not (args.out / LOG).exists():
             parser.error(
@@ -231,7 +312,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="privrelease-gpu-preset-") as tmp:
         for name, eps in runs:
             try:
-                run_one(name, eps, s, args.out, Path(tmp), args.protocol)
+                run_one(name, eps, s, args.out, Path(tmp), args.protocol, args.score_with)
             except Exception as exc:  # keep the other runs; say what failed
                 _record(
                     args.out,

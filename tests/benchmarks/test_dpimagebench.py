@@ -1,0 +1,72 @@
+"""DPImageBench's protocol as our benchmarks use it: its exact split, its delta, the checkpoint chosen
+on noisy validation accuracy, and what a GPU lease can bring back."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import random_split
+
+from benchmarks import dpimagebench, gpu_preset
+
+
+def test_the_split_is_the_one_dpimagebench_draws() -> None:
+    torch.manual_seed(0)  # data/dataset_loader.py: torch.manual_seed(0); random_split(...)
+    private, val = random_split(range(60_000), [55_000, 5_000])
+    ours_private, ours_val = dpimagebench.split_indices(60_000)
+    assert np.array_equal(ours_private, private.indices)
+    assert np.array_equal(ours_val, val.indices)
+    assert len(np.intersect1d(ours_private, ours_val)) == 0
+
+
+def test_delta_is_one_over_n_log_n() -> None:
+    assert dpimagebench.protocol_delta(55_000) == pytest.approx(1 / (55_000 * math.log(55_000)))
+    with pytest.raises(ValueError):
+        dpimagebench.protocol_delta(1)
+
+
+def _stripes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class c: a bright horizontal band at row 4c (an easy 5-class task)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 5, n)
+    images = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
+    for i, c in enumerate(labels):
+        images[i, 4 * c : 4 * c + 3] = 230
+    return images, labels
+
+
+def test_the_score_trains_on_the_release_and_reports_the_test_accuracy() -> None:
+    images, labels = _stripes(600, 0)
+    val, test = _stripes(200, 1), _stripes(300, 2)
+    s = dpimagebench.score(images, labels, val, test, epsilon=1.0, epochs=3)
+    assert s.classifier == "cpu-cnn" and s.epochs == 3 and s.n_train == 600
+    assert len(s.test_curve) == len(s.val_curve) == 3
+    assert s.accuracy in s.test_curve and s.accuracy_clean_selection in s.test_curve
+    assert s.best_test == max(s.test_curve) and s.best_test > 0.5  # chance: 0.2
+    wrong = dpimagebench.score(images, (labels + 1) % 5, val, test, epsilon=1.0, epochs=2)
+    assert wrong.best_test < 0.3  # labels that do not match the images teach nothing
+
+
+def test_a_lease_brings_back_whole_releases_while_they_fit_then_parts(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for tag in ("first", "second"):  # noise: what compresses as badly as generated images
+        np.savez_compressed(
+            tmp_path / f"{tag}.npz",
+            images=rng.integers(0, 256, (3000, 28, 28), dtype=np.uint8),
+            labels=np.repeat(np.arange(10), 300),
+        )
+    whole = (tmp_path / "first.npz").stat().st_size
+    gpu_preset.fit_releases(tmp_path, mib=1.5 * whole / 2**20)
+    assert (tmp_path / "first.npz").stat().st_size == whole
+    with np.load(tmp_path / "second.npz") as cut:
+        assert len(cut["labels"]) == 3000  # 300 a class is under 600: nothing to cut
+    gpu_preset.fit_releases(tmp_path, mib=0.5 * whole / 2**20)
+    with np.load(tmp_path / "first.npz") as cut:
+        assert np.bincount(cut["labels"]).tolist() == [300] * 10
+    rows = [json.loads(x) for x in (tmp_path / gpu_preset.LOG).read_text().splitlines()]
+    assert all(r["kept_images"] == r["of"] == 3000 for r in rows)
