@@ -77,8 +77,22 @@ def fit(
     channels = 1 if np.asarray(images).ndim == 3 else int(np.asarray(images).shape[-1])
     w = frequencies(channels * size * size, s.n_features, s.bandwidth, s.seed)
     progress("DP-MERF embedding (one Gaussian query)", 0, 1)
-    emb = noisy_embedding(_chunks(images, size), rows, n_classes, w, sigma)
+    emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, w, sigma)
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
+    return train_fitted(emb, w, n_classes, size, channels, s, progress, stage)
+
+
+def train_fitted(
+    emb: NoisyEmbedding,
+    w: torch.Tensor,
+    n_classes: int,
+    size: int,
+    channels: int,
+    s: MerfSettings,
+    progress: ProgressFn = no_progress,
+    stage: str = "DP-MERF generator",
+) -> FittedMerf:
+    """A generator trained against an already drawn noisy embedding (post-processing only)."""
     torch.manual_seed(s.seed)
     gen = ConditionalGenerator(n_classes, size, channels, z_dim=s.z_dim, width=s.width)
     train_generator(
@@ -94,7 +108,7 @@ def fit(
     return FittedMerf(gen, w, emb, size)
 
 
-class _chunks:
+class ImageChunks:
     """The images as [0, 1] floats at the generator's size, converted a chunk at a time (a 60,000-
     image set as float would be ~190 MB; noisy_embedding reads it in chunks)."""
 

@@ -25,6 +25,9 @@ SELECTIONS = ("semantic", "none", "all", "procedural")
 # where the private vote measures nearness (synth.privimage.vote)
 # central_images = "auto": decided at plan time from public metadata (synth.privimage.central)
 CENTRAL_AUTO = "auto"
+FREQUENCY_AUTO = (
+    "auto"  # frequency_warmup = "auto": decided at plan time (synth.privimage.frequency)
+)
 VOTE_SPACES = (
     "pixel",
     "embedding",
@@ -127,6 +130,16 @@ class PrivImageConfig:
     central_sigma: float = 10.0  # their noise multiplier (synth.privimage.central)
     central_clip: float = 8.0  # L2 clip of one half-resolution image with pixels in [0, 1]
     central_steps: int = 500  # pre-training steps on the (augmented) central images
+    # FETA-Pro's frequency warm-up (synth.privimage.frequency): a DP-MERF generator trained against
+    # one noisy random-feature embedding per class, its images pre-training the model before the
+    # central images and DP-SGD. "auto": on where the classes are large enough for the embedding to
+    # be more signal than noise (decided from public metadata)
+    frequency_warmup: bool | str = "auto"
+    frequency_sigma: float = 26.6  # the embedding's noise multiplier (sensitivity 1; FETA-Pro's)
+    frequency_features: int = 4000  # random Fourier features
+    frequency_generator_steps: int = 2000  # DP-MERF generator updates (post-processing)
+    frequency_images: int = 10_000  # generator images the diffusion model pre-trains on
+    frequency_steps: int = 1000  # diffusion pre-training steps on them
     # DP-SGD fine-tuning
     finetune_epochs: float = 20.0  # steps = ceil(epochs / q)
     batch_size: int = 256  # expected logical batch (Poisson sampling)
@@ -301,6 +314,24 @@ class PrivImageConfig:
         self.central_sigma = check_sigma(self.central_sigma, "central_sigma")
         self.central_clip = check_sensitivity(self.central_clip, "central_clip")
         self.central_steps = check_count(self.central_steps, "central_steps")
+        if self.frequency_warmup not in (True, False, FREQUENCY_AUTO):
+            raise InvalidParameterError(
+                f'frequency_warmup must be true, false or "{FREQUENCY_AUTO}", got '
+                f"{self.frequency_warmup!r}."
+            )
+        self.frequency_sigma = check_sigma(self.frequency_sigma, "frequency_sigma")
+        self.frequency_features = check_count(self.frequency_features, "frequency_features")
+        if self.frequency_features % 2 or not 64 <= self.frequency_features <= 100_000:
+            raise InvalidParameterError(
+                "frequency_features must be an even number between 64 and 100000, got "
+                f"{self.frequency_features}."
+            )
+        for name in ("frequency_generator_steps", "frequency_images", "frequency_steps"):
+            setattr(self, name, check_count(getattr(self, name), name))
+        if self.frequency_images > 1_000_000:
+            raise InvalidParameterError(
+                f"frequency_images must be at most 1,000,000, got {self.frequency_images}."
+            )
 
     @property
     def base_images(self) -> int:
@@ -341,6 +372,10 @@ class PrivImageConfig:
             ddim_steps=3,
             n_samples=20,
             sample_batch=10,
+            frequency_features=256,
+            frequency_generator_steps=5,
+            frequency_images=40,
+            frequency_steps=3,
         )
         return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})
 

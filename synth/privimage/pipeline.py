@@ -23,8 +23,10 @@ from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
-from synth.privimage import central, state
-from synth.privimage.config import CENTRAL_AUTO, PrivImageConfig
+from synth.merf.config import BANDWIDTH_PER_PIXEL, MerfConfig
+from synth.merf.fit import MerfSettings, generator_size
+from synth.privimage import central, frequency, state
+from synth.privimage.config import CENTRAL_AUTO, FREQUENCY_AUTO, PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
 from synth.privimage.describe import describe
 from synth.privimage.model import make_unet, save_model
@@ -421,6 +423,57 @@ def _central_warmup(
     return {"central_images_per_class": event.count}
 
 
+def _frequency_warmup(
+    sens_formatted: np.ndarray,
+    sens_y: np.ndarray,
+    config: PrivImageConfig,
+    event: GaussianQuery,
+    prep: _Prepared,
+    ctx: RunContext,
+) -> dict[str, Any]:
+    """FETA-Pro's frequency warm-up (synth.privimage.frequency; charged as the plan's frequency
+    `event`), then pre-training on the generator's images labelled with their class."""
+    channels = prep.channels
+    n_pixels = channels * generator_size(*sens_formatted.shape[1:3]) ** 2
+    settings = MerfSettings(
+        n_features=config.frequency_features,
+        bandwidth=BANDWIDTH_PER_PIXEL * n_pixels,
+        z_dim=MerfConfig.z_dim,
+        width=MerfConfig.width,
+        steps=config.frequency_generator_steps,
+        batch=MerfConfig.batch,
+        lr=MerfConfig.lr,
+        seed=config.seed,
+    )
+    x, y = frequency.warmup_images(
+        sens_formatted,
+        sens_y,
+        len(prep.label_values),
+        event,
+        settings,
+        config.frequency_images,
+        ctx.workdir,
+        ctx.progress,
+    )
+    prep.model = pretrain(
+        prep.model,
+        x.float(),
+        y.long(),
+        steps=config.frequency_steps,
+        batch=config.pretrain_batch,
+        lr=config.pretrain_lr,
+        train_timesteps=config.train_timesteps,
+        seed=config.seed + 2,
+        device=prep.device,
+        ckpt=ctx.workdir / "frequency_pretrain.pt",
+        progress=ctx.progress,
+        augment=config.pretrain_augment,
+        label_dropout=config.label_dropout,
+        precision=prep.precision,
+    )
+    return {"frequency_images": len(x)}
+
+
 def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
     p = PrivImagePlan.from_json(dict(ctx.plan.detail))
     if p.record_count != len(data):
@@ -443,6 +496,8 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     selected = None
     if config.selection == "semantic":
         info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
+    if p.frequency_event is not None:
+        info.update(_frequency_warmup(sens_formatted, sens_y, config, p.frequency_event, prep, ctx))
     if p.central_event is not None:
         info.update(_central_warmup(sens_x, sens_y, config, p.central_event, prep, ctx))
     t_pre = time.time()
@@ -780,6 +835,19 @@ def _prior_parameters(config: PrivImageConfig, p: PrivImagePlan) -> dict[str, An
             central_noise_std=p.central_event.sigma,
             central_steps=config.central_steps,
         )
+    # decided by the plan ("auto" from public metadata: synth.privimage.frequency)
+    out["frequency_warmup"] = p.frequency_event is not None
+    if config.frequency_warmup == FREQUENCY_AUTO:
+        out["frequency_warmup_setting"] = FREQUENCY_AUTO
+    if p.frequency_event is not None:
+        out.update(
+            frequency_sigma=config.frequency_sigma,
+            frequency_noise_std=p.frequency_event.sigma,
+            frequency_features=config.frequency_features,
+            frequency_generator_steps=config.frequency_generator_steps,
+            frequency_images=config.frequency_images,
+            frequency_steps=config.frequency_steps,
+        )
     return out
 
 
@@ -790,6 +858,7 @@ def _artifacts(workdir: Path, model_dir: Path) -> dict[str, str]:
         "query": state.QUERY,
         "vote": state.VOTE,
         "central_images": central.CENTRAL,
+        "frequency_embedding": frequency.EMBEDDING,
     }
     return {
         "model": str(model_dir),

@@ -15,13 +15,14 @@ from accounting.events import DpSgd, GaussianQuery, MechanismEvent, event_from_j
 from accounting.validation import check_count
 from synth.privimage.central import central_event, resolve_queries
 from synth.privimage.config import CENTRAL_AUTO, PrivImageConfig
+from synth.privimage.frequency import frequency_event, resolve_frequency
 
 
 @dataclass(frozen=True)
 class PrivImagePlan:
-    # [query GaussianQuery, central GaussianQuery, DpSgd, vote GaussianQuery (count = rounds)]:
-    # the query only for selection "semantic", the central images only with central_images > 0,
-    # the vote only with vote_sigma > 0
+    # [query GaussianQuery, frequency GaussianQuery, central GaussianQuery, DpSgd, vote
+    # GaussianQuery (count = rounds)]: the query only for selection "semantic", the frequency
+    # warm-up's embedding and the central images only where on, the vote only with vote_sigma > 0
     events: list[MechanismEvent]
     noise_multiplier: float
     sample_rate: float
@@ -29,13 +30,25 @@ class PrivImagePlan:
     record_count: int
     epsilon: EpsilonReport  # of prior + events
     central: bool = False  # the last Gaussian query before DP-SGD is the DP central images
+    # the Gaussian query before the central images' (or before DP-SGD without them) is the
+    # frequency warm-up's embedding (synth.privimage.frequency)
+    frequency: bool = False
+
+    def _before(self) -> list[GaussianQuery]:
+        return [e for e in self.events[: self._dpsgd_index] if isinstance(e, GaussianQuery)]
 
     @property
     def query_event(self) -> GaussianQuery | None:
-        """The semantic query: the first Gaussian query before DP-SGD, unless that is the central
-        images'."""
-        before = [e for e in self.events[: self._dpsgd_index] if isinstance(e, GaussianQuery)]
-        return next(iter(before[:-1] if self.central else before), None)
+        """The semantic query: the first Gaussian query before DP-SGD that is neither the
+        frequency warm-up's nor the central images'."""
+        before = self._before()[: len(self._before()) - self.central - self.frequency]
+        return next(iter(before), None)
+
+    @property
+    def frequency_event(self) -> GaussianQuery | None:
+        """The frequency warm-up's embedding: the Gaussian query before the central images'."""
+        before = self._before()[: len(self._before()) - self.central]
+        return before[-1] if self.frequency and before else None
 
     @property
     def central_event(self) -> GaussianQuery | None:
@@ -85,6 +98,7 @@ class PrivImagePlan:
                 "delta": self.epsilon.delta,
             },
             **({"central": True} if self.central else {}),
+            **({"frequency": True} if self.frequency else {}),
         }
 
     @classmethod
@@ -97,6 +111,7 @@ class PrivImagePlan:
             int(data["record_count"]),
             EpsilonReport(**data["epsilon"]),
             bool(data.get("central", False)),
+            bool(data.get("frequency", False)),
         )
 
 
@@ -142,14 +157,23 @@ def plan_privimage(
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before = [query_event(config)] if config.selection == "semantic" else []
-    if config.central_images == CENTRAL_AUTO and n_classes is None:
+    if CENTRAL_AUTO in (config.central_images, config.frequency_warmup) and n_classes is None:
         raise InvalidParameterError(
-            'central_images = "auto" is decided from the number of classes; pass n_classes (or '
-            "set central_images to a number)."
+            'central_images and frequency_warmup = "auto" are decided from the number of classes; '
+            "pass n_classes (or set them explicitly)."
         )
     central_queries = resolve_queries(
         config.central_images, config.central_sigma, config.central_clip, n, n_classes or 1
     )
+    frequency = resolve_frequency(
+        config.frequency_warmup,
+        config.frequency_sigma,
+        config.frequency_features,
+        n,
+        n_classes or 1,
+    )
+    if frequency:
+        before.append(frequency_event(config.frequency_sigma))
     if central_queries:
         before.append(central_event(config.central_sigma, central_queries))
     after = [vote_event(config)] if config.vote_sigma else []
@@ -165,4 +189,5 @@ def plan_privimage(
         n,
         epsilon_report(list(prior) + events, config.delta),
         central=bool(central_queries),
+        frequency=frequency,
     )

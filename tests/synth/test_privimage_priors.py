@@ -60,6 +60,7 @@ def test_central_event_is_planned_charged_and_calibrated_within_target() -> None
         finetune_epochs=4.0,
         central_images=2,
         central_sigma=10.0,
+        frequency_warmup=False,
     )
     base = plan_privimage(cfg.with_(central_images=0), 60000, n_classes=10)
     p = plan_privimage(cfg, 60000, n_classes=10)
@@ -144,7 +145,7 @@ def test_auto_through_the_mechanism_uses_the_registered_label_count() -> None:
     assert central_count(mech.plan(cfg, info(60000, 100), [], pub)) == 0
 
 
-def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_computation() -> None:
+def test_plan_epsilon_with_the_warmups_equals_an_independent_dp_accounting_computation() -> None:
     cfg = PrivImageConfig(
         epsilon=3.0,
         delta=1e-5,
@@ -155,8 +156,10 @@ def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_co
         vote_sigma=8.0,
     )
     p = plan_privimage(cfg, 60000, n_classes=10)
+    assert p.frequency_event is not None  # "auto": 6,000 a class
     # the same mechanisms written out by hand with dp-accounting alone
     query = dp_accounting.GaussianDpEvent(cfg.query_sigma)  # sqrt(k) sigma / sqrt(k)
+    freq = dp_accounting.GaussianDpEvent(cfg.frequency_sigma)  # sensitivity 1
     cent = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(8.0), 3)
     sgd = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(
@@ -166,10 +169,10 @@ def test_plan_epsilon_with_central_images_equals_an_independent_dp_accounting_co
     )
     vote = dp_accounting.GaussianDpEvent(8.0)
     acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
-    acc.compose(dp_accounting.ComposedDpEvent([query, cent, sgd, vote]))
+    acc.compose(dp_accounting.ComposedDpEvent([query, freq, cent, sgd, vote]))
     assert p.epsilon.epsilon_rdp == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
     pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
-    pld.compose(dp_accounting.ComposedDpEvent([query, cent, sgd, vote]))
+    pld.compose(dp_accounting.ComposedDpEvent([query, freq, cent, sgd, vote]))
     assert p.epsilon.epsilon_pld == pytest.approx(pld.get_epsilon(1e-5), rel=1e-2)
 
 
@@ -349,3 +352,32 @@ def test_central_images_end_to_end_are_charged_saved_and_reused(data, tmp_path) 
     saved = central.load(tmp_path / "w")
     assert saved is not None and saved[0].shape == (20, 1, 28, 28)
     assert "pretraining" in stages and "selected_public_classes" not in p
+
+
+# ------------------------------------------------------------------ the frequency warm-up's charge
+def test_the_frequency_embedding_is_planned_between_the_query_and_the_central_images() -> None:
+    cfg = PrivImageConfig(epsilon=1.0, delta=1e-5, batch_size=250, central_images=2)
+    p = plan_privimage(cfg, 60000, n_classes=10)
+    assert p.frequency_event == GaussianQuery(sigma=cfg.frequency_sigma, sensitivity=1.0)
+    assert p.query_event is p.events[0] and p.frequency_event is p.events[1]
+    assert p.central_event is p.events[2] and isinstance(p.events[3], DpSgd)
+    again = type(p).from_json(p.to_json())
+    assert (again.query_event, again.frequency_event, again.central_event) == (
+        p.query_event,
+        p.frequency_event,
+        p.central_event,
+    )
+    alone = plan_privimage(cfg.with_(selection="none", central_images=0), 60000, n_classes=10)
+    assert alone.query_event is None and alone.frequency_event is alone.events[0]
+    off = plan_privimage(cfg.with_(frequency_warmup=False), 60000, n_classes=10)
+    assert off.frequency_event is None and off.noise_multiplier < p.noise_multiplier
+
+
+@pytest.mark.parametrize(
+    ("records", "classes", "on"), [(60000, 10, True), (4000, 10, False), (60000, 100, False)]
+)
+def test_frequency_warmup_auto_is_decided_from_the_registered_counts(
+    records: int, classes: int, on: bool
+) -> None:
+    cfg = PrivImageConfig(epsilon=1.0, delta=1e-5, batch_size=250, central_images=0)
+    assert (plan_privimage(cfg, records, n_classes=classes).frequency_event is not None) is on
