@@ -35,6 +35,8 @@ _ENTRIES: dict[str, str] = {
     "deface": "synth.volumes.run:DEFACE",
     "reface": "synth.volumes.run:REFACE",
 }
+# the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
+_VOLUME_MECHANISMS = ("deface", "reface")
 STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
 # What a dataset holds and a mechanism takes: 2D image sets (ImageDataset) or 3D head volumes
 # (NIfTI, synth.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
@@ -295,12 +297,17 @@ def describe(
     )
 
 
+def kind_of(name: str) -> str:
+    """The data kind mechanism `name` takes, without importing it."""
+    return "volumes" if name in _VOLUME_MECHANISMS else "images"
+
+
 def check_data_kind(name: str, dataset: DatasetInfo) -> None:
     """Refuse mechanism `name` on a dataset of another kind (images vs volumes), naming those that
     fit."""
     wanted = getattr(get(name), "data_kind", "images")
     if dataset.data_kind != wanted:
-        fits = [n for n in names() if getattr(get(n), "data_kind", "images") == dataset.data_kind]
+        fits = [n for n in names() if kind_of(n) == dataset.data_kind]
         raise InvalidParameterError(
             f"Mechanism {name!r} works on {wanted}, but dataset {dataset.name!r} holds "
             f"{dataset.data_kind}; use {' or '.join(repr(f) for f in fits) or 'another dataset'}."

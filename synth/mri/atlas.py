@@ -14,6 +14,7 @@ Colin27 (public data only, so it may be cached and shared):
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -138,7 +139,7 @@ def atlases(cache_dir: Path | None = None) -> tuple[Atlas, Atlas]:
     face_atlas, brain_atlas = _build()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")  # concurrent writers
         np.savez_compressed(
             tmp,
             face_face=face_atlas.face,
