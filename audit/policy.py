@@ -23,6 +23,8 @@ _UNIT = {
     "min_sds",
     "mia_confidence",
     "near_copy_max_distance",
+    "volume_max_face_correlation",
+    "volume_reid_alpha",
 }
 _POSITIVE_INT = {
     "one_run_canaries",
@@ -34,6 +36,7 @@ _POSITIVE_INT = {
     "cnn_epochs",
     "sds_clusters",
     "grid_pairs",
+    "volume_min_subjects",
 }
 
 
@@ -62,6 +65,15 @@ class AuditPolicy:
     # cluster-membership attack top-k precision (chance 0.5)
     kanon_max_attack_precision: float = 0.9
     kanon_max_reid_rate: float = 0.9  # representative -> top-1 nearest record is one of its sources
+    # head volume releases (deface, reface; audit/volumes.py). Every brain voxel must be unchanged
+    # (no threshold: exactly 0). The face region's *detail* (intensity minus its 2 mm Gaussian
+    # blur) must not correlate with the original's above this; the plain correlation of any two
+    # aligned faces is ~0.8 (air in front, skin, tissue behind), so it is reported, not gated.
+    volume_max_face_correlation: float | None = 0.3
+    # re-identification of face renders among the originals: fails when rank-1 matches are
+    # significantly above chance (one-sided binomial test at this level)
+    volume_reid_alpha: float = 0.05
+    volume_min_subjects: int = 5  # fewer: the test cannot tell a match from chance (not run)
     # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
     # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =
     # the held-out majority-class rate. Default 1/3 of the way from guessing to perfect (0.40 for 10
@@ -126,6 +138,15 @@ class AuditPolicy:
             if f.name == "one_run_canaries" and value < 10:
                 raise InvalidParameterError(
                     f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}."
+                )
+            if f.name == "volume_min_subjects" and value < 2:
+                raise InvalidParameterError(
+                    f"audit policy volume_min_subjects must be >= 2 (rank-1 needs a choice), "
+                    f"got {value}."
+                )
+            if f.name == "volume_reid_alpha" and not 0 < value < 1:
+                raise InvalidParameterError(
+                    f"audit policy volume_reid_alpha must be strictly between 0 and 1, got {value}."
                 )
             if f.name == "sds_clusters" and value < 2:
                 raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")

@@ -7,7 +7,6 @@ failed with its error, so that no release is published unchecked."""
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,11 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import record_fingerprints
+from audit.checks import _cannot_run, _guard
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.datasets import ImageDataset
+from synth.mri.volume import VolumeDataset
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DP, GUARANTEE_KINDS
 
@@ -35,7 +36,8 @@ class AuditInputs:
     ids: list[str]
     expected_count: int  # n requested, or floor(n / k) for k-anonymous releases
     label_set: list[int]  # the registered label set
-    sensitive: ImageDataset  # training (member) data
+    # training (member) data; the original head volumes of a volume release
+    sensitive: ImageDataset | VolumeDataset
     heldout: ImageDataset | None  # real held-out data (non-members, utility test set)
     record_fingerprint_key: bytes  # HMAC key for the exact-copy check
     mechanism: str  # the registry name of the mechanism that made the release
@@ -54,6 +56,20 @@ class AuditInputs:
     dpsgd: DpSgdSetting | None = None
     # what the release claims (synth.registry.GUARANTEE_KINDS): picks the attacks that test it
     guarantee_kind: str = DP
+    # a volume release (audit/volumes.py): the released volumes, in the order of `sensitive`, and
+    # the NIfTI files as written (their headers are checked)
+    volumes: VolumeDataset | None = None
+    volume_files: list[Path] | None = None
+    cache_dir: Path | None = None  # public template atlases (synth.mri.atlas), shared
+
+    @property
+    def sensitive_images(self) -> ImageDataset:
+        if not isinstance(self.sensitive, ImageDataset):
+            raise DataFormatError(
+                "sensitive must be an ImageDataset for an image release, got "
+                f"{type(self.sensitive).__name__}."
+            )
+        return self.sensitive
 
     def validate(self) -> None:
         if not isinstance(self.sensitive, ImageDataset):
@@ -130,36 +146,6 @@ class AuditInputs:
             )
 
 
-def _cannot_run(name: str, kind: str, reason: str, policy: AuditPolicy) -> CheckResult:
-    if policy.require_attacks and kind == "attack":
-        return CheckResult(
-            name,
-            kind,
-            False,
-            f"not run: {reason} (policy require_attacks = true)",
-            {"reason": reason},
-        )
-    return CheckResult(name, kind, None, f"not run: {reason}", {"reason": reason})
-
-
-def _guard(
-    name: str, kind: str, fn: Callable[[], CheckResult | list[CheckResult]]
-) -> list[CheckResult]:
-    try:
-        out = fn()
-    except Exception as exc:  # a crashing check must block publication, not vanish
-        return [
-            CheckResult(
-                name,
-                kind,
-                False,
-                f"check failed to run: {type(exc).__name__}: {exc}",
-                {"error": str(exc), "traceback": traceback.format_exc(limit=5)},
-            )
-        ]
-    return out if isinstance(out, list) else [out]
-
-
 def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResult:
     """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public
     set, else UCI digits): reads no sensitive data."""
@@ -184,7 +170,12 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
 def run_audit(
     inputs: AuditInputs, policy: AuditPolicy | None = None, progress: ProgressFn = no_progress
 ) -> AuditReport:
-    """Every check in order; embeddings and FID statistics are cached for this audit only."""
+    """Every check in order; embeddings and FID statistics are cached for this audit only. A
+    volume release gets the volume checks (audit/volumes.py)."""
+    if inputs.volumes is not None:
+        from audit.volumes import run_volume_audit
+
+        return run_volume_audit(inputs, policy or AuditPolicy(), progress)
     from audit.images import audit_cache
 
     with audit_cache():
@@ -217,7 +208,7 @@ def _expectations(
 ) -> list[CheckResult]:
     from audit.expectations import build_suite, release_table, validate_table
 
-    sens = inputs.sensitive
+    sens = inputs.sensitive_images
     table = release_table(images, labels, inputs.ids, inputs.record_fingerprint_key, d_tr)
     suite = build_suite(
         inputs.expected_count,
@@ -231,7 +222,7 @@ def _expectations(
 def _attacks(
     inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
 ) -> list[CheckResult]:
-    sens, ho = inputs.sensitive, inputs.heldout
+    sens, ho = inputs.sensitive_images, inputs.heldout
     if inputs.guarantee_kind == "k-anonymity":
         clusters = inputs.clusters
         if clusters is None:
@@ -316,7 +307,7 @@ def _utility(
     return _guard(
         "downstream_accuracy",
         "utility",
-        lambda: run_utility(images, labels, inputs.sensitive, heldout, policy),
+        lambda: run_utility(images, labels, inputs.sensitive_images, heldout, policy),
     )
 
 
@@ -345,7 +336,7 @@ def _run_audit(
     policy = policy or AuditPolicy()
     inputs.validate()
     images, labels = np.asarray(inputs.images), np.asarray(inputs.labels).astype(np.int64)
-    sens, ho = inputs.sensitive, inputs.heldout
+    sens, ho = inputs.sensitive_images, inputs.heldout
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
     report = AuditReport(inputs.release_id)
     stage = _Stages(progress)

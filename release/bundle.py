@@ -270,13 +270,15 @@ def write_bundle(
     workspace: Workspace,
     extra_columns: dict[str, np.ndarray] | None = None,
     rows_per_file: int = 5000,
+    extra_files: dict[str, Path] | None = None,
 ) -> BundleInfo:
     """Write, sign and archive a bundle at `out_dir` (and `<out_dir>.tar.gz`); never overwrites.
 
     `predicate` is recorded as given, plus `tool` (name, version) when the caller did not set it and
     `release_id` (= the bundle's directory name, which verification binds to the signature). The
     card is completed with the data's features, the key fingerprints and the verify/recompute
-    recipes.
+    recipes. `extra_files` (bundle path -> file) are copied in as they are and signed like the
+    rest, e.g. a volume release's NIfTI files under data/volumes/.
     """
     out_dir = Path(out_dir)
     if out_dir.name in ("", ".", ".."):
@@ -288,6 +290,7 @@ def write_bundle(
     n = images.shape[0]
     labels, ids = _check_labels(labels, n), _check_ids(ids, n)
     extra = _extra_arrays(extra_columns, n)
+    files = _check_extra_files(extra_files)
     if (
         isinstance(rows_per_file, bool)
         or not isinstance(rows_per_file, Integral)
@@ -312,6 +315,10 @@ def write_bundle(
     try:
         root = staging / out_dir.name
         num_bytes = _write_data(root, images, labels, ids, extra, rows_per_file)
+        for name, src in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, root / name)
+            num_bytes += (root / name).stat().st_size
         features = _features(labels, extra)
         _write_croissant(root, out_dir.name, card_markdown, features, predicate)
         card = finish_card(
@@ -341,6 +348,26 @@ def write_bundle(
         files=tuple(s["name"] for s in statement["subject"]),
         record_count=n,
     )
+
+
+def _check_extra_files(extra_files: dict[str, Path] | None) -> dict[str, Path]:
+    """Bundle-relative names (plain relative paths outside the bundle's own files) of regular
+    files."""
+    from release.manifest import safe_member_name
+
+    out: dict[str, Path] = {}
+    for name, src in (extra_files or {}).items():
+        top = name.split("/")[0]
+        if (
+            not safe_member_name(name)
+            or name in (CARD_FILE, GRID_FILE, CROISSANT_FILE)
+            or (top == DATA_DIR and name.endswith(".parquet"))
+        ):
+            raise InvalidParameterError(f"extra bundle file name {name!r} is not allowed.")
+        if not Path(src).is_file():
+            raise DataFormatError(f"{src}: not a file; cannot put it in the bundle as {name}.")
+        out[name] = Path(src)
+    return out
 
 
 def _complete_predicate(predicate: object, name: str) -> dict:

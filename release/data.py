@@ -15,9 +15,10 @@ import numpy as np
 
 from accounting import ledger
 from accounting.errors import DataFormatError, DatasetConflictError
-from accounting.fingerprint import dataset_fingerprint
+from accounting.fingerprint import dataset_fingerprint, volumes_fingerprint
 from accounting.store import Store
-from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, load_source
+from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, is_volume_source, load_data
+from synth.mri.volume import VolumeDataset
 
 LabelDeclaration = str | Sequence[int] | Sequence[str] | None
 DECLARE_HELP = (
@@ -109,15 +110,23 @@ def register_from_source(
 ) -> tuple[ledger.Dataset, bool]:
     """Load the data once to check and fingerprint it (HMAC, rule 4) and register it with its
     declared label set; the data stays where it is. Any problem raises before the store is
-    touched."""
-    data = load_source(source)
-    label_set = declared_labels(source, data, labels)
-    fp = dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels)
+    touched. A folder of NIfTI head volumes registers as a volume dataset (`data_kind`)."""
+    data = load_data(source)
+    if isinstance(data, VolumeDataset):
+        if labels is not None and not (isinstance(labels, str) and not labels.strip()):
+            raise DataFormatError(
+                f"{source}: head volumes carry no class labels; leave out --labels."
+            )
+        label_set: list[int] = []
+        if privacy_unit == "one image":  # the CLI's default, worded for a scan
+            privacy_unit = "one head scan"
+    else:
+        label_set = declared_labels(source, data, labels)
     return ledger.register_dataset(
         store,
         name=name,
         source=source,
-        fingerprint=fp,
+        fingerprint=fingerprint(store, data),
         record_count=len(data),
         labels=label_set,
         image_shape=list(data.image_shape),
@@ -128,13 +137,47 @@ def register_from_source(
     )
 
 
-def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDataset]:
+def fingerprint(store: Store, data: ImageDataset | VolumeDataset) -> str:
+    """The dataset's HMAC-SHA256 under the workspace key (images and labels, or every volume's
+    stored voxels, affine and scaling)."""
+    key = store.workspace.hmac_key()
+    if isinstance(data, VolumeDataset):
+        return volumes_fingerprint(key, [v.stored_bytes() for v in data.volumes])
+    return dataset_fingerprint(key, data.images, data.labels)
+
+
+def data_kind(ds: ledger.Dataset) -> str:
+    """ "volumes" or "images" (synth.registry.DATA_KINDS). A volume dataset is registered with no
+    label set; an image dataset always declares at least one label."""
+    return "images" if ds.labels else "volumes"
+
+
+def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, ImageDataset | VolumeDataset]:
     """Load a registered dataset and check it is the content that was registered (the ledger is
     about that content; silently changed data would make its accounting meaningless). The returned
     data carries the registered label set, which is what mechanisms generate and release."""
     ds = ledger.get_dataset(store, name)
-    data = load_source(ds.source)
-    if dataset_fingerprint(store.workspace.hmac_key(), data.images, data.labels) != ds.fingerprint:
+    if data_kind(ds) == "volumes":
+        if not is_volume_source(ds.source):
+            raise DatasetConflictError(
+                f"{ds.source}: dataset {ds.name!r} was registered as a folder of NIfTI volumes, "
+                "which is no longer there. Restore the folder."
+            )
+        volumes = load_data(ds.source)
+        if fingerprint(store, volumes) != ds.fingerprint:
+            raise DatasetConflictError(
+                f"The volumes at {ds.source} have changed since dataset {ds.name!r} was "
+                "registered. Restore the original files, or register the new content under a new "
+                "name (its budget starts fresh)."
+            )
+        return ds, volumes
+    data = load_data(ds.source)
+    if not isinstance(data, ImageDataset):
+        raise DatasetConflictError(
+            f"{ds.source}: dataset {ds.name!r} was registered as images but the source now holds "
+            "NIfTI volumes. Restore the original data."
+        )
+    if fingerprint(store, data) != ds.fingerprint:
         raise DatasetConflictError(
             f"The data at {ds.source} has changed since dataset {ds.name!r} "
             "was registered. Restore the original data, or register the "

@@ -27,14 +27,15 @@ from accounting.events import event_to_json
 from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
-from release.data import load_registered
+from release.data import data_kind, load_registered
 from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord
 from release.spec import Plan, ReleaseSpec, canonical
 from synth import registry
 from synth.datasets import ImageDataset, heldout_source, load_public, load_source
+from synth.mri.volume import VolumeDataset
 from synth.progress import ProgressFn, no_progress
-from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan
+from synth.registry import Data, DatasetInfo, MechanismOutput, MechanismPlan
 
 if TYPE_CHECKING:
     from audit.dpsgd_audit import DpSgdSetting
@@ -119,8 +120,10 @@ def _set_state(
     trail.append(con, store, actor, action, {"release_id": release_id, "state": new, **payload})
 
 
-def public_sha256(public: ImageDataset) -> str:
+def public_sha256(public: ImageDataset | VolumeDataset) -> str:
     """Content hash of PUBLIC data (a plain hash is fine here: nothing sensitive)."""
+    if isinstance(public, VolumeDataset):
+        return public.content_sha256()
     h = hashlib.sha256()
     for arr in (np.ascontiguousarray(public.images), np.ascontiguousarray(public.labels)):
         h.update(str((arr.dtype.str, arr.shape)).encode())
@@ -136,6 +139,7 @@ def dataset_info(ds: ledger.Dataset) -> DatasetInfo:
         tuple(ds.labels),
         tuple(ds.image_shape),
         ds.delta_cap,
+        data_kind(ds),
     )
 
 
@@ -185,7 +189,7 @@ def _stage(progress: ProgressFn, name: str):
 def _preview(
     spec: ReleaseSpec,
     budget: ledger.Budget,
-    public: ImageDataset,
+    public: Data,
     progress: ProgressFn = no_progress,
 ):
     """Validate everything a run will use and ask the mechanism for its plan (no sensitive data
@@ -232,7 +236,7 @@ def _kanon_audit_warning(
     spec: ReleaseSpec,
     ds: ledger.Dataset,
     mplan: MechanismPlan,
-    public: ImageDataset,
+    public: Data,
     progress: ProgressFn,
 ) -> list[str]:
     """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release,
@@ -248,7 +252,7 @@ def _kanon_audit_warning(
     key = (public_sha256(public), ds.record_count, k, tuple(mplan.output_shape), threshold)
     if key not in _KANON_ESTIMATES:
         _KANON_ESTIMATES[key] = estimate_membership(
-            public,
+            registry.images_only(public, "The k-anonymity estimate"),
             ds.record_count,
             k,
             tuple(mplan.output_shape),
@@ -261,10 +265,12 @@ def _kanon_audit_warning(
 
 
 def _mechanism_plan(
-    spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset
+    spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset | VolumeDataset
 ) -> MechanismPlan:
+    info = dataset_info(budget.dataset)
+    registry.check_data_kind(spec.mechanism, info)  # e.g. PrivImage on head volumes
     return registry.get(spec.mechanism).plan(
-        mechanism_config(spec, budget.dataset), dataset_info(budget.dataset), budget.history, public
+        mechanism_config(spec, budget.dataset), info, budget.history, public
     )
 
 
@@ -273,9 +279,7 @@ def _admitted(rdp: np.ndarray, ds: ledger.Dataset) -> bool:
     return privacy_filter.admits(rdp, ds.epsilon_cap, ds.delta_cap)
 
 
-def _admitted_at(
-    spec: ReleaseSpec, budget: ledger.Budget, public: ImageDataset, epsilon: float
-) -> bool:
+def _admitted_at(spec: ReleaseSpec, budget: ledger.Budget, public: Data, epsilon: float) -> bool:
     """Whether the cap's filter admits the history plus this spec's plan at target `epsilon` (no
     data read)."""
     try:
@@ -292,7 +296,7 @@ def _admitted_at(
 def _fitting_target_hint(
     spec: ReleaseSpec,
     budget: ledger.Budget,
-    public: ImageDataset,
+    public: Data,
     rounds: int = 8,
     progress=lambda done, total: None,
 ) -> str:
@@ -320,7 +324,7 @@ def _fitting_target_hint(
     )
 
 
-def _public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> ImageDataset:
+def _public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> Data:
     stage = _stage(progress, "public data and mechanism")
     stage(0, 1)
     public = load_public(spec.public_source, ds.source)
@@ -380,7 +384,7 @@ def dpsgd_setting(
         getattr(cfg, "dp_optimizer", "adam"),
         getattr(cfg, "noise_multiplicity", 1),
         spec.mechanism,
-    ), public
+    ), registry.images_only(public, "The implementation audit")
 
 
 def create_plan(
@@ -614,6 +618,15 @@ def _save_output(
 
     out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
+    if o.volumes is not None:  # the released NIfTI files, headers stripped (what is published)
+        from synth.mri.nifti import write_volume
+
+        folder = out / VOLUMES_DIR
+        folder.mkdir(exist_ok=True)
+        for name, volume in zip(
+            volume_names(release_id, len(o.volumes)), o.volumes.volumes, strict=True
+        ):
+            write_volume(volume, folder / name)
     arrays: dict[str, Any] = {"images": o.images, "labels": o.labels}
     if o.label_distributions is not None:
         arrays["label_distributions"] = o.label_distributions
@@ -664,7 +677,17 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
         internal.pop("selected_public_indices", None),
     )
     res = rel.result
+    folder = release_dir(store, release_id) / VOLUMES_DIR
+    volumes = None
+    if folder.is_dir():
+        from synth.mri.nifti import read_volume
+
+        volumes = VolumeDataset(
+            [read_volume(folder / n, n) for n in volume_names(release_id, len(images))],
+            str(folder),
+        )
     return MechanismOutput(
+        volumes=volumes,
         images=images,
         labels=labels,
         parameters=res.parameters,
@@ -681,7 +704,7 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
 
 def _bound_inputs(
     store: Store, rel: Release
-) -> tuple[Plan, ReleaseSpec, ledger.Dataset, ImageDataset, ImageDataset]:
+) -> tuple[Plan, ReleaseSpec, ledger.Dataset, Data, Data]:
     """Everything the run reads, each checked against the signed plan before any sensitive data is
     used."""
     plan = rel.plan
@@ -844,8 +867,8 @@ def audit_release(
     actor: str,
     progress: ProgressFn = no_progress,
     *,
-    data: ImageDataset | None = None,
-    public: ImageDataset | None = None,
+    data: Data | None = None,
+    public: Data | None = None,
 ) -> Release:
     """Run every check on a synthesised release and store the (internal) report."""
     from audit import AuditInputs, AuditPolicy, run_audit, save_report
@@ -865,7 +888,16 @@ def audit_release(
     g = rel.guarantee
     selected = None
     if out.selected_public_indices is not None:
-        selected = (public or load_source(spec.public_source)).subset(out.selected_public_indices)
+        pool = registry.images_only(public or load_source(spec.public_source), "The SDS check")
+        selected = pool.subset(out.selected_public_indices)
+    volume_files = (
+        None
+        if out.volumes is None
+        else [
+            release_dir(store, release_id) / VOLUMES_DIR / n
+            for n in volume_names(release_id, len(out.volumes))
+        ]
+    )
     inputs = AuditInputs(
         release_id=release_id,
         images=out.images,
@@ -888,6 +920,9 @@ def audit_release(
         dpsgd=DpSgdSetting.from_plan(
             rel.plan.mechanism_plan or {}, rel.plan.config or {}, spec.mechanism
         ),
+        volumes=out.volumes,
+        volume_files=volume_files,
+        cache_dir=runner.public_cache_dir(store),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
@@ -912,6 +947,15 @@ def spec_heldout(spec: ReleaseSpec, ds: ledger.Dataset) -> ImageDataset | None:
 
 def release_ids(release_id: str, n: int) -> list[str]:
     return [f"{release_id}-{i:06d}" for i in range(n)]
+
+
+VOLUMES_DIR = "volumes"  # a volume release's NIfTI files, in artifacts/REL/ and in the bundle
+
+
+def volume_names(release_id: str, n: int) -> list[str]:
+    """The released NIfTI files' names: the row ids (the source file names can identify people
+    and are never released)."""
+    return [f"{i}.nii.gz" for i in release_ids(release_id, n)]
 
 
 # ------------------------------------------------------------------ publish
@@ -954,7 +998,14 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
         store, rel, res, ds, report.verdicts(), len(images), integrity.trail
     )
     card = card_for(rel.to_dict(), asdict(ds), predicate)
-    extra = {"label_distribution": dist} if dist is not None else None
+    extra: dict[str, np.ndarray] | None = {"label_distribution": dist} if dist is not None else None
+    volumes = release_dir(store, release_id) / VOLUMES_DIR
+    files = None
+    if volumes.is_dir():  # a volume release: its NIfTI files, and a column naming each row's file
+        files = {
+            f"data/{VOLUMES_DIR}/{n}": volumes / n for n in volume_names(release_id, len(images))
+        }
+        extra = {**(extra or {}), "file": np.array(list(files))}
     info = write_bundle(
         store.workspace.bundles / release_id,
         images=images,
@@ -964,6 +1015,7 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
         predicate=predicate,
         workspace=store.workspace,
         extra_columns=extra,
+        extra_files=files,
     )
     bundle = {
         "path": str(info.path),

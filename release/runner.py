@@ -31,9 +31,8 @@ from accounting.events import MechanismEvent
 from accounting.store import Store
 from release import threads
 from synth import registry
-from synth.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
-from synth.registry import Guarantee, Mechanism, MechanismOutput, MechanismPlan
+from synth.registry import Data, Guarantee, Mechanism, MechanismOutput, MechanismPlan
 
 LEASE_TTL_S = 120.0  # a lease on another host lapses this long after its last heartbeat
 HEARTBEAT_S = 15.0
@@ -192,7 +191,7 @@ class _Context:
         plan: MechanismPlan,
         workdir: Path,
         progress: ProgressFn,
-        public: ImageDataset,
+        public: Data,
         actor: str,
         nproc: int = 1,
     ) -> None:
@@ -273,8 +272,8 @@ def run_charged(
     *,
     run_id: str,
     dataset: str,
-    data: ImageDataset,
-    public: ImageDataset,
+    data: Data,
+    public: Data,
     mechanism: str | Mechanism,
     config: Any,
     plan: MechanismPlan,
@@ -299,6 +298,12 @@ def run_charged(
             f"Run {run_id} makes a release without a DP guarantee. "
             f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
             "acknowledgement (`release approve --acknowledge-non-dp`)."
+        )
+    wanted = getattr(mech, "data_kind", "images")
+    if registry.data_kind(data) != wanted:
+        raise PrivReleaseError(
+            f"Mechanism {mech.name!r} works on {wanted}, but run {run_id} was given "
+            f"{registry.data_kind(data)}. Nothing was charged."
         )
     if len(data) != ledger.get_dataset(store, dataset).record_count:
         raise PrivReleaseError(
@@ -458,8 +463,8 @@ def abandon(
 def run_direct(
     store: Store,
     dataset: str,
-    data: ImageDataset,
-    public: ImageDataset,
+    data: Data,
+    public: Data,
     mechanism: str,
     config: Any,
     *,

@@ -19,6 +19,7 @@ from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
 from release.records import Release
+from synth.datasets import ImageDataset
 from synth.registry import guarantee_label
 
 __all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry)
@@ -71,7 +72,10 @@ def audit_report(store: Store, release_id: str) -> AuditReport | None:
 def sensitive_images(store: Store, name: str) -> np.ndarray:
     """The registered dataset's images, checked to be the registered content (steward and auditor
     views only)."""
-    return load_registered(store, name)[1].images
+    data = load_registered(store, name)[1]
+    if not isinstance(data, ImageDataset):
+        raise PrivReleaseError(f"Dataset {name!r} holds head volumes, not images.")
+    return data.images
 
 
 def published_predicate(rel: Release) -> ReleasePredicate | None:

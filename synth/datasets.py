@@ -27,6 +27,7 @@ from accounting.errors import DataFormatError
 from synth.image_dataset import MAX_LABEL as MAX_LABEL
 from synth.image_dataset import ImageDataset
 from synth.image_dataset import check_label_values as check_label_values
+from synth.mri.volume import VolumeDataset
 
 # the Debian package's; PRIVRELEASE_DATA_DIR comes first
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -242,11 +243,37 @@ COLLECTIONS = {
     "builtin:fashion-mnist": {"Fashion-MNIST"},
     "builtin:fashion-mnist-test": {"Fashion-MNIST"},
     "builtin:public-pool": {"UCI digits", "Fashion-MNIST"},
+    "builtin:head-templates": {"pydeface average head", "Colin27"},
 }
 
 
+def is_volume_source(source: str) -> bool:
+    """Whether `source` names head volumes (a folder of NIfTI files, or the head templates)."""
+    from synth.mri.nifti import is_volume_source as is_nifti_folder
+    from synth.mri.templates import SOURCE as TEMPLATES
+
+    return source == TEMPLATES or is_nifti_folder(source)
+
+
+def load_data(source: str) -> ImageDataset | VolumeDataset:
+    """Any data source: head volumes (a folder of NIfTI files, `builtin:head-templates`) as a
+    VolumeDataset, everything else as an ImageDataset (`load_source`)."""
+    from synth.mri.templates import SOURCE as TEMPLATES
+
+    if source == TEMPLATES:
+        from synth.mri.templates import head_templates
+
+        return head_templates()
+    if is_volume_source(source):
+        from synth.mri.nifti import load_volume_folder
+
+        return load_volume_folder(source)
+    return load_source(source)
+
+
 def load_source(source: str) -> ImageDataset:
-    """Load a dataset from `builtin:NAME`, a class folder, a .parquet file or a .npz file."""
+    """Load an image dataset from `builtin:NAME`, a class folder, a .parquet file or a .npz
+    file."""
     from synth import user_data
 
     if source.startswith("builtin:"):
@@ -286,7 +313,8 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
         )
 
 
-def load_public(public_source: str, sensitive_source: str) -> ImageDataset:
-    """The public set for a mechanism run on `sensitive_source`, checked to be disjoint from it."""
+def load_public(public_source: str, sensitive_source: str) -> ImageDataset | VolumeDataset:
+    """The public set for a mechanism run on `sensitive_source`, checked to be disjoint from it
+    (images, or the head templates for a volume mechanism)."""
     check_public_disjoint(public_source, sensitive_source)
-    return load_source(public_source)
+    return load_data(public_source)

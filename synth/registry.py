@@ -25,6 +25,7 @@ import numpy as np
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, MechanismEvent
 from synth.datasets import ImageDataset
+from synth.mri.volume import VolumeDataset
 from synth.progress import ProgressFn
 
 # name -> "module:attribute" of the Mechanism object; imported lazily (torch is heavy)
@@ -32,8 +33,30 @@ _ENTRIES: dict[str, str] = {
     "privimage": "synth.privimage.pipeline:MECHANISM",
     "ksalsa": "synth.ksalsa.run:MECHANISM",
     "merf": "synth.merf.run:MECHANISM",
+    "deface": "synth.volumes.run:DEFACE",
+    "reface": "synth.volumes.run:REFACE",
 }
+# the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
+_VOLUME_MECHANISMS = ("deface", "reface")
 STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
+# What a dataset holds and a mechanism takes: 2D image sets (ImageDataset) or 3D head volumes
+# (NIfTI, synth.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
+DATA_KINDS = ("images", "volumes")
+Data = ImageDataset | VolumeDataset
+
+
+def data_kind(data: Data) -> str:
+    return "volumes" if isinstance(data, VolumeDataset) else "images"
+
+
+def images_only(data: Data, where: str) -> ImageDataset:
+    """`data` as an image set; head volumes are refused naming `where` (a mechanism's images)."""
+    if not isinstance(data, ImageDataset):
+        raise InvalidParameterError(
+            f"{where} needs 2D images, got head volumes ({data.source}); the volume mechanisms "
+            "are deface and reface."
+        )
+    return data
 
 
 @dataclass(frozen=True)
@@ -44,8 +67,9 @@ class DatasetInfo:
     name: str
     record_count: int
     labels: tuple[int, ...]
-    image_shape: tuple[int, ...]
+    image_shape: tuple[int, ...]  # volumes: the common (X, Y, Z), or () when shapes vary
     delta_cap: float
+    data_kind: str = "images"  # one of DATA_KINDS
 
 
 # The guarantee kinds a mechanism may declare (MechanismPlan.guarantee_kind), with the words the
@@ -146,6 +170,28 @@ class MechanismOutput:
     internal: Mapping[str, Any] = field(default_factory=dict)
     generator: str | None = None  # path of a released generative model (for the MIA)
     artifacts: Mapping[str, str] = field(default_factory=dict)
+    # a volume release: the released volumes (then `images` and `labels` are empty)
+    volumes: VolumeDataset | None = None
+
+    @classmethod
+    def of_volumes(
+        cls,
+        volumes: VolumeDataset,
+        parameters: Mapping[str, Any],
+        internal: Mapping[str, Any] | None = None,
+    ) -> MechanismOutput:
+        """The output of a mechanism that releases volumes: `volumes`, and as `images` one
+        face-surface picture of each released volume (what the dashboard, the bundle's Parquet
+        and its sample grid show; computed from released data only), labels 0."""
+        from synth.mri.render import picture
+
+        return cls(
+            images=np.stack([picture(v) for v in volumes.volumes]),
+            labels=np.zeros(len(volumes), np.int64),
+            parameters=parameters,
+            internal=dict(internal or {}),
+            volumes=volumes,
+        )
 
 
 class RunContext(Protocol):
@@ -153,7 +199,7 @@ class RunContext(Protocol):
 
     workdir: Path
     progress: ProgressFn
-    public: ImageDataset
+    public: Data  # a volume mechanism's public data is the head templates (VolumeDataset)
     plan: MechanismPlan
     cache_dir: Path | None  # for results computed from public data only, shared across releases
     nproc: int  # processes a distributed mechanism may run on (1 = this process)
@@ -183,12 +229,12 @@ class Mechanism(Protocol):
         config: Any,
         dataset: DatasetInfo,
         prior: Sequence[MechanismEvent],
-        public: ImageDataset,
+        public: Data,
     ) -> MechanismPlan:
         """Events, count, shape and warnings; validates data compatibility. Reads no sensitive
         data."""
 
-    def run(self, config: Any, data: ImageDataset, ctx: RunContext) -> MechanismOutput: ...
+    def run(self, config: Any, data: Data, ctx: RunContext) -> MechanismOutput: ...
 
     def loss_function(
         self, generator: str | None
@@ -216,6 +262,7 @@ class MechanismEntry:
     describe: Callable[[Mapping[str, Any], Mapping[str, Any], int], MechanismDescription] | None = (
         None
     )
+    data_kind: str = "images"  # what it takes and releases: one of DATA_KINDS
 
 
 def names() -> tuple[str, ...]:
@@ -249,6 +296,23 @@ def describe(
         collection_type="Synthetic data" if kind == DP else "Derived data",
         tags=("synthetic", "differential-privacy") if kind == DP else ("anonymized",),
     )
+
+
+def kind_of(name: str) -> str:
+    """The data kind mechanism `name` takes, without importing it."""
+    return "volumes" if name in _VOLUME_MECHANISMS else "images"
+
+
+def check_data_kind(name: str, dataset: DatasetInfo) -> None:
+    """Refuse mechanism `name` on a dataset of another kind (images vs volumes), naming those that
+    fit."""
+    wanted = getattr(get(name), "data_kind", "images")
+    if dataset.data_kind != wanted:
+        fits = [n for n in names() if kind_of(n) == dataset.data_kind]
+        raise InvalidParameterError(
+            f"Mechanism {name!r} works on {wanted}, but dataset {dataset.name!r} holds "
+            f"{dataset.data_kind}; use {' or '.join(repr(f) for f in fits) or 'another dataset'}."
+        )
 
 
 def dpsgd_trainer(name: str) -> Callable[..., Any]:

@@ -149,7 +149,7 @@ def run(
     """One representative per cluster of k sensitive records; `codec`/`net` replace the trained
     ones."""
     size, channels = _geometry(data.image_shape, config)
-    public = ctx.public
+    public = registry.images_only(ctx.public, "k-SALSA's public data")
     if codec is None:  # public data only up to on_sensitive_access: a failure is refunded
         codec = train_codec(public, ctx.workdir, config, ctx.progress, size=size, channels=channels)
     probe = torch.from_numpy(conform(public.subset(np.arange(min(4, len(public)))), size, channels))

@@ -344,7 +344,7 @@ def _semantic_selection(
         query = {"noisy_histogram": noisy.tolist(), "chosen": chosen}
         state.write_json(ctx.workdir / state.QUERY, query)
     selection = build_selection(query["chosen"], prep.pub_y)
-    public = ctx.public
+    public = registry.images_only(ctx.public, "PrivImage's public data")
 
     def pub_name(j: int) -> str:
         v = prep.public_values[j]
@@ -486,7 +486,9 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         from synth.privimage.distributed import check_nproc
 
         check_nproc(_nproc(ctx), pick_device(config.device))
-    prep = _prepare_public(data, ctx.public, config, ctx)
+    prep = _prepare_public(
+        data, registry.images_only(ctx.public, "PrivImage's public data"), config, ctx
+    )
     ctx.on_sensitive_access()  # from here on, failures stay charged
     # uint8; the vote reads it too
     sens_formatted = to_format(data.images, config.image_size, prep.channels)

@@ -1,0 +1,134 @@
+"""`Volume` and `VolumeDataset`: a set of 3D head scans as they are stored (NIfTI).
+
+A volume keeps its voxels exactly as the file stores them (`data`, the on-disk dtype, never
+rescaled) plus the scaling NIfTI applies on reading (`slope`, `inter`) and the voxel-to-world
+`affine`. Keeping the stored values is what lets a mechanism promise, and the audit check, that
+the brain is bit-for-bit the original's: a copy made through floats and back would not be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accounting.errors import DataFormatError
+
+
+@dataclass(frozen=True)
+class Volume:
+    data: np.ndarray  # (X, Y, Z), the stored dtype (e.g. int16, uint8, float32)
+    affine: np.ndarray  # (4, 4) voxel index -> world millimetres (RAS)
+    slope: float = 1.0  # physical value = data * slope + inter
+    inter: float = 0.0
+    name: str = ""  # where it came from (never released: file names can identify people)
+
+    def __post_init__(self) -> None:
+        data, affine = np.asarray(self.data), np.asarray(self.affine, dtype=np.float64)
+        if data.ndim != 3 or 0 in data.shape:
+            raise DataFormatError(
+                f"{self.name or 'volume'}: expected a 3D volume, got {data.shape}."
+            )
+        if affine.shape != (4, 4) or not np.isfinite(affine).all():
+            raise DataFormatError(
+                f"{self.name or 'volume'}: the affine must be a finite 4x4 matrix."
+            )
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "affine", affine)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        x, y, z = self.data.shape
+        return int(x), int(y), int(z)
+
+    @property
+    def zooms(self) -> tuple[float, float, float]:
+        """Voxel sizes in millimetres (the lengths of the affine's columns)."""
+        x, y, z = np.sqrt((self.affine[:3, :3] ** 2).sum(0))
+        return float(x), float(y), float(z)
+
+    def physical(self) -> np.ndarray:
+        """The intensities as NIfTI readers see them (float32)."""
+        out = self.data.astype(np.float32)
+        if (self.slope, self.inter) != (1.0, 0.0):
+            out = out * np.float32(self.slope) + np.float32(self.inter)
+        return out
+
+    def to_stored(self, values: np.ndarray) -> np.ndarray:
+        """Physical intensities back to this volume's stored dtype (rounded, clipped to its
+        range): how a mechanism writes new voxels into a copy of the stored array."""
+        raw = (np.asarray(values, np.float64) - self.inter) / self.slope
+        dtype = self.data.dtype
+        if np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            return np.clip(np.rint(raw), info.min, info.max).astype(dtype)
+        return raw.astype(dtype)
+
+    def with_data(self, data: np.ndarray) -> Volume:
+        """The same geometry and scaling holding other stored voxels (same shape and dtype)."""
+        data = np.asarray(data)
+        if data.shape != self.data.shape or data.dtype != self.data.dtype:
+            raise DataFormatError(
+                f"{self.name or 'volume'}: new voxels {data.dtype} {data.shape} do not match the "
+                f"stored {self.data.dtype} {self.data.shape}."
+            )
+        return Volume(data, self.affine, self.slope, self.inter, self.name)
+
+    def stored_bytes(self) -> bytes:
+        """The canonical bytes of what a mechanism reads: dtype, shape, voxels (C order), affine
+        and scaling. Fingerprints and content hashes are taken over these."""
+        head = repr((self.data.dtype.str, self.shape, self.slope, self.inter)).encode()
+        return (
+            head
+            + np.ascontiguousarray(self.affine, dtype="<f8").tobytes()
+            + np.ascontiguousarray(self.data).tobytes()
+        )
+
+
+@dataclass
+class VolumeDataset:
+    """Registered (or public) head volumes, in record order (sorted file names)."""
+
+    volumes: Sequence[Volume]
+    source: str = ""
+    names: list[str] = field(default_factory=list)  # public names for public sets (templates)
+
+    def __post_init__(self) -> None:
+        self.volumes = tuple(self.volumes)
+        if not self.volumes:
+            raise DataFormatError(f"{self.source or 'volumes'}: no volumes.")
+        if not all(isinstance(v, Volume) for v in self.volumes):
+            raise DataFormatError(f"{self.source or 'volumes'}: every record must be a Volume.")
+
+    def __len__(self) -> int:
+        return len(self.volumes)
+
+    def __getitem__(self, i: int) -> Volume:
+        return self.volumes[i]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Volumes carry no class labels (the runner and audit ask every dataset for them)."""
+        return np.zeros(len(self.volumes), np.int64)
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """The common (X, Y, Z) when every volume has one shape, else () (shapes vary)."""
+        shapes = {v.shape for v in self.volumes}
+        return next(iter(shapes)) if len(shapes) == 1 else ()
+
+    def named(self, name: str) -> Volume:
+        """A volume of a public set by its public name (templates)."""
+        if name not in self.names:
+            raise DataFormatError(f"{self.source}: holds no volume named {name!r} ({self.names}).")
+        return self.volumes[self.names.index(name)]
+
+    def content_sha256(self) -> str:
+        """A plain hash of the content: for PUBLIC volumes only (sensitive ones get an HMAC)."""
+        h = hashlib.sha256(b"privrelease volumes v1")
+        for name, v in zip(self.names or [""] * len(self), self.volumes, strict=True):
+            h.update(name.encode() + b"\0")
+            h.update(hashlib.sha256(v.stored_bytes()).digest())
+        return h.hexdigest()

@@ -1,0 +1,137 @@
+"""The volume audit on known cases: an unchanged release, a changed brain voxel, a header that
+still names someone, a face set to background, and too few subjects for the attack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audit import AuditInputs, AuditPolicy, run_audit
+from audit.volumes import correlation, reidentify
+from synth.mri.atlas import atlases
+from synth.mri.nifti import load_volume_folder, write_volume
+from synth.mri.volume import VolumeDataset
+from tests.support.heads import cohort, needs_templates
+
+KEY = b"k" * 32
+pytestmark = needs_templates
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> VolumeDataset:
+    return load_volume_folder(cohort(tmp_path_factory.mktemp("heads"), 5))
+
+
+def _audit(originals, released, tmp_path, cache, *, files=True, policy=None):
+    paths = None
+    if files:
+        paths = []
+        for i, v in enumerate(released.volumes):
+            paths.append(tmp_path / f"r-{i:06d}.nii.gz")
+            write_volume(v, paths[-1])
+    inputs = AuditInputs(
+        release_id="r",
+        images=np.zeros((len(released), 1, 1), np.uint8),
+        labels=np.zeros(len(released), np.int64),
+        ids=[f"r-{i:06d}" for i in range(len(released))],
+        expected_count=len(originals),
+        label_set=[],
+        sensitive=originals,
+        heldout=None,
+        record_fingerprint_key=KEY,
+        mechanism="deface",
+        guarantee_kind="empirical",
+        artifacts_dir=tmp_path / "audit",
+        volumes=released,
+        volume_files=paths,
+        cache_dir=cache,
+    )
+    return run_audit(inputs, policy or AuditPolicy())
+
+
+def _verdicts(report) -> dict[str, str]:
+    return report.verdicts()
+
+
+def _faceless(originals, cache) -> VolumeDataset:
+    """Each head with the (mechanism's) registered face set to 0: a known-good defacing."""
+    face_atlas, _ = atlases(cache)
+    out = []
+    for v in originals.volumes:
+        masks = face_atlas.on(v, face_atlas.register(v))
+        data = v.data.copy()
+        data[masks.face & ~masks.brain] = 0
+        out.append(v.with_data(data))
+    return VolumeDataset(out)
+
+
+def test_an_unchanged_release_fails_on_face_and_reidentification(originals, tmp_path, cache):
+    v = _verdicts(_audit(originals, originals, tmp_path, cache))
+    assert v["expect_column_values_to_be_between(brain_voxels_changed)"] == "pass"
+    assert v["expect_column_values_to_be_between(face_correlation)"] == "fail"
+    assert v["expect_column_values_to_not_be_in_set(sha256)"] == "fail"  # exact copies
+    assert v["volume_reidentification"] == "fail"
+
+
+def test_a_good_defacing_passes_and_keeps_its_renders(originals, tmp_path, cache):
+    report = _audit(originals, _faceless(originals, cache), tmp_path, cache)
+    assert report.passed, [(c.name, c.summary) for c in report.failures]
+    renders = next(c for c in report.results if c.name == "volume_face_renders")
+    assert Path(renders.artifacts["before_after_grid"]).is_file()
+    reid = next(c for c in report.results if c.name == "volume_reidentification")
+    assert reid.details["subjects"] == 5 and reid.details["p_value"] >= 0.05
+
+
+def test_one_changed_brain_voxel_or_a_named_header_fails(originals, tmp_path, cache):
+    import nibabel as nib
+
+    from audit.volumes import compare
+
+    _, brain_atlas = atlases(cache)
+    v0 = originals[0]
+    masks = brain_atlas.on(v0, brain_atlas.register(v0))
+    data = v0.data.copy()
+    x, y, z = np.argwhere(masks.brain)[int(masks.brain.sum()) // 2]
+    data[x, y, z] += 1
+    path = tmp_path / "r-000000.nii.gz"
+    write_volume(v0.with_data(data), path)
+    assert compare("r-0", v0, v0.with_data(data), masks, path).brain_voxels_changed == 1
+    assert compare("r-0", v0, v0.with_data(data), masks, path).header_fields == ""
+    img = nib.load(str(path))
+    img.header["descrip"] = b"Jane Doe"
+    nib.save(img, str(path))
+    assert compare("r-0", v0, v0, masks, path).header_fields == "descrip"
+
+
+def test_too_few_subjects_cannot_run_the_attack_and_the_policy_refuses(originals, tmp_path, cache):
+    two = VolumeDataset(originals.volumes[:2])
+    report = _audit(two, _faceless(two, cache), tmp_path, cache, files=False)
+    reid = next(c for c in report.results if c.name == "volume_reidentification")
+    assert reid.passed is False and "at least 5" in reid.summary
+    lenient = _audit(
+        two,
+        _faceless(two, cache),
+        tmp_path / "b",
+        cache,
+        files=False,
+        policy=AuditPolicy(require_attacks=False),
+    )
+    assert next(c for c in lenient.results if c.name == "volume_reidentification").passed is None
+
+
+def test_rank1_matching_on_known_depth_maps() -> None:
+    rng = np.random.default_rng(0)
+    maps = [rng.normal(size=(10, 10)) for _ in range(6)]
+    faces = [np.ones((10, 10), bool)] * 6
+    same = reidentify(maps, maps, faces)
+    assert same.rank1 == 1.0 and same.p_value < 0.01
+    flat = reidentify(maps, [np.zeros((10, 10))] * 6, faces)
+    assert flat.rank1 <= 1 / 6 + 1e-9 and flat.p_value > 0.05
+    assert correlation(np.zeros(5), np.arange(5)) == 0.0

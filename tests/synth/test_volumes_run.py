@@ -1,0 +1,187 @@
+"""deface and reface through the runner on a throw-away workspace: plan refusals, charging,
+refund before reading, the reservation kept after reading, the brain left bit-for-bit."""
+
+from __future__ import annotations
+
+import functools
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accounting import ledger, trail
+from accounting.errors import InvalidParameterError, PrivReleaseError
+from accounting.events import NonPrivateRelease
+from accounting.store import Store, Workspace
+from release import runner
+from release.data import load_registered, register_from_source
+from release.manager import dataset_info
+from synth import registry
+from synth.datasets import load_data, uci_digits
+from synth.mri.atlas import atlases
+from synth.volumes import run as volumes_run
+from synth.volumes.config import DefaceConfig, RefaceConfig
+from tests.support.heads import cohort, needs_templates
+
+pytestmark = needs_templates
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory) -> Path:
+    return cohort(tmp_path_factory.mktemp("heads"), 2)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
+
+
+@pytest.fixture
+def store(tmp_path, heads, cache, monkeypatch) -> Store:
+    monkeypatch.setenv("PRIVRELEASE_CACHE", str(cache))
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    st = Store(ws)
+    register_from_source(st, "heads", str(heads), 10.0, 1e-5, actor="alice")
+    return st
+
+
+def _plan(store, name, cfg, public=None):
+    b = ledger.budget(store, "heads")
+    mech = registry.get(name)
+    return mech.plan(
+        cfg, dataset_info(b.dataset), b.history, public or load_data(mech.default_public)
+    )
+
+
+def _run(store, name, cfg, run_id, tmp_path, *, ack=True, **inject):
+    _, data = load_registered(store, "heads")
+    run = volumes_run.run_reface if name == "reface" else volumes_run.run_deface
+    mech = (
+        types.SimpleNamespace(name=name, run=functools.partial(run, **inject), data_kind="volumes")
+        if inject
+        else name
+    )
+    return runner.run_charged(
+        store,
+        run_id=run_id,
+        dataset="heads",
+        data=data,
+        public=load_data(registry.get(name).default_public),
+        mechanism=mech,
+        config=cfg,
+        plan=_plan(store, name, cfg),
+        workdir=tmp_path / run_id,
+        acknowledge_non_dp=ack,
+        actor="alice",
+    )
+
+
+def test_plan_is_empirical_and_needs_acknowledgement(store) -> None:
+    plan = _plan(store, "deface", DefaceConfig())
+    assert plan.guarantee_kind == "empirical" and plan.requires_acknowledgement
+    assert plan.events == (NonPrivateRelease("empirical de-identification by deface"),)
+    assert "defaced (quickshear" in plan.detail["guarantee_description"]
+    assert plan.expected_count == 2
+    assert any("at least 5 subjects" in w for w in plan.warnings)  # the audit cannot tell
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: DefaceConfig(method="scalpel"), "method must be one of"),
+        (lambda: DefaceConfig(brain_margin_mm=float("nan")), "finite number"),
+        (lambda: DefaceConfig(brain_margin_mm=1e308), "between 0 and 30"),
+        (lambda: DefaceConfig(brain_margin_mm=-1.0), "between 0 and 30"),
+        (lambda: DefaceConfig(quickshear_buffer=2.5), "integer number of voxels"),
+        (lambda: RefaceConfig(face=""), "plugin name"),
+    ],
+)
+def test_bad_parameters_are_refused(make, message) -> None:
+    with pytest.raises(InvalidParameterError, match=message):
+        make()
+
+
+def test_plan_refusals(store) -> None:
+    with pytest.raises(InvalidParameterError, match="'cgan' is not installed; available: template"):
+        _plan(store, "reface", RefaceConfig(face="cgan"))
+    with pytest.raises(InvalidParameterError, match="public must be 'builtin:head-templates'"):
+        _plan(store, "deface", DefaceConfig(), public=uci_digits())
+    info = dataset_info(ledger.get_dataset(store, "heads"))
+    with pytest.raises(InvalidParameterError, match="one volume per registered record"):
+        volumes_run.make_deface_config({}, info, 7, "default")
+    images = registry.DatasetInfo("ds-1", "digits", 100, tuple(range(10)), (28, 28), 1e-5)
+    with pytest.raises(InvalidParameterError, match="works on volumes.*holds images"):
+        registry.get("deface").plan(DefaceConfig(), images, [], load_data("builtin:head-templates"))
+    with pytest.raises(InvalidParameterError, match="works on images.*holds volumes"):
+        registry.check_data_kind("ksalsa", info)
+
+
+def test_the_registry_knows_each_mechanisms_data_kind_without_importing_it() -> None:
+    for name in ("deface", "reface", "ksalsa"):
+        assert registry.kind_of(name) == registry.get(name).data_kind
+
+
+def test_refused_without_acknowledgement_and_nothing_charged(store, tmp_path) -> None:
+    with pytest.raises(PrivReleaseError, match="acknowledge"):
+        _run(store, "deface", DefaceConfig(method="mask"), "r0", tmp_path, ack=False)
+    assert ledger.get_charge(store, "r0") is None
+
+
+@pytest.mark.parametrize(
+    "name,cfg",
+    [
+        ("deface", DefaceConfig(method="mask")),
+        ("deface", DefaceConfig()),
+        ("reface", RefaceConfig()),
+    ],
+    ids=["mask", "quickshear", "reface"],
+)
+def test_a_run_commits_and_leaves_the_brain_bit_for_bit(store, tmp_path, name, cfg, cache) -> None:
+    res = _run(store, name, cfg, f"run-{name}", tmp_path)
+    _, data = load_registered(store, "heads")
+    assert res.output.volumes is not None and len(res.output.volumes) == 2
+    assert res.images.shape == (2, 128, 128)  # one face picture per released volume
+    face_atlas, _ = atlases(cache)
+    for before, after in zip(data.volumes, res.output.volumes.volumes, strict=True):
+        assert after.data.dtype == before.data.dtype and after.shape == before.shape
+        masks = face_atlas.on(before, face_atlas.register(before))
+        assert np.array_equal(after.data[masks.brain], before.data[masks.brain])
+        assert (after.data != before.data).any()  # the face did change
+    assert res.guarantee.kind == "empirical"
+    charge = ledger.get_charge(store, f"run-{name}")
+    assert charge.state == "committed" and ledger.budget(store, "heads").dp_void
+    assert any(e["action"] == "run.sensitive_access" for e in trail.entries(store))
+
+
+def test_a_failure_before_reading_is_refunded(store, tmp_path, monkeypatch) -> None:
+    def broken(cache_dir=None):
+        raise RuntimeError("templates unreadable")
+
+    monkeypatch.setattr(volumes_run, "atlases", broken)
+    with pytest.raises(RuntimeError, match="templates unreadable"):
+        _run(store, "deface", DefaceConfig(method="mask"), "r-early", tmp_path)
+    assert ledger.get_charge(store, "r-early").state == "refunded"
+    assert not ledger.budget(store, "heads").dp_void
+
+
+def test_a_face_model_failing_after_reading_stays_charged(store, tmp_path) -> None:
+    def bad_model(request):
+        return np.full(request.region.shape, np.nan, np.float32)  # a broken plugin
+
+    with pytest.raises(InvalidParameterError, match="NaN or infinite"):
+        _run(store, "reface", RefaceConfig(), "r-mid", tmp_path, model=bad_model)
+    assert ledger.get_charge(store, "r-mid").state == "reserved"
+    assert ledger.budget(store, "heads").dp_void
+
+
+def test_a_face_model_sees_the_subject_defaced(store, tmp_path) -> None:
+    seen = []
+
+    def spy(request):
+        seen.append(request)
+        return request.template_face
+
+    _run(store, "reface", RefaceConfig(), "r-spy", tmp_path, model=spy)
+    assert seen and all((r.defaced[r.region] == 0).all() and r.region.any() for r in seen)
