@@ -17,7 +17,10 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 
-KINDS = ("expectations", "attack", "fidelity", "utility")
+# "comparison": against an earlier release of the same data (audit.baseline); informs the card,
+# never blocks publication
+KINDS = ("expectations", "attack", "fidelity", "utility", "comparison")
+NON_BLOCKING = ("comparison",)
 
 
 def jsonable(obj: Any, inf_as_text: bool = False) -> Any:
@@ -76,7 +79,7 @@ class AuditReport:
 
     @property
     def failures(self) -> list[CheckResult]:
-        return [r for r in self.results if r.passed is False]
+        return [r for r in self.results if r.passed is False and r.kind not in NON_BLOCKING]
 
     def verdicts(self) -> dict[str, str]:
         """Check name -> "pass" | "fail" | "info": the only part that may go to a consumer."""

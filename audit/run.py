@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,8 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import record_fingerprints
+from audit.baseline import Baseline
+from audit.baseline import compare as compare_with_baselines
 from audit.checks import _cannot_run, _guard
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
@@ -61,6 +63,9 @@ class AuditInputs:
     volumes: VolumeDataset | None = None
     volume_files: list[Path] | None = None
     cache_dir: Path | None = None  # public template atlases (synth.mri.atlas), shared
+    # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
+    # source (audit.baseline): compared with this release's downstream accuracy
+    baselines: list[Baseline] = field(default_factory=list)
 
     @property
     def sensitive_images(self) -> ImageDataset:
@@ -375,7 +380,11 @@ def _run_audit(
 
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
     stage.begin("utility")
-    report.results += _utility(inputs, images, labels, policy)
+    utility = _utility(inputs, images, labels, policy)
+    report.results += utility
+    best = next((r.details.get("best") for r in utility if r.name == "downstream_accuracy"), None)
+    if inputs.baselines and isinstance(best, float):
+        report.results.append(compare_with_baselines(best, list(inputs.baselines)))
     selected = inputs.selected_public
     if selected is not None:
         stage.begin("sds")

@@ -24,6 +24,15 @@ from synth import registry
 from synth.registry import MechanismDescription
 
 DEFAULT_LICENSE = "other"
+BASELINE_CHECK = "baseline_comparison"  # audit.baseline.CHECK
+BASELINE_NOT_BEATEN = (
+    "**Below its baseline.** Classifiers trained on this release were less accurate on the "
+    "publisher's real held-out images than those trained on an earlier differentially private "
+    "release of the same dataset by a simpler mechanism (typically DP-MERF). For training "
+    "classifiers, ask the publisher for that release. (Like the utility gate, this comparison is "
+    "computed from the two releases and the held-out images only: it spends no budget of the "
+    "registered dataset and reveals about one bit about the held-out images.)"
+)
 MAX_CLASS_NAMES = 10_000  # beyond this a label is typed as a plain integer, not a ClassLabel
 _SIZES = (
     (1_000, "n<1K"),
@@ -104,6 +113,8 @@ def dataset_card(
         "",
     ]
     lines += [f"- {name}: {v}" for name, v in sorted(verdicts.items())]
+    if verdicts.get(BASELINE_CHECK) == "fail":
+        lines += ["", BASELINE_NOT_BEATEN]
     if (
         verdicts.get("downstream_accuracy") == "pass"
     ):  # the publication decision depended on the gate

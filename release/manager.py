@@ -38,6 +38,7 @@ from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, DatasetInfo, MechanismOutput, MechanismPlan
 
 if TYPE_CHECKING:
+    from audit.baseline import Baseline
     from audit.dpsgd_audit import DpSgdSetting
     from release.kanon_estimate import MembershipEstimate
 
@@ -923,6 +924,7 @@ def audit_release(
         volumes=out.volumes,
         volume_files=volume_files,
         cache_dir=runner.public_cache_dir(store),
+        baselines=baselines(store, rel, spec, ds),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
@@ -938,6 +940,40 @@ def audit_release(
             {"passed": report.passed, "verdicts": report.verdicts()},
         )
     return get_release(store, release_id)
+
+
+def baselines(store: Store, rel: Release, spec: ReleaseSpec, ds: ledger.Dataset) -> list[Baseline]:
+    """Earlier DP releases of the same dataset by another mechanism (a DP-MERF release is the
+    usual one), checked or published, whose audit measured downstream accuracy on the same held-out
+    source: what a DP release is compared with (audit.baseline)."""
+    from audit import load_report
+    from audit.baseline import Baseline
+
+    if rel.plan.guarantee_kind != registry.DP:
+        return []
+    heldout = spec.heldout or heldout_source(ds.source)
+    out = []
+    for other in list_releases(store):
+        if (
+            other.release_id == rel.release_id
+            or other.state not in ("checked", "published")
+            or other.plan.dataset != spec.dataset
+            or other.mechanism == rel.mechanism
+            or other.plan.guarantee_kind != registry.DP
+        ):
+            continue
+        other_spec = ReleaseSpec.from_dict(other.spec)
+        if (other_spec.heldout or heldout_source(ds.source)) != heldout:
+            continue
+        report = load_report(store, other.release_id)
+        utility = next(
+            (r for r in (report.results if report else []) if r.name == "downstream_accuracy"),
+            None,
+        )
+        best = utility.details.get("best") if utility is not None else None
+        if isinstance(best, (int, float)):
+            out.append(Baseline(other.release_id, other.mechanism, float(best)))
+    return out
 
 
 def spec_heldout(spec: ReleaseSpec, ds: ledger.Dataset) -> ImageDataset | None:

@@ -1,6 +1,6 @@
-"""`privrelease synth privimage|ksalsa`: preview what a mechanism run would cost, without reading
-the sensitive data or spending budget. Running goes through the release lifecycle (plan -> steward
-approval -> run): `--write-spec` writes the spec to plan with `privrelease release plan`."""
+"""`privrelease synth privimage|ksalsa|merf`: preview what a mechanism run would cost, without
+reading the sensitive data or spending budget. Running goes through the release lifecycle (plan ->
+steward approval -> run): `--write-spec` writes the spec to plan with `privrelease release plan`."""
 
 from __future__ import annotations
 
@@ -185,6 +185,31 @@ def ksalsa(
             {
                 "release": {"dataset": dataset, "mechanism": "ksalsa"},
                 "ksalsa": {"k": k, "method": method, "public": public, "preset": preset},
+            },
+            heldout,
+        ),
+        write_spec,
+    )
+
+
+@app.command("merf")
+def merf(
+    dataset: str = typer.Option(..., "--dataset"),
+    epsilon: float = typer.Option(
+        ..., "--epsilon", help="Target epsilon for the dataset's whole history."
+    ),
+    n_samples: int = typer.Option(10_000, "--n-samples", help="Images to release."),
+    steps: int = typer.Option(2000, "--steps", help="Generator updates (no privacy cost)."),
+    heldout: str = HELDOUT,
+    write_spec: Path = WRITE,
+) -> None:
+    """DP-MERF: one noisy random-feature summary of each class and a small generator trained on
+    it; minutes on a laptop, the baseline a PrivImage release should beat (preview)."""
+    _preview(
+        _with_heldout(
+            {
+                "release": {"dataset": dataset, "mechanism": "merf", "n_images": n_samples},
+                "merf": {"epsilon": epsilon, "steps": steps},
             },
             heldout,
         ),
