@@ -24,7 +24,7 @@ class MerfConfig:
     n_features: int = 4000  # random Fourier features (half cosines, half sines)
     bandwidth: float | None = None  # kernel bandwidth; None = 105 per 784 pixels
     z_dim: int = 60
-    width: int = 32  # generator channels at the middle resolution (x2 at the first, /2 at the last)
+    width: int = 16  # generator channels at the middle resolution (x2 at the first, /2 at the last)
     steps: int = 2000  # generator updates
     batch: int = 200
     lr: float = 0.01  # Adam, cosine-decayed to lr / 10
