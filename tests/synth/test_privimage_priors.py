@@ -381,3 +381,55 @@ def test_frequency_warmup_auto_is_decided_from_the_registered_counts(
 ) -> None:
     cfg = PrivImageConfig(epsilon=1.0, delta=1e-5, batch_size=250, central_images=0)
     assert (plan_privimage(cfg, records, n_classes=classes).frequency_event is not None) is on
+
+
+def test_the_frequency_warmup_end_to_end_is_charged_saved_and_never_asked_again(
+    data, tmp_path
+) -> None:
+    """A run with the warm-up charges its one embedding query, pre-trains on the generator's
+    images, and leaves the noisy embedding in its folder; a resumed run finds the embedding there
+    and never draws it again (which would release a second answer that nobody charged)."""
+    from synth.merf import embedding as merf_embedding
+    from synth.privimage import frequency
+
+    sens, pub = data
+    store = _store(tmp_path, sens)
+    stages: set[str] = set()
+    cfg = PrivImageConfig.tiny(
+        4.0, DELTA, selection="none", frequency_warmup=True, frequency_sigma=2.0
+    )
+    res = _run(store, sens, pub, cfg, tmp_path / "w", stages)
+    charged = ledger.get_charge(store, "r").charged_events
+    assert charged[0] == GaussianQuery(sigma=2.0, sensitivity=1.0) and isinstance(charged[1], DpSgd)
+    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
+    p = res.parameters
+    assert p["frequency_warmup"] is True and p["frequency_noise_std"] == 2.0
+    assert {
+        "frequency warm-up: embedding (one Gaussian query)",
+        "frequency warm-up: generator",
+    } <= (stages)
+    wd = tmp_path / "w"
+    first = np.load(wd / frequency.EMBEDDING)["sums"]
+    (wd / frequency.IMAGES).unlink()  # as if the run had died after the query, before the images
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the embedding was drawn a second time")
+
+    original = merf_embedding.noisy_embedding
+    frequency.draw_embedding = refuse
+    try:
+        x, y = frequency.warmup_images(
+            sens.images,
+            np.arange(len(sens)) % 10,
+            10,
+            charged[0],
+            frequency.MerfSettings(256, 105.0, 8, 8, 3, 16, 0.01, 0),
+            30,
+            wd,
+            lambda *a: None,
+        )
+    finally:
+        frequency.draw_embedding = original
+    assert np.array_equal(np.load(wd / frequency.EMBEDDING)["sums"], first)
+    assert x.shape == (30, 1, 28, 28) and float(x.min()) >= -1 and float(x.max()) <= 1
+    assert sorted(set(y.tolist())) == list(range(10))
