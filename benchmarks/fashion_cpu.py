@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import dpimagebench
 from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_plots import image_grid
 from benchmarks.reproduce_privimage import _accuracies
@@ -55,14 +56,16 @@ def _record(row: dict, dataset: str = "fashion") -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def parse_overrides(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
-    """`key=value` pairs, each key a PrivImageConfig field (checked before any data is loaded): the value as JSON
-    where it parses (numbers, true/false, lists), else the string."""
+def parse_overrides(
+    parser: argparse.ArgumentParser, pairs: list[str], mechanism: str = "privimage"
+) -> dict:
+    """`key=value` pairs, each key a field of the mechanism's config (checked before any data is
+    loaded): the value as JSON where it parses (numbers, true/false, lists), else the string."""
     from dataclasses import fields
 
-    from synth.privimage import PrivImageConfig
+    from synth import registry
 
-    known = sorted(f.name for f in fields(PrivImageConfig))
+    known = sorted(f.name for f in fields(registry.get(mechanism).config_type))
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -85,22 +88,36 @@ def run_epsilon(
     overrides: dict | None = None,
     label: str = "",
     dataset: str = "fashion",
+    mechanism: str = "privimage",
+    protocol: str = "ours",
 ) -> None:
-    from release.runner import run_direct
+    from dataclasses import replace
 
-    overrides = overrides or {}
-    tag = f"{dataset}-eps{epsilon:g}{'-' + label if label else ''}-{int(time.time())}"
+    from release.runner import run_direct
+    from synth.merf import MerfConfig
+
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in (overrides or {}).items()}
+    tag = f"{dataset}-{mechanism}-eps{epsilon:g}{'-' + label if label else ''}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", dataset, sens, epsilon, s["delta"])
     started = time.time()
-    config = privimage_config(s, epsilon).with_(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    n_samples = {"n_samples": dpimagebench.GENERATED} if protocol == "dpimagebench" else {}
+    config = (
+        privimage_config(s, epsilon).with_(**{**n_samples, **overrides})
+        if mechanism == "privimage"
+        else replace(MerfConfig(epsilon, s["delta"]), **{**n_samples, **overrides})
     )
     res = run_direct(
-        store, dataset, sens, pub, "privimage", config, run_id=tag, workdir=tmp / tag / "run"
+        store, dataset, sens, pub, mechanism, config, run_id=tag, workdir=tmp / tag / "run"
     )
+    seconds = round(time.time() - started)
     acc = _accuracies(res.images, res.labels, test, s["cnn_epochs"], s["seed"])
-    title = f"PrivImage {DATASETS[dataset][3]} eps {epsilon:g} {label}".strip()
+    title = f"{mechanism} {DATASETS[dataset][3]} eps {epsilon:g} {label}".strip()
     grid = image_grid(RESULTS / f"{tag}_grid.png", res.images, res.labels, title, per_class=8)
+    scored = None
+    if protocol == "dpimagebench":
+        np.savez_compressed(RESULTS / f"{tag}.npz", images=res.images, labels=res.labels)
+        val, test_set = dpimagebench.protocol_sets(*DATASETS[dataset][:2])
+        scored = dpimagebench.score(res.images, res.labels, val, test_set, epsilon).as_dict()
     p = res.parameters
     _record(
         {
@@ -110,11 +127,17 @@ def run_epsilon(
             "n_sensitive": len(sens.labels),
             "fitted": p.get("fitted_classes"),
             "fallback": p.get("fallback_classes"),
-            "steps": p["steps"],
-            "sigma": p["noise_multiplier"],
+            "mechanism": mechanism,
+            "protocol": protocol,
+            "delta": s["delta"],
+            "steps": p.get("steps"),
+            "sigma": p.get("noise_multiplier", p.get("sigma")),
             "selected": p.get("selected_public_classes"),
-            "seconds": round(time.time() - started),
+            "frequency_warmup": p.get("frequency_warmup"),
+            "central_images": p.get("central_images"),
+            "seconds": seconds,
             "acc": acc,
+            "protocol_score": scored,
             "n_released": len(res.images),
             "timings": res.internal.get("timings_s"),
             "grid": grid,
@@ -160,6 +183,14 @@ def main() -> None:
     parser.add_argument(
         "--train-subset", type=int, default=0, help="reduced ablation: N sensitive images"
     )
+    parser.add_argument("--mechanism", choices=("privimage", "merf"), default="privimage")
+    parser.add_argument(
+        "--protocol",
+        choices=("ours", "dpimagebench"),
+        default="ours",
+        help="dpimagebench: its 55,000 / 5,000 split, delta 1 / (N ln N), 60,000 released images "
+        "and its score (benchmarks.dpimagebench, CPU classifier) beside the old one",
+    )
     parser.add_argument(
         "--dataset",
         choices=sorted(DATASETS),
@@ -167,18 +198,38 @@ def main() -> None:
         help="fashion: public = UCI digits (does not fit); mnist5k: the default pool (fits)",
     )
     args = parser.parse_args()
-    overrides = parse_overrides(parser, args.set)
+    overrides = parse_overrides(parser, args.set, args.mechanism)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     s = settings("cpu")
     sens_source, test_source = DATASETS[args.dataset][:2]
     sens, test = load_source(sens_source), load_source(test_source)
     pub = public_pool(include_fashion=False) if args.dataset == "fashion" else public_pool()
+    if args.protocol == "dpimagebench":
+        if args.dataset != "fashion":
+            parser.error(
+                "--protocol dpimagebench splits a 60,000-image training set: --dataset fashion"
+            )
+        private, _ = dpimagebench.split_indices(len(sens))
+        sens = sens.subset(np.sort(private))
+        s["delta"] = dpimagebench.protocol_delta(len(sens))
     if args.train_subset:
         idx = np.random.default_rng(s["seed"]).permutation(len(sens.labels))[: args.train_subset]
         sens = sens.subset(np.sort(idx))
     with tempfile.TemporaryDirectory() as tmp:
         for eps in [float(e) for e in args.epsilons.split(",") if e]:
-            run_epsilon(eps, s, sens, test, pub, Path(tmp), overrides, args.label, args.dataset)
+            run_epsilon(
+                eps,
+                s,
+                sens,
+                test,
+                pub,
+                Path(tmp),
+                overrides,
+                args.label,
+                args.dataset,
+                args.mechanism,
+                args.protocol,
+            )
     if args.real:
         run_real(s, sens, test, args.dataset)
 
