@@ -307,6 +307,7 @@ def verify_store(
             trail.recorded_head(store),
             trail._read_head(store.workspace.root / trail.PENDING_NAME),
             shared=store.shared,
+            stored_order=trail.read_storage_order(store),
         )
         problems, spend = reconcile(store, rows)
         stewards = {
