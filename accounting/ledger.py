@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,10 +35,6 @@ from accounting.store import Store
 from accounting.validation import check_count, check_delta, check_epsilon
 
 ACTIVE_STATES = ("reserved", "committed")
-PLD_CACHE = (
-    "CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT "
-    "NULL, epsilon_pld DOUBLE NOT NULL)"
-)
 
 
 @dataclass(frozen=True)
@@ -180,6 +179,7 @@ def register_dataset(
                 actor,
             ]
             con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            curve.save_change(con, dataset_id, curve.EMPTY)  # reads then find a curve, write none
             trail.append(
                 con,
                 store,
@@ -549,29 +549,36 @@ def budget(store: Store, dataset: str) -> Budget:
 def pld_cached(
     store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float
 ) -> float:
-    """PLD epsilon of the history, cached in the store by the history's content (PLD of a long
-    history takes seconds; it is recomputed only when the history changed, on the first read after a
-    charge)."""
+    """PLD epsilon of the history, cached by the history's content (PLD of a long history takes
+    seconds; it is recomputed only when the history changed, on the first read after a charge).
+    The cache is a file in the workspace (`ledger_cache`), not a table: reading the ledger, or a
+    command refused after reading it, leaves the store byte for byte as it was. Stores from before
+    kept it in a `pld_cache` table, which nothing reads any more."""
     key = hashlib.sha256(f"{delta!r}|{events_to_text(history)}".encode()).hexdigest()
-    with store.transaction() as con:
-        con.execute(PLD_CACHE)
-        row = con.execute(
-            "SELECT epsilon_pld FROM pld_cache WHERE dataset_id = ? AND history_key = ?",
-            [dataset_id, key],
-        ).fetchone()
-    if row is not None:
-        return float(row[0])
+    path = store.workspace.ledger_cache / f"pld-{dataset_id}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached["history_key"] == key:
+            return float(cached["epsilon_pld"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, being replaced, or not ours: recompute
     value = epsilon_report(history, delta).epsilon_pld if history else 0.0
     if math.isinf(rdp):
         value = math.inf
-    with store.transaction() as con:
-        con.execute(PLD_CACHE)
-        con.execute(
-            "INSERT INTO pld_cache VALUES (?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-            "history_key = excluded.history_key, epsilon_pld = excluded.epsilon_pld",
-            [dataset_id, key, value],
-        )
+    _write_cache(path, {"history_key": key, "epsilon_pld": value})
     return value
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    """Replace `path` atomically (readers see the old entry or the new one); a workspace that cannot
+    be written only loses the cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:
