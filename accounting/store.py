@@ -32,7 +32,8 @@ RDP_CURVES_TABLE = """CREATE TABLE IF NOT EXISTS rdp_curves (
     dataset_id VARCHAR PRIMARY KEY, rdp VARCHAR NOT NULL, non_private BIGINT NOT NULL,
     events BIGINT NOT NULL,
     orders VARCHAR NOT NULL)"""
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS datasets (
     dataset_id VARCHAR PRIMARY KEY, name VARCHAR UNIQUE NOT NULL, source VARCHAR NOT NULL,
@@ -64,7 +65,10 @@ CREATE TABLE IF NOT EXISTS audit_results (
     release_id VARCHAR NOT NULL, check_name VARCHAR NOT NULL, passed BOOLEAN,
     summary VARCHAR NOT NULL, details VARCHAR NOT NULL, checked_at VARCHAR NOT NULL,
     PRIMARY KEY (release_id, check_name));
-""" + RDP_CURVES_TABLE + ";\n"
+"""
+    + RDP_CURVES_TABLE
+    + ";\n"
+)
 
 
 def default_workspace() -> Path:

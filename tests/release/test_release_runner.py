@@ -309,7 +309,10 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
         ({"k": 1e308}, r"\[privimage\] k"),
         ({"query_sigma": 1e308}, "query_sigma"),
         ({"finetune_epochs": 1e308}, "finetune_epochs"),
-        ({"finetune_epochs": 1e-300}, "finetune_epochs 1e-300 means .* DP-SGD steps .* less than one step"),
+        (
+            {"finetune_epochs": 1e-300},
+            "finetune_epochs 1e-300 means .* DP-SGD steps .* less than one step",
+        ),
         ({"n_samples": 1e308}, "n_samples"),
         ({"image_size": 32}, "releases 32x32 images but dataset 'mnist' is 28x28"),
         ({"vote_sigma": 1e308}, "vote_sigma"),
