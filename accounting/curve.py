@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import duckdb
@@ -21,7 +21,13 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from accounting.epsilon import RDP_ORDERS, rdp_accountant
-from accounting.events import MechanismEvent, NonPrivateRelease, event_to_json, events_from_text
+from accounting.events import (
+    DpSgd,
+    MechanismEvent,
+    NonPrivateRelease,
+    event_to_json,
+    events_from_text,
+)
 from accounting.store import RDP_CURVES_TABLE
 
 TABLE = RDP_CURVES_TABLE
@@ -71,9 +77,15 @@ EMPTY = Curve(np.zeros(len(RDP_ORDERS)))
 @lru_cache(maxsize=4096)
 def _event_curve(text: str) -> tuple[float, ...]:
     """RDP curve of one event (by its JSON), from dp-accounting's RdpAccountant; cached per
-    process."""
+    process. DP-SGD's T steps are the one-step curve times T, the very product the accountant
+    computes for its self-composed event (`count * rdp`): one step's curve is computed once for all
+    step counts (a what-if over steps, a run's re-charges of lost steps)."""
+    event = events_from_text(f"[{text}]")[0]
+    if isinstance(event, DpSgd) and event.steps > 1:
+        one = _event_curve(json.dumps(event_to_json(replace(event, steps=1)), sort_keys=True))
+        return tuple(float(x) for x in event.steps * np.asarray(one))
     acc = rdp_accountant()
-    acc.compose(events_from_text(f"[{text}]")[0].to_dp_event())
+    acc.compose(event.to_dp_event())
     return tuple(float(x) for x in acc._rdp)  # the accountant's per-order RDP (no public getter)
 
 

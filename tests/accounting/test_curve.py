@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from accounting import filter as privacy_filter
 from accounting import curve, ledger
-from accounting.epsilon import epsilon_rdp
+from accounting.epsilon import RDP_ORDERS, epsilon_rdp
 from accounting.errors import BudgetExceededError
 from accounting.events import DpSgd, GaussianQuery, NonPrivateRelease
 from accounting.store import Store, Workspace
@@ -128,3 +128,15 @@ def test_budget_verify_command_reports_a_difference(store, tamper):
     r = cli()
     out = json.loads(r.output)[0]
     assert r.exit_code == 1 and not out["agree"] and out["epsilon_rdp_recomputed"] == 0
+
+
+def test_dpsgd_curves_are_the_accountants_own_at_every_step_count():
+    """T steps are one step's curve times T, computed once: bit for bit what dp-accounting's
+    RdpAccountant gives for the self-composed event."""
+    import dp_accounting
+
+    for steps in (1, 2, 7, 1000, 123_457):
+        event = DpSgd(0.013, 0.93, steps)
+        acc = dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
+        acc.compose(event.to_dp_event())
+        assert curve.curve_of([event]).rdp.tolist() == list(acc._rdp)
