@@ -275,18 +275,31 @@ def compare_tables(con: Any, state: TrailState) -> list[str]:
 
 # ------------------------------------------------------------------ one row, for an action
 def identity_problems(con: Any, name: str) -> list[str]:
-    """The identity's row against its trail entries (every identity entry is read: a steward's
-    endorsement is checked against the endorser's recorded key)."""
+    """The identity's row against its trail entries. Every identity entry is replayed (a steward's
+    endorsement is checked against the endorser's recorded key); edited entries count when they are
+    this identity's or its endorser's (damage elsewhere is `audit verify`'s to report, and must not
+    keep an auditor from signing in to see it)."""
     entries = _entries(con, "action IN (?, ?)", ["identity.create", "identity.password"])
     rows = _rows(
         con, "SELECT name, role, public_key, password_hash FROM identities WHERE name = ?", [name]
     )
     state = replay(entries)
-    problems = _edited_entries(entries)
+    concerned = {name} | {
+        _payload(e).get("endorsed_by") for e in entries if _payload(e).get("name") == name
+    }
+    problems = _edited_entries([e for e in entries if _payload(e).get("name") in concerned])
     problems += [p for p in state.problems if p.startswith(f"identity {name}:")]
     if rows:
         problems += _identity_row_problems(state, rows[0])
     return problems
+
+
+def _payload(entry: tuple) -> dict:
+    try:
+        p = json.loads(entry[4])
+    except ValueError:
+        return {}
+    return p if isinstance(p, dict) else {}
 
 
 def release_problems(con: Any, release_id: str) -> list[str]:

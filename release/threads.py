@@ -2,14 +2,15 @@
 free now, looked at again while the run goes on.
 
 torch starts one intra-op thread per core whether or not other processes keep those cores busy;
-under contention its threads then wait on each other at every operation (issue 36: pre-training 3-6x
-slower than one thread on a busy 2-core machine; BENCHMARKS.md, "CPU threads under contention").
-Free cores = the cores this process may use (sched_getaffinity) minus the cores other processes kept
-busy over a short sample of the kernel's CPU counters (/proc/stat, SAMPLE_S), rounded, at least 1.
-The 1-minute load average used before lags by minutes: right after `make test` it read 2.5 on two
-idle cores, and a whole `make demo` ran on one thread (issue 42). During a run the runner looks again
-(`Rebalancer`, driven by the mechanism's progress callback) at each new stage and every REBALANCE_S
-within one, over the CPU time used since its last look minus this process's own.
+under contention its threads then wait on each other at every operation (issue 36: pre-training
+3-6x slower than one thread on a busy 2-core machine; BENCHMARKS.md, "CPU threads under
+contention"). Free cores = the cores this process may use (sched_getaffinity) minus the cores other
+processes kept busy over a short sample of the kernel's CPU counters (/proc/stat, SAMPLE_S),
+rounded, at least 1. The 1-minute load average used before lags by minutes: right after `make test`
+it read 2.5 on two idle cores, and a whole `make demo` ran on one thread (issue 42). During a run
+the runner looks again (`Rebalancer`, driven by the mechanism's progress callback) at each new
+stage and every REBALANCE_S within one, over the CPU time used since its last look minus this
+process's own.
 """
 
 from __future__ import annotations

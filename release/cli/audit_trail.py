@@ -97,7 +97,8 @@ def _print_verification(r: integrity.IntegrityReport) -> None:
         console.print(
             f"  [yellow]not pinned:[/] {which}; deleting the last entries and rewriting trail.head "
             "would not show here. A steward signs one with `privrelease audit checkpoint --as "
-            'STEWARD --out FILE`; keep FILE off this machine (README, "Checkpoints").'
+            "STEWARD --out FILE`; keep FILE off this machine and check it with `privrelease audit "
+            "verify --checkpoint FILE --key STEWARD.pub`."
         )
 
 

@@ -291,5 +291,5 @@ def publish(
         f"archive: {b['tarball']}\n  sha256:  {b['tarball_sha256']}\n  "
         f"verify:  privrelease verify {b['tarball']} --key {b['public_key']}\n"
         f"  next:    privrelease audit checkpoint --as {name} --out FILE "
-        '(sign the trail\'s head; keep FILE off this machine: README, "Checkpoints")'
+        "(signs the audit trail's head; keep FILE off this machine)"
     )
