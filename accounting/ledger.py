@@ -15,8 +15,9 @@ import math
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -91,16 +92,24 @@ class Charge:
 class Budget:
     dataset: Dataset
     charges: list[Charge]
-    spent: EpsilonReport
+    spent_rdp: float  # RDP epsilon of the history, from the running curve (milliseconds)
     # Under adaptive choice of releases (accounting.filter): the filter's epsilon of the running
     # curve (the cap check: <= cap while the filter admits) and the odometer's bound on the spend,
     # valid at every time at once.
     filter_epsilon: float = 0.0
     odometer_epsilon: float = 0.0
+    # PLD epsilon of the history: seconds for a long one, so computed (and cached) when first read
+    pld: Callable[[], float] = field(default=lambda: math.nan, repr=False, compare=False)
+
+    @cached_property
+    def spent(self) -> EpsilonReport:
+        """RDP and PLD epsilon of the whole history (PLD computed on first use: the runner's and
+        the cap check's reads of the charges need only RDP)."""
+        return EpsilonReport(self.spent_rdp, self.pld(), self.dataset.delta_cap)
 
     @property
     def remaining_rdp(self) -> float:
-        return max(0.0, self.dataset.epsilon_cap - self.spent.epsilon_rdp)
+        return max(0.0, self.dataset.epsilon_cap - self.spent_rdp)
 
     @property
     def history(self) -> list[MechanismEvent]:
@@ -536,13 +545,12 @@ def budget(store: Store, dataset: str) -> Budget:
     return Budget(
         ds,
         charges,
-        EpsilonReport(
-            rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp), ds.delta_cap
-        ),
+        rdp,
         filter_epsilon=math.inf
         if void
         else privacy_filter.filter_epsilon(running.rdp, ds.delta_cap),
         odometer_epsilon=math.inf if void else privacy_filter.odometer(running.rdp, ds.delta_cap),
+        pld=lambda: pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp),
     )
 
 
