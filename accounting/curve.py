@@ -107,12 +107,11 @@ def _ensure_table(con: duckdb.DuckDBPyConnection) -> None:
 
 def _has_table(con: duckdb.DuckDBPyConnection) -> bool:
     """Reads never create it: a read (or a refused command) leaves the store as it was."""
-    return bool(
-        con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'rdp_curves' "
-            "AND table_schema = current_schema()"
-        ).fetchone()[0]
-    )
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'rdp_curves' "
+        "AND table_schema = current_schema()"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:

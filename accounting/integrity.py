@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -198,7 +199,7 @@ def make_checkpoint(store: Store, steward: str, private_key: Ed25519PrivateKey) 
         seq, head = trail.append(
             con, store, steward, "trail.checkpoint", {"steward": steward, "public_key": public_key}
         )
-        cp = {
+        cp: dict[str, Any] = {
             "purpose": CHECKPOINT_PURPOSE,
             "seq": int(seq),
             "head_hash": head,

@@ -75,7 +75,7 @@ def replay(rows: Iterable[tuple]) -> TrailState:
         if not isinstance(p, dict):
             continue
         if action == "dataset.register":
-            state.datasets[p.get("dataset_id")] = p
+            state.datasets[str(p.get("dataset_id"))] = p
         elif action.startswith("budget.") and "run_id" in p:
             state.charges[p["run_id"]] = _apply_charge(state.charges.get(p["run_id"]), action, p)
         elif action.startswith("identity."):
@@ -111,7 +111,7 @@ def _apply_charge(current: dict | None, action: str, p: dict) -> dict:
 
 
 def _apply_identity(state: TrailState, seq: int, action: str, p: dict) -> None:
-    name = p.get("name")
+    name = str(p.get("name"))
     if action == "identity.create":
         role, key = p.get("role"), p.get("public_key")
         if role == "steward" and any(i["role"] == "steward" for i in state.identities.values()):
@@ -127,7 +127,7 @@ def _apply_identity(state: TrailState, seq: int, action: str, p: dict) -> None:
 
 
 def _endorsed(state: TrailState, p: dict) -> bool:
-    endorser = state.identities.get(p.get("endorsed_by"))
+    endorser = state.identities.get(str(p.get("endorsed_by")))
     if endorser is None or endorser["role"] != "steward":
         return False
     try:
