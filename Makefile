@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python -m release.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" --durations=15 tests
 
 # ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
 lint: $(STAMP)

@@ -7,6 +7,9 @@ progress(stage, done, total) callback, passed in or set for a block with `report
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -139,6 +142,39 @@ def _search_noise(target: float, delta: float, event_of: Callable[[float], dpe.D
     return x
 
 
+# Calibrations already done in this process, by their inputs: a search is deterministic and takes
+# seconds (each of its ~30 evaluations composes the whole history), and the same question comes
+# back (a plan, then the plan of the same spec by the dashboard, the bisection of the largest target
+# that fits, a preview then the plan).
+_SOLVED: OrderedDict[str, float] = OrderedDict()
+_SOLVED_MAX = 256
+
+
+_SOLVED_LOCK = threading.Lock()
+
+
+def _remembered(
+    key: str, stage: str, progress: Progress | None, solve: Callable[[], float]
+) -> float:
+    with _SOLVED_LOCK:
+        known = _SOLVED.get(key)
+    if known is not None:
+        done = _Counter(stage, progress)
+        done.done = 1
+        done.finish()  # the bar still ends complete
+        return known
+    value = solve()
+    with _SOLVED_LOCK:
+        _SOLVED[key] = value
+        if len(_SOLVED) > _SOLVED_MAX:
+            _SOLVED.popitem(last=False)
+    return value
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
 def calibrate_dpsgd_sigma(
     target_epsilon: float,
     delta: float,
@@ -150,8 +186,14 @@ def calibrate_dpsgd_sigma(
 ) -> float:
     """Noise multiplier for DP-SGD (plus `extra` events of the same run, e.g. a DP query)."""
     q, t = check_sample_rate(sample_rate), check_count(steps)
-    return calibrate_noise(
-        target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior, progress
+    prior, extra = list(prior), list(extra)
+    return _remembered(
+        _key("dpsgd", target_epsilon, delta, q, t, compose(prior), compose(extra)),
+        "calibrating the noise",
+        progress,
+        lambda: calibrate_noise(
+            target_epsilon, delta, lambda s: [*extra, DpSgd(q, s, t)], prior, progress
+        ),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import duckdb
@@ -21,12 +21,16 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from accounting.epsilon import RDP_ORDERS, rdp_accountant
-from accounting.events import MechanismEvent, NonPrivateRelease, event_to_json, events_from_text
+from accounting.events import (
+    DpSgd,
+    MechanismEvent,
+    NonPrivateRelease,
+    event_to_json,
+    events_from_text,
+)
+from accounting.store import RDP_CURVES_TABLE
 
-TABLE = """CREATE TABLE IF NOT EXISTS rdp_curves (
-    dataset_id VARCHAR PRIMARY KEY, rdp VARCHAR NOT NULL, non_private BIGINT NOT NULL,
-    events BIGINT NOT NULL,
-    orders VARCHAR NOT NULL)"""
+TABLE = RDP_CURVES_TABLE
 ORDERS_KEY = json.dumps(list(RDP_ORDERS))
 # Relative float error allowed between the running sum and a fresh composition (10,000 additions of
 # doubles drift by ~1e-12 relative; anything near 1e-6 is a wrong curve, not rounding).
@@ -73,9 +77,15 @@ EMPTY = Curve(np.zeros(len(RDP_ORDERS)))
 @lru_cache(maxsize=4096)
 def _event_curve(text: str) -> tuple[float, ...]:
     """RDP curve of one event (by its JSON), from dp-accounting's RdpAccountant; cached per
-    process."""
+    process. DP-SGD's T steps are the one-step curve times T, the very product the accountant
+    computes for its self-composed event (`count * rdp`): one step's curve is computed once for all
+    step counts (a what-if over steps, a run's re-charges of lost steps)."""
+    event = events_from_text(f"[{text}]")[0]
+    if isinstance(event, DpSgd) and event.steps > 1:
+        one = _event_curve(json.dumps(event_to_json(replace(event, steps=1)), sort_keys=True))
+        return tuple(float(x) for x in event.steps * np.asarray(one))
     acc = rdp_accountant()
-    acc.compose(events_from_text(f"[{text}]")[0].to_dp_event())
+    acc.compose(event.to_dp_event())
     return tuple(float(x) for x in acc._rdp)  # the accountant's per-order RDP (no public getter)
 
 
@@ -91,7 +101,17 @@ def curve_of(events: Iterable[MechanismEvent]) -> Curve:
 
 
 def _ensure_table(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(TABLE)  # workspaces created before the running curve get the table on first use
+    """Workspaces created before the running curve get the table on their first charge."""
+    con.execute(TABLE)
+
+
+def _has_table(con: duckdb.DuckDBPyConnection) -> bool:
+    """Reads never create it: a read (or a refused command) leaves the store as it was."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'rdp_curves' "
+        "AND table_schema = current_schema()"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
@@ -110,25 +130,20 @@ def from_scratch(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
 
 
 def load(con: duckdb.DuckDBPyConnection, dataset_id: str) -> Curve:
-    """The stored running curve; built from the charges if there is none yet (or the order grid
-    changed)."""
-    _ensure_table(con)
-    row = con.execute(
-        "SELECT rdp, non_private, events, orders FROM rdp_curves WHERE dataset_id = ?", [dataset_id]
-    ).fetchone()
-    if row is None or row[3] != ORDERS_KEY:
-        return _save(con, dataset_id, from_scratch(con, dataset_id))
-    return Curve(np.asarray(json.loads(row[0]), dtype=np.float64), int(row[1]), int(row[2]))
-
-
-def _save(con: duckdb.DuckDBPyConnection, dataset_id: str, curve: Curve) -> Curve:
-    con.execute(
-        "INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?) ON CONFLICT (dataset_id) "
-        "DO UPDATE SET rdp = excluded.rdp, non_private = excluded.non_private, "
-        "events = excluded.events, orders = excluded.orders",
-        [dataset_id, json.dumps(curve.rdp.tolist()), curve.non_private, curve.events, ORDERS_KEY],
+    """The stored running curve; recomputed from the charges if there is none (a workspace from
+    before the running curve) or the order grid changed. Writes nothing: the next charge stores
+    it."""
+    row = (
+        con.execute(
+            "SELECT rdp, non_private, events, orders FROM rdp_curves WHERE dataset_id = ?",
+            [dataset_id],
+        ).fetchone()
+        if _has_table(con)
+        else None
     )
-    return curve
+    if row is None or row[3] != ORDERS_KEY:
+        return from_scratch(con, dataset_id)
+    return Curve(np.asarray(json.loads(row[0]), dtype=np.float64), int(row[1]), int(row[2]))
 
 
 def save_change(
@@ -144,26 +159,35 @@ def save_change(
     if not np.all(np.isfinite(new.rdp)) or new.events < 0:
         # an infinite order cannot be subtracted back: recompute exactly
         new = from_scratch(con, dataset_id)
-    # load() wrote the row if it was missing: a plain UPDATE (DuckDB's upsert costs 5x more per
-    # charge)
-    con.execute(
-        "UPDATE rdp_curves SET rdp = ?, non_private = "
-        "?, events = ?, orders = ? WHERE dataset_id = ?",
-        [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY, dataset_id],
-    )
+    # An UPDATE, and an INSERT only where the row is missing (DuckDB's upsert costs 5x more per
+    # charge); registering a dataset writes its row, so that is a workspace from before the curve.
+    _ensure_table(con)
+    values = [json.dumps(new.rdp.tolist()), new.non_private, new.events, ORDERS_KEY]
+    updated = con.execute(
+        "UPDATE rdp_curves SET rdp = ?, non_private = ?, events = ?, orders = ? "
+        "WHERE dataset_id = ? RETURNING dataset_id",
+        [*values, dataset_id],
+    ).fetchall()
+    if not updated:
+        con.execute("INSERT INTO rdp_curves VALUES (?, ?, ?, ?, ?)", [dataset_id, *values])
     return new
 
 
 def verify(con: duckdb.DuckDBPyConnection) -> list[dict]:
     """Per dataset: the stored running curve against one recomputed from the stored events."""
-    _ensure_table(con)
+    stored = _has_table(con)
     out = []
     for dataset_id, name, delta in con.execute(
         "SELECT dataset_id, name, delta_cap FROM datasets ORDER BY name"
     ).fetchall():
-        row = con.execute(
-            "SELECT rdp, non_private, events FROM rdp_curves WHERE dataset_id = ?", [dataset_id]
-        ).fetchone()
+        row = (
+            con.execute(
+                "SELECT rdp, non_private, events FROM rdp_curves WHERE dataset_id = ?",
+                [dataset_id],
+            ).fetchone()
+            if stored
+            else None
+        )
         fresh = from_scratch(con, dataset_id)
         running = (
             None

@@ -6,8 +6,11 @@ relation is used throughout (the privacy unit is one record), as in opacus' DP-S
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,8 +107,25 @@ class EpsilonReport:
 PLD_MAX_EPSILON = 100.0
 
 
+# Reports already computed in this process, by the composed history's repr and delta: a PLD takes
+# seconds and a plan asks for the same histories again (before and after, the dashboard's preview).
+_REPORTS: OrderedDict[str, EpsilonReport] = OrderedDict()
+_REPORTS_MAX = 256
+_REPORTS_LOCK = threading.Lock()
+
+
 def epsilon_report(history: History, delta: float) -> EpsilonReport:
     event = _as_dp_event(history)
+    key = hashlib.sha256(f"{event!r}|{float(delta)!r}".encode()).hexdigest()
+    with _REPORTS_LOCK:
+        known = _REPORTS.get(key)
+    if known is not None:
+        return known
     rdp = epsilon_rdp(event, delta)
     pld = epsilon_pld(event, delta) if rdp <= PLD_MAX_EPSILON else rdp
-    return EpsilonReport(rdp, pld, float(delta))
+    report = EpsilonReport(rdp, pld, float(delta))
+    with _REPORTS_LOCK:
+        _REPORTS[key] = report
+        if len(_REPORTS) > _REPORTS_MAX:
+            _REPORTS.popitem(last=False)
+    return report

@@ -1,5 +1,5 @@
-"""The auditor's check of the whole store: the hash chain, the ledger replayed from the trail, and
-steward-signed checkpoints of the trail head.
+"""The auditor's check of the whole store: the hash chain, the ledger, identities and releases
+replayed from the trail (accounting/replay.py), and steward-signed checkpoints of the trail head.
 
 The charges table is what `budget show` reads; the trail is what every change was recorded as.
 Each budget.* entry carries the charge row after the change (ledger.charge_record), so the spend of
@@ -17,12 +17,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from accounting import curve, ledger, trail
+from accounting import curve, ledger, replay, trail
 from accounting.errors import PrivReleaseError, TamperError
 from accounting.events import events_from_text
 from accounting.store import Store
@@ -53,49 +54,19 @@ class IntegrityReport:
     def all_problems(self) -> list[str]:
         return self.trail.problems + self.problems
 
+    @property
+    def pinned_seq(self) -> int:
+        """The last entry a valid signed checkpoint pins (0: none)."""
+        return max((int(c["seq"]) for c in self.checkpoints if c["ok"]), default=0)
+
+    @property
+    def unpinned_entries(self) -> int:
+        """Entries after the last signed checkpoint: an unkeyed chain, so deleting them and
+        rewriting trail.head is seen by no check but a later checkpoint (README, "Checkpoints")."""
+        return max(0, self.trail.length - self.pinned_seq)
+
 
 # ------------------------------------------------------------------ ledger replay
-def replay(rows: Iterable[tuple]) -> tuple[dict[str, dict], dict[str, dict]]:
-    """(charges by run id, datasets by id) as the trail says they are now."""
-    charges: dict[str, dict] = {}
-    datasets: dict[str, dict] = {}
-    for _seq, _ts, _actor, action, payload, *_ in rows:
-        try:
-            p = json.loads(payload)
-        except ValueError:
-            continue  # an edited payload is reported by the chain check
-        if action == "dataset.register":
-            datasets[p.get("dataset_id")] = p
-        elif action.startswith("budget.") and isinstance(p, dict) and "run_id" in p:
-            charges[p["run_id"]] = _apply(charges.get(p["run_id"]), action, p)
-    return charges, datasets
-
-
-def _apply(current: dict | None, action: str, p: dict) -> dict:
-    if "state" in p and "planned_events" in p:
-        return {k: p.get(k) for k in ledger.RECORD_FIELDS}
-    # Entries written before charge records existed carry only what changed.
-    cur = dict(
-        current
-        or {
-            "run_id": p["run_id"],
-            "dataset_id": p.get("dataset_id"),
-            "position": None,
-            "planned_events": [],
-            "charged_events": [],
-        }
-    )
-    if action == "budget.reserve":
-        cur.update(
-            state="reserved", planned_events=p.get("events", []), dataset_id=p.get("dataset_id")
-        )
-    elif action == "budget.commit":
-        cur.update(state="committed", charged_events=p.get("events", []))
-    elif action == "budget.refund":
-        cur.update(state="refunded")
-    return cur
-
-
 def _counted(record: dict) -> list:
     key = {"reserved": "planned_events", "committed": "charged_events"}.get(
         str(record.get("state"))
@@ -137,12 +108,14 @@ def _spend(history_json: list, delta: float) -> float:
 
 
 def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
-    """Replay the trail and compare with the datasets and charges tables; returns (problems, spend
-    table)."""
-    trail_charges, trail_datasets = replay(rows)
+    """Replay the trail and compare with the datasets, charges, identities, releases and approvals
+    tables; returns (problems, spend table)."""
+    state = replay.replay(rows)
+    trail_charges, trail_datasets = state.charges, state.datasets
     with store.transaction() as con:
         table = ledger._rows(con, "SELECT * FROM charges ORDER BY position")
         datasets = ledger._rows(con, "SELECT * FROM datasets")
+        rows_problems = replay.compare_tables(con, state)
     problems = _compare_charges(trail_charges, table)
     spend = []
     for ds in datasets:
@@ -196,7 +169,7 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
             f"dataset {trail_datasets[missing].get('name')}: registered in the trail but missing "
             "from the datasets table (deleted)"
         )
-    return problems, spend
+    return problems + rows_problems, spend
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -208,8 +181,9 @@ def _message(cp: dict) -> bytes:
 
 
 def make_checkpoint(store: Store, steward: str, private_key: Ed25519PrivateKey) -> dict:
-    """Sign the current head with a steward's key; write it to checkpoints/ (0600) and record it in
-    the trail. Refused if the store does not verify: a signature must never vouch for an altered
+    """Record a checkpoint in the trail and sign the head that entry makes, with a steward's key;
+    write it to checkpoints/ (0600). The checkpoint pins every entry up to and including its own
+    record. Refused if the store does not verify: a signature must never vouch for an altered
     store."""
     report = verify_store(store)
     if not report.ok:
@@ -218,28 +192,22 @@ def make_checkpoint(store: Store, steward: str, private_key: Ed25519PrivateKey) 
             + "; ".join(report.all_problems[:3])
         )
     raw = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    public_key = base64.b64encode(raw).decode("ascii")
     with store.transaction() as con:
-        row = con.execute(
-            "SELECT seq, entry_hash FROM audit_trail ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        if row is None:
+        if con.execute("SELECT 1 FROM audit_trail LIMIT 1").fetchone() is None:
             raise PrivReleaseError("The audit trail is empty; there is nothing to checkpoint yet.")
-        cp = {
+        seq, head = trail.append(
+            con, store, steward, "trail.checkpoint", {"steward": steward, "public_key": public_key}
+        )
+        cp: dict[str, Any] = {
             "purpose": CHECKPOINT_PURPOSE,
-            "seq": int(row[0]),
-            "head_hash": row[1],
+            "seq": int(seq),
+            "head_hash": head,
             "created_at": trail.now(),
             "steward": steward,
-            "public_key": base64.b64encode(raw).decode("ascii"),
+            "public_key": public_key,
         }
         cp["signature"] = private_key.sign(_message(cp)).hex()
-        trail.append(
-            con,
-            store,
-            steward,
-            "trail.checkpoint",
-            {k: cp[k] for k in ("seq", "head_hash", "public_key")},
-        )
     path = store.workspace.root / CHECKPOINT_DIR / f"{cp['seq']:08d}-{cp['head_hash'][:12]}.json"
     path.parent.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -307,6 +275,7 @@ def verify_store(
             trail.recorded_head(store),
             trail._read_head(store.workspace.root / trail.PENDING_NAME),
             shared=store.shared,
+            stored_order=trail.read_storage_order(store),
         )
         problems, spend = reconcile(store, rows)
         stewards = {

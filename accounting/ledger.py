@@ -12,9 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
@@ -32,10 +36,6 @@ from accounting.store import Store
 from accounting.validation import check_count, check_delta, check_epsilon
 
 ACTIVE_STATES = ("reserved", "committed")
-PLD_CACHE = (
-    "CREATE TABLE IF NOT EXISTS pld_cache (dataset_id VARCHAR PRIMARY KEY, history_key VARCHAR NOT "
-    "NULL, epsilon_pld DOUBLE NOT NULL)"
-)
 
 
 @dataclass(frozen=True)
@@ -92,16 +92,24 @@ class Charge:
 class Budget:
     dataset: Dataset
     charges: list[Charge]
-    spent: EpsilonReport
+    spent_rdp: float  # RDP epsilon of the history, from the running curve (milliseconds)
     # Under adaptive choice of releases (accounting.filter): the filter's epsilon of the running
     # curve (the cap check: <= cap while the filter admits) and the odometer's bound on the spend,
     # valid at every time at once.
     filter_epsilon: float = 0.0
     odometer_epsilon: float = 0.0
+    # PLD epsilon of the history: seconds for a long one, so computed (and cached) when first read
+    pld: Callable[[], float] = field(default=lambda: math.nan, repr=False, compare=False)
+
+    @cached_property
+    def spent(self) -> EpsilonReport:
+        """RDP and PLD epsilon of the whole history (PLD computed on first use: the runner's and
+        the cap check's reads of the charges need only RDP)."""
+        return EpsilonReport(self.spent_rdp, self.pld(), self.dataset.delta_cap)
 
     @property
     def remaining_rdp(self) -> float:
-        return max(0.0, self.dataset.epsilon_cap - self.spent.epsilon_rdp)
+        return max(0.0, self.dataset.epsilon_cap - self.spent_rdp)
 
     @property
     def history(self) -> list[MechanismEvent]:
@@ -180,6 +188,7 @@ def register_dataset(
                 actor,
             ]
             con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            curve.save_change(con, dataset_id, curve.EMPTY)  # reads then find a curve, write none
             trail.append(
                 con,
                 store,
@@ -536,42 +545,48 @@ def budget(store: Store, dataset: str) -> Budget:
     return Budget(
         ds,
         charges,
-        EpsilonReport(
-            rdp, pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp), ds.delta_cap
-        ),
+        rdp,
         filter_epsilon=math.inf
         if void
         else privacy_filter.filter_epsilon(running.rdp, ds.delta_cap),
         odometer_epsilon=math.inf if void else privacy_filter.odometer(running.rdp, ds.delta_cap),
+        pld=lambda: pld_cached(store, ds.dataset_id, history, ds.delta_cap, rdp),
     )
 
 
 def pld_cached(
     store: Store, dataset_id: str, history: list[MechanismEvent], delta: float, rdp: float
 ) -> float:
-    """PLD epsilon of the history, cached in the store by the history's content (PLD of a long
-    history takes seconds; it is recomputed only when the history changed, on the first read after a
-    charge)."""
+    """PLD epsilon of the history, cached by the history's content (PLD of a long history takes
+    seconds; it is recomputed only when the history changed, on the first read after a charge).
+    The cache is a file in the workspace (`ledger_cache`), not a table: reading the ledger, or a
+    command refused after reading it, leaves the store byte for byte as it was. Stores from before
+    kept it in a `pld_cache` table, which nothing reads any more."""
     key = hashlib.sha256(f"{delta!r}|{events_to_text(history)}".encode()).hexdigest()
-    with store.transaction() as con:
-        con.execute(PLD_CACHE)
-        row = con.execute(
-            "SELECT epsilon_pld FROM pld_cache WHERE dataset_id = ? AND history_key = ?",
-            [dataset_id, key],
-        ).fetchone()
-    if row is not None:
-        return float(row[0])
+    path = store.workspace.ledger_cache / f"pld-{dataset_id}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached["history_key"] == key:
+            return float(cached["epsilon_pld"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, being replaced, or not ours: recompute
     value = epsilon_report(history, delta).epsilon_pld if history else 0.0
     if math.isinf(rdp):
         value = math.inf
-    with store.transaction() as con:
-        con.execute(PLD_CACHE)
-        con.execute(
-            "INSERT INTO pld_cache VALUES (?, ?, ?) ON CONFLICT (dataset_id) DO UPDATE SET "
-            "history_key = excluded.history_key, epsilon_pld = excluded.epsilon_pld",
-            [dataset_id, key, value],
-        )
+    _write_cache(path, {"history_key": key, "epsilon_pld": value})
     return value
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    """Replace `path` atomically (readers see the old entry or the new one); a workspace that cannot
+    be written only loses the cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def all_charges(store: Store) -> list[tuple[Dataset, Charge]]:

@@ -27,7 +27,13 @@ from accounting.errors import PrivReleaseError
 from accounting.store_backends import DuckDBBackend, PostgresBackend, is_postgres_url, redact
 
 SCHEMA_VERSION = 1
-SCHEMA = """
+# The running RDP curve of each dataset (accounting/curve.py), written with every charge.
+RDP_CURVES_TABLE = """CREATE TABLE IF NOT EXISTS rdp_curves (
+    dataset_id VARCHAR PRIMARY KEY, rdp VARCHAR NOT NULL, non_private BIGINT NOT NULL,
+    events BIGINT NOT NULL,
+    orders VARCHAR NOT NULL)"""
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS datasets (
     dataset_id VARCHAR PRIMARY KEY, name VARCHAR UNIQUE NOT NULL, source VARCHAR NOT NULL,
@@ -60,6 +66,9 @@ CREATE TABLE IF NOT EXISTS audit_results (
     summary VARCHAR NOT NULL, details VARCHAR NOT NULL, checked_at VARCHAR NOT NULL,
     PRIMARY KEY (release_id, check_name));
 """
+    + RDP_CURVES_TABLE
+    + ";\n"
+)
 
 
 def default_workspace() -> Path:
@@ -80,6 +89,8 @@ class Workspace:
     artifacts = property(lambda self: self.root / "artifacts")
     keys = property(lambda self: self.root / "keys")
     bundles = property(lambda self: self.root / "bundles")
+    # derived figures that take seconds to recompute (PLD epsilon), keyed by what they derive from
+    ledger_cache = property(lambda self: self.root / "cache" / "ledger")
     trail_head_path = property(lambda self: self.root / "trail.head")
     hmac_key_path = property(lambda self: self.root / "keys" / "fingerprint.key")
 

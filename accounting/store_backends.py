@@ -2,7 +2,7 @@
 server.
 
 Both backends give `Store.transaction()` the same thing: a connection whose `execute(sql, params)`
-takes the DuckDB dialect the code is written in (`?` parameters, `ORDER BY rowid`, `DOUBLE`) and
+takes the DuckDB dialect the code is written in (`?` parameters, `rowid`, `DOUBLE`) and
 returns a cursor with `fetchone`, `fetchall` and `description`, inside one all-or-nothing
 transaction that no other writer interleaves with.
 """
@@ -362,8 +362,8 @@ _DOUBLE = re.compile(r"\bDOUBLE\b(?!\s+PRECISION)", re.IGNORECASE)
 
 def to_postgres(sql: str, has_params: bool) -> str:
     """DuckDB dialect -> PostgreSQL: `?` -> `%s` (and a literal `%` -> `%%` when psycopg parses
-    parameters), `rowid` (storage order) -> `ctid`, `DOUBLE` -> `DOUBLE PRECISION`. Quoted text is
-    left alone."""
+    parameters), `rowid` -> `ctid` (storage order; on PostgreSQL not the order rows were written),
+    `DOUBLE` -> `DOUBLE PRECISION`. Quoted text is left alone."""
 
     def sub(m: re.Match) -> str:
         tok = m.group(0)

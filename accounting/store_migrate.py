@@ -1,10 +1,10 @@
 """Move a workspace's store from its DuckDB file into a PostgreSQL database (`privrelease store
 migrate`).
 
-Every table is copied in storage order (the trail's order is part of what `audit verify` checks)
-inside one PostgreSQL transaction, while the DuckDB store is locked; the workspace is switched to
-the new store only when the copy verifies: chain, recorded head, ledger replayed from the trail, and
-the same head entry.
+Every table is copied inside one PostgreSQL transaction, while the DuckDB store is locked (the
+source must verify first, its storage order included); the workspace is switched to the new store
+only when the copy verifies: chain (read by `seq`), recorded head, ledger replayed from the trail,
+and the same head entry.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _refuse_non_empty(con: PgConnection, url: str) -> None:
 
 def _copy_table(src_con, dst: PgConnection, table: str, ddl: str) -> int:
     dst.execute(to_postgres(ddl.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1), False))
-    # storage order: the trail's is checked
+    # DuckDB's storage order; the trail's order is its seq column, whatever order PostgreSQL stores
     cur = src_con.execute(f'SELECT * FROM "{table}" ORDER BY rowid')
     columns = ", ".join(f'"{d[0]}"' for d in cur.description)
     n = 0

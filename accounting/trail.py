@@ -1,11 +1,13 @@
 """Append-only, hash-chained audit trail (ARCHITECTURE.md rule 7).
 
 Each entry's hash covers its sequence number, time, actor, action, payload and the previous entry's
-hash, so editing, deleting or reordering any entry breaks the chain. Deleting the *last* entries
-leaves a valid shorter chain; that is caught by the head recorded in `trail.head` and, for anyone
-outside the store, by steward-signed checkpoints (accounting/checkpoint.py) and the head hash pinned
-in every signed bundle. The chain itself is unkeyed: whoever can write the store can recompute it,
-which only a signed checkpoint kept elsewhere exposes.
+hash, so editing, deleting or reordering any entry breaks the chain. The chain's order is its
+sequence numbers (`seq`: the head's + 1, given inside the store's serialised transaction), never
+where the rows happen to be stored. Deleting the *last* entries leaves a valid shorter chain; that
+is caught by the head recorded in `trail.head` and, for anyone outside the store, by steward-signed
+checkpoints (accounting/integrity.py) and the head hash pinned in every signed bundle. The chain
+itself is unkeyed: whoever can write the store can recompute it, which only a signed checkpoint
+kept elsewhere exposes.
 """
 
 from __future__ import annotations
@@ -209,16 +211,21 @@ def verify_rows(
     pending_head: tuple[int, str] | str | None = None,
     *,
     shared: bool = False,
+    stored_order: list[int] | None = None,
 ) -> TrailVerification:
     """Check a trail given as (seq, ts, actor, action, payload, prev_hash, entry_hash) rows in
-    storage order, against the recorded head (and the write-ahead pending head, if a crash left
-    one). With a `shared` store (PostgreSQL) other hosts append too: this workspace's head pins the
-    chain up to what it last wrote."""
+    write order (`read_rows`), against the recorded head (and the write-ahead pending head, if a
+    crash left one). With a `shared` store (PostgreSQL) other hosts append too: this workspace's
+    head pins the chain up to what it last wrote. `stored_order` (DuckDB: `read_storage_order`)
+    must be the write order too."""
     end = (len(rows), rows[-1][6] if rows else GENESIS)
     if shared and pending_head != end and _pinned_prefix(rows, recorded_head):
         # later entries are other hosts' (a crash of ours: pending == end)
         recorded_head = end if rows else None
     problems, broken = _chain_problems(rows)
+    moved, moved_seqs = _storage_problems(stored_order)
+    problems += moved
+    broken = sorted(set(broken) | set(moved_seqs))
     notes: list[str] = []
     if isinstance(recorded_head, str):
         problems.append(
@@ -269,13 +276,44 @@ def _extends(rows: list[tuple], recorded: tuple[int, str] | None) -> bool:
     return seq == len(rows) - 1 and (seq == 0 or rows[seq - 1][6] == h)
 
 
+ROWS_SQL = (
+    "SELECT seq, ts, actor, action, payload, prev_hash, entry_hash FROM audit_trail ORDER BY seq"
+)
+
+
 def read_rows(store: Store) -> list[tuple]:
+    """The chain in the order it was written: by `seq`, the number `append` gives each entry (the
+    head's + 1) inside the store's serialised transaction, covered by the entry's hash. Where a row
+    sits on disk is not that order on a shared server: PostgreSQL puts each backend's inserts in its
+    own target page and refills freed space after VACUUM, so rows of two hosts, or written after a
+    rolled-back one, are stored out of order."""
     with store.transaction() as con:
-        # Storage order, not ORDER BY seq: a reordering must show up, not be sorted away.
-        return con.execute(
-            "SELECT seq, ts, actor, action, payload, prev_hash, "
-            "entry_hash FROM audit_trail ORDER BY rowid"
-        ).fetchall()
+        return con.execute(ROWS_SQL).fetchall()
+
+
+def read_storage_order(store: Store) -> list[int] | None:
+    """The entries' sequence numbers in storage order, on the embedded DuckDB store only (None on a
+    shared one). There one process appends at a time and only at the end, so rows stored out of
+    write order mean the table was rewritten behind privrelease's back."""
+    if store.shared:
+        return None
+    with store.transaction() as con:
+        return [r[0] for r in con.execute("SELECT seq FROM audit_trail ORDER BY rowid").fetchall()]
+
+
+def _storage_problems(stored: list[int] | None) -> tuple[list[str], list[int]]:
+    if stored is None:
+        return [], []
+    out_of_order = [
+        later for earlier, later in zip(stored, stored[1:], strict=False) if later < earlier
+    ]
+    if not out_of_order:
+        return [], []
+    return [
+        f"entry {seq}: stored after a later entry (the table was rewritten with its entries "
+        "reordered)"
+        for seq in out_of_order[:5]
+    ], out_of_order
 
 
 def recorded_head(store: Store) -> tuple[int, str] | str | None:
@@ -284,12 +322,12 @@ def recorded_head(store: Store) -> tuple[int, str] | str | None:
 
 def verify(store: Store) -> TrailVerification:
     with store._lock:  # rows and head files read together, not between a commit and its head record
-        rows = read_rows(store)
         return verify_rows(
-            rows,
+            read_rows(store),
             recorded_head(store),
             _read_head(store.workspace.root / PENDING_NAME),
             shared=store.shared,
+            stored_order=read_storage_order(store),
         )
 
 

@@ -128,8 +128,9 @@ def save_report(store, report: AuditReport) -> None:
     with store.transaction() as con:
         nullable = _passed_nullable(con)
         con.execute("DELETE FROM audit_results WHERE release_id = ?", [report.release_id])
-        for r in report.results:
+        for position, r in enumerate(report.results):
             details = {
+                "position": position,  # the report's order (storage order is none on PostgreSQL)
                 "verdict": r.verdict,
                 "kind": r.kind,
                 "artifacts": r.artifacts,
@@ -155,9 +156,14 @@ def load_report(store, release_id: str) -> AuditReport | None:
     )
     if not rows:
         return None
+    # In the order the report had: its position (rows saved before it was recorded: DuckDB's
+    # storage order, which is insertion order there).
+    parsed = sorted(
+        ((json.loads(row["details"]), row) for row in rows),
+        key=lambda pair: pair[0].get("position", 0),
+    )
     results = []
-    for row in rows:
-        d = json.loads(row["details"])
+    for d, row in parsed:
         verdict = d.get("verdict")
         passed = (
             None if verdict == "info" else (row["passed"] if verdict is None else verdict == "pass")

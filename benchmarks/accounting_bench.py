@@ -101,7 +101,7 @@ def _scale_rows(sizes: list[int], charges: int) -> list[list]:
             _charge_ms(store, 2, "warm")
             per_charge = _charge_ms(store, charges, "t")
             with timer() as t_first:
-                eps = ledger.budget(store, "bench").spent.epsilon_rdp if prior <= 10_000 else None
+                eps = ledger.budget(store, "bench").spent_rdp if prior <= 10_000 else None
             with timer() as t_again:
                 ledger.budget(store, "bench") if prior <= 10_000 else None
             with store.transaction() as con:

@@ -2,7 +2,9 @@
 `identities.password_hash`.
 
 Format: "scrypt$n$r$p$salt_b64$hash_b64". The password itself is never stored or logged; setting one
-appends an `identity.password` entry (name only) to the audit trail.
+appends an `identity.password` entry to the audit trail (the name and a SHA-256 of the stored hash,
+so a hash written into the table behind privrelease's back is refused at sign-in and by `audit
+verify`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from accounting import trail
-from accounting.errors import InvalidParameterError
+from accounting import replay, trail
+from accounting.errors import InvalidParameterError, TamperError
 from accounting.store import Store
 from release import keys
 
@@ -72,7 +74,13 @@ def set_password(
     stored = hash_password(password)
     with store.transaction() as con:
         con.execute("UPDATE identities SET password_hash = ? WHERE name = ?", [stored, name])
-        trail.append(con, store, actor or name, "identity.password", {"name": name})
+        trail.append(
+            con,
+            store,
+            actor or name,
+            "identity.password",
+            {"name": name, "password_digest": replay.password_digest(stored)},
+        )
     return keys.get_identity(store, name)
 
 
@@ -149,6 +157,16 @@ def sign_in(store: Store, name: str, password: str, *, now: float | None = None)
             f"Too many failed sign-ins for this identity: try again in {int(left // 60) + 1} min.",
         )
     ident = check_password(store, name, password)
+    if ident is not None:
+        try:
+            keys.check_against_trail(store, ident)
+        except TamperError:
+            _record(store, name, "auth.sign_in_failed", "identity differs from the audit trail")
+            return SignIn(
+                None,
+                "This identity's record in the store is not the one the audit trail recorded; "
+                "sign-in refused. Ask an auditor to run `privrelease audit verify`.",
+            )
     if ident is None:
         _record(
             store,

@@ -242,7 +242,7 @@ def what_if(
     return replace(
         alone,
         composed_with=history.dataset.name,
-        spent_epsilon_rdp=history.spent.epsilon_rdp,
+        spent_epsilon_rdp=history.spent_rdp,
         epsilon_cap=cap,
         filter_epsilon=filter_eps,
         fits_cap=fits,

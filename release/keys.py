@@ -21,8 +21,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from filelock import FileLock
 
-from accounting import trail
-from accounting.errors import DatasetConflictError, PermissionDeniedError, PrivReleaseError
+from accounting import replay, trail
+from accounting.errors import (
+    DatasetConflictError,
+    PermissionDeniedError,
+    PrivReleaseError,
+    TamperError,
+)
 from accounting.store import Store, Workspace
 
 # Public-key parsing lives in a module light enough for `privrelease verify` to start fast.
@@ -191,7 +196,7 @@ def create_identity(
                 "key_id": hashlib.sha256(raw).hexdigest(),
             }
             if endorsing is not None:
-                message = _endorsement_message(name, role, public_b64)
+                message = replay.endorsement_message(name, role, public_b64)
                 payload.update(
                     endorsed_by=endorsing.name, endorsement=sign(ws, endorsing.name, message).hex()
                 )
@@ -234,26 +239,33 @@ def require_role(identity: Identity, *roles: str) -> Identity:
     return identity
 
 
-def _endorsement_message(name: str, role: str, public_b64: str) -> bytes:
-    return trail.canonical(
-        {
-            "purpose": "privrelease identity endorsement",
-            "name": name,
-            "role": role,
-            "public_key": public_b64,
-        }
-    ).encode()
-
-
 def has_steward(store: Store) -> bool:
     return bool(store.query("SELECT name FROM identities WHERE role = 'steward' LIMIT 1"))
 
 
+def check_against_trail(store: Store, ident: Identity) -> Identity:
+    """The identity as read, if its role, key and password are the ones the audit trail recorded
+    for it (the trail's entries for identities, their hashes and stewards' endorsements checked).
+    Raises TamperError for an identity inserted or edited behind privrelease's back."""
+    with store.transaction() as con:
+        problems = replay.identity_problems(con, ident.name)
+    if problems:
+        raise TamperError(
+            f"Identity {ident.name!r} in the store is not what the audit trail recorded ("
+            + "; ".join(problems[:2])
+            + "): nothing was done. Run `privrelease audit verify`; restore the store from a "
+            "backup or a signed checkpoint."
+        )
+    return ident
+
+
 def authenticate(store: Store, name: str, *roles: str) -> Identity:
     """The identity `name`, proven by possession of its private key (a name alone is not enough for
-    a state-changing action). Raises UnknownIdentityError, PermissionDeniedError (wrong role) or
-    KeyFileError (key missing, unreadable, or not the key registered for `name`)."""
-    ident = get_identity(store, name)
+    a state-changing action) and checked against the audit trail (role and key as recorded).
+    Raises UnknownIdentityError, PermissionDeniedError (wrong role), KeyFileError (key missing,
+    unreadable, or not the key registered for `name`) or TamperError (the identity row was edited
+    or inserted behind privrelease's back)."""
+    ident = check_against_trail(store, get_identity(store, name))
     if roles:
         require_role(ident, *roles)
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accounting import calibration, curve, ledger, trail
+from accounting import calibration, curve, ledger, replay, trail
 from accounting import filter as privacy_filter
 from accounting.epsilon import epsilon_report
 from accounting.errors import (
@@ -104,6 +104,7 @@ def _set_state(
     row = con.execute("SELECT state FROM releases WHERE release_id = ?", [release_id]).fetchone()
     if row is None:
         raise PrivReleaseError(f"Unknown release {release_id!r}.")
+    _refuse_unless_recorded(con, release_id)
     if row[0] not in expected:
         raise LedgerStateError(
             f"Release {release_id} is {row[0]}; this needs it to be {' or '.join(expected)}."
@@ -119,6 +120,27 @@ def _set_state(
         f"UPDATE releases SET {', '.join(sets)} WHERE release_id = ?", params + [release_id]
     )
     trail.append(con, store, actor, action, {"release_id": release_id, "state": new, **payload})
+
+
+def _refuse_unless_recorded(con, release_id: str) -> None:
+    """The release's row (state, plan digest, dataset) must be what the audit trail recorded: a
+    state set back behind privrelease's back (rejected -> approved) must not let it run."""
+    problems = replay.release_problems(con, release_id)
+    if problems:
+        raise TamperError(
+            f"Release {release_id} in the store is not what the audit trail recorded ("
+            + "; ".join(problems[:2])
+            + "): nothing was done. Run `privrelease audit verify`; restore the store from a "
+            "backup or a signed checkpoint."
+        )
+
+
+def _recorded_release(store: Store, release_id: str) -> Release:
+    """The release, checked against the audit trail (every action that changes it starts here)."""
+    rel = get_release(store, release_id)
+    with store.transaction() as con:
+        _refuse_unless_recorded(con, release_id)
+    return rel
 
 
 def public_sha256(public: ImageDataset | VolumeDataset) -> str:
@@ -481,7 +503,7 @@ def approve(
     """A steward signs the plan's digest. `digest` (what the steward reviewed) must match the
     plan."""
     ident = _steward(store, steward)
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     current = _check_plan_intact(rel)
     if digest is not None and digest != current:
         raise TamperError(
@@ -537,7 +559,7 @@ def reject(store: Store, release_id: str, steward: str, reason: str) -> Release:
     ident = _steward(store, steward)
     if not reason.strip():
         raise PrivReleaseError("Give a reason for the rejection (it goes into the audit trail).")
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     digest = rel.plan_digest
     sig = keys.sign(
         store.workspace,
@@ -581,7 +603,7 @@ def verified_approval(store: Store, rel: Release) -> dict:
     for a in reversed(approvals(store, rel.release_id)):
         if not a["decision"].startswith("approve"):
             continue
-        ident = keys.get_identity(store, a["approver"])
+        ident = keys.check_against_trail(store, keys.get_identity(store, a["approver"]))
         ack = a["decision"] == "approve-ack-non-dp"
         msg = _approval_message(rel.release_id, digest, "approve", ack, ident.key_id)
         if ident.key_id not in recorded:
@@ -732,7 +754,7 @@ def run_release(
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit
     it. A failed release can be run again: it resumes under the same charge (no double charge)."""
     ident = _steward(store, actor)
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     if rel.state not in ("approved", "failed", "running"):
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only an approved (or failed) release runs."
@@ -831,7 +853,7 @@ def abandon_release(store: Store, release_id: str, actor: str) -> Release:
     else the DP-SGD steps it started (write-ahead counter) and every re-charge stay charged and the
     unexecuted remainder is released. It can no longer be resumed."""
     ident = _steward(store, actor)
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     if rel.state != "failed":
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only a failed release can be abandoned."
@@ -876,7 +898,7 @@ def audit_release(
     from audit.dpsgd_audit import DpSgdSetting
 
     ident = keys.authenticate(store, actor, "steward", "auditor")
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     out = load_output(store, release_id)
     spec = ReleaseSpec.from_dict(rel.spec)
     ds, sensitive = (
@@ -1002,7 +1024,7 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
     from release.card import card_for
 
     ident = _steward(store, actor)
-    rel = get_release(store, release_id)
+    rel = _recorded_release(store, release_id)
     if rel.state != "checked":
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only a checked release can be published."

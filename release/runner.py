@@ -325,9 +325,10 @@ def run_charged(
             allow_non_private=acknowledge_non_dp,
             description=f"{mech.name} run {run_id}",
         )
-        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
         if nproc == 1:  # torchrun's workers choose their own
-            threads.apply()
+            # looked at again during the run, from the mechanism's progress reports
+            progress = threads.rebalancing(progress, threads.apply())
+        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
         try:
             output = mech.run(config, data, ctx)
         except BaseException as exc:

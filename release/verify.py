@@ -216,6 +216,7 @@ class _ArchiveScan:
         self.payload = b""
         self.expected: dict[str, str] = {}
         self.added: list[str] = []
+        self.dirs: list[str] = []  # directory members below the top one, relative to it
         self.total = 0
         self.problem: str | None = None
         self.tamper: str | None = None  # envelope that does not verify: reported like a directory's
@@ -256,6 +257,8 @@ class _ArchiveScan:
     def member(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         self.problem = self.header_problem(m)
         if self.problem or m.isdir():
+            if not self.problem and m.isdir() and m.name.rstrip("/") != self.top:
+                self.dirs.append(m.name.rstrip("/")[len(self.top) + 1 :])
             if not self.problem and self.out_root is not None:
                 (self.out_root / m.name).mkdir(parents=True, exist_ok=True)
             return
@@ -447,6 +450,7 @@ def _compare(res: VerificationResult, scan: _ArchiveScan) -> None:
     present = {n: d for n, d in scan.digests.items() if n not in MANIFEST_FILES}
     present.update({n: "" for n in scan.added})
     _compare_digests(res, scan.expected, present)
+    _check_directories(res, scan.expected, scan.dirs)
 
 
 # ---------------------------------------------------------------- directories and shared checks
@@ -488,9 +492,28 @@ def _compare_digests(
         )
 
 
-def _walk(root: Path) -> tuple[set[str], list[str]]:
-    """Regular files under root (relative POSIX paths) and problems for links/special files."""
-    files, problems = set(), []
+def _check_directories(res: VerificationResult, expected: dict[str, str], dirs: list[str]) -> None:
+    """Every directory must hold a signed file: the manifest lists files, so the only directories a
+    bundle has are their parents. Any other (an empty `data/extra_dir/` too) was added after
+    signing: an unlisted entry of any kind fails verification."""
+    needed = {
+        "/".join(parts[:i])
+        for name in [*expected, *MANIFEST_FILES]
+        for parts in [name.split("/")]
+        for i in range(1, len(parts))
+    }
+    for rel in sorted(set(dirs) - needed):
+        res.added.append(rel + "/")
+        res.problems.append(
+            f"{rel}/: a directory that holds no signed file (added after signing). Do not trust "
+            "the bundle; download it again from the publisher."
+        )
+
+
+def _walk(root: Path) -> tuple[set[str], list[str], list[str]]:
+    """Regular files and directories under root (relative POSIX paths) and problems for
+    links/special files."""
+    files, dirs, problems = set(), [], []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for entry in dirnames + filenames:
             p = Path(dirpath) / entry
@@ -501,9 +524,11 @@ def _walk(root: Path) -> tuple[set[str], list[str]]:
                 )
             elif p.is_file():
                 files.add(rel)
-            elif not p.is_dir():
+            elif p.is_dir():
+                dirs.append(rel)
+            else:
                 problems.append(f"{rel}: is a special file (device, FIFO or socket). {REFETCH}")
-    return files, problems
+    return files, dirs, problems
 
 
 def _verify_dir(root: Path, key) -> VerificationResult:
@@ -524,11 +549,12 @@ def _verify_dir(root: Path, key) -> VerificationResult:
     stmt_path = root / STATEMENT_FILE
     stmt = stmt_path.read_bytes() if stmt_path.is_file() and not stmt_path.is_symlink() else None
     _check_statement_file(res, stmt, payload)
-    present, problems = _walk(root)
+    present, dirs, problems = _walk(root)
     res.problems += problems
     expected = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
     found = {
         n: (file_sha256(root / n) if n in expected else "") for n in present - set(MANIFEST_FILES)
     }
     _compare_digests(res, expected, found)
+    _check_directories(res, expected, dirs)
     return res

@@ -50,6 +50,8 @@ def verify(
                 "broken_entries": v.broken_seqs,
                 "spend": r.spend,
                 "checkpoints": r.checkpoints,
+                "pinned_entry": r.pinned_seq,
+                "unpinned_entries": r.unpinned_entries,
             }
         )
     else:
@@ -84,6 +86,19 @@ def _print_verification(r: integrity.IntegrityReport) -> None:
         console.print(
             f"  checkpoint {cp['path']} (entry {cp['seq']}, {cp['steward']}): "
             + ("[green]matches[/]" if cp["ok"] else "[red]does not match[/]")
+        )
+    if r.ok and r.unpinned_entries:
+        which = (
+            f"{r.unpinned_entries} of {v.length} entries come after the last signed checkpoint "
+            f"(entry {r.pinned_seq})"
+            if r.pinned_seq
+            else f"none of the {v.length} entries is pinned by a signed checkpoint yet"
+        )
+        console.print(
+            f"  [yellow]not pinned:[/] {which}; deleting the last entries and rewriting trail.head "
+            "would not show here. A steward signs one with `privrelease audit checkpoint --as "
+            "STEWARD --out FILE`; keep FILE off this machine and check it with `privrelease audit "
+            "verify --checkpoint FILE --key STEWARD.pub`."
         )
 
 

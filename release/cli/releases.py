@@ -283,7 +283,8 @@ def publish(
     release_id: str, actor: str = AS, as_json: bool = typer.Option(False, "--json")
 ) -> None:
     """Write the signed bundle (refused unless every audit check passed)."""
-    rel = manager.publish(store(), release_id, _actor(actor))
+    name = _actor(actor)
+    rel = manager.publish(store(), release_id, name)
     b = rel.bundle or {}
     if as_json:
         print_json(b)
@@ -291,5 +292,7 @@ def publish(
     console.print(
         f"[green]Published[/] {release_id}\n  bundle:  {b['path']}\n  "
         f"archive: {b['tarball']}\n  sha256:  {b['tarball_sha256']}\n  "
-        f"verify:  privrelease verify {b['tarball']} --key {b['public_key']}"
+        f"verify:  privrelease verify {b['tarball']} --key {b['public_key']}\n"
+        f"  next:    privrelease audit checkpoint --as {name} --out FILE "
+        "(signs the audit trail's head; keep FILE off this machine)"
     )

@@ -128,7 +128,15 @@ def _check_sizes(config: PrivImageConfig, dataset: DatasetInfo, public: ImageDat
             f"{len(dataset.labels)}: the semantic query needs at least one public class per "
             "sensitive class. Use a larger public set, or share_public_classes = true."
         )
-    steps = config.finetune_epochs * math.ceil(dataset.record_count / config.batch_size)
+    per_epoch = math.ceil(dataset.record_count / config.batch_size)  # the plan's 1 / q
+    steps = config.finetune_epochs * per_epoch
+    if steps < 1:  # the plan would round up to one full step, charged, of next to no training
+        raise InvalidParameterError(
+            f"[privimage] finetune_epochs {config.finetune_epochs:g} means {steps:.3g} DP-SGD "
+            f"steps ({per_epoch} steps make one epoch of {dataset.record_count} records at "
+            f"batch_size {config.batch_size}): less than one step. Give finetune_epochs >= "
+            f"{1 / per_epoch:.3g} (one step); useful values are a few epochs or more."
+        )
     if steps > MAX_DPSGD_STEPS:
         raise InvalidParameterError(
             f"[privimage] finetune_epochs {config.finetune_epochs:g} means about {steps:.3g} "

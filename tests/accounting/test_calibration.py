@@ -72,8 +72,9 @@ def test_calibration_reports_each_accountant_evaluation_and_ends_complete():
     from accounting.calibration import reporting
 
     calls, progress = _recorder()
-    sigma = calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500, progress=progress)
-    assert sigma == calibrate_dpsgd_sigma(3.0, 1e-5, 0.01, 500)  # reporting changes nothing
+    # values no other test calibrates: a process remembers what it solved (the last test below)
+    sigma = calibrate_dpsgd_sigma(3.01, 1e-5, 0.0101, 501, progress=progress)
+    assert sigma == calibrate_dpsgd_sigma(3.01, 1e-5, 0.0101, 501)  # reporting changes nothing
     assert {c[0] for c in calls} == {"calibrating the noise"}
     dones = [c[1] for c in calls]
     assert dones[0] == 0 and dones == sorted(dones) and len(calls) > 10  # a live bar, not one jump
@@ -85,3 +86,18 @@ def test_calibration_reports_each_accountant_evaluation_and_ends_complete():
     n = len(seen)
     max_dpsgd_steps(3.0, 1e-5, 0.01, 1.0)
     assert len(seen) == n  # outside the block: not reported
+
+
+def test_a_calibration_solved_once_is_remembered_and_still_reports_a_finished_bar():
+    """The same question (target, delta, q, steps, prior, extra) gets the same answer without a
+    second search; another prior is another question."""
+    prior = [GaussianQuery(17.0)]
+    calls: list = []
+    first = calibrate_dpsgd_sigma(2.345, 1e-5, 0.02, 300, prior=prior)
+    again = calibrate_dpsgd_sigma(
+        2.345, 1e-5, 0.02, 300, prior=prior, progress=lambda *a: calls.append(a)
+    )
+    assert again == first and calls[-1] == ("calibrating the noise", 1, 1)
+    other = calibrate_dpsgd_sigma(2.345, 1e-5, 0.02, 300, prior=[GaussianQuery(9.0)])
+    assert other > first  # more spent before: more noise
+    assert epsilon_rdp([*prior, DpSgd(0.02, first, 300)], 1e-5) <= 2.345

@@ -1,11 +1,10 @@
 """The auditor's store check: the ledger replayed from the trail, signed checkpoints, crash vs. edit."""
 
 import json
+import multiprocessing
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from accounting import integrity, ledger, trail
 from accounting.errors import TamperError
 from accounting.events import DpSgd, GaussianQuery
-from accounting.store import Workspace
+from accounting.store import Store, Workspace
 from accounting.store_backends import PgConnection
 from release import keys
 
@@ -248,38 +247,39 @@ def test_edited_pending_head_does_not_hide_truncation(filled, tamper):
     assert trail.verify(filled).status == "altered"
 
 
-LOOP = """
-import sys
-from accounting import ledger
-from accounting.events import GaussianQuery
-from accounting.store import Store
-s = Store(sys.argv[1])
-i = 0
-while True:
-    i += 1
-    rid = f"{sys.argv[2]}-{i}"
-    ledger.reserve(s, "d", [GaussianQuery(1000.0)], rid)
-    ledger.refund(s, rid, reason="loop")
-"""
+def _charge_forever(root: str, prefix: str, writing) -> None:
+    """Reserve and refund in a loop until killed (a process of its own, forked: no imports to wait
+    for, so the kills land among writes); `writing` is set after the first charge."""
+    store, i = Store(root), 0
+    while True:
+        i += 1
+        ledger.reserve(store, "d", [GaussianQuery(1000.0)], f"{prefix}-{i}")
+        ledger.refund(store, f"{prefix}-{i}", reason="loop")
+        writing.set()
+
+
+def _charges_of(store, prefix: str) -> int:
+    return len(store.query("SELECT run_id FROM charges WHERE run_id LIKE ?", [f"{prefix}-%"]))
 
 
 def test_sigkill_loop_never_reports_altered(filled):
     rng = random.Random(13)
     statuses = []
+    fork = multiprocessing.get_context("fork")
     for k in range(6):
-        p = subprocess.Popen(
-            [sys.executable, "-c", LOOP, str(filled.workspace.root), f"k{k}"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(2.5 + rng.random() * 1.5)  # imports, then a few hundred writes
+        filled.backend.release()  # nothing of ours is open in the child
+        writing = fork.Event()
+        root = str(filled.workspace.root)
+        p = fork.Process(target=_charge_forever, args=(root, f"k{k}", writing))
+        p.start()
+        assert writing.wait(60), "the child never charged"
+        time.sleep(rng.random() * 0.5)  # then a random point among its writes
         os.kill(p.pid, signal.SIGKILL)
-        p.wait()
+        p.join()
         r = integrity.verify_store(filled)
         assert r.ok, r.all_problems
         statuses.append(r.status)
-    assert len(filled.query("SELECT run_id FROM charges")) > 3
+    assert all(_charges_of(filled, f"k{k}") for k in range(6))  # each was killed while writing
 
 
 @pytest.mark.slow

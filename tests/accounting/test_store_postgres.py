@@ -172,6 +172,78 @@ def test_two_hosts_share_one_ledger_and_cap(tmp_path, pg_server):
         assert r.ok and r.status == "intact", r.all_problems
 
 
+def _charge(host: Store, i: int) -> None:
+    """One honest charge (reserve + commit) and a small entry after it (a sign-in's size): a trail's
+    entries are of mixed sizes, which is what lets PostgreSQL put a later one in an earlier page."""
+    ledger.reserve(host, "d", [DpSgd(0.01, 1.0, 100 + i)], f"run-{i}")
+    ledger.commit(host, f"run-{i}", [DpSgd(0.01, 1.0, 100 + i)])
+    with host.transaction() as con:
+        trail.append(con, host, "alice", "auth.sign_in", {"name": "alice", "result": "ok"})
+
+
+def _vacuum(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute("VACUUM audit_trail")
+
+
+def _assert_stored_out_of_order_and_intact(url: str, *hosts: Store) -> None:
+    """The server stored the rows out of write order (else this scenario tests nothing), and every
+    host still reads one intact chain: its order is seq, not where the rows sit (ctid)."""
+    with psycopg.connect(url) as con:
+        stored = [r[0] for r in con.execute("SELECT seq FROM audit_trail ORDER BY ctid")]
+    assert stored != sorted(stored), "the server kept write order: the scenario needs changing"
+    for host in hosts:
+        report = integrity.verify_store(host)
+        assert report.ok and report.status == "intact", report.all_problems[:3]
+        assert [r[0] for r in trail.read_rows(host)] == list(range(1, len(stored) + 1))
+
+
+def test_two_hosts_alternating_read_one_chain_in_write_order(tmp_path, pg_server):
+    """Issue 42: each backend inserts into its own target page, so two hosts' entries interleave on
+    disk; read by ctid the chain broke after 6 charges and publishing was refused."""
+    a, b = _two_hosts(tmp_path, pg_server)
+    _register(a, cap=1000)
+    for i in range(30):
+        _charge((a, b)[i % 2], i)
+    _assert_stored_out_of_order_and_intact(a.workspace.store_url or "", a, b)
+
+
+def test_vacuum_and_fresh_connections_do_not_break_the_chain(tmp_path, pg_server):
+    """After VACUUM a new connection (every CLI command is one) fills free space in earlier pages."""
+    ws = Workspace(tmp_path / "ws")
+    url = pg_server.new_database()
+    ws.init(store_url=url)
+    store = Store(ws)
+    _register(store, cap=1000)
+    for i in range(30):
+        _charge(store, i)
+        if i % 5 == 4:
+            _vacuum(url)
+            store.backend.release()  # the next transaction connects afresh
+    _assert_stored_out_of_order_and_intact(url, store)
+
+
+def test_a_rolled_back_transaction_and_vacuum_do_not_break_the_chain(tmp_path, pg_server):
+    """A transaction that dies after writing its trail row (a crashed publish): VACUUM frees the dead
+    row's space, and a later entry is stored there. The dead entry's seq is given again: it never
+    committed, so the chain has no gap."""
+    ws = Workspace(tmp_path / "ws")
+    url = pg_server.new_database()
+    ws.init(store_url=url)
+    store = Store(ws)
+    _register(store, cap=1000)
+    for i in range(30):
+        if i == 10:
+            with pytest.raises(RuntimeError), store.transaction() as con:
+                trail.append(con, store, "alice", "release.publish", {"path": "/srv/" + "b" * 1500})
+                raise RuntimeError("the process died before COMMIT")
+        if i == 13:
+            _vacuum(url)
+        _charge(store, i)
+        store.backend.release()
+    _assert_stored_out_of_order_and_intact(url, store)
+
+
 def test_a_host_detects_removal_of_what_it_wrote(tmp_path, pg_server, tamper):
     a, b = _two_hosts(tmp_path, pg_server)
     _register(a)

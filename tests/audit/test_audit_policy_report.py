@@ -111,6 +111,28 @@ def test_save_and_load_roundtrip_replaces_rows(tmp_path):
     assert load_report(store, "rel-1").passed is False
 
 
+def test_a_report_loads_in_its_own_order_whatever_the_storage_order(tmp_path, tamper):
+    """PostgreSQL returns `ORDER BY ctid` in storage order, which VACUUM and other hosts' writes
+    reshuffle: the report keeps each check's position and is read back in it."""
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    store = Store(ws)
+    save_report(store, _report())
+    store.backend.release()
+    tamper(
+        ws.db_path,
+        "CREATE TEMP TABLE t AS SELECT * FROM audit_results",
+        "DELETE FROM audit_results",
+        "INSERT INTO audit_results SELECT * FROM t ORDER BY check_name DESC",
+    )
+    assert [r["check_name"] for r in store.query("SELECT * FROM audit_results ORDER BY rowid")] != [
+        c.name for c in _report().results
+    ]
+    assert [c.name for c in load_report(store, "rel-1").results] == [
+        c.name for c in _report().results
+    ]
+
+
 def test_failed_save_leaves_previous_rows(tmp_path):
     from accounting.errors import PrivReleaseError
 

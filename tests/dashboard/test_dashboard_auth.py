@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from accounting import trail
+from accounting.replay import password_digest
 from accounting.errors import PrivReleaseError
 from release.auth import check_password, hash_password, set_password, verify_hash
 from release import keys
@@ -74,7 +75,9 @@ def test_setting_a_password_is_in_the_trail_without_the_password(people):
     set_password(people, "bob", "auditor-pass")
     entries = trail.entries(people, limit=1)
     assert entries[0]["action"] == "identity.password"
-    assert entries[0]["payload"] == {"name": "bob"} and entries[0]["actor"] == "bob"
+    stored = keys.get_identity(people, "bob").password_hash
+    assert entries[0]["payload"] == {"name": "bob", "password_digest": password_digest(stored)}
+    assert entries[0]["actor"] == "bob"
     assert "auditor-pass" not in str(people.query("SELECT * FROM audit_trail"))
     v = trail.verify(people)
     assert v.ok and v.length == before + 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from accounting import replay
 from accounting.errors import PermissionDeniedError
 from accounting.store import Store
 from release import keys
@@ -76,7 +77,7 @@ def test_steward_needs_an_existing_stewards_signature(ws):
         "SELECT payload FROM audit_trail WHERE action = 'identity.create' ORDER BY seq DESC LIMIT 1"
     )
     p = json.loads(entry[0]["payload"])
-    msg = keys._endorsement_message("dave", "steward", dave.public_key)
+    msg = replay.endorsement_message("dave", "steward", dave.public_key)
     assert p["endorsed_by"] == "alice"
     assert keys.verify_signature(
         keys.get_identity(store, "alice").public_key, msg, bytes.fromhex(p["endorsement"])

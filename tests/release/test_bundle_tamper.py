@@ -305,3 +305,29 @@ def test_cli_verify_exit_codes_and_light_imports(published, tmp_path):
         env=env,
     )
     assert "Cannot read public key file" in missing.stderr and "CODE 2" in missing.stdout
+
+
+def test_an_extra_empty_directory_fails_verification(published, tmp_path):
+    """Issue 42: an unlisted entry of any kind fails, an empty directory too (the manifest lists
+    files; the only directories a bundle has are their parents)."""
+    infos, pub = published
+    info = infos["rel-7"]
+    folder = tmp_path / "rel-7"
+    shutil.copytree(info.path, folder)
+    assert verify_bundle(folder, pub).ok  # the copy as published
+    inner = next((p.name for p in folder.iterdir() if p.is_dir()), None)
+    extra = f"{inner}/extra_dir" if inner else "extra_dir"
+    (folder / extra).mkdir()
+    r = verify_bundle(folder, pub)
+    _refused(r, f"{extra}/: a directory that holds no signed file")
+    assert r.added == [f"{extra}/"]
+
+    members = _members(info.path)
+    members.append((f"rel-7/{extra}", None))
+    archive = _write(tmp_path / "dl" / "rel-7.tar.gz", _tar_bytes(members))
+    assert verify_bundle(
+        _write(tmp_path / "ok" / "rel-7.tar.gz", _tar_bytes(_members(info.path))), pub
+    ).ok
+    dest = tmp_path / "out"
+    _refused(verify_bundle(archive, pub, extract_to=dest), f"{extra}/: a directory")
+    _nothing_extracted(dest)

@@ -351,7 +351,10 @@ def test_lockstep_sampler_yields_every_step_on_every_rank() -> None:
     with mp.Manager() as manager:
         out = manager.dict()
         port = 29500 + os.getpid() % 1000
-        mp.spawn(_count_batches, args=(2, port, out), nprocs=2, join=True)
+        # forked, not spawned: the ranks inherit this process's imports instead of redoing them
+        mp.start_processes(
+            _count_batches, args=(2, port, out), nprocs=2, join=True, start_method="fork"
+        )
         result = dict(out)
     for rank in (0, 1):
         ours, opacus_count, seen = result[rank]
@@ -515,8 +518,12 @@ def test_the_noise_is_added_once_not_once_per_process() -> None:
     only less useful) and not 0 (no rank adding it: no privacy)."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(
-            _one_noisy_step, args=(2, 29500 + (os.getpid() + 7) % 1000, out), nprocs=2, join=True
+        mp.start_processes(  # forked: the ranks inherit this process's imports
+            _one_noisy_step,
+            args=(2, 29500 + (os.getpid() + 7) % 1000, out),
+            nprocs=2,
+            join=True,
+            start_method="fork",
         )
         grads = dict(out)
     assert torch.equal(grads[0], grads[1])  # every replica applies the same update

@@ -104,16 +104,18 @@ def test_pretraining_cache_key_is_the_same_in_every_process() -> None:
     import subprocess
     import sys
 
-    keys = {
-        subprocess.run(
+    runs = [  # three fresh processes at once (each spends seconds importing torch and diffusers)
+        subprocess.Popen(
             [sys.executable, "-c", _KEY_SCRIPT],
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
-            check=True,
             env={**os.environ, "PYTHONHASHSEED": seed},
-        ).stdout.split()[-1]
+        )
         for seed in ("1", "2", "3")
-    }
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in runs]
+    assert [p.returncode for p in runs] == [0, 0, 0]
+    keys = {out.split()[-1] for out in outputs}
     assert len(keys) == 1, keys
 
 
