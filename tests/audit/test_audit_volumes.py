@@ -68,7 +68,9 @@ def _faceless(originals, cache) -> VolumeDataset:
     two registrations can disagree by a voxel on another machine (threaded registration)."""
     face_atlas, _ = atlases(cache)
     margin = DefaceConfig().brain_margin_mm
-    return VolumeDataset([deface(v, face_atlas, "mask", margin, 0).volume for v in originals.volumes])
+    return VolumeDataset(
+        [deface(v, face_atlas, "mask", margin, 0).volume for v in originals.volumes]
+    )
 
 
 def test_an_unchanged_release_fails_on_face_and_reidentification(originals, tmp_path, cache):
