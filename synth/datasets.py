@@ -246,8 +246,9 @@ COLLECTIONS = {
 
 
 def load_source(source: str) -> ImageDataset:
-    """Load a dataset from `builtin:NAME`, a class folder, a .parquet file or a .npz file."""
-    from synth import user_data
+    """Load a dataset from `builtin:NAME`, `photos:DIR` (photos of any size, letterboxed), a class
+    folder, a .parquet file or a .npz file."""
+    from synth import photos, user_data
 
     if source.startswith("builtin:"):
         if source not in BUILTINS:
@@ -255,6 +256,8 @@ def load_source(source: str) -> ImageDataset:
                 f"Unknown built-in dataset {source!r}; choose one of {sorted(BUILTINS)}."
             )
         return BUILTINS[source]()
+    if photos.is_photos(source):
+        return photos.load_photos(source)
     return user_data.load_user_source(source)
 
 
