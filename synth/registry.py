@@ -31,6 +31,7 @@ from synth.progress import ProgressFn
 _ENTRIES: dict[str, str] = {
     "privimage": "synth.privimage.pipeline:MECHANISM",
     "ksalsa": "synth.ksalsa.run:MECHANISM",
+    "face-deid": "synth.faces.run:MECHANISM",
 }
 STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
 
@@ -145,6 +146,10 @@ class MechanismOutput:
     internal: Mapping[str, Any] = field(default_factory=dict)
     generator: str | None = None  # path of a released generative model (for the MIA)
     artifacts: Mapping[str, str] = field(default_factory=dict)
+    # more releasable images, one per row, each a bundle column (e.g. "face": aligned crops)
+    extra_images: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # sensitive indices not released, and why (internal; the card states how many)
+    withheld: Mapping[int, str] = field(default_factory=dict)
 
 
 class RunContext(Protocol):
