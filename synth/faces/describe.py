@@ -12,8 +12,8 @@ from synth.registry import MechanismDescription
 def guarantee_line(threshold: float, margin: float) -> str:
     """The one-line guarantee the plan, card and dashboard show."""
     return (
-        f"empirical de-identification: every released face is at least {threshold + margin:g} "
-        f"from its original in identity-embedding distance (verification threshold {threshold:g})"
+        f"faces replaced until each is at least {threshold + margin:g} from its original in "
+        f"identity-embedding distance (same person below {threshold:g})"
     )
 
 
