@@ -73,22 +73,25 @@ def _region(lm: np.ndarray, shape: tuple[int, ...]) -> tuple[int, int, int, int]
     )
 
 
-def face_mask(lm: np.ndarray, region: tuple[int, int, int, int], feather: float) -> np.ndarray:
-    """Feathered mask (float, region-sized) over the inner face: jaw line and brows, the brows
-    lifted by a fifth of the inter-ocular distance, shrunk so the feather stays inside."""
-    from scipy.ndimage import binary_erosion, gaussian_filter
+def face_mask(
+    lm: np.ndarray, region: tuple[int, int, int, int], feather: float, scale: float = 1.0
+) -> np.ndarray:
+    """Feathered mask (float, region-sized) over the face: the jaw line and the brows lifted by
+    0.3 inter-ocular distances (the forehead), grown by `scale` about the face's centre; the
+    feather (a Gaussian of `feather` inter-ocular distances) is centred on that outline."""
+    from scipy.ndimage import gaussian_filter
     from skimage.draw import polygon
 
     x0, y0, x1, y1 = region
     iod = fm.inter_ocular(lm)
-    brows = lm[17:27][::-1] - np.array([0.0, 0.2 * iod])
-    outline = np.concatenate([lm[0:17], brows]) - np.array([x0, y0])
+    brows = lm[17:27][::-1] - np.array([0.0, 0.3 * iod])
+    outline = np.concatenate([lm[0:17], brows])
+    centre = outline.mean(0)
+    outline = centre + (outline - centre) * scale - np.array([x0, y0])
     binary = np.zeros((y1 - y0, x1 - x0), bool)
     rr, cc = polygon(outline[:, 1], outline[:, 0], binary.shape)
     binary[rr, cc] = True
-    sigma = max(1.0, feather * iod)
-    core = binary_erosion(binary, iterations=max(1, int(round(sigma))))
-    return np.clip(gaussian_filter(core.astype(np.float64), sigma), 0.0, 1.0)
+    return np.clip(gaussian_filter(binary.astype(np.float64), max(1.0, feather * iod)), 0.0, 1.0)
 
 
 def generated_landmarks(gen64: np.ndarray, face: fm.Face, tform: Any) -> np.ndarray:
@@ -120,7 +123,9 @@ class FaceGeometry:
     grid: np.ndarray  # (h * w, 2) region pixel (x, y)
 
     @classmethod
-    def of(cls, face: fm.Face, shape: tuple[int, ...], feather: float) -> FaceGeometry:
+    def of(
+        cls, face: fm.Face, shape: tuple[int, ...], feather: float, mask_scale: float
+    ) -> FaceGeometry:
         from scipy.spatial import Delaunay
 
         region = _region(face.landmarks, shape)
@@ -141,7 +146,7 @@ class FaceGeometry:
         return cls(
             face,
             region,
-            face_mask(face.landmarks, region, feather),
+            face_mask(face.landmarks, region, feather, mask_scale),
             fm.alignment(face.landmarks, SIZE),
             points,
             vertices,
@@ -258,7 +263,7 @@ def anonymise_face(
         return pixelate(photo, face.box), FaceOutcome(
             face.box, "pixelated-small", None, None, 0, None
         )
-    geometry = FaceGeometry.of(face, photo.shape, cfg.feather)
+    geometry = FaceGeometry.of(face, photo.shape, cfg.feather, cfg.mask_scale)
     target = fm.align(original, face.landmarks, SIZE)
     z0, inv_loss = invert(
         tools.generator,
@@ -272,12 +277,12 @@ def anonymise_face(
     reference = tools.embedder.embed(original, face)
     goal = cfg.target_distance
     tried, farthest = 0, (-1.0, 0.0, photo)
+    passing: list[tuple[float, float, float, np.ndarray]] = []
     for strength in (0.0, *cfg.search_strengths):  # 0: the inversion itself
-        passing = []
         for _ in range(1 if strength == 0.0 else cfg.candidates_per_round):
             z = z0 if strength == 0.0 else slerp(z0, torch.randn(z0.shape, generator=rng), strength)
             gen64 = render(tools.generator, z)[0]
-            candidate, seen_lm = paste(photo, gen64, geometry)
+            candidate, seen_lm = paste(photo, gen64, geometry, cfg.landmark_refinements)
             seen = fm.Face(face.box, face.score, seen_lm)  # as an attacker finds it
             dist = float(np.linalg.norm(tools.embedder.embed(candidate, seen) - reference))
             shift = fm.landmark_shift(face.landmarks, seen_lm)
@@ -287,9 +292,13 @@ def anonymise_face(
                 passing.append((shift + 2 * _structure_loss(gen64, target), dist, shift, candidate))
             elif dist > farthest[0]:
                 farthest = (dist, shift, candidate)
-        if passing:
-            _, dist, shift, image = min(passing, key=lambda p: p[0])
-            return image, _outcome(face, dist, shift, tried, inv_loss)
+        # stop at the first round with a candidate far enough, unless all of them moved the
+        # landmarks more than the tolerance: then the next round may do better
+        if passing and min(p[2] for p in passing) <= cfg.landmark_tolerance:
+            break
+    if passing:
+        _, dist, shift, image = min(passing, key=lambda p: p[0])
+        return image, _outcome(face, dist, shift, tried, inv_loss)
     dist, shift, image = farthest
     if dist >= cfg.identity_threshold:  # fails verification, short of the margin
         return image, _outcome(face, dist, shift, tried, inv_loss)

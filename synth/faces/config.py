@@ -48,13 +48,18 @@ class FaceDeidConfig:
     embedder: str = "dlib"
     identity_threshold: float = 0.6
     identity_margin: float = 0.1
-    inversion_steps: int = 15
+    inversion_steps: int = 10
     inversion_restarts: int = 2
     bank_size: int = 256  # prior latents the inversion starts from
     inversion_lr: float = 0.05
     search_strengths: tuple[float, ...] = (0.5, 0.75, 1.0)
     candidates_per_round: int = 2
     feather: float = 0.12  # mask feather, in inter-ocular distances
+    mask_scale: float = 1.1  # the replaced region: jaw line and forehead, grown by this factor
+    landmark_refinements: int = 2  # corrections of the warp by the landmarks seen in the composite
+    # a round whose passing candidates all moved the landmarks more than this (inter-ocular
+    # distances) does not end the search
+    landmark_tolerance: float = 0.05
     min_face_size: int = 24  # pixels; smaller faces are pixelated
     max_faces_per_photo: int = 32
     no_face: str = "withhold"
@@ -91,6 +96,9 @@ class FaceDeidConfig:
         )
         self.candidates_per_round = _int("candidates_per_round", self.candidates_per_round, 1, 64)
         self.feather = _float("feather", self.feather, 0.0, 1.0)
+        self.mask_scale = _float("mask_scale", self.mask_scale, 0.5, 2.0)
+        self.landmark_refinements = _int("landmark_refinements", self.landmark_refinements, 0, 10)
+        self.landmark_tolerance = _float("landmark_tolerance", self.landmark_tolerance, 0.0, 10.0)
         self.min_face_size = _int("min_face_size", self.min_face_size, 8, 4096)
         self.max_faces_per_photo = _int("max_faces_per_photo", self.max_faces_per_photo, 1, 1000)
         if self.no_face not in NO_FACE_RULES:
