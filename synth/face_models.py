@@ -158,6 +158,17 @@ def detect(image: np.ndarray, threshold: float = DETECTION_THRESHOLD) -> list[Fa
     return sorted(faces, key=lambda f: -f.area)
 
 
+def aligned_face(image: np.ndarray) -> Face:
+    """The face of an image aligned to the template (a crop filling the frame): its box where the
+    template's landmarks put a face, its 68 landmarks predicted there."""
+    h, w = image.shape[:2]
+    pts = TEMPLATE_112 * np.array([w / 112.0, h / 112.0])
+    cx, cy = pts[:, 0].mean(), pts[:, 1].mean()
+    side = 1.9 * (pts[1, 0] - pts[0, 0])  # about the box dlib's detector draws for such a face
+    box = (cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2)
+    return Face(box, 0.0, landmarks(image, box))
+
+
 def five_points(lm: np.ndarray) -> np.ndarray:
     """Eye centres, nose tip and mouth corners from the 68 landmarks (the template's order)."""
     return np.stack([lm[36:42].mean(0), lm[42:48].mean(0), lm[30], lm[48], lm[54]])
