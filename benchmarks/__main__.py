@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and update BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput,query]
+    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput,query,faces]
 
 Each measured section replaces the section of BENCHMARKS.md with the same title (the heading's text before
 any " ("); sections it does not measure (the main job, explorations, earlier ablations) are kept. A section
@@ -28,6 +28,7 @@ SECTIONS = {
     "distributed": "benchmarks.distributed_bench",
     "throughput": "benchmarks.dpsgd_throughput",
     "query": "benchmarks.semantic_query_bench",
+    "faces": "benchmarks.faces_bench",
 }
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADER = "# Benchmarks\n"
