@@ -144,3 +144,20 @@ def test_policy_values_are_checked() -> None:
         AuditPolicy(face_samples=0)
     with pytest.raises(InvalidParameterError, match="face_max_landmark_shift must be >= 0"):
         AuditPolicy(face_max_landmark_shift=-1.0)
+
+
+def test_k_anonymous_and_dp_releases_of_faces_get_the_attack_too(originals) -> None:
+    """With face_reidentification = "auto" the audit finds faces in the sensitive set and runs the
+    attack beside each kind's own attacks, so the mechanisms meet on one table."""
+    from audit.run import _attacks
+
+    average = originals.images[:2].astype(np.float64).mean(0).astype(np.uint8)[None]
+    kanon = _inputs(originals, average, "k-anonymity", k=2)
+    kanon.clusters = [np.array([0, 1])]
+    names = [r.name for r in _attacks(kanon, average, POLICY, None)]
+    assert names[-1] == CHECK and "kanon_cluster_membership" in names
+    dp = _inputs(originals, originals.images[:1], "dp")
+    dp.clusters = None
+    results = _attacks(dp, originals.images[:1], POLICY, None)
+    face = next(r for r in results if r.name == CHECK)
+    assert face.details["mode"] == "unpaired" and face.details["match_rate_training"] == 1.0
