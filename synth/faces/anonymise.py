@@ -3,13 +3,13 @@ offline).
 
 For each detected face: align it to the generator's 64 x 64 template, invert the generator (the
 latent whose image is closest), then search the latent space away from that inversion until the
-identity embedding of the *composited photograph* is at least `identity_threshold +
-identity_margin` from the original's, keeping the candidate whose coarse structure (pose, lighting,
-colour layout) stays closest. The generated face is put back with the inverse alignment, a
-piecewise-affine warp that puts its 68 landmarks where the original's were (pose and expression
-kept), the original's colour statistics, and a feathered mask over the inner face. A face the
-search cannot move past the verification threshold, or one too small to align, is pixelated
-instead, and counted.
+identity embedding of the *composited photograph* is at least `identity_threshold + identity_margin`
+from the original's, keeping the candidate whose landmarks moved least and whose coarse structure
+(pose, lighting, colour layout) stays closest. The generated face is put back with the inverse
+alignment, a piecewise-affine warp that puts its 68 landmarks where the original's were (pose and
+expression kept), the original's colour statistics, and a feathered mask over the face. A face the
+search cannot move past the verification threshold, or one too small to align, is pixelated instead,
+and counted.
 """
 
 from __future__ import annotations
@@ -308,13 +308,12 @@ def anonymise_face(
 
 
 def _aligned_weight(geometry: FaceGeometry) -> np.ndarray:
-    """Where the inversion's pixel loss counts, in the aligned frame: the inner face (the mask)
-    fully, the rest (hair, background) at a quarter."""
-    from skimage.transform import warp
+    """Where the inversion's pixel loss counts, in the aligned frame: the face (the mask) fully,
+    the rest (hair, background) at a quarter."""
+    from skimage.transform import AffineTransform, warp
 
     x0, y0, x1, y1 = geometry.region
     shifted = geometry.tform.params @ np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], dtype=float)
-    from skimage.transform import AffineTransform
 
     aligned = warp(
         geometry.mask,
