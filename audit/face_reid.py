@@ -188,8 +188,8 @@ def compute_paired(
                 rank1_hits.append(bool(mine[int(np.argmin(d))]))
                 chance.append(float(mine.mean()))
     # the recogniser's operating points, calibrated on real faces: pairs of different original faces
-    i, j = np.triu_indices(len(gallery), 1)
-    reference = np.linalg.norm(g_emb[i] - g_emb[j], axis=1) if len(gallery) > 1 else np.zeros(0)
+    first, second = np.triu_indices(len(gallery), 1)
+    reference = np.linalg.norm(g_emb[first] - g_emb[second], axis=1)
     ver = verification(np.array(genuine), reference, embedder.threshold)
     details = {
         "mode": "paired",

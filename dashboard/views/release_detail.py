@@ -244,8 +244,8 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     with left:
         st.image(
             to_display(images[int(i)][None])[0]
-            .repeat(display_scale(*images.shape[1:3], 4), 0)
-            .repeat(display_scale(*images.shape[1:3], 4), 1),
+            .repeat(display_scale(images.shape[1], images.shape[2], 4), 0)
+            .repeat(display_scale(images.shape[1], images.shape[2], 4), 1),
             caption=f"representative (label {int(labels[int(i)])})",
         )
     with right:
