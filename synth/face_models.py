@@ -63,7 +63,7 @@ def _package_dir(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise DataFormatError(
             f"The face models need the Python package {name!r}, which is not installed. Run "
-            "`make venv` (README, 'Install and the two commands')."
+            "`make venv`, which installs it."
         )
     return Path(next(iter(spec.submodule_search_locations)))
 

@@ -30,7 +30,7 @@ def packaged_weights() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise DataFormatError(
             "The face generator ships in the Python package gan-face-generate, which is not "
-            "installed. Run `make venv` (README, 'Install and the two commands')."
+            "installed. Run `make venv`, which installs it."
         )
     return Path(next(iter(spec.submodule_search_locations))) / "weights.tar"
 
