@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
+	# Packages used for their files alone, without their declared requirements: the face generator's
+	# weights and architecture (gan-face-generate: its requirements wandb[media] and torchvision are
+	# for its own training script) and insightface's sample photographs (a group photo and a
+	# portrait: the faces benchmark; its models download and are never used).
+	$(BIN)/pip install --quiet --no-deps gan-face-generate==1.1.1 insightface==2.1
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

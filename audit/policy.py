@@ -22,6 +22,8 @@ _UNIT = {
     "min_utility_gain",
     "min_sds",
     "mia_confidence",
+    "face_max_verification_rate",
+    "face_max_rank1_rate",
     "near_copy_max_distance",
     "volume_max_face_correlation",
     "volume_reid_alpha",
@@ -37,7 +39,10 @@ _POSITIVE_INT = {
     "sds_clusters",
     "grid_pairs",
     "volume_min_subjects",
+    "face_samples",
+    "face_probe",
 }
+FACE_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -74,6 +79,20 @@ class AuditPolicy:
     # significantly above chance (one-sided binomial test at this level)
     volume_reid_alpha: float = 0.05
     volume_min_subjects: int = 5  # fewer: the test cannot tell a match from chance (not run)
+    # face re-identification (audit/face_reid.py): "auto" runs it on every empirical
+    # de-identification release and on any other release whose sensitive set holds faces (images
+    # of at least 32 px, the detector finding one in at least half of `face_probe` of them); "on"
+    # always, "off" never
+    face_reidentification: str = "auto"
+    # share of released faces a recogniser still verifies as their original (TAR at its own
+    # threshold; for synthetic releases: matches with training faces above the held-out rate)
+    face_max_verification_rate: float | None = 0.05
+    face_max_rank1_rate: float | None = None  # rank-1 identification; informational by default
+    # mean landmark displacement (inter-ocular distances) between original and released faces
+    face_max_landmark_shift: float | None = 0.1
+    face_samples: int = 200  # released images attacked, and original photos in the gallery
+    face_probe: int = 16  # sensitive images the "auto" rule looks at
+    face_embedder: str = "dlib"  # synth.face_models.EMBEDDERS
     # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
     # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =
     # the held-out majority-class rate. Default 1/3 of the way from guessing to perfect (0.40 for 10
@@ -107,6 +126,19 @@ class AuditPolicy:
                 continue
             if value is None and "None" in str(f.type):
                 continue
+            if f.name == "face_reidentification":
+                if value not in FACE_MODES:
+                    raise InvalidParameterError(
+                        f"audit policy face_reidentification must be one of {', '.join(FACE_MODES)}"
+                        f", got {value!r}."
+                    )
+                continue
+            if f.name == "face_embedder":
+                if not isinstance(value, str) or not value:
+                    raise InvalidParameterError(
+                        f"audit policy face_embedder must name an embedder, got {value!r}."
+                    )
+                continue
             if f.name == "one_run_score":
                 if value not in ("gradients", "model"):
                     raise InvalidParameterError(
@@ -132,6 +164,10 @@ class AuditPolicy:
             if f.name == "near_copy_ratio" and value <= 0:
                 raise InvalidParameterError(
                     f"audit policy near_copy_ratio must be > 0, got {value}."
+                )
+            if f.name == "face_max_landmark_shift" and value < 0:
+                raise InvalidParameterError(
+                    f"audit policy face_max_landmark_shift must be >= 0, got {value}."
                 )
             if f.name == "max_fid" and value < 0:
                 raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")

@@ -240,16 +240,9 @@ def _attacks(
             "kanon_attacks",
             "attack",
             lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
-        )
-    if inputs.guarantee_kind != DP:  # no attack is defined for this kind of release yet
-        return [
-            _cannot_run(
-                "reidentification",
-                "attack",
-                f"no attack tests a {inputs.guarantee_kind} release of this data",
-                policy,
-            )
-        ]
+        ) + _face_attack(inputs, images, policy, required=False)
+    if inputs.guarantee_kind != DP:  # empirical de-identification: judged by the face attack
+        return _face_attack(inputs, images, policy, required=True)
     out: list[CheckResult] = []
     loss_fn = inputs.loss_fn
     if loss_fn is None:
@@ -281,7 +274,44 @@ def _attacks(
         out += _guard(
             "dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy)
         )
-    return out
+    return out + _face_attack(inputs, images, policy, required=False)
+
+
+def _face_attack(
+    inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, *, required: bool
+) -> list[CheckResult]:
+    """The face re-identification attack where the data are faces (policy
+    `face_reidentification`: "auto" asks the detector about the sensitive set). `required`: the
+    release's guarantee rests on it (empirical de-identification), so "not run" is a failure."""
+    from audit.face_reid import CHECK, faces_present, run_face_reid
+
+    mode = policy.face_reidentification
+    if mode == "off":
+        if not required:
+            return []
+        return [_cannot_run(CHECK, "attack", 'face_reidentification = "off" in [policy]', policy)]
+    if mode == "auto":
+        present, found = faces_present(inputs.sensitive, policy)
+        if not present and not required:
+            return []
+        if not present:
+            return [
+                CheckResult(
+                    CHECK,
+                    "attack",
+                    False,
+                    "not run: the detector found a face in only "
+                    f"{found['with_a_face']} of {found['probed']} sensitive images, and face "
+                    f"re-identification is the only attack on a {inputs.guarantee_kind} release",
+                    found,
+                )
+            ]
+    sources = None if inputs.clusters is None else list(inputs.clusters)
+    return _guard(
+        CHECK,
+        "attack",
+        lambda: run_face_reid(images, sources, inputs.sensitive, inputs.heldout, policy),
+    )
 
 
 def _utility(
@@ -366,13 +396,26 @@ def _run_audit(
         stage.end()
         return report
     stage.begin("memorisation")
-    from audit.memorisation import run_memorisation
+    if inputs.guarantee_kind == "empirical":
+        report.results.append(
+            CheckResult(
+                "memorisation_dcr",
+                "attack",
+                None,
+                "not applicable: an empirical de-identification release keeps each record outside "
+                "what it replaces (a photo's background), so every row is a pixel near-copy by "
+                "design; the re-identification attack judges it",
+                {"reason": "near-copies by design"},
+            )
+        )
+    else:
+        from audit.memorisation import run_memorisation
 
-    report.results += _guard(
-        "memorisation_dcr",
-        "attack",
-        lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
-    )
+        report.results += _guard(
+            "memorisation_dcr",
+            "attack",
+            lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
+        )
     stage.begin("attacks")
     report.results += _attacks(inputs, images, policy, art)
     stage.begin("fidelity")

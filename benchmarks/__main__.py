@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks and update BENCHMARKS.md (machine and date included).
 
-    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput,query,volumes]
+    python -m benchmarks [--full] [--only accounting,privimage,recipe,ksalsa,verify,audit,secure_noise,distributed,throughput,query,volumes,faces]
 
 Each measured section replaces the section of BENCHMARKS.md with the same title (the heading's text before
 any " ("); sections it does not measure (the main job, explorations, earlier ablations) are kept. A section
@@ -29,6 +29,7 @@ SECTIONS = {
     "throughput": "benchmarks.dpsgd_throughput",
     "query": "benchmarks.semantic_query_bench",
     "volumes": "benchmarks.volumes_bench",
+    "faces": "benchmarks.faces_bench",
 }
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADER = "# Benchmarks\n"

@@ -161,6 +161,12 @@ def to_display(images: np.ndarray) -> np.ndarray:
     return x
 
 
+def display_scale(h: int, w: int, scale: int) -> int:
+    """`scale` for small images (28 px digits), none for large ones (photographs): at most 128 px
+    a tile when upscaled."""
+    return max(1, min(scale, 128 // max(h, w, 1)))
+
+
 def image_grid(images: np.ndarray, columns: int = 10, pad: int = 2, scale: int = 2) -> np.ndarray:
     """Tile images (uint8, grey or RGB) into one RGB array with a light border, upscaled by
     `scale`."""
@@ -168,6 +174,7 @@ def image_grid(images: np.ndarray, columns: int = 10, pad: int = 2, scale: int =
     if len(x) == 0:
         return np.full((8, 8, 3), 255, np.uint8)
     n, h, w, _ = x.shape
+    scale = display_scale(h, w, scale)
     cols = min(columns, n)
     rows = math.ceil(n / cols)
     grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, 3), 235, np.uint8)

@@ -1,15 +1,15 @@
 """Writing and reading published bundles.
 
 Layout: data/part-NNNNN.parquet (image struct {bytes: PNG, path}, label int64, id string, optional
-extra columns; the Hugging Face Image layout, so pyarrow, polars, duckdb and `datasets` read it as
-is), sample_grid.png (a few images per class), croissant.json (MLCommons Croissant with its
-Responsible-AI fields), README.md (the dataset card, with YAML front matter for
-`datasets.load_dataset`), manifest.intoto.json (in-toto Statement over every other file, release id
-included) and manifest.dsse.json (its DSSE envelope signed with the platform's release key), plus
-`<bundle>.tar.gz` beside the directory, with the two manifest files first so that a verifier can
-refuse unsigned members before reading them. Everything is deterministic: the same inputs and key
-give byte-identical files and tarball. The bundle is built in a hidden staging directory and renamed
-into place, so a crash never leaves a half bundle under the final name.
+extra columns, image ones as PNG structs too; the Hugging Face Image layout, so pyarrow, polars,
+duckdb and `datasets` read it as is), sample_grid.png (a few images per class), croissant.json
+(MLCommons Croissant with its Responsible-AI fields), README.md (the dataset card, with YAML front
+matter for `datasets.load_dataset`), manifest.intoto.json (in-toto Statement over every other file,
+release id included) and manifest.dsse.json (its DSSE envelope signed with the platform's release
+key), plus `<bundle>.tar.gz` beside the directory, with the two manifest files first so that a
+verifier can refuse unsigned members before reading them. Everything is deterministic: the same
+inputs and key give byte-identical files and tarball. The bundle is built in a hidden staging
+directory and renamed into place, so a crash never leaves a half bundle under the final name.
 """
 
 from __future__ import annotations
@@ -127,6 +127,9 @@ def _extra_arrays(extra: dict | None, n: int) -> dict[str, pa.Array]:
                 f"extra column name {name!r} must be an identifier other than {BASE_COLUMNS}."
             )
         arr = np.asarray(values)
+        if arr.dtype == np.uint8 and arr.ndim in (3, 4) and len(arr) == n:  # one image per row
+            out[name] = _image_column(_check_images(arr))
+            continue
         if arr.ndim not in (1, 2) or len(arr) != n:
             raise DataFormatError(
                 f"extra column {name!r} must be 1-D or 2-D with {n} rows, got shape {arr.shape}."
@@ -142,6 +145,17 @@ def _extra_arrays(extra: dict | None, n: int) -> dict[str, pa.Array]:
         else:
             out[name] = pa.array(arr)
     return out
+
+
+def _image_column(images: np.ndarray) -> pa.Array:
+    """An extra image column (e.g. an aligned face crop per row): PNG structs like `image`."""
+    return pa.StructArray.from_arrays(
+        [
+            pa.array([encode_png(im) for im in images], pa.binary()),
+            pa.nulls(len(images), pa.string()),
+        ],
+        fields=list(IMAGE_TYPE),
+    )
 
 
 # ---------------------------------------------------------------- encoding
@@ -193,7 +207,9 @@ def _features(labels: np.ndarray, extra: dict[str, pa.Array]) -> list[dict]:
         {"name": "id", "dtype": "string"},
     ]
     for name, arr in extra.items():
-        if pa.types.is_list(arr.type):
+        if arr.type == IMAGE_TYPE:
+            out.append({"name": name, "dtype": "image"})
+        elif pa.types.is_list(arr.type):
             out.append({"name": name, "sequence": _hf_dtype(arr.type.value_type)})
         else:
             out.append({"name": name, "dtype": _hf_dtype(arr.type)})

@@ -42,6 +42,16 @@ def _record_set(features: list[dict[str, Any]]) -> Any:
         _field("id", mlc.DataType.TEXT, description="row id"),
     ]
     for f in features[3:]:  # extra columns, e.g. label_distribution
+        if f.get("dtype") == "image":  # e.g. an aligned face crop per row
+            fields.append(
+                _field(
+                    f["name"],
+                    mlc.DataType.IMAGE_OBJECT,
+                    [mlc.Transform(json_path="bytes")],
+                    f"PNG image ({f['name'].replace('_', ' ')})",
+                )
+            )
+            continue
         numeric = f.get("sequence", f.get("dtype"))
         dtype = (
             mlc.DataType.TEXT

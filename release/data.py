@@ -19,6 +19,7 @@ from accounting.fingerprint import dataset_fingerprint, volumes_fingerprint
 from accounting.store import Store
 from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, is_volume_source, load_data
 from synth.mri.volume import VolumeDataset
+from synth.photos import FLAT_CLASS, is_photos
 
 LabelDeclaration = str | Sequence[int] | Sequence[str] | None
 DECLARE_HELP = (
@@ -75,16 +76,19 @@ def _folder_labels(data: ImageDataset, names: list[str]) -> list[int]:
 def declared_labels(source: str, data: ImageDataset, declaration: LabelDeclaration) -> list[int]:
     """The label set to register: the declaration (a built-in's own when none is given), checked to
     cover every label in the data."""
+    photo_folder = is_photos(source)
     if declaration is None or (isinstance(declaration, str) and not declaration.strip()):
         if source in BUILTINS:
             return list(data.label_set)
+        if photo_folder and data.class_names == [FLAT_CLASS]:  # one flat folder: one class
+            return [0]
         raise DataFormatError(f"{source}: no label set was declared. {DECLARE_HELP}")
     items = (
         [s.strip() for s in declaration.split(",")]
         if isinstance(declaration, str)
         else list(declaration)
     )
-    is_folder = not source.startswith("builtin:") and Path(source).is_dir()
+    is_folder = photo_folder or (not source.startswith("builtin:") and Path(source).is_dir())
     if is_folder:
         labels = _folder_labels(data, [str(s) for s in items])
     elif isinstance(declaration, str):

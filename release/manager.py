@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from release.kanon_estimate import MembershipEstimate
 
 TOOL = "privrelease"
+EXTRA_IMAGE = "extra_image__"  # release.npz key prefix of MechanismOutput.extra_images
 
 
 def _approval_message(
@@ -653,6 +654,8 @@ def _save_output(
     arrays: dict[str, Any] = {"images": o.images, "labels": o.labels}
     if o.label_distributions is not None:
         arrays["label_distributions"] = o.label_distributions
+    for name, extra in o.extra_images.items():
+        arrays[EXTRA_IMAGE + name] = extra
     np.savez_compressed(out / "release.npz", **arrays)
     internal = {
         **o.internal,
@@ -660,6 +663,7 @@ def _save_output(
         "selected_public_indices": None
         if o.selected_public_indices is None
         else o.selected_public_indices.tolist(),
+        "withheld": {str(i): why for i, why in o.withheld.items()},
     }
     (out / "internal.json").write_text(json.dumps(jsonable(internal)))
     summary = {
@@ -686,6 +690,12 @@ def load_release_data(
         )
 
 
+def load_extra_images(store: Store, release_id: str) -> dict[str, np.ndarray]:
+    """The release's extra image columns (MechanismOutput.extra_images), by name."""
+    with np.load(release_dir(store, release_id) / "release.npz") as z:
+        return {k[len(EXTRA_IMAGE) :]: z[k] for k in z.files if k.startswith(EXTRA_IMAGE)}
+
+
 def load_output(store: Store, release_id: str) -> MechanismOutput:
     """A synthesised release's output, typed (internal fields included: stewards and auditors
     only)."""
@@ -699,6 +709,7 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
         internal.pop("clusters", None),
         internal.pop("selected_public_indices", None),
     )
+    withheld = {int(i): str(why) for i, why in (internal.pop("withheld", None) or {}).items()}
     res = rel.result
     folder = release_dir(store, release_id) / VOLUMES_DIR
     volumes = None
@@ -722,6 +733,8 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
         internal=internal,
         generator=res.generator,
         artifacts=res.artifacts,
+        extra_images=load_extra_images(store, release_id),
+        withheld=withheld,
     )
 
 
@@ -926,7 +939,8 @@ def audit_release(
         images=out.images,
         labels=out.labels,
         ids=release_ids(release_id, len(out.images)),
-        expected_count=int(rel.plan.expected_count),
+        # a mechanism may withhold records it cannot process (a photo without a face), and says so
+        expected_count=int(rel.plan.expected_count) - len(out.withheld),
         label_set=list(ds.labels),
         sensitive=sensitive,
         heldout=spec_heldout(spec, ds),
@@ -1056,14 +1070,15 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
         store, rel, res, ds, report.verdicts(), len(images), integrity.trail
     )
     card = card_for(rel.to_dict(), asdict(ds), predicate)
-    extra: dict[str, np.ndarray] | None = {"label_distribution": dist} if dist is not None else None
+    extra: dict[str, np.ndarray] = {"label_distribution": dist} if dist is not None else {}
+    extra.update(load_extra_images(store, release_id))
     volumes = release_dir(store, release_id) / VOLUMES_DIR
     files = None
     if volumes.is_dir():  # a volume release: its NIfTI files, and a column naming each row's file
         files = {
             f"data/{VOLUMES_DIR}/{n}": volumes / n for n in volume_names(release_id, len(images))
         }
-        extra = {**(extra or {}), "file": np.array(list(files))}
+        extra["file"] = np.array(list(files))
     info = write_bundle(
         store.workspace.bundles / release_id,
         images=images,
@@ -1072,7 +1087,7 @@ def publish(store: Store, release_id: str, actor: str) -> Release:
         card_markdown=card,
         predicate=predicate,
         workspace=store.workspace,
-        extra_columns=extra,
+        extra_columns=extra or None,
         extra_files=files,
     )
     bundle = {

@@ -2,7 +2,7 @@
 
 [release]
 dataset = "mnist"
-mechanism = "privimage"        # or "ksalsa"
+mechanism = "privimage"        # or "ksalsa", "face-deid"
 n_images = 1000                # PrivImage samples; k-anonymous releases give floor(n/k) instead
 heldout = "data/heldout"       # optional real held-out data (built-in datasets have one)
 description = "synthetic digits for model prototyping"
@@ -17,6 +17,9 @@ preset = "demo"
 public = "builtin:uci-digits"
 k = 5
 method = "ksalsa"
+
+[face-deid]                    # FaceDeidConfig fields (docs/faces.md); no n_images
+identity_margin = 0.1
 
 [policy]                       # audit.AuditPolicy thresholds
 mia_max_auc = 0.6

@@ -22,6 +22,7 @@ from rich.progress import (
 
 from release.records import Release
 from synth.progress import ProgressFn
+from synth.registry import guarantee_label
 
 console = Console()
 err_console = Console(stderr=True)
@@ -38,6 +39,11 @@ def print_plan(rel: Release) -> None:
     console.print(f"[bold]Release {rel.release_id}[/] ({rel.state}) — {p.mechanism} on {p.dataset}")
     console.print(f"  plan digest: {rel.plan_digest}")
     console.print(f"  events: {'; '.join(p.events_described)}")
+    line = (p.mechanism_plan or {}).get("guarantee_description")
+    console.print(
+        f"  guarantee: {escape(guarantee_label(p.guarantee_kind))}"
+        + (f" — {escape(str(line))}" if line else "")
+    )
     b, a = p.epsilon_before, p.epsilon_after
     console.print(
         f"  epsilon before: RDP {fmt_eps(b['epsilon_rdp'])}  PLD {fmt_eps(b['epsilon_pld'])}"

@@ -303,9 +303,9 @@ def load_data(source: str) -> ImageDataset | VolumeDataset:
 
 
 def load_source(source: str) -> ImageDataset:
-    """Load an image dataset from `builtin:NAME`, a class folder, a .parquet file or a .npz
-    file."""
-    from synth import user_data
+    """Load an image dataset from `builtin:NAME`, `photos:DIR` (photos of any size, letterboxed),
+    a class folder, a .parquet file or a .npz file."""
+    from synth import photos, user_data
 
     if source.startswith("builtin:"):
         if source not in BUILTINS:
@@ -313,6 +313,8 @@ def load_source(source: str) -> ImageDataset:
                 f"Unknown built-in dataset {source!r}; choose one of {sorted(BUILTINS)}."
             )
         return BUILTINS[source]()
+    if photos.is_photos(source):
+        return photos.load_photos(source)
     return user_data.load_user_source(source)
 
 

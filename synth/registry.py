@@ -35,6 +35,7 @@ _ENTRIES: dict[str, str] = {
     "merf": "synth.merf.run:MECHANISM",
     "deface": "synth.volumes.run:DEFACE",
     "reface": "synth.volumes.run:REFACE",
+    "face-deid": "synth.faces.run:MECHANISM",
 }
 # the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
 _VOLUME_MECHANISMS = ("deface", "reface")
@@ -172,6 +173,10 @@ class MechanismOutput:
     artifacts: Mapping[str, str] = field(default_factory=dict)
     # a volume release: the released volumes (then `images` and `labels` are empty)
     volumes: VolumeDataset | None = None
+    # more releasable images, one per row, each a bundle column (e.g. "face": aligned crops)
+    extra_images: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # sensitive indices not released, and why (internal; the card states how many)
+    withheld: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
     def of_volumes(

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard.charts import image_grid, to_display
+from dashboard.charts import display_scale, image_grid, to_display
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from release import keys, manager, views
 from release.records import Release
@@ -243,7 +243,9 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     left, right = st.columns([1, 4])
     with left:
         st.image(
-            to_display(images[int(i)][None])[0].repeat(4, 0).repeat(4, 1),
+            to_display(images[int(i)][None])[0]
+            .repeat(display_scale(images.shape[1], images.shape[2], 4), 0)
+            .repeat(display_scale(images.shape[1], images.shape[2], 4), 1),
             caption=f"representative (label {int(labels[int(i)])})",
         )
     with right:

@@ -364,3 +364,14 @@ def test_missing_workspace_is_a_message_not_a_traceback(tmp_path, monkeypatch):
     monkeypatch.delenv("PRIVRELEASE_HOME")
     at = new_app().run()
     assert any("PRIVRELEASE_HOME is not set" in e.value for e in at.error)
+
+
+def test_image_grids_upscale_digits_but_not_photographs() -> None:
+    import numpy as np
+
+    from dashboard.charts import image_grid
+
+    digits = image_grid(np.zeros((2, 28, 28), np.uint8), columns=2, scale=3)
+    photos = image_grid(np.zeros((2, 512, 384, 3), np.uint8), columns=2, scale=3)
+    assert digits.shape == ((28 + 4) * 3, (2 * 30 + 2) * 3, 3)  # tiles and borders, 3x
+    assert photos.shape == (512 + 4, 2 * 386 + 2, 3)  # 1:1, not 1536 px a tile

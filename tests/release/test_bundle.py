@@ -221,3 +221,19 @@ def test_read_bundle_data_refuses_tampered_bundle_when_key_given(ws, tmp_path):
     read_bundle_data(info.path)  # without a key: the caller chose not to verify
     with pytest.raises(PrivReleaseError, match="README.md: sha256 mismatch"):
         read_bundle_data(info.path, public_key_path=info.public_key_path)
+
+
+def test_an_extra_image_column_is_png_like_the_image_column(ws, tmp_path):
+    """A mechanism's extra images (face-deid: each photo's aligned face) become a PNG column that
+    `datasets` and Croissant read as images."""
+    crops = np.random.default_rng(1).integers(0, 256, (12, 6, 6, 3), dtype=np.uint8)
+    info, _ = _write(ws, tmp_path / "rel-x", extra_columns={"face": crops})
+    t = read_bundle_table(info.path)
+    assert t.schema.field("face").type == t.schema.field("image").type
+    faces = [decode_png(r["bytes"]) for r in t.column("face").to_pylist()]
+    assert np.array_equal(np.stack(faces), crops)
+    card = (info.path / "README.md").read_text()
+    assert "- name: face\n    dtype: image" in card
+    croissant = json.loads((info.path / "croissant.json").read_text())
+    fields = {f["name"]: f for f in croissant["recordSet"][0]["field"]}
+    assert fields["face"]["dataType"] == fields["image"]["dataType"] == "sc:ImageObject"

@@ -1,0 +1,1 @@
+"""Face de-identification (`mechanism = "face-deid"`): FALCO-style face replacement."""

