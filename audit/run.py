@@ -285,13 +285,16 @@ def _face_attack(
     release's guarantee rests on it (empirical de-identification), so "not run" is a failure."""
     from audit.face_reid import CHECK, faces_present, run_face_reid
 
+    sensitive = inputs.sensitive
+    if not isinstance(sensitive, ImageDataset):  # volumes: run_audit sends them to their own checks
+        return []
     mode = policy.face_reidentification
     if mode == "off":
         if not required:
             return []
         return [_cannot_run(CHECK, "attack", 'face_reidentification = "off" in [policy]', policy)]
     if mode == "auto":
-        present, found = faces_present(inputs.sensitive, policy)
+        present, found = faces_present(sensitive, policy)
         if not present and not required:
             return []
         if not present:
@@ -310,7 +313,7 @@ def _face_attack(
     return _guard(
         CHECK,
         "attack",
-        lambda: run_face_reid(images, sources, inputs.sensitive, inputs.heldout, policy),
+        lambda: run_face_reid(images, sources, sensitive, inputs.heldout, policy),
     )
 
 

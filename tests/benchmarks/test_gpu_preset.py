@@ -19,6 +19,7 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / gpu_preset.LOG).read_text().splitlines()]
 
 
+@pytest.mark.slow  # end to end, about a minute on 2 cores (CI runs the slow tests too)
 def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -221,6 +221,7 @@ def test_privimage_runs_are_summarised_by_mean_and_spread() -> None:
     assert "PrivImage over its runs" in md and "PrivImage (run 3)" in md and "0.810-0.830" in md
 
 
+@pytest.mark.slow  # end to end, about a minute on 2 cores (CI runs the slow tests too)
 def test_vote_settings_fit_every_reproduced_epsilon() -> None:
     """The reproduction's per-epsilon vote is accepted by the planner and charged within epsilon, and the
     one-run audit audits the DP-SGD of exactly that plan."""

@@ -190,6 +190,7 @@ def test_changed_data_is_refused(tmp_path, store):
         load_registered(store, "toy")
 
 
+@pytest.mark.slow  # end to end, about a minute on 2 cores (CI runs the slow tests too)
 def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_store):
     """Target epsilon = the cap: the RDP epsilon is calibrated to the target, but the ledger admits through the
     stricter filter, so the plan warns; the warning names a target that does fit (bisection over plans)."""
