@@ -412,23 +412,50 @@ def _central_warmup(
         )
         central.save(ctx.workdir, *saved)
     images, labels = saved
+    _warm_up_on(
+        torch.from_numpy(images),
+        torch.from_numpy(labels),
+        config,
+        prep,
+        ctx,
+        steps=config.central_steps,
+        seed=config.seed + 1,
+        ckpt="central_pretrain.pt",
+        augment=max(config.pretrain_augment, 1.0),
+    )
+    return {"central_images_per_class": event.count}
+
+
+def _warm_up_on(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: PrivImageConfig,
+    prep: _Prepared,
+    ctx: RunContext,
+    *,
+    steps: int,
+    seed: int,
+    ckpt: str,
+    augment: float,
+) -> None:
+    """Pre-train the model further on a warm-up stage's images (central or frequency), with the
+    recipe's pre-training settings and a checkpoint of its own in the run's folder."""
     prep.model = pretrain(
         prep.model,
-        torch.from_numpy(images).float(),
-        torch.from_numpy(labels).long(),
-        steps=config.central_steps,
+        x.float(),
+        y.long(),
+        steps=steps,
         batch=config.pretrain_batch,
         lr=config.pretrain_lr,
         train_timesteps=config.train_timesteps,
-        seed=config.seed + 1,
+        seed=seed,
         device=prep.device,
-        ckpt=ctx.workdir / "central_pretrain.pt",
+        ckpt=ctx.workdir / ckpt,
         progress=ctx.progress,
-        augment=max(config.pretrain_augment, 1.0),
+        augment=augment,
         label_dropout=config.label_dropout,
         precision=prep.precision,
     )
-    return {"central_images_per_class": event.count}
 
 
 def _frequency_warmup(
@@ -463,21 +490,16 @@ def _frequency_warmup(
         ctx.workdir,
         ctx.progress,
     )
-    prep.model = pretrain(
-        prep.model,
-        x.float(),
-        y.long(),
+    _warm_up_on(
+        x,
+        y,
+        config,
+        prep,
+        ctx,
         steps=config.frequency_steps,
-        batch=config.pretrain_batch,
-        lr=config.pretrain_lr,
-        train_timesteps=config.train_timesteps,
         seed=config.seed + 2,
-        device=prep.device,
-        ckpt=ctx.workdir / "frequency_pretrain.pt",
-        progress=ctx.progress,
+        ckpt="frequency_pretrain.pt",
         augment=config.pretrain_augment,
-        label_dropout=config.label_dropout,
-        precision=prep.precision,
     )
     return {"frequency_images": len(x)}
 
