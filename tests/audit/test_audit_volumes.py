@@ -141,3 +141,29 @@ def test_rank1_matching_on_known_depth_maps() -> None:
     flat = reidentify(maps, [np.zeros((10, 10))] * 6, faces)
     assert flat.rank1 <= 1 / 6 + 1e-9 and flat.p_value > 0.05
     assert correlation(np.zeros(5), np.arange(5)) == 0.0
+
+
+@pytest.mark.slow
+def test_at_two_mm_the_face_recogniser_names_an_unchanged_release(tmp_path, cache) -> None:
+    """At 2 mm a face shows in the renders: the recogniser runs beside the depth-map matcher and
+    names every subject of an unchanged release in whose render it finds a face (at the test's 6 mm
+    it is not run)."""
+    from synth.mri.cohort import make_cohort
+
+    make_cohort(tmp_path / "heads", 5, mm=2.0)
+    heads = load_volume_folder(tmp_path / "heads")
+    report = _audit(heads, heads, tmp_path, cache, files=False)
+    reid = next(c for c in report.results if c.name == "volume_reidentification")
+    rec = reid.details["recogniser"]
+    assert reid.passed is False and rec is not None, reid.summary
+    # CenterFace finds a face in 3 of the 5 coarse original renders; each of those is named
+    found = rec["originals_with_face"]
+    assert found >= 3 and rec["hits"] == found and rec["p_value"] < 0.05
+    assert f"face recogniser {found}/{found}" in reid.summary
+
+
+def test_at_six_mm_the_recogniser_is_not_run_and_says_why(originals, tmp_path, cache) -> None:
+    report = _audit(originals, originals, tmp_path, cache, files=False)
+    reid = next(c for c in report.results if c.name == "volume_reidentification")
+    assert reid.details["recogniser"] is None
+    assert "coarser than 3 mm" in reid.details["recogniser_not_run"] in reid.summary
