@@ -29,10 +29,10 @@ from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunConte
 GENERATOR_DIR = "merf-generator"  # in the run's workdir: weights and settings, for the audit's MIA
 
 
-def settings(config: MerfConfig, n_pixels: int) -> MerfSettings:
+def settings(config: MerfConfig, bandwidth: float) -> MerfSettings:
     return MerfSettings(
         n_features=config.n_features,
-        bandwidth=config.bandwidth_for(n_pixels),
+        bandwidth=bandwidth,
         z_dim=config.z_dim,
         width=config.width,
         steps=config.steps,
@@ -99,7 +99,9 @@ def plan(
             "sigma": sigma,
             "sensitivity": SENSITIVITY,
             "generator_size": size,
-            "bandwidth": config.bandwidth_for(c * size * size),
+            "bandwidth": config.bandwidth_for(
+                c * size * size, sigma, dataset.record_count, len(dataset.labels)
+            ),
         },
     )
 
@@ -125,20 +127,15 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
         ) from None
     size = generator_size(h, w)
-    fitted = fit(
-        data.images,
-        rows,
-        len(values),
-        sigma,
-        settings(config, channels * size * size),
-        ctx.progress,
-    )
+    # the plan's choice: the same public inputs (sigma, the registered count and labels)
+    bandwidth = config.bandwidth_for(channels * size * size, sigma, len(data.labels), len(values))
+    fitted = fit(data.images, rows, len(values), sigma, settings(config, bandwidth), ctx.progress)
     trained = time.time() - started
     out_rows = np.sort(np.arange(config.n_samples) % len(values))
     ctx.progress("drawing images", 0, 1)
     images = fitted.draw(out_rows, config.seed + 1, (h, w))
     ctx.progress("drawing images", 1, 1)
-    generator = _save_generator(ctx.workdir, fitted, config, channels)
+    generator = _save_generator(ctx.workdir, fitted, config, channels, bandwidth)
     return MechanismOutput(
         images=images,
         labels=np.asarray(values, dtype=np.int64)[out_rows],
@@ -147,7 +144,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             **config.as_dict(),
             "sigma": sigma,
             "sensitivity": SENSITIVITY,
-            "bandwidth": config.bandwidth_for(channels * size * size),
+            "bandwidth": bandwidth,
             "generator_size": size,
             "n_released": len(images),
         },
@@ -156,7 +153,9 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     )
 
 
-def _save_generator(workdir: Path, fitted: FittedMerf, config: MerfConfig, channels: int) -> str:
+def _save_generator(
+    workdir: Path, fitted: FittedMerf, config: MerfConfig, channels: int, bandwidth: float
+) -> str:
     """The generator's weights and what rebuilds it (internal: for the audit's membership test)."""
     d = Path(workdir) / GENERATOR_DIR
     d.mkdir(parents=True, exist_ok=True)
@@ -170,7 +169,7 @@ def _save_generator(workdir: Path, fitted: FittedMerf, config: MerfConfig, chann
                 "z_dim": config.z_dim,
                 "width": config.width,
                 "n_features": config.n_features,
-                "bandwidth": config.bandwidth_for(channels * fitted.size**2),
+                "bandwidth": bandwidth,
                 "seed": config.seed,
             }
         )

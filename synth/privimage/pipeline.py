@@ -23,7 +23,7 @@ from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
-from synth.merf.config import BANDWIDTH_PER_PIXEL, MerfConfig
+from synth.merf.config import MerfConfig, auto_bandwidth, relative_noise
 from synth.merf.fit import MerfSettings, generator_size
 from synth.privimage import central, frequency, state
 from synth.privimage.config import CENTRAL_AUTO, FREQUENCY_AUTO, PrivImageConfig
@@ -472,7 +472,13 @@ def _frequency_warmup(
     n_pixels = channels * generator_size(*sens_formatted.shape[1:3]) ** 2
     settings = MerfSettings(
         n_features=config.frequency_features,
-        bandwidth=BANDWIDTH_PER_PIXEL * n_pixels,
+        # the merf mechanism's rule for this query's noise (FETA-Pro's sigma: the wide kernel)
+        bandwidth=auto_bandwidth(
+            n_pixels,
+            relative_noise(
+                event.sigma, config.frequency_features, len(sens_y), len(prep.label_values)
+            ),
+        ),
         z_dim=MerfConfig.z_dim,
         width=MerfConfig.width,
         steps=config.frequency_generator_steps,

@@ -231,3 +231,16 @@ def test_fashion_cpu_takes_set_too() -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 2 and "--set 'bogus=1': give KEY=VALUE with KEY one of" in done.stderr
+
+
+def test_merf_bandwidth_refuses_an_unknown_setting_before_reading_data() -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.merf_bandwidth", "--variants", '[{"bogus": 1}]'],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "unknown settings ['bogus']" in done.stderr

@@ -3,7 +3,9 @@ classes from the noisy embedding alone, and the `merf` mechanism through the run
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,6 +171,29 @@ def test_a_merf_release_through_the_runner_is_charged_its_one_query(store, tmp_p
     assert scores.shape == (10,) and np.isfinite(scores).all()
     about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 30)
     assert "DP-MERF" in about.what and "never saw an image" in about.what
+    # the kernel the plan showed is the one the run used (a noisy query here: the wide one)
+    assert res.parameters["bandwidth"] == plan.detail["bandwidth"] == 105.0
+    saved = json.loads((Path(res.output.generator) / "settings.json").read_text())
+    assert saved["bandwidth"] == 105.0  # the audit's membership loss rebuilds the same features
+
+
+@pytest.mark.parametrize(
+    ("sigma", "n_records", "bandwidth"),
+    [
+        (4.43, 55_000, 10.0),  # Fashion-MNIST at epsilon 1 (DPImageBench's split): narrow
+        (0.53, 4_000, 10.0),  # MNIST-5k at epsilon 10: narrow
+        (4.05, 4_000, 105.0),  # MNIST-5k at epsilon 1: the narrow kernel collapsed; wide
+        (26.6, 55_000, 105.0),  # PrivImage's frequency warm-up (FETA-Pro's sigma): wide
+    ],
+)
+def test_the_kernel_is_chosen_from_the_noise_on_a_class_embedding(
+    sigma: float, n_records: int, bandwidth: float
+) -> None:
+    cfg = MerfConfig(1.0, 1e-5)  # n_features 4000
+    assert cfg.bandwidth_for(784, sigma, n_records, 10) == pytest.approx(bandwidth)
+    assert cfg.bandwidth_for(3 * 784, sigma, n_records, 10) == pytest.approx(3 * bandwidth)
+    fixed = MerfConfig(1.0, 1e-5, bandwidth=42.0)
+    assert fixed.bandwidth_for(784, sigma, n_records, 10) == 42.0
 
 
 def test_a_spec_table_without_epsilon_is_refused() -> None:
