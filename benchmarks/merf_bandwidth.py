@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +22,21 @@ import torch
 
 from benchmarks import dpimagebench
 from benchmarks.common import machine, today
+from synth.merf.config import MerfConfig
+from synth.merf.fit import MerfSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "merf-bandwidth.jsonl"
-BASE = dict(
-    n_features=4000, bandwidth=105.0, z_dim=60, width=16, steps=2000, batch=200, lr=0.01, seed=0
-)
+# the merf mechanism's defaults, with the old fixed kernel (105 per 784 pixels) as the baseline
+BASE = {
+    **{f.name: getattr(MerfConfig, f.name) for f in fields(MerfSettings) if f.name != "bandwidth"},
+    "bandwidth": 105.0,
+}
 
 
 def main() -> None:
     from accounting.calibration import calibrate_gaussian_sigma
     from synth.datasets import load_source
-    from synth.merf.fit import MerfSettings, fit
+    from synth.merf.fit import fit
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--variants", required=True, help="JSON list of MerfSettings overrides")
