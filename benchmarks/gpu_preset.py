@@ -18,7 +18,7 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
 from synth.privimage import PrivImageConfig
 
+MECHANISMS = ("privimage", "merf")
 SOURCES = {
     "mnist5k": ("builtin:mnist5k", "builtin:mnist5k-heldout", True),
     "fashion": ("builtin:fashion-mnist", "builtin:fashion-mnist-test", False),
@@ -49,13 +50,17 @@ def run_one(
     out: Path,
     tmp: Path,
     protocol: str = "ours",
-    score_with: str | None = None,
+    score_with: tuple[str, ...] = (),
+    mechanism: str = "privimage",
+    score_epochs: int = dpimagebench.EPOCHS,
 ) -> None:
-    """One charged PrivImage release of source `name` at `epsilon`; its images saved for scoring. On
-    DPImageBench's protocol the generator sees its 55,000-image private split, delta is 1 / (N ln N) and
-    60,000 images are released (benchmarks.dpimagebench)."""
+    """One charged release of source `name` at `epsilon` by `mechanism` (PrivImage with the mode's
+    recipe, or DP-MERF with its defaults); its images saved for scoring. On DPImageBench's protocol the
+    generator sees its 55,000-image private split, delta is 1 / (N ln N) and 60,000 images are
+    released (benchmarks.dpimagebench), then scored here by each of `score_with` in turn."""
     from release.runner import run_direct
     from synth.datasets import load_source, public_pool
+    from synth.merf import MerfConfig
 
     source, _, with_fashion = SOURCES[name]
     sens, pub = load_source(source), public_pool(include_fashion=with_fashion)
@@ -65,16 +70,25 @@ def run_one(
         sens = sens.subset(np.sort(private))
         s["delta"] = dpimagebench.protocol_delta(len(sens))
         s["privimage"]["n_samples"] = dpimagebench.GENERATED
-    tag = f"{name}-eps{epsilon:g}-{protocol}-{int(time.time())}"
+    kind = "" if mechanism == "privimage" else f"-{mechanism}"
+    tag = f"{name}{kind}-eps{epsilon:g}-{protocol}-{int(time.time())}"
     store = throwaway_store(tmp / tag / "ws", name, sens, epsilon, s["delta"])
+    # after the store: a bad epsilon is refused there, with the planner's message
+    config = (
+        privimage_config(s, epsilon)
+        if mechanism == "privimage"
+        else MerfConfig(
+            epsilon, s["delta"], n_samples=s["privimage"].get("n_samples", MerfConfig.n_samples)
+        )
+    )
     started = time.time()
     res = run_direct(
         store,
         name,
         sens,
         pub,
-        "privimage",
-        privimage_config(s, epsilon),
+        mechanism,
+        config,
         run_id=tag,
         workdir=tmp / tag / "run",
     )
@@ -89,18 +103,26 @@ def run_one(
             "epsilon": epsilon,
             "delta": s["delta"],
             "protocol": protocol,
-            "steps": p["steps"],
-            "sigma": p["noise_multiplier"],
+            "mechanism": mechanism,
+            "steps": p.get("steps"),
+            "sigma": p.get("noise_multiplier", p.get("sigma")),
+            "bandwidth": p.get("bandwidth"),
+            "frequency_warmup": p.get("frequency_warmup"),
             "selected": p.get("selected_public_classes"),
             "seconds": round(time.time() - started, 1),
             "n_released": len(res.images),
             "timings": res.internal.get("timings_s"),
             "device": _device(),
-            "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"],
+            "recipe": s["privimage"] | s["vote"][f"{epsilon:g}"]
+            if mechanism == "privimage"
+            else asdict(config),
         },
     )
-    if score_with and protocol == "dpimagebench":  # on this machine (a GPU: DPImageBench's WRN)
-        protocol_score(out, tag, name, epsilon, res.images, res.labels, score_with, _device())
+    if protocol == "dpimagebench":  # on this machine (a GPU: DPImageBench's WRN)
+        for classifier in score_with:
+            protocol_score(
+                out, tag, name, epsilon, res.images, res.labels, classifier, _device(), score_epochs
+            )
 
 
 def protocol_score(
@@ -112,13 +134,14 @@ def protocol_score(
     labels: np.ndarray,
     classifier: str,
     where: str,
+    epochs: int = dpimagebench.EPOCHS,
 ) -> dict:
     """DPImageBench's score of one release (benchmarks.dpimagebench.score), appended to the log."""
     source, test_source, _ = SOURCES[name]
     val, test = dpimagebench.protocol_sets(source, test_source)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = dpimagebench.score(
-        images, labels, val, test, epsilon, classifier=classifier, device=device
+        images, labels, val, test, epsilon, classifier=classifier, device=device, epochs=epochs
     )
     row = {
         "tag": tag,
@@ -177,7 +200,7 @@ def score(out: Path, s: dict, classifier: str = "cpu-cnn") -> None:
             out / f"{r['tag']}_grid.png",
             data["images"],
             data["labels"],
-            f"PrivImage {r['dataset']} eps {r['epsilon']:g} ({r['device']})",
+            f"{r.get('mechanism', 'privimage')} {r['dataset']} eps {r['epsilon']:g} ({r['device']})",
             per_class=8,
         )
         _record(
@@ -209,15 +232,33 @@ def _device() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
-    """ "source:epsilon" -> (source, epsilon); the epsilon itself is checked by the planner (a clear error row)."""
-    name, _, eps = text.partition(":")
+def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float, str]:
+    """ "source:epsilon[:mechanism]" -> (source, epsilon, mechanism); the epsilon itself is checked by the
+    planner (a clear error row)."""
+    name, _, rest = text.partition(":")
+    eps, _, mechanism = rest.partition(":")
     if name not in SOURCES:
         parser.error(f"--runs {text!r}: unknown source {name!r}; choose from {sorted(SOURCES)}")
+    if mechanism not in ("", *MECHANISMS):
+        parser.error(f"--runs {text!r}: unknown mechanism {mechanism!r}; choose from {MECHANISMS}")
     try:
-        return name, float(eps)
+        return name, float(eps), mechanism or "privimage"
     except ValueError:
-        parser.error(f"--runs {text!r}: give source:epsilon, e.g. {name}:10")
+        parser.error(
+            f"--runs {text!r}: give source:epsilon[:mechanism], e.g. {name}:10 or {name}:1:merf"
+        )
+
+
+def _classifiers(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    """--score-with's comma-separated classifiers, in the order they score."""
+    names = tuple(c for c in text.split(",") if c)
+    unknown = [c for c in names if c not in dpimagebench.CLASSIFIERS]
+    if unknown:
+        parser.error(
+            f"--score-with {text!r}: unknown classifier {unknown[0]!r}; choose from "
+            f"{sorted(dpimagebench.CLASSIFIERS)}, comma-separated"
+        )
+    return names
 
 
 def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> None:
@@ -257,7 +298,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--runs", default="mnist5k:10,fashion:10,fashion:1", help="source:epsilon, comma-separated"
+        "--runs",
+        default="mnist5k:10,fashion:10,fashion:1",
+        help="source:epsilon[:mechanism], comma-separated (mechanism privimage, the default, or merf)",
     )
     parser.add_argument(
         "--score", action="store_true", help="score the saved releases in --out (CPU)"
@@ -277,9 +320,16 @@ def main() -> None:
     )
     parser.add_argument(
         "--score-with",
-        choices=sorted(dpimagebench.CLASSIFIERS),
-        help="with --protocol dpimagebench: score each release on this machine right after it "
-        "(wrn on a GPU)",
+        default="",
+        help="with --protocol dpimagebench: score each release on this machine right after it, by "
+        f"each of these classifiers in turn (comma-separated: {', '.join(sorted(dpimagebench.CLASSIFIERS))}; "
+        "wrn on a GPU)",
+    )
+    parser.add_argument(
+        "--score-epochs",
+        type=int,
+        default=dpimagebench.EPOCHS,
+        help="the protocol classifier's epochs (50, the protocol's; fewer only for a smoke run)",
     )
     parser.add_argument(
         "--fit-mib",
@@ -309,10 +359,21 @@ def main() -> None:
         score(args.out, s)
         return
     runs = [_run_spec(parser, r) for r in args.runs.split(",") if r]
+    score_with = _classifiers(parser, args.score_with)
     with tempfile.TemporaryDirectory(prefix="privrelease-gpu-preset-") as tmp:
-        for name, eps in runs:
+        for name, eps, mechanism in runs:
             try:
-                run_one(name, eps, s, args.out, Path(tmp), args.protocol, args.score_with)
+                run_one(
+                    name,
+                    eps,
+                    s,
+                    args.out,
+                    Path(tmp),
+                    args.protocol,
+                    score_with,
+                    mechanism,
+                    args.score_epochs,
+                )
             except Exception as exc:  # keep the other runs; say what failed
                 _record(
                     args.out,

@@ -70,3 +70,26 @@ def test_a_lease_brings_back_whole_releases_while_they_fit_then_parts(tmp_path: 
         assert np.bincount(cut["labels"]).tolist() == [300] * 10
     rows = [json.loads(x) for x in (tmp_path / gpu_preset.LOG).read_text().splitlines()]
     assert all(r["kept_images"] == r["of"] == 3000 for r in rows)
+
+
+def test_the_moving_average_follows_dpimagebench_s_rule() -> None:
+    """shadow <- d * shadow + (1 - d) * param with d = min(decay, (1 + n) / (10 + n)), per tensor."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    ema = dpimagebench._Ema(model, 0.9999)
+    expected = [p.detach().clone() for p in model.parameters()]
+    for n in range(1, 4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ema.update(model)
+        d = min(0.9999, (1 + n) / (10 + n))
+        expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters())]
+    for s, e in zip(ema.shadow, expected, strict=True):
+        torch.testing.assert_close(s, e)
+    before = [p.detach().clone() for p in model.parameters()]
+    ema.swap(model)
+    for p, e in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.detach(), e)
+    ema.swap(model)
+    for p, b in zip(model.parameters(), before, strict=True):
+        torch.testing.assert_close(p.detach(), b)
