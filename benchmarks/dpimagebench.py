@@ -281,7 +281,12 @@ def balanced_subset(labels: np.ndarray, per_class: int, seed: int = 0) -> np.nda
 def main() -> None:
     """`python -m benchmarks.dpimagebench NPZ --dataset fashion --epsilon 1 [--classifier cpu-cnn]`:
     the protocol's score of a saved release (an npz with `images` and `labels`), one JSON line to
-    --out (default benchmarks/results/dpimagebench-scores.jsonl)."""
+    --out (default benchmarks/results/dpimagebench-scores.jsonl).
+
+    `--write-sets FILE` saves the validation and test sets to FILE (an npz) and stops; `--sets FILE`
+    reads them from there instead of the installed data, so a GPU lease can score a release with
+    torch and numpy alone (the release and the sets fit the 64 MiB a lease carries, our packages and
+    the data sets need not travel)."""
     import argparse
     import json
     from pathlib import Path
@@ -293,21 +298,51 @@ def main() -> None:
         "mnist": ("builtin:mnist5k", "builtin:mnist5k-heldout"),
     }
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("npz", type=Path)
+    parser.add_argument("npz", type=Path, nargs="?")
     parser.add_argument("--dataset", choices=sorted(sources), default="fashion")
-    parser.add_argument("--epsilon", type=float, required=True)
+    parser.add_argument("--epsilon", type=float, help="the release's epsilon (the noisy selection)")
     parser.add_argument("--classifier", choices=sorted(CLASSIFIERS), default="cpu-cnn")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--label", default="")
+    parser.add_argument("--sets", type=Path, help="the validation and test sets (see --write-sets)")
+    parser.add_argument(
+        "--write-sets", type=Path, help="save --dataset's validation and test sets here and stop"
+    )
     parser.add_argument(
         "--out",
         type=Path,
         default=Path(__file__).resolve().parent / "results" / "dpimagebench-scores.jsonl",
     )
     args = parser.parse_args()
+    if args.write_sets:
+        val, test = protocol_sets(*sources[args.dataset])
+        np.savez_compressed(
+            args.write_sets,
+            dataset=args.dataset,
+            val_images=val[0],
+            val_labels=val[1],
+            test_images=test[0],
+            test_labels=test[1],
+        )
+        return
+    if args.npz is None or args.epsilon is None:
+        parser.error(
+            "give the release to score (an npz with images and labels) and its --epsilon, "
+            "or --write-sets FILE"
+        )
     with np.load(args.npz) as data:
         images, labels = data["images"], data["labels"]
-    val, test = protocol_sets(*sources[args.dataset])
+    if args.sets:
+        with np.load(args.sets) as sets:
+            if str(sets["dataset"]) != args.dataset:
+                parser.error(
+                    f"--sets {args.sets} holds {sets['dataset']}'s sets, not {args.dataset}'s: "
+                    "give --dataset to match, or write the sets again with --write-sets"
+                )
+            val = (sets["val_images"], sets["val_labels"])
+            test = (sets["test_images"], sets["test_labels"])
+    else:
+        val, test = protocol_sets(*sources[args.dataset])
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     def progress(epoch: int, total: int, acc: float) -> None:

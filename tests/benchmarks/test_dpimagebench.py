@@ -93,3 +93,35 @@ def test_the_moving_average_follows_dpimagebench_s_rule() -> None:
     ema.swap(model)
     for p, b in zip(model.parameters(), before, strict=True):
         torch.testing.assert_close(p.detach(), b)
+
+
+def test_sets_written_once_score_a_release_without_the_data_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """--write-sets saves Fashion-MNIST's 5,000 validation and 10,000 test images; --sets reads them back
+    (what a GPU lease carries instead of our packages and the data), and a mismatched --dataset is refused."""
+    import sys
+
+    sets = tmp_path / "sets.npz"
+    monkeypatch.setattr(sys, "argv", ["dpimagebench", "--write-sets", str(sets)])
+    dpimagebench.main()
+    val, test = dpimagebench.protocol_sets("builtin:fashion-mnist", "builtin:fashion-mnist-test")
+    with np.load(sets) as saved:
+        assert np.array_equal(saved["val_images"], val[0]) and np.array_equal(
+            saved["val_labels"], val[1]
+        )
+        assert saved["test_images"].shape == (10_000, 28, 28) and np.array_equal(
+            saved["test_labels"], test[1]
+        )
+    release = tmp_path / "release.npz"
+    np.savez_compressed(release, images=val[0][:600], labels=val[1][:600])
+    out = tmp_path / "scores.jsonl"
+    argv = ["dpimagebench", str(release), "--epsilon", "1", "--epochs", "1", "--sets", str(sets)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out)])
+    dpimagebench.main()
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["n_generated"] == 600 and row["epochs"] == 1 and 0.0 <= row["accuracy"] <= 1.0
+    monkeypatch.setattr(sys, "argv", [*argv, "--dataset", "mnist", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        dpimagebench.main()
+    assert "holds fashion's sets, not mnist's" in capsys.readouterr().err

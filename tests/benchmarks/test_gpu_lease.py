@@ -48,6 +48,31 @@ def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_p
     assert not (tmp_path / "out" / "gpu.txt").exists()  # nothing ran
 
 
+def test_a_staged_copy_without_the_test_files_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    """Regression (lease of 2026-11-28): data staged by an older script had only the training files, and the
+    protocol's scoring failed after a 7-minute release; `run` now checks the staged copy first."""
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "benchmarks" / SCRIPT.name)
+    staged = tmp_path / ".whl" / "data" / "fashion-mnist"
+    staged.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (staged / f"{name}.xz").write_bytes(b"")
+    done = subprocess.run(
+        ["bash", str(tmp_path / "benchmarks" / SCRIPT.name), "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "lacks t10k-images-idx3-ubyte.xz" in done.stderr
+    assert "gpu_lease.sh data" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 # ------------------------------------------------------------------ the whole `run` on a machine like the GPU's
 STAGED = (
     "opacus",
