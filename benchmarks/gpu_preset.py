@@ -4,7 +4,10 @@ the built-in source disjoint from it) and MNIST-5k (4,000; public = UCI digits +
 `make reproduce --full`'s recipe (benchmarks/reproduce_settings.py, "full").
 
     python -m benchmarks.gpu_preset --out DIR [--runs mnist5k:10,fashion:10,fashion:1] [--mode full|cpu|micro]
-                                    [--set KEY=JSON ...] [--score]
+                                    [--set KEY=JSON ...] [--score] [--protocol dpimagebench
+                                    --score-with cpu-cnn,wrn]
+
+A run `source:epsilon:merf` makes a DP-MERF release (the merf mechanism's defaults) instead of PrivImage's.
 
 Each run writes to DIR: a JSON line in gpu-preset.jsonl (epsilon, sigma, steps, stage timings, machine) and the
 released images and labels (`<tag>.npz`). Scoring them (the audit's LR / MLP / CNN trained on the release,

@@ -13,6 +13,7 @@ this one query. W is drawn from the config's seed: public randomness, independen
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,12 +44,20 @@ def embedding_event(sigma: float) -> GaussianQuery:
     return GaussianQuery(sigma=sigma, sensitivity=SENSITIVITY, count=1)
 
 
-def frequencies(n_pixels: int, n_features: int, bandwidth: float, seed: int) -> torch.Tensor:
-    """W: (n_features / 2, n_pixels), N(0, 1 / bandwidth) entries from the public seed."""
+def frequencies(
+    n_pixels: int, n_features: int, bandwidth: float | Sequence[float], seed: int
+) -> torch.Tensor:
+    """W: (n_features / 2, n_pixels), N(0, 1 / bandwidth) entries from the public seed. Several
+    bandwidths make the features of their mixture kernel (equal weights): row i of W takes
+    bandwidth[i % len(bandwidth)]; ||phi(x)|| is still 1, so the query's sensitivity is unchanged."""
     if n_features < 2 or n_features % 2:
         raise ValueError(f"n_features must be even and >= 2, got {n_features}")
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n_features // 2, n_pixels, generator=gen) / math.sqrt(bandwidth)
+    w = torch.randn(n_features // 2, n_pixels, generator=gen)
+    if isinstance(bandwidth, (int, float)):
+        return w / math.sqrt(bandwidth)
+    scales = torch.tensor([float(bandwidth[i % len(bandwidth)]) for i in range(len(w))])
+    return w * scales.rsqrt()[:, None]
 
 
 def features(x01: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -146,6 +146,8 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             "sensitivity": SENSITIVITY,
             "bandwidth": bandwidth,
             "generator_size": size,
+            # generators trained: more than 1 where a class collapsed (post-processing of the query)
+            "generator_attempts": fitted.attempts,
             "n_released": len(images),
         },
         generator=generator,

@@ -202,3 +202,82 @@ def test_a_spec_table_without_epsilon_is_refused() -> None:
         MECHANISM.make_config({"steps": 10}, info, None, "default")
     with pytest.raises(InvalidParameterError, match="Unknown \\[merf\\]"):
         MECHANISM.make_config({"epsilon": 1.0, "stepz": 10}, info, None, "default")
+
+
+def test_several_bandwidths_make_the_features_of_their_mixture_kernel() -> None:
+    """Independent check of the random-feature map: phi(x) . phi(y) approximates the kernel
+    exp(-|x - y|^2 / (2 bandwidth)) for one bandwidth, and the equal mixture of the kernels for
+    several; every phi(x) keeps norm 1 (the query's sensitivity does not change)."""
+    from synth.merf.embedding import features
+
+    torch.manual_seed(0)
+    x = torch.rand(6, 64)
+    d2 = torch.cdist(x, x).double() ** 2
+    for bandwidth, kernel in (
+        (4.0, torch.exp(-d2 / 8.0)),
+        ((1.0, 20.0), 0.5 * torch.exp(-d2 / 2.0) + 0.5 * torch.exp(-d2 / 40.0)),
+    ):
+        phi = features(x, frequencies(64, 40_000, bandwidth, seed=3)).double()
+        assert torch.allclose(phi.norm(dim=1), torch.ones(6, dtype=torch.float64), atol=1e-5)
+        assert (phi @ phi.T - kernel).abs().max() < 0.03
+    # one bandwidth draws the same frequencies as before mixtures existed
+    gen = torch.Generator().manual_seed(3)
+    assert torch.equal(frequencies(64, 10, 4.0, 3), torch.randn(5, 64, generator=gen) / 2.0)
+
+
+def _quadrants(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """Four classes: one bright quadrant each."""
+    images = np.zeros((n, 8, 8), np.uint8)
+    rows = np.arange(n) % 4
+    for c, (r, k) in enumerate(((0, 0), (0, 4), (4, 0), (4, 4))):
+        images[rows == c, r : r + 4, k : k + 4] = 220
+    return images, rows
+
+
+_SMALL = MerfSettings(
+    n_features=512, bandwidth=8.0, z_dim=8, width=8, steps=150, batch=64, lr=0.01, seed=0
+)
+
+
+def test_a_class_the_generator_lost_is_found_from_the_noisy_embedding_alone() -> None:
+    """The check behind retraining: a generator whose class 2 draws garbage (its class embedding
+    overwritten, as a collapsed class looks) is flagged for that class only, from the noisy query."""
+    from synth.merf import fit as fit_module
+
+    images, rows = _quadrants()
+    fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL)
+    assert fitted.attempts == 1 and fitted.distances is not None
+    assert fit_module.collapsed_classes(fitted.distances) == []
+    with torch.no_grad():
+        fitted.generator.embed.weight[2] = 40.0 * torch.randn(_SMALL.z_dim)
+        fitted.generator.fc.weight.mul_(4.0)
+    d = fit_module.class_distances(
+        fitted.generator, fitted.embedding, fitted.frequencies, fitted.size, seed=2
+    )
+    assert fit_module.collapsed_classes(d) == [2], d
+
+
+def test_a_collapsed_class_trains_another_generator_and_keeps_the_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every class counted as collapsed (ratio 0), all GENERATOR_ATTEMPTS are trained and the
+    kept generator is the one whose worst class is closest to its target; each attempt is a new
+    initialisation, so the attempts differ."""
+    from synth.merf import fit as fit_module
+
+    images, rows = _quadrants()
+    seen: list[float] = []
+    real = fit_module.class_distances
+
+    def recorded(*args, **kwargs):
+        d = real(*args, **kwargs)
+        seen.append(float(d.max() / np.median(d)))
+        return d
+
+    monkeypatch.setattr(fit_module, "COLLAPSE_RATIO", 0.0)
+    monkeypatch.setattr(fit_module, "class_distances", recorded)
+    fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL)
+    assert fitted.attempts == fit_module.GENERATOR_ATTEMPTS == len(seen)
+    assert len(set(seen)) == len(seen)
+    kept = fitted.distances.max() / np.median(fitted.distances)
+    assert kept == pytest.approx(min(seen))
