@@ -49,7 +49,7 @@ def frequencies(
 ) -> torch.Tensor:
     """W: (n_features / 2, n_pixels), N(0, 1 / bandwidth) entries from the public seed. Several
     bandwidths make the features of their mixture kernel (equal weights): row i of W takes
-    bandwidth[i % len(bandwidth)]; ||phi(x)|| is still 1, so the query's sensitivity is unchanged."""
+    bandwidth[i % len(bandwidth)]; ||phi(x)|| is still 1, so the sensitivity is unchanged."""
     if n_features < 2 or n_features % 2:
         raise ValueError(f"n_features must be even and >= 2, got {n_features}")
     gen = torch.Generator().manual_seed(seed)

@@ -28,10 +28,10 @@ class MerfSettings:
 
 
 # A class whose generated images lie this many times further from its (noisy) target embedding
-# than the median class's has collapsed: on Fashion-MNIST at epsilon 1 a collapsed class (noise-like
-# trousers, in one of six runs) measured 3.0x the median, every other class of those runs at most 1.8x.
+# than the median class's has collapsed: on Fashion-MNIST at epsilon 1 a collapsed class (noise-
+# like trousers, in one of six runs) measured 3.0x the median, any other class at most 1.8x.
 COLLAPSE_RATIO = 2.5
-GENERATOR_ATTEMPTS = 3  # a collapse trains a fresh generator (another initialisation); the best is kept
+GENERATOR_ATTEMPTS = 3  # after a collapse: a fresh generator (another initialisation), best kept
 CHECK_PER_CLASS = 500  # images drawn per class for the check
 
 
