@@ -3,6 +3,7 @@ warm-up: the one noisy query, then the generator trained against it."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -121,7 +122,7 @@ def train_fitted(
             batch=s.batch,
             lr=s.lr,
             seed=seed,
-            progress=lambda done, total, label=label: progress(label, done, total),
+            progress=functools.partial(progress, label),
         )
         d = class_distances(gen, emb, w, size, seed=s.seed + 2)
         worst = float(d.max() / max(float(np.median(d)), 1e-12))
