@@ -333,6 +333,9 @@ def test_audit_trail_verified(built):
 
 def test_audit_trail_break_is_highlighted(built, tmp_path, monkeypatch):
     copy = tmp_path / "ws"
+    # the process may still hold store.duckdb from the last page (let go 50 ms after its last
+    # transaction, which checkpoints and removes the WAL): a copy made meanwhile raced that removal
+    built.store.backend.release()
     shutil.copytree(built.root, copy)
     con = duckdb.connect(str(copy / "store.duckdb"))  # an attacker editing one entry behind the API
     con.execute('UPDATE audit_trail SET payload = \'{"name": "mallory"}\' WHERE seq = 3')
