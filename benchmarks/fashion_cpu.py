@@ -135,6 +135,7 @@ def run_epsilon(
             "selected": p.get("selected_public_classes"),
             "frequency_warmup": p.get("frequency_warmup"),
             "central_images": p.get("central_images"),
+            "generator_attempts": p.get("generator_attempts"),
             "seconds": seconds,
             "acc": acc,
             "protocol_score": scored,
