@@ -121,10 +121,20 @@ def run_one(
             else asdict(config),
         },
     )
-    if protocol == "dpimagebench":  # on this machine (a GPU: DPImageBench's WRN)
+    if protocol == "dpimagebench" and score_with:  # on this machine (a GPU: DPImageBench's WRN)
+        sets = dpimagebench.protocol_sets(*SOURCES[name][:2])  # read once for every classifier
         for classifier in score_with:
             protocol_score(
-                out, tag, name, epsilon, res.images, res.labels, classifier, _device(), score_epochs
+                out,
+                tag,
+                name,
+                epsilon,
+                res.images,
+                res.labels,
+                classifier,
+                _device(),
+                score_epochs,
+                sets,
             )
 
 
@@ -138,10 +148,11 @@ def protocol_score(
     classifier: str,
     where: str,
     epochs: int = dpimagebench.EPOCHS,
+    sets: tuple[tuple, tuple] | None = None,
 ) -> dict:
-    """DPImageBench's score of one release (benchmarks.dpimagebench.score), appended to the log."""
-    source, test_source, _ = SOURCES[name]
-    val, test = dpimagebench.protocol_sets(source, test_source)
+    """DPImageBench's score of one release (benchmarks.dpimagebench.score), appended to the log;
+    `sets`: the protocol's (validation, test) sets of `name` where the caller has read them already."""
+    val, test = sets if sets is not None else dpimagebench.protocol_sets(*SOURCES[name][:2])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = dpimagebench.score(
         images, labels, val, test, epsilon, classifier=classifier, device=device, epochs=epochs
