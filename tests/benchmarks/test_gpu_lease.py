@@ -26,23 +26,24 @@ def test_without_a_command_it_prints_its_usage() -> None:
     assert "gpu_lease.sh wheels" in done.stdout and "gpu_lease.sh run [RUNS]" in done.stdout
 
 
-def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_path: Path) -> None:
-    """No wheels carried and a bare Python: the run stops at once and names every missing import."""
-    (tmp_path / "benchmarks").mkdir()
-    shutil.copy(SCRIPT, tmp_path / "benchmarks" / SCRIPT.name)
-    venv.create(tmp_path / "bare", with_pip=False)  # the same interpreter, none of the packages
-    done = subprocess.run(
-        ["bash", str(tmp_path / "benchmarks" / SCRIPT.name), "run"],
+def _run_copy(repo: Path, **env: str) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh run` from a copy of the script in `repo` (a bare checkout), PATH and OUT set."""
+    (repo / "benchmarks").mkdir(exist_ok=True)
+    shutil.copy(SCRIPT, repo / "benchmarks" / SCRIPT.name)
+    return subprocess.run(
+        ["bash", str(repo / "benchmarks" / SCRIPT.name), "run"],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=tmp_path,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "PY": str(tmp_path / "bare" / "bin" / "python"),
-            "OUT": str(tmp_path / "out"),
-        },
+        cwd=repo,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(repo / "out"), **env},
     )
+
+
+def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_path: Path) -> None:
+    """No wheels carried and a bare Python: the run stops at once and names every missing import."""
+    venv.create(tmp_path / "bare", with_pip=False)  # the same interpreter, none of the packages
+    done = _run_copy(tmp_path, PY=str(tmp_path / "bare" / "bin" / "python"))
     assert done.returncode == 2, done.stderr
     assert "missing on this machine: opacus diffusers dp_accounting duckdb" in done.stderr
     assert not (tmp_path / "out" / "gpu.txt").exists()  # nothing ran
@@ -53,20 +54,11 @@ def test_a_staged_copy_without_the_test_files_is_refused_before_anything_runs(
 ) -> None:
     """Regression (lease of 2026-11-28): data staged by an older script had only the training files, and the
     protocol's scoring failed after a 7-minute release; `run` now checks the staged copy first."""
-    (tmp_path / "benchmarks").mkdir()
-    shutil.copy(SCRIPT, tmp_path / "benchmarks" / SCRIPT.name)
     staged = tmp_path / ".whl" / "data" / "fashion-mnist"
     staged.mkdir(parents=True)
     for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
         (staged / f"{name}.xz").write_bytes(b"")
-    done = subprocess.run(
-        ["bash", str(tmp_path / "benchmarks" / SCRIPT.name), "run"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")},
-    )
+    done = _run_copy(tmp_path)
     assert done.returncode == 2, done.stderr
     assert "lacks t10k-images-idx3-ubyte.xz" in done.stderr
     assert "gpu_lease.sh data" in done.stderr

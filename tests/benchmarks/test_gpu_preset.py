@@ -74,24 +74,26 @@ def test_a_micro_run_records_the_charged_release_and_scoring_adds_accuracies_onc
 
 
 @pytest.mark.parametrize(
-    "runs, message",
+    "args, message",
     [
-        ("cifar:10", "unknown source 'cifar'"),
-        ("mnist5k", "give source:epsilon"),
-        ("fashion:ten", "give source:epsilon"),
-        ("fashion:1:dpgan", "unknown mechanism 'dpgan'"),
+        (["--runs", "mnist5k:10,cifar:10"], "unknown source 'cifar'"),
+        (["--runs", "mnist5k:10,mnist5k"], "give source:epsilon"),
+        (["--runs", "mnist5k:10,fashion:ten"], "give source:epsilon"),
+        (["--runs", "mnist5k:10,fashion:1:dpgan"], "unknown mechanism 'dpgan'"),
+        (
+            ["--runs", "fashion:1:merf", "--score-with", "cpu-cnn,vgg"],
+            "unknown classifier 'vgg'",
+        ),
     ],
 )
-def test_a_bad_run_list_is_refused_before_anything_runs(
+def test_a_bad_run_list_or_classifier_is_refused_before_anything_runs(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
-    runs: str,
+    args: list[str],
     message: str,
 ) -> None:
-    monkeypatch.setattr(
-        sys, "argv", ["gpu_preset", "--out", str(tmp_path), "--runs", f"mnist5k:10,{runs}"]
-    )
+    monkeypatch.setattr(sys, "argv", ["gpu_preset", "--out", str(tmp_path), *args])
     with pytest.raises(SystemExit):
         gpu_preset.main()
     assert message in capsys.readouterr().err
@@ -245,28 +247,6 @@ def test_merf_bandwidth_refuses_an_unknown_setting_before_reading_data() -> None
         timeout=120,
     )
     assert done.returncode == 2 and "unknown settings ['bogus']" in done.stderr
-
-
-def test_an_unknown_scoring_classifier_is_refused_before_anything_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        [
-            "gpu_preset",
-            "--out",
-            str(tmp_path),
-            "--runs",
-            "fashion:1:merf",
-            "--score-with",
-            "cpu-cnn,vgg",
-        ],
-    )
-    with pytest.raises(SystemExit):
-        gpu_preset.main()
-    assert "unknown classifier 'vgg'" in capsys.readouterr().err
-    assert not (tmp_path / gpu_preset.LOG).exists()
 
 
 def test_a_run_names_its_mechanism_and_privimage_is_the_default() -> None:
