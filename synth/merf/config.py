@@ -50,6 +50,12 @@ class MerfConfig:
     lr: float = 0.01  # Adam, cosine-decayed to lr / 10
     n_samples: int = 10_000  # released, balanced over the classes
     seed: int = 0  # public: the random frequencies, the generator's initialisation and draws
+    # DP labels (synth.merf.teacher): a classifier trained with DP-SGD on the sensitive images
+    # labels the drawn images; the query gets `query_share` of epsilon, the classifier the rest
+    teacher_labels: bool = False
+    query_share: float = 0.25  # the query's noise is that of a query alone at this share of epsilon
+    teacher_epochs: int = 10
+    teacher_batch: int = 512  # expected records per DP-SGD step
 
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon, "target epsilon")
@@ -79,6 +85,23 @@ class MerfConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
+        if not isinstance(self.teacher_labels, bool):
+            raise InvalidParameterError(
+                f"teacher_labels must be true or false, got {self.teacher_labels!r}."
+            )
+        share = self.query_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+            raise InvalidParameterError(
+                f"query_share must be a number strictly between 0 and 1, got {share!r}: the "
+                "query's share of epsilon, the DP classifier taking the rest."
+            )
+        self.query_share = float(share)
+        self.teacher_epochs = check_count(self.teacher_epochs, "teacher_epochs")
+        if self.teacher_epochs > 1000:
+            raise InvalidParameterError(
+                f"teacher_epochs must be at most 1000, got {self.teacher_epochs}."
+            )
+        self.teacher_batch = check_count(self.teacher_batch, "teacher_batch")
 
     def bandwidth_for(self, n_pixels: int, sigma: float, n_records: int, n_classes: int) -> float:
         """The bandwidth set, or the one auto_bandwidth picks for this query's noise."""

@@ -11,6 +11,20 @@ from synth.registry import MechanismDescription
 def describe(
     parameters: Mapping[str, Any], guarantee: Mapping[str, Any], n: int
 ) -> MechanismDescription:
+    labels = ""
+    guaranteed = "the synthetic images and labels (one Gaussian query: the noisy embedding)"
+    if parameters.get("teacher_labels"):
+        labels = (
+            " The labels come from a small classifier trained with DP-SGD on the sensitive "
+            f"images (noise multiplier {parameters.get('teacher_noise_multiplier', 0):.3g}, "
+            f"{parameters.get('teacher_steps')} steps); it kept the generator's class for "
+            f"{100 * float(parameters.get('teacher_label_agreement', 0)):.0f}% of the images, so "
+            "the classes need not be balanced."
+        )
+        guaranteed = (
+            "the synthetic images and labels (two events: the noisy embedding's Gaussian query "
+            "and the label classifier's DP-SGD)"
+        )
     return MechanismDescription(
         what=(
             f"{n} **synthetic** labelled images drawn from a small generator trained with DP-MERF: "
@@ -19,9 +33,9 @@ def describe(
             f"{parameters.get('sigma', 0):.3g}), and the generator learned to match that noisy "
             "summary; it never saw an image. No image in this bundle is a record of the "
             "sensitive dataset. Expect blurry, average-looking images: DP-MERF is a fast "
-            "baseline, not a detailed generator."
+            "baseline, not a detailed generator." + labels
         ),
-        guarantee="the synthetic images and labels (one Gaussian query: the noisy embedding)",
+        guarantee=guaranteed,
         collection=(
             "Synthetic images drawn from a generator trained against a differentially private "
             "random-feature mean embedding of each class of a sensitive image dataset (DP-MERF)."

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from accounting.calibration import calibrate_gaussian_sigma
+from accounting.calibration import calibrate_dpsgd_sigma, calibrate_gaussian_sigma
 from accounting.errors import DataFormatError, InvalidParameterError
-from accounting.events import GaussianQuery, MechanismEvent
+from accounting.events import DpSgd, GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
+from synth.merf import teacher
 from synth.merf.config import MerfConfig
 from synth.merf.describe import describe
 from synth.merf.embedding import SENSITIVITY, embedding_event, features
@@ -78,8 +79,8 @@ def plan(
         raise InvalidParameterError(f"config must be a MerfConfig, got {type(config).__name__}.")
     h, w, c = _geometry(dataset.image_shape)
     size = generator_size(h, w)
-    sigma = calibrate_gaussian_sigma(config.epsilon, config.delta, SENSITIVITY, prior)
-    event = embedding_event(sigma)
+    query, dpsgd, teacher_detail = _events(config, dataset.record_count, prior)
+    sigma = query.sigma
     per_class = dataset.record_count / max(len(dataset.labels), 1)
     warnings = []
     if sigma / per_class > 0.05:  # the noise on a class's mean embedding, per unit of signal
@@ -89,7 +90,7 @@ def plan(
             "or release from a larger dataset."
         )
     return MechanismPlan(
-        events=(event,),
+        events=(query,) if dpsgd is None else (query, dpsgd),
         expected_count=config.n_samples,
         output_shape=tuple(dataset.image_shape),
         guarantee_kind=registry.DP,
@@ -102,20 +103,56 @@ def plan(
             "bandwidth": config.bandwidth_for(
                 c * size * size, sigma, dataset.record_count, len(dataset.labels)
             ),
+            **teacher_detail,
         },
     )
 
 
-def _event_sigma(ctx: RunContext) -> float:
-    (event,) = ctx.plan.events
-    if not isinstance(event, GaussianQuery):
-        raise InvalidParameterError("A merf plan charges one Gaussian query; this plan does not.")
-    return float(event.sigma)
+def _events(
+    config: MerfConfig, n_records: int, prior: Sequence[MechanismEvent]
+) -> tuple[GaussianQuery, DpSgd | None, dict[str, Any]]:
+    """The query alone at the whole target; or, with DP labels, the query at the noise of a query
+    alone at `query_share` of epsilon and the classifier's DP-SGD calibrated so that the history,
+    this release's two events included, meets the target."""
+    if not config.teacher_labels:
+        sigma = calibrate_gaussian_sigma(config.epsilon, config.delta, SENSITIVITY, prior)
+        return embedding_event(sigma), None, {}
+    query = embedding_event(
+        calibrate_gaussian_sigma(config.query_share * config.epsilon, config.delta, SENSITIVITY)
+    )
+    q, steps = teacher.schedule(n_records, config.teacher_batch, config.teacher_epochs)
+    noise = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior, extra=[query])
+    dpsgd = DpSgd(q, noise, steps)
+    return (
+        query,
+        dpsgd,
+        {
+            "teacher_sample_rate": q,
+            "teacher_steps": steps,
+            "teacher_noise_multiplier": noise,
+        },
+    )
+
+
+def _planned(ctx: RunContext, config: MerfConfig) -> tuple[float, DpSgd | None]:
+    """The query's sigma and, with DP labels, the classifier's DP-SGD, exactly as charged."""
+    events = list(ctx.plan.events)
+    want = 2 if config.teacher_labels else 1
+    if (
+        len(events) != want
+        or not isinstance(events[0], GaussianQuery)
+        or (want == 2 and not isinstance(events[1], DpSgd))
+    ):
+        raise InvalidParameterError(
+            "A merf plan charges one Gaussian query (and, with teacher_labels, one DP-SGD run); "
+            "this plan does not match its settings. Plan the release again."
+        )
+    return float(events[0].sigma), events[1] if want == 2 else None  # type: ignore[return-value]
 
 
 def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
     h, w, channels = _geometry(data.image_shape)
-    sigma = _event_sigma(ctx)
+    sigma, dpsgd = _planned(ctx, config)
     values = list(data.label_set)
     lookup = {v: i for i, v in enumerate(values)}
     started = time.time()
@@ -135,6 +172,11 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     ctx.progress("drawing images", 0, 1)
     images = fitted.draw(out_rows, config.seed + 1, (h, w))
     ctx.progress("drawing images", 1, 1)
+    labelled: dict[str, Any] = {}
+    if dpsgd is not None:
+        out_rows, images, labelled = _teacher_labels(
+            data.images, rows, len(values), size, dpsgd, config, images, out_rows, ctx
+        )
     generator = _save_generator(ctx.workdir, fitted, config, channels, bandwidth)
     return MechanismOutput(
         images=images,
@@ -148,10 +190,51 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             "generator_size": size,
             # generators trained: more than 1 where a class collapsed (post-processing of the query)
             "generator_attempts": fitted.attempts,
+            **labelled,
             "n_released": len(images),
         },
         generator=generator,
         internal={"timings_s": {"query_and_generator": round(trained, 2)}},
+    )
+
+
+def _teacher_labels(
+    sensitive: np.ndarray,
+    rows: np.ndarray,
+    n_classes: int,
+    size: int,
+    dpsgd: DpSgd,
+    config: MerfConfig,
+    images: np.ndarray,
+    drawn_rows: np.ndarray,
+    ctx: RunContext,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The drawn images labelled by the DP classifier, sorted by their new label; the share of
+    images whose label the classifier kept (post-processing of both events: safe to publish)."""
+    model = teacher.train(
+        sensitive,
+        rows,
+        n_classes,
+        size,
+        sample_rate=dpsgd.sample_rate,
+        steps=dpsgd.steps,
+        noise_multiplier=dpsgd.noise_multiplier,
+        seed=config.seed,
+        before_step=lambda: registry.step_started(ctx.workdir),
+        progress=lambda done, total: ctx.progress("DP-SGD label classifier", done, total),
+    )
+    labels = teacher.predict(model, images, size)
+    kept = float(np.mean(labels == drawn_rows)) if len(labels) else 1.0
+    order = np.argsort(labels, kind="stable")
+    return (
+        labels[order],
+        images[order],
+        {
+            "teacher_sample_rate": dpsgd.sample_rate,
+            "teacher_steps": dpsgd.steps,
+            "teacher_noise_multiplier": dpsgd.noise_multiplier,
+            "teacher_label_agreement": round(kept, 4),
+        },
     )
 
 

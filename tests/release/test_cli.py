@@ -202,6 +202,14 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     assert r.exit_code != 0 and "precision must be one of" in str(r.exception)
     r = cli(ws, "synth", "ksalsa", "--dataset", "user", "--k", "5", "--preset", "tiny")
     assert r.exit_code == 0, r.output
+    labelled = tmp_path / "merf.toml"
+    r = cli(
+        ws,
+        *("synth", "merf", "--dataset", "user", "--epsilon", "2", "--teacher-labels"),
+        *("--write-spec", str(labelled)),
+    )
+    assert r.exit_code == 0 and "teacher_labels = true" in labelled.read_text(), r.output
+    assert "DP-SGD" in r.output  # the classifier's event is previewed beside the query
     store = Store(ws)
     assert (
         ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []

@@ -1,0 +1,181 @@
+"""DP labels for merf releases (`teacher_labels`): the two events' epsilon checked by an account
+built here from the raw mechanisms, the DP classifier learning classes from the sensitive images,
+and a release through the runner charged both events."""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+
+from accounting import ledger, trail
+from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd, GaussianQuery
+from accounting.fingerprint import dataset_fingerprint
+from accounting.store import Store, Workspace
+from release import runner
+from release.manager import dataset_info
+from synth import registry
+from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.merf import MerfConfig, teacher
+from synth.merf.run import MECHANISM
+
+torch.set_num_threads(1)
+FASHION = registry.DatasetInfo("d", "d", 55_000, tuple(range(10)), (28, 28), 1e-5)
+
+
+def _pld_epsilon(sigma_query: float, q: float, noise: float, steps: int, delta: float) -> float:
+    """The two mechanisms composed by dp-accounting's PLD accountant from their raw parameters
+    (not through our event classes): a tighter account than the RDP the plan calibrates with."""
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(sigma_query))
+    sampled = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise))
+    acc.compose(dp_accounting.SelfComposedDpEvent(sampled, steps))
+    return float(acc.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 10.0])
+def test_the_query_and_the_classifier_together_stay_under_the_target(epsilon: float) -> None:
+    cfg = MerfConfig(epsilon, 1e-5, teacher_labels=True)
+    plan = MECHANISM.plan(cfg, FASHION, [], uci_digits())
+    query, dpsgd = plan.events
+    assert isinstance(query, GaussianQuery) and isinstance(dpsgd, DpSgd)
+    q, steps = teacher.schedule(55_000, cfg.teacher_batch, cfg.teacher_epochs)
+    assert (dpsgd.sample_rate, dpsgd.steps) == (q, steps) == (1 / 108, 1080)
+    total = _pld_epsilon(query.sigma, q, dpsgd.noise_multiplier, steps, 1e-5)
+    assert 0.6 * epsilon < total <= epsilon
+    # the query's noise is that of a query alone at query_share of epsilon: more than without labels
+    alone = MECHANISM.plan(MerfConfig(epsilon, 1e-5), FASHION, [], uci_digits()).events[0]
+    shared = MECHANISM.plan(
+        MerfConfig(cfg.query_share * epsilon, 1e-5), FASHION, [], uci_digits()
+    ).events[0]
+    assert query.sigma == pytest.approx(shared.sigma) and query.sigma > alone.sigma
+    assert plan.detail["teacher_steps"] == steps
+
+
+def test_prior_spend_leaves_the_classifier_more_noise() -> None:
+    cfg = MerfConfig(4.0, 1e-5, teacher_labels=True)
+    fresh = MECHANISM.plan(cfg, FASHION, [], uci_digits()).events[1]
+    spent = MECHANISM.plan(cfg, FASHION, [GaussianQuery(3.0)], uci_digits()).events[1]
+    assert spent.noise_multiplier > fresh.noise_multiplier
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"query_share": 0.0}, "query_share"),
+        ({"query_share": 1.0}, "query_share"),
+        ({"query_share": float("nan")}, "query_share"),
+        ({"query_share": True}, "query_share"),
+        ({"teacher_labels": "yes"}, "teacher_labels"),
+        ({"teacher_epochs": 0}, "teacher_epochs"),
+        ({"teacher_epochs": 10**6}, "teacher_epochs"),
+        ({"teacher_batch": -5}, "teacher_batch"),
+    ],
+)
+def test_bad_label_settings_are_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(InvalidParameterError, match=message):
+        MerfConfig(**{"epsilon": 1.0, "delta": 1e-5, **overrides})
+
+
+def test_the_dp_classifier_learns_the_classes_from_the_sensitive_images() -> None:
+    """Bright left half against bright right half (12x12, read upscaled), with DP-SGD noise:
+    held-out images labelled right."""
+    rows = np.arange(600) % 2
+
+    def halves(seed: int) -> np.ndarray:
+        images = np.random.default_rng(seed).integers(0, 60, (600, 12, 12)).astype(np.uint8)
+        images[rows == 0, :, :6] += 150
+        images[rows == 1, :, 6:] += 150
+        return images
+
+    images = halves(0)
+    q, steps = teacher.schedule(600, 100, 5)
+    model = teacher.train(
+        images, rows, 2, 12, sample_rate=q, steps=steps, noise_multiplier=1.0, seed=0
+    )
+    assert (teacher.predict(model, halves(1)[::-1], 12) == rows[::-1]).mean() > 0.9
+
+
+@pytest.fixture
+def store(tmp_path) -> tuple[Store, ImageDataset]:
+    data = load_source("builtin:mnist5k")
+    sensitive = data.subset(
+        np.concatenate([np.flatnonzero(data.labels == c)[:20] for c in range(10)])
+    )
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    st = Store(ws)
+    ledger.register_dataset(
+        st,
+        name="mnist",
+        source="builtin:mnist5k",
+        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
+        record_count=len(sensitive),
+        labels=sensitive.label_set,
+        image_shape=[28, 28],
+        epsilon_cap=8.0,
+        delta_cap=1e-5,
+    )
+    return st, sensitive
+
+
+def test_a_release_with_dp_labels_is_charged_both_events(store, tmp_path) -> None:
+    st, sensitive = store
+    cfg = MerfConfig.tiny(4.0, 1e-5, n_samples=40, teacher_labels=True, teacher_epochs=2)
+    public = uci_digits()
+    b = ledger.budget(st, "mnist")
+    plan = MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, public)
+    assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd]
+    stages: list[str] = []
+    res = runner.run_charged(
+        st,
+        run_id="t1",
+        dataset="mnist",
+        data=sensitive,
+        public=public,
+        mechanism="merf",
+        config=cfg,
+        plan=plan,
+        workdir=tmp_path / "w",
+        actor="alice",
+        progress=lambda s, d, t: stages.append(s),
+    )
+    assert res.images.shape == (40, 28, 28) and len(res.labels) == 40
+    assert set(res.labels.tolist()) <= set(range(10))
+    assert list(res.labels) == sorted(res.labels)  # sorted by the classifier's label
+    assert "DP-SGD label classifier" in stages
+    # every step went through the runner's durable write-ahead counter before it ran
+    assert registry.read_counter(tmp_path / "w")["started"] == plan.events[1].steps
+    charge = ledger.get_charge(st, "t1")
+    assert charge.state == "committed" and tuple(charge.charged_events) == plan.events
+    assert ledger.budget(st, "mnist").spent.epsilon_rdp <= 4.0
+    assert trail.verify(st).ok
+    assert 0.0 <= res.parameters["teacher_label_agreement"] <= 1.0
+    assert res.parameters["teacher_steps"] == plan.events[1].steps
+    about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 40)
+    assert "DP-SGD" in about.what and "two events" in about.guarantee
+
+
+def test_a_plan_that_does_not_match_the_settings_is_refused(store, tmp_path) -> None:
+    """A plan made without DP labels cannot run a config that asks for them (nothing charged)."""
+    st, sensitive = store
+    b = ledger.budget(st, "mnist")
+    plain = MECHANISM.plan(
+        MerfConfig.tiny(2.0, 1e-5, n_samples=10), dataset_info(b.dataset), b.history, uci_digits()
+    )
+    with pytest.raises(InvalidParameterError, match="Plan the release again"):
+        runner.run_charged(
+            st,
+            run_id="t2",
+            dataset="mnist",
+            data=sensitive,
+            public=uci_digits(),
+            mechanism="merf",
+            config=MerfConfig.tiny(2.0, 1e-5, n_samples=10, teacher_labels=True),
+            plan=plain,
+            workdir=tmp_path / "w2",
+            actor="alice",
+        )
+    assert ledger.budget(st, "mnist").spent.epsilon_rdp == 0.0
