@@ -198,6 +198,13 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     )
 
 
+def label_order(labels: np.ndarray, drawn_rows: np.ndarray) -> np.ndarray:
+    """The release's order: by the classifier's label; within a label the images drawn as that
+    class first (a grid of a class's first images shows its own drawings, not another class's
+    images the classifier moved to it), each group in drawing order."""
+    return np.lexsort((np.asarray(labels) != np.asarray(drawn_rows), labels))
+
+
 def _teacher_labels(
     sensitive: np.ndarray,
     rows: np.ndarray,
@@ -225,7 +232,7 @@ def _teacher_labels(
     )
     labels = teacher.predict(model, images, size)
     kept = float(np.mean(labels == drawn_rows)) if len(labels) else 1.0
-    order = np.argsort(labels, kind="stable")
+    order = label_order(labels, drawn_rows)
     return (
         labels[order],
         images[order],

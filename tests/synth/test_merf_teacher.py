@@ -19,7 +19,7 @@ from release.manager import dataset_info
 from synth import registry
 from synth.datasets import ImageDataset, load_source, uci_digits
 from synth.merf import MerfConfig, teacher
-from synth.merf.run import MECHANISM
+from synth.merf.run import MECHANISM, label_order
 
 torch.set_num_threads(1)
 FASHION = registry.DatasetInfo("d", "d", 55_000, tuple(range(10)), (28, 28), 1e-5)
@@ -96,6 +96,14 @@ def test_the_dp_classifier_learns_the_classes_from_the_sensitive_images() -> Non
         images, rows, 2, 12, sample_rate=q, steps=steps, noise_multiplier=1.0, seed=0
     )
     assert (teacher.predict(model, halves(1)[::-1], 12) == rows[::-1]).mean() > 0.9
+
+
+def test_a_class_lists_its_own_drawings_before_the_images_moved_to_it() -> None:
+    drawn = np.array([0, 0, 0, 1, 1, 1])
+    labels = np.array([1, 0, 0, 1, 0, 1])
+    order = label_order(labels, drawn)
+    assert order.tolist() == [1, 2, 4, 3, 5, 0]
+    assert labels[order].tolist() == [0, 0, 0, 1, 1, 1]
 
 
 @pytest.fixture
