@@ -218,6 +218,9 @@ def _teacher_labels(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The drawn images labelled by the DP classifier, sorted by their new label; the share of
     images whose label the classifier kept (post-processing of both events: safe to publish)."""
+    started = int(registry.read_counter(ctx.workdir)["started"])
+    if started:  # an earlier attempt ran steps and crashed: they are charged before training anew
+        ctx.charge_lost_steps(started, 0)
     model = teacher.train(
         sensitive,
         rows,

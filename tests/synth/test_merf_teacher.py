@@ -187,3 +187,47 @@ def test_a_plan_that_does_not_match_the_settings_is_refused(store, tmp_path) -> 
             actor="alice",
         )
     assert ledger.budget(st, "mnist").spent.epsilon_rdp == 0.0
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
+    store, tmp_path
+) -> None:
+    """3 steps ran before the crash; the next run trains anew and the 3 lost steps get a redo charge
+    of their own, beside the release's query and its full DP-SGD."""
+    st, sensitive = store
+    cfg = MerfConfig.tiny(
+        4.0, 1e-5, n_samples=20, teacher_labels=True, teacher_epochs=2, teacher_batch=20
+    )
+    b = ledger.budget(st, "mnist")
+    plan = MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, uci_digits())
+    steps = plan.events[1].steps
+
+    def crash_at_third_step(stage: str, done: int, total: int) -> None:
+        if stage == "DP-SGD label classifier" and done == 3:
+            raise _Crash
+
+    run = dict(
+        run_id="c",
+        dataset="mnist",
+        data=sensitive,
+        public=uci_digits(),
+        mechanism="merf",
+        config=cfg,
+        plan=plan,
+        workdir=tmp_path / "w",
+        actor="alice",
+    )
+    with pytest.raises(_Crash):
+        runner.run_charged(st, **run, progress=crash_at_third_step)  # type: ignore[arg-type]
+    assert ledger.get_charge(st, "c").state == "reserved"  # read the data: stays charged
+    runner.run_charged(st, **run)  # type: ignore[arg-type]
+    redo = ledger.get_charge(st, "c:redo-1")
+    assert redo.state == "committed" and redo.charged_events[0].steps == 3
+    main = ledger.get_charge(st, "c")
+    assert main.state == "committed" and main.charged_events[1].steps == steps
+    assert registry.read_counter(tmp_path / "w")["started"] == steps + 3
+    assert trail.verify(st).ok
