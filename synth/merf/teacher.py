@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import PrivReleaseError
 from synth.dp_noise import install as install_secure_noise
+from synth.merf.fit import to_unit
 
 MAX_GRAD_NORM = 1.0  # per-example clipping norm (the noise multiplier is relative to it)
 LR = 1.0  # SGD with momentum 0.9: large steps suit clipped, noisy gradients (Tramer & Boneh 2021)
@@ -67,15 +68,6 @@ def classifier(channels: int, n_classes: int) -> nn.Module:
     )
 
 
-def _as_unit(batch: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> float in [0, 1] at size x size (at least MIN_SIZE)."""
-    size = max(size, MIN_SIZE)
-    x = batch.float().div_(255)
-    if x.shape[2:] != (size, size):
-        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    return x
-
-
 def train(
     images: np.ndarray,
     rows: np.ndarray,
@@ -95,11 +87,11 @@ def train(
     each step (the runner's durable write-ahead counter: a crash mid-training charges what ran)."""
     from opacus import PrivacyEngine
 
-    x = torch.from_numpy(np.ascontiguousarray(images))
-    x = x[:, None] if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    x = torch.from_numpy(np.ascontiguousarray(images))  # uint8, converted a batch at a time
     y = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    channels, size = 1 if x.ndim == 3 else int(x.shape[-1]), max(size, MIN_SIZE)
     torch.manual_seed(seed)
-    model = classifier(x.shape[1], n_classes)
+    model = classifier(channels, n_classes)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     batch = _loader_batch(len(x), sample_rate)
     loader = DataLoader(
@@ -134,10 +126,10 @@ def train(
                 done += 1
                 if len(xb):  # an empty Poisson batch releases nothing: skipping it is safe
                     dp_opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(dp_model(_as_unit(xb, size)), yb).backward()
+                    F.cross_entropy(dp_model(to_unit(xb, size)), yb).backward()
                     dp_opt.step()
                 progress(done, steps)
-    clean = classifier(x.shape[1], n_classes)  # the weights without opacus' hooks
+    clean = classifier(channels, n_classes)  # the weights without opacus' hooks
     clean.load_state_dict(dp_model._module.state_dict())
     return clean.eval()
 
@@ -145,8 +137,9 @@ def train(
 @torch.no_grad()
 def predict(model: nn.Module, images: np.ndarray, size: int) -> np.ndarray:
     """Class positions the classifier gives uint8 images (N, H, W[, C])."""
-    x = torch.from_numpy(np.ascontiguousarray(images))
-    x = x[:, None] if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    steps = range(0, len(x), LABEL_BATCH)
-    out = [model(_as_unit(x[i : i + LABEL_BATCH], size)).argmax(1) for i in steps]
+    size = max(size, MIN_SIZE)
+    out = [
+        model(to_unit(np.ascontiguousarray(images[i : i + LABEL_BATCH]), size)).argmax(1)
+        for i in range(0, len(images), LABEL_BATCH)
+    ]
     return torch.cat(out).numpy().astype(np.int64) if out else np.zeros(0, dtype=np.int64)
