@@ -15,12 +15,10 @@ from scipy.stats import norm
 from accounting import ledger, trail
 from accounting.errors import InvalidParameterError
 from accounting.events import GaussianQuery
-from accounting.fingerprint import dataset_fingerprint
-from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.datasets import uci_digits
 from synth.merf import MerfConfig
 from synth.merf.embedding import class_sums, frequencies, noisy_embedding
 from synth.merf.fit import MerfSettings, fit
@@ -114,31 +112,10 @@ def test_the_noise_is_fresh_each_time() -> None:
     assert not np.allclose(a.sums, b.sums)
 
 
-@pytest.fixture
-def store(tmp_path) -> tuple[Store, ImageDataset]:
-    data = load_source("builtin:mnist5k")
-    sensitive = data.subset(
-        np.concatenate([np.flatnonzero(data.labels == c)[:20] for c in range(10)])
-    )
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    st = Store(ws)
-    ledger.register_dataset(
-        st,
-        name="mnist",
-        source="builtin:mnist5k",
-        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
-        record_count=len(sensitive),
-        labels=sensitive.label_set,
-        image_shape=[28, 28],
-        epsilon_cap=8.0,
-        delta_cap=1e-5,
-    )
-    return st, sensitive
-
-
-def test_a_merf_release_through_the_runner_is_charged_its_one_query(store, tmp_path) -> None:
-    st, sensitive = store
+def test_a_merf_release_through_the_runner_is_charged_its_one_query(
+    mnist200_store, tmp_path
+) -> None:
+    st, sensitive = mnist200_store
     cfg = MerfConfig.tiny(2.0, 1e-5, n_samples=30)
     public = uci_digits()
     b = ledger.budget(st, "mnist")

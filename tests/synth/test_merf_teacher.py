@@ -12,12 +12,10 @@ import torch
 from accounting import ledger, trail
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
-from accounting.fingerprint import dataset_fingerprint
-from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.datasets import uci_digits
 from synth.merf import MerfConfig, teacher
 from synth.merf.run import MECHANISM, label_order
 
@@ -106,31 +104,8 @@ def test_a_class_lists_its_own_drawings_before_the_images_moved_to_it() -> None:
     assert labels[order].tolist() == [0, 0, 0, 1, 1, 1]
 
 
-@pytest.fixture
-def store(tmp_path) -> tuple[Store, ImageDataset]:
-    data = load_source("builtin:mnist5k")
-    sensitive = data.subset(
-        np.concatenate([np.flatnonzero(data.labels == c)[:20] for c in range(10)])
-    )
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    st = Store(ws)
-    ledger.register_dataset(
-        st,
-        name="mnist",
-        source="builtin:mnist5k",
-        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
-        record_count=len(sensitive),
-        labels=sensitive.label_set,
-        image_shape=[28, 28],
-        epsilon_cap=8.0,
-        delta_cap=1e-5,
-    )
-    return st, sensitive
-
-
-def test_a_release_with_dp_labels_is_charged_both_events(store, tmp_path) -> None:
-    st, sensitive = store
+def test_a_release_with_dp_labels_is_charged_both_events(mnist200_store, tmp_path) -> None:
+    st, sensitive = mnist200_store
     cfg = MerfConfig.tiny(4.0, 1e-5, n_samples=40, teacher_labels=True, teacher_epochs=2)
     public = uci_digits()
     b = ledger.budget(st, "mnist")
@@ -166,9 +141,9 @@ def test_a_release_with_dp_labels_is_charged_both_events(store, tmp_path) -> Non
     assert "DP-SGD" in about.what and "two events" in about.guarantee
 
 
-def test_a_plan_that_does_not_match_the_settings_is_refused(store, tmp_path) -> None:
+def test_a_plan_that_does_not_match_the_settings_is_refused(mnist200_store, tmp_path) -> None:
     """A plan made without DP labels cannot run a config that asks for them (nothing charged)."""
-    st, sensitive = store
+    st, sensitive = mnist200_store
     b = ledger.budget(st, "mnist")
     plain = MECHANISM.plan(
         MerfConfig.tiny(2.0, 1e-5, n_samples=10), dataset_info(b.dataset), b.history, uci_digits()
@@ -194,11 +169,11 @@ class _Crash(Exception):
 
 
 def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
-    store, tmp_path
+    mnist200_store, tmp_path
 ) -> None:
     """3 steps ran before the crash; the next run trains anew and the 3 lost steps get a redo charge
     of their own, beside the release's query and its full DP-SGD."""
-    st, sensitive = store
+    st, sensitive = mnist200_store
     cfg = MerfConfig.tiny(
         4.0, 1e-5, n_samples=20, teacher_labels=True, teacher_epochs=2, teacher_batch=20
     )
