@@ -200,11 +200,13 @@ def merf(
     ),
     n_samples: int = typer.Option(10_000, "--n-samples", help="Images to release."),
     steps: int = typer.Option(2000, "--steps", help="Generator updates (no privacy cost)."),
-    teacher_labels: bool = typer.Option(
-        False,
-        "--teacher-labels",
+    teacher_labels: bool | None = typer.Option(
+        None,
+        "--teacher-labels/--no-teacher-labels",
         help="Label the images with a classifier trained with DP-SGD on the sensitive images (a "
-        "second charged event; helps at large epsilon, see docs/merf.md).",
+        "second charged event, see docs/merf.md). Default: decided by the plan, on where the "
+        "classes are large enough for the summary to keep its detail at half the budget.",
+        show_default=False,
     ),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
@@ -212,8 +214,8 @@ def merf(
     """DP-MERF: one noisy random-feature summary of each class and a small generator trained on
     it; minutes on a laptop, the baseline a PrivImage release should beat (preview)."""
     settings: dict[str, Any] = {"epsilon": epsilon, "steps": steps}
-    if teacher_labels:
-        settings["teacher_labels"] = True
+    if teacher_labels is not None:
+        settings["teacher_labels"] = teacher_labels
     _preview(
         _with_heldout(
             {

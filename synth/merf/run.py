@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from accounting.calibration import calibrate_dpsgd_sigma, calibrate_gaussian_sigma
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import BudgetExceededError, DataFormatError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.merf import teacher
-from synth.merf.config import MerfConfig
+from synth.merf.config import TEACHER_AUTO, MerfConfig
 from synth.merf.describe import describe
 from synth.merf.embedding import SENSITIVITY, embedding_event, features
 from synth.merf.fit import FittedMerf, MerfSettings, fit, generator_size, to_unit
@@ -79,7 +79,7 @@ def plan(
         raise InvalidParameterError(f"config must be a MerfConfig, got {type(config).__name__}.")
     h, w, c = _geometry(dataset.image_shape)
     size = generator_size(h, w)
-    query, dpsgd, teacher_detail = _events(config, dataset.record_count, prior)
+    query, dpsgd, teacher_detail = _events(config, dataset.record_count, len(dataset.labels), prior)
     sigma = query.sigma
     per_class = dataset.record_count / max(len(dataset.labels), 1)
     warnings = []
@@ -109,45 +109,55 @@ def plan(
 
 
 def _events(
-    config: MerfConfig, n_records: int, prior: Sequence[MechanismEvent]
+    config: MerfConfig, n_records: int, n_classes: int, prior: Sequence[MechanismEvent]
 ) -> tuple[GaussianQuery, DpSgd | None, dict[str, Any]]:
     """The query alone at the whole target; or, with DP labels, the query at the noise of a query
     alone at `query_share` of epsilon and the classifier's DP-SGD calibrated so that the history,
-    this release's two events included, meets the target."""
-    if not config.teacher_labels:
-        sigma = calibrate_gaussian_sigma(config.epsilon, config.delta, SENSITIVITY, prior)
-        return embedding_event(sigma), None, {}
-    query = embedding_event(
-        calibrate_gaussian_sigma(config.query_share * config.epsilon, config.delta, SENSITIVITY)
-    )
-    q, steps = teacher.schedule(n_records, config.teacher_batch, config.teacher_epochs)
-    noise = calibrate_dpsgd_sigma(config.epsilon, config.delta, q, steps, prior, extra=[query])
-    dpsgd = DpSgd(q, noise, steps)
-    return (
-        query,
-        dpsgd,
-        {
-            "teacher_sample_rate": q,
-            "teacher_steps": steps,
-            "teacher_noise_multiplier": noise,
-        },
-    )
+    this release's two events included, meets the target. "auto" decides from public quantities
+    (MerfConfig.wants_teacher), and falls back to the query alone where the two events cannot
+    meet the target beside the prior spend."""
+    if config.teacher_labels is not False:
+        share = config.query_share * config.epsilon
+        query = embedding_event(calibrate_gaussian_sigma(share, config.delta, SENSITIVITY))
+        if config.wants_teacher(query.sigma, n_records, n_classes):
+            q, steps = teacher.schedule(n_records, config.teacher_batch, config.teacher_epochs)
+            try:
+                noise = calibrate_dpsgd_sigma(
+                    config.epsilon, config.delta, q, steps, prior, extra=[query]
+                )
+            except BudgetExceededError:
+                if config.teacher_labels is True:
+                    raise
+            else:
+                detail = {
+                    "teacher_labels": True,
+                    "teacher_sample_rate": q,
+                    "teacher_steps": steps,
+                    "teacher_noise_multiplier": noise,
+                }
+                return query, DpSgd(q, noise, steps), detail
+    sigma = calibrate_gaussian_sigma(config.epsilon, config.delta, SENSITIVITY, prior)
+    return embedding_event(sigma), None, {"teacher_labels": False}
 
 
 def _planned(ctx: RunContext, config: MerfConfig) -> tuple[float, DpSgd | None]:
-    """The query's sigma and, with DP labels, the classifier's DP-SGD, exactly as charged."""
+    """The query's sigma and, with DP labels, the classifier's DP-SGD, exactly as charged ("auto"
+    was decided by the plan: its events say which)."""
     events = list(ctx.plan.events)
-    want = 2 if config.teacher_labels else 1
+    if config.teacher_labels == TEACHER_AUTO:
+        allowed: tuple[int, ...] = (1, 2)
+    else:
+        allowed = (2,) if config.teacher_labels else (1,)
     if (
-        len(events) != want
+        len(events) not in allowed
         or not isinstance(events[0], GaussianQuery)
-        or (want == 2 and not isinstance(events[1], DpSgd))
+        or (len(events) == 2 and not isinstance(events[1], DpSgd))
     ):
         raise InvalidParameterError(
             "A merf plan charges one Gaussian query (and, with teacher_labels, one DP-SGD run); "
             "this plan does not match its settings. Plan the release again."
         )
-    return float(events[0].sigma), events[1] if want == 2 else None  # type: ignore[return-value]
+    return float(events[0].sigma), events[1] if len(events) == 2 else None  # type: ignore[return-value]
 
 
 def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
@@ -190,6 +200,13 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             "generator_size": size,
             # generators trained: more than 1 where a class collapsed (post-processing of the query)
             "generator_attempts": fitted.attempts,
+            # as the plan decided ("auto": from public quantities, MerfConfig.wants_teacher)
+            "teacher_labels": dpsgd is not None,
+            **(
+                {"teacher_labels_setting": TEACHER_AUTO}
+                if config.teacher_labels == TEACHER_AUTO
+                else {}
+            ),
             **labelled,
             "n_released": len(images),
         },

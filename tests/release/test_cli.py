@@ -210,6 +210,13 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     )
     assert r.exit_code == 0 and "teacher_labels = true" in labelled.read_text(), r.output
     assert "DP-SGD" in r.output  # the classifier's event is previewed beside the query
+    r = cli(
+        ws,
+        *("synth", "merf", "--dataset", "user", "--epsilon", "2", "--no-teacher-labels"),
+        *("--write-spec", str(labelled)),
+    )
+    assert r.exit_code == 0 and "teacher_labels = false" in labelled.read_text(), r.output
+    assert "DP-SGD" not in r.output
     store = Store(ws)
     assert (
         ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []

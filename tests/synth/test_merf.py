@@ -59,12 +59,15 @@ def test_the_planned_noise_keeps_epsilon_under_the_target_by_an_independent_acco
     """The plan calibrates by RDP (dp-accounting); the analytic Gaussian epsilon of the same noise,
     computed here from the normal CDF alone, must be at most the target (RDP is the looser one)."""
     info = registry.DatasetInfo("d", "d", 60_000, tuple(range(10)), (28, 28), 1e-5)
-    plan = MECHANISM.plan(MerfConfig(epsilon, 1e-5), info, [], uci_digits())
+    alone = {"teacher_labels": False}  # the query alone (with DP labels: test_merf_teacher.py)
+    plan = MECHANISM.plan(MerfConfig(epsilon, 1e-5, **alone), info, [], uci_digits())
     (event,) = plan.events
     assert isinstance(event, GaussianQuery) and event.sensitivity == 1.0 and event.count == 1
     exact = _analytic_gaussian_epsilon(1.0 / event.sigma, 1e-5)
     assert exact <= epsilon and exact > 0.6 * epsilon  # conservative, not absurdly so
-    more = MECHANISM.plan(MerfConfig(epsilon, 1e-5), info, [GaussianQuery(40.0)], uci_digits())
+    more = MECHANISM.plan(
+        MerfConfig(epsilon, 1e-5, **alone), info, [GaussianQuery(40.0)], uci_digits()
+    )
     assert more.events[0].sigma > event.sigma  # prior spend leaves less: more noise
 
 
@@ -150,6 +153,10 @@ def test_a_merf_release_through_the_runner_is_charged_its_one_query(
     assert "DP-MERF" in about.what and "never saw an image" in about.what
     # the kernel the plan showed is the one the run used (a noisy query here: the wide one)
     assert res.parameters["bandwidth"] == plan.detail["bandwidth"] == 105.0
+    # "auto" decided against DP labels for 20 records a class: the query alone, and it says so
+    assert res.parameters["teacher_labels"] is False
+    assert res.parameters["teacher_labels_setting"] == "auto"
+    assert "two events" not in about.guarantee
     saved = json.loads((Path(res.output.generator) / "settings.json").read_text())
     assert saved["bandwidth"] == 105.0  # the audit's membership loss rebuilds the same features
 
