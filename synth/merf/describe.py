@@ -25,6 +25,12 @@ def describe(
             "the synthetic images and labels (two events: the noisy embedding's Gaussian query "
             "and the label classifier's DP-SGD)"
         )
+    collapsed = list(parameters.get("collapsed_classes") or [])
+    if collapsed:
+        labels += (
+            f" Warning: the generator did not learn class(es) {collapsed} (every training attempt "
+            "drew something else for them), so their images do not show that class."
+        )
     return MechanismDescription(
         what=(
             f"{n} **synthetic** labelled images drawn from a small generator trained with DP-MERF: "

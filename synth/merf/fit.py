@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ class FittedMerf:
     size: int  # the generator's square image size (a multiple of 4)
     attempts: int = 1  # generators trained (more than one after a collapsed class)
     distances: np.ndarray | None = None  # the kept generator's class_distances
+    collapsed: tuple[int, ...] = ()  # classes the kept generator still leaves collapsed, if any
 
     def draw(self, rows: np.ndarray, seed: int, out_size: tuple[int, int]) -> np.ndarray:
         """uint8 images (N, H, W[, C]) at `out_size` for class positions `rows`."""
@@ -57,6 +59,10 @@ class FittedMerf:
         x = F.interpolate(x, size=out_size, mode="bilinear", align_corners=False)
         out = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
         return out[..., 0] if out.shape[-1] == 1 else out
+
+
+# an extra collapse check on a trained generator: the class positions it finds collapsed
+CollapseCheck = Callable[[ConditionalGenerator], list[int]]
 
 
 def generator_size(height: int, width: int) -> int:
@@ -81,6 +87,7 @@ def fit(
     s: MerfSettings,
     progress: ProgressFn = no_progress,
     stage: str = "DP-MERF generator",
+    also_collapsed: CollapseCheck | None = None,
 ) -> FittedMerf:
     """The noisy embedding of `images` (sensitive: uint8, class positions `rows`) with noise std
     `sigma`, and a generator trained against it."""
@@ -90,7 +97,7 @@ def fit(
     progress("DP-MERF embedding (one Gaussian query)", 0, 1)
     emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, w, sigma)
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
-    return train_fitted(emb, w, n_classes, size, channels, s, progress, stage)
+    return train_fitted(emb, w, n_classes, size, channels, s, progress, stage, also_collapsed)
 
 
 def train_fitted(
@@ -102,12 +109,14 @@ def train_fitted(
     s: MerfSettings,
     progress: ProgressFn = no_progress,
     stage: str = "DP-MERF generator",
+    also_collapsed: CollapseCheck | None = None,
 ) -> FittedMerf:
     """A generator trained against an already drawn noisy embedding (post-processing only). A
-    generator that left a class collapsed (collapsed_classes) is trained again from another
-    initialisation, up to GENERATOR_ATTEMPTS in all, and the one whose worst class lies closest to
-    its target (relative to the median class) is kept: the check reads the noisy embedding only."""
-    best: tuple[float, ConditionalGenerator, np.ndarray] | None = None
+    generator that left a class collapsed (collapsed_classes, or `also_collapsed`: a check that
+    must itself be post-processing, e.g. of a DP classifier) is trained again from another
+    initialisation, up to GENERATOR_ATTEMPTS in all. Kept: the one with the fewest collapsed
+    classes, then whose worst class lies closest to its target (relative to the median class)."""
+    best: tuple[tuple[int, float], ConditionalGenerator, np.ndarray, list[int]] | None = None
     attempt = 0
     for attempt in range(1, GENERATOR_ATTEMPTS + 1):
         seed = s.seed + attempt - 1  # the first attempt is the generator a single training made
@@ -126,12 +135,18 @@ def train_fitted(
         )
         d = class_distances(gen, emb, w, size, seed=s.seed + 2)
         worst = float(d.max() / max(float(np.median(d)), 1e-12))
-        if best is None or worst < best[0]:
-            best = (worst, gen, d)
-        if not collapsed_classes(d):
+        collapsed = set(collapsed_classes(d))
+        if also_collapsed is not None:
+            collapsed |= set(also_collapsed(gen))
+        rank = (len(collapsed), worst)
+        if best is None or rank < best[0]:
+            best = (rank, gen, d, sorted(collapsed))
+        if not collapsed:
             break
     assert best is not None
-    return FittedMerf(best[1], w, emb, size, attempts=attempt, distances=best[2])
+    return FittedMerf(
+        best[1], w, emb, size, attempts=attempt, distances=best[2], collapsed=tuple(best[3])
+    )
 
 
 def class_distances(

@@ -4,6 +4,7 @@ any data set in minutes, and the baseline every PrivImage release must beat)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -23,8 +24,16 @@ from synth.merf import teacher
 from synth.merf.config import TEACHER_AUTO, MerfConfig
 from synth.merf.describe import describe
 from synth.merf.embedding import SENSITIVITY, embedding_event, features
-from synth.merf.fit import FittedMerf, MerfSettings, fit, generator_size, to_unit
-from synth.merf.generator import ConditionalGenerator
+from synth.merf.fit import (
+    CHECK_PER_CLASS,
+    CollapseCheck,
+    FittedMerf,
+    MerfSettings,
+    fit,
+    generator_size,
+    to_unit,
+)
+from synth.merf.generator import ConditionalGenerator, draw
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 GENERATOR_DIR = "merf-generator"  # in the run's workdir: weights and settings, for the audit's MIA
@@ -176,17 +185,28 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     size = generator_size(h, w)
     # the plan's choice: the same public inputs (sigma, the registered count and labels)
     bandwidth = config.bandwidth_for(channels * size * size, sigma, len(data.labels), len(values))
-    fitted = fit(data.images, rows, len(values), sigma, settings(config, bandwidth), ctx.progress)
+    model: torch.nn.Module | None = None
+    check: CollapseCheck | None = None
+    if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
+        model = _train_classifier(data.images, rows, len(values), size, dpsgd, config, ctx)
+        check = functools.partial(_unrecognised, model, size, len(values), config.seed)
+    fitted = fit(
+        data.images,
+        rows,
+        len(values),
+        sigma,
+        settings(config, bandwidth),
+        ctx.progress,
+        also_collapsed=check,
+    )
     trained = time.time() - started
     out_rows = np.sort(np.arange(config.n_samples) % len(values))
     ctx.progress("drawing images", 0, 1)
     images = fitted.draw(out_rows, config.seed + 1, (h, w))
     ctx.progress("drawing images", 1, 1)
     labelled: dict[str, Any] = {}
-    if dpsgd is not None:
-        out_rows, images, labelled = _teacher_labels(
-            data.images, rows, len(values), size, dpsgd, config, images, out_rows, ctx
-        )
+    if model is not None and dpsgd is not None:
+        out_rows, images, labelled = _label(model, size, dpsgd, images, out_rows)
     generator = _save_generator(ctx.workdir, fitted, config, channels, bandwidth)
     return MechanismOutput(
         images=images,
@@ -200,6 +220,8 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             "generator_size": size,
             # generators trained: more than 1 where a class collapsed (post-processing of the query)
             "generator_attempts": fitted.attempts,
+            # classes every attempt left collapsed (none in a healthy release): the card says so
+            "collapsed_classes": [values[c] for c in fitted.collapsed],
             # as the plan decided ("auto": from public quantities, MerfConfig.wants_teacher)
             "teacher_labels": dpsgd is not None,
             **(
@@ -222,23 +244,21 @@ def label_order(labels: np.ndarray, drawn_rows: np.ndarray) -> np.ndarray:
     return np.lexsort((np.asarray(labels) != np.asarray(drawn_rows), labels))
 
 
-def _teacher_labels(
+def _train_classifier(
     sensitive: np.ndarray,
     rows: np.ndarray,
     n_classes: int,
     size: int,
     dpsgd: DpSgd,
     config: MerfConfig,
-    images: np.ndarray,
-    drawn_rows: np.ndarray,
     ctx: RunContext,
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """The drawn images labelled by the DP classifier, sorted by their new label; the share of
-    images whose label the classifier kept (post-processing of both events: safe to publish)."""
+) -> torch.nn.Module:
+    """The DP label classifier, trained exactly as charged (every step through the runner's
+    write-ahead counter; steps a crashed attempt ran are charged before it trains anew)."""
     started = int(registry.read_counter(ctx.workdir)["started"])
     if started:  # an earlier attempt ran steps and crashed: they are charged before training anew
         ctx.charge_lost_steps(started, 0)
-    model = teacher.train(
+    return teacher.train(
         sensitive,
         rows,
         n_classes,
@@ -250,6 +270,28 @@ def _teacher_labels(
         before_step=lambda: registry.step_started(ctx.workdir),
         progress=lambda done, total: ctx.progress("DP-SGD label classifier", done, total),
     )
+
+
+def _unrecognised(
+    model: torch.nn.Module, size: int, n_classes: int, seed: int, gen: ConditionalGenerator
+) -> list[int]:
+    """The classes whose drawings the DP classifier does not recognise (a collapse the distance
+    check can miss): post-processing of the two events."""
+    drawn = np.repeat(np.arange(n_classes), CHECK_PER_CLASS)
+    return teacher.unrecognised_classes(
+        teacher.predict(model, draw(gen, drawn, seed + 2), size), drawn, n_classes
+    )
+
+
+def _label(
+    model: torch.nn.Module,
+    size: int,
+    dpsgd: DpSgd,
+    images: np.ndarray,
+    drawn_rows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The drawn images labelled by the DP classifier, sorted by their new label; the share of
+    images whose label the classifier kept (post-processing of both events: safe to publish)."""
     labels = teacher.predict(model, images, size)
     kept = float(np.mean(labels == drawn_rows)) if len(labels) else 1.0
     order = label_order(labels, drawn_rows)

@@ -30,6 +30,11 @@ LR = 1.0  # SGD with momentum 0.9: large steps suit clipped, noisy gradients (Tr
 MOMENTUM = 0.9
 LABEL_BATCH = 2000
 MIN_SIZE = 28  # smaller images are read upscaled: the classifier's strides need 28 pixels
+# A class whose drawings the classifier puts in that class at under this share of the median class's
+# rate has collapsed (the generator draws something else). Measured on Fashion-MNIST: a healthy
+# release's lowest class (shirts, with a weak epsilon-1 classifier) 0.36 of the median; a collapsed
+# class (noise drawn as trousers, at epsilon 10, missed by the distance check) at most 0.13.
+MIN_AGREEMENT_RATIO = 0.25
 
 
 def schedule(n_records: int, batch: int, epochs: int) -> tuple[float, int]:
@@ -143,3 +148,16 @@ def predict(model: nn.Module, images: np.ndarray, size: int) -> np.ndarray:
         for i in range(0, len(images), LABEL_BATCH)
     ]
     return torch.cat(out).numpy().astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+
+
+def unrecognised_classes(predicted: np.ndarray, drawn: np.ndarray, n_classes: int) -> list[int]:
+    """Class positions whose drawings (`drawn`) the classifier's labels (`predicted`) keep in their
+    class at under MIN_AGREEMENT_RATIO times the median class's rate."""
+    rates = np.array(
+        [
+            float(np.mean(predicted[drawn == c] == c)) if np.any(drawn == c) else 1.0
+            for c in range(n_classes)
+        ]
+    )
+    limit = MIN_AGREEMENT_RATIO * float(np.median(rates))
+    return [int(c) for c in np.flatnonzero(rates < limit)]

@@ -265,3 +265,21 @@ def test_a_collapsed_class_trains_another_generator_and_keeps_the_best(
     assert len(set(seen)) == len(seen)
     kept = fitted.distances.max() / np.median(fitted.distances)
     assert kept == pytest.approx(min(seen))
+
+
+def test_a_collapse_only_the_extra_check_sees_trains_another_generator() -> None:
+    """The DP classifier's check (`also_collapsed`) counts like the distance check: a first
+    generator it flags is replaced by the next attempt, which it passes; where it flags every
+    attempt, the kept one has the fewest flagged classes and the release says which remain."""
+    images, rows = _quadrants()
+    calls: list[int] = []
+
+    def first_is_broken(gen) -> list[int]:
+        calls.append(1)
+        return [3] if len(calls) == 1 else []
+
+    fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL, also_collapsed=first_is_broken)
+    assert fitted.attempts == 2 and fitted.collapsed == () and len(calls) == 2
+    flags = iter([[0, 1], [2], [1, 3]])
+    fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL, also_collapsed=lambda gen: next(flags))
+    assert fitted.attempts == 3 and fitted.collapsed == (2,)

@@ -299,3 +299,19 @@ def test_auto_runs_what_the_plan_decided_and_records_it(tmp_path) -> None:
     assert tuple(ledger.get_charge(st, "a").charged_events) == plan.events
     about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 20)
     assert "two events" in about.guarantee
+
+
+def test_a_class_the_classifier_does_not_recognise_is_flagged_as_collapsed() -> None:
+    """Per class, the share of its drawings the classifier keeps in it, against the median class:
+    a weak but real class (Fashion-MNIST's shirts with an epsilon-1 classifier: 0.36 of the median)
+    passes; a class drawn as something else (0.08 of the median) is flagged."""
+    drawn = np.repeat(np.arange(5), 100)
+    predicted = drawn.copy()
+    predicted[:72] = 1  # class 0: 28 of 100 kept, 0.36 of the median
+    for c in (1, 2, 3):  # 78 of 100 kept: the median
+        predicted[100 * c : 100 * c + 22] = 0
+    predicted[400:494] = 2  # class 4: 6 kept, 0.08 of the median
+    assert teacher.unrecognised_classes(predicted, drawn, 5) == [4]
+    assert teacher.unrecognised_classes(drawn, drawn, 5) == []
+    about = registry.describe("merf", {"collapsed_classes": [7]}, {}, 10)
+    assert "did not learn class(es) [7]" in about.what
