@@ -35,6 +35,8 @@ MIN_SIZE = 28  # smaller images are read upscaled: the classifier's strides need
 # release's lowest class (shirts, with a weak epsilon-1 classifier) 0.36 of the median; a collapsed
 # class (noise drawn as trousers, at epsilon 10, missed by the distance check) at most 0.13.
 MIN_AGREEMENT_RATIO = 0.25
+# and, whatever the median (a generator that drew noise for every class), under half of chance
+MIN_AGREEMENT_OF_CHANCE = 0.5
 
 
 def schedule(n_records: int, batch: int, epochs: int) -> tuple[float, int]:
@@ -152,12 +154,13 @@ def predict(model: nn.Module, images: np.ndarray, size: int) -> np.ndarray:
 
 def unrecognised_classes(predicted: np.ndarray, drawn: np.ndarray, n_classes: int) -> list[int]:
     """Class positions whose drawings (`drawn`) the classifier's labels (`predicted`) keep in their
-    class at under MIN_AGREEMENT_RATIO times the median class's rate."""
+    class at under MIN_AGREEMENT_RATIO times the median class's rate, or under
+    MIN_AGREEMENT_OF_CHANCE times chance (1 / n_classes)."""
     rates = np.array(
         [
             float(np.mean(predicted[drawn == c] == c)) if np.any(drawn == c) else 1.0
             for c in range(n_classes)
         ]
     )
-    limit = MIN_AGREEMENT_RATIO * float(np.median(rates))
+    limit = max(MIN_AGREEMENT_RATIO * float(np.median(rates)), MIN_AGREEMENT_OF_CHANCE / n_classes)
     return [int(c) for c in np.flatnonzero(rates < limit)]

@@ -283,3 +283,13 @@ def test_a_collapse_only_the_extra_check_sees_trains_another_generator() -> None
     flags = iter([[0, 1], [2], [1, 3]])
     fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL, also_collapsed=lambda gen: next(flags))
     assert fitted.attempts == 3 and fitted.collapsed == (2,)
+
+
+def test_a_generator_that_drew_noise_for_every_class_is_collapsed_in_every_class() -> None:
+    """Against the median alone a total collapse looks even (width 32 at epsilon 10 measured
+    1.00-1.06 for all ten classes); a distance near the target's whole norm is a collapse itself."""
+    from synth.merf.fit import collapsed_classes
+
+    assert collapsed_classes(np.array([1.003, 1.011, 0.997, 1.06])) == [0, 1, 2, 3]
+    assert collapsed_classes(np.array([0.16, 0.42, 0.3, 0.25])) == []
+    assert collapsed_classes(np.array([0.25, 0.3, 0.76, 0.22])) == [2]  # 2.9x the median

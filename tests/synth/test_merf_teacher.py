@@ -315,3 +315,10 @@ def test_a_class_the_classifier_does_not_recognise_is_flagged_as_collapsed() -> 
     assert teacher.unrecognised_classes(drawn, drawn, 5) == []
     about = registry.describe("merf", {"collapsed_classes": [7]}, {}, 10)
     assert "did not learn class(es) [7]" in about.what
+
+
+def test_drawings_that_all_look_like_one_class_leave_every_other_class_flagged() -> None:
+    """A generator that drew noise for every class, and the classifier calls it all class 4: the
+    median class keeps none, so the floor at half of chance flags the four it lost."""
+    drawn = np.repeat(np.arange(5), 100)
+    assert teacher.unrecognised_classes(np.full(500, 4), drawn, 5) == [0, 1, 2, 3]
