@@ -17,6 +17,7 @@ from accounting import calibration, curve, ledger, replay, trail
 from accounting import filter as privacy_filter
 from accounting.epsilon import epsilon_report
 from accounting.errors import (
+    BudgetExceededError,
     InvalidParameterError,
     LedgerStateError,
     PermissionDeniedError,
@@ -312,8 +313,8 @@ def _admitted_at(spec: ReleaseSpec, budget: ledger.Budget, public: Data, epsilon
             budget,
             public,
         ).events
-    except InvalidParameterError:  # a target too small for the mechanism to calibrate
-        return False
+    except (InvalidParameterError, BudgetExceededError):  # a target too small to calibrate, or
+        return False  # at or below what the dataset has already spent
     return _admitted(curve.curve_of(budget.history + list(events)).rdp, budget.dataset)
 
 

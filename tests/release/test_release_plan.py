@@ -269,3 +269,22 @@ def test_ksalsa_plan_warns_when_the_membership_audit_will_likely_refuse(ws_store
     register_from_source(ws_store, "noise", str(tmp_path / "noise.npz"), 10.0, 1e-5, labels="0-9")
     manager._KANON_ESTIMATES.clear()  # computed afresh: it still reads nothing of the (different) data
     assert plan_warnings("noise", 2) == [warning]
+
+
+def test_the_fitting_target_search_survives_targets_below_the_prior_spend(ws_store):
+    """After a spend of epsilon 8 of the cap 10, a merf plan at target 10 would be refused by the
+    filter; the search for a target that fits tries targets below 8, whose calibration says the
+    budget is exceeded: those count as 'does not fit' (it used to end the preview with that error)."""
+    from accounting.events import GaussianQuery
+
+    ledger.reserve(ws_store, "mnist", [GaussianQuery(0.6)], "spent", description="spent")
+    ledger.commit(ws_store, "spent", [GaussianQuery(0.6)])
+    spec = ReleaseSpec.from_dict(
+        {
+            "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100},
+            "merf": {"epsilon": 10.0, "steps": 5, "n_features": 256},
+        }
+    )
+    warnings = manager.preview(ws_store, spec)["warnings"]
+    refusal = next(w for w in warnings if "will be refused" in w)
+    assert "largest target that fits" in refusal or "No positive target" in refusal
