@@ -326,23 +326,29 @@ def _fitting_target_hint(
     progress=lambda done, total: None,
 ) -> str:
     """The largest target epsilon whose plan the cap's filter admits, by bisection over plans
-    (`rounds` of them: to target / 2**rounds, rounded down to 2 decimals). Bisection, because the
+    between the history's spend and the target (`rounds` of them, rounded down to 2
+    decimals). Bisection, because the
     filter's epsilon is monotone in the target but not smooth: a plan's structure can change with
     it."""
     target = getattr(mechanism_config(spec, budget.dataset), "epsilon", None)
     if target is None:
         return ""
-    fits, refused = 0.0, float(target)
+    # a target at or below what the history has spent fits nothing: search above it
+    spent = float(budget.spent_rdp) if budget.history else 0.0
+    fits, refused, found = spent, float(target), False
     progress(0, rounds)
     for i in range(rounds):
         guess = (fits + refused) / 2
         with calibration.reporting(no_progress):  # one bar for the whole search, not one per plan
             admitted = _admitted_at(spec, budget, public, guess)
         fits, refused = (guess, refused) if admitted else (fits, guess)
+        found = found or admitted
         progress(i + 1, rounds)
-    suggestion = np.floor(fits * 100) / 100
-    if suggestion <= 0:
+    if not found:
         return "No positive target epsilon fits what is left of the cap."
+    suggestion = np.floor(fits * 100) / 100
+    if suggestion <= spent:  # rounding down would fall to what is already spent
+        suggestion = fits
     return (
         f"The largest target that fits is about epsilon = {suggestion:g} (set `epsilon = "
         f"{suggestion:g}` in the spec's [{spec.mechanism}] table), or raise the dataset's cap."

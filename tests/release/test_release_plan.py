@@ -287,4 +287,13 @@ def test_the_fitting_target_search_survives_targets_below_the_prior_spend(ws_sto
     )
     warnings = manager.preview(ws_store, spec)["warnings"]
     refusal = next(w for w in warnings if "will be refused" in w)
-    assert "largest target that fits" in refusal or "No positive target" in refusal
+    import re
+
+    found = re.search(r"largest target that fits is about epsilon = ([0-9.]+)", refusal)
+    assert found, refusal  # the search starts above the spend (8.6): it used to find nothing
+    suggested = float(found.group(1))
+    assert 8.6 < suggested < 10.0
+    fits = ReleaseSpec.from_dict(
+        {**spec.as_dict(), "merf": {**spec.as_dict()["merf"], "epsilon": suggested}}
+    )
+    assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
