@@ -326,10 +326,9 @@ def _fitting_target_hint(
     progress=lambda done, total: None,
 ) -> str:
     """The largest target epsilon whose plan the cap's filter admits, by bisection over plans
-    between the history's spend and the target (`rounds` of them, rounded down to 2
-    decimals). Bisection, because the
-    filter's epsilon is monotone in the target but not smooth: a plan's structure can change with
-    it."""
+    between the history's spend and the target (`rounds` of them, rounded down to 2 decimals).
+    Bisection, because the filter's epsilon is monotone in the target but not smooth: a plan's
+    structure can change with it."""
     target = getattr(mechanism_config(spec, budget.dataset), "epsilon", None)
     if target is None:
         return ""

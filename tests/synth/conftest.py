@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -11,25 +13,36 @@ from accounting.store import Store, Workspace
 from synth.datasets import ImageDataset, load_source
 
 
+def _register(root, name: str, source: str, data: ImageDataset) -> Store:
+    """A new workspace at `root` with `data` registered as `name`, cap epsilon 8, delta 1e-5."""
+    ws = Workspace(root)
+    ws.init()
+    st = Store(ws)
+    ledger.register_dataset(
+        st,
+        name=name,
+        source=source,
+        fingerprint=dataset_fingerprint(ws.hmac_key(), data.images, data.labels),
+        record_count=len(data),
+        labels=data.label_set,
+        image_shape=list(data.images.shape[1:]),
+        epsilon_cap=8.0,
+        delta_cap=1e-5,
+    )
+    return st
+
+
 @pytest.fixture
-def mnist200_store(tmp_path) -> tuple[Store, ImageDataset]:
+def register_store(tmp_path) -> Callable[[str, str, ImageDataset], Store]:
+    """register_store(name, source, data): a workspace with `data` registered, cap epsilon 8."""
+    return lambda name, source, data: _register(tmp_path / "ws", name, source, data)
+
+
+@pytest.fixture
+def mnist200_store(register_store) -> tuple[Store, ImageDataset]:
     """A workspace with 200 MNIST-5k digits (20 a class) registered as "mnist", cap epsilon 8."""
     data = load_source("builtin:mnist5k")
     sensitive = data.subset(
         np.concatenate([np.flatnonzero(data.labels == c)[:20] for c in range(10)])
     )
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    st = Store(ws)
-    ledger.register_dataset(
-        st,
-        name="mnist",
-        source="builtin:mnist5k",
-        fingerprint=dataset_fingerprint(ws.hmac_key(), sensitive.images, sensitive.labels),
-        record_count=len(sensitive),
-        labels=sensitive.label_set,
-        image_shape=[28, 28],
-        epsilon_cap=8.0,
-        delta_cap=1e-5,
-    )
-    return st, sensitive
+    return register_store("mnist", "builtin:mnist5k", sensitive), sensitive

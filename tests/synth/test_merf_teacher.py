@@ -12,8 +12,6 @@ import torch
 from accounting import ledger, trail
 from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
-from accounting.fingerprint import dataset_fingerprint
-from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
@@ -253,7 +251,7 @@ def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
     assert trail.verify(st).ok
 
 
-def test_auto_runs_what_the_plan_decided_and_records_it(tmp_path) -> None:
+def test_auto_runs_what_the_plan_decided_and_records_it(register_store, tmp_path) -> None:
     """4,000 images in two classes (2,000 a class): "auto" plans DP labels at epsilon 2, the run
     trains the classifier and records the decision; at epsilon 0.05 the plan is the query alone."""
     rows = np.arange(4000) % 2
@@ -261,20 +259,7 @@ def test_auto_runs_what_the_plan_decided_and_records_it(tmp_path) -> None:
     images[rows == 0, :, :4] += 150
     images[rows == 1, :, 4:] += 150
     data = ImageDataset(images, rows, source="halves")
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    st = Store(ws)
-    ledger.register_dataset(
-        st,
-        name="halves",
-        source="halves",
-        fingerprint=dataset_fingerprint(ws.hmac_key(), images, rows),
-        record_count=4000,
-        labels=[0, 1],
-        image_shape=[8, 8],
-        epsilon_cap=8.0,
-        delta_cap=1e-5,
-    )
+    st = register_store("halves", "halves", data)
     info = dataset_info(ledger.budget(st, "halves").dataset)
     quiet = MerfConfig.tiny(0.05, 1e-5, n_samples=10)
     assert len(MECHANISM.plan(quiet, info, [], uci_digits()).events) == 1
