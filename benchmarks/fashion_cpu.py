@@ -139,6 +139,7 @@ def run_epsilon(
             "collapsed_classes": p.get("collapsed_classes"),
             "teacher_labels": p.get("teacher_labels"),
             "teacher_label_agreement": p.get("teacher_label_agreement"),
+            "perceptual_share": p.get("perceptual_share"),
             "seconds": seconds,
             "acc": acc,
             "protocol_score": scored,

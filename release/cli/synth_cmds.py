@@ -55,6 +55,19 @@ def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
     return spec
 
 
+def _share_or_auto(text: str) -> float | str:
+    """A share given on the command line: "auto" or a number (MerfConfig checks its range)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f'{text!r} is not a number or "auto"; give e.g. 0.5, or 0 for pixels only.',
+            param_hint="--perceptual-share",
+        ) from None
+
+
 def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     with rich_progress() as progress:
         pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
@@ -208,6 +221,14 @@ def merf(
         "classes are large enough for the summary to keep its detail at half the budget.",
         show_default=False,
     ),
+    perceptual_share: str | None = typer.Option(
+        None,
+        "--perceptual-share",
+        help="Share of each image's summary given to features of a public pretrained network: 0 "
+        '(pixels only, 3x faster training), up to 0.9, or "auto" (default: decided by the plan, '
+        "on where the classes are large enough for the pixels to keep their detail beside them).",
+        show_default=False,
+    ),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
 ) -> None:
@@ -216,6 +237,8 @@ def merf(
     settings: dict[str, Any] = {"epsilon": epsilon, "steps": steps}
     if teacher_labels is not None:
         settings["teacher_labels"] = teacher_labels
+    if perceptual_share is not None:
+        settings["perceptual_share"] = _share_or_auto(perceptual_share)
     _preview(
         _with_heldout(
             {

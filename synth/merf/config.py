@@ -23,6 +23,13 @@ NARROW_MAX_RELATIVE_NOISE = 0.1  # measured: 0.05 and 0.084 good, 0.64 collapsed
 # (Fashion-MNIST, 5,500 a class, epsilon 1 and 10) the labels gained; where the share pushed the
 # query to the wide kernel (MNIST-5k, 400 a class, epsilon 10) they cost a little.
 TEACHER_AUTO = "auto"
+# perceptual_share = "auto": perceptual features (synth.merf.perceptual) take this share of each
+# record's unit norm where the pixel features, left the rest, still keep the narrow kernel (the
+# same public test, on the pixel part's noise: relative_noise / sqrt(1 - share)). Measured
+# (BENCHMARKS.md, "Perceptual features for DP-MERF"): Fashion-MNIST at epsilon 10, where the test
+# keeps them on; elsewhere auto leaves them off, as every earlier row was measured.
+PERCEPTUAL_AUTO = "auto"
+PERCEPTUAL_SHARE = 0.5
 
 
 def relative_noise(sigma: float, n_features: int, n_records: int, n_classes: int) -> float:
@@ -61,6 +68,9 @@ class MerfConfig:
     query_share: float = 0.5  # the query's noise is that of a query alone at this share of epsilon
     teacher_epochs: int = 10
     teacher_batch: int = 512  # expected records per DP-SGD step
+    # perceptual features' share of each record's unit norm in the query: 0 (pixels only), a
+    # number below 1, or "auto" (decided by the plan from public quantities)
+    perceptual_share: float | str = PERCEPTUAL_AUTO
 
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon, "target epsilon")
@@ -108,13 +118,41 @@ class MerfConfig:
                 f"teacher_epochs must be at most 1000, got {self.teacher_epochs}."
             )
         self.teacher_batch = check_count(self.teacher_batch, "teacher_batch")
+        p = self.perceptual_share
+        if p != PERCEPTUAL_AUTO and (
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 0.9
+        ):
+            raise InvalidParameterError(
+                f'perceptual_share must be "{PERCEPTUAL_AUTO}" or a number from 0 to 0.9, got '
+                f"{p!r}: the perceptual features' share of each record in the query (0 = pixels "
+                "only)."
+            )
+        if p != PERCEPTUAL_AUTO:
+            self.perceptual_share = float(p)
 
-    def bandwidth_for(self, n_pixels: int, sigma: float, n_records: int, n_classes: int) -> float:
-        """The bandwidth set, or the one auto_bandwidth picks for this query's noise."""
+    def bandwidth_for(
+        self,
+        n_pixels: int,
+        sigma: float,
+        n_records: int,
+        n_classes: int,
+        perceptual_share: float = 0.0,
+    ) -> float:
+        """The bandwidth set, or the one auto_bandwidth picks for the noise on the pixel features
+        (which keep 1 - perceptual_share of each record's squared norm)."""
         if self.bandwidth is not None:
             return self.bandwidth
         noise = relative_noise(sigma, self.n_features, n_records, n_classes)
-        return auto_bandwidth(n_pixels, noise)
+        return auto_bandwidth(n_pixels, noise / (1.0 - perceptual_share) ** 0.5)
+
+    def perceptual_for(self, query_sigma: float, n_records: int, n_classes: int) -> float:
+        """The perceptual share: the setting itself, or for "auto" PERCEPTUAL_SHARE where the pixel
+        features beside it still keep the narrow kernel, else 0 (public quantities only)."""
+        if self.perceptual_share != PERCEPTUAL_AUTO:
+            return float(self.perceptual_share)
+        noise = relative_noise(query_sigma, self.n_features, n_records, n_classes)
+        pixel_noise = noise / (1.0 - PERCEPTUAL_SHARE) ** 0.5
+        return PERCEPTUAL_SHARE if pixel_noise <= NARROW_MAX_RELATIVE_NOISE else 0.0
 
     def wants_teacher(self, query_sigma: float, n_records: int, n_classes: int) -> bool:
         """Whether the release trains the label classifier: the setting itself, or for "auto" a

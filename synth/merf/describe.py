@@ -31,11 +31,18 @@ def describe(
             f" Warning: the generator did not learn class(es) {collapsed} (every training attempt "
             "drew something else for them), so their images do not show that class."
         )
+    share = float(parameters.get("perceptual_share") or 0)
+    summary = f"{parameters.get('n_features')} random Fourier features"
+    if share:
+        summary += (
+            f" and, with {100 * share:.0f}% of the weight, texture statistics of a public "
+            "ImageNet-pretrained network (EfficientNet-Lite0),"
+        )
     return MechanismDescription(
         what=(
             f"{n} **synthetic** labelled images drawn from a small generator trained with DP-MERF: "
-            f"the sensitive images were summarised once as {parameters.get('n_features')} random "
-            "Fourier features averaged per class, with Gaussian noise (std "
+            f"the sensitive images were summarised once as {summary} averaged per class, with "
+            "Gaussian noise (std "
             f"{parameters.get('sigma', 0):.3g}), and the generator learned to match that noisy "
             "summary; it never saw an image. No image in this bundle is a record of the "
             "sensitive dataset. Expect blurry, average-looking images: DP-MERF is a fast "

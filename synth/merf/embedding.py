@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from accounting.events import GaussianQuery
+from synth.merf.perceptual import perceptual_features
 from synth.secure_noise import SecureGaussian
 
 
@@ -66,6 +67,36 @@ def features(x01: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cos(xw), torch.sin(xw)], dim=1) / math.sqrt(w.shape[0])
 
 
+class FeatureMap:
+    """What one record adds to its class's column of the query: the pixel random features phi(x)
+    (frequencies `w`) and, with `perceptual_share` s > 0, [sqrt(1 - s) phi(x), sqrt(s) g(x)]
+    with g = perceptual_features. Every row has norm 1, so the query's sensitivity is unchanged."""
+
+    def __init__(self, w: torch.Tensor, perceptual_share: float = 0.0) -> None:
+        if not 0.0 <= perceptual_share < 1.0:
+            raise ValueError(f"perceptual_share must be in [0, 1), got {perceptual_share}")
+        self.w, self.share = w, float(perceptual_share)
+        self.n_pixel = 2 * w.shape[0]
+        self.pixel_weight = math.sqrt(1.0 - self.share)
+
+    def __call__(self, x01: torch.Tensor) -> torch.Tensor:
+        """(N, C, S, S) in [0, 1] -> (N, dim) rows of norm 1."""
+        phi = features(x01.flatten(1), self.w)
+        if not self.share:
+            return phi
+        g = perceptual_features(x01)
+        return torch.cat([self.pixel_weight * phi, math.sqrt(self.share) * g], dim=1)
+
+    def pixel_part(self, rows: torch.Tensor) -> torch.Tensor:
+        """The pixel features' part of rows of this map (or of sums of them), weight undone."""
+        return rows[..., : self.n_pixel] / self.pixel_weight
+
+
+def as_feature_map(w: torch.Tensor | FeatureMap) -> FeatureMap:
+    """Frequencies alone are the pixel-only map (PrivImage's warm-up passes them so)."""
+    return w if isinstance(w, FeatureMap) else FeatureMap(w)
+
+
 @dataclass(frozen=True)
 class NoisyEmbedding:
     """The released query: per class, the noisy feature sum and the noisy count (weights undone)."""
@@ -86,22 +117,37 @@ class NoisyEmbedding:
 
 
 def class_sums(
-    x01: ImageRows, rows: np.ndarray, n_classes: int, w: torch.Tensor, chunk: int = 2048
+    x01: ImageRows,
+    rows: np.ndarray,
+    n_classes: int,
+    w: torch.Tensor | FeatureMap,
+    chunk: int = 2048,
 ) -> np.ndarray:
-    """The exact (un-noised) matrix: (n_classes, n_features + 1) of weighted feature sums and the
-    weighted counts in the last column. Sensitive: never leaves this module without noise."""
-    out = np.zeros((n_classes, w.shape[0] * 2 + 1))
-    sums = torch.zeros(n_classes, w.shape[0] * 2, dtype=torch.float64)
-    for i in range(0, len(x01), chunk):
-        phi = features(x01[i : i + chunk].flatten(1).float(), w).double()
-        sums.index_add_(0, torch.from_numpy(np.asarray(rows[i : i + chunk], dtype=np.int64)), phi)
+    """The exact (un-noised) matrix: (n_classes, features + 1) of weighted feature sums and the
+    weighted counts in the last column. `w`: the frequencies, or a FeatureMap (rows of norm 1
+    either way). Sensitive: never leaves this module without noise."""
+    fmap = as_feature_map(w)
+    sums: torch.Tensor | None = None
+    with torch.no_grad():
+        for i in range(0, len(x01), chunk):
+            phi = fmap(x01[i : i + chunk].float()).double()
+            # rows are unit norm up to float32 rounding: scaled to at most 1 in float64, so the
+            # sensitivity holds to double precision
+            phi = phi / phi.norm(dim=1, keepdim=True).clamp_min(1.0)
+            if sums is None:
+                sums = torch.zeros(n_classes, phi.shape[1], dtype=torch.float64)
+            idx = torch.from_numpy(np.asarray(rows[i : i + chunk], dtype=np.int64))
+            sums.index_add_(0, idx, phi)
+    if sums is None:
+        raise ValueError("no images to embed")
+    out = np.zeros((n_classes, sums.shape[1] + 1))
     out[:, :-1] = sums.numpy() * FEATURE_WEIGHT
     out[:, -1] = np.bincount(rows, minlength=n_classes) * COUNT_WEIGHT
     return out
 
 
 def noisy_embedding(
-    x01: ImageRows, rows: np.ndarray, n_classes: int, w: torch.Tensor, sigma: float
+    x01: ImageRows, rows: np.ndarray, n_classes: int, w: torch.Tensor | FeatureMap, sigma: float
 ) -> NoisyEmbedding:
     """The one Gaussian query (noise from the hardened CSPRNG sampler), weights undone."""
     exact = class_sums(x01, rows, n_classes, w)

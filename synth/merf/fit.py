@@ -12,7 +12,14 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from synth.merf.embedding import NoisyEmbedding, features, frequencies, noisy_embedding
+from synth.merf.embedding import (
+    FeatureMap,
+    NoisyEmbedding,
+    as_feature_map,
+    features,
+    frequencies,
+    noisy_embedding,
+)
 from synth.merf.generator import ConditionalGenerator, draw, train_generator
 from synth.progress import ProgressFn, no_progress
 
@@ -27,6 +34,7 @@ class MerfSettings:
     batch: int
     lr: float
     seed: int
+    perceptual_share: float = 0.0  # the perceptual features' share of each record's unit norm
 
 
 # A class whose generated images lie this many times further from its (noisy) target embedding
@@ -99,15 +107,16 @@ def fit(
     size = generator_size(*np.asarray(images).shape[1:3])
     channels = 1 if np.asarray(images).ndim == 3 else int(np.asarray(images).shape[-1])
     w = frequencies(channels * size * size, s.n_features, s.bandwidth, s.seed)
+    fmap = FeatureMap(w, s.perceptual_share)
     progress("DP-MERF embedding (one Gaussian query)", 0, 1)
-    emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, w, sigma)
+    emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, fmap, sigma)
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
-    return train_fitted(emb, w, n_classes, size, channels, s, progress, stage, also_collapsed)
+    return train_fitted(emb, fmap, n_classes, size, channels, s, progress, stage, also_collapsed)
 
 
 def train_fitted(
     emb: NoisyEmbedding,
-    w: torch.Tensor,
+    w: torch.Tensor | FeatureMap,
     n_classes: int,
     size: int,
     channels: int,
@@ -120,7 +129,9 @@ def train_fitted(
     generator that left a class collapsed (collapsed_classes, or `also_collapsed`: a check that
     must itself be post-processing, e.g. of a DP classifier) is trained again from another
     initialisation, up to GENERATOR_ATTEMPTS in all. Kept: the one with the fewest collapsed
-    classes, then whose worst class lies closest to its target (relative to the median class)."""
+    classes, then whose worst class lies closest to its target (relative to the median class).
+    `w`: the query's FeatureMap, or its frequencies alone (pixel features)."""
+    fmap = as_feature_map(w)
     best: tuple[tuple[int, float], ConditionalGenerator, np.ndarray, list[int]] | None = None
     attempt = 0
     for attempt in range(1, GENERATOR_ATTEMPTS + 1):
@@ -131,14 +142,14 @@ def train_fitted(
         train_generator(
             gen,
             emb,
-            w,
+            fmap,
             steps=s.steps,
             batch=s.batch,
             lr=s.lr,
             seed=seed,
             progress=functools.partial(progress, label),
         )
-        d = class_distances(gen, emb, w, size, seed=s.seed + 2)
+        d = class_distances(gen, emb, fmap, size, seed=s.seed + 2)
         worst = float(d.max() / max(float(np.median(d)), 1e-12))
         collapsed = set(collapsed_classes(d))
         if also_collapsed is not None:
@@ -150,24 +161,27 @@ def train_fitted(
             break
     assert best is not None
     return FittedMerf(
-        best[1], w, emb, size, attempts=attempt, distances=best[2], collapsed=tuple(best[3])
+        best[1], fmap.w, emb, size, attempts=attempt, distances=best[2], collapsed=tuple(best[3])
     )
 
 
 def class_distances(
     gen: ConditionalGenerator,
     emb: NoisyEmbedding,
-    w: torch.Tensor,
+    w: torch.Tensor | FeatureMap,
     size: int,
     seed: int,
     per_class: int = CHECK_PER_CLASS,
 ) -> np.ndarray:
-    """Per class: the distance from the mean feature of `per_class` generated images to the class's
-    noisy mean embedding (noisy sum over noisy count), over that target's norm."""
+    """Per class: the distance from the mean pixel feature of `per_class` generated images to the
+    class's noisy mean embedding (noisy sum over noisy count), over that target's norm. Pixel
+    features only, with or without perceptual ones beside them: the thresholds were measured so."""
+    fmap = as_feature_map(w)
     n_classes = emb.sums.shape[0]
-    target = torch.from_numpy(emb.sums / np.maximum(emb.counts, 1.0)[:, None]).float()
+    sums = torch.from_numpy(emb.sums / np.maximum(emb.counts, 1.0)[:, None]).float()
+    target = fmap.pixel_part(sums)
     images = draw(gen, np.repeat(np.arange(n_classes), per_class), seed)
-    phi = features(to_unit(images, size).flatten(1), w)
+    phi = features(to_unit(images, size).flatten(1), fmap.w)
     means = phi.view(n_classes, per_class, -1).mean(1)
     return ((means - target).norm(dim=1) / target.norm(dim=1).clamp_min(1e-12)).numpy()
 

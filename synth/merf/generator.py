@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from synth.merf.embedding import NoisyEmbedding, features
+from synth.merf.embedding import FeatureMap, NoisyEmbedding, as_feature_map
 
 
 class ConditionalGenerator(nn.Module):
@@ -49,7 +49,7 @@ class ConditionalGenerator(nn.Module):
 def train_generator(
     gen: ConditionalGenerator,
     target: NoisyEmbedding,
-    w: torch.Tensor,
+    w: torch.Tensor | FeatureMap,
     *,
     steps: int,
     batch: int,
@@ -59,7 +59,9 @@ def train_generator(
 ) -> ConditionalGenerator:
     """Adam on DP-MERF's loss ||E_data - E_gen||^2 (sum over classes and features): E_data the noisy
     per-class feature sums over the dataset size, E_gen the same over a batch whose labels are drawn
-    with the noisy class shares. The learning rate decays by 10x over the run (cosine)."""
+    with the noisy class shares, in the query's feature map `w` (frequencies: pixel features only).
+    The learning rate decays by 10x over the run (cosine)."""
+    fmap = as_feature_map(w)
     torch.manual_seed(seed)
     gen.train()
     tgt = target.target()
@@ -70,7 +72,7 @@ def train_generator(
     for step in range(steps):
         y = torch.multinomial(shares, batch, replacement=True)
         x = gen(torch.randn(batch, gen.z_dim), y)
-        phi = features(x.flatten(1), w)
+        phi = fmap(x)
         emb = torch.zeros(n_classes, phi.shape[1]).index_add_(0, y, phi) / batch
         loss = torch.sum((tgt - emb) ** 2)
         opt.zero_grad(set_to_none=True)

@@ -21,7 +21,7 @@ from accounting.events import DpSgd, GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.merf import teacher
-from synth.merf.config import TEACHER_AUTO, MerfConfig
+from synth.merf.config import PERCEPTUAL_AUTO, TEACHER_AUTO, MerfConfig
 from synth.merf.describe import describe
 from synth.merf.embedding import SENSITIVITY, embedding_event, features
 from synth.merf.fit import (
@@ -39,7 +39,7 @@ from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunConte
 GENERATOR_DIR = "merf-generator"  # in the run's workdir: weights and settings, for the audit's MIA
 
 
-def settings(config: MerfConfig, bandwidth: float) -> MerfSettings:
+def settings(config: MerfConfig, bandwidth: float, perceptual_share: float) -> MerfSettings:
     return MerfSettings(
         n_features=config.n_features,
         bandwidth=bandwidth,
@@ -49,6 +49,7 @@ def settings(config: MerfConfig, bandwidth: float) -> MerfSettings:
         batch=config.batch,
         lr=config.lr,
         seed=config.seed,
+        perceptual_share=perceptual_share,
     )
 
 
@@ -90,6 +91,7 @@ def plan(
     size = generator_size(h, w)
     query, dpsgd, teacher_detail = _events(config, dataset.record_count, len(dataset.labels), prior)
     sigma = query.sigma
+    perceptual = config.perceptual_for(sigma, dataset.record_count, len(dataset.labels))
     per_class = dataset.record_count / max(len(dataset.labels), 1)
     warnings = []
     if sigma / per_class > 0.05:  # the noise on a class's mean embedding, per unit of signal
@@ -110,8 +112,9 @@ def plan(
             "sensitivity": SENSITIVITY,
             "generator_size": size,
             "bandwidth": config.bandwidth_for(
-                c * size * size, sigma, dataset.record_count, len(dataset.labels)
+                c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
             ),
+            "perceptual_share": perceptual,
             **teacher_detail,
         },
     )
@@ -183,8 +186,11 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
         ) from None
     size = generator_size(h, w)
-    # the plan's choice: the same public inputs (sigma, the registered count and labels)
-    bandwidth = config.bandwidth_for(channels * size * size, sigma, len(data.labels), len(values))
+    # the plan's choices: the same public inputs (sigma, the registered count and labels)
+    perceptual = config.perceptual_for(sigma, len(data.labels), len(values))
+    bandwidth = config.bandwidth_for(
+        channels * size * size, sigma, len(data.labels), len(values), perceptual
+    )
     model: torch.nn.Module | None = None
     check: CollapseCheck | None = None
     if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
@@ -195,7 +201,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
         rows,
         len(values),
         sigma,
-        settings(config, bandwidth),
+        settings(config, bandwidth, perceptual),
         ctx.progress,
         also_collapsed=check,
     )
@@ -218,6 +224,13 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
             "sensitivity": SENSITIVITY,
             "bandwidth": bandwidth,
             "generator_size": size,
+            # as the plan decided ("auto": MerfConfig.perceptual_for)
+            "perceptual_share": perceptual,
+            **(
+                {"perceptual_share_setting": PERCEPTUAL_AUTO}
+                if config.perceptual_share == PERCEPTUAL_AUTO
+                else {}
+            ),
             # generators trained: more than 1 where a class collapsed (post-processing of the query)
             "generator_attempts": fitted.attempts,
             # classes every attempt left collapsed (none in a healthy release): the card says so

@@ -217,6 +217,15 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     )
     assert r.exit_code == 0 and "teacher_labels = false" in labelled.read_text(), r.output
     assert "DP-SGD" not in r.output
+    merf = ("synth", "merf", "--dataset", "user", "--epsilon", "2")
+    r = cli(ws, *merf, "--perceptual-share", "0", "--write-spec", str(labelled))
+    assert r.exit_code == 0 and "perceptual_share = 0.0" in labelled.read_text(), r.output
+    r = cli(ws, *merf, "--perceptual-share", "auto", "--write-spec", str(labelled))
+    assert r.exit_code == 0 and 'perceptual_share = "auto"' in labelled.read_text(), r.output
+    r = cli(ws, *merf, "--perceptual-share", "lots")
+    assert r.exit_code != 0 and "not a number" in r.output
+    r = cli(ws, *merf, "--perceptual-share", "1e308")
+    assert r.exit_code != 0 and "perceptual_share must be" in str(r.exception)
     store = Store(ws)
     assert (
         ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []

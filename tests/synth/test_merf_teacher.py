@@ -280,6 +280,9 @@ def test_auto_runs_what_the_plan_decided_and_records_it(register_store, tmp_path
     )
     assert res.parameters["teacher_labels"] is True
     assert res.parameters["teacher_labels_setting"] == "auto"
+    # 2,000 images a class: the pixel features keep the narrow kernel beside perceptual ones
+    assert res.parameters["perceptual_share"] == 0.5
+    assert res.parameters["perceptual_share_setting"] == "auto"
     assert registry.read_counter(tmp_path / "w")["started"] == plan.events[1].steps == 8
     assert tuple(ledger.get_charge(st, "a").charged_events) == plan.events
     about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 20)
