@@ -249,6 +249,19 @@ def test_merf_bandwidth_refuses_an_unknown_setting_before_reading_data() -> None
     assert done.returncode == 2 and "unknown settings ['bogus']" in done.stderr
 
 
+def test_merf_bandwidth_baseline_is_a_generator_setting_of_pixel_features_alone() -> None:
+    """The config's perceptual_share default is "auto" (the plan's call); the benchmark's baseline
+    must be a number (a string reached the feature map and stopped a run), and 0: its rows were
+    measured on pixel features alone."""
+    from benchmarks.merf_bandwidth import BASE
+    from synth.merf.embedding import FeatureMap, frequencies
+    from synth.merf.fit import MerfSettings
+
+    s = MerfSettings(**BASE)
+    assert s.perceptual_share == 0.0 and s.bandwidth == 105.0
+    assert FeatureMap(frequencies(16, 8, s.bandwidth, 0), s.perceptual_share).share == 0.0
+
+
 def test_a_run_names_its_mechanism_and_privimage_is_the_default() -> None:
     import argparse
 
