@@ -12,11 +12,8 @@ import torch
 
 from accounting import ledger
 from accounting.errors import InvalidParameterError
-from release import runner
-from release.manager import dataset_info
 from synth import registry
 from synth.datasets import uci_digits
-from synth.image_dataset import ImageDataset
 from synth.merf import MerfConfig
 from synth.merf.embedding import FeatureMap, class_sums, features, frequencies, noisy_embedding
 from synth.merf.fit import class_distances
@@ -65,7 +62,8 @@ def test_the_pixel_part_of_the_joint_features_is_the_pixel_features() -> None:
 
 def test_the_collapse_check_reads_the_same_distances_with_perceptual_features_beside() -> None:
     """class_distances compares pixel features (its thresholds were measured on them): the same
-    generator against noise-free embeddings with and without perceptual features measures the same."""
+    generator against noise-free embeddings with and without perceptual features measures the
+    same."""
     x = torch.rand(60, 1, 28, 28, generator=torch.Generator().manual_seed(3))
     rows = np.arange(60) % 2
     w = frequencies(784, 256, 10.0, seed=0)
@@ -125,27 +123,10 @@ def test_bad_perceptual_shares_are_refused(value) -> None:
         MerfConfig(1.0, 1e-5, perceptual_share=value)
 
 
-def test_a_release_with_perceptual_features_records_them(register_store, tmp_path) -> None:
-    rows = np.arange(400) % 2
-    images = np.random.default_rng(0).integers(0, 60, (400, 12, 12)).astype(np.uint8)
-    images[rows == 0, :, :6] += 150
-    images[rows == 1, :, 6:] += 150
-    data = ImageDataset(images, rows, source="halves")
-    st = register_store("halves", "halves", data)
+def test_a_release_with_perceptual_features_records_them(halves_store, run_merf) -> None:
+    st, data = halves_store(400, 12)
     cfg = MerfConfig.tiny(2.0, 1e-5, n_samples=20, teacher_labels=False, perceptual_share=0.5)
-    plan = MECHANISM.plan(cfg, dataset_info(ledger.budget(st, "halves").dataset), [], uci_digits())
-    res = runner.run_charged(
-        st,
-        run_id="p",
-        dataset="halves",
-        data=data,
-        public=uci_digits(),
-        mechanism="merf",
-        config=cfg,
-        plan=plan,
-        workdir=tmp_path / "w",
-        actor="alice",
-    )
+    plan, res = run_merf(st, "halves", data, cfg, "p")
     assert res.images.shape == (20, 12, 12)
     assert res.parameters["perceptual_share"] == 0.5
     assert "perceptual_share_setting" not in res.parameters  # set, not decided by "auto"

@@ -16,7 +16,6 @@ from release import runner
 from release.manager import dataset_info
 from synth import registry
 from synth.datasets import uci_digits
-from synth.image_dataset import ImageDataset
 from synth.merf import MerfConfig, teacher
 from synth.merf.run import MECHANISM, label_order
 
@@ -147,27 +146,16 @@ def test_a_class_lists_its_own_drawings_before_the_images_moved_to_it() -> None:
     assert labels[order].tolist() == [0, 0, 0, 1, 1, 1]
 
 
-def test_a_release_with_dp_labels_is_charged_both_events(mnist200_store, tmp_path) -> None:
+def test_a_release_with_dp_labels_is_charged_both_events(
+    mnist200_store, run_merf, tmp_path
+) -> None:
     st, sensitive = mnist200_store
     cfg = MerfConfig.tiny(4.0, 1e-5, n_samples=40, teacher_labels=True, teacher_epochs=2)
-    public = uci_digits()
-    b = ledger.budget(st, "mnist")
-    plan = MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, public)
-    assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd]
     stages: list[str] = []
-    res = runner.run_charged(
-        st,
-        run_id="t1",
-        dataset="mnist",
-        data=sensitive,
-        public=public,
-        mechanism="merf",
-        config=cfg,
-        plan=plan,
-        workdir=tmp_path / "w",
-        actor="alice",
-        progress=lambda s, d, t: stages.append(s),
+    plan, res = run_merf(
+        st, "mnist", sensitive, cfg, "t1", progress=lambda s, d, t: stages.append(s)
     )
+    assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd]
     assert res.images.shape == (40, 28, 28) and len(res.labels) == 40
     assert set(res.labels.tolist()) <= set(range(10))
     assert list(res.labels) == sorted(res.labels)  # sorted by the classifier's label
@@ -212,7 +200,7 @@ class _Crash(Exception):
 
 
 def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
-    mnist200_store, tmp_path
+    mnist200_store, run_merf, tmp_path
 ) -> None:
     """3 steps ran before the crash; the next run trains anew and the 3 lost steps get a redo charge
     of their own, beside the release's query and its full DP-SGD."""
@@ -228,21 +216,10 @@ def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
         if stage == "DP-SGD label classifier" and done == 3:
             raise _Crash
 
-    run = dict(
-        run_id="c",
-        dataset="mnist",
-        data=sensitive,
-        public=uci_digits(),
-        mechanism="merf",
-        config=cfg,
-        plan=plan,
-        workdir=tmp_path / "w",
-        actor="alice",
-    )
     with pytest.raises(_Crash):
-        runner.run_charged(st, **run, progress=crash_at_third_step)  # type: ignore[arg-type]
+        run_merf(st, "mnist", sensitive, cfg, "c", plan=plan, progress=crash_at_third_step)
     assert ledger.get_charge(st, "c").state == "reserved"  # read the data: stays charged
-    runner.run_charged(st, **run)  # type: ignore[arg-type]
+    run_merf(st, "mnist", sensitive, cfg, "c", plan=plan)
     redo = ledger.get_charge(st, "c:redo-1")
     assert redo.state == "committed" and redo.charged_events[0].steps == 3
     main = ledger.get_charge(st, "c")
@@ -251,33 +228,16 @@ def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
     assert trail.verify(st).ok
 
 
-def test_auto_runs_what_the_plan_decided_and_records_it(register_store, tmp_path) -> None:
+def test_auto_runs_what_the_plan_decided_and_records_it(halves_store, run_merf, tmp_path) -> None:
     """4,000 images in two classes (2,000 a class): "auto" plans DP labels at epsilon 2, the run
     trains the classifier and records the decision; at epsilon 0.05 the plan is the query alone."""
-    rows = np.arange(4000) % 2
-    images = np.random.default_rng(0).integers(0, 60, (4000, 8, 8)).astype(np.uint8)
-    images[rows == 0, :, :4] += 150
-    images[rows == 1, :, 4:] += 150
-    data = ImageDataset(images, rows, source="halves")
-    st = register_store("halves", "halves", data)
+    st, data = halves_store(4000, 8)
     info = dataset_info(ledger.budget(st, "halves").dataset)
     quiet = MerfConfig.tiny(0.05, 1e-5, n_samples=10)
     assert len(MECHANISM.plan(quiet, info, [], uci_digits()).events) == 1
     cfg = MerfConfig.tiny(2.0, 1e-5, n_samples=20, teacher_epochs=1, teacher_batch=500)
-    plan = MECHANISM.plan(cfg, info, [], uci_digits())
+    plan, res = run_merf(st, "halves", data, cfg, "a")
     assert [type(e) for e in plan.events] == [GaussianQuery, DpSgd]
-    res = runner.run_charged(
-        st,
-        run_id="a",
-        dataset="halves",
-        data=data,
-        public=uci_digits(),
-        mechanism="merf",
-        config=cfg,
-        plan=plan,
-        workdir=tmp_path / "w",
-        actor="alice",
-    )
     assert res.parameters["teacher_labels"] is True
     assert res.parameters["teacher_labels_setting"] == "auto"
     # 2,000 images a class: the pixel features keep the narrow kernel beside perceptual ones
