@@ -39,6 +39,15 @@ def relative_noise(sigma: float, n_features: int, n_records: int, n_classes: int
     return float(sigma) * n_features**0.5 / per_class
 
 
+def pixel_noise(
+    sigma: float, n_features: int, n_records: int, n_classes: int, perceptual_share: float
+) -> float:
+    """relative_noise on the pixel features' part of the query, which keeps 1 - perceptual_share
+    of each record's squared norm."""
+    noise = relative_noise(sigma, n_features, n_records, n_classes)
+    return noise / (1.0 - perceptual_share) ** 0.5
+
+
 def auto_bandwidth(n_pixels: int, noise: float) -> float:
     """The kernel for a query whose class embeddings carry `noise` (relative_noise)."""
     narrow = noise <= NARROW_MAX_RELATIVE_NOISE
@@ -142,17 +151,16 @@ class MerfConfig:
         (which keep 1 - perceptual_share of each record's squared norm)."""
         if self.bandwidth is not None:
             return self.bandwidth
-        noise = relative_noise(sigma, self.n_features, n_records, n_classes)
-        return auto_bandwidth(n_pixels, noise / (1.0 - perceptual_share) ** 0.5)
+        noise = pixel_noise(sigma, self.n_features, n_records, n_classes, perceptual_share)
+        return auto_bandwidth(n_pixels, noise)
 
     def perceptual_for(self, query_sigma: float, n_records: int, n_classes: int) -> float:
         """The perceptual share: the setting itself, or for "auto" PERCEPTUAL_SHARE where the pixel
         features beside it still keep the narrow kernel, else 0 (public quantities only)."""
         if self.perceptual_share != PERCEPTUAL_AUTO:
             return float(self.perceptual_share)
-        noise = relative_noise(query_sigma, self.n_features, n_records, n_classes)
-        pixel_noise = noise / (1.0 - PERCEPTUAL_SHARE) ** 0.5
-        return PERCEPTUAL_SHARE if pixel_noise <= NARROW_MAX_RELATIVE_NOISE else 0.0
+        noise = pixel_noise(query_sigma, self.n_features, n_records, n_classes, PERCEPTUAL_SHARE)
+        return PERCEPTUAL_SHARE if noise <= NARROW_MAX_RELATIVE_NOISE else 0.0
 
     def wants_teacher(self, query_sigma: float, n_records: int, n_classes: int) -> bool:
         """Whether the release trains the label classifier: the setting itself, or for "auto" a
