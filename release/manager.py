@@ -377,6 +377,7 @@ def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress)
         "expected_count": int(mplan.expected_count),
         "warnings": warnings,
         "requires_acknowledgement": mplan.requires_acknowledgement,
+        "choices": list(mplan.detail.get("choices", ())),
     }
 
 

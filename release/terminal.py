@@ -55,10 +55,17 @@ def print_plan(rel: Release) -> None:
     if p.remaining_after_rdp is not None:
         console.print(f"  remaining after (RDP): {p.remaining_after_rdp:.4f}")
     console.print(f"  images: {p.expected_count}")
+    print_choices((p.mechanism_plan or {}).get("choices"))
     for w in p.warnings:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
     if p.requires_acknowledgement:
         console.print("  [yellow]approval requires --acknowledge-non-dp[/]")
+
+
+def print_choices(choices: object) -> None:
+    """The mechanism's choices in its own words (its plan's "choices" lines), if it gives any."""
+    for line in choices if isinstance(choices, list) else ():
+        console.print(f"  choice: {escape(str(line))}")
 
 
 @contextmanager

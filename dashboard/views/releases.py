@@ -70,6 +70,9 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
         m3.metric("ε after (PLD)", fmt_eps(after["epsilon_pld"]))
         m4.metric("Images released", plan.expected_count)
         st.markdown("**Events charged:** " + "; ".join(plan.events_described))
+        choices = (plan.mechanism_plan or {}).get("choices")
+        if isinstance(choices, list) and choices:
+            st.markdown("**Choices:**\n" + "".join(f"\n- {c}" for c in choices))
         st.caption(
             f"Cap ε {plan.epsilon_cap:g} at δ = {after['delta']:g}; remaining after (RDP): "
             f"{fmt_eps(plan.remaining_after_rdp)}"

@@ -16,7 +16,7 @@ from accounting.errors import DataFormatError
 from release import manager
 from release.cli.common import console, fmt_eps, store
 from release.spec import ReleaseSpec
-from release.terminal import rich_progress
+from release.terminal import print_choices, rich_progress
 from synth.datasets import heldout_source
 
 app = typer.Typer(
@@ -84,6 +84,7 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         f"  epsilon after:  RDP {fmt_eps(a['epsilon_rdp'])}  PLD {fmt_eps(a['epsilon_pld'])}"
     )
     console.print(f"  images: {pv['expected_count']}")
+    print_choices(pv["choices"])
     for w in pv["warnings"]:
         console.print(f"  [yellow]warning:[/] {escape(w)}")
     if "heldout" not in spec["release"]:

@@ -21,7 +21,12 @@ from accounting.events import DpSgd, GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.merf import teacher
-from synth.merf.config import PERCEPTUAL_AUTO, TEACHER_AUTO, MerfConfig
+from synth.merf.config import (
+    PERCEPTUAL_AUTO,
+    TEACHER_AUTO,
+    WIDE_BANDWIDTH_PER_PIXEL,
+    MerfConfig,
+)
 from synth.merf.describe import describe
 from synth.merf.embedding import SENSITIVITY, embedding_event, features
 from synth.merf.fit import (
@@ -100,6 +105,9 @@ def plan(
             "embedding is mostly noise and the images will show little of the data. Raise epsilon "
             "or release from a larger dataset."
         )
+    bandwidth = config.bandwidth_for(
+        c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
+    )
     return MechanismPlan(
         events=(query,) if dpsgd is None else (query, dpsgd),
         expected_count=config.n_samples,
@@ -111,13 +119,42 @@ def plan(
             "sigma": sigma,
             "sensitivity": SENSITIVITY,
             "generator_size": size,
-            "bandwidth": config.bandwidth_for(
-                c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
-            ),
+            "bandwidth": bandwidth,
             "perceptual_share": perceptual,
             **teacher_detail,
+            "choices": _choices(config, c * size * size, bandwidth, perceptual, dpsgd is not None),
         },
     )
+
+
+def _choices(
+    config: MerfConfig, n_pixels: int, bandwidth: float, perceptual: float, labels: bool
+) -> list[str]:
+    """The plan's choices in a steward's words (shown before approval; says which "auto" made,
+    from the plan's noise and the registered class sizes)."""
+
+    def how(setting: object) -> str:
+        return "; chosen by auto" if setting in (PERCEPTUAL_AUTO, TEACHER_AUTO, None) else ""
+
+    narrow = bandwidth < WIDE_BANDWIDTH_PER_PIXEL * n_pixels
+    return [
+        f"kernel: {'narrow' if narrow else 'wide'} (bandwidth {bandwidth:g}: "
+        f"{'finer detail' if narrow else 'class averages, robust to noise'})"
+        + how(config.bandwidth),
+        (
+            f"perceptual features: {perceptual:.0%} of each image's vector (a public network's "
+            "texture statistics; the generator trains about 3x as long)"
+            if perceptual
+            else "perceptual features: off (pixels only)"
+        )
+        + how(config.perceptual_share),
+        (
+            "DP labels: on (a DP-SGD classifier labels the drawn images: the second event)"
+            if labels
+            else "DP labels: off (each image keeps the class it was drawn for)"
+        )
+        + how(config.teacher_labels),
+    ]
 
 
 def _events(

@@ -19,6 +19,7 @@ from dashboard.common import fmt_eps
 from release import keys, manager
 from release.budget import breakdown
 from release.records import Release
+from release.spec import ReleaseSpec
 from tests.support.dashboard_workspace import (
     PASSWORDS,
     assert_clean,
@@ -237,6 +238,15 @@ def test_plan_card_shows_epsilon_preview_and_warnings(built):
     assert "ε before (RDP): " + fmt_eps(rel.plan.epsilon_before["epsilon_rdp"]) in text
     assert "ε after (RDP): ∞ (no DP)" in text  # a k-anonymous release voids the DP guarantee
     assert any("NO differential-privacy guarantee" in w.value for w in at.warning)
+
+
+def test_plan_card_lists_the_mechanisms_choices(built):
+    spec = {"release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100}}
+    merf = {"epsilon": 8.0, "steps": 5, "n_features": 256, "perceptual_share": 0}
+    rel = manager.create_plan(built.store, ReleaseSpec.from_dict({**spec, "merf": merf}), "alice")
+    text = texts(sign_in("alice", "Releases"))
+    assert rel.release_id in text
+    assert "Choices:" in text and "perceptual features: off (pixels only)" in text
 
 
 def test_steward_approves_only_with_acknowledgement(built):

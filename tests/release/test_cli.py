@@ -220,6 +220,9 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     merf = ("synth", "merf", "--dataset", "user", "--epsilon", "2")
     r = cli(ws, *merf, "--perceptual-share", "0", "--write-spec", str(labelled))
     assert r.exit_code == 0 and "perceptual_share = 0.0" in labelled.read_text(), r.output
+    # the steward sees the plan's choices before approving: set ones plainly, auto's as auto's
+    assert "choice: perceptual features: off (pixels only)\n" in r.output
+    assert "choice: kernel:" in r.output and "choice: DP labels:" in r.output
     r = cli(ws, *merf, "--perceptual-share", "auto", "--write-spec", str(labelled))
     assert r.exit_code == 0 and 'perceptual_share = "auto"' in labelled.read_text(), r.output
     r = cli(ws, *merf, "--perceptual-share", "lots")

@@ -111,6 +111,23 @@ def test_auto_turns_perceptual_features_on_only_where_the_pixels_keep_the_narrow
     assert plan.events == off.events and off.detail["perceptual_share"] == 0.0
 
 
+def test_the_plan_states_its_choices_and_which_auto_made() -> None:
+    auto = MECHANISM.plan(MerfConfig(1.0, 1e-5), FASHION, [], uci_digits()).detail["choices"]
+    assert auto == [
+        "kernel: narrow (bandwidth 10: finer detail); chosen by auto",
+        "perceptual features: 50% of each image's vector (a public network's texture "
+        "statistics; the generator trains about 3x as long); chosen by auto",
+        "DP labels: on (a DP-SGD classifier labels the drawn images: the second event); "
+        "chosen by auto",
+    ]
+    cfg = MerfConfig(1.0, 1e-5, bandwidth=105.0, perceptual_share=0, teacher_labels=False)
+    assert MECHANISM.plan(cfg, FASHION, [], uci_digits()).detail["choices"] == [
+        "kernel: wide (bandwidth 105: class averages, robust to noise)",
+        "perceptual features: off (pixels only)",
+        "DP labels: off (each image keeps the class it was drawn for)",
+    ]
+
+
 def test_the_narrow_kernel_limit_is_higher_only_beside_perceptual_features() -> None:
     """Pixels alone keep the limit they were measured at (0.1): Fashion-MNIST at epsilon 1 with
     DP labels (pixel noise 0.097) keeps the narrow kernel without perceptual features; MNIST-5k at
