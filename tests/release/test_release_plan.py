@@ -209,22 +209,6 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
         {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}}
     )
     assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
-
-
-def test_a_stored_merf_plan_keeps_the_choices_the_steward_approves(ws_store):
-    """The mechanism's choices are part of the stored plan (and so of its digest): what `release
-    plan` and `release show` print is what was approved."""
-    spec = ReleaseSpec.from_dict(
-        {
-            "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100},
-            "merf": {"epsilon": 2.0, "steps": 5, "n_features": 256, "perceptual_share": 0.3},
-        }
-    )
-    rel = manager.create_plan(ws_store, spec, "alice")
-    choices = rel.plan.mechanism_plan["choices"]
-    assert choices == manager.preview(ws_store, spec)["choices"]
-    assert "perceptual features: 30% of each image's vector" in choices[1]
-    assert not choices[1].endswith("chosen by auto")  # set in the spec
     from synth.datasets import load_public
 
     budget = ledger.budget(
