@@ -26,6 +26,7 @@ from synth.datasets import ImageDataset
 from synth.merf.config import MerfConfig, auto_bandwidth, relative_noise
 from synth.merf.fit import MerfSettings, generator_size
 from synth.privimage import central, frequency, state
+from synth.privimage.choices import plan_choices
 from synth.privimage.config import CENTRAL_AUTO, FREQUENCY_AUTO, PrivImageConfig
 from synth.privimage.data import channels_of, label_index, pick_device, to_format, to_tensor
 from synth.privimage.describe import describe
@@ -195,7 +196,7 @@ def plan(
         guarantee_kind="dp",
         warnings=tuple(warnings),
         parameters=config.as_dict(),
-        detail=p.to_json(),
+        detail={**p.to_json(), "choices": plan_choices(config, p, len(dataset.labels))},
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.epsilon import EpsilonReport, epsilon_report
-from accounting.errors import InvalidParameterError
+from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent, event_from_json, event_to_json
 from accounting.validation import check_count
 from synth.privimage.central import central_event, resolve_queries
@@ -177,9 +177,15 @@ def plan_privimage(
     if central_queries:
         before.append(central_event(config.central_sigma, central_queries))
     after = [vote_event(config)] if config.vote_sigma else []
-    sigma = calibrate_dpsgd_sigma(
-        config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
-    )
+    try:
+        sigma = calibrate_dpsgd_sigma(
+            config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
+        )
+    except BudgetExceededError:
+        fixed = _fixed_cost(config, list(prior), before + after)
+        if fixed is None:
+            raise
+        raise BudgetExceededError(fixed) from None
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
     return PrivImagePlan(
         events,
@@ -190,4 +196,36 @@ def plan_privimage(
         epsilon_report(list(prior) + events, config.delta),
         central=bool(central_queries),
         frequency=frequency,
+    )
+
+
+def _fixed_cost(
+    config: PrivImageConfig, prior: list[MechanismEvent], events: Sequence[MechanismEvent]
+) -> str | None:
+    """Where the run's set-noise events alone (with the prior spend) exceed the target: which of
+    them take it, each alone (RDP, as calibrated). None where they fit and DP-SGD is the cost."""
+    spent = epsilon_report(prior + list(events), config.delta).epsilon_rdp
+    if spent <= config.epsilon:
+        return None
+
+    def name(e: MechanismEvent) -> str:
+        if config.vote_sigma and e == vote_event(config):
+            rounds = config.vote_rounds
+            plural = "s" if rounds > 1 else ""
+            return f"the private vote ({rounds} round{plural} at vote_sigma {config.vote_sigma:g})"
+        if config.selection == "semantic" and e == query_event(config):
+            return f"the semantic query (query_sigma {config.query_sigma:g})"
+        if e == frequency_event(config.frequency_sigma):
+            return f"the frequency warm-up (frequency_sigma {config.frequency_sigma:g})"
+        return f"the central images (central_sigma {config.central_sigma:g})"
+
+    parts = ", ".join(
+        f"{name(e)}: {epsilon_report([e], config.delta).epsilon_rdp:.3g}" for e in events
+    )
+    earlier = f" with the {len(prior)} earlier events" if prior else ""
+    return (
+        f"Before any DP-SGD step this plan's other events{earlier} spend epsilon {spent:.3g}, "
+        f"more than the target {config.epsilon:g} ({parts}). Give them more noise (a larger "
+        "sigma; `--vote-sigma 0`, or `vote_sigma = 0` in a spec, turns the vote off) or raise the "
+        "target epsilon."
     )

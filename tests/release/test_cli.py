@@ -190,6 +190,9 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     r = preview("--write-spec", str(spec))
     assert r.exit_code == 0, r.output
     assert "nothing was read or charged" in r.output and "privrelease release plan" in r.output
+    # its choices, in words, before anything is approved (auto's decisions marked as auto's)
+    assert "choice: pre-training data: the 1 public classes nearest" in r.output
+    assert "choice: central images:" in r.output and "choice: DP-SGD:" in r.output
     varied = tmp_path / "varied.toml"
     r = preview("--release-variations", "1", "--write-spec", str(varied))
     assert r.exit_code == 0 and "release_variations = 1" in varied.read_text(), r.output

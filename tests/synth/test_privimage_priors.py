@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from accounting import ledger
-from accounting.epsilon import RDP_ORDERS
-from accounting.errors import InvalidParameterError
+from accounting.epsilon import RDP_ORDERS, epsilon_report
+from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
 from accounting.store import Store, Workspace
 from release import runner
@@ -119,6 +119,68 @@ def test_auto_is_the_default_and_the_plan_charges_what_it_decided() -> None:
     assert small.events == plan_privimage(cfg.with_(central_images=0), 4000, n_classes=10).events
     with pytest.raises(InvalidParameterError, match="n_classes"):
         plan_privimage(cfg, 60000)
+
+
+def test_the_plan_states_its_choices_as_charged_and_which_auto_made() -> None:
+    """The steward reads what auto decided before approving, and the lines agree with the events
+    the plan charges (Fashion-MNIST-sized: both warm-ups on; MNIST-5k-sized: both off)."""
+    mech = registry.get("privimage")
+    pub = uci_digits()
+
+    def plan(n: int, **settings) -> registry.MechanismPlan:
+        info = registry.DatasetInfo("d", "d", n, tuple(range(10)), (28, 28), 1e-5)
+        return mech.plan(PrivImageConfig(epsilon=1.0, delta=1e-5, **settings), info, [], pub)
+
+    large = plan(60_000)
+    p = plan_privimage(PrivImageConfig(epsilon=1.0, delta=1e-5), 60_000, n_classes=10)
+    assert large.detail["choices"] == [
+        "pre-training data: the 3 public classes nearest each sensitive class (picked by a DP "
+        "query of the sensitive images)",
+        "frequency warm-up: on (a DP random-feature generator's drawings pre-train the model; "
+        "noise 0.28 of a class's mean embedding); chosen by auto",
+        "central images: 2 per class (DP class means pre-train the model; noise 0.019 of the "
+        "pixel range); chosen by auto",
+        f"DP-SGD: {p.steps:,} steps at noise multiplier {p.noise_multiplier:.3g}, about "
+        f"{round(p.expected_batch)} images a step (what epsilon leaves after the events above)",
+    ]
+    assert p.frequency and p.central_event is not None and p.central_event.count == 2
+    small = plan(4_000).detail["choices"]
+    assert small[1] == (
+        "frequency warm-up: off (noise 4.21 of a class's mean embedding would drown it); "
+        "chosen by auto"
+    )
+    assert small[2].startswith("central images: off (noise 0.28 of the pixel range") and (
+        small[2].endswith("; chosen by auto")
+    )
+    # set explicitly: no "auto" on them; a vote is a line of its own
+    set_ = plan(
+        4_000, frequency_warmup=False, central_images=0, selection="procedural", vote_sigma=5.0
+    ).detail["choices"]
+    assert set_[:3] == [
+        "pre-training data: generated shapes and textures (no public images)",
+        "frequency warm-up: off",
+        "central images: off",
+    ]
+    assert set_[4] == (
+        "private vote: 1 round, each released image chosen from 4 candidates (noise std 5 on "
+        "the votes)"
+    )
+    assert not any("auto" in line for line in set_)
+
+
+def test_a_plan_whose_set_noise_events_exceed_the_target_names_them() -> None:
+    """The demo preset's vote (4 rounds at sigma 2) alone spends more than epsilon 1: the steward
+    was told to "run fewer steps", which could not help; now the error names the vote and its
+    cost, and without the vote the same plan fits."""
+    cfg = PrivImageConfig.demo(1.0, 1e-5)
+    with pytest.raises(BudgetExceededError) as err:
+        plan_privimage(cfg, 60_000, n_classes=10)
+    msg = str(err.value)
+    vote = GaussianQuery(sigma=2.0, sensitivity=1.0, count=4)
+    alone = epsilon_report([vote], 1e-5).epsilon_rdp
+    assert alone > 1.0 and f"the private vote (4 rounds at vote_sigma 2): {alone:.3g}" in msg
+    assert "fewer steps" not in msg and "vote_sigma = 0" in msg and "the semantic query" in msg
+    assert plan_privimage(cfg.with_(vote_sigma=0.0), 60_000, n_classes=10).noise_multiplier > 0
 
 
 def test_auto_through_the_mechanism_uses_the_registered_label_count() -> None:

@@ -1,0 +1,65 @@
+"""A PrivImage plan's choices in a steward's words: what pre-trains the model, which warm-ups run
+and why, and what DP-SGD is left with. Shown by `synth privimage`, `release plan`, `release show`
+and the dashboard before anyone approves the plan; stored in it, so its digest covers them."""
+
+from __future__ import annotations
+
+from synth.privimage.central import pixel_noise_std
+from synth.privimage.config import CENTRAL_AUTO, FREQUENCY_AUTO, PrivImageConfig
+from synth.privimage.frequency import noise_share
+from synth.privimage.plan import PrivImagePlan
+
+_PRETRAINING = {
+    "semantic": "the {k} public classes nearest each sensitive class (picked by a DP query of "
+    "the sensitive images)",
+    "none": "none (the model starts untrained)",
+    "all": "every public image (no selection)",
+    "procedural": "generated shapes and textures (no public images)",
+}
+
+
+def plan_choices(config: PrivImageConfig, plan: PrivImagePlan, n_classes: int) -> list[str]:
+    """The lines, from the plan and public metadata only (the record and class counts)."""
+    per_class = plan.record_count / max(n_classes, 1)
+    lines = [f"pre-training data: {_PRETRAINING[config.selection].format(k=config.k)}"]
+    warm = noise_share(config.frequency_sigma, config.frequency_features, per_class)
+    auto = "; chosen by auto"
+    if plan.frequency:
+        lines.append(
+            "frequency warm-up: on (a DP random-feature generator's drawings pre-train the "
+            f"model; noise {warm:.2f} of a class's mean embedding)"
+            + (auto if config.frequency_warmup == FREQUENCY_AUTO else "")
+        )
+    elif config.frequency_warmup == FREQUENCY_AUTO:
+        lines.append(
+            f"frequency warm-up: off (noise {warm:.2f} of a class's mean embedding would drown "
+            f"it){auto}"
+        )
+    else:
+        lines.append("frequency warm-up: off")
+    noise = pixel_noise_std(config.central_sigma, config.central_clip, per_class)
+    central = plan.central_event
+    if central is not None:
+        lines.append(
+            f"central images: {central.count} per class (DP class means pre-train the model; "
+            f"noise {noise:.3f} of the pixel range)"
+            + (auto if config.central_images == CENTRAL_AUTO else "")
+        )
+    elif config.central_images == CENTRAL_AUTO:
+        lines.append(
+            f"central images: off (noise {noise:.2f} of the pixel range on a class mean would "
+            f"wreck the samples){auto}"
+        )
+    else:
+        lines.append("central images: off")
+    lines.append(
+        f"DP-SGD: {plan.steps:,} steps at noise multiplier {plan.noise_multiplier:.3g}, about "
+        f"{round(plan.expected_batch)} images a step (what epsilon leaves after the events above)"
+    )
+    if config.vote_sigma:
+        lines.append(
+            f"private vote: {config.vote_rounds} round{'s' if config.vote_rounds > 1 else ''}, "
+            f"each released image chosen from {config.vote_pool} candidates (noise std "
+            f"{config.vote_sigma:g} on the votes)"
+        )
+    return lines
