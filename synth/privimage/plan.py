@@ -182,7 +182,8 @@ def plan_privimage(
             config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
         )
     except BudgetExceededError:
-        fixed = _fixed_cost(config, list(prior), before + after)
+        named = _named(config, before + after, frequency, bool(central_queries))
+        fixed = _fixed_cost(config, list(prior), named)
         if fixed is None:
             raise
         raise BudgetExceededError(fixed) from None
@@ -199,28 +200,38 @@ def plan_privimage(
     )
 
 
+def _named(
+    config: PrivImageConfig, events: list[GaussianQuery], frequency: bool, central: bool
+) -> list[tuple[str, MechanismEvent]]:
+    """The set-noise events with their names, in the order plan_privimage builds them."""
+    names = (
+        [f"the semantic query (query_sigma {config.query_sigma:g})"]
+        if config.selection == "semantic"
+        else []
+    )
+    if frequency:
+        names.append(f"the frequency warm-up (frequency_sigma {config.frequency_sigma:g})")
+    if central:
+        names.append(f"the central images (central_sigma {config.central_sigma:g})")
+    if config.vote_sigma:
+        rounds = config.vote_rounds
+        plural = "s" if rounds > 1 else ""
+        names.append(
+            f"the private vote ({rounds} round{plural} at vote_sigma {config.vote_sigma:g})"
+        )
+    return list(zip(names, events, strict=True))
+
+
 def _fixed_cost(
-    config: PrivImageConfig, prior: list[MechanismEvent], events: Sequence[MechanismEvent]
+    config: PrivImageConfig, prior: list[MechanismEvent], named: list[tuple[str, MechanismEvent]]
 ) -> str | None:
     """Where the run's set-noise events alone (with the prior spend) exceed the target: which of
     them take it, each alone (RDP, as calibrated). None where they fit and DP-SGD is the cost."""
-    spent = epsilon_report(prior + list(events), config.delta).epsilon_rdp
+    spent = epsilon_report(prior + [e for _, e in named], config.delta).epsilon_rdp
     if spent <= config.epsilon:
         return None
-
-    def name(e: MechanismEvent) -> str:
-        if config.vote_sigma and e == vote_event(config):
-            rounds = config.vote_rounds
-            plural = "s" if rounds > 1 else ""
-            return f"the private vote ({rounds} round{plural} at vote_sigma {config.vote_sigma:g})"
-        if config.selection == "semantic" and e == query_event(config):
-            return f"the semantic query (query_sigma {config.query_sigma:g})"
-        if e == frequency_event(config.frequency_sigma):
-            return f"the frequency warm-up (frequency_sigma {config.frequency_sigma:g})"
-        return f"the central images (central_sigma {config.central_sigma:g})"
-
     parts = ", ".join(
-        f"{name(e)}: {epsilon_report([e], config.delta).epsilon_rdp:.3g}" for e in events
+        f"{name}: {epsilon_report([e], config.delta).epsilon_rdp:.3g}" for name, e in named
     )
     earlier = f" with the {len(prior)} earlier events" if prior else ""
     return (
