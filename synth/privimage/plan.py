@@ -226,7 +226,10 @@ def _fixed_cost(
     config: PrivImageConfig, prior: list[MechanismEvent], named: list[tuple[str, MechanismEvent]]
 ) -> str | None:
     """Where the run's set-noise events alone (with the prior spend) exceed the target: which of
-    them take it, each alone (RDP, as calibrated). None where they fit and DP-SGD is the cost."""
+    them take it, each alone (RDP, as calibrated). None where they fit and DP-SGD is the cost, or
+    where the prior spend alone leaves nothing (the accountant's own message says so)."""
+    if prior and epsilon_report(prior, config.delta).epsilon_rdp >= config.epsilon:
+        return None
     spent = epsilon_report(prior + [e for _, e in named], config.delta).epsilon_rdp
     if spent <= config.epsilon:
         return None

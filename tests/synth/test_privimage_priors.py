@@ -181,6 +181,10 @@ def test_a_plan_whose_set_noise_events_exceed_the_target_names_them() -> None:
     assert alone > 1.0 and f"the private vote (4 rounds at vote_sigma 2): {alone:.3g}" in msg
     assert "fewer steps" not in msg and "vote_sigma = 0" in msg and "the semantic query" in msg
     assert plan_privimage(cfg.with_(vote_sigma=0.0), 60_000, n_classes=10).noise_multiplier > 0
+    # a prior spend that alone leaves nothing keeps the accountant's message: it is not the vote's
+    spent = [GaussianQuery(sigma=0.5, sensitivity=1.0)]
+    with pytest.raises(BudgetExceededError, match="prior spend already"):
+        plan_privimage(cfg, 60_000, prior=spent, n_classes=10)
 
 
 def test_auto_through_the_mechanism_uses_the_registered_label_count() -> None:
