@@ -23,35 +23,30 @@ def plan_choices(config: PrivImageConfig, plan: PrivImagePlan, n_classes: int) -
     per_class = plan.record_count / max(n_classes, 1)
     lines = [f"pre-training data: {_PRETRAINING[config.selection].format(k=config.k)}"]
     warm = noise_share(config.frequency_sigma, config.frequency_features, per_class)
-    auto = "; chosen by auto"
-    if plan.frequency:
-        lines.append(
-            "frequency warm-up: on (a DP random-feature generator's drawings pre-train the "
-            f"model; noise {warm:.2f} of a class's mean embedding)"
-            + (auto if config.frequency_warmup == FREQUENCY_AUTO else "")
+    lines.append(
+        _warmup_line(
+            "frequency warm-up",
+            f"on (a DP random-feature generator's drawings pre-train the model; noise {warm:.2f} "
+            "of a class's mean embedding)"
+            if plan.frequency
+            else None,
+            f"noise {warm:.2f} of a class's mean embedding would drown it",
+            config.frequency_warmup == FREQUENCY_AUTO,
         )
-    elif config.frequency_warmup == FREQUENCY_AUTO:
-        lines.append(
-            f"frequency warm-up: off (noise {warm:.2f} of a class's mean embedding would drown "
-            f"it){auto}"
-        )
-    else:
-        lines.append("frequency warm-up: off")
+    )
     noise = pixel_noise_std(config.central_sigma, config.central_clip, per_class)
     central = plan.central_event
-    if central is not None:
-        lines.append(
-            f"central images: {central.count} per class (DP class means pre-train the model; "
-            f"noise {noise:.3f} of the pixel range)"
-            + (auto if config.central_images == CENTRAL_AUTO else "")
+    lines.append(
+        _warmup_line(
+            "central images",
+            f"{central.count} per class (DP class means pre-train the model; noise {noise:.3f} "
+            "of the pixel range)"
+            if central is not None
+            else None,
+            f"noise {noise:.2f} of the pixel range on a class mean would wreck the samples",
+            config.central_images == CENTRAL_AUTO,
         )
-    elif config.central_images == CENTRAL_AUTO:
-        lines.append(
-            f"central images: off (noise {noise:.2f} of the pixel range on a class mean would "
-            f"wreck the samples){auto}"
-        )
-    else:
-        lines.append("central images: off")
+    )
     lines.append(
         f"DP-SGD: {plan.steps:,} steps at noise multiplier {plan.noise_multiplier:.3g}, about "
         f"{round(plan.expected_batch)} images a step (what epsilon leaves after the events above)"
@@ -63,3 +58,11 @@ def plan_choices(config: PrivImageConfig, plan: PrivImagePlan, n_classes: int) -
             f"{config.vote_sigma:g} on the votes)"
         )
     return lines
+
+
+def _warmup_line(name: str, on: str | None, why_off: str, by_auto: bool) -> str:
+    """One warm-up's line: what it does where on (`on`), else off; where auto decided, why."""
+    auto = "; chosen by auto" if by_auto else ""
+    if on is not None:
+        return f"{name}: {on}{auto}"
+    return f"{name}: off ({why_off}){auto}" if by_auto else f"{name}: off"
