@@ -68,6 +68,18 @@ def _share_or_auto(text: str) -> float | str:
         ) from None
 
 
+def _count_or_auto(text: str, option: str) -> int | str:
+    """A count given on the command line: "auto" or a whole number (the config checks its range)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f'{text!r} is not a whole number or "auto"; give e.g. 4000.', param_hint=option
+        ) from None
+
+
 def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     with rich_progress() as progress:
         pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
@@ -213,7 +225,13 @@ def merf(
         ..., "--epsilon", help="Target epsilon for the dataset's whole history."
     ),
     n_samples: int = typer.Option(10_000, "--n-samples", help="Images to release."),
-    steps: int = typer.Option(2000, "--steps", help="Generator updates (no privacy cost)."),
+    steps: str | None = typer.Option(
+        None,
+        "--steps",
+        help='Generator updates (no privacy cost), or "auto" (default: decided by the plan, 4000 '
+        "where the summary is precise, else 2000).",
+        show_default=False,
+    ),
     teacher_labels: bool | None = typer.Option(
         None,
         "--teacher-labels/--no-teacher-labels",
@@ -235,7 +253,9 @@ def merf(
 ) -> None:
     """DP-MERF: one noisy random-feature summary of each class and a small generator trained on
     it; minutes on a laptop, the baseline a PrivImage release should beat (preview)."""
-    settings: dict[str, Any] = {"epsilon": epsilon, "steps": steps}
+    settings: dict[str, Any] = {"epsilon": epsilon}
+    if steps is not None:
+        settings["steps"] = _count_or_auto(steps, "--steps")
     if teacher_labels is not None:
         settings["teacher_labels"] = teacher_labels
     if perceptual_share is not None:

@@ -36,6 +36,16 @@ TEACHER_AUTO = "auto"
 # kernel and auto leaves them off, as every earlier row there was measured.
 PERCEPTUAL_AUTO = "auto"
 PERCEPTUAL_SHARE = 0.5
+# steps = "auto": the generator's updates. LONG_STEPS where the pixel features' noise (pixel_noise,
+# public) is at most LONG_STEPS_MAX_NOISE, else STEPS. Measured (BENCHMARKS.md, "A longer-trained
+# generator"): where the summary is precise (Fashion-MNIST at epsilon 10, pixel noise 0.017) twice
+# the updates gained in both runs; where it is noisier they gained under a point for twice the time
+# (MNIST-5k at epsilon 10, 0.118) or scored lower and took the release past ten minutes on two CPU
+# cores (Fashion-MNIST at epsilon 1, 0.138).
+STEPS_AUTO = "auto"
+STEPS = 2000
+LONG_STEPS = 4000
+LONG_STEPS_MAX_NOISE = 0.05
 
 
 def relative_noise(sigma: float, n_features: int, n_records: int, n_classes: int) -> float:
@@ -79,7 +89,7 @@ class MerfConfig:
     bandwidth: float | None = None  # kernel bandwidth; None = chosen by auto_bandwidth
     z_dim: int = 60
     width: int = 16  # generator channels at the middle resolution (x2 at the first, /2 at the last)
-    steps: int = 2000  # generator updates
+    steps: int | str = STEPS_AUTO  # generator updates, or "auto" (decided by the plan)
     batch: int = 200
     lr: float = 0.01  # Adam, cosine-decayed to lr / 10
     n_samples: int = 10_000  # released, balanced over the classes
@@ -110,7 +120,13 @@ class MerfConfig:
             raise InvalidParameterError(
                 f"width must be an even number of channels up to 512, got {self.width}."
             )
-        self.steps = check_count(self.steps, "steps")
+        if self.steps != STEPS_AUTO:
+            if isinstance(self.steps, str):
+                raise InvalidParameterError(
+                    f'steps must be "{STEPS_AUTO}" or a positive whole number of generator '
+                    f"updates, got {self.steps!r}."
+                )
+            self.steps = check_count(self.steps, "steps")
         self.batch = check_count(self.batch, "batch")
         self.lr = check_sensitivity(self.lr, "lr")
         if self.lr > 1:
@@ -174,6 +190,16 @@ class MerfConfig:
             return float(self.perceptual_share)
         noise = pixel_noise(query_sigma, self.n_features, n_records, n_classes, PERCEPTUAL_SHARE)
         return PERCEPTUAL_SHARE if noise <= narrow_limit(PERCEPTUAL_SHARE) else 0.0
+
+    def steps_for(
+        self, query_sigma: float, n_records: int, n_classes: int, perceptual_share: float
+    ) -> int:
+        """The generator's updates: the setting itself, or for "auto" LONG_STEPS where the pixel
+        features' noise is at most LONG_STEPS_MAX_NOISE, else STEPS (public quantities only)."""
+        if self.steps != STEPS_AUTO:
+            return int(self.steps)
+        noise = pixel_noise(query_sigma, self.n_features, n_records, n_classes, perceptual_share)
+        return LONG_STEPS if noise <= LONG_STEPS_MAX_NOISE else STEPS
 
     def wants_teacher(self, query_sigma: float, n_records: int, n_classes: int) -> bool:
         """Whether the release trains the label classifier: the setting itself, or for "auto" a

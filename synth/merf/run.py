@@ -22,7 +22,9 @@ from synth import registry
 from synth.datasets import ImageDataset
 from synth.merf import teacher
 from synth.merf.config import (
+    LONG_STEPS,
     PERCEPTUAL_AUTO,
+    STEPS_AUTO,
     TEACHER_AUTO,
     WIDE_BANDWIDTH_PER_PIXEL,
     MerfConfig,
@@ -44,13 +46,15 @@ from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunConte
 GENERATOR_DIR = "merf-generator"  # in the run's workdir: weights and settings, for the audit's MIA
 
 
-def settings(config: MerfConfig, bandwidth: float, perceptual_share: float) -> MerfSettings:
+def settings(
+    config: MerfConfig, bandwidth: float, perceptual_share: float, steps: int
+) -> MerfSettings:
     return MerfSettings(
         n_features=config.n_features,
         bandwidth=bandwidth,
         z_dim=config.z_dim,
         width=config.width,
-        steps=config.steps,
+        steps=steps,
         batch=config.batch,
         lr=config.lr,
         seed=config.seed,
@@ -108,6 +112,7 @@ def plan(
     bandwidth = config.bandwidth_for(
         c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
     )
+    steps = config.steps_for(sigma, dataset.record_count, len(dataset.labels), perceptual)
     return MechanismPlan(
         events=(query,) if dpsgd is None else (query, dpsgd),
         expected_count=config.n_samples,
@@ -121,20 +126,29 @@ def plan(
             "generator_size": size,
             "bandwidth": bandwidth,
             "perceptual_share": perceptual,
+            "steps": steps,
             **teacher_detail,
-            "choices": _choices(config, c * size * size, bandwidth, perceptual, dpsgd is not None),
+            "choices": _choices(
+                config, c * size * size, bandwidth, perceptual, dpsgd is not None, steps
+            ),
         },
     )
 
 
 def _choices(
-    config: MerfConfig, n_pixels: int, bandwidth: float, perceptual: float, labels: bool
+    config: MerfConfig,
+    n_pixels: int,
+    bandwidth: float,
+    perceptual: float,
+    labels: bool,
+    steps: int,
 ) -> list[str]:
     """The plan's choices in a steward's words (shown before approval; says which "auto" made,
     from the plan's noise and the registered class sizes)."""
 
     def how(setting: object) -> str:
-        return "; chosen by auto" if setting in (PERCEPTUAL_AUTO, TEACHER_AUTO, None) else ""
+        auto = (PERCEPTUAL_AUTO, TEACHER_AUTO, STEPS_AUTO, None)
+        return "; chosen by auto" if setting in auto else ""
 
     narrow = bandwidth < WIDE_BANDWIDTH_PER_PIXEL * n_pixels
     return [
@@ -154,6 +168,15 @@ def _choices(
             else "DP labels: off (each image keeps the class it was drawn for)"
         )
         + how(config.teacher_labels),
+        (
+            f"generator: {steps} updates"
+            + (
+                " (twice the usual: measured better where the summary is precise)"
+                if steps == LONG_STEPS
+                else ""
+            )
+        )
+        + how(config.steps),
     ]
 
 
@@ -228,6 +251,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     bandwidth = config.bandwidth_for(
         channels * size * size, sigma, len(data.labels), len(values), perceptual
     )
+    steps = config.steps_for(sigma, len(data.labels), len(values), perceptual)
     model: torch.nn.Module | None = None
     check: CollapseCheck | None = None
     if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
@@ -238,7 +262,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
         rows,
         len(values),
         sigma,
-        settings(config, bandwidth, perceptual),
+        settings(config, bandwidth, perceptual, steps),
         ctx.progress,
         also_collapsed=check,
     )
@@ -268,6 +292,9 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
                 if config.perceptual_share == PERCEPTUAL_AUTO
                 else {}
             ),
+            # as the plan decided ("auto": MerfConfig.steps_for)
+            "steps": steps,
+            **({"steps_setting": STEPS_AUTO} if config.steps == STEPS_AUTO else {}),
             # generators trained: more than 1 where a class collapsed (post-processing of the query)
             "generator_attempts": fitted.attempts,
             # classes every attempt left collapsed (none in a healthy release): the card says so

@@ -232,6 +232,16 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
     assert r.exit_code != 0 and "not a number" in r.output
     r = cli(ws, *merf, "--perceptual-share", "1e308")
     assert r.exit_code != 0 and "perceptual_share must be" in str(r.exception)
+    r = cli(ws, *merf, "--steps", "3000", "--write-spec", str(labelled))
+    assert r.exit_code == 0 and "steps = 3000" in labelled.read_text(), r.output
+    assert "choice: generator: 3000 updates\n" in r.output  # set, so not "chosen by auto"
+    r = cli(ws, *merf, "--write-spec", str(labelled))  # no --steps: the plan decides
+    assert r.exit_code == 0 and "steps" not in labelled.read_text(), r.output
+    assert "updates; chosen by auto" in r.output
+    r = cli(ws, *merf, "--steps", "many")
+    assert r.exit_code != 0 and "not a whole number" in r.output
+    r = cli(ws, *merf, "--steps", "0")
+    assert r.exit_code != 0 and "steps must be" in str(r.exception)
     store = Store(ws)
     assert (
         ledger.budget(store, "user").charges == [] and ledger.budget(store, "mnist").charges == []

@@ -79,6 +79,7 @@ def test_the_planned_noise_keeps_epsilon_under_the_target_by_an_independent_acco
         ({"lr": float("nan")}, "lr"),
         ({"width": 7}, "width"),
         ({"steps": 0}, "steps"),
+        ({"steps": "soon"}, "steps"),
         ({"epsilon": -1}, "epsilon"),
         ({"epsilon": 1e308}, "above 1000"),
         ({"delta": 2.0}, "delta"),
@@ -157,6 +158,7 @@ def test_a_merf_release_through_the_runner_is_charged_its_one_query(
     assert res.parameters["teacher_labels"] is False
     assert res.parameters["teacher_labels_setting"] == "auto"
     assert "two events" not in about.guarantee
+    assert res.parameters["steps"] == 5 and "steps_setting" not in res.parameters  # as set
     saved = json.loads((Path(res.output.generator) / "settings.json").read_text())
     assert saved["bandwidth"] == 105.0  # the audit's membership loss rebuilds the same features
 
