@@ -40,8 +40,8 @@ PERCEPTUAL_SHARE = 0.5
 # public) is at most LONG_STEPS_MAX_NOISE, else STEPS. Measured (BENCHMARKS.md, "A longer-trained
 # generator"): where the summary is precise (Fashion-MNIST at epsilon 10, pixel noise 0.017) twice
 # the updates gained in both runs; where it is noisier they gained under a point for twice the time
-# (MNIST-5k at epsilon 10, 0.118) or scored lower and took the release past ten minutes on two CPU
-# cores (Fashion-MNIST at epsilon 1, 0.138).
+# (MNIST-5k at epsilon 10, 0.118) or scored within the spread of two default runs and took the
+# release past ten minutes on two CPU cores (Fashion-MNIST at epsilon 1, 0.138).
 STEPS_AUTO = "auto"
 STEPS = 2000
 LONG_STEPS = 4000
