@@ -4,6 +4,7 @@ steward approval -> run): `--write-spec` writes the spec to plan with `privrelea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,28 +56,18 @@ def _with_heldout(spec: dict[str, Any], heldout: str | None) -> dict[str, Any]:
     return spec
 
 
-def _share_or_auto(text: str) -> float | str:
-    """A share given on the command line: "auto" or a number (MerfConfig checks its range)."""
+def _number_or_auto(
+    text: str, parse: Callable[[str], float | int], option: str, wanted: str, example: str
+) -> float | int | str:
+    """A value given on the command line: "auto" or what `parse` reads (the config checks its
+    range); otherwise an error naming `wanted` and an `example`."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        return float(text)
+        return parse(text)
     except ValueError:
         raise typer.BadParameter(
-            f'{text!r} is not a number or "auto"; give e.g. 0.5, or 0 for pixels only.',
-            param_hint="--perceptual-share",
-        ) from None
-
-
-def _count_or_auto(text: str, option: str) -> int | str:
-    """A count given on the command line: "auto" or a whole number (the config checks its range)."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise typer.BadParameter(
-            f'{text!r} is not a whole number or "auto"; give e.g. 4000.', param_hint=option
+            f'{text!r} is not {wanted} or "auto"; give e.g. {example}.', param_hint=option
         ) from None
 
 
@@ -255,11 +246,13 @@ def merf(
     it; minutes on a laptop, the baseline a PrivImage release should beat (preview)."""
     settings: dict[str, Any] = {"epsilon": epsilon}
     if steps is not None:
-        settings["steps"] = _count_or_auto(steps, "--steps")
+        settings["steps"] = _number_or_auto(steps, int, "--steps", "a whole number", "4000")
     if teacher_labels is not None:
         settings["teacher_labels"] = teacher_labels
     if perceptual_share is not None:
-        settings["perceptual_share"] = _share_or_auto(perceptual_share)
+        settings["perceptual_share"] = _number_or_auto(
+            perceptual_share, float, "--perceptual-share", "a number", "0.5, or 0 for pixels only"
+        )
     _preview(
         _with_heldout(
             {

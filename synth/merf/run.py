@@ -151,6 +151,7 @@ def _choices(
         return "; chosen by auto" if setting in auto else ""
 
     narrow = bandwidth < WIDE_BANDWIDTH_PER_PIXEL * n_pixels
+    longer = " (twice the usual: measured better where the summary is precise)"
     return [
         f"kernel: {'narrow' if narrow else 'wide'} (bandwidth {bandwidth:g}: "
         f"{'finer detail' if narrow else 'class averages, robust to noise'})"
@@ -168,15 +169,7 @@ def _choices(
             else "DP labels: off (each image keeps the class it was drawn for)"
         )
         + how(config.teacher_labels),
-        (
-            f"generator: {steps} updates"
-            + (
-                " (twice the usual: measured better where the summary is precise)"
-                if steps == LONG_STEPS
-                else ""
-            )
-        )
-        + how(config.steps),
+        f"generator: {steps} updates{longer if steps == LONG_STEPS else ''}" + how(config.steps),
     ]
 
 
