@@ -8,6 +8,7 @@ revealed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -121,6 +122,11 @@ def register_from_source(
             raise DataFormatError(
                 f"{source}: head volumes carry no class labels; leave out --labels."
             )
+        # orientation, registration fit, masks and memory: what would otherwise fail (or be
+        # released wrong) only after a release had read the data and been charged
+        from synth.volumes.admission import check_heads
+
+        check_heads(data, _public_cache(store))
         label_set: list[int] = []
         if privacy_unit == "one image":  # the CLI's default, worded for a scan
             privacy_unit = "one head scan"
@@ -139,6 +145,12 @@ def register_from_source(
         privacy_unit=privacy_unit,
         actor=actor,
     )
+
+
+def _public_cache(store: Store) -> Path:
+    """The workspace's cache of public computations (release.runner.public_cache_dir's rule)."""
+    env = os.environ.get("PRIVRELEASE_CACHE")
+    return Path(env) if env else store.workspace.root / "cache"
 
 
 def fingerprint(store: Store, data: ImageDataset | VolumeDataset) -> str:

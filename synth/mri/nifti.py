@@ -27,6 +27,10 @@ SUFFIXES = (".nii", ".nii.gz")
 MIN_SIDE, MAX_SIDE = 8, 1024  # voxels per side
 MIN_VOXEL_MM, MAX_VOXEL_MM = 0.05, 20.0
 MAX_BYTES = 1 << 31  # stored voxel bytes of a whole data set (2 GiB)
+# scaled intensities beyond this are refused: far beyond any scanner's range, and far enough inside
+# float32's 3.4e38 that SimpleITK's smoothing and interpolation (float32) stay finite
+MAX_INTENSITY = 1e30
+ZOOM_TOLERANCE = 0.01  # relative: pixdim and the affine's column lengths must agree this well
 # header fields that hold free text (anything a scanner, converter or person typed)
 TEXT_FIELDS = ("descrip", "aux_file", "intent_name", "db_name")
 _READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, MemoryError)
@@ -113,6 +117,15 @@ def _check_header(img, path: Path) -> tuple[tuple[int, int, int], np.dtype]:
             f"{path}: the header's voxel-to-world affine is not usable (singular or not finite); "
             "fix its sform/qform."
         )
+    # the affine is what every tool places voxels by; a pixdim that disagrees with it means one of
+    # them is wrong (e.g. an sform scaled to micrometres), and registration would miss the head
+    columns = np.sqrt((affine[:3, :3] ** 2).sum(0))
+    if not np.allclose(columns, zooms, rtol=ZOOM_TOLERANCE, atol=0):
+        raise DataFormatError(
+            f"{path}: the affine's voxel sizes {tuple(round(float(c), 4) for c in columns)} mm "
+            f"disagree with the header's pixdim {tuple(float(z) for z in zooms)} mm; fix the "
+            "sform/qform or pixdim so they agree (reconvert the scan, e.g. with dcm2niix)."
+        )
     return (shape[0], shape[1], shape[2]), dtype
 
 
@@ -140,10 +153,20 @@ def read_volume(path: Path, name: str = "") -> Volume:
     lo, hi = raw.min(), raw.max()
     if raw.dtype.kind == "f" and not (np.isfinite(lo) and np.isfinite(hi)):
         raise DataFormatError(f"{path}: the voxels hold NaN or infinite values; clean them first.")
-    if not np.isfinite(np.float64(lo) * slope + inter) or not np.isfinite(
-        np.float64(hi) * slope + inter
-    ):
-        raise DataFormatError(f"{path}: the scaled intensities overflow; fix the header scaling.")
+    ends = np.array([np.float64(lo) * slope + inter, np.float64(hi) * slope + inter])
+    if not np.isfinite(ends).all() or np.abs(ends).max() > MAX_INTENSITY:
+        raise DataFormatError(
+            f"{path}: the scaled intensities reach {np.abs(ends).max():.3g} (stored "
+            f"{float(lo):.3g}..{float(hi):.3g}, scl_slope {slope:g}, scl_inter {inter:g}); "
+            f"registration computes in float32 and needs them within +-{MAX_INTENSITY:g}. Fix "
+            "the header's scaling (or rescale the voxels)."
+        )
+    if lo != hi and np.float32(ends[0]) == np.float32(ends[1]):
+        raise DataFormatError(
+            f"{path}: in float32 every scaled intensity is {float(np.float32(ends[0])):g} "
+            f"(scl_slope {slope:g}, scl_inter {inter:g}): the scaling erases the image. Fix the "
+            "header's scaling."
+        )
     if lo == hi:
         raise DataFormatError(
             f"{path}: every voxel is {lo}: the file holds no image. Remove it or replace it."

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from accounting.errors import DataFormatError
 from synth.mri.atlas import Atlas, grow
+from synth.mri.registration import check_fit
 from synth.mri.volume import Volume
 from synth.volumes import faces
 
@@ -30,6 +32,9 @@ class Edited:
 def _setup(subject: Volume, atlas: Atlas, margin_mm: float):
     started = time.perf_counter()
     reg = atlas.register(subject)
+    # registration admitted the dataset with the same deterministic fit; this guards a template or
+    # code change since: never cut a face where a turned or failed fit puts it
+    check_fit(reg, subject.name or "volume")
     masks = atlas.on(subject, reg)
     keep = grow(masks.brain, subject.zooms, margin_mm, near=masks.face)
     stats = {
@@ -41,12 +46,22 @@ def _setup(subject: Volume, atlas: Atlas, margin_mm: float):
     return reg, masks, keep, stats
 
 
+def little_endian(volume: Volume) -> Volume:
+    """`volume` with its voxels in little-endian byte order (the same values): what a released file
+    holds whatever the input's order, as NIfTI consumers expect (nibabel writes it so anyway)."""
+    dtype = volume.data.dtype
+    if dtype.newbyteorder("<") == dtype:
+        return volume
+    data = volume.data.astype(dtype.newbyteorder("<"))
+    return Volume(data, volume.affine, volume.slope, volume.inter, volume.name)
+
+
 def _written(subject: Volume, region: np.ndarray, values: np.ndarray, stats: dict) -> Edited:
     out = subject.data.copy()
     out[region] = subject.to_stored(values)
     stats["changed_voxels"] = int((out != subject.data).sum())
     stats["region_voxels"] = int(region.sum())
-    return Edited(subject.with_data(out), stats)
+    return Edited(little_endian(subject.with_data(out)), stats)
 
 
 def quickshear_keep(brain: np.ndarray, affine: np.ndarray, buffer: int) -> np.ndarray:
@@ -65,6 +80,11 @@ def deface(subject: Volume, atlas: Atlas, method: str, margin_mm: float, buffer:
     """The face set to background: below quickshear's plane, or inside the registered face mask."""
     reg, masks, keep, stats = _setup(subject, atlas, margin_mm)
     if method == "quickshear":
+        if masks.brain.sum() < 2:  # admitted datasets never get here; quickshear would crash
+            raise DataFormatError(
+                f"{subject.name or 'volume'}: the registered brain is empty on this grid; "
+                "quickshear cannot place its plane. Register finer scans."
+            )
         cut = ~quickshear_keep(masks.brain, subject.affine, buffer)
         keep = grow(masks.brain, subject.zooms, margin_mm, near=cut)
     else:

@@ -22,8 +22,8 @@ from synth.mri.atlas import atlases
 from synth.mri.templates import NAMES, SOURCE
 from synth.mri.volume import VolumeDataset
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+from synth.volumes import admission, edit, faces
 from synth.volumes import describe as text
-from synth.volumes import edit, faces
 from synth.volumes.config import DefaceConfig, RefaceConfig
 
 WARNING = (
@@ -92,6 +92,8 @@ def plan_deface(
     prior: Sequence[MechanismEvent],
     public: Any,
 ) -> MechanismPlan:
+    registry.check_data_kind("deface", dataset)
+    admission.check_plan("deface", config.method, dataset.image_shape, dataset.record_count)
     return _plan("deface", config, dataset, public)
 
 
@@ -102,6 +104,8 @@ def plan_reface(
     public: Any,
 ) -> MechanismPlan:
     faces.load(config.face)  # refuses a face model that is not installed, before any charge
+    registry.check_data_kind("reface", dataset)
+    admission.check_plan("reface", None, dataset.image_shape, dataset.record_count)
     return _plan("reface", config, dataset, public)
 
 

@@ -12,12 +12,15 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from accounting import ledger
 from accounting.errors import DataFormatError, DatasetConflictError
 from accounting.store import Store, Workspace
 from release.data import data_kind, load_registered, register_from_source
 from synth.datasets import is_volume_source, load_data
 from synth.mri.nifti import header_text, load_volume_folder, read_volume, write_volume
+from synth.mri.templates import colin_available
 from synth.mri.volume import Volume, VolumeDataset
+from tests.support.heads import cohort, needs_templates
 
 
 def _head(seed: int = 0, shape=(20, 24, 20), dtype=np.int16) -> np.ndarray:
@@ -144,24 +147,83 @@ def test_physical_values_go_back_to_the_stored_type_clipped() -> None:
     assert vol.to_stored(np.array([-100.0, 0.0, 1e308])).tolist() == [0, 50, 32767]
 
 
-def test_registration_fingerprints_volumes_and_catches_a_changed_file(folder, store) -> None:
+@needs_templates
+def test_registration_fingerprints_volumes_and_catches_a_changed_file(tmp_path, store) -> None:
+    folder = cohort(tmp_path / "heads", 3)  # registration checks they are heads: real ones
+    shape = list(read_volume(folder / "subject-00.nii.gz").shape)
     ds, created = register_from_source(store, "heads", str(folder), 10.0, 1e-5, actor="steward")
     assert created and ds.record_count == 3 and ds.labels == [] and data_kind(ds) == "volumes"
-    assert ds.privacy_unit == "one head scan" and ds.image_shape == [20, 24, 20]
+    assert ds.privacy_unit == "one head scan" and ds.image_shape in ([], shape)
     again, created = register_from_source(store, "heads", str(folder), 10.0, 1e-5)
     assert not created and again.fingerprint == ds.fingerprint
     _, data = load_registered(store, "heads")
     assert isinstance(data, VolumeDataset)
-    edited = _head(0)
+    first = data[0]
+    edited = first.data.copy()
     edited[10, 10, 10] += 1  # one voxel, behind the CLI's back
-    _save(folder / "sub-00.nii.gz", edited)
+    write_volume(first.with_data(edited), folder / "subject-00.nii.gz")
     with pytest.raises(DatasetConflictError, match="have changed"):
         load_registered(store, "heads")
-    (folder / "sub-00.nii.gz").unlink()
     for f in folder.glob("*.nii.gz"):
         f.unlink()
     with pytest.raises(DatasetConflictError, match="no longer there"):
         load_registered(store, "heads")
+
+
+def test_blocks_that_are_not_heads_are_refused_at_registration(folder, store) -> None:
+    """Registration fits the head templates to every volume before anything can be charged on
+    it: random blocks fit nowhere (issue 57: a failed fit was recorded, never judged)."""
+    if not colin_available():
+        pytest.skip("Colin27 (mricron-data) or pydeface is not installed")
+    with pytest.raises(DataFormatError, match="does not fit this image|fits the template best|covers .* voxels"):
+        register_from_source(store, "heads", str(folder), 10.0, 1e-5)
+    assert ledger.list_datasets(store) == []
+
+
+def _scaled(path: Path, data: np.ndarray, slope: float) -> Path:
+    img = nib.Nifti1Image(data, np.diag([2.0, 2.0, 2.0, 1.0]))
+    img.header.set_slope_inter(slope, 0.0)
+    nib.save(img, str(path))
+    return path
+
+
+def _sform_scaled(path: Path) -> Path:
+    """pixdim 2 mm (and the qform), but an sform scaled x1000: tools place voxels by the sform."""
+    img = nib.Nifti1Image(_head(0), np.diag([2.0, 2.0, 2.0, 1.0]))
+    img.set_sform(np.diag([2000.0, 2000.0, 2000.0, 1.0]), code=2)
+    nib.save(img, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        # issue 57 item 2: finite in float64, infinite in the float32 registration computes in
+        (lambda p: _scaled(p, _head(0), 1e37), "registration computes in float32"),
+        (lambda p: _save(p, _head(0).astype(np.float64) * 1e298), "registration computes in"),
+        # issue 57 item 3: pixdim 2 mm, sform scaled x1000
+        (_sform_scaled, "disagree with the header's pixdim"),
+    ],
+    ids=["slope-1e37", "float64-1e300", "sform-x1000"],
+)
+def test_inputs_that_would_break_registration_are_refused_on_reading(tmp_path, make, message):
+    d = tmp_path / "bad"
+    d.mkdir()
+    make(d / "b.nii.gz")
+    with pytest.raises(DataFormatError, match=message):
+        load_volume_folder(d)
+
+
+def test_a_big_endian_file_reads_with_its_values(tmp_path: Path) -> None:
+    header = nib.Nifti1Header(endianness=">")
+    header.set_data_dtype(np.int16)
+    nib.save(nib.Nifti1Image(_head(2), np.diag([2.0, 2.0, 2.0, 1.0]), header), tmp_path / "b.nii")
+    vol = read_volume(tmp_path / "b.nii")
+    assert vol.data.dtype == np.dtype(">i2") and np.array_equal(vol.data, _head(2))
+    out = tmp_path / "out.nii.gz"
+    write_volume(vol, out)  # written little-endian (nibabel's and most consumers' order)
+    back = read_volume(out)
+    assert back.data.dtype == np.dtype("<i2") and np.array_equal(back.data, vol.data)
 
 
 def test_volumes_take_no_labels(folder, store) -> None:
