@@ -27,6 +27,7 @@ from accounting import filter as privacy_filter
 from accounting.epsilon import EpsilonReport, epsilon_report
 from accounting.errors import (
     BudgetExceededError,
+    DataFormatError,
     DatasetConflictError,
     LedgerStateError,
     UnknownDatasetError,
@@ -142,6 +143,16 @@ def register_dataset(
         raise DatasetConflictError(
             f"Dataset name {name!r} must be letters, digits, '-', '_' or '.'."
         )
+    for what, text in (("source", source), ("privacy unit", privacy_unit)):
+        try:  # the store holds text: a name the file system kept as raw bytes fails the INSERT
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise DataFormatError(
+                f"{shown}: the {what} is not valid UTF-8 (the bytes escaped here). Rename the "
+                "file or folder in UTF-8 (e.g. `convmv -f latin1 -t utf8 --notest -r PATH`) and "
+                "register again. Nothing was registered."
+            ) from None
     check_epsilon(epsilon_cap, "epsilon cap")
     check_delta(delta_cap, "delta cap")
     record_count = check_count(record_count, "record count")

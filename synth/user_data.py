@@ -83,16 +83,80 @@ def _open(data: bytes | Path, where: str) -> Image.Image:
         ) from exc
 
 
+def printable(path: str | Path) -> str:
+    """A path as a message can print it: a name that is not UTF-8 (its bytes kept by the file
+    system) shows those bytes escaped instead of breaking the terminal or the store."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def check_utf8_name(path: str | Path, what: str = "name") -> None:
+    """Refuse a path that is not valid UTF-8: the store keeps text, and a name it cannot hold would
+    fail only once the ledger writes it."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataFormatError(
+            f"{printable(path)}: its {what} is not valid UTF-8 (the bytes escaped here). Rename "
+            "it in UTF-8 (e.g. `convmv -f latin1 -t utf8 --notest -r PATH`, or by hand) and "
+            "register again. Nothing was registered."
+        ) from None
+
+
+def _rawmode(im: Image.Image) -> str:
+    """How the file stores its pixels (e.g. 'RGB;16B' for a 16-bit RGB PNG, which Pillow decodes
+    to 8-bit 'RGB' silently)."""
+    for tile in getattr(im, "tile", None) or ():
+        args = tile.args if hasattr(tile, "args") else tile[3]
+        raw = args if isinstance(args, str) else (args[0] if args else "")
+        if isinstance(raw, str):
+            return raw
+    return ""
+
+
+def check_header(im: Image.Image, where: str) -> None:
+    """Refuse what would be registered other than it is, from the header alone: 16/32-bit or float
+    pixels (clipped or cut to 8 bits silently) and several frames (only the first would be kept).
+    A camera's MPO file (the photo and a preview) is one photo: its first frame is the photo."""
+    if im.mode.startswith(("I", "F")):  # 16/32-bit or float pixels would be clipped to 255 silently
+        raise DataFormatError(
+            f"{where}: {im.mode} pixels (16/32-bit or float); convert the images to 8-bit grey "
+            "or RGB first, scaling the intensities yourself."
+        )
+    if ";16" in _rawmode(im) or ";32" in _rawmode(im):
+        raise DataFormatError(
+            f"{where}: {_rawmode(im)} pixels (16 bits per channel), which would be cut to 8 "
+            "bits silently; convert the image to 8-bit RGB first, scaling the intensities "
+            "yourself (e.g. `magick FILE -depth 8 OUT.png`)."
+        )
+    frames = int(getattr(im, "n_frames", 1) or 1)
+    if frames > 1 and im.format != "MPO":
+        raise DataFormatError(
+            f"{where}: {frames} frames (an animation or a multi-page file), but one file is one "
+            "image and only its first frame would be registered. Save the frame(s) you mean as "
+            "separate files (e.g. `magick 'FILE[0]' OUT.png`) and register again."
+        )
+
+
+def check_opaque(im: Image.Image, where: str) -> None:
+    """Refuse an image whose transparency hides pixels: made RGB, the hidden pixels would be
+    registered (and released) as if they were seen. Fully opaque alpha is fine. `im` is loaded."""
+    if im.mode not in ("RGBA", "LA", "PA", "RGBa", "La") and "transparency" not in im.info:
+        return
+    alpha = np.asarray(im.convert("RGBA").getchannel("A"))
+    hidden = int(np.count_nonzero(alpha < 255))
+    if hidden:
+        raise DataFormatError(
+            f"{where}: {hidden} of {alpha.size} pixels are transparent or translucent; what they "
+            "hide would be registered as if it were visible. Flatten the image onto a background "
+            "first (e.g. `magick FILE -background white -flatten -alpha off OUT.png`, or export it "
+            "without transparency) and register again."
+        )
+
+
 def _probe(data: bytes | Path, where: str) -> tuple[tuple[int, int], tuple[int, ...]]:
     """(width, height) and the decoded shape, from the header alone (the file is closed again)."""
     with _open(data, where) as im:
-        if im.mode.startswith(
-            ("I", "F")
-        ):  # 16/32-bit or float pixels would be clipped to 255 silently
-            raise DataFormatError(
-                f"{where}: {im.mode} pixels (16/32-bit or float); convert the images to 8-bit grey "
-                "or RGB first, scaling the intensities yourself."
-            )
+        check_header(im, where)
         w, h = im.size
         return (w, h), ((h, w) if im.mode in ("L", "1") else (h, w, 3))
 
@@ -106,6 +170,7 @@ def _decode(data: bytes | Path, where: str) -> np.ndarray:
             raise DataFormatError(
                 f"{where}: not a readable image ({exc}). Remove or replace the file."
             ) from exc
+        check_opaque(im, where)
         if im.mode in ("L", "1"):
             return np.asarray(im.convert("L"), dtype=np.uint8)
         rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
@@ -151,6 +216,7 @@ def _inside(path: Path, root: Path, where: str) -> Path:
 def load_folder(path: Path) -> ImageDataset:
     """A folder with one subfolder per class (sorted names -> labels 0..K-1), images inside. An
     empty subfolder is a class with no images; hidden entries are ignored."""
+    check_utf8_name(path, "folder name")
     root = path.resolve()
     subdirs = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir())
     if not subdirs:
@@ -159,9 +225,11 @@ def load_folder(path: Path) -> ImageDataset:
         )
     files, labels = [], []
     for label, sub in enumerate(subdirs):
+        check_utf8_name(sub, "class folder's name")
         _inside(sub, root, str(sub))
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
+                check_utf8_name(f, "file name")
                 real = _inside(f, root, str(f))
                 if not real.is_file():  # a folder or a pipe named *.png: opening a pipe would block
                     raise DataFormatError(
