@@ -365,6 +365,14 @@ def build_config(
             f"Unknown [{table}] parameter(s) {unknown}; known: {sorted(known)}."
         )
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    # a preset is a classmethod of the config (PrivImageConfig.demo, MerfConfig.tiny); the spec
+    # check knows every mechanism's names, not which of them this config has
+    presets = ["default", *(p for p in ("demo", "tiny") if callable(getattr(cls, p, None)))]
+    if preset not in presets:
+        raise InvalidParameterError(
+            f"[{table}] preset = {preset!r} does not exist for this mechanism; choose one of "
+            f"{', '.join(repr(p) for p in presets)}, or leave `preset` out (default)."
+        )
     try:
         if preset == "default":
             return cls(**{**base, **overrides})

@@ -46,6 +46,7 @@ STEPS_AUTO = "auto"
 STEPS = 2000
 LONG_STEPS = 4000
 LONG_STEPS_MAX_NOISE = 0.05
+MAX_STEPS = 1_000_000  # 250x auto's longest: days on a CPU
 
 
 def relative_noise(sigma: float, n_features: int, n_records: int, n_classes: int) -> float:
@@ -127,6 +128,12 @@ class MerfConfig:
                     f"updates, got {self.steps!r}."
                 )
             self.steps = check_count(self.steps, "steps")
+            if self.steps > MAX_STEPS:
+                raise InvalidParameterError(
+                    f"steps must be at most {MAX_STEPS:,} generator updates, got {self.steps:,}: "
+                    f"a run that long would not finish after charging (auto trains {STEPS:,} or "
+                    f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
+                )
         self.batch = check_count(self.batch, "batch")
         self.lr = check_sensitivity(self.lr, "lr")
         if self.lr > 1:

@@ -20,7 +20,7 @@ from accounting.errors import BudgetExceededError, DataFormatError, InvalidParam
 from accounting.events import DpSgd, GaussianQuery, MechanismEvent
 from synth import registry
 from synth.datasets import ImageDataset
-from synth.merf import teacher
+from synth.merf import admission, teacher
 from synth.merf.config import (
     LONG_STEPS,
     PERCEPTUAL_AUTO,
@@ -113,6 +113,15 @@ def plan(
         c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
     )
     steps = config.steps_for(sigma, dataset.record_count, len(dataset.labels), perceptual)
+    _admit(
+        config,
+        dataset.image_shape,
+        dataset.record_count,
+        len(dataset.labels),
+        bandwidth,
+        perceptual,
+        dpsgd is not None,
+    )
     return MechanismPlan(
         events=(query,) if dpsgd is None else (query, dpsgd),
         expected_count=config.n_samples,
@@ -132,6 +141,37 @@ def plan(
                 config, c * size * size, bandwidth, perceptual, dpsgd is not None, steps
             ),
         },
+    )
+
+
+def _admit(
+    config: MerfConfig,
+    image_shape: Sequence[int],
+    n_records: int,
+    n_classes: int,
+    bandwidth: float,
+    perceptual: float,
+    labels: bool,
+) -> None:
+    """Refuse a run that could not finish on this machine (admission.py): asked by the plan, and by
+    the run again before it reads the data (the machine may differ; a refusal there is refunded)."""
+    h, w, c = _geometry(image_shape)
+    size = generator_size(h, w)
+    admission.check_bandwidth(bandwidth, c * size * size)
+    admission.check_memory(
+        admission.memory_estimate(
+            image_shape=tuple(int(d) for d in image_shape),
+            n_records=n_records,
+            n_classes=n_classes,
+            size=size,
+            n_features=config.n_features,
+            z_dim=config.z_dim,
+            width=config.width,
+            batch=config.batch,
+            n_samples=config.n_samples,
+            perceptual_share=perceptual,
+            teacher_batch=config.teacher_batch if labels else None,
+        )
     )
 
 
@@ -230,6 +270,14 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     sigma, dpsgd = _planned(ctx, config)
     values = list(data.label_set)
     lookup = {v: i for i, v in enumerate(values)}
+    size = generator_size(h, w)
+    # the plan's choices: the same public inputs (sigma, the registered count and labels)
+    n, n_classes = len(data.labels), len(values)
+    perceptual = config.perceptual_for(sigma, n, n_classes)
+    bandwidth = config.bandwidth_for(channels * size * size, sigma, n, n_classes, perceptual)
+    steps = config.steps_for(sigma, n, n_classes, perceptual)
+    # asked again before reading: this machine may not be the one that planned
+    _admit(config, data.image_shape, n, n_classes, bandwidth, perceptual, dpsgd is not None)
     started = time.time()
     ctx.on_sensitive_access()
     try:
@@ -238,13 +286,6 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
         raise DataFormatError(
             f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
         ) from None
-    size = generator_size(h, w)
-    # the plan's choices: the same public inputs (sigma, the registered count and labels)
-    perceptual = config.perceptual_for(sigma, len(data.labels), len(values))
-    bandwidth = config.bandwidth_for(
-        channels * size * size, sigma, len(data.labels), len(values), perceptual
-    )
-    steps = config.steps_for(sigma, len(data.labels), len(values), perceptual)
     model: torch.nn.Module | None = None
     check: CollapseCheck | None = None
     if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
