@@ -17,13 +17,20 @@ brain and face:
 - re-identification, two attackers: (1) each released volume's face render (pose and size
   normalised into Colin27's space through the original's registration, a frontal depth map of
   the face window) is matched to the most similar original render; (2) where voxels are fine
-  enough for a face to show (at most RECOGNISER_MAX_MM), the face recogniser of the photo audit
-  (synth.face_models: CenterFace, dlib's descriptor) is run on a shaded frontal render of every
-  original and released head, as an attacker with renders and a photo-trained recogniser would;
-  a released render in which it finds no face cannot be named by it. The release fails when
-  either attacker's rank-1 matches are significantly above chance (one-sided binomial test). A
-  similarity of depth maps is weaker than a trained recogniser, and a recogniser trained on
-  photographs is not one trained on renders, so a pass is evidence, not proof.
+  enough for a face to show (at most RECOGNISER_MAX_MM), every face recogniser of
+  synth.face_recognisers (dlib, SFace, FaceNet, each with its own detector and alignment) is run
+  on a shaded frontal render of every original and released head, as an attacker with renders and
+  photo-trained recognisers would; a released render in which it finds no face cannot be named by
+  it. The release fails when the depth-map matcher's rank-1 matches are significantly above chance
+  (one-sided binomial test at `volume_reid_alpha`) or any recogniser's are (at the policy's
+  `face_rank1_alpha`, 0.05 when the policy has none), and when a recogniser finds a face in fewer
+  than two original renders: an attack that cannot see the faces it should protect proves nothing,
+  so it fails instead of passing. A similarity of depth maps is weaker than a trained recogniser,
+  and a recogniser trained on photographs is not one trained on renders, so a pass is evidence,
+  not proof;
+- registration: the audit's own fit of Colin27 to each original is judged like the mechanism's
+  (`synth.mri.registration.check_fit`): a head that fits best turned against its header, or a
+  poor fit, fails the release (its brain and face would be looked for in the wrong place).
 """
 
 from __future__ import annotations
@@ -34,14 +41,16 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
+from accounting.errors import DataFormatError
 from accounting.fingerprint import volume_record_fingerprints
 from audit.checks import _cannot_run, _guard
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth import face_models as fm
+from synth import face_recognisers as fr
 from synth.mri.atlas import Atlas, SubjectMasks, atlases
 from synth.mri.nifti import header_text
-from synth.mri.registration import Registration
+from synth.mri.registration import Registration, check_fit
 from synth.mri.render import (
     Grid,
     depth_map,
@@ -63,6 +72,9 @@ RECOGNISER_MAX_MM = 3.0
 RECOGNISER_SIDE, RECOGNISER_PIXEL_MM = 256, 1.0
 CHECK_REID = "volume_reidentification"
 CHECK_RENDERS = "volume_face_renders"
+CHECK_REGISTRATION = "volume_registration"
+RECOGNISERS = ("dlib", "sface", "facenet")  # synth.face_recognisers: the attackers of the renders
+FACE_RANK1_ALPHA = 0.05  # when the policy has no face_rank1_alpha
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -94,9 +106,12 @@ class Comparison:
 
 
 def _geometry_ok(a: Volume, b: Volume) -> bool:
+    """Same grid, stored type and scaling, compared as geometry: the stored type by kind and size,
+    not byte order (a big-endian input is released little-endian, with the same values)."""
+    da, db = a.data.dtype, b.data.dtype
     return bool(
         a.shape == b.shape
-        and a.data.dtype == b.data.dtype
+        and (da.kind, da.itemsize) == (db.kind, db.itemsize)
         and np.allclose(a.affine, b.affine, atol=1e-3)
         and np.isclose(a.slope, b.slope)
         and np.isclose(a.inter, b.inter)
@@ -187,31 +202,33 @@ def reidentify(
 class Recognition:
     """A face recogniser's rank-1 identification of released renders among the originals'."""
 
-    embedder: str
+    recogniser: str  # its key in synth.face_recognisers
+    name: str
     subjects: int
     originals_with_face: int  # the gallery: original renders in which a face was found
     released_with_face: int
     hits: int  # released faces whose nearest gallery face is their own subject's
+    rank1: float  # hits over the gallery's subjects
     chance: float
     p_value: float
     matches: list[int | None]  # per released volume: the original it was named as, if any
 
 
 def recognise(
-    originals: list[np.ndarray], released: list[np.ndarray], embedder: fm.Embedder
+    originals: list[np.ndarray], released: list[np.ndarray], recogniser: fr.Recogniser
 ) -> Recognition | None:
-    """Rank-1 identification with a face recogniser: each released render's largest face against
-    the largest face of every original render (nearest descriptor). A subject whose released render
-    shows no face counts as not named; chance is one over the gallery's size. None when fewer than
-    two original renders show a face (there is nothing to choose among). Only the ranking is used:
-    the recogniser's same-person distance was set on photographs, and renders of different heads
-    fall within it of one another (dlib: 0.2-0.55 between the synthetic cohort's renders)."""
+    """Rank-1 identification with a face recogniser (its own detection and alignment): each
+    released render's largest face against the largest face of every original render (nearest by
+    the recogniser's distance). A subject whose released render shows no face counts as not named;
+    chance is one over the gallery's size. None when fewer than two original renders show a face
+    (there is nothing to choose among; the audit fails then, it cannot see the faces). Only the
+    ranking is used: the recognisers' same-person distances were set on photographs, and renders
+    of different heads fall within them of one another."""
     from scipy.stats import binomtest
 
     def largest(picture_: np.ndarray) -> np.ndarray | None:
-        rgb = fm.as_rgb(picture_)
-        faces = fm.detect(rgb)
-        return embedder.embed(rgb, faces[0]) if faces else None
+        found = recogniser.sightings(fm.as_rgb(picture_))
+        return found[0].embedding if found else None
 
     gallery = {j: e for j, p in enumerate(originals) if (e := largest(p)) is not None}
     if len(gallery) < 2:
@@ -226,20 +243,53 @@ def recognise(
             matches.append(None)
             continue
         found += 1
-        d = np.linalg.norm(g - e, axis=1)
+        d = recogniser.distances(g, e[None, :])
         matches.append(int(ids[int(np.argmin(d))]))
     trials = len(gallery)  # subjects a recogniser could name: those with a face in the gallery
     hits = sum(int(m == i) for i, m in enumerate(matches) if i in gallery)
     chance = 1.0 / len(gallery)
     return Recognition(
-        embedder=embedder.name,
+        recogniser=recogniser.key,
+        name=recogniser.name,
         subjects=len(released),
         originals_with_face=len(gallery),
         released_with_face=found,
         hits=hits,
+        rank1=hits / trials,
         chance=chance,
         p_value=float(binomtest(hits, trials, chance, alternative="greater").pvalue),
         matches=matches,
+    )
+
+
+def canonical_bytes(volume: Volume) -> bytes:
+    """`volume.stored_bytes()` in little-endian order: a byte-swapped copy is still a copy."""
+    dtype = volume.data.dtype
+    if dtype.newbyteorder("<") != dtype:
+        volume = Volume(
+            volume.data.astype(dtype.newbyteorder("<")),
+            volume.affine,
+            volume.slope,
+            volume.inter,
+            volume.name,
+        )
+    return volume.stored_bytes()
+
+
+def _registration_check(problems: list[str], metrics: list[float]) -> CheckResult:
+    return CheckResult(
+        CHECK_REGISTRATION,
+        "expectations",
+        not problems,
+        (
+            f"Colin27 registered to every original in its header's orientation (metrics "
+            f"{min(metrics):.3f}..{max(metrics):.3f})"
+            if not problems
+            else f"{len(problems)} of {len(metrics)} originals cannot be registered in their "
+            "header's orientation, so their brain and face cannot be checked: "
+            + "; ".join(problems)
+        ),
+        {"metrics": [round(m, 4) for m in metrics], "problems": problems},
     )
 
 
@@ -256,7 +306,7 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
     table = pd.DataFrame([r.__dict__ for r in rows])
     released = inputs.volumes
     table["sha256"] = volume_record_fingerprints(
-        inputs.record_fingerprint_key, [v.stored_bytes() for v in released.volumes]
+        inputs.record_fingerprint_key, [canonical_bytes(v) for v in released.volumes]
     )
     import great_expectations.expectations as gxe
 
@@ -344,9 +394,16 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
     pics_o: list[np.ndarray] = []
     pics_r: list[np.ndarray] = []
     stage = "audit: volumes (subjects)"
+    problems: list[str] = []
+    metrics: list[float] = []
     for i, (orig, rel) in enumerate(zip(originals.volumes, released.volumes, strict=True)):
         progress(stage, i, len(released))
         reg = brain_atlas.register(orig)
+        metrics.append(reg.metric)
+        try:
+            check_fit(reg, inputs.ids[i])
+        except DataFormatError as exc:
+            problems.append(str(exc))
         masks = brain_atlas.on(orig, reg)
         rows.append(compare(inputs.ids[i], orig, rel, masks, files[i]))
         level = head_level(orig.physical())
@@ -360,8 +417,9 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
             pics_r.append(recogniser_picture(rel))
         progress(stage, i + 1, len(released))
     hmacs = volume_record_fingerprints(
-        inputs.record_fingerprint_key, [v.stored_bytes() for v in originals.volumes]
+        inputs.record_fingerprint_key, [canonical_bytes(v) for v in originals.volumes]
     )
+    report.results.append(_registration_check(problems, metrics))
     report.results += _guard(
         "volume_expectations", "expectations", lambda: _expectations(rows, inputs, policy, hmacs)
     )
@@ -396,29 +454,41 @@ def _judge_reid(
     r = reidentify(depth_o, depth_r, face_px)
     n = len(r.matches)
     hits = round(r.rank1 * n)
+    # the policy field may not exist (older policies): the binomial test's customary 0.05 then
+    alpha = float(getattr(policy, "face_rank1_alpha", FACE_RANK1_ALPHA))
+    recs: dict[str, Recognition | None] = {}
+    why_not = None
     if len(pics_o) == n:
-        rec = recognise(pics_o, pics_r, fm.embedder(policy.face_embedder))
-        why_not = "no face found in two or more original renders"
+        recs = {k: recognise(pics_o, pics_r, fr.recogniser(k)) for k in RECOGNISERS}
     else:
-        rec, why_not = None, f"voxels coarser than {RECOGNISER_MAX_MM:g} mm"
-    passed = r.p_value >= policy.volume_reid_alpha and (
-        rec is None or rec.p_value >= policy.volume_reid_alpha
+        why_not = f"voxels coarser than {RECOGNISER_MAX_MM:g} mm"
+    blind = [k for k, rec in recs.items() if rec is None]
+    named = [k for k, rec in recs.items() if rec is not None and rec.p_value < alpha]
+    passed = r.p_value >= policy.volume_reid_alpha and not blind and not named
+    said = []
+    for k, rec in recs.items():
+        if rec is None:
+            said.append(
+                f"{k} FOUND NO FACE in two or more original renders (the attack cannot see the "
+                "faces it must protect: a failure, not a pass)"
+            )
+        else:
+            said.append(
+                f"{k} {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, p = "
+                f"{rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released renders)"
+            )
+    recognisers = (
+        "face recognisers: " + "; ".join(said) + f"; each fails below p = {alpha:g}"
+        if recs
+        else f"face recognisers not run ({why_not})"
     )
-    if rec is None:
-        said = f"face recogniser not run ({why_not})"
-    else:
-        said = (
-            f"face recogniser {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, "
-            f"p = {rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released "
-            "renders)"
-        )
     return CheckResult(
         CHECK_REID,
         "attack",
         passed,
         f"rank-1 re-identification of face renders: depth-map matcher {hits}/{n} = "
-        f"{r.rank1:.2f} (chance {r.chance:.2f}, one-sided binomial p = {r.p_value:.3g}); "
-        f"{said}; fails below p = {policy.volume_reid_alpha:g}",
+        f"{r.rank1:.2f} (chance {r.chance:.2f}, one-sided binomial p = {r.p_value:.3g}, fails "
+        f"below p = {policy.volume_reid_alpha:g}); {recognisers}",
         {
             "rank1": r.rank1,
             "hits": hits,
@@ -427,7 +497,10 @@ def _judge_reid(
             "p_value": r.p_value,
             "matches": r.matches,
             "matcher": "Pearson correlation of frontal depth maps over the face, in Colin27 space",
-            "recogniser": None if rec is None else rec.__dict__,
-            "recogniser_not_run": None if rec is not None else why_not,
+            "recognisers": {k: None if rec is None else rec.__dict__ for k, rec in recs.items()},
+            "recognisers_blind": blind,
+            "recognisers_named": named,
+            "face_rank1_alpha": alpha,
+            "recogniser_not_run": why_not,
         },
     )
