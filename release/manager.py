@@ -240,16 +240,18 @@ def _preview(
     rdp_after = curve.curve_of(
         budget.history + list(mplan.events)
     ).rdp  # the cap is a privacy filter on this curve
+    refusal = None
     if mplan.guarantee_kind == "dp" and not _admitted(rdp_after, ds):
-        warnings.append(
+        refusal = (
             "The cap's privacy filter would stop this release (filter epsilon after it "
             f"{privacy_filter.filter_epsilon(rdp_after, ds.delta_cap):.3f} > cap "
-            f"{ds.epsilon_cap:g}; RDP epsilon {after.epsilon_rdp:.3f}): the run will be refused. "
+            f"{ds.epsilon_cap:g}; RDP epsilon {after.epsilon_rdp:.3f}): its plan will be refused "
+            "and no run of it admitted. "
             + _fitting_target_hint(
                 spec, budget, public, progress=_stage(progress, "largest target that fits")
             )
         )
-    return mplan, before, after, warnings
+    return mplan, before, after, warnings, refusal
 
 
 _KANON_ESTIMATES: dict[
@@ -367,9 +369,10 @@ def preview(store: Store, spec: ReleaseSpec, progress: ProgressFn = no_progress)
     """What planning `spec` would show (events, epsilon before/after, warnings); stores nothing,
     reads no sensitive data, charges nothing."""
     budget = ledger.budget(store, spec.dataset)
-    mplan, before, after, warnings = _preview(
+    mplan, before, after, warnings, refusal = _preview(
         spec, budget, _public(spec, budget.dataset, progress), progress
     )
+    warnings += [refusal] if refusal else []  # a what-if: said, not refused
     return {
         "events_described": [e.describe() for e in mplan.events],
         "epsilon_before": before.as_dict(),
@@ -426,7 +429,9 @@ def create_plan(
     budget = ledger.budget(store, spec.dataset)
     ds = budget.dataset
     public = _public(spec, ds, progress)
-    mplan, before, after, warnings = _preview(spec, budget, public, progress)
+    mplan, before, after, warnings, refusal = _preview(spec, budget, public, progress)
+    if refusal:  # a steward could approve it, but no run of it would ever be admitted
+        raise BudgetExceededError(f"Nothing was planned or stored. {refusal}")
     release_id = "rel-" + uuid.uuid4().hex[:10]
     plan = Plan(
         release_id=release_id,

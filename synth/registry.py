@@ -377,5 +377,7 @@ def build_config(
         if preset == "default":
             return cls(**{**base, **overrides})
         return dataclasses.replace(getattr(cls, preset)(**base), **overrides)
+    except InvalidParameterError:
+        raise  # already says which table and field
     except (TypeError, OverflowError, ValueError) as exc:
         raise InvalidParameterError(f"[{table}] {exc}") from exc

@@ -22,8 +22,17 @@ import numpy as np
 import torch
 
 from synth import face_models as fm
+from synth import face_recognisers as fr
 from synth.faces.config import FaceDeidConfig
-from synth.faces.generator import SIZE, FaceGenerator, LatentBank, invert, render, slerp
+from synth.faces.generator import (
+    SIZE,
+    FaceGenerator,
+    LatentBank,
+    invert,
+    nearest_latents,
+    render,
+    slerp,
+)
 
 PIXEL_BLOCKS = 8  # a pixelated face keeps this many blocks across
 
@@ -56,7 +65,8 @@ class Tools:
 
     generator: FaceGenerator
     bank: LatentBank
-    embedder: fm.Embedder
+    recognisers: tuple[fr.Recogniser, ...]  # searched against
+    targets: tuple[float, ...]  # the distance each released face must reach, per recogniser
     config: FaceDeidConfig
 
 
@@ -94,90 +104,62 @@ def face_mask(
     return np.clip(gaussian_filter(binary.astype(np.float64), max(1.0, feather * iod)), 0.0, 1.0)
 
 
-def generated_landmarks(gen64: np.ndarray, face: fm.Face, tform: Any) -> np.ndarray:
-    """The generated face's 68 landmarks in photo coordinates: predicted on the 64 x 64 image
-    enlarged four times, in the box where the original face's box falls in the aligned frame."""
-    from PIL import Image
-
-    x0, y0, x1, y1 = face.box
-    corners = tform(np.array([[x0, y0], [x1, y0], [x0, y1], [x1, y1]]))
-    (a, b), (c, d) = corners.min(0) * 4, corners.max(0) * 4
-    big = np.asarray(Image.fromarray(gen64).resize((SIZE * 4, SIZE * 4), Image.Resampling.BICUBIC))
-    return tform.inverse(fm.landmarks(big, (a, b, c, d)) / 4.0)
-
-
 @dataclass(frozen=True)
 class FaceGeometry:
-    """What every candidate for one face shares: the region of the photo it touches, the feathered
-    mask, the alignment, and the Delaunay triangulation of the original's 68 landmarks plus the
-    region's border, with each region pixel's triangle and barycentric coordinates (a candidate's
-    piecewise-affine warp is then one weighted sum of its own landmarks)."""
+    """What every candidate for one face shares: the part of the photo a paste touches (the
+    landmarks' box grown by half), the face's mask there (the jaw line and the forehead, grown by
+    `mask_scale`), and the alignment taking photo coordinates to the generator's 64 x 64 frame."""
 
     face: fm.Face
     region: tuple[int, int, int, int]
-    mask: np.ndarray  # (h, w) float in [0, 1]
+    mask: np.ndarray  # (h, w) float in [0, 1], feathered
     tform: Any  # photo -> 64 x 64 aligned frame
-    points: np.ndarray  # (68 + 8, 2) the landmarks and the border, region coordinates
-    vertices: np.ndarray  # (h * w, 3) point indices of each pixel's triangle (-1: outside)
-    weights: np.ndarray  # (h * w, 3) barycentric coordinates
-    grid: np.ndarray  # (h * w, 2) region pixel (x, y)
 
     @classmethod
     def of(
         cls, face: fm.Face, shape: tuple[int, ...], feather: float, mask_scale: float
     ) -> FaceGeometry:
-        from scipy.spatial import Delaunay
-
         region = _region(face.landmarks, shape)
-        x0, y0, x1, y1 = region
-        w, h = x1 - x0, y1 - y0
-        border = np.array(
-            [[0, 0], [w / 2, 0], [w, 0], [0, h / 2], [w, h / 2], [0, h], [w / 2, h], [w, h]]
-        )
-        points = np.concatenate([face.landmarks - np.array([x0, y0]), border])
-        tri = Delaunay(points)
-        cols, rows = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
-        grid = np.stack([cols.ravel(), rows.ravel()], 1)
-        simplex = tri.find_simplex(grid)
-        t = tri.transform[simplex]
-        b = np.einsum("nij,nj->ni", t[:, :2], grid - t[:, 2])
-        weights = np.concatenate([b, 1 - b.sum(1, keepdims=True)], 1)
-        vertices = np.where(simplex[:, None] >= 0, tri.simplices[simplex], -1)
-        return cls(
-            face,
-            region,
-            face_mask(face.landmarks, region, feather, mask_scale),
-            fm.alignment(face.landmarks, SIZE),
-            points,
-            vertices,
-            weights,
-            grid,
-        )
+        mask = face_mask(face.landmarks, region, feather, mask_scale)
+        return cls(face, region, mask, fm.alignment(face.landmarks, SIZE))
 
-    def warp(self, gen64: np.ndarray, gen_lm: np.ndarray) -> np.ndarray:
-        """The generated face in photo coordinates over the region (float RGB in [0, 1]): each
-        pixel moved from where the original face's landmarks are to where the generated face's are
-        (`gen_lm`, photo coordinates; piecewise affine), then through the inverse alignment into
-        the 64 x 64 image."""
-        from scipy.ndimage import map_coordinates
+    def warp(self, gen64: np.ndarray, anchor: np.ndarray | None) -> np.ndarray:
+        """The generated face in photo coordinates over the region (float RGB in [0, 1]): one
+        affine map for the whole face, taking the generated face's 5 points (YuNet's, on the 64 x
+        64 image) to `anchor`, the original's 5 points in the photo (pose and expression kept),
+        or, where either is missing, the inverse of the original's alignment. One map, so the
+        face keeps its own proportions: no per-landmark warp to melt it."""
+        import cv2
 
         x0, y0, x1, y1 = self.region
-        offset = np.array([x0, y0], dtype=np.float64)
-        dst = self.points.copy()  # the border points stay where they are
-        dst[:68] = gen_lm - offset
-        inside = self.vertices[:, 0] >= 0
-        moved = self.grid.copy()
-        moved[inside] = (self.weights[inside][..., None] * dst[self.vertices[inside]]).sum(1)
-        xy = self.tform(moved + offset)
-        img = gen64.astype(np.float64) / 255.0
-        out = np.stack(
-            [
-                map_coordinates(img[..., c], [xy[:, 1], xy[:, 0]], order=1, mode="nearest")
-                for c in range(3)
-            ],
-            -1,
+        shift = np.array([[1.0, 0, -x0], [0, 1.0, -y0], [0, 0, 1.0]])
+        matrix = (shift @ self.tform.inverse.params)[:2]
+        rows = fr.yunet_detect(gen64, threshold=0.3) if anchor is not None else []
+        if len(rows):
+            fitted, _ = cv2.estimateAffine2D(
+                fr.yunet_points(rows[0]), anchor - np.array([x0, y0]), method=cv2.LMEDS
+            )
+            if fitted is not None and _plausible(fitted, matrix):
+                matrix = fitted
+        layer = cv2.warpAffine(
+            gen64,
+            matrix,
+            (x1 - x0, y1 - y0),
+            flags=cv2.INTER_CUBIC,
+            borderMode=cv2.BORDER_REPLICATE,
         )
-        return out.reshape(y1 - y0, x1 - x0, 3)
+        return layer.astype(np.float64) / 255.0
+
+
+def _plausible(fitted: np.ndarray, similarity: np.ndarray) -> bool:
+    """An affine fit no more than 35% away from the alignment's scale, without strong shear (a
+    detection on a broken generated face can ask for anything)."""
+    a = fitted[:, :2]
+    ref = float(np.sqrt(abs(np.linalg.det(similarity[:, :2]))))
+    sv = np.linalg.svd(a, compute_uv=False)
+    return bool(
+        np.linalg.det(a) > 0 and 0.65 * ref < sv[1] <= sv[0] < 1.35 * ref and sv[0] < 1.6 * sv[1]
+    )
 
 
 def _match_colour(src: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -191,38 +173,51 @@ def _match_colour(src: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndar
     a, b = rgb2lab(src), rgb2lab(ref)
     for c in range(3):
         s, r = a[..., c][inside], b[..., c][inside]
-        a[..., c] = (a[..., c] - s.mean()) * min(r.std() / max(s.std(), 1e-6), 4.0) + r.mean()
+        a[..., c] = (a[..., c] - s.mean()) * _spread(r.std(), s.std(), c) + r.mean()
     a[..., 0] = np.clip(a[..., 0], 0.0, 100.0)
     with warnings.catch_warnings():  # out-of-gamut colours are clipped: what we want
         warnings.filterwarnings("ignore", message=".*negative Z values.*")
         return np.clip(lab2rgb(a), 0.0, 1.0)
 
 
+def _spread(ref: float, src: float, channel: int) -> float:
+    """How much a generated face's spread of lightness (channel 0) or colour is scaled: towards the
+    photo's, but within [0.6, 1.6] for lightness (a flat or harsh original would otherwise turn the
+    new face into a mask); colour axes may shrink to grey (a grey photo stays grey)."""
+    ratio = ref / max(src, 1e-6)
+    return float(np.clip(ratio, 0.4, 1.2)) if channel == 0 else float(min(ratio, 1.2))
+
+
 def paste(
-    photo: np.ndarray, gen64: np.ndarray, geometry: FaceGeometry, refine: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """`photo` (uint8 RGB) with the generated face blended over the face, landmarks kept, and the
-    landmarks the predictor finds there. The generated face's landmarks are estimated on the 64 x
-    64 image, then corrected up to `refine` times by where the predictor finds them in the
-    composite (a feature seen at L_c instead of L is at its estimate + (L_c - L) in the generated
-    face); the composite whose landmarks are closest to the original's is kept."""
+    photo: np.ndarray, gen64: np.ndarray, geometry: FaceGeometry, anchor: np.ndarray | None = None
+) -> np.ndarray:
+    """`photo` (uint8 RGB) with the generated face put over the face: aligned by one similarity,
+    given the photo's colour statistics, then blended by Poisson (seamless) cloning inside the
+    mask, so the face takes the photo's lighting at its border, and feathered into the photo."""
+    import cv2
+
     x0, y0, x1, y1 = geometry.region
-    ref = photo[y0:y1, x0:x1].astype(np.float64) / 255.0
-    mask = geometry.mask[..., None]
-    face = geometry.face
-    gen_lm = generated_landmarks(gen64, face, geometry.tform)
-    best: tuple[float, np.ndarray, np.ndarray] | None = None
-    for _ in range(refine + 1):
-        layer = _match_colour(geometry.warp(gen64, gen_lm), ref, geometry.mask)
-        out = photo.copy()
-        out[y0:y1, x0:x1] = np.clip(np.rint((ref * (1 - mask) + layer * mask) * 255), 0, 255)
-        seen = fm.landmarks(out, face.box)
-        shift = fm.landmark_shift(face.landmarks, seen)
-        if best is None or shift < best[0]:
-            best = (shift, out, seen)
-        gen_lm = gen_lm + (seen - face.landmarks)
-    assert best is not None
-    return best[1], best[2]
+    ref = photo[y0:y1, x0:x1]
+    layer = _match_colour(
+        geometry.warp(gen64, anchor), ref.astype(np.float64) / 255.0, geometry.mask
+    )
+    layer8 = np.clip(np.rint(layer * 255), 0, 255).astype(np.uint8)
+    inside = geometry.mask > 0.5
+    blended = layer8
+    ys, xs = np.nonzero(inside)
+    h, w = inside.shape
+    if len(ys) > 16 and ys.min() > 0 and xs.min() > 0 and ys.max() < h - 1 and xs.max() < w - 1:
+        binary = inside.astype(np.uint8) * 255
+        bx, by, bw, bh = cv2.boundingRect(binary)
+        centre = (bx + bw // 2, by + bh // 2)
+        blended = cv2.seamlessClone(
+            layer8, np.ascontiguousarray(ref), binary, centre, cv2.NORMAL_CLONE
+        )
+    soft = geometry.mask[..., None]
+    out = photo.copy()
+    mixed = ref.astype(np.float64) * (1 - soft) + blended.astype(np.float64) * soft
+    out[y0:y1, x0:x1] = np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+    return out
 
 
 def pixelate(photo: np.ndarray, box: tuple[float, ...]) -> np.ndarray:
@@ -252,11 +247,80 @@ def _structure_loss(a: np.ndarray, b: np.ndarray) -> float:
     return float(((view(a) - view(b)) ** 2).mean())
 
 
+@dataclass(frozen=True)
+class Window:
+    """The part of the photo the recognisers look at for one face (its box grown by 60% a side):
+    an attacker's detector on the whole photo sees the same face, at a fraction of the cost."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+    box: tuple[float, float, float, float]  # the face's box in window coordinates
+
+    @classmethod
+    def of(cls, box: tuple[float, ...], shape: tuple[int, ...]) -> Window:
+        x0, y0, x1, y1 = box
+        gx, gy = 0.6 * (x1 - x0), 0.6 * (y1 - y0)
+        h, w = shape[:2]
+        a, b = max(0, int(x0 - gx)), max(0, int(y0 - gy))
+        c, d = min(w, int(np.ceil(x1 + gx))), min(h, int(np.ceil(y1 + gy)))
+        return cls(a, b, c, d, (x0 - a, y0 - b, x1 - a, y1 - b))
+
+    def cut(self, photo: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(photo[self.y0 : self.y1, self.x0 : self.x1])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One candidate as the recognisers and the realism detector see it."""
+
+    distances: tuple[float, ...]  # per searched recogniser (inf: it found no face there)
+    detection: float  # YuNet's confidence at the face (0: not found)
+    shift: float  # YuNet's 5 points moved, in inter-ocular distances (inf: not found)
+
+    def passes(self, targets: tuple[float, ...]) -> bool:
+        return all(d >= t for d, t in zip(self.distances, targets, strict=True))
+
+    def realistic(self, tolerance: float) -> bool:
+        return self.detection >= fr.REALISM_DETECTION and self.shift <= tolerance
+
+    @property
+    def realism_cost(self) -> float:
+        return self.shift + 0.25 * (1.0 - self.detection)
+
+
+def _judge(
+    image: np.ndarray,
+    window: Window,
+    references: tuple[np.ndarray | None, ...],
+    anchor: np.ndarray | None,
+    tools: Tools,
+) -> Judgement:
+    cut = window.cut(image)
+    distances = []
+    for rec, ref in zip(tools.recognisers, references, strict=True):
+        if ref is None:  # this recogniser never saw the original face: nothing to move from
+            distances.append(float("inf"))
+            continue
+        seen = rec.at(cut, window.box)
+        distances.append(
+            float("inf") if seen is None else float(rec.distances(seen.embedding, ref)[0])
+        )
+    row = fr.yunet_at(cut, window.box)
+    if row is None or anchor is None:
+        return Judgement(tuple(distances), 0.0 if row is None else float(row[14]), float("inf"))
+    points = fr.yunet_points(row)
+    iod = max(float(np.linalg.norm(anchor[0] - anchor[1])), 1e-9)
+    shift = float(np.linalg.norm(points - anchor, axis=1).mean() / iod)
+    return Judgement(tuple(distances), float(row[14]), shift)
+
+
 def anonymise_face(
     photo: np.ndarray, original: np.ndarray, face: fm.Face, tools: Tools, rng: torch.Generator
 ) -> tuple[np.ndarray, FaceOutcome]:
     """`photo` (the working copy, earlier faces already replaced) with `face` replaced; identity
-    distances are measured against the face in `original`."""
+    distances are measured against the face in `original`, by every searched recogniser."""
     cfg = tools.config
     side = min(face.box[2] - face.box[0], face.box[3] - face.box[1])
     if side < cfg.min_face_size:
@@ -274,37 +338,56 @@ def anonymise_face(
         cfg.inversion_restarts,
         cfg.inversion_lr,
     )
-    reference = tools.embedder.embed(original, face)
-    goal = cfg.target_distance
-    tried, farthest = 0, (-1.0, 0.0, photo)
-    passing: list[tuple[float, float, float, np.ndarray]] = []
+    window = Window.of(face.box, photo.shape)
+    before = window.cut(original)
+    references = tuple(
+        None if (s := rec.at(before, window.box)) is None else s.embedding
+        for rec in tools.recognisers
+    )
+    anchor_row = fr.yunet_at(before, window.box)
+    anchor = None if anchor_row is None else fr.yunet_points(anchor_row)
+    in_photo = None if anchor is None else anchor + np.array([window.x0, window.y0])
+    # candidates: the inversion moved towards prior faces of a similar pose and lighting (the
+    # bank's closest coarse views to the original's), so the new face keeps the head's pose
+    partners = iter(
+        nearest_latents(
+            tools.bank, target, len(cfg.search_strengths) * cfg.candidates_per_round, rng
+        )
+    )
+    tried = 0
+    farthest: tuple[float, Judgement, np.ndarray] | None = None
+    passing: list[tuple[Judgement, np.ndarray]] = []
     for strength in (0.0, *cfg.search_strengths):  # 0: the inversion itself
         for _ in range(1 if strength == 0.0 else cfg.candidates_per_round):
-            z = z0 if strength == 0.0 else slerp(z0, torch.randn(z0.shape, generator=rng), strength)
+            z = z0 if strength == 0.0 else slerp(z0, next(partners), strength)
             gen64 = render(tools.generator, z)[0]
-            candidate, seen_lm = paste(photo, gen64, geometry, cfg.landmark_refinements)
-            seen = fm.Face(face.box, face.score, seen_lm)  # as an attacker finds it
-            dist = float(np.linalg.norm(tools.embedder.embed(candidate, seen) - reference))
-            shift = fm.landmark_shift(face.landmarks, seen_lm)
+            candidate = paste(photo, gen64, geometry, in_photo)
+            judged = _judge(candidate, window, references, anchor, tools)
             tried += 1
-            if dist >= goal:
-                # geometry first (pose, expression), then the coarse look (lighting, colour)
-                passing.append((shift + 2 * _structure_loss(gen64, target), dist, shift, candidate))
-            elif dist > farthest[0]:
-                farthest = (dist, shift, candidate)
-        # stop at the first round with a candidate far enough, unless all of them moved the
-        # landmarks more than the tolerance: then the next round may do better
-        if passing and min(p[2] for p in passing) <= cfg.landmark_tolerance:
+            if judged.passes(tools.targets):
+                passing.append((judged, candidate))
+            else:
+                # how close the candidate came: its worst recogniser, relative to its target
+                worst = min(d / t for d, t in zip(judged.distances, tools.targets, strict=True))
+                if farthest is None or worst > farthest[0]:
+                    farthest = (worst, judged, candidate)
+        # stop at the first round with a realistic candidate far enough for every recogniser
+        if any(j.realistic(cfg.landmark_tolerance) for j, _ in passing):
             break
     if passing:
-        _, dist, shift, image = min(passing, key=lambda p: p[0])
-        return image, _outcome(face, dist, shift, tried, inv_loss)
-    dist, shift, image = farthest
-    if dist >= cfg.identity_threshold:  # fails verification, short of the margin
-        return image, _outcome(face, dist, shift, tried, inv_loss)
+        realistic = [p for p in passing if p[0].realistic(cfg.landmark_tolerance)]
+        judged, image = min(realistic or passing, key=lambda p: p[0].realism_cost)
+        return image, _outcome(face, judged, tried, inv_loss)
+    if farthest is not None and farthest[1].passes(thresholds(tools)):
+        # short of the targets, but no searched recogniser verifies it as the original
+        return farthest[2], _outcome(face, farthest[1], tried, inv_loss)
     return pixelate(photo, face.box), FaceOutcome(
         face.box, "pixelated", None, None, tried, inv_loss
     )
+
+
+def thresholds(tools: Tools) -> tuple[float, ...]:
+    return tuple(r.threshold for r in tools.recognisers)
 
 
 def _aligned_weight(geometry: FaceGeometry) -> np.ndarray:
@@ -324,5 +407,14 @@ def _aligned_weight(geometry: FaceGeometry) -> np.ndarray:
     return 0.25 + 0.75 * aligned
 
 
-def _outcome(face: fm.Face, dist: float, shift: float, tried: int, inv: float) -> FaceOutcome:
-    return FaceOutcome(face.box, "generated", round(dist, 4), round(shift, 4), tried, round(inv, 4))
+def _outcome(face: fm.Face, judged: Judgement, tried: int, inv: float) -> FaceOutcome:
+    finite = [d for d in judged.distances if np.isfinite(d)]
+    shift = judged.shift if np.isfinite(judged.shift) else None
+    return FaceOutcome(
+        face.box,
+        "generated",
+        round(min(finite), 4) if finite else None,
+        None if shift is None else round(shift, 4),
+        tried,
+        round(inv, 4),
+    )

@@ -36,26 +36,36 @@ def _float(name: str, value: object, low: float, high: float) -> float:
 @dataclass
 class FaceDeidConfig:
     """generator_weights: a DCGAN state dict (None = the packaged DigiFace-1M DCGAN);
-    embedder: the identity embedding the search and the audit measure with (synth.face_models);
-    identity_threshold + identity_margin: the distance each released face must reach from its
-    original; search_strengths: how far each round moves from the inversion (slerp towards a
-    random latent, 1 = an unrelated face); no_face: what happens to a photo without a detectable
-    face ("withhold": not released, counted; "refuse": the run fails)."""
+    recognisers: the face recognisers the search measures with (synth.face_recognisers); each
+    released face must be at least its target distance from the original for every one of them:
+    dlib's is identity_threshold + identity_margin, the others' are in identity_targets (a
+    recogniser not listed there gets its own threshold grown by dlib's relative margin); at
+    least one recogniser of the audit should be left out, so that the audit holds out one the
+    mechanism never measured (acknowledge_no_held_out to search against all of them);
+    search_strengths: how far each round moves from the inversion (slerp towards a prior face of a
+    similar pose, 1 = that face); no_face: what happens to a photo without a detectable face
+    ("withhold": not released, counted; "refuse": the run fails)."""
 
     generator_weights: str | None = None
     latent_dim: int = 100
     generator_features: int = 64
-    embedder: str = "dlib"
+    recognisers: tuple[str, ...] = ("dlib", "sface")
     identity_threshold: float = 0.6
-    identity_margin: float = 0.1
+    identity_margin: float = 0.15
+    # SFace's same-person boundary is cosine 0.363 (distance 0.637); 0.85 (cosine 0.15) is about
+    # where pairs of different people lie
+    identity_targets: tuple[tuple[str, float], ...] = (("sface", 0.85),)
+    acknowledge_no_held_out: bool = False
     inversion_steps: int = 10
     inversion_restarts: int = 2
-    bank_size: int = 256  # prior latents the inversion starts from
+    bank_size: int = 1024  # prior latents: the inversion's starts and the pose-matched partners
     inversion_lr: float = 0.05
-    search_strengths: tuple[float, ...] = (0.5, 0.75, 1.0)
-    candidates_per_round: int = 2
-    feather: float = 0.12  # mask feather, in inter-ocular distances
-    mask_scale: float = 1.1  # the replaced region: jaw line and forehead, grown by this factor
+    search_strengths: tuple[float, ...] = (0.75, 1.0, 1.0, 1.0)
+    candidates_per_round: int = 4
+    feather: float = (
+        0.05  # mask feather, in inter-ocular distances (Poisson blending does the rest)
+    )
+    mask_scale: float = 1.25  # the replaced region: jaw line and forehead, grown by this factor
     landmark_refinements: int = 2  # corrections of the warp by the landmarks seen in the composite
     # a round whose passing candidates all moved the landmarks more than this (inter-ocular
     # distances) does not end the search
@@ -76,9 +86,33 @@ class FaceDeidConfig:
             )
         self.latent_dim = _int("latent_dim", self.latent_dim, 1, 4096)
         self.generator_features = _int("generator_features", self.generator_features, 1, 1024)
-        if not isinstance(self.embedder, str):
+        names = (self.recognisers,) if isinstance(self.recognisers, str) else self.recognisers
+        if (
+            not isinstance(names, (tuple, list))
+            or not names
+            or not all(isinstance(n, str) and n for n in names)
+        ):
             raise InvalidParameterError(
-                f"[face-deid] embedder must be a name, got {self.embedder!r}."
+                '[face-deid] recognisers must list recogniser names, e.g. ["dlib", "sface"]; got '
+                f"{self.recognisers!r}."
+            )
+        self.recognisers = tuple(dict.fromkeys(names))
+        targets = self.identity_targets
+        pairs = list(targets.items()) if isinstance(targets, dict) else targets
+        if not isinstance(pairs, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in pairs
+        ):
+            raise InvalidParameterError(
+                "[face-deid] identity_targets must map recogniser names to distances, e.g. "
+                f"{{ sface = 0.85 }}; got {targets!r}."
+            )
+        self.identity_targets = tuple(
+            sorted((k, _float(f"identity_targets.{k}", v, 0.0, 10.0)) for k, v in pairs)
+        )
+        if not isinstance(self.acknowledge_no_held_out, bool):
+            raise InvalidParameterError(
+                "[face-deid] acknowledge_no_held_out must be true or false, got "
+                f"{self.acknowledge_no_held_out!r}."
             )
         self.identity_threshold = _float("identity_threshold", self.identity_threshold, 0.0, 10.0)
         self.identity_margin = _float("identity_margin", self.identity_margin, 0.0, 10.0)
@@ -122,9 +156,18 @@ class FaceDeidConfig:
         return cls(
             inversion_steps=5,
             inversion_restarts=1,
-            bank_size=16,
-            search_strengths=(0.6, 1.0),
-            candidates_per_round=1,
+            bank_size=64,
+            search_strengths=(0.75, 1.0),
+            candidates_per_round=2,
+        )
+
+    def targets(self, recognisers: tuple[Any, ...]) -> tuple[float, ...]:
+        """The distance each released face must reach, per recogniser (in its own units)."""
+        listed = dict(self.identity_targets)
+        relative = self.target_distance / max(self.identity_threshold, 1e-9)
+        return tuple(
+            self.target_distance if r.key == "dlib" else listed.get(r.key, r.threshold * relative)
+            for r in recognisers
         )
 
     @property
@@ -137,4 +180,6 @@ class FaceDeidConfig:
     def public_parameters(self) -> dict[str, Any]:
         d = asdict(self)
         d["search_strengths"] = list(self.search_strengths)
+        d["recognisers"] = list(self.recognisers)
+        d["identity_targets"] = dict(self.identity_targets)
         return d

@@ -142,6 +142,21 @@ def invert(
     return z.detach()[best : best + 1], float(per[best])
 
 
+def nearest_latents(
+    bank: LatentBank, target: np.ndarray, n: int, rng: torch.Generator
+) -> list[torch.Tensor]:
+    """`n` bank latents whose coarse views (pose, lighting, colour layout) are among the closest to
+    the aligned crop `target`: drawn at random from the closest 4n, so that two faces of one
+    person do not get the same replacement."""
+    coarse = (bank.views - _structure(to_tensor(target[None]))).pow(2).mean((1, 2, 3))
+    pool = torch.argsort(coarse)[: max(n, min(len(coarse), 4 * n))]
+    pick = pool[torch.randperm(len(pool), generator=rng)[:n]]
+    chosen = [bank.z[int(i)][None] for i in pick]
+    while len(chosen) < n:  # a bank smaller than n: fill from the prior
+        chosen.append(torch.randn(bank.z[:1].shape, generator=rng))
+    return chosen
+
+
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
     """Spherical interpolation between latents (stays where the Gaussian prior puts its mass)."""
     af, bf = a.flatten(), b.flatten()

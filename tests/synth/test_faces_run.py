@@ -16,6 +16,7 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import face_models as fm
+from synth import face_recognisers as fr
 from synth import registry
 from synth.datasets import ImageDataset, load_source, uci_digits
 from synth.faces.config import FaceDeidConfig
@@ -101,7 +102,11 @@ def test_the_plan_claims_no_dp_and_needs_acknowledgement(public) -> None:
     assert plan.expected_count == 4 and plan.output_shape == (192, 192, 3)
     assert "NO differential-privacy guarantee" in plan.warnings[0]
     assert "withheld" in plan.warnings[1]
-    assert "0.7 from its original" in plan.detail["guarantee_description"]
+    # the search's recognisers and their targets, and what release/ holds the audit against
+    assert "dlib 0.75, sface 0.85" in plan.detail["guarantee_description"]
+    assert plan.detail["searched_recognisers"] == ["dlib", "sface"]
+    assert plan.detail["search_targets"] == {"dlib": 0.75, "sface": 0.85}
+    assert plan.detail["no_held_out_acknowledged"] is False
 
 
 @pytest.mark.parametrize(
@@ -109,7 +114,9 @@ def test_the_plan_claims_no_dp_and_needs_acknowledgement(public) -> None:
     [
         ((192, 192), {}, "colour photographs"),
         ((48, 48, 3), {}, "at least 64 x 64"),
-        ((192, 192, 3), {"embedder": "arcface"}, "Unknown face embedder"),
+        ((192, 192, 3), {"recognisers": ("arcface",)}, "Unknown face recogniser 'arcface'"),
+        # a target at or below the threshold would release faces still verified as the original
+        ((192, 192, 3), {"identity_targets": {"sface": 0.5}}, "above its same-person threshold"),
         ((192, 192, 3), {"generator_weights": "/nowhere/g.pt"}, "is not a file"),
     ],
 )
@@ -127,6 +134,13 @@ def test_plan_refusals(public, shape, config, message) -> None:
         ({"identity_margin": 1e308}, "between 0 and 10"),
         ({"inversion_steps": True}, "integer"),
         ({"colour": 1}, "Unknown \\[face-deid\\] parameter"),
+        ({"embedder": "dlib"}, "Unknown \\[face-deid\\] parameter.*recognisers"),
+        ({"recognisers": []}, "recognisers must list"),
+        ({"recognisers": [3]}, "recognisers must list"),
+        ({"identity_targets": {"sface": float("inf")}}, "finite"),
+        ({"identity_targets": {"sface": -1}}, "between 0 and 10"),
+        ({"identity_targets": "far"}, "identity_targets must map"),
+        ({"acknowledge_no_held_out": "yes"}, "true or false"),
     ],
 )
 def test_config_refusals(params, message) -> None:
@@ -171,16 +185,20 @@ def test_full_run_replaces_every_face_and_withholds_the_photo_without_one(
     assert ("face-deid: photos", 4, 4) in bars
     faces = out.internal["faces"]
     assert len(faces["3"]) == 2 and faces["2"] == []
-    emb = fm.embedder("dlib")
-    for row, src in enumerate([0, 1, 3]):  # every released face fails verification at 0.6
-        assert not np.array_equal(out.images[row], photos.images[src])
-        for face in fm.detect(photos.images[src]):
-            seen = fm.Face(face.box, 1.0, fm.landmarks(out.images[row], face.box))
-            d = np.linalg.norm(
-                emb.embed(out.images[row], seen) - emb.embed(photos.images[src], face)
-            )
-            assert d >= 0.6
-    assert res.guarantee.kind == "empirical" and "0.7" in res.guarantee.description
+    assert p["searched_recognisers"] == ["dlib", "sface"]
+    # every released face fails verification for each searched recogniser, measured here with
+    # each one's own pipeline on the whole photo (not the search's window)
+    for key in ("dlib", "sface"):
+        rec = fr.recogniser(key)
+        for row, src in enumerate([0, 1, 3]):
+            assert not np.array_equal(out.images[row], photos.images[src])
+            for face in fm.detect(photos.images[src]):
+                before = rec.at(photos.images[src], face.box)
+                after = rec.at(out.images[row], face.box)
+                if before is None or after is None:
+                    continue
+                assert rec.distances(after.embedding, before.embedding)[0] >= rec.threshold
+    assert res.guarantee.kind == "empirical" and "sface 0.85" in res.guarantee.description
     charge = ledger.get_charge(store, "run-1")
     assert charge.state == "committed" and ledger.budget(store, "faces").dp_void
     assert any(e["action"] == "run.sensitive_access" for e in trail.entries(store))
