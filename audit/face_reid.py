@@ -1,21 +1,28 @@
-"""Face re-identification attack: can a face recogniser tell who is in the released images?
+"""Face re-identification attack: can face recognisers tell who is in the released images?
 
-Faces are detected, aligned and embedded (synth.face_models: CenterFace, dlib landmarks, dlib's
-128-d descriptor) in the release and in the sensitive originals.
+Every release is attacked by every recogniser of the policy (`face_recognisers`; synth.
+face_recognisers: dlib, SFace, FaceNet), each as an attacker runs it: its own detector, alignment
+and embedding on the released photo and on the sensitive originals. A mechanism that searched
+against one recogniser cannot pass by fooling that one alone: the others are held out.
 
 - **Paired** (each released image names its source records: face de-identification, one source
   per photo; k-anonymous releases, k sources per average): genuine pairs are a released face and
   the matching face of a source (the same place in the photo, or the largest face of each image
-  when they differ in framing). Verification: the true-accept rate (TAR) at the
-  recogniser's own threshold (dlib: distance < 0.6 = same person) and at the thresholds where its
-  false-accept rate (FAR) on real faces (pairs of different original faces: the operating point an
-  attacker sets before seeing the release) is 1e-3 and 1e-2; identification: rank-1 rate of each
-  released face against the gallery of original faces (hit = the nearest original face is one it
-  replaced or averaged). Where released and original faces sit at the same place, the mean
-  displacement of the 68 landmarks, both predicted in the original's face box (in inter-ocular
-  distances), says how much pose and expression moved.
-- **Unpaired** (synthetic releases, e.g. PrivImage): the share of released faces within the
-  threshold of some training face, against the same share for an equal number of held-out faces.
+  when they differ in framing). Where the recogniser's detector misses a face at an original's
+  place, it is asked about that place (`at`); a face it cannot find even there counts as neither
+  verified nor identified. Verification: the true-accept rate (TAR) at the recogniser's published
+  threshold and at the thresholds where its false-accept rate (FAR) on real faces (pairs of
+  different original faces: the operating point an attacker sets before seeing the release) is
+  1e-3 and 1e-2. Identification: the rank-1 rate of each released face against the gallery of
+  original faces (hit = the nearest original face is one it replaced or averaged), its chance rate,
+  and a one-sided binomial test of the hits against the mean chance rate.
+- **Unpaired** (synthetic releases, e.g. PrivImage): per recogniser, the share of released faces
+  within its threshold of some training face, against the same share for held-out faces.
+- **Realism** (paired releases whose faces stay in place: face-deid): the share of the original
+  faces YuNet finds (confidence >= 0.8) that it still finds in the released photo (IoU >= 0.5), the
+  displacement of YuNet's 5 landmarks (inter-ocular distances; dlib's 68 as well), and the kernel
+  inception distance (KID) of FaceNet features of released against original face crops, beside the
+  KID of the originals blurred and pixelated.
 
 Impostor pairs assume that different faces of the original photos are different people; where one
 person has several records, their pairs count as impostors and the FAR-based thresholds come out
@@ -25,6 +32,7 @@ at that FAR is the closest impostor pair's distance (`far_resolution` in the det
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,26 +42,117 @@ from audit.images import sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
 from synth import face_models as fm
+from synth import face_recognisers as fr
 from synth.datasets import ImageDataset
 
-CHECK = "face_reidentification"
+CHECK = "face_reidentification"  # one check per recogniser: face_reidentification[KEY]
 GEOMETRY_CHECK = "face_geometry"
+RETENTION_CHECK = "face_detection_retention"
+KID_CHECK = "face_kid"
 FARS = (1e-3, 1e-2)
 MIN_FACE_IMAGE = 32  # smaller images (digits) are never probed: no recognisable face fits
 SAME_PLACE_IOU = 0.3  # a released face this close to an original face's box is its replacement
+RETENTION_IOU = 0.5  # YuNet must find a replaced face this close to the original's box
+BLUR_SIGMA = 8.0  # the blurred baseline of the KID check (pixels)
+PIXEL_BLOCKS = 8  # the pixelated baseline: blocks across the face box
+
+
+def check_name(key: str) -> str:
+    """The name of one recogniser's re-identification check (a row of the report and card)."""
+    return f"{CHECK}[{key}]"
+
+
+# ------------------------------------------------------------------ recognisers
+class EmbedderRecogniser:
+    """A `synth.face_models` embedder (policy `face_embedder`, or a benchmark's) run the way dlib's
+    pipeline runs: CenterFace, dlib's 68 landmarks, then the embedder; Euclidean distance."""
+
+    def __init__(self, embedder: fm.Embedder, key: str) -> None:
+        self.embedder, self.key = embedder, key
+        self.name, self.threshold = embedder.name, embedder.threshold
+
+    def _sighting(self, image: np.ndarray, face: fm.Face) -> fr.Sighting:
+        emb = np.asarray(self.embedder.embed(image, face), np.float64)
+        return fr.Sighting(face.box, face.score, fm.five_points(face.landmarks), emb)
+
+    def sightings(self, image: np.ndarray) -> list[fr.Sighting]:
+        return [self._sighting(image, f) for f in fm.detect(image)]
+
+    def at(self, image: np.ndarray, box: tuple[float, float, float, float]) -> fr.Sighting | None:
+        return self._sighting(image, fm.Face(box, 0.0, fm.landmarks(image, box)))
+
+    def distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.linalg.norm(np.atleast_2d(a) - np.atleast_2d(b), axis=-1)
+
+
+def as_recogniser(attacker: fr.Recogniser | fm.Embedder) -> fr.Recogniser:
+    """A recogniser as it is, or an embedder behind dlib's detection and landmarks."""
+    if hasattr(attacker, "sightings"):
+        return attacker  # type: ignore[return-value]
+    if isinstance(attacker, fm.DlibEmbedder):
+        return fr.recogniser("dlib")
+    return EmbedderRecogniser(attacker, attacker.name)
+
+
+def policy_recognisers(policy: AuditPolicy) -> list[fr.Recogniser]:
+    """The recognisers the policy attacks with: `face_recognisers`, plus a `face_embedder` other
+    than dlib (older specs name their own embedder there)."""
+    recs = [fr.recogniser(k) for k in policy.face_recognisers]
+    if policy.face_embedder != "dlib" and policy.face_embedder not in policy.face_recognisers:
+        recs.append(EmbedderRecogniser(fm.embedder(policy.face_embedder), policy.face_embedder))
+    return recs
+
+
+def _uses_dlib_landmarks(rec: fr.Recogniser) -> bool:
+    return isinstance(rec, (fr.DlibRecogniser, EmbedderRecogniser))
+
+
+def _framed_sighting(rec: fr.Recogniser, image: np.ndarray) -> fr.Sighting | None:
+    """A small image (an aligned crop, an average of crops) in which the detector finds no face,
+    taken as one face where the alignment template puts it: an attacker who knows the images are
+    aligned faces does not need a detector."""
+    h, w = image.shape[:2]
+    points = fm.TEMPLATE_112 * np.array([w / 112.0, h / 112.0])
+    cx, cy = points[:, 0].mean(), points[:, 1].mean()
+    side = 1.9 * (
+        points[1, 0] - points[0, 0]
+    )  # about the box dlib's detector draws for such a face
+    box = (cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2)
+    embed_row = getattr(rec, "embed_row", None)
+    if embed_row is None:  # dlib's pipeline: landmarks predicted in the template's box
+        return rec.at(image, box)
+    # YuNet-based: the template's points in YuNet's row layout (x, y, w, h, 5 points, score)
+    row = np.concatenate([[box[0], box[1], side, side], points.ravel(), [0.0]])
+    return fr.Sighting(box, 0.0, points, embed_row(fm.as_rgb(image), row))
+
+
+@dataclass
+class SightingIndex:
+    """One recogniser's sightings per image, computed once per audit."""
+
+    recogniser: fr.Recogniser
+    found: dict[tuple[str, int], list[fr.Sighting]] = field(default_factory=dict)
+
+    def of(self, tag: str, i: int, image: np.ndarray) -> list[fr.Sighting]:
+        key = (tag, int(i))
+        if key not in self.found:
+            faces = self.recogniser.sightings(image)
+            if not faces and max(image.shape[:2]) <= fm.SMALL_IMAGE:
+                framed = _framed_sighting(self.recogniser, image)
+                faces = [] if framed is None else [framed]
+            self.found[key] = faces
+        return self.found[key]
 
 
 @dataclass
 class FaceIndex:
-    """Detected faces and their embeddings, per image, computed once per audit."""
+    """Detected faces and their embeddings with a `synth.face_models` embedder, per image (the
+    benchmarks' identity tables use it)."""
 
     embedder: fm.Embedder
     faces: dict[tuple[str, int], list[tuple[fm.Face, np.ndarray]]] = field(default_factory=dict)
 
     def of(self, tag: str, i: int, image: np.ndarray) -> list[tuple[fm.Face, np.ndarray]]:
-        """The faces of `image`; a small image (an aligned crop, an average of crops) in which the
-        detector finds none is taken as one face filling the frame where the alignment template
-        puts it: an attacker who knows the images are aligned faces does not need a detector."""
         key = (tag, int(i))
         if key not in self.faces:
             faces = fm.detect(image)
@@ -62,12 +161,8 @@ class FaceIndex:
             self.faces[key] = [(f, self.embedder.embed(image, f)) for f in faces]
         return self.faces[key]
 
-    def at(self, image: np.ndarray, face: fm.Face) -> tuple[fm.Face, np.ndarray]:
-        """The face of `image` at `face`'s box (landmarks predicted there), embedded."""
-        there = fm.Face(face.box, 0.0, fm.landmarks(image, face.box))
-        return there, self.embedder.embed(image, there)
 
-
+# ------------------------------------------------------------------ statistics
 def threshold_at_far(impostor: np.ndarray, far: float) -> tuple[float, float]:
     """(threshold, achieved FAR): the largest distance threshold (accept when distance < it) whose
     FAR on the impostor pairs is at most `far`."""
@@ -81,8 +176,9 @@ def threshold_at_far(impostor: np.ndarray, far: float) -> tuple[float, float]:
 
 def verification(genuine: np.ndarray, impostor: np.ndarray, threshold: float) -> dict[str, Any]:
     """TAR/FAR at the recogniser's threshold, and TAR at each FAR of FARS with the threshold set on
-    the `impostor` pairs."""
+    the `impostor` pairs. A genuine distance of infinity is a face the recogniser never found."""
     genuine, impostor = np.asarray(genuine, float), np.asarray(impostor, float)
+    seen = genuine[np.isfinite(genuine)]
     out: dict[str, Any] = {
         "threshold": threshold,
         "tar_at_threshold": float(np.mean(genuine < threshold)) if len(genuine) else None,
@@ -90,7 +186,7 @@ def verification(genuine: np.ndarray, impostor: np.ndarray, threshold: float) ->
         "n_genuine": len(genuine),
         "n_impostor": len(impostor),
         "far_resolution": 1.0 / len(impostor) if len(impostor) else None,
-        "median_genuine_distance": float(np.median(genuine)) if len(genuine) else None,
+        "median_genuine_distance": float(np.median(seen)) if len(seen) else None,
         "median_impostor_distance": float(np.median(impostor)) if len(impostor) else None,
     }
     for far in FARS:
@@ -103,22 +199,69 @@ def verification(genuine: np.ndarray, impostor: np.ndarray, threshold: float) ->
     return out
 
 
+def rank1_p_value(hits: int, trials: int, chance: float) -> float | None:
+    """One-sided binomial test: the probability of at least `hits` rank-1 hits in `trials` if each
+    were a guess succeeding with probability `chance` (None without trials)."""
+    if trials == 0:
+        return None
+    from scipy.stats import binomtest
+
+    return float(binomtest(hits, trials, min(max(chance, 0.0), 1.0), alternative="greater").pvalue)
+
+
+def kid(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kernel inception distance (Binkowski et al. 2018): the unbiased estimate of the squared MMD
+    between feature sets x and y with the kernel k(a, b) = (a.b / d + 1)^3. None when either set
+    has fewer than two rows (the unbiased estimate needs pairs)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    m, n = len(x), len(y)
+    if m < 2 or n < 2:
+        return None
+    d = x.shape[1]
+    kxx, kyy, kxy = ((a @ b.T / d + 1.0) ** 3 for a, b in ((x, x), (y, y), (x, y)))
+    within_x = (kxx.sum() - np.trace(kxx)) / (m * (m - 1))
+    within_y = (kyy.sum() - np.trace(kyy)) / (n * (n - 1))
+    return float(within_x + within_y - 2.0 * kxy.mean())
+
+
+# ------------------------------------------------------------------ paired attack
 def _pair_faces(
-    released: list[tuple[fm.Face, np.ndarray]],
-    original: list[tuple[fm.Face, np.ndarray]],
-    same_frame: bool,
+    released: Sequence[fr.Sighting], original: Sequence[fr.Sighting], same_frame: bool
 ) -> list[tuple[int, int, bool]]:
     """(released face, original face, same place?) pairs: by box overlap when both images share a
     frame, else the largest face of each."""
     pairs = []
     if same_frame:
-        for j, (of, _) in enumerate(original):
-            ious = [fm.box_iou(rf.box, of.box) for rf, _ in released]
+        for j, of in enumerate(original):
+            ious = [fm.box_iou(rf.box, of.box) for rf in released]
             if ious and max(ious) >= SAME_PLACE_IOU:
                 pairs.append((int(np.argmax(ious)), j, True))
     if not pairs and released and original:
         pairs.append((0, 0, False))
     return pairs
+
+
+def _same_frame(
+    images: np.ndarray, r: int, sources: list[np.ndarray], sensitive: ImageDataset
+) -> bool:
+    """A released photo in its source's frame (face-deid): faces stay where they were."""
+    return (
+        images[r].shape == sensitive.images[0].shape
+        and len({int(s) for s in np.asarray(sources[r]).ravel()}) == 1
+    )
+
+
+def paired_sample(
+    n_released: int, sources: list[np.ndarray], n_sensitive: int, policy: AuditPolicy
+) -> tuple[np.ndarray, list[int]]:
+    """The released images attacked and the original records of the gallery (their sources, then
+    others up to `face_samples`): the same for every recogniser."""
+    rng = np.random.default_rng(policy.seed)
+    attacked = sample_idx(n_released, policy.face_samples, rng)
+    used = {int(s) for r in attacked for s in np.asarray(sources[r]).ravel()}
+    others = np.setdiff1d(np.arange(n_sensitive), sorted(used))
+    extra = others[sample_idx(len(others), max(0, policy.face_samples - len(used)), rng)]
+    return attacked, sorted(used | {int(i) for i in extra})
 
 
 @dataclass(frozen=True)
@@ -132,82 +275,111 @@ class FaceReidNumbers:
         training match rate above the held-out one (unpaired)."""
         return self.details.get("reidentification_rate")
 
+    @property
+    def key(self) -> str:
+        return str(self.details.get("recogniser", "dlib"))
+
 
 def compute_paired(
     images: np.ndarray,
     sources: list[np.ndarray],
     sensitive: ImageDataset,
     policy: AuditPolicy,
-    embedder: fm.Embedder,
+    recogniser: fr.Recogniser | fm.Embedder,
 ) -> FaceReidNumbers:
-    rng = np.random.default_rng(policy.seed)
-    index = FaceIndex(embedder)
-    attacked = sample_idx(len(images), policy.face_samples, rng)
-    used = {int(s) for r in attacked for s in np.asarray(sources[r]).ravel()}
-    others = np.setdiff1d(np.arange(len(sensitive)), sorted(used))
-    extra = others[sample_idx(len(others), max(0, policy.face_samples - len(used)), rng)]
-    gallery_ids = sorted(used | {int(i) for i in extra})
+    """One recogniser's verification and rank-1 identification of released faces against their
+    originals."""
+    rec = as_recogniser(recogniser)
+    index = SightingIndex(rec)
+    attacked, gallery_ids = paired_sample(len(images), sources, len(sensitive), policy)
     gallery = [
-        (g, k, face, emb)
+        (g, k, s)
         for g in gallery_ids
-        for k, (face, emb) in enumerate(index.of("sensitive", g, sensitive.images[g]))
+        for k, s in enumerate(index.of("sensitive", g, sensitive.images[g]))
     ]
-    where = {(g, k): n for n, (g, k, _, _) in enumerate(gallery)}
-    g_emb = np.stack([e for *_, e in gallery]) if gallery else np.zeros((0, 128))
-    genuine, impostor, shifts, rank1_hits, chance = [], [], [], [], []
-    released_faces = unmatched = 0
+    where = {(g, k): n for n, (g, k, _) in enumerate(gallery)}
+    g_emb = np.stack([s.embedding for *_, s in gallery]) if gallery else np.zeros((0, 1))
+    genuine: list[float] = []
+    impostor: list[float] = []
+    shifts: list[float] = []
+    hits: list[bool] = []
+    chance: list[float] = []
+    released_faces = unmatched = lost_faces = 0
     for r in attacked:
         rel = list(index.of("release", r, images[r]))
         released_faces += len(rel)
-        src = sorted({int(s) for s in np.asarray(sources[r]).ravel()})
-        same_frame = images[r].shape == sensitive.images[0].shape and len(src) == 1
+        same_frame = _same_frame(images, r, sources, sensitive)
         targets: dict[int, set[int]] = {}  # released face -> its original faces (gallery rows)
-        for s in src:
+        lost: list[int] = []  # original faces the recogniser finds nowhere in the release
+        for s in sorted({int(s) for s in np.asarray(sources[r]).ravel()}):
             orig = index.of("sensitive", s, sensitive.images[s])
             pairs = _pair_faces(rel, orig, same_frame)
             missed = sorted(set(range(len(orig))) - {j for _, j, _ in pairs})
             unmatched += len(missed)
             if same_frame:  # the detector missed it: the attacker looks where the original was
                 for j in missed:
-                    rel = rel + [index.at(images[r], orig[j][0])]
+                    there = rec.at(images[r], orig[j].box)
+                    if there is None:
+                        lost.append(where[(s, j)])
+                        continue
+                    rel.append(there)
                     pairs.append((len(rel) - 1, j, True))
             for a, b, same_place in pairs:
-                genuine.append(float(np.linalg.norm(rel[a][1] - orig[b][1])))
+                genuine.append(float(rec.distances(rel[a].embedding, orig[b].embedding)[0]))
                 targets.setdefault(a, set()).add(where[(s, b)])
-                if same_place:  # landmarks of both at the original's box: the face's geometry
-                    box = orig[b][0].box
+                if same_place and _uses_dlib_landmarks(rec):
+                    # dlib's 68 landmarks of both, predicted at the original's box: pose and
+                    # expression
+                    box = orig[b].box
                     shifts.append(
-                        fm.landmark_shift(orig[b][0].landmarks, fm.landmarks(images[r], box))
+                        fm.landmark_shift(
+                            fm.landmarks(sensitive.images[s], box), fm.landmarks(images[r], box)
+                        )
                     )
-        for a, (_, emb) in enumerate(rel):
-            d = np.linalg.norm(g_emb - emb, axis=1)
+        for a, sight in enumerate(rel):
+            d = rec.distances(g_emb, sight.embedding[None])
             mine = np.zeros(len(gallery), bool)
             mine[sorted(targets.get(a, set()))] = True
             impostor.extend(d[~mine].tolist())
             if mine.any():
-                rank1_hits.append(bool(mine[int(np.argmin(d))]))
+                hits.append(bool(mine[int(np.argmin(d))]))
                 chance.append(float(mine.mean()))
+        for _ in lost:  # neither verified nor identified, but an attempt all the same
+            lost_faces += 1
+            genuine.append(float("inf"))
+            hits.append(False)
+            chance.append(1.0 / len(gallery))
     # the recogniser's operating points, calibrated on real faces: pairs of different original faces
     first, second = np.triu_indices(len(gallery), 1)
-    reference = np.linalg.norm(g_emb[first] - g_emb[second], axis=1)
-    ver = verification(np.array(genuine), reference, embedder.threshold)
+    reference = rec.distances(g_emb[first], g_emb[second]) if len(first) else np.zeros(0)
+    ver = verification(np.array(genuine), reference, rec.threshold)
+    mean_chance = float(np.mean(chance)) if chance else None
     details = {
         "mode": "paired",
-        "embedder": embedder.name,
+        "recogniser": rec.key,
+        "embedder": rec.name,
         "n_released_attacked": len(attacked),
         "n_released_faces": released_faces,
         "n_gallery_records": len(gallery_ids),
         "n_gallery_faces": len(gallery),
         # not found by the detector in the release (same frame: attacked at the original's place)
         "original_faces_not_found_in_release": unmatched,
+        # not found even at the original's place: counted as neither verified nor identified
+        "original_faces_not_found_at_their_place": lost_faces,
         **ver,
         "far_calibration": "pairs of different original faces",
         "release_impostor_pairs": len(impostor),
         "release_far_at_threshold": (
-            float(np.mean(np.array(impostor) < embedder.threshold)) if impostor else None
+            float(np.mean(np.array(impostor) < rec.threshold)) if impostor else None
         ),
-        "rank1_identification": float(np.mean(rank1_hits)) if rank1_hits else None,
-        "rank1_chance": float(np.mean(chance)) if chance else None,
+        "rank1_identification": float(np.mean(hits)) if hits else None,
+        "rank1_chance": mean_chance,
+        "rank1_hits": int(sum(hits)),
+        "rank1_trials": len(hits),
+        "rank1_p_value": None
+        if mean_chance is None
+        else rank1_p_value(sum(hits), len(hits), mean_chance),
+        # dlib's 68 landmarks (dlib-family recognisers only)
         "mean_landmark_shift": float(np.mean(shifts)) if shifts else None,
         "n_landmark_pairs": len(shifts),
         "reidentification_rate": ver["tar_at_threshold"],
@@ -215,31 +387,35 @@ def compute_paired(
     return FaceReidNumbers("paired", details)
 
 
+# ------------------------------------------------------------------ unpaired attack
 def compute_unpaired(
     images: np.ndarray,
     sensitive: ImageDataset,
     heldout: ImageDataset | None,
     policy: AuditPolicy,
-    embedder: fm.Embedder,
+    recogniser: fr.Recogniser | fm.Embedder,
 ) -> FaceReidNumbers:
+    """One recogniser's match rate of released faces with training faces, against held-out
+    faces."""
+    rec = as_recogniser(recogniser)
     rng = np.random.default_rng(policy.seed)
-    index = FaceIndex(embedder)
+    index = SightingIndex(rec)
 
     def embeddings(tag: str, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        embs = [e for i in idx for _, e in index.of(tag, int(i), data[int(i)])]
-        return np.stack(embs) if embs else np.zeros((0, 128))
+        embs = [s.embedding for i in idx for s in index.of(tag, int(i), data[int(i)])]
+        return np.stack(embs) if embs else np.zeros((0, 1))
 
     m = policy.face_samples
     if heldout is not None:
         m = min(m, len(heldout))
     rel = embeddings("release", images, sample_idx(len(images), policy.face_samples, rng))
     train = embeddings("sensitive", sensitive.images, sample_idx(len(sensitive), m, rng))
-    thr = embedder.threshold
+    thr = rec.threshold
 
     def match_rate(gallery: np.ndarray) -> float | None:
         if len(rel) == 0 or len(gallery) == 0:
             return None
-        nearest = np.min(np.linalg.norm(rel[:, None] - gallery[None], axis=2), axis=1)
+        nearest = np.min(rec.distances(rel[:, None], gallery[None]), axis=1)
         return float(np.mean(nearest < thr))
 
     rate_train = match_rate(train)
@@ -255,7 +431,8 @@ def compute_unpaired(
     )
     details = {
         "mode": "unpaired",
-        "embedder": embedder.name,
+        "recogniser": rec.key,
+        "embedder": rec.name,
         "threshold": thr,
         "n_released_faces": len(rel),
         "n_training_faces": len(train),
@@ -266,55 +443,292 @@ def compute_unpaired(
     return FaceReidNumbers("unpaired", details)
 
 
-def check_face_reid(numbers: FaceReidNumbers, policy: AuditPolicy) -> list[CheckResult]:
-    d, limit = numbers.details, policy.face_max_verification_rate
-    rate = numbers.rate
-    if rate is None:
-        summary = "no released face was detected: nothing to re-identify with this detector"
-        passed = None if limit is None else True
-    elif numbers.mode == "paired":
-        rank1 = d.get("rank1_identification")
-        tar3 = d.get("tar_at_far_0.001")
-        summary = (
-            f"verification against the originals: TAR {rate:.3f} at distance < {d['threshold']:g} "
-            f"(FAR {d['far_at_threshold'] or 0:.4f}); TAR at FAR 1e-3 "
-            + ("n/a" if tar3 is None else f"{tar3:.3f}")
-            + "; rank-1 identification "
-            + ("n/a" if rank1 is None else f"{rank1:.3f} (chance {d['rank1_chance']:.3f})")
-            + (f"; max TAR {limit}" if limit is not None else "")
+# ------------------------------------------------------------------ verdicts
+def recogniser_of_check(name: str) -> str | None:
+    """The recogniser key of a `face_reidentification[KEY]` check name (None for other checks)."""
+    prefix = CHECK + "["
+    return name[len(prefix) : -1] if name.startswith(prefix) and name.endswith("]") else None
+
+
+def recogniser_role(key: str, searched: Sequence[str] | None) -> str | None:
+    """Whether the mechanism searched against this recogniser (None: it names none)."""
+    if searched is None:
+        return None
+    return "searched against" if key in searched else "held out (the mechanism never measured it)"
+
+
+def searched_keys(searched: Sequence[str] | None) -> list[str] | None:
+    """The recogniser keys a release's `searched_recognisers` names (keys, or the recognisers'
+    names)."""
+    if searched is None:
+        return None
+    by_name = {getattr(make, "name", None): key for key, make in fr.RECOGNISERS.items()}
+    return [by_name.get(s, s) for s in searched]
+
+
+def _paired_verdict(d: dict[str, Any], policy: AuditPolicy) -> tuple[bool | None, str]:
+    rate, limit, alpha = (
+        d["reidentification_rate"],
+        policy.face_max_verification_rate,
+        policy.face_rank1_alpha,
+    )
+    tar3 = d.get("tar_at_far_0.001")
+    rank1, p = d.get("rank1_identification"), d.get("rank1_p_value")
+    summary = (
+        f"verification TAR {rate:.3f} at distance < {d['threshold']:.3g} "
+        f"(FAR {d['far_at_threshold'] or 0:.4f}), at FAR 1e-3 "
+        + ("n/a" if tar3 is None else f"{tar3:.3f}")
+        + "; rank-1 "
+        + (
+            "n/a"
+            if rank1 is None
+            else f"{d['rank1_hits']}/{d['rank1_trials']} (chance {d['rank1_chance']:.3f}, "
+            f"p = {p:.2g})"
         )
-        passed = None if limit is None else rate <= limit
-        if policy.face_max_rank1_rate is not None and rank1 is not None:
-            summary += f", max rank-1 {policy.face_max_rank1_rate}"
-            passed = bool(passed is not False and rank1 <= policy.face_max_rank1_rate)
-    else:
-        ho = d.get("match_rate_heldout")
-        summary = (
-            f"released faces within {d['threshold']:g} of a training face: "
-            f"{d['match_rate_training']:.3f}"
-            + ("" if ho is None else f" (held-out faces: {ho:.3f})")
-            + f"; excess {rate:.3f}"
-            + (f", max {limit}" if limit is not None else "")
+    )
+    limits, failed = [], []
+    if limit is not None:
+        limits.append(f"max TAR {limit:g}")
+        if rate > limit:
+            failed.append("verified")
+    if alpha is not None and p is not None:
+        limits.append(f"rank-1 above chance at p < {alpha:g} fails")
+        if p < alpha:
+            failed.append("identified above chance")
+    if policy.face_max_rank1_rate is not None and rank1 is not None:
+        limits.append(f"max rank-1 {policy.face_max_rank1_rate:g}")
+        if rank1 > policy.face_max_rank1_rate:
+            failed.append("rank-1 over its ceiling")
+    if limits:
+        summary += "; " + ", ".join(limits)
+    if failed:
+        summary += ": " + " and ".join(failed)
+    return (None if not limits else not failed), summary
+
+
+def check_face_reid(
+    numbers: FaceReidNumbers | Sequence[FaceReidNumbers],
+    policy: AuditPolicy,
+    searched: Sequence[str] | None = None,
+) -> list[CheckResult]:
+    """One attack check per recogniser (`face_reidentification[KEY]`); `searched`: the recogniser
+    keys the mechanism searched against (the others are held out)."""
+    out = []
+    for n in [numbers] if isinstance(numbers, FaceReidNumbers) else numbers:
+        d, limit = n.details, policy.face_max_verification_rate
+        role = recogniser_role(n.key, searched)
+        details = {**d, "role": role} if role else d
+        head = f"{n.key}" + (f", {role}" if role else "") + ": "
+        if n.rate is None:
+            summary = "no released face was detected: nothing to re-identify with this detector"
+            passed = None if limit is None else True
+        elif n.mode == "paired":
+            passed, summary = _paired_verdict(d, policy)
+        else:
+            ho = d.get("match_rate_heldout")
+            summary = (
+                f"released faces within {d['threshold']:.3g} of a training face: "
+                f"{d['match_rate_training']:.3f}"
+                + ("" if ho is None else f" (held-out faces: {ho:.3f})")
+                + f"; excess {n.rate:.3f}"
+                + (f", max {limit:g}" if limit is not None else "")
+            )
+            passed = None if limit is None else n.rate <= limit
+        out.append(CheckResult(check_name(n.key), "attack", passed, head + summary, details))
+    return out
+
+
+# ------------------------------------------------------------------ realism
+def _yunet_box(row: np.ndarray) -> tuple[float, float, float, float]:
+    x, y, w, h = (float(v) for v in row[:4])
+    return (x, y, x + w, y + h)
+
+
+def _face_region(shape: tuple[int, ...], box: tuple[float, ...]) -> tuple[slice, slice]:
+    x0, y0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
+    x1, y1 = min(shape[1], int(np.ceil(box[2]))), min(shape[0], int(np.ceil(box[3])))
+    return slice(y0, max(y0 + 1, y1)), slice(x0, max(x0 + 1, x1))
+
+
+def blur_face(image: np.ndarray, box: tuple[float, ...], sigma: float = BLUR_SIGMA) -> np.ndarray:
+    """The photo with a Gaussian blur (sigma pixels) over the face box: the simplest
+    de-identification, a baseline for realism."""
+    from scipy.ndimage import gaussian_filter
+
+    out = fm.as_rgb(image).copy()
+    blurred = gaussian_filter(out.astype(np.float64), (sigma, sigma, 0), mode="nearest")
+    ys, xs = _face_region(out.shape, box)
+    out[ys, xs] = np.clip(np.rint(blurred[ys, xs]), 0, 255).astype(np.uint8)
+    return out
+
+
+def pixelate_face(
+    image: np.ndarray, box: tuple[float, ...], blocks: int = PIXEL_BLOCKS
+) -> np.ndarray:
+    """The photo with the face box pixelated, `blocks` blocks across: the other baseline."""
+    from PIL import Image
+
+    out = fm.as_rgb(image).copy()
+    ys, xs = _face_region(out.shape, box)
+    face = out[ys, xs]
+    h, w = face.shape[:2]
+    small = Image.fromarray(face).resize(
+        (blocks, max(1, round(blocks * h / w))), Image.Resampling.BOX
+    )
+    out[ys, xs] = np.asarray(small.resize((w, h), Image.Resampling.NEAREST))
+    return out
+
+
+def _facenet_features(crops: list[np.ndarray]) -> np.ndarray:
+    """FaceNet embeddings of crops, one at a time (its graph refuses batches of more than one)."""
+    return np.concatenate([fr.facenet_embed(c[None]) for c in crops])
+
+
+def compute_realism(
+    images: np.ndarray,
+    sources: list[np.ndarray],
+    sensitive: ImageDataset,
+    policy: AuditPolicy,
+) -> dict[str, Any] | None:
+    """YuNet's view of the replaced faces of the attacked photos that keep their source's frame:
+    retention, landmark shift and KID against blur and pixelation (None: no such photo)."""
+    attacked, _ = paired_sample(len(images), sources, len(sensitive), policy)
+    same = [int(r) for r in attacked if _same_frame(images, int(r), sources, sensitive)]
+    if not same:
+        return None
+    replaced = retained = 0
+    shifts: list[float] = []
+    crops: dict[str, list[np.ndarray]] = {
+        "original": [],
+        "release": [],
+        "blurred": [],
+        "pixelated": [],
+    }
+    for r in same:
+        original = fm.as_rgb(sensitive.images[int(np.asarray(sources[r]).ravel()[0])])
+        released = fm.as_rgb(images[r])
+        found = fr.yunet_detect(released, fr.REALISM_DETECTION)
+        for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
+            box, points = _yunet_box(row), fr.yunet_points(row)
+            replaced += 1
+            ious = [fm.box_iou(_yunet_box(f), box) for f in found]
+            if ious and max(ious) >= RETENTION_IOU:
+                retained += 1
+                there: np.ndarray | None = found[int(np.argmax(ious))]
+            else:  # how far the landmarks moved, even for a face YuNet hardly sees
+                there = fr.yunet_at(released, box)
+            if there is not None:
+                moved = np.linalg.norm(fr.yunet_points(there) - points, axis=1).mean()
+                shifts.append(float(moved / max(np.linalg.norm(points[0] - points[1]), 1e-9)))
+            # every variant cut at the original's points: KID compares appearance, not framing
+            for name, photo in (
+                ("original", original),
+                ("release", released),
+                ("blurred", blur_face(original, box)),
+                ("pixelated", pixelate_face(original, box)),
+            ):
+                crops[name].append(fr.facenet_crop(photo, points))
+    kids: dict[str, float | None] = {}
+    if replaced >= 2:
+        features = {k: _facenet_features(v) for k, v in crops.items()}
+        kids = {
+            k: kid(features[k], features["original"]) for k in ("release", "blurred", "pixelated")
+        }
+    return {
+        "n_photos": len(same),
+        "n_replaced_faces": replaced,
+        "n_retained": retained,
+        "detection_retention": retained / replaced if replaced else None,
+        "detection_confidence": fr.REALISM_DETECTION,
+        "retention_iou": RETENTION_IOU,
+        "mean_landmark_shift_yunet5": float(np.mean(shifts)) if shifts else None,
+        "n_landmark_faces": len(shifts),
+        "kid_release": kids.get("release"),
+        "kid_blurred": kids.get("blurred"),
+        "kid_pixelated": kids.get("pixelated"),
+        "kid_features": "FaceNet (unit 512-d) of 160 x 160 crops at the original's YuNet points",
+        "kid_n_faces": replaced,
+        "blur_sigma": BLUR_SIGMA,
+        "pixel_blocks": PIXEL_BLOCKS,
+    }
+
+
+def check_realism(
+    realism: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None = None
+) -> list[CheckResult]:
+    """Utility checks of replaced faces: YuNet still finds them, their landmarks stay, and they
+    look more like faces than blurred ones do (KID)."""
+    d, n = realism, realism["n_replaced_faces"]
+    if n == 0:
+        return [
+            CheckResult(
+                RETENTION_CHECK,
+                "utility",
+                None,
+                f"YuNet found no face at confidence {fr.REALISM_DETECTION:g} in the "
+                f"{d['n_photos']} original photos attacked: nothing to compare",
+                d,
+            )
+        ]
+    out = []
+    keep, lim = d["detection_retention"], policy.face_min_detection_retention
+    out.append(
+        CheckResult(
+            RETENTION_CHECK,
+            "utility",
+            None if lim is None else keep >= lim,
+            f"YuNet finds {d['n_retained']} of {n} replaced faces (confidence >= "
+            f"{fr.REALISM_DETECTION:g}, IoU >= {RETENTION_IOU:g} with the original's box): "
+            f"{keep:.3f}" + (f"; min {lim:g}" if lim is not None else ""),
+            d,
         )
-        passed = None if limit is None else rate <= limit
-    out = [CheckResult(CHECK, "attack", passed, summary, d)]
-    shift = d.get("mean_landmark_shift")
+    )
+    shift, lim = d["mean_landmark_shift_yunet5"], policy.face_max_landmark_shift
     if shift is not None:
-        lim = policy.face_max_landmark_shift
+        extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
         out.append(
             CheckResult(
                 GEOMETRY_CHECK,
                 "utility",
                 None if lim is None else shift <= lim,
-                f"68 landmarks moved {shift:.3f} inter-ocular distances on average over "
-                f"{d['n_landmark_pairs']} faces (pose and expression kept"
-                + (f"; max {lim})" if lim is not None else ")"),
-                {"mean_landmark_shift": shift, "n_faces": d["n_landmark_pairs"]},
+                f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
+                f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
+                + (f"; max {lim:g})" if lim is not None else ")"),
+                {
+                    "mean_landmark_shift": shift,
+                    "mean_landmark_shift_dlib68": dlib_shift,
+                    "n_faces": d["n_landmark_faces"],
+                },
+            )
+        )
+    rel, blur, pix = d["kid_release"], d["kid_blurred"], d["kid_pixelated"]
+    if rel is None or blur is None:
+        out.append(
+            CheckResult(
+                KID_CHECK,
+                "utility",
+                None,
+                f"KID needs at least two replaced faces, {n} found",
+                d,
+            )
+        )
+    else:
+        out.append(
+            CheckResult(
+                KID_CHECK,
+                "utility",
+                (rel < blur) if policy.face_max_kid_vs_blur else None,
+                f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
+                f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
+                + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
+                + (" (few faces: noisy)" if n < 50 else ""),
+                d,
             )
         )
     return out
 
 
+# ------------------------------------------------------------------ entry points
 def faces_present(data: ImageDataset, policy: AuditPolicy) -> tuple[bool, dict[str, Any]]:
     """Whether the data set holds faces: images of at least MIN_FACE_IMAGE pixels a side, the
     detector finding one in at least half of `face_probe` images drawn from it (the rule of
@@ -333,11 +747,22 @@ def run_face_reid(
     sensitive: ImageDataset,
     heldout: ImageDataset | None,
     policy: AuditPolicy,
+    searched: Sequence[str] | None = None,
 ) -> list[CheckResult]:
-    embedder = fm.embedder(policy.face_embedder)
-    numbers = (
-        compute_paired(images, sources, sensitive, policy, embedder)
+    """Every recogniser of the policy against the release (one check each), then, for paired
+    releases whose faces stay in place, the realism checks."""
+    numbers = [
+        compute_paired(images, sources, sensitive, policy, rec)
         if sources is not None
-        else compute_unpaired(images, sensitive, heldout, policy, embedder)
-    )
-    return check_face_reid(numbers, policy)
+        else compute_unpaired(images, sensitive, heldout, policy, rec)
+        for rec in policy_recognisers(policy)
+    ]
+    out = check_face_reid(numbers, policy, searched_keys(searched))
+    if sources is not None:
+        realism = compute_realism(images, sources, sensitive, policy)
+        if realism is not None:
+            dlib_shift = next(
+                (n.details["mean_landmark_shift"] for n in numbers if n.key == "dlib"), None
+            )
+            out += check_realism(realism, policy, dlib_shift)
+    return out

@@ -202,9 +202,12 @@ def render_report(report: AuditReport):
     table.add_column("check")
     table.add_column("verdict")
     table.add_column("summary", overflow="fold")
+    from rich.markup import escape
+
     for r in report.results:
         v = r.verdict
-        table.add_row(r.kind, r.name, f"[{_STYLE[v]}]{v}[/]", r.summary)
+        # names and summaries are text, not markup: "face_reidentification[dlib]" must show
+        table.add_row(r.kind, escape(r.name), f"[{_STYLE[v]}]{v}[/]", escape(r.summary))
     return table
 
 

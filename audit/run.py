@@ -66,6 +66,9 @@ class AuditInputs:
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
     # source (audit.baseline): compared with this release's downstream accuracy
     baselines: list[Baseline] = field(default_factory=list)
+    # the face recognisers a de-identification mechanism searched against (its parameters'
+    # `searched_recognisers`): the face checks say which recognisers were held out
+    searched_recognisers: list[str] | None = None
 
     @property
     def sensitive_images(self) -> ImageDataset:
@@ -313,7 +316,9 @@ def _face_attack(
     return _guard(
         CHECK,
         "attack",
-        lambda: run_face_reid(images, sources, sensitive, inputs.heldout, policy),
+        lambda: run_face_reid(
+            images, sources, sensitive, inputs.heldout, policy, inputs.searched_recognisers
+        ),
     )
 
 
