@@ -973,6 +973,7 @@ def audit_release(
         volume_files=volume_files,
         cache_dir=runner.public_cache_dir(store),
         baselines=baselines(store, rel, spec, ds),
+        searched_recognisers=out.parameters.get("searched_recognisers"),
     )
     report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)

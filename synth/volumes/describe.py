@@ -12,8 +12,9 @@ NOT_PROTECTED = (
     "folding patterns are individual and can be matched to another scan of the same person), "
     "nor from anything outside the volumes (file names, the BIDS sidecars or clinical data they "
     "travel with); the released NIfTI headers keep only geometry and scaling (free-text fields "
-    "such as `descrip` and header extensions are dropped), and the files are renamed by release "
-    "id. Dataset size is public. No epsilon is claimed: this is not differential privacy, and "
+    "such as `descrip` and header extensions are dropped; voxels are written little-endian, a "
+    "big-endian input's values unchanged), and the files are renamed by release id. Dataset "
+    "size is public. No epsilon is claimed: this is not differential privacy, and "
     "after it the source dataset's DP guarantees no longer hold."
 )
 
