@@ -29,6 +29,7 @@ from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
 from release.data import data_kind, load_registered
+from release.held_out import check_held_out
 from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord
 from release.spec import Plan, ReleaseSpec, canonical
@@ -223,6 +224,10 @@ def _preview(
     ds = budget.dataset
     with calibration.reporting(lambda stage, done, total: progress(f"plan: {stage}", done, total)):
         mplan = _mechanism_plan(spec, budget, public)
+    from audit import AuditPolicy
+
+    audited = AuditPolicy.from_dict(spec.policy).face_recognisers
+    check_held_out(spec.mechanism, mplan.detail, audited)  # before anything is stored
     accounting_stage = _stage(progress, "epsilon before and after (RDP, PLD)")
     accounting_stage(0, 2)
     before = epsilon_report(budget.history, ds.delta_cap)
