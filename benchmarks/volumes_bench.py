@@ -60,7 +60,7 @@ def measure(n: int = 8, mm: float = 1.0, cache: Path | None = None) -> dict:
         recogniser_picture,
         reidentify,
     )
-    from synth import face_models as fm
+    from synth import face_recognisers as fr
     from synth.mri.atlas import atlases
     from synth.mri.cohort import BASES
     from synth.mri.render import head_level, surface_in
@@ -80,7 +80,7 @@ def measure(n: int = 8, mm: float = 1.0, cache: Path | None = None) -> dict:
         for v, r, lv in zip(cohort.volumes, regs, levels, strict=True)
     ]
     face_px = [surface_in(face3d, d) for d in depth_o]
-    recogniser = fm.embedder("dlib")
+    recogniser = fr.recogniser("dlib")  # the audit runs all of audit.volumes.RECOGNISERS
     pics_o = [recogniser_picture(v) for v in cohort.volumes]
     results, outputs = {}, {}
     for method in METHODS:
