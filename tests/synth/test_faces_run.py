@@ -258,3 +258,41 @@ def test_the_mechanism_is_registered_with_its_card_words() -> None:
     assert about.guarantee.startswith("**Empirical de-identification, not differential privacy.**")
     assert "1 photograph(s) with no detectable face were withheld" in about.what
     assert "differential-privacy" not in about.tags
+
+
+def test_generator_weights_swapped_after_approval_are_refused_before_reading(
+    store, photos, public, tmp_path
+) -> None:
+    """Issue 57, item 5: the plan binds every file the run reads besides the data (the generator's
+    weights, the searched recognisers' models) by sha256; a file changed after the plan stops the
+    run before it reads a photo (refunded), naming the file."""
+    from accounting.errors import TamperError
+    from synth.faces.generator import packaged_weights
+
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(packaged_weights().read_bytes())
+    cfg = FaceDeidConfig.tiny().with_(generator_weights=str(mine))
+    approved = _plan(store, public, cfg)
+    assert str(mine) in approved.detail["bound_files"]
+    assert len(approved.detail["bound_files"]) == 5  # weights, dlib's 2, YuNet and SFace
+    state = torch.load(mine, map_location="cpu", weights_only=True)
+    weights = state.get("netG_state_dict", state)
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name] + 0.01  # another generator of the same architecture
+    torch.save(state, mine)
+    with pytest.raises(TamperError, match="mine.pt changed after the release was approved"):
+        runner.run_charged(
+            store,
+            run_id="r-swap",
+            dataset="faces",
+            data=photos,
+            public=public,
+            mechanism="face-deid",
+            config=cfg,
+            plan=approved,
+            workdir=tmp_path / "w3",
+            acknowledge_non_dp=True,
+            actor="alice",
+        )
+    assert ledger.get_charge(store, "r-swap").state == "refunded"
+    assert not any(e["action"] == "run.sensitive_access" for e in trail.entries(store))
