@@ -112,7 +112,11 @@ def dataset_card(
         "Audit verdicts (details are internal to the publisher):",
         "",
     ]
-    lines += [f"- {name}: {v}" for name, v in sorted(verdicts.items())]
+    parameters = result.get("parameters") or {}
+    lines += [
+        f"- {name}: {v}" + (f"; {note}" if (note := verdict_note(name, parameters)) else "")
+        for name, v in sorted(verdicts.items())
+    ]
     if verdicts.get(BASELINE_CHECK) == "fail":
         lines += ["", BASELINE_NOT_BEATEN]
     if (
@@ -123,6 +127,18 @@ def dataset_card(
         lines += ["", UTILITY_GATE_CHANNEL]
     lines += _version_citation(release, dataset, meta["license"], published_at or datetime.now(UTC))
     return "\n".join(lines) + "\n"
+
+
+def verdict_note(check: str, parameters: dict[str, Any]) -> str:
+    """What a check's row adds beside its verdict: for a face recogniser's re-identification check
+    of a release whose mechanism names the recognisers it searched against, whether this one was
+    searched against or held out ("" otherwise)."""
+    from audit.face_reid import recogniser_of_check, recogniser_role, searched_keys
+
+    key = recogniser_of_check(check)
+    if key is None:
+        return ""
+    return recogniser_role(key, searched_keys(parameters.get("searched_recognisers"))) or ""
 
 
 def card_for(release: dict[str, Any], dataset: dict[str, Any], predicate: ReleasePredicate) -> str:

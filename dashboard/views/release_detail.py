@@ -14,6 +14,7 @@ import streamlit as st
 from dashboard.charts import display_scale, image_grid, to_display
 from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from release import keys, manager, views
+from release.card import verdict_note
 from release.records import Release
 from release.views import Store, guarantee_label
 
@@ -128,12 +129,19 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
         f"Audit {'passed' if report.passed else 'FAILED'} ({len(report.results)} checks, "
         f"{len(report.failures)} failed), checked {short_time(report.checked_at)} UTC."
     )
+    run = manager.get_release(store, rid).result
+    # a face recogniser's row says whether the mechanism searched against it or it was held out
+    parameters = dict(run.parameters) if run else {}
     if not internal:
         # Consumers get verdicts only: summaries, details and plots are computed on sensitive data.
         st.dataframe(
             pd.DataFrame(
                 [
-                    {"check": k, "verdict": VERDICT_ICON.get(v, v)}
+                    {
+                        "check": k,
+                        "verdict": VERDICT_ICON.get(v, v),
+                        "note": verdict_note(k, parameters),
+                    }
                     for k, v in report.verdicts().items()
                 ]
             ),
@@ -164,6 +172,7 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
                         {
                             "check": r.name,
                             "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
+                            "note": verdict_note(r.name, parameters),
                             "summary": r.summary,
                         }
                         for r in results

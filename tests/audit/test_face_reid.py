@@ -340,3 +340,15 @@ def test_k_anonymous_and_dp_releases_of_faces_get_the_attack_too(originals) -> N
     for key in KEYS:
         face = next(r for r in results if r.name == check_name(key))
         assert face.details["mode"] == "unpaired" and face.details["match_rate_training"] == 1.0
+
+
+def test_the_card_says_which_recognisers_the_mechanism_searched_against() -> None:
+    from release.card import verdict_note
+
+    searched = {"searched_recognisers": ["dlib", fr.recogniser("sface").name]}  # keys or names
+    assert verdict_note(check_name("dlib"), searched) == "searched against"
+    assert verdict_note(check_name("sface"), searched) == "searched against"
+    assert verdict_note(check_name("facenet"), searched).startswith("held out")
+    # other mechanisms name none; other checks have no note
+    assert verdict_note(check_name("facenet"), {}) == ""
+    assert verdict_note(RETENTION_CHECK, searched) == ""
