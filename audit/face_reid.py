@@ -491,7 +491,7 @@ def _paired_verdict(d: dict[str, Any], policy: AuditPolicy) -> tuple[bool | None
         limits.append(f"max TAR {limit:g}")
         if rate > limit:
             failed.append("verified")
-    if alpha is not None and p is not None:
+    if alpha and p is not None:  # 0 (or none): rank-1 informational
         limits.append(f"rank-1 above chance at p < {alpha:g} fails")
         if p < alpha:
             failed.append("identified above chance")

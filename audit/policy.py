@@ -92,7 +92,7 @@ class AuditPolicy:
     # share of released faces a recogniser still verifies as their original (TAR at its own
     # threshold; for synthetic releases: matches with training faces above the held-out rate)
     face_max_verification_rate: float | None = 0.05
-    # rank-1 identification above chance (one-sided binomial test) at this level fails
+    # rank-1 identification above chance (one-sided binomial test) at this level fails; 0: never
     face_rank1_alpha: float | None = 0.05
     face_max_rank1_rate: float | None = None  # rank-1 ceiling; informational by default
     # realism of replaced faces (paired releases whose faces stay in place: face-deid): the share
@@ -199,10 +199,10 @@ class AuditPolicy:
                 raise InvalidParameterError(
                     f"audit policy volume_reid_alpha must be strictly between 0 and 1, got {value}."
                 )
-            if f.name == "face_rank1_alpha" and not 0 < value < 1:
+            if f.name == "face_rank1_alpha" and not 0 <= value < 1:
                 raise InvalidParameterError(
-                    f"audit policy face_rank1_alpha must be strictly between 0 and 1 (or omitted "
-                    f"to make rank-1 informational), got {value}."
+                    f"audit policy face_rank1_alpha must be at least 0 and below 1 (0 makes rank-1 "
+                    f"informational: no p-value is below 0), got {value}."
                 )
             if f.name == "sds_clusters" and value < 2:
                 raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
