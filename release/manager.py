@@ -881,36 +881,45 @@ def run_status(store: Store, release_id: str) -> runner.RunStatus:
 def abandon_release(store: Store, release_id: str, actor: str) -> Release:
     """Settle a failed release that will not be resumed: refunded if it never read sensitive data,
     else the DP-SGD steps it started (write-ahead counter) and every re-charge stay charged and the
-    unexecuted remainder is released. It can no longer be resumed."""
+    unexecuted remainder is released. It can no longer be resumed. A release left `running` by a
+    run that died (killed, power lost: its lease's holder is gone) is settled the same way; one
+    whose run is alive is refused."""
     ident = _steward(store, actor)
     rel = _recorded_release(store, release_id)
-    if rel.state != "failed":
+    if rel.state not in ("failed", "running"):
         raise LedgerStateError(
-            f"Release {release_id} is {rel.state}; only a failed release can be abandoned."
+            f"Release {release_id} is {rel.state}; only a failed release (or one whose run died) "
+            "can be abandoned."
         )
     plan = rel.plan
     ds = ledger.get_dataset(store, plan.dataset_id)
-    charge = runner.abandon(
-        store,
-        run_id=release_id,
-        dataset=ds.name,
-        plan=plan.mechanism_view(),
-        workdir=release_dir(store, release_id) / "work",
-        actor=ident.name,
-    )
-    state = charge.state if charge else "none"
-    with store.transaction() as con:
-        _set_state(
-            con,
+    # held until the state is recorded: no new `release run` can start in between
+    lease = runner.acquire_lease(store, release_id, ident.name)
+    try:
+        charge = runner.abandon(
             store,
-            release_id,
-            ("failed",),
-            "failed",
-            ident.name,
-            "release.abandon",
-            {"charge_state": state},
-            reason=f"abandoned by {ident.name} (charge {state})",
+            run_id=release_id,
+            dataset=ds.name,
+            plan=plan.mechanism_view(),
+            workdir=release_dir(store, release_id) / "work",
+            actor=ident.name,
+            lease=lease,
         )
+        state = charge.state if charge else "none"
+        with store.transaction() as con:
+            _set_state(
+                con,
+                store,
+                release_id,
+                ("failed", "running"),
+                "failed",
+                ident.name,
+                "release.abandon",
+                {"charge_state": state},
+                reason=f"abandoned by {ident.name} (charge {state})",
+            )
+    finally:
+        lease.release()
     return get_release(store, release_id)
 
 

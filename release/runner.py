@@ -47,6 +47,11 @@ class RunInProgressError(LedgerStateError):
     """Another process or thread holds this run's lease."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager's or `kill`'s stop) during a run: handled as a Ctrl-C, so that the
+    run settles its charge and leaves the release failed, never `running` with a dead holder."""
+
+
 @dataclass(frozen=True)
 class RunResult:
     output: MechanismOutput
@@ -135,7 +140,11 @@ def acquire_lease(store: Store, run_id: str, actor: str) -> Lease:
                 raise RunInProgressError(
                     f"Run {run_id} is already running (by {old['holder']}, pid {old['pid']} on "
                     f"{old['host']}, since {old['acquired_at'][:19]}). Wait for it to finish, then "
-                    f"see `privrelease release show {run_id}`."
+                    f"see `privrelease release show {run_id}`. If it hangs, stop it (`kill "
+                    f"{old['pid']}` on {old['host']}; another host's lease also lapses "
+                    f"{LEASE_TTL_S:.0f} s after its last heartbeat), then resume it with "
+                    f"`privrelease release run {run_id}` or settle it with `privrelease release "
+                    f"abandon {run_id}`."
                 )
             trail.append(
                 con,
@@ -349,6 +358,8 @@ def run_charged(
 
 def why(exc: BaseException) -> str:
     """A failure in words for the store (a Ctrl-C's KeyboardInterrupt has no message of its own)."""
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C / SIGINT)"
     return f"{type(exc).__name__}: {exc}"
@@ -442,10 +453,14 @@ def abandon(
     plan: MechanismPlan,
     workdir: Path,
     actor: str = "system",
+    lease: Lease | None = None,
 ) -> ledger.Charge | None:
     """Settle a run that will not be resumed: refunded if it never read sensitive data, else the
-    steps started (write-ahead counter) and every re-charge are committed, the rest released."""
-    lease = acquire_lease(store, run_id, actor)
+    steps started (write-ahead counter) and every re-charge are committed, the rest released. A
+    run whose holder died (killed, or a host whose heartbeat lapsed) is taken over first; a live
+    holder's is refused (RunInProgressError). With `lease` the caller keeps and releases it."""
+    own = lease is None
+    lease = acquire_lease(store, run_id, actor) if lease is None else lease
     try:
         charge_id = lease.row["charge_id"]
         charge = ledger.get_charge(store, charge_id) if charge_id else None
@@ -458,7 +473,8 @@ def abandon(
         _settle(store, dataset, plan, charge_id, Path(workdir), actor)
         return ledger.get_charge(store, charge_id)
     finally:
-        lease.release()
+        if own:
+            lease.release()
 
 
 def run_direct(

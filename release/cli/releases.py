@@ -175,36 +175,45 @@ def run(
                 progress(stage, done, total)
 
             rel = manager.run_release(store(), release_id, name, track, nproc=nproc)
-    except KeyboardInterrupt:
-        _print_interrupted(release_id, name, last[0] if last else None)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        from release.runner import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        _print_interrupted(release_id, name, last[0] if last else None, terminated)
+        raise typer.Exit(143 if terminated else 130) from None
     _print_outcome(rel)
 
 
 @contextmanager
 def _second_interrupt_waits() -> Iterator[None]:
-    """The first Ctrl-C stops the run; while the store records that (state, refund), a second one
-    only says to wait, so that it cannot leave the release half-recorded."""
+    """The first Ctrl-C (or SIGTERM, what a service manager or `kill` sends) stops the run; while
+    the store records that (state, refund), a second one only says to wait, so that it cannot leave
+    the release half-recorded."""
+    from release.runner import Terminated
 
     def first(signum, frame) -> None:
         signal.signal(signal.SIGINT, later)
-        raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, later)
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
     def later(signum, frame) -> None:
         err_console.print("Stopping: recording the interruption in the store, one moment.")
 
-    previous = signal.signal(signal.SIGINT, first)
+    previous = {sig: signal.signal(sig, first) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _events(events) -> str:
     return "; ".join(e.describe() for e in events)
 
 
-def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] | None) -> None:
+def _print_interrupted(
+    release_id: str, actor: str, stage: tuple[str, int, int] | None, terminated: bool = False
+) -> None:
     """What a Ctrl-C left behind: the release's state, what is charged, and the commands that go
     on."""
     s = store()
@@ -214,7 +223,8 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
     def say(text: str) -> None:  # verbatim, and unwrapped so that a command stays on one line
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    say(f"Interrupted (Ctrl-C){where}: release {release_id} is {rel.state}.")
+    how = "Terminated (SIGTERM)" if terminated else "Interrupted (Ctrl-C)"
+    say(f"{how}{where}: release {release_id} is {rel.state}.")
     resume = f"privrelease release run {release_id} --as {actor}"
     if rel.state in ("approved", "planned"):
         say(f"Charged: nothing (it stopped before reserving any budget). Run it: {resume}")
@@ -259,8 +269,8 @@ def _print_interrupted(release_id: str, actor: str, stage: tuple[str, int, int] 
 
 @app.command("abandon")
 def abandon(release_id: str, actor: str = AS) -> None:
-    """Settle a failed release for good: refunded if it never read the data, else the steps it
-    started stay charged."""
+    """Settle a failed release for good (or one left running by a run that was killed): refunded if
+    it never read the data, else the steps it started stay charged."""
     rel = manager.abandon_release(store(), release_id, _actor(actor))
     console.print(f"[yellow]Abandoned[/] {release_id}: {escape(rel.reason or '')}")
 

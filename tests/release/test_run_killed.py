@@ -1,0 +1,162 @@
+"""No release is left in a state that no command settles (issue 57): a `release run` killed after it
+read the data (SIGKILL: no handler runs) used to leave the release `running`, which `release
+abandon` refused, with its charge reserved for ever. Its lease names a holder that is gone, so
+`release abandon` takes it over and settles the charge by the ledger's rules (what ran after
+reading stays charged, nothing twice), and the audit trail still verifies. SIGTERM, what a service
+manager sends, stops a run as Ctrl-C does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from accounting import ledger, trail
+from accounting.store import Store, Workspace
+from release import keys, manager, runner
+from release.data import register_from_source
+from release.spec import ReleaseSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATOR = "DP-MERF generator"  # a progress stage after the data was read (the query before it)
+
+
+def _approved(tmp_path: Path) -> tuple[Store, str]:
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    store = Store(ws)
+    keys.create_identity(store, "alice", "steward", actor="alice")
+    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    spec = {
+        "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
+        "merf": {
+            "epsilon": 4.0,
+            "preset": "tiny",
+            "steps": 1_000_000,  # far longer than the test waits: killed mid-training
+            "teacher_labels": False,
+            "perceptual_share": 0,
+        },
+    }
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    store.backend.release()  # the run's process opens the store next
+    return store, rel.release_id
+
+
+def _env(store: Store) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PRIVRELEASE_HOME": str(store.workspace.root),
+        "PYTHONPATH": str(ROOT),
+        "PRIVRELEASE_THREADS": "1",
+    }
+
+
+def _cli(store: Store, *args: str) -> subprocess.CompletedProcess:
+    store.backend.release()
+    return subprocess.run(
+        [sys.executable, "-c", "from release.entry import main; main()", *args],
+        cwd=ROOT,
+        env=_env(store),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _run_until(store: Store, release_id: str, trigger: str) -> tuple[subprocess.Popen, str]:
+    """`privrelease release run` in its own process, returned (still running) once a progress line
+    names `trigger`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from release.entry import main; main()"]
+        + ["release", "run", release_id, "--as", "alice"],
+        cwd=ROOT,
+        env=_env(store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    deadline = time.monotonic() + 300
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if trigger in line:
+            return proc, "".join(seen)
+        assert time.monotonic() < deadline, "".join(seen)
+    raise AssertionError(f"the run ended before {trigger!r}: {''.join(seen)}")
+
+
+def _actions(store: Store, release_id: str) -> list[str]:
+    """The release's trail entries, oldest first (charges name their run id in `run_id`)."""
+    return [
+        e["action"]
+        for e in reversed(trail.entries(store))
+        if release_id in (e["payload"].get("release_id"), e["payload"].get("run_id"))
+    ]
+
+
+def test_a_run_killed_after_reading_the_data_is_settled_by_release_abandon(tmp_path) -> None:
+    store, rid = _approved(tmp_path)
+    proc, _ = _run_until(store, rid, GENERATOR)
+    # while its holder lives, nothing else settles or runs it; the message says how to stop it
+    with pytest.raises(runner.RunInProgressError) as alive:
+        manager.abandon_release(store, rid, "alice")
+    assert f"kill {proc.pid}" in str(alive.value) and f"release abandon {rid}" in str(alive.value)
+    proc.kill()  # SIGKILL: no handler, no finally
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    rel = manager.get_release(store, rid)
+    status = manager.run_status(store, rid)
+    assert rel.state == "running" and status.accessed and status.charge.state == "reserved"
+    reserved = status.charge.planned_events
+
+    settled = _cli(store, "release", "abandon", rid, "--as", "alice")
+    assert settled.returncode == 0, settled.stdout + settled.stderr
+    assert "Abandoned" in settled.stdout and "charge committed" in settled.stdout
+    rel = manager.get_release(store, rid)
+    assert rel.state == "failed" and "abandoned by alice (charge committed)" in rel.reason
+    # the query ran on the data: charged once, in full; nothing else of this release is reserved
+    [charge] = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    assert charge.state == "committed" and charge.charged_events == reserved
+    assert _actions(store, rid) == [
+        "release.plan",
+        "release.approve",
+        "release.run",
+        "budget.reserve",
+        "run.sensitive_access",
+        "run.lease_takeover",  # the dead holder's lease, taken over by abandon
+        "budget.commit",
+        "release.abandon",
+    ]
+    verified = _cli(store, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    # settled for good: a new run cannot recompute it without a new charge
+    again = _cli(store, "release", "run", rid, "--as", "alice")
+    assert again.returncode == 2 and "already settled" in again.stderr, again.stderr
+    assert ledger.get_charge(store, charge.run_id).state == "committed"
+
+
+@pytest.mark.slow  # another run of half a minute; the SIGKILL test above covers the settling
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path) -> None:
+    store, rid = _approved(tmp_path)
+    proc, _ = _run_until(store, rid, GENERATOR)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    text = " ".join(out.split())
+    assert proc.returncode == 143, text
+    assert f"Terminated (SIGTERM) during {GENERATOR}" in text and "Traceback" not in text
+    assert f"privrelease release abandon {rid} --as alice" in text
+    rel = manager.get_release(store, rid)
+    assert rel.state == "failed" and rel.reason == "terminated (SIGTERM)"
+    lease = store.query("SELECT token FROM run_leases WHERE run_id = ?", [rid])
+    assert lease[0]["token"] is None  # given back: the next command needs no takeover
+    manager.abandon_release(store, rid, "alice")
+    [charge] = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    assert charge.state == "committed"
