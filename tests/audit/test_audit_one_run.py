@@ -219,3 +219,26 @@ def test_cli_audit_implementation(tmp_path):
     bad.write_text('[release]\ndataset = "mnist"\nmechanism = "ksalsa"\n[ksalsa]\nk = 5\n')
     r = runner.invoke(app, ["--workspace", str(ws), "audit", "implementation", str(bad)])
     assert isinstance(r.exception, InvalidParameterError) and "no DP-SGD" in str(r.exception)
+
+
+def test_cli_audit_implementation_refuses_a_mechanism_without_a_registered_trainer(tmp_path):
+    # issue 55: a merf spec with DP labels plans a DP-SGD event but registers no trainer; the audit
+    # read the clipping norm from its config (which has none) and raised a bare AttributeError
+    from release.cli import app
+
+    runner = CliRunner()
+    ws = tmp_path / "ws"
+    assert runner.invoke(app, ["--workspace", str(ws), "init", "--steward", "alice"]).exit_code == 0
+    register = ["dataset", "register", "mnist", "--source", "builtin:mnist5k"]
+    budget = ["--epsilon", "10", "--delta", "1e-5", "--as", "alice"]
+    r = runner.invoke(app, ["--workspace", str(ws), *register, *budget])
+    assert r.exit_code == 0, r.output
+    spec = tmp_path / "merf.toml"
+    spec.write_text(
+        '[release]\ndataset = "mnist"\nmechanism = "merf"\n[merf]\nepsilon = 3.0\npreset = "tiny"'
+        "\nteacher_labels = true\n"
+    )
+    r = runner.invoke(app, ["--workspace", str(ws), "audit", "implementation", str(spec)])
+    assert isinstance(r.exception, InvalidParameterError), r.exception
+    message = str(r.exception)
+    assert "'merf' registers no DP-SGD trainer" in message and "applies to privimage" in message
