@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,8 +35,6 @@ def dashboard(
     port: int = typer.Option(8501, "--port"), host: str = typer.Option("127.0.0.1", "--host")
 ) -> None:
     """Start the Streamlit dashboard on localhost over this workspace."""
-    import subprocess
-
     app_path = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     env_ws = str(workspace().root.resolve())
     cmd = [
@@ -54,9 +53,10 @@ def dashboard(
         "false",
     ]
     console.print(f"Dashboard on http://{host}:{port} (workspace {env_ws}); Ctrl-C to stop.")
-    raise SystemExit(
-        subprocess.call(cmd, env={**__import__("os").environ, "PRIVRELEASE_HOME": env_ws})
-    )
+    sys.stdout.flush()
+    # this process becomes the server (same pid): SIGTERM or SIGKILL from a service manager stops
+    # it, where a child started by subprocess outlived the command as an orphan serving the data
+    os.execve(sys.executable, cmd, {**os.environ, "PRIVRELEASE_HOME": env_ws})
 
 
 @app.callback()
