@@ -8,40 +8,28 @@ from typing import Any
 from accounting.errors import InvalidParameterError
 from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity
 
-# The kernel's bandwidth, per pixel of the generator's images (28x28 = 784 pixels). WIDE is
-# DPImageBench's and FETA-Pro's (rff_sigma 105 for 28x28 images); NARROW matches finer detail and
-# was measured far better where the embedding's noise is small, and to collapse into noise
-# where it is not (BENCHMARKS.md, "DP-MERF's kernel bandwidth"). With `bandwidth = None` the
-# kernel is chosen from the noise on a class's mean embedding relative to its unit norm,
-# sigma * sqrt(n_features) / (records per class): public quantities (the plan's sigma, the
-# registered count and label set), so the choice spends no privacy.
+# The "auto" settings below are decided at plan time from public quantities only (the plan's sigma,
+# the registered count and label set), so deciding spends no privacy. Each limit sits between
+# the measured settings that worked and those that did not (BENCHMARKS-NOTEBOOK.md, the DP-MERF
+# sections and "Measurement history from the code").
+
+# Kernel bandwidth per pixel (28x28 = 784): WIDE is DPImageBench's and FETA-Pro's (rff_sigma 105);
+# NARROW draws finer detail but collapses into noise when the class embeddings are noisy, so it
+# is chosen only up to a relative noise on a class's mean embedding (relative_noise).
 WIDE_BANDWIDTH_PER_PIXEL = 105 / 784
 NARROW_BANDWIDTH_PER_PIXEL = 10 / 784
-NARROW_MAX_RELATIVE_NOISE = 0.1  # measured: 0.05 and 0.084 good, 0.64 collapsed
-# With perceptual features beside them, the pixel features kept the narrow kernel at more noise:
-# measured good at 0.118 (MNIST-5k, epsilon 10) and 0.138 (Fashion-MNIST, epsilon 1), each class
-# drawn recognisably (BENCHMARKS.md, "Perceptual features at epsilon 1"); past 0.15 unmeasured.
-NARROW_MAX_NOISE_WITH_PERCEPTUAL = 0.15
-# teacher_labels = "auto": DP labels where the query, left `query_share` of epsilon, still keeps the
-# narrow kernel (the same public test). Measured (BENCHMARKS.md, "DP labels for DP-MERF"): there
-# (Fashion-MNIST, 5,500 a class, epsilon 1 and 10) the labels gained; where the share pushed the
-# query to the wide kernel (MNIST-5k, 400 a class, epsilon 10) they cost a little.
+NARROW_MAX_RELATIVE_NOISE = 0.1  # good at 0.05 and 0.084, collapsed at 0.64
+# with perceptual features beside them the pixel features keep the narrow kernel at more noise
+NARROW_MAX_NOISE_WITH_PERCEPTUAL = 0.15  # good at 0.118 and 0.138; above 0.15 unmeasured
+# teacher_labels = "auto": DP labels where the query, left `query_share` of epsilon, still keeps
+# the narrow kernel (they gained there and cost a little where the query fell to the wide one)
 TEACHER_AUTO = "auto"
-# perceptual_share = "auto": perceptual features (synth.merf.perceptual) take this share of each
-# record's unit norm where the pixel features, left the rest, still keep the narrow kernel (the
-# same public test, on the pixel part's noise, relative_noise / sqrt(1 - share), with the limit
-# measured with perceptual features). Measured (BENCHMARKS.md, "Perceptual features for DP-MERF"
-# and "Perceptual features at epsilon 1"): on, they gained on Fashion-MNIST at epsilon 1 and 10
-# and on MNIST-5k at epsilon 10; where the test fails, the query is too noisy for the narrow
-# kernel and auto leaves them off, as every earlier row there was measured.
+# perceptual_share = "auto": perceptual features take PERCEPTUAL_SHARE of each record's unit norm
+# where the pixel features, left the rest, still keep the narrow kernel (narrow_limit); else off
 PERCEPTUAL_AUTO = "auto"
 PERCEPTUAL_SHARE = 0.5
-# steps = "auto": the generator's updates. LONG_STEPS where the pixel features' noise (pixel_noise,
-# public) is at most LONG_STEPS_MAX_NOISE, else STEPS. Measured (BENCHMARKS.md, "A longer-trained
-# generator"): where the summary is precise (Fashion-MNIST at epsilon 10, pixel noise 0.017) twice
-# the updates gained in both runs; where it is noisier they gained under a point for twice the time
-# (MNIST-5k at epsilon 10, 0.118) or scored within the spread of two default runs and took the
-# release past ten minutes on two CPU cores (Fashion-MNIST at epsilon 1, 0.138).
+# steps = "auto": LONG_STEPS generator updates where the pixel features' noise is at most
+# LONG_STEPS_MAX_NOISE (a point gained at 0.017; under a point, for twice the time, at 0.118)
 STEPS_AUTO = "auto"
 STEPS = 2000
 LONG_STEPS = 4000
@@ -67,7 +55,7 @@ def pixel_noise(
 
 def narrow_limit(perceptual_share: float) -> float:
     """The most noise on the pixel features at which the narrow kernel is chosen: higher where
-    perceptual features take part of the query (measured)."""
+    perceptual features take part of the query."""
     return NARROW_MAX_NOISE_WITH_PERCEPTUAL if perceptual_share > 0 else NARROW_MAX_RELATIVE_NOISE
 
 

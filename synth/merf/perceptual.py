@@ -3,7 +3,7 @@ per-channel means and standard deviations of the early feature maps of an ImageN
 EfficientNet-Lite0 (public weights, no sensitive data in them), unit norm per image. The generator
 matches their noisy class means inside the same query as the pixel features (embedding.FeatureMap),
 which passes on edges and textures that a pixel kernel blurs (sandals' straps, looked at).
-Measured: BENCHMARKS.md, "Perceptual features for DP-MERF"."""
+Measured: BENCHMARKS-NOTEBOOK.md, "Perceptual features for DP-MERF"."""
 
 from __future__ import annotations
 

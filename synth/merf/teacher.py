@@ -6,7 +6,7 @@ sampling, per-example clipping to norm 1, Gaussian noise from the secure sampler
 own event beside the query. Its predictions on the drawn images are post-processing of it. Why: on
 Fashion-MNIST the generator's images are drawn well enough to train on, but a class's average look
 (shirt, pullover, coat) does not say where the real classes' borders run; a classifier trained on
-the real images does (BENCHMARKS.md, "DP labels")."""
+the real images does (BENCHMARKS-NOTEBOOK.md, "DP labels")."""
 
 from __future__ import annotations
 

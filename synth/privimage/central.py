@@ -29,9 +29,8 @@ from synth.privimage.config import CENTRAL_AUTO
 CENTRAL = "central.npz"
 SENSITIVITY = math.sqrt(2.0)
 # central_images = "auto": AUTO_QUERIES central images per class where the noise on their pixels
-# is at most AUTO_MAX_PIXEL_NOISE of the pixel range, else none. Measured (BENCHMARKS.md, "DP
-# central images at full scale"): noise 0.019 (Fashion-MNIST, 6,000 per class) and 0.11 (10,000
-# of them, a reduced run) helped at epsilon 1; 0.28 (MNIST-5k, 400 per class) wrecked the samples.
+# is at most AUTO_MAX_PIXEL_NOISE of the pixel range, else none: noise 0.019 and 0.11 helped at
+# epsilon 1, 0.28 wrecked the samples (BENCHMARKS-NOTEBOOK.md, "DP central images at full scale").
 AUTO_QUERIES = 2
 AUTO_MAX_PIXEL_NOISE = 0.15
 

@@ -62,10 +62,9 @@ def _check_decay(value: object) -> float:
 
 # The demo preset's numbers (PrivImageConfig.demo); `make reproduce` runs the same recipe on CPU.
 # vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four (CNN
-# 0.883 against 0.831 at epsilon 10, BENCHMARKS.md "Private vote"). max_physical_batch 320: a
-# Poisson batch of expected size 250 (sd ~15) almost always fits one pass; at 125 it took two or
-# three, and a DP-SGD step was 3-12% slower on 2 CPU cores (BENCHMARKS.md, "DP-SGD step cost: what
-# the rows say").
+# 0.883 against 0.831 at epsilon 10; BENCHMARKS-NOTEBOOK.md, "Private vote").
+# max_physical_batch 320: a Poisson batch of expected size 250 (sd ~15) almost always fits one
+# pass; smaller passes made a DP-SGD step 3-12% slower on 2 CPU cores.
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6,
     unet_channels=(16, 32, 32),

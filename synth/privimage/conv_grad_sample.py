@@ -19,9 +19,9 @@ re-normalisation, product and two reductions.
 `install()` registers it with opacus for nn.Conv2d (and `group_norm_grad_sample` for nn.GroupNorm)
 through opacus' own extension point (`register_grad_sampler`); what it does not cover goes to
 opacus' sampler unchanged: grouped or string-padded convolutions, and tensors off the CPU (on an
-H200 the grouped backward was slower than opacus' samplers; BENCHMARKS.md, "DP-SGD step cost on one
-GPU"). The gradients are those of one backward pass per example (tested to float rounding); only how
-they are computed changes, so clipping, noise and accounting are untouched.
+H200 the grouped backward was slower than opacus' samplers; BENCHMARKS-NOTEBOOK.md, "DP-SGD step
+cost on one GPU"). The gradients are those of one backward pass per example (tested to float
+rounding); only how they are computed changes, so clipping, noise and accounting are untouched.
 
 `per_example_gradients_only(model)` also stops autograd from computing each Conv2d's *summed* weight
 and bias gradients during the DP backward pass: opacus' optimiser never reads them (it overwrites

@@ -34,7 +34,7 @@ EMBEDDING = "frequency_embedding.npz"  # in the run's workdir: the noisy answer,
 IMAGES = "frequency_images.npz"  # the generator's images (post-processing), for a resumed run
 # frequency_warmup = "auto": on where the noise on a class's mean embedding, as a share of the
 # largest norm that embedding can have (1), is at most this: sigma * sqrt(features) / class size.
-# Measured (BENCHMARKS.md, "Frequency warm-up"): Fashion-MNIST (5,500 a class, 0.31 at the
+# Measured (BENCHMARKS-NOTEBOOK.md, "Frequency warm-up"): Fashion-MNIST (5,500 a class, 0.31 at the
 # defaults) gains; MNIST-5k (400 a class, 4.2) would pre-train on noise.
 AUTO_MAX_NOISE = 0.5
 

@@ -5,9 +5,9 @@ DDIM update and DP-SGD's clipping and noise in float32. On a CPU with AVX512-BF1
 the cost of a sampling step; without native support it is emulated and slower, so "auto" only picks
 it there. On a GPU "auto" is float32: on an H200 bfloat16 did not pay for our small UNets (32/64/64
 UNet, batch 500: plain step equal, DP-SGD step 25% and sampling step 18% slower in bfloat16;
-BENCHMARKS.md, "DP-SGD step cost on one GPU"); an explicit "bfloat16" still runs there. Precision
-changes what the model computes, never what is charged: DP-SGD clips and noises whatever per-example
-gradient it is given, so the guarantee is the same in either precision."""
+BENCHMARKS-NOTEBOOK.md, "DP-SGD step cost on one GPU"); an explicit "bfloat16" still runs there.
+Precision changes what the model computes, never what is charged: DP-SGD clips and noises
+whatever per-example gradient it is given, so the guarantee is the same in either precision."""
 
 from __future__ import annotations
 

@@ -456,8 +456,8 @@ def _scale_grad(self: DPOptimizer) -> None:
     """opacus' DPOptimizer.scale_grad, reading `accumulated_iterations` once per step: opacus reads
     that property (a pass over every parameter's per-sample gradients) once per parameter, O(P^2)
     Python work: 3.9 ms a step for the demo UNet's 143 tensors on this project's 2-core VM, 0.3 ms
-    read once; host time a GPU step, launch-bound at these sizes, pays in full (BENCHMARKS.md,
-    "DP-SGD step cost: what the rows say")."""
+    read once; host time a GPU step, launch-bound at these sizes, pays in full
+    (BENCHMARKS-NOTEBOOK.md, "DP-SGD step cost: what the rows say")."""
     if self.loss_reduction == "mean":
         divisor = self.expected_batch_size * self.accumulated_iterations
         torch._foreach_div_([p.grad for p in self.params], divisor)
