@@ -377,7 +377,9 @@ def build_config(
         if preset == "default":
             return cls(**{**base, **overrides})
         return dataclasses.replace(getattr(cls, preset)(**base), **overrides)
-    except InvalidParameterError:
-        raise  # already says which table and field
+    except InvalidParameterError as exc:
+        if str(exc).startswith("["):
+            raise  # already names its table
+        raise InvalidParameterError(f"[{table}] {exc}") from exc
     except (TypeError, OverflowError, ValueError) as exc:
         raise InvalidParameterError(f"[{table}] {exc}") from exc
