@@ -242,7 +242,7 @@ def test_plan_card_shows_epsilon_preview_and_warnings(built):
 
 def test_plan_card_lists_the_mechanisms_choices(built):
     spec = {"release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100}}
-    merf = {"epsilon": 8.0, "steps": 5, "n_features": 256, "perceptual_share": 0}
+    merf = {"epsilon": 7.0, "steps": 5, "n_features": 256, "perceptual_share": 0}
     rel = manager.create_plan(built.store, ReleaseSpec.from_dict({**spec, "merf": merf}), "alice")
     text = texts(sign_in("alice", "Releases"))
     assert rel.release_id in text
