@@ -187,7 +187,7 @@ def yunet_at(
     return rows[best] if ious[best] >= 0.3 else None
 
 
-class _YuNetRecogniser:
+class YuNetRecogniser:
     """Shared by SFace and FaceNet: YuNet finds the faces, a subclass aligns and embeds one."""
 
     key = ""
@@ -214,7 +214,7 @@ class _YuNetRecogniser:
         return Sighting(_yunet_box(r), float(r[14]), yunet_points(r), self.embed_row(rgb, r))
 
 
-class SFaceRecogniser(_YuNetRecogniser):
+class SFaceRecogniser(YuNetRecogniser):
     key = "sface"
 
     def files(self) -> list[Path]:
@@ -259,7 +259,7 @@ def facenet_embed(crops: np.ndarray) -> np.ndarray:
     return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
-class FaceNetRecogniser(_YuNetRecogniser):
+class FaceNetRecogniser(YuNetRecogniser):
     key = "facenet"
 
     def files(self) -> list[Path]:

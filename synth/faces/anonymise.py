@@ -298,16 +298,18 @@ def _judge(
     tools: Tools,
 ) -> Judgement:
     cut = window.cut(image)
+    row = fr.yunet_at(cut, window.box)  # once: the realism measure and YuNet-based recognisers
     distances = []
     for rec, ref in zip(tools.recognisers, references, strict=True):
         if ref is None:  # this recogniser never saw the original face: nothing to move from
             distances.append(float("inf"))
             continue
-        seen = rec.at(cut, window.box)
-        distances.append(
-            float("inf") if seen is None else float(rec.distances(seen.embedding, ref)[0])
-        )
-    row = fr.yunet_at(cut, window.box)
+        if isinstance(rec, fr.YuNetRecogniser):
+            emb = None if row is None else rec.embed_row(cut, row)
+        else:
+            seen = rec.at(cut, window.box)
+            emb = None if seen is None else seen.embedding
+        distances.append(float("inf") if emb is None else float(rec.distances(emb, ref)[0]))
     if row is None or anchor is None:
         return Judgement(tuple(distances), 0.0 if row is None else float(row[14]), float("inf"))
     points = fr.yunet_points(row)
@@ -372,7 +374,7 @@ def anonymise_face(
                 if farthest is None or worst > farthest[0]:
                     farthest = (worst, judged, candidate)
         # stop at the first round with a realistic candidate far enough for every recogniser
-        if any(j.realistic(cfg.landmark_tolerance) for j, _ in passing):
+        if any(p[0].realistic(cfg.landmark_tolerance) for p in passing):
             break
     if passing:
         realistic = [p for p in passing if p[0].realistic(cfg.landmark_tolerance)]

@@ -78,7 +78,7 @@ def test_a_search_over_every_audit_recogniser_is_refused_before_storing(ws, tmp_
     assert "acknowledge_no_held_out" in str(r.exception)
     assert _releases(ws) == []
     # the same search against a policy that adds nothing beyond it: still refused
-    spec = _spec(tmp_path, "", 'face_recognisers = ["dlib", "sface"]')
+    spec = _spec(tmp_path, "", 'face_recognisers = ["sface", "facenet"]')
     r = _cli(ws, "release", "plan", spec, "--as", "alice")
     assert isinstance(r.exception, InvalidParameterError)
     assert _releases(ws) == []

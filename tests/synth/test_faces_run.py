@@ -103,9 +103,9 @@ def test_the_plan_claims_no_dp_and_needs_acknowledgement(public) -> None:
     assert "NO differential-privacy guarantee" in plan.warnings[0]
     assert "withheld" in plan.warnings[1]
     # the search's recognisers and their targets, and what release/ holds the audit against
-    assert "dlib 0.75, sface 0.85" in plan.detail["guarantee_description"]
-    assert plan.detail["searched_recognisers"] == ["dlib", "sface"]
-    assert plan.detail["search_targets"] == {"dlib": 0.75, "sface": 0.85}
+    assert "sface 0.85, facenet 1.3" in plan.detail["guarantee_description"]
+    assert plan.detail["searched_recognisers"] == ["sface", "facenet"]
+    assert plan.detail["search_targets"] == {"sface": 0.85, "facenet": 1.3}
     assert plan.detail["no_held_out_acknowledged"] is False
 
 
@@ -185,10 +185,10 @@ def test_full_run_replaces_every_face_and_withholds_the_photo_without_one(
     assert ("face-deid: photos", 4, 4) in bars
     faces = out.internal["faces"]
     assert len(faces["3"]) == 2 and faces["2"] == []
-    assert p["searched_recognisers"] == ["dlib", "sface"]
+    assert p["searched_recognisers"] == ["sface", "facenet"]
     # every released face fails verification for each searched recogniser, measured here with
     # each one's own pipeline on the whole photo (not the search's window)
-    for key in ("dlib", "sface"):
+    for key in ("sface", "facenet"):
         rec = fr.recogniser(key)
         for row, src in enumerate([0, 1, 3]):
             assert not np.array_equal(out.images[row], photos.images[src])
@@ -274,7 +274,7 @@ def test_generator_weights_swapped_after_approval_are_refused_before_reading(
     cfg = FaceDeidConfig.tiny().with_(generator_weights=str(mine))
     approved = _plan(store, public, cfg)
     assert str(mine) in approved.detail["bound_files"]
-    assert len(approved.detail["bound_files"]) == 5  # weights, dlib's 2, YuNet and SFace
+    assert len(approved.detail["bound_files"]) == 4  # weights, YuNet, SFace, FaceNet
     state = torch.load(mine, map_location="cpu", weights_only=True)
     weights = state.get("netG_state_dict", state)
     name = next(k for k, v in weights.items() if v.is_floating_point())
