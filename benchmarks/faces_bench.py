@@ -479,7 +479,10 @@ def speed_table(n: int) -> str:
                 f"{deid:.0f}",
                 f"{wall:.0f}",
                 f"{cpu:.0f}",
-                "passed" if report["passed"] else "failed",
+                "passed"
+                if report["passed"]
+                else "failed: "
+                + ", ".join(r["name"] for r in report["results"] if r["passed"] is False),
                 f"{load:.1f} -> {os.getloadavg()[0]:.1f}",
             ]
         ],

@@ -141,6 +141,12 @@ class FaceGeometry:
             )
             if fitted is not None and _plausible(fitted, matrix):
                 matrix = fitted
+            else:  # a pose the generated face cannot take by an affine map: its best similarity
+                partial, _ = cv2.estimateAffinePartial2D(
+                    fr.yunet_points(rows[0]), anchor - np.array([x0, y0]), method=cv2.LMEDS
+                )
+                if partial is not None and _plausible(partial, matrix):
+                    matrix = partial
         layer = cv2.warpAffine(
             gen64,
             matrix,
