@@ -175,7 +175,9 @@ def test_blocks_that_are_not_heads_are_refused_at_registration(folder, store) ->
     it: random blocks fit nowhere (issue 57: a failed fit was recorded, never judged)."""
     if not colin_available():
         pytest.skip("Colin27 (mricron-data) or pydeface is not installed")
-    with pytest.raises(DataFormatError, match="does not fit this image|fits the template best|covers .* voxels"):
+    with pytest.raises(
+        DataFormatError, match="does not fit this image|fits the template best|covers .* voxels"
+    ):
         register_from_source(store, "heads", str(folder), 10.0, 1e-5)
     assert ledger.list_datasets(store) == []
 
