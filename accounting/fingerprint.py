@@ -36,7 +36,7 @@ def record_fingerprints(key: bytes, images: np.ndarray) -> list[str]:
 
 def volumes_fingerprint(key: bytes, records: list[bytes]) -> str:
     """HMAC-SHA256 over a volume set: each record's canonical bytes (dtype, shape, voxels, affine,
-    scaling; `synth.mri.volume.Volume.stored_bytes`) in record order, with a domain tag so that a
+    scaling; `synth.kinds.volume.Volume.stored_bytes`) in record order, with a domain tag so that a
     volume set never shares a fingerprint with an image set."""
     mac = hmac.new(key, b"privrelease volume set v1", digestmod=hashlib.sha256)
     mac.update(repr(len(records)).encode())

@@ -43,7 +43,7 @@ import torch
 from accounting.errors import InvalidParameterError
 from audit.one_run import OneRunBound, one_run_bound
 from synth import registry
-from synth.datasets import ImageDataset, to_format
+from synth.kinds.datasets import ImageDataset, to_format
 from synth.progress import ProgressFn, no_progress
 
 # dp_finetune's signature; returns an object with `.weights` (state dict)

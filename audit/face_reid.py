@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,9 @@ import numpy as np
 from audit.images import sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth import face_models as fm
-from synth import face_recognisers as fr
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
 
 CHECK = "face_reidentification"  # one check per recogniser: face_reidentification[KEY]
 GEOMETRY_CHECK = "face_geometry"
@@ -64,7 +65,8 @@ def check_name(key: str) -> str:
 
 # ------------------------------------------------------------------ recognisers
 class EmbedderRecogniser:
-    """A `synth.face_models` embedder (policy `face_embedder`, or a benchmark's) run the way dlib's
+    """A `synth.tools.face_models` embedder (policy `face_embedder`, or a benchmark's) run the way
+    dlib's
     pipeline runs: CenterFace, dlib's 68 landmarks, then the embedder; Euclidean distance."""
 
     def __init__(self, embedder: fm.Embedder, key: str) -> None:
@@ -83,6 +85,9 @@ class EmbedderRecogniser:
 
     def distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.linalg.norm(np.atleast_2d(a) - np.atleast_2d(b), axis=-1)
+
+    def files(self) -> list[Path]:
+        return []  # a user's embedder: its files are its own
 
 
 def as_recogniser(attacker: fr.Recogniser | fm.Embedder) -> fr.Recogniser:
@@ -146,7 +151,7 @@ class SightingIndex:
 
 @dataclass
 class FaceIndex:
-    """Detected faces and their embeddings with a `synth.face_models` embedder, per image (the
+    """Detected faces and their embeddings with a `synth.tools.face_models` embedder, per image (the
     benchmarks' identity tables use it)."""
 
     embedder: fm.Embedder

@@ -11,7 +11,7 @@ import torch
 from audit.images import content_key, sample_idx, scoped_cache, to_pm1
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 METRIC_NAME = "FID (EfficientNet-Lite0 features)"
 CHECK_FID = "fid_efficientnet_lite0"
@@ -24,13 +24,13 @@ class EfficientNetLite0Features(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from synth.features import efficientnet_lite0
+        from synth.tools.pretrained_cnn import efficientnet_lite0
 
         self.net = efficientnet_lite0("cpu")
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from synth.features import pooled_features, prepare
+        from synth.tools.pretrained_cnn import pooled_features, prepare
 
         return pooled_features(self.net, prepare(x.float()))
 

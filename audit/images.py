@@ -81,7 +81,7 @@ def embed_images(images: np.ndarray) -> np.ndarray:
     audit."""
     import torch
 
-    from synth.features import embed
+    from synth.tools.pretrained_cnn import embed
 
     cache = scoped_cache()
     key = content_key("embed:", images)

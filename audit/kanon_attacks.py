@@ -19,7 +19,7 @@ from accounting.errors import DataFormatError
 from audit.images import embed_images, flat01, l2_normalise, rms_nearest, sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 
 def _validate_clusters(

@@ -17,7 +17,7 @@ import numpy as np
 from audit.images import embed_images, l2_normalise, nearest, rms_nearest, sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 
 def closer_to_train(

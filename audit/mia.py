@@ -18,7 +18,7 @@ from audit.epsilon_bound import epsilon_lower_bound
 from audit.images import sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 LossFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 

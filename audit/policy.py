@@ -86,7 +86,7 @@ class AuditPolicy:
     # always, "off" never
     face_reidentification: str = "auto"
     # the recognisers that attack every face release, each with its own detection and alignment
-    # (synth.face_recognisers.RECOGNISERS); a mechanism that searched against some of them is
+    # (synth.tools.face_recognisers.RECOGNISERS); a mechanism that searched against some of them is
     # judged by the others too
     face_recognisers: tuple[str, ...] = ("dlib", "sface", "facenet")
     # share of released faces a recogniser still verifies as their original (TAR at its own
@@ -103,7 +103,7 @@ class AuditPolicy:
     face_max_kid_vs_blur: bool = True
     face_samples: int = 200  # released images attacked, and original photos in the gallery
     face_probe: int = 16  # sensitive images the "auto" rule looks at
-    # an embedder of synth.face_models.EMBEDDERS other than dlib (older specs) attacks as well
+    # an embedder of synth.tools.face_models.EMBEDDERS other than dlib (older specs) attacks as well
     face_embedder: str = "dlib"
     # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
     # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =
@@ -238,7 +238,7 @@ class AuditPolicy:
 
 def _recogniser_keys(value: Any) -> tuple[str, ...]:
     """The policy's face_recognisers as a tuple of known keys (TOML gives a list)."""
-    from synth.face_recognisers import RECOGNISERS
+    from synth.tools.face_recognisers import RECOGNISERS
 
     known = ", ".join(sorted(RECOGNISERS))
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:

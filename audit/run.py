@@ -21,8 +21,8 @@ from audit.baseline import compare as compare_with_baselines
 from audit.checks import _cannot_run, _guard
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
-from synth.datasets import ImageDataset
-from synth.mri.volume import VolumeDataset
+from synth.kinds.datasets import ImageDataset
+from synth.kinds.volume import VolumeDataset
 from synth.progress import ProgressFn, no_progress
 from synth.registry import DP, GUARANTEE_KINDS
 
@@ -62,7 +62,7 @@ class AuditInputs:
     # the NIfTI files as written (their headers are checked)
     volumes: VolumeDataset | None = None
     volume_files: list[Path] | None = None
-    cache_dir: Path | None = None  # public template atlases (synth.mri.atlas), shared
+    cache_dir: Path | None = None  # public template atlases (synth.tools.mri.atlas), shared
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
     # source (audit.baseline): compared with this release's downstream accuracy
     baselines: list[Baseline] = field(default_factory=list)
@@ -158,7 +158,7 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
     """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public
     set, else UCI digits): reads no sensitive data."""
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
-    from synth.datasets import uci_digits
+    from synth.kinds.datasets import uci_digits
 
     if inputs.dpsgd is None or policy.one_run_canaries is None:  # _attacks runs it only with both
         raise InvalidParameterError(

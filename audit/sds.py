@@ -14,7 +14,7 @@ from sklearn.cluster import KMeans
 from audit.images import embed_images, l2_normalise, sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 DEFINITION = "cosine similarity of EfficientNet-Lite0 k-means cluster histograms"
 
@@ -35,7 +35,7 @@ def compute_sds(
     selected_public: ImageDataset, sensitive: ImageDataset, policy: AuditPolicy
 ) -> dict:
     """SDS of feature samples of both sets (numbers only)."""
-    from synth.datasets import resize
+    from synth.kinds.datasets import resize
 
     rng = np.random.default_rng(policy.seed)
     pub = selected_public.images[sample_idx(len(selected_public), policy.feature_samples, rng)]

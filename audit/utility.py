@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 from audit.images import flat01, sample_idx, to_pm1
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 
 class SmallCNN(torch.nn.Module):

@@ -2,7 +2,7 @@
 `reidentify`), judged after (`run_volume_audit`), so benchmarks reuse the computation.
 
 The audit does not trust the mechanism's own masks. It registers another template, Colin27 (the
-brain atlas of `synth.mri.atlas`), to each *original* volume and checks, with that independent
+brain atlas of `synth.tools.mri.atlas`), to each *original* volume and checks, with that independent
 brain and face:
 
 - expectations (Great Expectations over one row per released volume): as many volumes as
@@ -18,7 +18,8 @@ brain and face:
   normalised into Colin27's space through the original's registration, a frontal depth map of
   the face window) is matched to the most similar original render; (2) where voxels are fine
   enough for a face to show (at most RECOGNISER_MAX_MM), every face recogniser of
-  synth.face_recognisers (dlib, SFace, FaceNet, each with its own detector and alignment) is run
+  synth.tools.face_recognisers (dlib, SFace, FaceNet, each with its own detector and alignment) is
+  run
   on a shaded frontal render of every original and released head, as an attacker with renders and
   photo-trained recognisers would; a released render in which it finds no face cannot be named by
   it. The release fails when the depth-map matcher's rank-1 matches are significantly above chance
@@ -29,7 +30,7 @@ brain and face:
   and a recogniser trained on photographs is not one trained on renders, so a pass is evidence,
   not proof;
 - registration: the audit's own fit of Colin27 to each original is judged like the mechanism's
-  (`synth.mri.registration.check_fit`): a head that fits best turned against its header, or a
+  (`synth.tools.mri.registration.check_fit`): a head that fits best turned against its header, or a
   poor fit, fails the release (its brain and face would be looked for in the wrong place).
 """
 
@@ -46,12 +47,14 @@ from accounting.fingerprint import volume_record_fingerprints
 from audit.checks import _cannot_run, _guard
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
-from synth import face_models as fm
-from synth import face_recognisers as fr
-from synth.mri.atlas import Atlas, SubjectMasks, atlases
-from synth.mri.nifti import header_text
-from synth.mri.registration import Registration, check_fit
-from synth.mri.render import (
+from synth.kinds.nifti import header_text
+from synth.kinds.volume import Volume, VolumeDataset
+from synth.progress import ProgressFn
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
+from synth.tools.mri.atlas import Atlas, SubjectMasks, atlases
+from synth.tools.mri.registration import Registration, check_fit
+from synth.tools.mri.render import (
     Grid,
     depth_map,
     head_level,
@@ -60,8 +63,6 @@ from synth.mri.render import (
     picture_grid,
     surface_in,
 )
-from synth.mri.volume import Volume, VolumeDataset
-from synth.progress import ProgressFn
 
 DETAIL_MM = 2.0  # the face's detail: intensity minus its Gaussian blur at this sigma
 RENDER_MM = 2.0
@@ -73,7 +74,11 @@ RECOGNISER_SIDE, RECOGNISER_PIXEL_MM = 256, 1.0
 CHECK_REID = "volume_reidentification"
 CHECK_RENDERS = "volume_face_renders"
 CHECK_REGISTRATION = "volume_registration"
-RECOGNISERS = ("dlib", "sface", "facenet")  # synth.face_recognisers: the attackers of the renders
+RECOGNISERS = (
+    "dlib",
+    "sface",
+    "facenet",
+)  # synth.tools.face_recognisers: the attackers of the renders
 FACE_RANK1_ALPHA = 0.05  # when the policy has no face_rank1_alpha
 
 
@@ -202,7 +207,7 @@ def reidentify(
 class Recognition:
     """A face recogniser's rank-1 identification of released renders among the originals'."""
 
-    recogniser: str  # its key in synth.face_recognisers
+    recogniser: str  # its key in synth.tools.face_recognisers
     name: str
     subjects: int
     originals_with_face: int  # the gallery: original renders in which a face was found

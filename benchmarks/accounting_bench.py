@@ -1,4 +1,5 @@
-"""Accounting speed: epsilon of histories from scratch (RDP, PLD) and from the running RDP curve; the cost of
+"""Accounting speed: epsilon of histories from scratch (RDP, PLD) and from the running RDP curve;
+the cost of
 one charge (reserve + commit) at 0, 10,000 and 100,000 prior charges."""
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _history(n: int, distinct: int, seed: int = 0) -> list:
 
 
 def _prefill(store: Store, history: list) -> None:
-    """`history` as committed charges (one event each), with the rows and chained trail entries a ledger
+    """`history` as committed charges (one event each), with the rows and chained trail entries a
+    ledger
     built one charge at a time holds, written in one transaction by `ledger.charge_many`."""
     ledger.charge_many(store, "bench", [[ev] for ev in history], run_prefix="pre-", actor="bench")
 
@@ -62,7 +64,8 @@ def _empty_transaction_ms(store: Store, n: int = 20) -> float:
 
 
 def _fdatasync_ms(folder: Path, n: int = 20) -> float:
-    """The disk's cost of making one small write durable: DuckDB's COMMIT of a write does one fdatasync of its WAL,
+    """The disk's cost of making one small write durable: DuckDB's COMMIT of a write does one
+    fdatasync of its WAL,
     so a charge (two write transactions) cannot be faster than twice this."""
     path, times = folder / "fsync.probe", []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)

@@ -1,4 +1,5 @@
-"""One-run audit benchmark: the empirical epsilon lower bound of the DP-SGD implementation (audit.dpsgd_audit,
+"""One-run audit benchmark: the empirical epsilon lower bound of the DP-SGD implementation
+(audit.dpsgd_audit,
 Steinke, Nasr & Jagielski 2023) at the demo's and the reproduction's DP-SGD settings, for the honest
 implementation and three broken ones (noise off, clipping off, sampling at twice the charged rate), and
 its time on this machine.
@@ -12,7 +13,8 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,8 +39,8 @@ def settings() -> list[tuple[str, Any]]:
     from audit.dpsgd_audit import DpSgdSetting
     from benchmarks.reproduce_settings import settings as reproduce_settings
     from release.demo import DEMO_SPEC
-    from synth.privimage import PrivImageConfig
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage import PrivImageConfig
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     out = []
     demo = {
@@ -130,14 +132,15 @@ def _row(
 
 def run(quick: bool = True, repeats: int = 20) -> str:
     from audit.dpsgd_audit import SCORES
-    from synth.datasets import uci_digits
+    from synth.kinds.datasets import uci_digits
 
     t_all = time.time()
     public, m = uci_digits(), 1000 if quick else 4000
     rows = []
     for label, setting in settings():
         for name, trainer in _variants().items():
-            # the final-model score (a release audit's default) for the honest run; every variant with gradients
+            # the final-model score (a release audit's default) for the honest run; every variant
+            # with gradients
             for score in SCORES if trainer is None else ("gradients",):
                 r = repeated(setting, public, trainer, m, repeats, score)
                 rows.append(_row(label, setting, name, score, r, repeats))
@@ -152,11 +155,12 @@ def run(quick: bool = True, repeats: int = 20) -> str:
 
 
 def canary_sweep(canaries: tuple[int, ...] = (1000, 2000, 4000), repeats: int = 5) -> str:
-    """Can more canaries prove sampling at 2q where the charge is in reach (the reproduction's epsilon 1)?
+    """Can more canaries prove sampling at 2q where the charge is in reach (the reproduction's
+    epsilon 1)?
     4,000 is where the ceiling peaks at delta 1e-5."""
     from audit.broken_dpsgd import double_rate
     from audit.dpsgd_audit import SCORES
-    from synth.datasets import uci_digits
+    from synth.kinds.datasets import uci_digits
 
     label, setting = settings()[1]
     rows = []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Iterator
+from datetime import UTC, datetime
 
 
 def machine() -> str:
@@ -22,7 +22,7 @@ def machine() -> str:
 
 
 def today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @contextmanager
@@ -43,7 +43,8 @@ def md_table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def throwaway_store(root, name: str, data, epsilon: float, delta: float):
-    """A fresh workspace whose ledger holds one dataset, for one charged benchmark run planned to `epsilon`.
+    """A fresh workspace whose ledger holds one dataset, for one charged benchmark run planned to
+    `epsilon`.
 
     The run's plan calibrates its noise so that the RDP epsilon of its fixed sequence of mechanisms is
     `epsilon` (what the tables report, as the papers do). The ledger's cap is a privacy filter for adaptively
@@ -81,13 +82,14 @@ def run_dp_finetune(
     workdir,
     **options,
 ) -> None:
-    """The product's DP-SGD loop (synth.privimage.training.dp_finetune) on `n_images` random 28x28 images with
+    """The product's DP-SGD loop (synth.mechanisms.privimage.training.dp_finetune) on `n_images`
+    random 28x28 images with
     the demo's fixed settings (clip 1, noise 1, EMA 0.999, 1,000 diffusion steps), for benchmarks that time its
     steps from outside; `options` go to dp_finetune (progress, secure_noise, precision, ...)."""
     import torch
 
-    from synth.privimage.model import make_unet
-    from synth.privimage.training import dp_finetune
+    from synth.mechanisms.privimage.model import make_unet
+    from synth.mechanisms.privimage.training import dp_finetune
 
     torch.manual_seed(0)
     x, y = torch.rand(n_images, 1, 28, 28) * 2 - 1, torch.arange(n_images) % 10

@@ -32,9 +32,9 @@ def _worker(out: Path, steps: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from synth.datasets import load_source
-    from synth.privimage.model import make_unet
-    from synth.privimage.training import dp_finetune
+    from synth.kinds.datasets import load_source
+    from synth.mechanisms.privimage.model import make_unet
+    from synth.mechanisms.privimage.training import dp_finetune
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -1,11 +1,14 @@
-"""DPImageBench's evaluation protocol (Gong et al., CCS 2025; repo 2019ChenGong/DPImageBench), the one the
+"""DPImageBench's evaluation protocol (Gong et al., CCS 2025; repo 2019ChenGong/DPImageBench), the
+one the
 FETA-Pro, DP-FETA, PrivImage, DPDM and DP-MERF anchors in BENCHMARKS.md are measured with:
 
 - the sensitive training set is split by `torch.manual_seed(0); random_split(train, [55000, 5000])`
   (data/dataset_loader.py): 55,000 private images train the generator, 5,000 are a validation set;
 - delta = 1 / (N ln N) with N the private set's size (evaluation/evaluator.py);
-- 60,000 images are generated; the classifier trains on them and the checkpoint is chosen by its accuracy on
-  the 5,000 validation images with Laplace noise of scale 1 / epsilon added to the correct count; the test set
+- 60,000 images are generated; the classifier trains on them and the checkpoint is chosen by its
+accuracy on
+  the 5,000 validation images with Laplace noise of scale 1 / epsilon added to the correct count;
+  the test set
   gives only the reported number.
 """
 
@@ -23,7 +26,8 @@ SPLIT_SEED = 0
 
 
 def split_indices(n: int, private_size: int = PRIVATE_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """(private, validation) indices of a training set of `n` images, exactly as DPImageBench draws them:
+    """(private, validation) indices of a training set of `n` images, exactly as DPImageBench draws
+    them:
     torch's default CPU generator seeded with 0, one randperm of n, the first `private_size` private."""
     if not 0 < private_size < n:
         raise ValueError(f"private_size must be in (0, {n}), got {private_size}")
@@ -264,7 +268,7 @@ def score(
 def protocol_sets(train_source: str, test_source: str) -> tuple[tuple, tuple]:
     """(validation, test) as (images, labels): the 5,000 images the split keeps out of the private
     set, and the real test set."""
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     train, test = load_source(train_source), load_source(test_source)
     _, val_idx = split_indices(len(train))

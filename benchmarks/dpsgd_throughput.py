@@ -1,19 +1,23 @@
-"""DP-SGD step cost vs a plain step, by per-sample-gradient method and compute precision (issue: DP-SGD
+"""DP-SGD step cost vs a plain step, by per-sample-gradient method and compute precision (issue:
+DP-SGD
 throughput), and the cost of a sampling step in each precision.
 
     python -m benchmarks.dpsgd_throughput [--batch 100] [--rounds 3] [--device cuda --widths 32,64,64]
 
 Same UNet (the demo's: 16/32/32, one layer per block), same batch, same Adam, one process; the methods are
-interleaved round by round and each figure is the median of the rounds, so machine noise hits every method
+interleaved round by round and each figure is the median of the rounds, so machine noise hits every
+method
 alike. DP steps include opacus' per-sample clipping (in float32) and noise; "grouped-conv" rows compute
-Conv2d and GroupNorm per-example gradients by synth.privimage.conv_grad_sample, the others by opacus; "no summed conv
+Conv2d and GroupNorm per-example gradients by synth.mechanisms.privimage.conv_grad_sample, the others by opacus; "no summed conv
 gradients" rows also skip autograd's summed Conv2d weight/bias gradients, which the DP optimiser discards
 (conv_grad_sample.per_example_gradients_only, as dp_finetune does) and divide the noisy sum as dp_finetune's
 optimiser does (training.scale_grad_once). bfloat16 rows run under autocast
-and are measured only where the hardware has native bfloat16 (synth.privimage.precision). Methods that
+and are measured only where the hardware has native bfloat16 (synth.mechanisms.privimage.precision). Methods that
 fail are reported with their error. "Whole DP-SGD loop" rows time a step of dp_finetune itself (the
-interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in one
-physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says. Off the
+interval between its progress calls): a Poisson batch of the expected size from 16 x batch images in
+one
+physical pass, secure noise, EMA and the write-ahead log included, the precision as the row says.
+Off the
 CPU the product uses opacus' own samplers (the grouped backward is CPU-only, conv_grad_sample.GROUPED_DEVICES);
 rows marked "forced on this device" run it there for comparison. "Before issue 34" is the loop through opacus'
 DataLoader and BatchMemoryManager with the per-tensor EMA (what torchrun still runs); off the CPU, the loop with
@@ -38,14 +42,18 @@ import torch
 from diffusers.training_utils import EMAModel
 
 from benchmarks.common import machine, md_table, run_dp_finetune, today
-from synth import dp_noise
-from synth.privimage import conv_grad_sample, training
-from synth.privimage.conv_grad_sample import install as install_grouped_conv
-from synth.privimage.conv_grad_sample import per_example_gradients_only
-from synth.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
-from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
-from synth.privimage.precision import autocast, native_bfloat16
-from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, scale_grad_once
+from synth.mechanisms.privimage import conv_grad_sample, training
+from synth.mechanisms.privimage.conv_grad_sample import install as install_grouped_conv
+from synth.mechanisms.privimage.conv_grad_sample import per_example_gradients_only
+from synth.mechanisms.privimage.conv_grad_sample import uninstall as uninstall_grouped_conv
+from synth.mechanisms.privimage.model import ddpm_loss, make_scheduler, make_unet
+from synth.mechanisms.privimage.precision import autocast, native_bfloat16
+from synth.mechanisms.privimage.training import (
+    HOOKS_LOSS_REDUCTION,
+    _per_sample_gradients,
+    scale_grad_once,
+)
+from synth.tools import dp_noise
 
 WIDTHS, LAYERS = (16, 32, 32), 1
 BF16 = dict(precision="bfloat16")
@@ -89,7 +97,8 @@ FORCED = {
         dp=True, **PRODUCT, **BF16, force=True
     ),
 }
-# off the CPU: where the loop's secure noise comes from (the CPU's product path is the AES one already)
+# off the CPU: where the loop's secure noise comes from (the CPU's product path is the AES one
+# already)
 NOISE_ROWS = {
     "the whole loop, secure noise from the host's AES keystream (before issue 34), float32": dict(
         loop=True, noise="aes"
@@ -176,7 +185,8 @@ def _step_fn(
 
 @contextmanager
 def loop_variant(method: dict) -> Iterator[None]:
-    """dp_finetune as `method` says: the loop before issue 34 (opacus' DataLoader through BatchMemoryManager, the
+    """dp_finetune as `method` says: the loop before issue 34 (opacus' DataLoader through
+    BatchMemoryManager, the
     per-tensor EMA: what it still does under torchrun), or the secure noise from one path for every device."""
     saved = training._presampled_steps, training.EMAModel, training.install_secure_noise
     if method.get("previous_loop"):
@@ -233,7 +243,8 @@ def _time(step: Callable[[], None], reps: int, device: torch.device) -> float:
 
 
 def methods(device: torch.device, only: str = "", all_rows: bool = False) -> dict[str, dict]:
-    """The rows to measure: the CPU's, or all off the CPU (or with `all_rows`); with `only`, the rows whose name
+    """The rows to measure: the CPU's, or all off the CPU (or with `all_rows`); with `only`, the
+    rows whose name
     contains one of its ";"-separated parts (row names have commas), plus the plain float32 step ratios need."""
     table = METHODS if device.type == "cpu" and not all_rows else ALL_METHODS
     if only:
@@ -362,20 +373,20 @@ def rows_json(
 
 PROFILED = {  # label -> (object, attribute): the parts of a DP-SGD step timed by torch.profiler.record_function
     "Poisson batch indices (drawn ahead)": (
-        "synth.privimage.poisson_batches",
+        "synth.mechanisms.privimage.poisson_batches",
         "PoissonBatches.next",
     ),
-    "write-ahead log": ("synth.privimage.training", "_write_ahead"),
+    "write-ahead log": ("synth.mechanisms.privimage.training", "_write_ahead"),
     "forward + backward + per-sample gradients (opacus hooks)": (
-        "synth.privimage.training",
+        "synth.mechanisms.privimage.training",
         "_per_sample_gradients",
     ),
     "per-sample norms and clipping (opacus)": (
         "opacus.optimizers.optimizer",
         "DPOptimizer.clip_and_accumulate",
     ),
-    "secure noise (draw + add)": ("synth.dp_noise", "_secure_add_noise"),
-    "divide by the expected batch": ("synth.privimage.training", "_scale_grad"),
+    "secure noise (draw + add)": ("synth.tools.dp_noise", "_secure_add_noise"),
+    "divide by the expected batch": ("synth.mechanisms.privimage.training", "_scale_grad"),
     "Adam": ("torch.optim", "Adam.step"),
     "EMA": ("diffusers.training_utils", "EMAModel.step"),
 }
@@ -419,7 +430,8 @@ def _by_label(events) -> dict[str, list]:
 def profile_loop(
     batch: int, device: torch.device, widths: tuple[int, ...], step: int | None = None
 ) -> dict:
-    """torch.profiler over one step of dp_finetune (the `step`-th; the ones before warm up): wall ms of the step
+    """torch.profiler over one step of dp_finetune (the `step`-th; the ones before warm up): wall ms
+    of the step
     and of each labelled part (PROFILED), the rest as "other", and the top operators by self time."""
     from torch.profiler import ProfilerActivity, profile
 

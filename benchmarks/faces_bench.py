@@ -1,6 +1,6 @@
 """Faces: the field's table. No anonymisation, a Gaussian blur (sigma 8) and pixelation (8 blocks)
 over each face, k-SALSA (k = 5) and face-deid side by side, each attacked by three recognisers of
-different families, each with its own detection and alignment (synth.face_recognisers: dlib,
+different families, each with its own detection and alignment (synth.tools.face_recognisers: dlib,
 SFace, FaceNet; face-deid searches against dlib and SFace, FaceNet is held out), and judged for
 realism by an independent detector (YuNet).
 
@@ -55,14 +55,14 @@ from audit.face_reid import (
 )
 from audit.policy import AuditPolicy
 from benchmarks.common import md_table
-from synth import face_models as fm
-from synth import face_recognisers as fr
-from synth.datasets import ImageDataset
-from synth.faces.config import FaceDeidConfig
-from synth.faces.generator import load_generator, render
-from synth.faces.run import load_tools
-from synth.faces.run import run as face_deid
-from synth.photos import letterbox
+from synth.kinds.datasets import ImageDataset
+from synth.kinds.photos import letterbox
+from synth.mechanisms.face_deid.config import FaceDeidConfig
+from synth.mechanisms.face_deid.generator import load_generator, render
+from synth.mechanisms.face_deid.run import load_tools
+from synth.mechanisms.face_deid.run import run as face_deid
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
 
 GRID = Path(__file__).resolve().parent.parent / "docs" / "faces-pairs.png"
 POLICY = AuditPolicy(face_samples=1000)
@@ -195,8 +195,8 @@ def obscured(images: np.ndarray, how) -> np.ndarray:
 
 def ksalsa_release(crops: np.ndarray, public: np.ndarray, k: int):
     """k-SALSA's registered `run` on aligned crops, its codec trained on generated faces."""
-    from synth.ksalsa import KSalsaConfig
-    from synth.ksalsa.run import run as ksalsa
+    from synth.mechanisms.ksalsa import KSalsaConfig
+    from synth.mechanisms.ksalsa.run import run as ksalsa
 
     sens = ImageDataset(crops, np.zeros(len(crops), np.int64), ["face"], "aligned faces")
     pub = ImageDataset(public, np.zeros(len(public), np.int64), ["face"], "generated faces")

@@ -1,7 +1,9 @@
-"""PrivImage on Fashion-MNIST at CPU scale: DPImageBench's data protocol (60,000 sensitive training images, the
+"""PrivImage on Fashion-MNIST at CPU scale: DPImageBench's data protocol (60,000 sensitive training
+images, the
 10,000 test images for the classifiers), `make reproduce`'s CPU recipe, public = UCI digits (the only built-in
 public source disjoint from Fashion-MNIST). One charged run per epsilon through the product (`run_direct`), plus
-the classifiers trained on real Fashion-MNIST for reference. Needs the Debian package dataset-fashion-mnist.
+the classifiers trained on real Fashion-MNIST for reference. Needs the Debian package
+dataset-fashion-mnist.
 
     python -m benchmarks.fashion_cpu [--epsilons 10,1] [--real] [--set central_images=2 --set selection=procedural]
                                      [--label NAME] [--train-subset N] [--dataset mnist5k]
@@ -10,7 +12,8 @@ the classifiers trained on real Fashion-MNIST for reference. Needs the Debian pa
 `--train-subset N` takes N sensitive images (balanced, seeded) for a reduced ablation, labelled as such in the row.
 
 `--dataset mnist5k` runs the same recipe on MNIST-5k (4,000 sensitive digits, its 1,000 held-out digits for the
-classifiers, the default public pool): the check that a change of prior costs nothing where public data fits.
+classifiers, the default public pool): the check that a change of prior costs nothing where public
+data fits.
 
 Writes one JSON line per run to benchmarks/results/fashion-cpu.jsonl (MNIST-5k: mnist5k-cpu.jsonl) and a sample
 grid PNG per run beside it.
@@ -94,7 +97,7 @@ def run_epsilon(
     from dataclasses import replace
 
     from release.runner import run_direct
-    from synth.merf import MerfConfig
+    from synth.mechanisms.merf import MerfConfig
 
     overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in (overrides or {}).items()}
     tag = f"{dataset}-{mechanism}-eps{epsilon:g}{'-' + label if label else ''}-{int(time.time())}"
@@ -168,7 +171,7 @@ def run_real(s: dict, sens, test, dataset: str = "fashion") -> None:
 
 
 def main() -> None:
-    from synth.datasets import load_source, public_pool
+    from synth.kinds.datasets import load_source, public_pool
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -1,4 +1,5 @@
-"""The issue's GPU preset, sized for minutes on one GPU: PrivImage through the product (`run_direct`, one charged
+"""The issue's GPU preset, sized for minutes on one GPU: PrivImage through the product
+(`run_direct`, one charged
 run per line) on Fashion-MNIST (60,000 sensitive training images, DPImageBench's protocol; public = UCI digits,
 the built-in source disjoint from it) and MNIST-5k (4,000; public = UCI digits + Fashion-MNIST), with
 `make reproduce --full`'s recipe (benchmarks/reproduce_settings.py, "full").
@@ -11,7 +12,8 @@ A run `source:epsilon:merf` makes a DP-MERF release (the merf mechanism's defaul
 
 Each run writes to DIR: a JSON line in gpu-preset.jsonl (epsilon, sigma, steps, stage timings, machine) and the
 released images and labels (`<tag>.npz`). Scoring them (the audit's LR / MLP / CNN trained on the release,
-tested on the real held-out set) is CPU work, so it can run where the images are copied to: `--score` scores
+tested on the real held-out set) is CPU work, so it can run where the images are copied to:
+`--score` scores
 every npz in DIR that has no score yet, appends the accuracies to gpu-preset.jsonl and draws each run's grid.
 """
 
@@ -30,7 +32,7 @@ import torch
 from benchmarks import dpimagebench
 from benchmarks.common import machine, throwaway_store, today
 from benchmarks.reproduce_settings import VOTE_KEYS, privimage_config, settings
-from synth.privimage import PrivImageConfig
+from synth.mechanisms.privimage import PrivImageConfig
 
 MECHANISMS = ("privimage", "merf")
 SOURCES = {
@@ -62,8 +64,8 @@ def run_one(
     generator sees its 55,000-image private split, delta is 1 / (N ln N) and 60,000 images are
     released (benchmarks.dpimagebench), then scored here by each of `score_with` in turn."""
     from release.runner import run_direct
-    from synth.datasets import load_source, public_pool
-    from synth.merf import MerfConfig
+    from synth.kinds.datasets import load_source, public_pool
+    from synth.mechanisms.merf import MerfConfig
 
     source, _, with_fashion = SOURCES[name]
     sens, pub = load_source(source), public_pool(include_fashion=with_fashion)
@@ -192,7 +194,7 @@ def score(out: Path, s: dict, classifier: str = "cpu-cnn") -> None:
     DPImageBench's protocol with all its images back, the protocol's score with `classifier`."""
     from benchmarks.reproduce_plots import image_grid
     from benchmarks.reproduce_privimage import _accuracies
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     rows = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
     scored = {r["tag"] for r in rows if "acc" in r}
@@ -247,7 +249,8 @@ def _device() -> str:
 
 
 def _run_spec(parser: argparse.ArgumentParser, text: str) -> tuple[str, float, str]:
-    """ "source:epsilon[:mechanism]" -> (source, epsilon, mechanism); the epsilon itself is checked by the
+    """ "source:epsilon[:mechanism]" -> (source, epsilon, mechanism); the epsilon itself is checked
+    by the
     planner (a clear error row)."""
     name, _, rest = text.partition(":")
     eps, _, mechanism = rest.partition(":")
@@ -276,7 +279,8 @@ def _classifiers(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
 
 
 def apply_sets(parser: argparse.ArgumentParser, s: dict, items: list[str]) -> None:
-    """`--set KEY=VALUE` items into the mode's recipe `s`: VALUE is JSON (a number, true/false, [32, 64, 64]) or a
+    """`--set KEY=VALUE` items into the mode's recipe `s`: VALUE is JSON (a number, true/false, [32,
+    64, 64]) or a
     bare word taken as text (vote_space=embedding); vote settings go into every epsilon's vote."""
     fixed = {
         "epsilon",

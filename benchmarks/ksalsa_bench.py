@@ -34,12 +34,12 @@ from audit.images import audit_cache
 from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
 from audit.utility import compute_utility
-from synth.datasets import ImageDataset, fashion_available, load_source, public_pool
-from synth.ksalsa import KSalsaConfig, aggregate_labels, same_size_clusters, train_codec
-from synth.ksalsa.averaging import representatives
-from synth.ksalsa.codec import conform, describe_codec, encode_all
-from synth.ksalsa.style import EfficientNetStyleContent
-from synth.privimage.data import to_uint8
+from synth.kinds.datasets import ImageDataset, fashion_available, load_source, public_pool
+from synth.mechanisms.ksalsa import KSalsaConfig, aggregate_labels, same_size_clusters, train_codec
+from synth.mechanisms.ksalsa.averaging import representatives
+from synth.mechanisms.ksalsa.codec import conform, describe_codec, encode_all
+from synth.mechanisms.ksalsa.style import EfficientNetStyleContent
+from synth.mechanisms.privimage.data import to_uint8
 
 KS = (2, 5, 10)
 METHODS = ("pixel", "pca", "centroid", "ksalsa")

@@ -22,8 +22,8 @@ import torch
 
 from benchmarks import dpimagebench
 from benchmarks.common import machine, today
-from synth.merf.config import MerfConfig
-from synth.merf.fit import MerfSettings
+from synth.mechanisms.merf.config import MerfConfig
+from synth.tools.kernel.fit import MerfSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "merf-bandwidth.jsonl"
 # the merf mechanism's defaults, with the old fixed kernel (105 per 784 pixels) as the baseline and
@@ -37,8 +37,8 @@ BASE = {
 
 def main() -> None:
     from accounting.calibration import calibrate_gaussian_sigma
-    from synth.datasets import load_source
-    from synth.merf.fit import fit
+    from synth.kinds.datasets import load_source
+    from synth.tools.kernel.fit import fit
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--variants", required=True, help="JSON list of MerfSettings overrides")

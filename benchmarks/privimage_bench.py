@@ -76,7 +76,7 @@ def step_time_ratio(cfg, device: torch.device, batch: int, reps: int = 5) -> tup
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
-    from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
+    from synth.mechanisms.privimage.model import ddpm_loss, make_scheduler, make_unet
 
     sched = make_scheduler(cfg.train_timesteps)
     x = torch.randn(batch, 1, 28, 28, device=device)
@@ -115,10 +115,10 @@ def step_time_ratio(cfg, device: torch.device, batch: int, reps: int = 5) -> tup
 
 
 def run(quick: bool = True, device: str = "auto") -> str:
-    from synth.datasets import fashion_available, load_source, public_pool
     from release.runner import run_direct
-    from synth.privimage import PrivImageConfig
-    from synth.privimage.data import pick_device
+    from synth.kinds.datasets import fashion_available, load_source, public_pool
+    from synth.mechanisms.privimage import PrivImageConfig
+    from synth.mechanisms.privimage.data import pick_device
 
     t_all = time.time()
     if quick:

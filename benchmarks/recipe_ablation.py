@@ -1,9 +1,11 @@
-"""PrivImage recipe ablation on MNIST-5k (`make ablate`): which training choices make the DP release useful.
+"""PrivImage recipe ablation on MNIST-5k (`make ablate`): which training choices make the DP release
+useful.
 
     python -m benchmarks.recipe_ablation [--only 'NAME;NAME'] [--epsilon 8]
 
 Every row runs the product's own code: `pretrain_cached` on the public UCI digits (augmented, labels as a
-correct semantic query would map them), `dp_finetune` on the 4,000 sensitive MNIST-5k digits with noise
+correct semantic query would map them), `dp_finetune` on the 4,000 sensitive MNIST-5k digits with
+noise
 calibrated to the target epsilon (query event included, as in the demo), `sample_images`, then the audit's
 `compute_utility` (LR / MLP / CNN trained on 1,000 synthetic images, tested on the 1,000 held-out real ones).
 Rows are appended to benchmarks/results/recipe_ablation.jsonl (one JSON object per run, with machine and date,
@@ -27,15 +29,15 @@ from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from benchmarks.common import machine, md_table, today
 from release.bundle import sample_grid
-from synth.datasets import load_source, uci_digits
-from synth.privimage.config import PrivImageConfig
-from synth.privimage.data import to_tensor
-from synth.privimage.model import make_unet
-from synth.privimage.pipeline import variations_for
-from synth.privimage.plan import plan_privimage
-from synth.privimage.sampling import balanced_labels, sample_images
-from synth.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
-from synth.privimage.vote import evolve
+from synth.kinds.datasets import load_source, uci_digits
+from synth.mechanisms.privimage.config import PrivImageConfig
+from synth.mechanisms.privimage.data import to_tensor
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.pipeline import variations_for
+from synth.mechanisms.privimage.plan import plan_privimage
+from synth.mechanisms.privimage.sampling import balanced_labels, sample_images
+from synth.mechanisms.privimage.training import PRETRAIN_RECIPE, dp_finetune, pretrain_cached
+from synth.mechanisms.privimage.vote import evolve
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -94,8 +96,9 @@ VARIANTS: dict[str, dict] = {
         "finetune_epochs": 8.0,
         "samples_sweep": [1000, 4000],
     },
-    # the private vote keeps the most-voted quarter of 4 candidates per image; scored beside a random
-    # quarter of the same candidates (synth/privimage/vote.py)
+    # the private vote keeps the most-voted quarter of 4 candidates per image; scored beside a
+    # random
+    # quarter of the same candidates (synth/mechanisms/privimage/vote.py)
     "demo recipe + private vote (sigma 2, pool 4)": {
         "lr": 3e-4,
         "finetune_epochs": 8.0,
@@ -108,7 +111,8 @@ VARIANTS: dict[str, dict] = {
         "vote_sigma": 5.0,
         "vote_pool": 4,
     },
-    # Private Evolution: rounds 2.. vote on 4 SDEdit variations (strength 0.4) of the last round's winners
+    # Private Evolution: rounds 2.. vote on 4 SDEdit variations (strength 0.4) of the last round's
+    # winners
     "8 DP epochs + private vote, 4 rounds (sigma 2, pool 4)": {
         "lr": 3e-4,
         "finetune_epochs": 8.0,
@@ -123,7 +127,8 @@ VARIANTS: dict[str, dict] = {
         "vote_pool": 4,
         "vote_rounds": 4,
     },
-    # at epsilon 5, four rounds at sigma 2 would double the DP-SGD noise (0.92 -> 1.85); at sigma 3: 1.03
+    # at epsilon 5, four rounds at sigma 2 would double the DP-SGD noise (0.92 -> 1.85); at sigma 3:
+    # 1.03
     "4 DP epochs + private vote, 4 rounds (sigma 3, pool 4)": {
         "lr": 3e-4,
         "finetune_epochs": 4.0,
@@ -131,7 +136,8 @@ VARIANTS: dict[str, dict] = {
         "vote_pool": 4,
         "vote_rounds": 4,
     },
-    # more rounds (the exploration's CNN still rose from round 3 to 4); planned for 8, scored after 4, 6 and 8
+    # more rounds (the exploration's CNN still rose from round 3 to 4); planned for 8, scored after
+    # 4, 6 and 8
     "4 DP epochs + private vote, 8 rounds (sigma 2, pool 4)": {
         "lr": 3e-4,
         "finetune_epochs": 4.0,
@@ -196,7 +202,8 @@ def _dp_stage(model: torch.nn.Module, cfg: PrivImageConfig, sensitive) -> dict:
 
 
 def run_variant(name: str, overrides: dict, epsilon: float) -> list[dict]:
-    """Train once (or reuse the weights a previous run of the same settings saved); sample and score once
+    """Train once (or reuse the weights a previous run of the same settings saved); sample and score
+    once
     per guidance weight in `guidance_sweep` and released-set size in `samples_sweep` (sampling reads no
     sensitive data, so one trained model serves every weight and size)."""
     settings = {**BASE, **overrides}
@@ -266,7 +273,8 @@ def _voted(
     sensitive,
     rounds_to_score: list[int],
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The winners of the product's vote rounds (vote.evolve), taken after each round in `rounds_to_score`
+    """The winners of the product's vote rounds (vote.evolve), taken after each round in
+    `rounds_to_score`
     (one continued run: the rounds after a stop vote on variations of its winners, as evolve's would)."""
     sigmas = plan_privimage(cfg, len(sensitive), n_classes=10).vote_sigmas
     vary = variations_for(model, cfg, torch.device("cpu"))

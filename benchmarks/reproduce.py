@@ -3,7 +3,8 @@ with PNG plots in reproduction/.
 
     python -m benchmarks.reproduce [--micro | --full] [--out REPRODUCTION.md] [--only privimage,ksalsa,audit]
     python -m benchmarks.reproduce --only audit      # the one-run DP-SGD audit alone (about a minute)
-    python -m benchmarks.reproduce --report-only     # re-write the report from reproduction/results.json
+    python -m benchmarks.reproduce --report-only     # re-write the report from
+    reproduction/results.json
 
 Default: CPU-sized settings (the demo's recipe; PrivImage three times per epsilon). --micro: a smoke run
 of the whole pipeline (minutes; numbers meaningless). --full: GPU-sized settings (uses CUDA when present).
@@ -20,8 +21,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

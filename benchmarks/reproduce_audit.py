@@ -24,7 +24,7 @@ def audit_settings(s: dict[str, Any]) -> list[tuple[float, Any]]:
     """(epsilon, DpSgdSetting) of the PrivImage (semantic selection) run at each audited epsilon."""
     from audit.dpsgd_audit import DpSgdSetting
     from benchmarks.reproduce_settings import privimage_config
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     out = []
     for eps in s["audit_epsilons"]:
@@ -80,7 +80,7 @@ def run(s: dict[str, Any]) -> dict[str, Any]:
     """One audit per (epsilon, score); epsilon = infinity: the largest epsilon's settings, noise off."""
     from audit.broken_dpsgd import no_noise
     from audit.dpsgd_audit import compute_implementation_audit
-    from synth.datasets import public_pool
+    from synth.kinds.datasets import public_pool
 
     t0 = time.time()
     public = public_pool()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from audit.fidelity import compute_fid
 from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
 from audit.utility import compute_utility
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 METHODS = (
     ("k-Same-Pixel", "pixel", {}),
@@ -72,12 +73,17 @@ def _evaluate(
 
 
 def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
-    from synth.datasets import load_source, public_pool
-    from synth.ksalsa import KSalsaConfig, aggregate_labels, same_size_clusters, train_codec
-    from synth.ksalsa.averaging import representatives
-    from synth.ksalsa.codec import conform, describe_codec, encode_all
-    from synth.ksalsa.pipeline import to_uint8
-    from synth.ksalsa.style import EfficientNetStyleContent
+    from synth.kinds.datasets import load_source, public_pool
+    from synth.mechanisms.ksalsa import (
+        KSalsaConfig,
+        aggregate_labels,
+        same_size_clusters,
+        train_codec,
+    )
+    from synth.mechanisms.ksalsa.averaging import representatives
+    from synth.mechanisms.ksalsa.codec import conform, describe_codec, encode_all
+    from synth.mechanisms.ksalsa.pipeline import to_uint8
+    from synth.mechanisms.ksalsa.style import EfficientNetStyleContent
 
     t_all = time.time()
     sens = class_subset(load_source("builtin:mnist5k"), s["ksalsa_per_class"])

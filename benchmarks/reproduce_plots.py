@@ -129,7 +129,8 @@ SCORE_NAMES = {"model": "final-model score", "gradients": "gradient (white-box) 
 
 
 def one_run_scores(rows: list[dict[str, Any]], out_dir: Path) -> str:
-    """Canary score distributions (included vs excluded) of the one-run audit: one column per epsilon,
+    """Canary score distributions (included vs excluded) of the one-run audit: one column per
+    epsilon,
     one row per score, the lower bound beside the charged epsilon in each title."""
     kinds = list(rows[0]["scores"])
     fig, axes = plt.subplots(
@@ -158,7 +159,8 @@ def one_run_scores(rows: list[dict[str, Any]], out_dir: Path) -> str:
 
 
 def _score_hist(ax, s_in: np.ndarray, s_out: np.ndarray) -> None:
-    """Histograms on a common axis; a score with a huge outlying cluster (no noise) is drawn by rank of
+    """Histograms on a common axis; a score with a huge outlying cluster (no noise) is drawn by rank
+    of
     magnitude (sign * log10(1 + |x|)) so both clusters stay visible."""
     both = np.r_[s_in, s_out]
     if np.ptp(both) > 1e4 * (np.std(s_out) + 1e-300):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from audit.policy import AuditPolicy
 from audit.utility import compute_utility
 from benchmarks.common import throwaway_store
 from benchmarks.reproduce_settings import privimage_config
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 
 METHODS = (
     ("PrivImage", "semantic"),
@@ -74,12 +75,13 @@ def _mia(
 
 
 def _nonprivate_model(sens: ImageDataset, cfg, s: dict, device: torch.device, tmp: Path):
-    """The UNet of `cfg` (a PrivImageConfig) trained without DP on the sensitive set (plain DDPM training,
+    """The UNet of `cfg` (a PrivImageConfig) trained without DP on the sensitive set (plain DDPM
+    training,
     the pre-training code)."""
-    from synth.privimage.data import label_index, to_format, to_tensor
-    from synth.privimage.model import make_unet
-    from synth.privimage.precision import resolve_precision
-    from synth.privimage.training import pretrain
+    from synth.mechanisms.privimage.data import label_index, to_format, to_tensor
+    from synth.mechanisms.privimage.model import make_unet
+    from synth.mechanisms.privimage.precision import resolve_precision
+    from synth.mechanisms.privimage.training import pretrain
 
     torch.manual_seed(cfg.seed)
     model = make_unet(
@@ -109,7 +111,8 @@ def run(
     samples_dir: Path | None = None,
     save: SaveFn = lambda partial: None,
 ) -> dict[str, Any]:
-    """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without retraining.
+    """`samples_dir`: where to keep each run's synthetic images (npz), to re-evaluate without
+    retraining.
     `save` gets the section's results so far after every run (a long reproduction keeps what it measured)."""
     with audit_cache():  # FID statistics of the sensitive set: computed once, dropped at the end
         return _run(s, tmp, grid, samples_dir, save)
@@ -169,9 +172,9 @@ def _nonprivate(
     grid: GridFn,
 ) -> None:
     """epsilon = infinity: the same UNet without DP, on the sensitive set (audit row and sample quality)."""
-    from synth.privimage import per_sample_diffusion_loss
-    from synth.privimage.precision import resolve_precision
-    from synth.privimage.sampling import balanced_labels, sample_images
+    from synth.mechanisms.privimage import per_sample_diffusion_loss
+    from synth.mechanisms.privimage.precision import resolve_precision
+    from synth.mechanisms.privimage.sampling import balanced_labels, sample_images
 
     seed = s["seed"]
     t = time.time()
@@ -215,9 +218,9 @@ def _nonprivate(
 def _run(
     s: dict[str, Any], tmp: Path, grid: GridFn, samples_dir: Path | None, save: SaveFn
 ) -> dict[str, Any]:
-    from synth.datasets import fashion_available, load_source, public_pool
-    from synth.privimage.data import pick_device
-    from synth.privimage.precision import resolve_precision
+    from synth.kinds.datasets import fashion_available, load_source, public_pool
+    from synth.mechanisms.privimage.data import pick_device
+    from synth.mechanisms.privimage.precision import resolve_precision
 
     t_all = time.time()
     dev = pick_device("auto")
@@ -239,8 +242,10 @@ def _run(
         "precision": resolve_precision("auto", dev),
     }
     out["real"] = _real_reference(sens, test, s["privimage"]["n_samples"], s)
-    # Pre-training reads public data only, so runs share it through the public cache (a fresh one per
-    # reproduction): PDP-Diffusion-style pre-trains once for all epsilons, PrivImage once per distinct DP
+    # Pre-training reads public data only, so runs share it through the public cache (a fresh one
+    # per
+    # reproduction): PDP-Diffusion-style pre-trains once for all epsilons, PrivImage once per
+    # distinct DP
     # selection. Each run's "run s" includes a pre-training only where it trained one.
     with _public_cache(tmp / "public-cache"):
         # First pass: every method once per epsilon; then the further PrivImage runs (the spread).
@@ -301,10 +306,11 @@ def _one_run(
     grid: GridFn,
     samples_dir: Path | None,
 ) -> None:
-    """One charged run on a throw-away workspace, scored into out["rows"] (and the MIA audit on the first
+    """One charged run on a throw-away workspace, scored into out["rows"] (and the MIA audit on the
+    first
     PrivImage model at each audited epsilon)."""
     from release.runner import run_direct
-    from synth.privimage import per_sample_diffusion_loss
+    from synth.mechanisms.privimage import per_sample_diffusion_loss
 
     tag = f"{mode}-{eps:g}-{repeat + 1}"
     store = throwaway_store(tmp / f"privimage-{tag}" / "ws", "mnist5k", sens, eps, s["delta"])

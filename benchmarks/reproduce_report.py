@@ -28,7 +28,8 @@ def _acc(a: dict[str, float]) -> list[str]:
 
 
 def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (epsilon, method), in first-seen order: the mean FID and accuracies of its runs, with each
+    """One row per (epsilon, method), in first-seen order: the mean FID and accuracies of its runs,
+    with each
     accuracy's min, max and standard deviation over the runs ("runs": how many)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
@@ -53,7 +54,8 @@ def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def privimage_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """PrivImage's mean rows, by epsilon, each with `rises` / `falls`: whether its mean CNN accuracy is above /
+    """PrivImage's mean rows, by epsilon, each with `rises` / `falls`: whether its mean CNN accuracy
+    is above /
     below the previous epsilon's by more than the two settings' spreads (max - min) together (None / False at
     the first epsilon)."""
     ours = sorted(
@@ -77,7 +79,8 @@ def privimage_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def privimage_orderings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per epsilon: does ours follow the paper's PrivImage > PDP-Diffusion > DPDM (FID lower, CNN acc higher)?
+    """Per epsilon: does ours follow the paper's PrivImage > PDP-Diffusion > DPDM (FID lower, CNN
+    acc higher)?
     Methods with several runs are compared by their means."""
     rows = mean_rows(rows)
     out = []
@@ -262,7 +265,7 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
             + "."
         )
     if pi.get("release_variations"):
-        from synth.privimage import PrivImageConfig
+        from synth.mechanisms.privimage import PrivImageConfig
 
         cfg = PrivImageConfig(
             epsilon=1.0, delta=s["delta"], **pi
@@ -493,7 +496,7 @@ def _mia_section(r: dict[str, Any], s: dict[str, Any], plots: dict[str, str]) ->
     L = ["### 3b. Membership inference on the released PrivImage models", ""]
     L.append(
         f"Loss-threshold membership inference (audit.mia.attack_stats on "
-        f"synth.privimage.per_sample_diffusion_loss, 5 timesteps x 2 fixed noise draws): {s['mia_samples']} "
+        f"synth.mechanisms.privimage.per_sample_diffusion_loss, 5 timesteps x 2 fixed noise draws): {s['mia_samples']} "
         "members (sensitive training images) vs as many non-members (builtin:mnist5k-heldout). Empirical epsilon "
         "lower bound: audit.epsilon_bound (threshold chosen on one half, Clopper-Pearson 95% on the other, "
         f"delta = {s['delta']:g}). eps = inf: the same UNet trained without DP for {s['nonprivate_steps']} steps "

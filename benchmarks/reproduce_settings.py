@@ -1,4 +1,5 @@
-"""Run sizes of `make reproduce`: micro (pipeline smoke run, minutes), cpu (default: the demo's recipe, 2
+"""Run sizes of `make reproduce`: micro (pipeline smoke run, minutes), cpu (default: the demo's
+recipe, 2
 CPU cores) and full (sized for one GPU). Every number that shapes a result is here and is printed into
 REPRODUCTION.md."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from synth.privimage.config import DEMO_RECIPE
+from synth.mechanisms.privimage.config import DEMO_RECIPE
 
 MODES = ("micro", "cpu", "full")
 EPSILONS = (1.0, 5.0, 10.0)
@@ -20,9 +21,11 @@ VOTE_KEYS = ("vote_sigma", "vote_rounds", "vote_pool")
 
 
 def vote_settings(epsilon: float) -> dict[str, Any]:
-    """The private vote's noise, rounds and candidates per image at `epsilon` (BENCHMARKS.md, "Private vote").
+    """The private vote's noise, rounds and candidates per image at `epsilon` (BENCHMARKS.md,
+    "Private vote").
     Four rounds at sigma 2 (the demo) compose to one Gaussian query at sigma 1: at epsilon 5 that would double
-    the DP-SGD noise, so sigma 3 there; at epsilon 1 four rounds do not fit at any useful noise, so one round at
+    the DP-SGD noise, so sigma 3 there; at epsilon 1 four rounds do not fit at any useful noise, so
+    one round at
     sigma 8 (DP-SGD noise 2.92 instead of 2.53 without a vote). Eight candidates per image where the vote noise
     is 2 (CNN 0.883 over 5 runs at epsilon 10 against 0.831 with four); at sigma 3 the eight share the votes
     four would get and the noise drowns the difference (0.839 against 0.835 at epsilon 5), so four there."""
@@ -37,7 +40,7 @@ def privimage_config(
     s: dict[str, Any], epsilon: float, selection: str = "semantic", device: str = "auto"
 ) -> Any:
     """The PrivImageConfig of one reproduction run: the mode's recipe and the vote of `epsilon`."""
-    from synth.privimage import PrivImageConfig
+    from synth.mechanisms.privimage import PrivImageConfig
 
     recipe = s["privimage"] | s["vote"][f"{epsilon:g}"]
     return PrivImageConfig(
@@ -77,7 +80,8 @@ def settings(mode: str) -> dict[str, Any]:
     ):  # the demo preset's recipe (PrivImageConfig.demo), the vote set per epsilon below
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | {"k": 1}
     else:  # one GPU: the demo's recipe with the 4x wider UNet (BENCHMARKS.md, width ablation: 0.927 without DP vs
-        # 0.871), twice the pre-training steps at twice the batch, larger DP-SGD batches and more released images
+        # 0.871), twice the pre-training steps at twice the batch, larger DP-SGD batches and more
+        # released images
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | dict(
             k=1,
             unet_channels=(32, 64, 64),
@@ -90,13 +94,15 @@ def settings(mode: str) -> dict[str, Any]:
             n_samples=10000,
             sample_batch=1000,
         )
-        # max_physical_batch: one pass per Poisson batch (at 500, about half the batches took two passes; measured
+        # max_physical_batch: one pass per Poisson batch (at 500, about half the batches took two
+        # passes; measured
         # with 500 on 2026-11-26, BENCHMARKS.md "PrivImage GPU preset")
     return {
         "mode": mode,
         "seed": SEED,
         "repeats": 1,  # every baseline and k-SALSA setting runs once
-        # PrivImage runs per epsilon: they differ in the DP noise (OS entropy), so their spread is what a steward
+        # PrivImage runs per epsilon: they differ in the DP noise (OS entropy), so their spread is
+        # what a steward
         # re-running one spec would see; seeds, data and the cached public pre-training are the same
         "privimage_repeats": {"micro": 2, "cpu": 3, "full": 3}[mode],
         # micro: two candidates per image whatever the epsilon (a smoke run)
@@ -107,7 +113,8 @@ def settings(mode: str) -> dict[str, Any]:
         "delta": DELTA,
         "privimage": privimage,
         "query_sigma": 10.0,
-        # non-private diffusion model (epsilon = infinity) for the audit: same UNet, trained on the sensitive set
+        # non-private diffusion model (epsilon = infinity) for the audit: same UNet, trained on the
+        # sensitive set
         "nonprivate_steps": {"micro": 30, "cpu": 1200, "full": 20000}[mode],
         "nonprivate_batch": {"micro": 32, "cpu": 64, "full": 128}[mode],
         "mia_samples": {"micro": 100, "cpu": 500, "full": 1000}[

@@ -1,9 +1,10 @@
-"""Cost of the secure DP-SGD noise (synth/secure_noise.py) per step against torch's generator, for the
+"""Cost of the secure DP-SGD noise (synth/tools/secure_noise.py) per step against torch's generator,
+for the
 demo's and the default UNet's trainable parameter counts: `python -m benchmarks.secure_noise_bench`.
 
 `--paths [--device cuda] [--json F] [--tiny]`: instead, the cost per million normals (and per million DP noise values,
 each the sum of 4 normals) of every path side by side in one run: the AES keystream (OpenSSL on the host; off the
-CPU its words are copied to the device), ChaCha20 in torch ops on the device (synth/device_noise.py), and torch's
+CPU its words are copied to the device), ChaCha20 in torch ops on the device (synth/tools/device_noise.py), and torch's
 own generator (`torch.randn`, float64 and float32; not secure, the reference)."""
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import torch
 from opacus.optimizers.optimizer import DPOptimizer
 
 from benchmarks.common import machine, run_dp_finetune, today
-from synth import dp_noise
-from synth.device_noise import ChaChaGaussian
-from synth.dp_noise import noise_like
-from synth.privimage.model import make_unet
-from synth.secure_noise import SecureGaussian
+from synth.mechanisms.privimage.model import make_unet
+from synth.tools import dp_noise
+from synth.tools.device_noise import ChaChaGaussian
+from synth.tools.dp_noise import noise_like
+from synth.tools.secure_noise import SecureGaussian
 
 MILLION = 1_000_000
 
@@ -67,7 +68,8 @@ def _timed(fn, spent: list[float]):
 def in_training(
     secure: bool, device: torch.device, workdir: Path, steps: int = 4
 ) -> tuple[float, float]:
-    """(ms per DP-SGD step, ms of it adding noise) for the demo model, batch 250 of 2,000 images, both timed in
+    """(ms per DP-SGD step, ms of it adding noise) for the demo model, batch 250 of 2,000 images,
+    both timed in
     the same run so the shared machine's load affects them alike."""
     spent: list[float] = []
     workdir.mkdir(parents=True)
@@ -114,7 +116,7 @@ def run(quick: bool = True) -> str:
             "",
             f"{today()}, {machine()}, {torch.get_num_threads()} torch thread(s), device {device}. "
             "`python -m benchmarks.secure_noise_bench`. DP-SGD noise for every trainable parameter, once per step: torch's "
-            "generator (`torch.normal`) vs. synth/secure_noise.py (AES-256-CTR keystream, float64 Box-Muller, sum of 4 "
+            "generator (`torch.normal`) vs. synth/tools/secure_noise.py (AES-256-CTR keystream, float64 Box-Muller, sum of 4 "
             "normals). Best of 5.",
             "",
             "| model | parameters | torch.normal ms | secure ms |",
@@ -145,13 +147,14 @@ def _median_ms(fn: Callable[[], object], device: torch.device, rounds: int) -> f
 
 
 def keystream_matches_cryptography(device: torch.device) -> bool:
-    """ChaCha20 computed on `device` equals `cryptography`'s (OpenSSL) for a fresh key and nonce, 4,096 blocks from
+    """ChaCha20 computed on `device` equals `cryptography`'s (OpenSSL) for a fresh key and nonce,
+    4,096 blocks from
     block 2^32 - 2,048 (the counter word wraps; cryptography's 16-byte nonce is the counter then the nonce)."""
     import os
 
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-    from synth.device_noise import _words, chacha20_blocks
+    from synth.tools.device_noise import _words, chacha20_blocks
 
     key, nonce, start = os.urandom(32), os.urandom(12), 2**32 - 2048
     words = chacha20_blocks(
@@ -171,7 +174,8 @@ def keystream_matches_cryptography(device: torch.device) -> bool:
 def paths(
     device: torch.device, n: int = MILLION, rounds: int = 5, compiled: bool = False
 ) -> list[dict]:
-    """ms per million standard normals and per million DP noise values (sum of 4, halved), every path, rounds
+    """ms per million standard normals and per million DP noise values (sum of 4, halved), every
+    path, rounds
     interleaved path by path so that the machine's load hits them alike; medians. The device's ChaCha20 keystream
     is checked against `cryptography` first, its verdict in every row. `compiled`: the eager and the
     torch.compile'd ChaCha20 only (compiling takes a while: the GPU script runs it last, on its own)."""

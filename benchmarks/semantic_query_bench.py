@@ -1,13 +1,17 @@
-"""The semantic query on MNIST-5k: does it choose each digit's own public class? (issue: useful synthetic data)
+"""The semantic query on MNIST-5k: does it choose each digit's own public class? (issue: useful
+synthetic data)
 
     python -m benchmarks.semantic_query_bench [--seeds 3]
-    python -m benchmarks.semantic_query_bench --fit     # the fit threshold: MNIST-5k vs Fashion-MNIST
+    python -m benchmarks.semantic_query_bench --fit     # the fit threshold: MNIST-5k vs
+    Fashion-MNIST
 
 
 The query classifier is trained on the built-in public pool (1,797 UCI digits + 10,000 Fashion-MNIST images)
-in several variants and seeds. For each one the NOISELESS per-digit histogram of its top-1 predictions on the
+in several variants and seeds. For each one the NOISELESS per-digit histogram of its top-1
+predictions on the
 4,000 sensitive digits is taken (a benchmark may look at it; a release never does), then the DP noise is drawn
-10,000 times at each query sigma and the selection is re-run: the chance that all ten digits get their own
+10,000 times at each query sigma and the selection is re-run: the chance that all ten digits get
+their own
 public digit. A wrong selection pre-trains the model on clothing for that digit (README, "What the demo
 releases").
 """
@@ -21,9 +25,9 @@ import numpy as np
 import torch
 
 from benchmarks.common import machine, md_table, today
-from synth.datasets import fashion_available, load_source
-from synth.privimage.data import label_index, to_format, to_tensor
-from synth.privimage.query import (
+from synth.kinds.datasets import fashion_available, load_source
+from synth.mechanisms.privimage.data import label_index, to_format, to_tensor
+from synth.mechanisms.privimage.query import (
     select_classes,
     select_fitting,
     semantic_histogram,
@@ -139,10 +143,11 @@ FIT_THRESHOLDS = (0.3, 0.5, 0.7)
 
 
 def fit_rates(seed: int = 0, sigma: float = 10.0, draws: int = 1000) -> list[list[object]]:
-    """Per sensitive set (MNIST-5k on the 20-class pool, Fashion-MNIST on UCI digits) and fit threshold: the
+    """Per sensitive set (MNIST-5k on the 20-class pool, Fashion-MNIST on UCI digits) and fit
+    threshold: the
     noiseless top-1 share of each class's most chosen public class, and over `draws` noise draws the mean number
     of sensitive classes that some public class fits (k = 1, shared classes), as the product's query decides."""
-    from synth.datasets import public_pool
+    from synth.kinds.datasets import public_pool
 
     cases = {
         "MNIST-5k on digits + Fashion-MNIST": ("builtin:mnist5k", public_pool()),

@@ -1,7 +1,9 @@
-"""Pre-training speed by torch thread count: torch's default against the choice of release/threads.py.
+"""Pre-training speed by torch thread count: torch's default against the choice of
+release/threads.py.
 
 `python -m benchmarks.threads_bench [--steps N] [--repeats R]`: each setting runs in a fresh process (the
-thread pool is fixed at the first parallel op) a short pre-training of the demo UNet on public UCI digits,
+thread pool is fixed at the first parallel op) a short pre-training of the demo UNet on public UCI
+digits,
 settings interleaved so that they see the same contention; prints one markdown row per run.
 """
 
@@ -22,10 +24,10 @@ from release import threads
 setting, steps = sys.argv[1], int(sys.argv[2])
 load = os.getloadavg()[0]
 choice = threads.apply() if setting != "default" else None
-from synth.datasets import uci_digits
-from synth.privimage.config import DEMO_RECIPE
-from synth.privimage.model import make_unet
-from synth.privimage.training import pretrain
+from synth.kinds.datasets import uci_digits
+from synth.mechanisms.privimage.config import DEMO_RECIPE
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.training import pretrain
 d = uci_digits()
 x = torch.from_numpy(d.images).float().div(127.5).sub(1).unsqueeze(1)
 y = torch.from_numpy(d.labels)

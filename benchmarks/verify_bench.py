@@ -1,4 +1,5 @@
-"""Bundle verification speed: `privrelease verify` against `tar -xzf` + `sha256sum` of the same files.
+"""Bundle verification speed: `privrelease verify` against `tar -xzf` + `sha256sum` of the same
+files.
 
     python -m benchmarks.verify_bench [--size-mb 1024]
 

@@ -3,7 +3,7 @@ re-identification of face renders, on a SYNTHETIC cohort.
 
     python -m benchmarks.volumes_bench [--subjects 12] [--mm 1.0]   # make bench: "volumes"
 
-The cohort (synth.mri.cohort): distinct heads made from Colin27 and pydeface's average head by
+The cohort (synth.tools.mri.cohort): distinct heads made from Colin27 and pydeface's average head by
 random affine + elastic deformations (torchio). For every mechanism the audit's own computation
 (audit.volumes: Colin27 registered to each original) gives the brain voxels changed, the face's
 detail and plain correlation with the original, and rank-1 re-identification of face renders among
@@ -29,8 +29,8 @@ METHODS = ("none", "deface quickshear", "deface mask", "reface")
 
 
 def _cohort(n: int, mm: float, seed: int = 0):
-    from synth.mri.cohort import make_cohort
-    from synth.mri.nifti import load_volume_folder
+    from synth.kinds.nifti import load_volume_folder
+    from synth.tools.mri.cohort import make_cohort
 
     folder = Path(tempfile.gettempdir()) / f"privrelease-bench-heads-{mm:g}mm-{n}-seed{seed}"
     if len(list(folder.glob("subject-*.nii.gz"))) != n:
@@ -41,7 +41,8 @@ def _cohort(n: int, mm: float, seed: int = 0):
 
 
 def _edit(method: str, subject, atlas):
-    from synth.volumes import edit, faces
+    from synth.mechanisms.deface_reface import edit
+    from synth.mechanisms.deface_reface import replacement_faces as faces
 
     if method == "none":
         return subject
@@ -60,10 +61,10 @@ def measure(n: int = 8, mm: float = 1.0, cache: Path | None = None) -> dict:
         recogniser_picture,
         reidentify,
     )
-    from synth import face_recognisers as fr
-    from synth.mri.atlas import atlases
-    from synth.mri.cohort import BASES
-    from synth.mri.render import head_level, surface_in
+    from synth.tools import face_recognisers as fr
+    from synth.tools.mri.atlas import atlases
+    from synth.tools.mri.cohort import BASES
+    from synth.tools.mri.render import head_level, surface_in
 
     cohort = _cohort(n, mm)
     t = time.perf_counter()
@@ -124,7 +125,7 @@ def measure(n: int = 8, mm: float = 1.0, cache: Path | None = None) -> dict:
 def render_grid(m: dict, path: Path = GRID_PNG, subjects: int = 4) -> None:
     from PIL import Image
 
-    from synth.mri.render import picture, picture_grid
+    from synth.tools.mri.render import picture, picture_grid
 
     rows = []
     for i in range(min(subjects, m["n"])):
@@ -179,7 +180,7 @@ def section(m: dict) -> str:
             "",
             f"**Synthetic cohort** (not people): {m['n']} heads at {m['mm']:g} mm, made from "
             "Colin27 and pydeface's average head (alternately) by random affine + elastic "
-            "deformations (torchio, `synth.mri.cohort`). Measured with the audit's own "
+            "deformations (torchio, `synth.tools.mri.cohort`). Measured with the audit's own "
             "computation (`audit.volumes`: Colin27 registered to each original, independently of "
             "the mechanisms, which register pydeface's head). Face correlation: Pearson "
             "correlation with the original over the face region, of the detail (intensity minus "

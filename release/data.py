@@ -18,9 +18,9 @@ from accounting import ledger
 from accounting.errors import DataFormatError, DatasetConflictError
 from accounting.fingerprint import dataset_fingerprint, volumes_fingerprint
 from accounting.store import Store
-from synth.datasets import BUILTINS, MAX_LABEL, ImageDataset, is_volume_source, load_data
-from synth.mri.volume import VolumeDataset
-from synth.photos import FLAT_CLASS, is_photos
+from synth.kinds.datasets import BUILTINS, MAX_LABEL, ImageDataset, is_volume_source, load_data
+from synth.kinds.photos import FLAT_CLASS, is_photos
+from synth.kinds.volume import VolumeDataset
 
 LabelDeclaration = str | Sequence[int] | Sequence[str] | None
 DECLARE_HELP = (
@@ -124,7 +124,7 @@ def register_from_source(
             )
         # orientation, registration fit, masks and memory: what would otherwise fail (or be
         # released wrong) only after a release had read the data and been charged
-        from synth.volumes.admission import check_heads
+        from synth.mechanisms.deface_reface.admission import check_heads
 
         check_heads(data, _public_cache(store))
         label_set: list[int] = []

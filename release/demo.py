@@ -25,7 +25,7 @@ from release.data import register_from_source
 from release.spec import ReleaseSpec
 from release.terminal import console, fmt_eps, print_plan, rich_progress
 from release.verify import verify_bundle
-from synth.privimage.config import PrivImageConfig
+from synth.mechanisms.privimage.config import PrivImageConfig
 
 # demo workspace only; real identities set theirs with `privrelease keys password`
 DEMO_PASSWORD = "demo-password"

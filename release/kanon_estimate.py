@@ -19,7 +19,7 @@ import numpy as np
 
 from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
 
 PROXY_MAX = 1200  # stand-in records at most (seconds per k on 2 CPU cores)
@@ -72,7 +72,7 @@ class MembershipEstimate:
 
 def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
     """Public images as uint8 of the release's shape (resized, grey <-> RGB)."""
-    from synth.ksalsa.codec import conform
+    from synth.mechanisms.ksalsa.codec import conform
 
     channels = shape[2] if len(shape) == 3 else 1
     x = conform(public, shape[0], channels)  # (N, C, H, W) in [-1, 1]
@@ -83,7 +83,7 @@ def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
 def _precision(
     images: np.ndarray, codes: np.ndarray, heldout: np.ndarray, k: int, seed: int
 ) -> float:
-    from synth.ksalsa.clustering import same_size_clusters
+    from synth.mechanisms.ksalsa.clustering import same_size_clusters
 
     clusters = same_size_clusters(codes, k).clusters
     reps = (

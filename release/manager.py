@@ -34,8 +34,8 @@ from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord
 from release.spec import Plan, ReleaseSpec, canonical
 from synth import registry
-from synth.datasets import ImageDataset, heldout_source, load_public, load_source
-from synth.mri.volume import VolumeDataset
+from synth.kinds.datasets import ImageDataset, heldout_source, load_public, load_source
+from synth.kinds.volume import VolumeDataset
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, DatasetInfo, MechanismOutput, MechanismPlan
 
@@ -660,7 +660,7 @@ def _save_output(
     out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
     if o.volumes is not None:  # the released NIfTI files, headers stripped (what is published)
-        from synth.mri.nifti import write_volume
+        from synth.kinds.nifti import write_volume
 
         folder = out / VOLUMES_DIR
         folder.mkdir(exist_ok=True)
@@ -731,7 +731,7 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
     folder = release_dir(store, release_id) / VOLUMES_DIR
     volumes = None
     if folder.is_dir():
-        from synth.mri.nifti import read_volume
+        from synth.kinds.nifti import read_volume
 
         volumes = VolumeDataset(
             [read_volume(folder / n, n) for n in volume_names(release_id, len(images))],

@@ -297,7 +297,7 @@ def run_charged(
     `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
     a distributed mechanism trains on that many processes; this process alone charges the ledger."""
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
-    if nproc != 1 and not getattr(mech, "distributed", False):
+    if nproc != 1 and not mech.distributed:
         raise PrivReleaseError(
             f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out --nproc "
             "(only PrivImage trains on several processes). Nothing was charged."
@@ -308,7 +308,7 @@ def run_charged(
             f"{plan.warnings[0] if plan.warnings else ''} It needs the steward's explicit "
             "acknowledgement (`release approve --acknowledge-non-dp`)."
         )
-    wanted = getattr(mech, "data_kind", "images")
+    wanted = mech.data_kind
     if registry.data_kind(data) != wanted:
         raise PrivReleaseError(
             f"Mechanism {mech.name!r} works on {wanted}, but run {run_id} was given "

@@ -19,7 +19,7 @@ from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
 from release.records import Release
-from synth.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset
 from synth.registry import guarantee_label
 
 __all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry)

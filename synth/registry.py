@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,24 +24,24 @@ import numpy as np
 
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, MechanismEvent
-from synth.datasets import ImageDataset
-from synth.mri.volume import VolumeDataset
+from synth.kinds.datasets import ImageDataset
+from synth.kinds.volume import VolumeDataset
 from synth.progress import ProgressFn
 
 # name -> "module:attribute" of the Mechanism object; imported lazily (torch is heavy)
 _ENTRIES: dict[str, str] = {
-    "privimage": "synth.privimage.pipeline:MECHANISM",
-    "ksalsa": "synth.ksalsa.run:MECHANISM",
-    "merf": "synth.merf.run:MECHANISM",
-    "deface": "synth.volumes.run:DEFACE",
-    "reface": "synth.volumes.run:REFACE",
-    "face-deid": "synth.faces.run:MECHANISM",
+    "privimage": "synth.mechanisms.privimage.pipeline:MECHANISM",
+    "ksalsa": "synth.mechanisms.ksalsa.run:MECHANISM",
+    "merf": "synth.mechanisms.merf.run:MECHANISM",
+    "deface": "synth.mechanisms.deface_reface.run:DEFACE",
+    "reface": "synth.mechanisms.deface_reface.run:REFACE",
+    "face-deid": "synth.mechanisms.face_deid.run:MECHANISM",
 }
 # the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
 _VOLUME_MECHANISMS = ("deface", "reface")
 STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
 # What a dataset holds and a mechanism takes: 2D image sets (ImageDataset) or 3D head volumes
-# (NIfTI, synth.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
+# (NIfTI, synth.tools.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
 DATA_KINDS = ("images", "volumes")
 Data = ImageDataset | VolumeDataset
 
@@ -188,7 +188,7 @@ class MechanismOutput:
         """The output of a mechanism that releases volumes: `volumes`, and as `images` one
         face-surface picture of each released volume (what the dashboard, the bundle's Parquet
         and its sample grid show; computed from released data only), labels 0."""
-        from synth.mri.render import picture
+        from synth.tools.mri.render import picture
 
         return cls(
             images=np.stack([picture(v) for v in volumes.volumes]),
@@ -218,46 +218,28 @@ class RunContext(Protocol):
         `resumed_from`: the runner charges them (before they run; may raise BudgetExceededError)."""
 
 
-class Mechanism(Protocol):
-    name: str
-    config_type: type
-    default_public: str
-
-    def make_config(
-        self, params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
-    ) -> Any:
-        """The frozen config from a spec's table (unknown or bad values raise
-        InvalidParameterError)."""
-
-    def plan(
-        self,
-        config: Any,
-        dataset: DatasetInfo,
-        prior: Sequence[MechanismEvent],
-        public: Data,
-    ) -> MechanismPlan:
-        """Events, count, shape and warnings; validates data compatibility. Reads no sensitive
-        data."""
-
-    def run(self, config: Any, data: Data, ctx: RunContext) -> MechanismOutput: ...
-
-    def loss_function(
-        self, generator: str | None
-    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
-        """Per-sample loss of the released generator, for the membership-inference audit."""
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MechanismEntry:
-    """A mechanism made of module-level functions (what each folder's MECHANISM is)."""
+    """The mechanism interface: what each mechanism folder declares as its MECHANISM (module-level
+    functions and facts, keyword-only; the optional members have honest defaults).
+
+    - make_config(params, dataset, n_images, preset) -> the validated config (bad values raise
+      InvalidParameterError);
+    - plan(config, dataset, prior, public) -> MechanismPlan: events, count, shape, warnings and its
+      decisions; reads no sensitive data;
+    - run(config, data, ctx) -> MechanismOutput (ctx: RunContext);
+    - loss_function(generator) -> the released generator's per-sample loss for the
+      membership-inference audit (None: nothing generative is released)."""
 
     name: str
     config_type: type
-    default_public: str
+    default_public: str  # the public data source a spec gets when it names none
     make_config: Callable[..., Any]
     plan: Callable[..., MechanismPlan]
     run: Callable[..., MechanismOutput]
-    loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None]
+    loss_function: Callable[[str | None], Callable[[np.ndarray, np.ndarray], np.ndarray] | None] = (
+        lambda generator: None
+    )
     distributed: bool = False  # its run honours ctx.nproc > 1 (`release run --nproc`)
     # its DP-SGD trainer, `(model, x, y, **settings) -> outcome with .weights`, for the one-run
     # implementation audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with
@@ -274,11 +256,17 @@ def names() -> tuple[str, ...]:
     return tuple(_ENTRIES)
 
 
-def get(name: str) -> Mechanism:
+Mechanism = MechanismEntry  # the interface every mechanism declares
+
+
+def get(name: str) -> MechanismEntry:
     if name not in _ENTRIES:
         raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(_ENTRIES)}.")
     module, attr = _ENTRIES[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+    entry = getattr(importlib.import_module(module), attr)
+    if not isinstance(entry, MechanismEntry):
+        raise TypeError(f"{module}:{attr} is not a MechanismEntry")
+    return entry
 
 
 def describe(
@@ -286,7 +274,7 @@ def describe(
 ) -> MechanismDescription:
     """Mechanism `name`'s account of a release of `n` images (a plain one where it gives none)."""
     # a mechanism not installed here (e.g. a bundle from another publisher) gets the plain account
-    fn = getattr(get(name), "describe", None) if name in _ENTRIES else None
+    fn = get(name).describe if name in _ENTRIES else None
     if fn is not None:
         return fn(parameters, guarantee, n)
     kind = str(guarantee.get("type", DP))
@@ -311,7 +299,7 @@ def kind_of(name: str) -> str:
 def check_data_kind(name: str, dataset: DatasetInfo) -> None:
     """Refuse mechanism `name` on a dataset of another kind (images vs volumes), naming those that
     fit."""
-    wanted = getattr(get(name), "data_kind", "images")
+    wanted = get(name).data_kind
     if dataset.data_kind != wanted:
         fits = [n for n in names() if kind_of(n) == dataset.data_kind]
         raise InvalidParameterError(
@@ -323,9 +311,9 @@ def check_data_kind(name: str, dataset: DatasetInfo) -> None:
 def dpsgd_trainer(name: str) -> Callable[..., Any]:
     """The DP-SGD trainer of mechanism `name`, the code the implementation audit runs on
     canaries."""
-    trainer = getattr(get(name), "dpsgd_trainer", None)
+    trainer = get(name).dpsgd_trainer
     if trainer is None:
-        with_dpsgd = [n for n in names() if getattr(get(n), "dpsgd_trainer", None) is not None]
+        with_dpsgd = [n for n in names() if get(n).dpsgd_trainer is not None]
         raise InvalidParameterError(
             f"Mechanism {name!r} trains nothing with DP-SGD, so there is no implementation to "
             f"audit; the audit applies to {', '.join(with_dpsgd)}."

@@ -60,15 +60,30 @@ def tree_copy(tmp_path: Path) -> Path:
             "The dashboard imports release only",
         ),
         ("accounting/planted.py", "import torch", "accounting imports no torch"),
+        (  # privimage's frequency warm-up uses the kernel tool, never the merf mechanism
+            "synth/mechanisms/privimage/planted.py",
+            "from synth.mechanisms.merf import config",
+            "A mechanism never imports another mechanism",
+        ),
+        (
+            "synth/tools/planted.py",
+            "from synth.mechanisms.face_deid import anonymise",
+            "synth's rooms depend one way",
+        ),
+        (
+            "synth/kinds/planted.py",
+            "from synth.tools import face_models",
+            "synth's rooms depend one way",
+        ),
         ("synth/planted.py", "from accounting import ledger", "Mechanisms never touch the store"),
         (
             "audit/planted.py",
-            "from synth.privimage import training",
+            "from synth.mechanisms.privimage import training",
             "audit reaches a mechanism through",
         ),
-        (  # the face attack uses synth.face_models, never the face-deid mechanism
+        (  # the face attack uses synth.tools.face_models, never the face-deid mechanism
             "audit/planted.py",
-            "from synth.faces import anonymise",
+            "from synth.mechanisms.face_deid import anonymise",
             "audit reaches a mechanism through",
         ),
         ("accounting/planted.py", "from release import manager", "Packages depend one way"),
@@ -78,8 +93,8 @@ def tree_copy(tmp_path: Path) -> Path:
             "Only the entry point imports release.cli",
         ),
         (
-            "synth/image_dataset.py",
-            "from synth import datasets",
+            "synth/kinds/image_dataset.py",
+            "from synth.kinds import datasets",
             "No import cycles",
         ),  # datasets imports it
     ],

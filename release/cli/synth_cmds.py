@@ -18,7 +18,7 @@ from release import manager
 from release.cli.common import console, fmt_eps, store
 from release.spec import ReleaseSpec
 from release.terminal import print_choices, rich_progress
-from synth.datasets import heldout_source
+from synth.kinds.datasets import heldout_source
 
 app = typer.Typer(
     help="Preview a mechanism on a registered dataset: events and epsilon, nothing read or "

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from accounting import filter as privacy_filter
 from accounting import curve, ledger
+from accounting import filter as privacy_filter
 from accounting.epsilon import RDP_ORDERS, epsilon_rdp
 from accounting.errors import BudgetExceededError
 from accounting.events import DpSgd, GaussianQuery, NonPrivateRelease

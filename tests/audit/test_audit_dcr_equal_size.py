@@ -6,7 +6,7 @@ import numpy as np
 from audit.images import rms_nearest
 from audit.memorisation import closer_to_train, run_memorisation
 from audit.policy import AuditPolicy
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 
 def test_bigger_training_set_alone_no_longer_looks_closer():

@@ -15,7 +15,7 @@ KEY = b"k" * 32
 
 @pytest.fixture(scope="module")
 def data():
-    from synth.datasets import uci_digits
+    from synth.kinds.datasets import uci_digits
 
     digits = uci_digits()  # quick to load; 28x28 uint8
     return digits.subset(np.arange(0, 1000, 10)), digits.subset(

@@ -10,7 +10,7 @@ from audit.images import rms_nearest
 from audit.kanon_attacks import run_kanon_attacks
 from audit.memorisation import run_memorisation
 from audit.policy import AuditPolicy
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from audit.mia import attack_stats, run_mia
 from audit.policy import AuditPolicy
-from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 
 
 def _small(images: np.ndarray) -> torch.Tensor:

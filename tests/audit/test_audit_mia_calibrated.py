@@ -8,7 +8,7 @@ import pytest
 from accounting.errors import InvalidParameterError
 from audit.mia import calibrated_scores, check_mia, compute_mia, tpr_interval
 from audit.policy import AuditPolicy
-from synth.datasets import uci_digits
+from synth.kinds.datasets import uci_digits
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from audit.dpsgd_audit import (
     gdp_epsilon,
 )
 from audit.one_run import epsilon_from_guesses, one_run_bound, p_value
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 CLAIM = 2.0  # small enough that 2,000 canaries can prove a violation (their ceiling is ~5.9)
 Q, STEPS = 0.1, 100
@@ -66,8 +66,8 @@ def test_perfect_separation_reaches_the_ceiling_and_bad_input_is_refused():
 
 
 def test_setting_from_a_stored_plan():
-    from synth.privimage import PrivImageConfig
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage import PrivImageConfig
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     cfg = PrivImageConfig.demo(epsilon=8.0, delta=1e-5)
     plan = plan_privimage(cfg, 4000, n_classes=10)

@@ -17,7 +17,7 @@ from audit.dpsgd_audit import (
     gradient_scores,
 )
 from audit.one_run import ceiling, ceiling_search, one_run_bound
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 
 def _steps(

@@ -10,7 +10,7 @@ import pytest
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from audit import AuditInputs, AuditPolicy, load_report, report_text, run_audit, save_report
-from synth.datasets import ImageDataset, uci_digits
+from synth.kinds.datasets import ImageDataset, uci_digits
 
 KEY = b"s" * 32
 SMALL = AuditPolicy(
@@ -246,7 +246,7 @@ def test_invalid_inputs_raise(parts, tmp_path):
 @pytest.mark.slow
 def test_default_policy_on_builtin_mnist(tmp_path):
     """Full-size audit (default policy) of an independent real sample posing as a release."""
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     sens, ho_all = load_source("builtin:mnist5k"), load_source("builtin:mnist5k-heldout")
     rel, ho = ho_all.subset(np.arange(0, 1000, 2)), ho_all.subset(np.arange(1, 1000, 2))

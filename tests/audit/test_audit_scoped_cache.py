@@ -5,7 +5,7 @@ import numpy as np
 
 from audit.fidelity import compute_fid
 from audit.images import audit_cache, embed_images, scoped_cache
-from synth.datasets import uci_digits
+from synth.kinds.datasets import uci_digits
 
 
 def test_cache_lives_only_inside_one_audit():

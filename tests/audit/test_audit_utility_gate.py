@@ -5,7 +5,7 @@ import pytest
 
 from audit.policy import AuditPolicy
 from audit.utility import check_utility, compute_utility
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 FAST = dict(utility_train_samples=300, cnn_epochs=1)
 

@@ -10,10 +10,10 @@ import pytest
 
 from audit import AuditInputs, AuditPolicy, run_audit
 from audit.volumes import correlation, reidentify
-from synth.mri.atlas import atlases, grow
-from synth.mri.nifti import load_volume_folder, write_volume
-from synth.mri.volume import VolumeDataset
-from synth.volumes.config import DefaceConfig
+from synth.kinds.nifti import load_volume_folder, write_volume
+from synth.kinds.volume import VolumeDataset
+from synth.mechanisms.deface_reface.config import DefaceConfig
+from synth.tools.mri.atlas import atlases, grow
 from tests.support.heads import cohort, needs_templates
 
 KEY = b"k" * 32
@@ -148,7 +148,7 @@ def test_at_two_mm_the_face_recogniser_names_an_unchanged_release(tmp_path, cach
     """At 2 mm a face shows in the renders: the recogniser runs beside the depth-map matcher and
     names every subject of an unchanged release in whose render it finds a face (at the test's 6 mm
     it is not run)."""
-    from synth.mri.cohort import make_cohort
+    from synth.tools.mri.cohort import make_cohort
 
     make_cohort(tmp_path / "heads", 5, mm=2.0)
     heads = load_volume_folder(tmp_path / "heads")
@@ -191,7 +191,7 @@ def test_a_big_endian_original_released_little_endian_is_the_same_geometry(origi
     """Issue 57: numpy dtypes compared with their byte order made every big-endian volume
     "changed"; geometry is compared as geometry, and a byte-swapped copy is still a copy."""
     from audit.volumes import _geometry_ok, canonical_bytes, compare
-    from synth.mri.volume import Volume
+    from synth.kinds.volume import Volume
 
     v = originals[0]
     big = Volume(v.data.astype(v.data.dtype.newbyteorder(">")), v.affine, v.slope, v.inter)

@@ -30,9 +30,9 @@ from audit.face_reid import (
     threshold_at_far,
     verification,
 )
-from synth import face_models as fm
-from synth import face_recognisers as fr
-from synth.datasets import ImageDataset, uci_digits
+from synth.kinds.datasets import ImageDataset, uci_digits
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
 from tests.support import face_photos
 
 POLICY = AuditPolicy(face_samples=50)

@@ -1,7 +1,7 @@
 """The face recogniser arm of the volume audit's re-identification test, on real renders: the
 before/after grid of docs/volumes-renders.png (four synthetic 1 mm heads; columns original,
 quickshear, mask, reface), rendered by the same `picture` the audit uses. Every recogniser of
-synth.face_recognisers attacks them (issue 54)."""
+synth.tools.face_recognisers attacks them (issue 54)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from PIL import Image
 
 from audit.policy import AuditPolicy
 from audit.volumes import RECOGNISERS, _judge_reid, recognise
-from synth import face_recognisers as fr
+from synth.tools import face_recognisers as fr
 
 GRID = Path(__file__).resolve().parents[2] / "docs" / "volumes-renders.png"
 

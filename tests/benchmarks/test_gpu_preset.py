@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import dpsgd_throughput, gpu_preset
-from synth.privimage import conv_grad_sample, training
+from synth.mechanisms.privimage import conv_grad_sample, training
 
 
 def _rows(out: Path) -> list[dict]:
@@ -254,8 +254,8 @@ def test_merf_bandwidth_baseline_is_a_generator_setting_of_pixel_features_alone(
     must be a number (a string reached the feature map and stopped a run), and 0: its rows were
     measured on pixel features alone."""
     from benchmarks.merf_bandwidth import BASE
-    from synth.merf.embedding import FeatureMap, frequencies
-    from synth.merf.fit import MerfSettings
+    from synth.tools.kernel.embedding import FeatureMap, frequencies
+    from synth.tools.kernel.fit import MerfSettings
 
     s = MerfSettings(**BASE)
     assert s.perceptual_share == 0.0 and s.bandwidth == 105.0

@@ -126,7 +126,7 @@ def test_the_profiler_labels_are_removed_afterwards() -> None:
     from opacus.optimizers.optimizer import DPOptimizer
 
     from benchmarks.dpsgd_throughput import _labelled
-    from synth.privimage import training
+    from synth.mechanisms.privimage import training
 
     before = DPOptimizer.clip_and_accumulate, training._per_sample_gradients
     with _labelled():

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks import recipe_ablation
-from synth.datasets import ImageDataset, load_source
-from synth.privimage import PrivImageConfig
-from synth.privimage.model import make_unet
+from synth.kinds.datasets import ImageDataset, load_source
+from synth.mechanisms.privimage import PrivImageConfig
+from synth.mechanisms.privimage.model import make_unet
 
 
 def _subset(ds: ImageDataset, n: int) -> ImageDataset:

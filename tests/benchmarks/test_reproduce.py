@@ -226,7 +226,7 @@ def test_vote_settings_fit_every_reproduced_epsilon() -> None:
     """The reproduction's per-epsilon vote is accepted by the planner and charged within epsilon, and the
     one-run audit audits the DP-SGD of exactly that plan."""
     from benchmarks.reproduce_settings import privimage_config, vote_settings
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     for mode in ("micro", "cpu", "full"):
         s = settings(mode)
@@ -369,8 +369,8 @@ def test_only_audit_rewrites_just_its_section(tmp_path) -> None:
 
 def test_audit_settings_are_the_privimage_runs_plans() -> None:
     from benchmarks.reproduce_audit import audit_settings
-    from synth.privimage import PrivImageConfig
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage import PrivImageConfig
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     s = {**settings("cpu"), "audit_epsilons": [1.0, 10.0]}
     sets = audit_settings(s)
@@ -402,8 +402,8 @@ def test_throwaway_ledger_admits_the_run_it_is_made_for(tmp_path) -> None:
     from accounting import ledger
     from benchmarks.common import throwaway_store
     from benchmarks.reproduce_settings import privimage_config
-    from synth.datasets import load_source
-    from synth.privimage.plan import plan_privimage
+    from synth.kinds.datasets import load_source
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     sens = load_source("builtin:mnist5k")
     s = settings("cpu")

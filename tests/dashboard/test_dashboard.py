@@ -12,8 +12,8 @@ import torch
 
 from accounting import curve, ledger, trail
 from accounting import filter as privacy_filter
-from accounting.errors import BudgetExceededError
 from accounting.epsilon import epsilon_report
+from accounting.errors import BudgetExceededError
 from accounting.events import DpSgd
 from dashboard.common import fmt_eps
 from release import keys, manager

@@ -8,10 +8,10 @@ import hashlib
 import pytest
 
 from accounting import trail
-from accounting.replay import password_digest
 from accounting.errors import PrivReleaseError
-from release.auth import check_password, hash_password, set_password, verify_hash
+from accounting.replay import password_digest
 from release import keys
+from release.auth import check_password, hash_password, set_password, verify_hash
 
 
 @pytest.fixture
@@ -162,15 +162,16 @@ def test_password_change_ends_sessions(people):
 
 
 def test_dashboard_session_ends_on_password_change_and_page_value_not_echoed(tmp_path, monkeypatch):
+    from accounting.store import Store, Workspace
     from tests.support.dashboard_workspace import (
         PASSWORDS,
         ROLES,
         assert_clean,
-        sign_in as app_sign_in,
         submit_sign_in,
     )
-
-    from accounting.store import Store, Workspace
+    from tests.support.dashboard_workspace import (
+        sign_in as app_sign_in,
+    )
 
     ws = Workspace(tmp_path / "ws")
     ws.init()

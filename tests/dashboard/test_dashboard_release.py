@@ -5,7 +5,6 @@ viewer) and the Downloads page are checked for every role. Slow: about a minute 
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 import torch

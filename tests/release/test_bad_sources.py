@@ -231,7 +231,7 @@ def test_label_1e12_is_refused_in_bounded_memory(tmp_path):
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
         from accounting.errors import DataFormatError
-        from synth.datasets import load_source
+        from synth.kinds.datasets import load_source
         try:
             load_source({str(path)!r})
         except DataFormatError as exc:
@@ -319,7 +319,7 @@ def test_paths_with_brackets_are_shown_verbatim(tmp_path):
 
 def test_parquet_size_is_checked_from_its_metadata(tmp_path, store, monkeypatch):
     """The stored column sizes are read from the footer before any row is read or decoded."""
-    from synth import user_data
+    from synth.kinds import user_data
 
     rng = np.random.default_rng(0)
     images = [png(rng.integers(0, 255, (8, 8), dtype=np.uint8)) for _ in range(20)]

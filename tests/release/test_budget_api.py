@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from accounting import curve, ledger
 from accounting import filter as privacy_filter
-from accounting.errors import InvalidParameterError
 from accounting.epsilon import epsilon_report
+from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, GaussianQuery
 from release import budget as budgets
 

@@ -144,7 +144,7 @@ def test_synth_is_a_preview_that_reads_no_data_and_spends_nothing(ws, tmp_path):
 
     from accounting import ledger
     from accounting.store import Store
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     d = load_source("builtin:mnist5k")
     path = tmp_path / "user.npz"
@@ -327,7 +327,7 @@ def test_write_spec_names_the_heldout_data_the_audit_needs(ws, tmp_path):
 
     import numpy as np
 
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     d = load_source("builtin:mnist5k")
     np.savez(tmp_path / "user.npz", images=d.images[:60], labels=d.labels[:60])

@@ -100,7 +100,7 @@ def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     from release.bundle import read_bundle_data
     from release.spec import ReleaseSpec
     from release.verify import verify_bundle
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     mnist = load_source("builtin:mnist5k")
     idx = np.concatenate([np.flatnonzero(mnist.labels == c)[:7] for c in range(9)])

@@ -3,14 +3,13 @@ only after an hour's run). Re-enacted on public data only; checked here against 
 real k-anonymous release of other data."""
 
 import numpy as np
-import pytest
 from sklearn.decomposition import PCA
 
 from audit.kanon_attacks import compute_kanon_attacks
-from release.kanon_estimate import estimate_membership
 from audit.policy import AuditPolicy
-from synth.datasets import load_source, uci_digits
-from synth.ksalsa.clustering import same_size_clusters
+from release.kanon_estimate import estimate_membership
+from synth.kinds.datasets import load_source, uci_digits
+from synth.mechanisms.ksalsa.clustering import same_size_clusters
 
 
 def _real_audit_precision(k: int) -> float:

@@ -14,7 +14,7 @@ from release.bundle import read_bundle_data
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 from release.verify import verify_bundle
-from synth.datasets import load_source
+from synth.kinds.datasets import load_source
 
 POLICY = {
     "mia_samples": 40,

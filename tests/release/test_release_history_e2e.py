@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
+from test_release_e2e import POLICY, _release, _setup, small_data  # noqa: F401  (small_data is a fixture)
 
 from accounting import ledger
 from release import keys, manager
 from release.verify import verify_bundle
-from test_release_e2e import POLICY, _release, _setup, small_data  # noqa: F401  (small_data is a fixture)
 
 
 def _recipe(card: str) -> str:

@@ -209,7 +209,7 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
         {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}}
     )
     assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
-    from synth.datasets import load_public
+    from synth.kinds.datasets import load_public
 
     budget = ledger.budget(
         ws_store, "mnist"

@@ -20,8 +20,8 @@ from release import keys, manager, runner
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 from synth import registry
-from synth.datasets import load_source, uci_digits
-from synth.privimage import PrivImageConfig
+from synth.kinds.datasets import load_source, uci_digits
+from synth.mechanisms.privimage import PrivImageConfig
 
 DELTA = 1e-4
 

@@ -24,7 +24,6 @@ from release.bundle import decode_png, encode_png, write_bundle
 from release.manifest import build_statement, parse_statement, statement_bytes
 from release.verify import verify_bundle
 
-
 # ---------------------------------------------------------------- DSSE
 
 

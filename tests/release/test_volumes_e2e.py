@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from synth.mri.nifti import header_text, read_volume
+from synth.kinds.nifti import header_text, read_volume
 from tests.support.heads import cohort, needs_templates
 
 pytestmark = [needs_templates, pytest.mark.slow]

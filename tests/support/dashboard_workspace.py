@@ -15,11 +15,11 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 from accounting import ledger  # noqa: E402
 from accounting.events import DpSgd, GaussianQuery  # noqa: E402
 from accounting.store import Store, Workspace  # noqa: E402
-from release.auth import set_password  # noqa: E402
 from release import keys, manager  # noqa: E402
+from release.auth import set_password  # noqa: E402
 from release.data import register_from_source  # noqa: E402
 from release.spec import ReleaseSpec  # noqa: E402
-from synth.datasets import load_source  # noqa: E402
+from synth.kinds.datasets import load_source  # noqa: E402
 
 PASSWORDS = {"alice": "steward-pass-1", "bob": "auditor-pass-1", "carol": "consumer-pass-1"}
 ROLES = {"alice": "steward", "bob": "auditor", "carol": "consumer"}

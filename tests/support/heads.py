@@ -1,4 +1,4 @@
-"""Small synthetic head volumes for tests (helpers, not tests): a cohort made by synth.mri.cohort at
+"""Small synthetic head volumes for tests (helpers, not tests): a cohort made by synth.tools.mri.cohort at
 a coarse voxel size (seconds), and the public atlases cached once per test session."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from synth.mri.templates import COLIN_HEAD, colin_available
+from synth.kinds.head_templates import COLIN_HEAD, colin_available
 
 needs_templates = pytest.mark.skipif(
     not colin_available(),
@@ -18,7 +18,7 @@ TEST_MM = 6.0  # voxel size of test volumes: about 30 x 36 x 30 voxels, registra
 
 def cohort(folder: Path, n: int, *, colin_only: bool = False, seed: int = 0) -> Path:
     """`n` synthetic subjects (SYNTHETIC data) at TEST_MM in `folder`."""
-    from synth.mri.cohort import BASES, make_cohort
+    from synth.tools.mri.cohort import BASES, make_cohort
 
     make_cohort(folder, n, mm=TEST_MM, seed=seed, bases=(COLIN_HEAD,) if colin_only else BASES)
     return folder

@@ -13,7 +13,7 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 
 
 def _register(root, name: str, source: str, data: ImageDataset) -> Store:
@@ -72,7 +72,7 @@ def run_merf(tmp_path) -> Callable[..., tuple[registry.MechanismPlan, runner.Run
     """run_merf(store, name, data, config, run_id[, plan=, progress=]): the merf release (planned on
     the dataset's history unless a plan is given) run through the runner (workdir tmp_path / "w");
     (plan, result)."""
-    from synth.merf.run import MECHANISM
+    from synth.mechanisms.merf.run import MECHANISM
 
     def run(st: Store, name: str, data: ImageDataset, cfg, run_id: str, plan=None, **kw):
         if plan is None:

@@ -13,15 +13,15 @@ import torch.nn as nn
 from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.conv import compute_conv_grad_sample
 
-from synth.privimage.conv_grad_sample import (
+from synth.mechanisms.privimage.conv_grad_sample import (
     conv2d_grad_sample,
     covered,
     group_norm_grad_sample,
     install,
     per_example_gradients_only,
 )
-from synth.privimage.model import make_unet
-from synth.privimage.training import _make_private
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.training import _make_private
 
 CPU = torch.device("cpu")
 
@@ -194,7 +194,7 @@ def test_the_unets_per_sample_gradients_through_the_dp_engine_are_exact(
         warnings.simplefilter("ignore")
         _, dp_model, dp_opt, _ = _make_private(model, opt, x, y, 2, 1.0, 1.0, 0.5, CPU)
     if not fast:
-        from synth.privimage.conv_grad_sample import uninstall
+        from synth.mechanisms.privimage.conv_grad_sample import uninstall
 
         uninstall()
     try:

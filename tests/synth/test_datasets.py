@@ -10,8 +10,8 @@ from PIL import Image
 
 from accounting.errors import DataFormatError
 from release.data import register_from_source
-from synth.datasets import load_source, uci_digits
-from synth.user_data import to_uint8
+from synth.kinds.datasets import load_source, uci_digits
+from synth.kinds.user_data import to_uint8
 
 
 def png(arr: np.ndarray) -> bytes:

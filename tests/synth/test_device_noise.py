@@ -1,4 +1,4 @@
-"""ChaCha20 in torch ops (synth/device_noise.py): RFC 8439's vectors, `cryptography`'s ChaCha20, the uniforms as the
+"""ChaCha20 in torch ops (synth/tools/device_noise.py): RFC 8439's vectors, `cryptography`'s ChaCha20, the uniforms as the
 AES path forms them, a counter that never repeats, and the generator picked by device for opacus' noise.
 The statistical tests of the noise itself run on both paths in test_secure_noise.py."""
 
@@ -12,10 +12,10 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from opacus.optimizers import DPOptimizer
 
-from synth import device_noise
-from synth.device_noise import ChaChaGaussian, chacha20_blocks
-from synth.dp_noise import SecureNoise, install
-from synth.secure_noise import SecureGaussian
+from synth.tools import device_noise
+from synth.tools.device_noise import ChaChaGaussian, chacha20_blocks
+from synth.tools.dp_noise import SecureNoise, install
+from synth.tools.secure_noise import SecureGaussian
 
 RFC_KEY = bytes(range(32))
 

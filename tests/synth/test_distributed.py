@@ -20,11 +20,11 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.privimage import PrivImageConfig, distributed, state
-from synth.privimage.model import make_unet
-from synth.privimage.sampling import sample_images
-from synth.privimage.training import dp_finetune
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.privimage import PrivImageConfig, distributed, state
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.sampling import sample_images
+from synth.mechanisms.privimage.training import dp_finetune
 from synth.progress import no_progress
 
 DELTA = 1e-4
@@ -226,7 +226,11 @@ def _worker_pids(marker: str) -> list[tuple[int, int]]:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in cmd and "synth.privimage.worker" in cmd and "torch.distributed.run" not in cmd:
+        if (
+            marker in cmd
+            and "synth.mechanisms.privimage.worker" in cmd
+            and "torch.distributed.run" not in cmd
+        ):
             rank = [e for e in env if e.startswith(b"LOCAL_RANK=")]
             found.append((int(pid), int(rank[0].split(b"=")[1]) if rank else -1))
     return found
@@ -374,8 +378,8 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import load_source, uci_digits
-from synth.privimage import PrivImageConfig
+from synth.kinds.datasets import load_source, uci_digits
+from synth.mechanisms.privimage import PrivImageConfig
 root = Path(sys.argv[1])
 sens = load_source("builtin:mnist5k")
 sens = sens.subset(np.concatenate([np.flatnonzero(sens.labels == c)[:12] for c in range(10)]))
@@ -492,8 +496,8 @@ def _one_noisy_step(rank: int, world: int, port: int, out: dict) -> None:
     """A DP-SGD step whose clipped gradients are all zero (zero inputs): what is left is the noise."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from synth.dp_noise import install
-    from synth.privimage import training
+    from synth.mechanisms.privimage import training
+    from synth.tools.dp_noise import install
 
     model = torch.nn.Linear(20_000, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)

@@ -1,4 +1,4 @@
-"""dp_finetune's loop without host round-trips: Poisson batches drawn ahead (synth/privimage/poisson_batches.py) are
+"""dp_finetune's loop without host round-trips: Poisson batches drawn ahead (synth/mechanisms/privimage/poisson_batches.py) are
 opacus' own draws, Binomial(N, q) in size, split as BatchMemoryManager splits them, and the loop's outputs for
 fixed seeds are those of opacus' DataLoader path (the charged steps and events included)."""
 
@@ -14,9 +14,9 @@ from diffusers.training_utils import EMAModel
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
-from synth.privimage import training
-from synth.privimage.model import make_unet
-from synth.privimage.poisson_batches import PoissonBatches, physical_batches
+from synth.mechanisms.privimage import training
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.poisson_batches import PoissonBatches, physical_batches
 
 PER_SAMPLE_GRADIENTS = training._per_sample_gradients
 

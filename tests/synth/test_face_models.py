@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from accounting.errors import DataFormatError, InvalidParameterError
-from synth import face_models as fm
+from synth.tools import face_models as fm
 from tests.support import face_photos
 
 

@@ -15,13 +15,13 @@ from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
-from synth import face_models as fm
-from synth import face_recognisers as fr
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.faces.config import FaceDeidConfig
-from synth.faces.run import MECHANISM, load_tools
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.face_deid.config import FaceDeidConfig
+from synth.mechanisms.face_deid.run import MECHANISM, load_tools
 from synth.registry import DatasetInfo
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
 
 torch.set_num_threads(1)
 
@@ -69,12 +69,13 @@ def _plan(store, public, cfg):
 
 
 def _run(store, photos, public, cfg, run_id, tmp_path, *, tools, ack=True, progress=None):
+    import dataclasses
     import functools
-    import types
 
-    from synth.faces.run import run
+    from synth.mechanisms.face_deid.run import run
 
-    mech = types.SimpleNamespace(name="face-deid", run=functools.partial(run, tools=tools))
+    # the registered entry with the test's loaded models handed to its run
+    mech = dataclasses.replace(MECHANISM, run=functools.partial(run, tools=tools))
     return runner.run_charged(
         store,
         run_id=run_id,
@@ -239,7 +240,7 @@ def test_a_bad_generator_file_is_refunded_before_reading(store, photos, public, 
 
 
 def test_weights_of_another_architecture_are_named(tmp_path) -> None:
-    from synth.faces.generator import load_generator
+    from synth.mechanisms.face_deid.generator import load_generator
 
     other = tmp_path / "small.pt"
     torch.save({"netG_state_dict": {"main.0.weight": torch.zeros(3, 3)}}, other)
@@ -267,7 +268,7 @@ def test_generator_weights_swapped_after_approval_are_refused_before_reading(
     weights, the searched recognisers' models) by sha256; a file changed after the plan stops the
     run before it reads a photo (refunded), naming the file."""
     from accounting.errors import TamperError
-    from synth.faces.generator import packaged_weights
+    from synth.mechanisms.face_deid.generator import packaged_weights
 
     mine = tmp_path / "mine.pt"
     mine.write_bytes(packaged_weights().read_bytes())

@@ -8,8 +8,8 @@ import pytest
 
 from accounting.errors import DataFormatError, PrivReleaseError
 from release.data import load_registered, register_from_source
-from synth import datasets
-from synth.datasets import (
+from synth.kinds import datasets
+from synth.kinds.datasets import (
     check_public_disjoint,
     fashion_available,
     heldout_source,

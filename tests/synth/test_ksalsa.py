@@ -11,17 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accounting.errors import InvalidParameterError
-from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.ksalsa import KSalsaConfig, aggregate_labels, anonymise, same_size_clusters, train_codec
-from synth.ksalsa.averaging import optimise_batch
-from synth.ksalsa.codec import conform
-from synth.ksalsa.style import (
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.ksalsa import (
+    KSalsaConfig,
+    aggregate_labels,
+    anonymise,
+    same_size_clusters,
+    train_codec,
+)
+from synth.mechanisms.ksalsa.averaging import optimise_batch
+from synth.mechanisms.ksalsa.codec import conform
+from synth.mechanisms.ksalsa.style import (
     EfficientNetStyleContent,
     gram,
     match,
     patches,
-    style_loss,
     source_style,
+    style_loss,
 )
 
 torch.set_num_threads(1)
@@ -286,7 +292,7 @@ def test_each_method_output_shape_and_range(method, mnist_small, net, tmp_path):
 
 def test_user_cnn_adapter_plugs_into_ksalsa(mnist_small):
     """A VGG-style nn.Sequential (random weights here; VGG19 where a user has it) drives the same losses."""
-    from synth.ksalsa.style import SequentialStyleContent
+    from synth.mechanisms.ksalsa.style import SequentialStyleContent
 
     torch.manual_seed(0)
     body = torch.nn.Sequential(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import numpy as np
 import pytest
 import torch
-
-import functools
-import types
 
 from accounting import ledger, trail
 from accounting.errors import (
@@ -20,11 +20,12 @@ from accounting.errors import (
 from accounting.events import NonPrivateRelease
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
-from synth.datasets import ImageDataset, load_source, uci_digits
 from release import runner
 from release.manager import dataset_info
-from synth.ksalsa import KSalsaConfig, plan_ksalsa, train_codec
-from synth.ksalsa.run import MECHANISM, run as ksalsa_run
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.ksalsa import KSalsaConfig, plan_ksalsa, train_codec
+from synth.mechanisms.ksalsa.run import MECHANISM
+from synth.mechanisms.ksalsa.run import run as ksalsa_run
 
 torch.set_num_threads(1)
 
@@ -87,7 +88,7 @@ def _plan(store, public, cfg, dataset="mnist"):
 
 def _run(store, sensitive, public, cfg, run_id, tmp_path, *, ack=True, progress=None, **inject):
     mech = (
-        types.SimpleNamespace(name="ksalsa", run=functools.partial(ksalsa_run, **inject))
+        dataclasses.replace(MECHANISM, run=functools.partial(ksalsa_run, **inject))
         if inject
         else "ksalsa"
     )

@@ -18,11 +18,11 @@ from accounting.events import GaussianQuery
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import uci_digits
-from synth.merf import MerfConfig
-from synth.merf.embedding import class_sums, frequencies, noisy_embedding
-from synth.merf.fit import MerfSettings, fit
-from synth.merf.run import MECHANISM
+from synth.kinds.datasets import uci_digits
+from synth.mechanisms.merf import MerfConfig
+from synth.mechanisms.merf.run import MECHANISM
+from synth.tools.kernel.embedding import class_sums, frequencies, noisy_embedding
+from synth.tools.kernel.fit import MerfSettings, fit
 
 torch.set_num_threads(1)
 
@@ -194,7 +194,7 @@ def test_several_bandwidths_make_the_features_of_their_mixture_kernel() -> None:
     """Independent check of the random-feature map: phi(x) . phi(y) approximates the kernel
     exp(-|x - y|^2 / (2 bandwidth)) for one bandwidth, and the equal mixture of the kernels for
     several; every phi(x) keeps norm 1 (the query's sensitivity does not change)."""
-    from synth.merf.embedding import features
+    from synth.tools.kernel.embedding import features
 
     torch.manual_seed(0)
     x = torch.rand(6, 64)
@@ -228,7 +228,7 @@ _SMALL = MerfSettings(
 def test_a_class_the_generator_lost_is_found_from_the_noisy_embedding_alone() -> None:
     """The check behind retraining: a generator whose class 2 draws garbage (its class embedding
     overwritten, as a collapsed class looks) is flagged for that class only, from the noisy query."""
-    from synth.merf import fit as fit_module
+    from synth.tools.kernel import fit as fit_module
 
     images, rows = _quadrants()
     fitted = fit(images, rows, 4, sigma=0.5, s=_SMALL)
@@ -249,7 +249,7 @@ def test_a_collapsed_class_trains_another_generator_and_keeps_the_best(
     """With every class counted as collapsed (ratio 0), all GENERATOR_ATTEMPTS are trained and the
     kept generator is the one whose worst class is closest to its target; each attempt is a new
     initialisation, so the attempts differ."""
-    from synth.merf import fit as fit_module
+    from synth.tools.kernel import fit as fit_module
 
     images, rows = _quadrants()
     seen: list[float] = []
@@ -290,7 +290,7 @@ def test_a_collapse_only_the_extra_check_sees_trains_another_generator() -> None
 def test_a_generator_that_drew_noise_for_every_class_is_collapsed_in_every_class() -> None:
     """Against the median alone a total collapse looks even (width 32 at epsilon 10 measured
     1.00-1.06 for all ten classes); a distance near the target's whole norm is a collapse itself."""
-    from synth.merf.fit import collapsed_classes
+    from synth.tools.kernel.fit import collapsed_classes
 
     assert collapsed_classes(np.array([1.003, 1.011, 0.997, 1.06])) == [0, 1, 2, 3]
     assert collapsed_classes(np.array([0.16, 0.42, 0.3, 0.25])) == []

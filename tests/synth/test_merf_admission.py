@@ -14,10 +14,10 @@ from accounting import ledger
 from accounting.errors import InvalidParameterError
 from accounting.store import Store
 from synth import registry
-from synth.datasets import uci_digits
-from synth.merf import MerfConfig, admission
-from synth.merf.fit import generator_size
-from synth.merf.run import MECHANISM
+from synth.kinds.datasets import uci_digits
+from synth.mechanisms.merf import MerfConfig, admission
+from synth.mechanisms.merf.run import MECHANISM
+from synth.tools.kernel.fit import generator_size
 
 MNIST = registry.DatasetInfo("d", "d", 4000, tuple(range(10)), (28, 28), 1e-5)
 PHOTOS = registry.DatasetInfo("p", "p", 2000, (0,), (512, 512, 3), 1e-5)

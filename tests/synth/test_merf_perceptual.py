@@ -13,20 +13,25 @@ import torch
 from accounting import ledger
 from accounting.errors import InvalidParameterError
 from synth import registry
-from synth.datasets import uci_digits
-from synth.merf import MerfConfig
-from synth.merf.config import (
-    LONG_STEPS,
-    LONG_STEPS_MAX_NOISE,
+from synth.kinds.datasets import uci_digits
+from synth.mechanisms.merf import MerfConfig
+from synth.mechanisms.merf.config import LONG_STEPS, LONG_STEPS_MAX_NOISE
+from synth.mechanisms.merf.run import MECHANISM
+from synth.tools.kernel.bandwidth import (
     NARROW_MAX_NOISE_WITH_PERCEPTUAL,
     NARROW_MAX_RELATIVE_NOISE,
     auto_bandwidth,
 )
-from synth.merf.embedding import FeatureMap, class_sums, features, frequencies, noisy_embedding
-from synth.merf.fit import class_distances
-from synth.merf.generator import ConditionalGenerator
-from synth.merf.perceptual import perceptual_features
-from synth.merf.run import MECHANISM
+from synth.tools.kernel.embedding import (
+    FeatureMap,
+    class_sums,
+    features,
+    frequencies,
+    noisy_embedding,
+)
+from synth.tools.kernel.fit import class_distances
+from synth.tools.kernel.generator import ConditionalGenerator
+from synth.tools.kernel.perceptual import perceptual_features
 
 torch.set_num_threads(1)
 

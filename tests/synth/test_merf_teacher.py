@@ -15,9 +15,10 @@ from accounting.events import DpSgd, GaussianQuery
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import uci_digits
-from synth.merf import MerfConfig, teacher
-from synth.merf.run import MECHANISM, label_order
+from synth.kinds.datasets import uci_digits
+from synth.mechanisms.merf import MerfConfig
+from synth.mechanisms.merf import dp_labels as teacher
+from synth.mechanisms.merf.run import MECHANISM, label_order
 
 torch.set_num_threads(1)
 FASHION = registry.DatasetInfo("d", "d", 55_000, tuple(range(10)), (28, 28), 1e-5)

@@ -25,9 +25,9 @@ from accounting import ledger
 from accounting.errors import DataFormatError
 from accounting.store import Store, Workspace
 from release.data import register_from_source
-from synth.datasets import load_source
-from synth.photos import letterbox
-from synth.user_data import load_folder
+from synth.kinds.datasets import load_source
+from synth.kinds.photos import letterbox
+from synth.kinds.user_data import load_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 

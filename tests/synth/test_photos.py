@@ -9,8 +9,8 @@ from PIL import Image
 from accounting.errors import DataFormatError
 from accounting.store import Store, Workspace
 from release.data import load_registered, register_from_source
-from synth.datasets import load_source
-from synth.photos import parse
+from synth.kinds.datasets import load_source
+from synth.kinds.photos import parse
 from tests.support import face_photos
 
 

@@ -13,11 +13,15 @@ from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import InvalidParameterError
-from synth.privimage import PrivImageConfig
-from synth.privimage.model import make_scheduler, make_unet
-from synth.privimage.precision import native_bfloat16, resolve_precision
-from synth.privimage.sampling import sample_images
-from synth.privimage.training import HOOKS_LOSS_REDUCTION, _per_sample_gradients, _pretrain_key
+from synth.mechanisms.privimage import PrivImageConfig
+from synth.mechanisms.privimage.model import make_scheduler, make_unet
+from synth.mechanisms.privimage.precision import native_bfloat16, resolve_precision
+from synth.mechanisms.privimage.sampling import sample_images
+from synth.mechanisms.privimage.training import (
+    HOOKS_LOSS_REDUCTION,
+    _per_sample_gradients,
+    _pretrain_key,
+)
 
 CPU = torch.device("cpu")
 
@@ -121,7 +125,7 @@ def test_bfloat16_pretraining_has_its_own_cache_key_and_float32_keeps_the_old_on
 
 def test_precision_does_not_change_the_plan() -> None:
     """Precision changes what the model computes, not what is charged."""
-    from synth.privimage.plan import plan_privimage
+    from synth.mechanisms.privimage.plan import plan_privimage
 
     plans = [
         plan_privimage(PrivImageConfig.tiny(2.0, 1e-5, precision=p), 200, n_classes=10)

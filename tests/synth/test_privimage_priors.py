@@ -19,10 +19,15 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.privimage import PrivImageConfig, central, plan_privimage
-from synth.privimage.procedural import KINDS, procedural_images
-from synth.privimage.query import build_selection, fit_floor, select_classes, select_fitting
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.privimage import PrivImageConfig, central, plan_privimage
+from synth.mechanisms.privimage.procedural import KINDS, procedural_images
+from synth.mechanisms.privimage.query import (
+    build_selection,
+    fit_floor,
+    select_classes,
+    select_fitting,
+)
 
 DELTA = 1e-4
 
@@ -455,8 +460,8 @@ def test_the_frequency_warmup_end_to_end_is_charged_saved_and_never_asked_again(
     """A run with the warm-up charges its one embedding query, pre-trains on the generator's
     images, and leaves the noisy embedding in its folder; a resumed run finds the embedding there
     and never draws it again (which would release a second answer that nobody charged)."""
-    from synth.merf import embedding as merf_embedding
-    from synth.privimage import frequency
+    from synth.mechanisms.privimage import frequency
+    from synth.tools.kernel import embedding as merf_embedding
 
     sens, pub = data
     store = _store(tmp_path, sens)

@@ -15,12 +15,12 @@ from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import InvalidParameterError
-from synth.privimage import PrivImageConfig
-from synth.privimage.augment import augment_public
-from synth.privimage.conv_grad_sample import per_example_gradients_only
-from synth.privimage.model import ddpm_loss, make_scheduler, make_unet
-from synth.privimage.sampling import sample_images, vary_images
-from synth.privimage.training import (
+from synth.mechanisms.privimage import PrivImageConfig
+from synth.mechanisms.privimage.augment import augment_public
+from synth.mechanisms.privimage.conv_grad_sample import per_example_gradients_only
+from synth.mechanisms.privimage.model import ddpm_loss, make_scheduler, make_unet
+from synth.mechanisms.privimage.sampling import sample_images, vary_images
+from synth.mechanisms.privimage.training import (
     _average_draws,
     _make_private,
     _per_sample_gradients,
@@ -73,8 +73,8 @@ def test_sharpening_and_elastic_distortion_change_what_they_claim() -> None:
 
 
 def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -> None:
-    from synth.privimage.model import make_unet
-    from synth.privimage.training import _pretrain_key
+    from synth.mechanisms.privimage.model import make_unet
+    from synth.mechanisms.privimage.training import _pretrain_key
 
     x, y = _digits()
     model = make_unet(16, 1, 10, (8, 16), 1)
@@ -89,8 +89,8 @@ def test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one() -
 
 _KEY_SCRIPT = """
 import torch
-from synth.privimage.model import make_unet
-from synth.privimage.training import _pretrain_key
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.training import _pretrain_key
 torch.manual_seed(0)
 x, y = torch.rand(6, 1, 16, 16) * 2 - 1, torch.arange(6) % 3
 print(_pretrain_key(make_unet(16, 1, 3, (8, 16), 1), x, y, dict(steps=4, batch=8, seed=0)))
@@ -352,7 +352,7 @@ def test_dp_fine_tuning_draws_timesteps_from_t_min_up(monkeypatch: pytest.Monkey
 def test_pretraining_runs_for_any_step_count(tmp_path: Path, steps: int) -> None:
     """The one-cycle schedule needs a few warm-up steps; short runs (tests, smoke runs) use a constant rate."""
     x, y = _digits(8)
-    from synth.privimage.training import pretrain
+    from synth.mechanisms.privimage.training import pretrain
 
     model = pretrain(
         _unet(),
@@ -373,7 +373,7 @@ def test_pretraining_runs_for_any_step_count(tmp_path: Path, steps: int) -> None
 def test_opacus_notices_do_not_reach_the_steward(recwarn: pytest.WarningsRecorder) -> None:
     """opacus warns "Secure RNG turned off" when its engine is built; a steward should not read library notices
     (the README says how the DP noise is generated)."""
-    from synth.privimage.training import _make_private
+    from synth.mechanisms.privimage.training import _make_private
 
     model = torch.nn.Linear(2, 1)
     _make_private(
@@ -398,9 +398,9 @@ def test_loading_models_prints_no_library_notices(tmp_path: Path) -> None:
 
     code = (
         "import pathlib\n"
-        "from synth.features import efficientnet_lite0\n"
+        "from synth.tools.pretrained_cnn import efficientnet_lite0\n"
         "efficientnet_lite0('cpu')\n"
-        "from synth.privimage.model import make_unet, save_model, load_model\n"
+        "from synth.mechanisms.privimage.model import make_unet, save_model, load_model\n"
         f"d = pathlib.Path({str(tmp_path)!r}) / 'm'\n"
         "save_model(make_unet(16, 1, 2, (8, 16), 1), d, label_values=[0, 1], class_names=['a', 'b'], image_size=16,"
         " channels=1, train_timesteps=10)\n"
@@ -429,8 +429,8 @@ def test_dp_finetune_prints_no_library_warnings(tmp_path: Path) -> None:
 
     code = (
         "import pathlib, torch\n"
-        "from synth.privimage.model import make_unet\n"
-        "from synth.privimage.training import dp_finetune\n"
+        "from synth.mechanisms.privimage.model import make_unet\n"
+        "from synth.mechanisms.privimage.training import dp_finetune\n"
         "torch.manual_seed(0)\n"
         "x, y = torch.rand(32, 1, 16, 16) * 2 - 1, torch.randint(0, 2, (32,))\n"
         "dp_finetune(make_unet(16, 1, 2, (8, 16), 1), x, y, sample_rate=0.25, noise_multiplier=1.0, steps=2,\n"
@@ -471,8 +471,8 @@ def test_variations_stay_near_their_parent_at_low_strength_and_come_in_order() -
 _SAME_PRETRAINING = """
 import sys, torch
 from pathlib import Path
-from synth.privimage.model import make_unet
-from synth.privimage.training import pretrain_cached
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.training import pretrain_cached
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
 x = -torch.ones(24, 1, 16, 16)

@@ -4,7 +4,6 @@ crash/resume without double charging, abandon, per-sample loss."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import dp_accounting
@@ -20,11 +19,15 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import ImageDataset, load_source, uci_digits
-from synth.privimage import PrivImageConfig, per_sample_diffusion_loss, plan_privimage
-from synth.privimage import state
-from synth.privimage.model import load_model
-from synth.privimage.precision import resolve_precision
+from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.mechanisms.privimage import (
+    PrivImageConfig,
+    per_sample_diffusion_loss,
+    plan_privimage,
+    state,
+)
+from synth.mechanisms.privimage.model import load_model
+from synth.mechanisms.privimage.precision import resolve_precision
 from synth.progress import no_progress
 
 DELTA = 1e-4
@@ -380,7 +383,7 @@ def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(
 ) -> None:
     """finetune_t_min only narrows which diffusion timesteps the DP-SGD loss draws (data-independent): the plan
     charges exactly what the default charges, the loss sees the setting, and the release records it."""
-    from synth.privimage import training
+    from synth.mechanisms.privimage import training
 
     sens, pub = data
     _register(store, sens)
@@ -406,7 +409,7 @@ def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(
 ) -> None:
     """vote_space "embedding": the same events as the pixel vote, the network really featurises the sensitive
     images (once) and the candidates, and the release records the space."""
-    import synth.features
+    import synth.tools.pretrained_cnn
 
     sens, pub = data
     _register(store, sens)
@@ -414,13 +417,13 @@ def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(
     plan = _plan(store, pub, cfg)
     assert plan.events == _plan(store, pub, cfg.with_(vote_space="pixel")).events
     embedded: list[int] = []
-    real_embed = synth.features.embed
+    real_embed = synth.tools.pretrained_cnn.embed
 
     def recording_embed(images, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202 - passes all to the real one
         embedded.append(len(images))
         return real_embed(images, *args, **kw)
 
-    monkeypatch.setattr(synth.features, "embed", recording_embed)
+    monkeypatch.setattr(synth.tools.pretrained_cnn, "embed", recording_embed)
     res = _run(store, sens, pub, cfg, "v", tmp_path / "w", plan=plan)
     assert embedded == [len(sens), 60]  # the 120 sensitive digits once, then the 60 candidates
     _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0))

@@ -10,11 +10,11 @@ import pytest
 from accounting.epsilon import epsilon_rdp
 from accounting.errors import InvalidParameterError, PrivReleaseError
 from accounting.events import DpSgd, GaussianQuery
-from synth.privimage import PrivImageConfig, plan_privimage
-from synth.privimage.data import label_index, to_format, to_tensor, to_uint8
-from synth.privimage.plan import query_event, sample_rate_for
-from synth.privimage.augment import augment_public
-from synth.privimage.query import (
+from synth.mechanisms.privimage import PrivImageConfig, plan_privimage
+from synth.mechanisms.privimage.augment import augment_public
+from synth.mechanisms.privimage.data import label_index, to_format, to_tensor, to_uint8
+from synth.mechanisms.privimage.plan import query_event, sample_rate_for
+from synth.mechanisms.privimage.query import (
     build_selection,
     noisy_semantic_histogram,
     select_classes,

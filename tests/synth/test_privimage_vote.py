@@ -13,8 +13,8 @@ import pytest
 from accounting.epsilon import epsilon_rdp
 from accounting.errors import InvalidParameterError, LedgerStateError
 from accounting.events import DpSgd, GaussianQuery
-from synth.privimage import PrivImageConfig, plan_privimage
-from synth.privimage.vote import (
+from synth.mechanisms.privimage import PrivImageConfig, plan_privimage
+from synth.mechanisms.privimage.vote import (
     evolve,
     nearest_candidate_votes,
     noisy_votes,
@@ -298,7 +298,7 @@ def test_release_variations_shrink_what_is_drawn_and_voted_not_what_is_released(
 def _fast_precision() -> str:
     import torch
 
-    from synth.privimage.precision import native_bfloat16
+    from synth.mechanisms.privimage.precision import native_bfloat16
 
     return "bfloat16" if native_bfloat16(torch.device("cpu")) else "float32"
 
@@ -307,7 +307,7 @@ def _fast_precision() -> str:
 def _shift_or_other_class(n: int, shift: int = 5):
     """n MNIST digits; for each, two candidates of its class position: the digit shifted `shift` pixels right,
     and a digit of another class that is close to it in pixels (the 6th nearest)."""
-    from synth.datasets import load_source
+    from synth.kinds.datasets import load_source
 
     d = load_source("builtin:mnist5k")
     idx = np.random.default_rng(0).choice(len(d.images), n, replace=False)
@@ -321,7 +321,7 @@ def _shift_or_other_class(n: int, shift: int = 5):
 
 
 def test_embedding_vote_picks_the_shifted_copy_where_pixel_l2_picks_another_class() -> None:
-    from synth.privimage.vote import embedding_features
+    from synth.mechanisms.privimage.vote import embedding_features
 
     sens, pos, cand, cpos = _shift_or_other_class(12)
     pixel = nearest_candidate_votes(sens, pos, cand, cpos)
@@ -339,7 +339,7 @@ def test_embedding_vote_picks_the_shifted_copy_where_pixel_l2_picks_another_clas
 def test_embedding_features_do_not_depend_on_batchmates_and_are_unit_vectors() -> None:
     """The vote's sensitivity needs one image's features to be the same whatever else is featurised with it
     (float32 features of a batch of 1 and of 64 differ in the 5th digit without fixed-shape batches)."""
-    from synth.privimage.vote import embedding_features
+    from synth.mechanisms.privimage.vote import embedding_features
 
     sens, _, cand, _ = _shift_or_other_class(4)
     featurize = embedding_features("cpu", "float32")
@@ -351,7 +351,7 @@ def test_embedding_features_do_not_depend_on_batchmates_and_are_unit_vectors() -
 
 
 def test_removing_one_sensitive_image_changes_one_embedding_vote_by_one() -> None:
-    from synth.privimage.vote import embedding_features, nearest_votes
+    from synth.mechanisms.privimage.vote import embedding_features, nearest_votes
 
     sens, pos, cand, cpos = _shift_or_other_class(4)
     pos, cpos = pos % 2, cpos % 2  # two classes, four candidates each
@@ -389,7 +389,7 @@ def test_vote_space_charges_the_same_events_and_is_validated() -> None:
     for bad in ("inception", "", None, 1, "Embedding"):
         with pytest.raises(InvalidParameterError, match="vote_space must be one of"):
             PrivImageConfig(epsilon=5.0, delta=1e-5, vote_space=bad)
-    from synth.privimage.vote import features_for, pixel_features
+    from synth.mechanisms.privimage.vote import features_for, pixel_features
 
     assert features_for("pixel") is pixel_features
     with pytest.raises(InvalidParameterError, match="vote_space"):
@@ -397,7 +397,7 @@ def test_vote_space_charges_the_same_events_and_is_validated() -> None:
 
 
 def test_evolve_featurises_the_sensitive_images_once_and_votes_in_the_given_space() -> None:
-    from synth.privimage.vote import pixel_features
+    from synth.mechanisms.privimage.vote import pixel_features
 
     sens, pos, cand, cpos = _data(5, m=60)
     calls: list[int] = []

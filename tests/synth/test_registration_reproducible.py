@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from synth.mri.atlas import atlases
-from synth.mri.nifti import load_volume_folder
+from synth.kinds.nifti import load_volume_folder
+from synth.tools.mri.atlas import atlases
 from tests.support.heads import cohort, needs_templates
 
 pytestmark = needs_templates

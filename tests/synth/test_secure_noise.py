@@ -9,12 +9,12 @@ import pytest
 import torch
 from scipy import stats
 
-from synth import dp_noise, secure_noise
-from synth.device_noise import ChaChaGaussian
-from synth.privimage import PrivImageConfig
-from synth.privimage.model import make_unet
-from synth.privimage.training import dp_finetune
-from synth.secure_noise import SecureGaussian
+from synth.mechanisms.privimage import PrivImageConfig
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.training import dp_finetune
+from synth.tools import dp_noise, secure_noise
+from synth.tools.device_noise import ChaChaGaussian
+from synth.tools.secure_noise import SecureGaussian
 
 N, SIGMA = 1_000_000, 1.7
 # the CPU path (AES keystream from OpenSSL) and the device path (ChaCha20 in torch ops, run here on the CPU)

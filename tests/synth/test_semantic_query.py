@@ -7,9 +7,13 @@ import pytest
 import torch
 
 from benchmarks.semantic_query_bench import noiseless_histogram, query_data
-from synth.datasets import fashion_available
-from synth.privimage import PrivImageConfig
-from synth.privimage.query import balanced_class_weights, select_classes, train_classifier
+from synth.kinds.datasets import fashion_available
+from synth.mechanisms.privimage import PrivImageConfig
+from synth.mechanisms.privimage.query import (
+    balanced_class_weights,
+    select_classes,
+    train_classifier,
+)
 
 
 def test_balanced_weights_make_every_class_weigh_the_same() -> None:

@@ -17,13 +17,13 @@ from accounting import ledger
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.store import Store, Workspace
 from release.data import register_from_source
-from synth.datasets import load_data
-from synth.mri.atlas import atlases
-from synth.mri.nifti import load_volume_folder, write_volume
-from synth.mri.registration import Registration, check_fit, interruptible
-from synth.mri.volume import Volume
-from synth.volumes import admission
-from synth.volumes.edit import deface, little_endian
+from synth.kinds.datasets import load_data
+from synth.kinds.nifti import load_volume_folder, write_volume
+from synth.kinds.volume import Volume
+from synth.mechanisms.deface_reface import admission
+from synth.mechanisms.deface_reface.edit import deface, little_endian
+from synth.tools.mri.atlas import atlases
+from synth.tools.mri.registration import Registration, check_fit, interruptible
 from tests.support.heads import cohort, needs_templates
 
 

@@ -16,10 +16,10 @@ from accounting import ledger
 from accounting.errors import DataFormatError, DatasetConflictError
 from accounting.store import Store, Workspace
 from release.data import data_kind, load_registered, register_from_source
-from synth.datasets import is_volume_source, load_data
-from synth.mri.nifti import header_text, load_volume_folder, read_volume, write_volume
-from synth.mri.templates import colin_available
-from synth.mri.volume import Volume, VolumeDataset
+from synth.kinds.datasets import is_volume_source, load_data
+from synth.kinds.nifti import header_text, load_volume_folder, read_volume, write_volume
+from synth.kinds.volume import Volume, VolumeDataset
+from synth.kinds.head_templates import colin_available
 from tests.support.heads import cohort, needs_templates
 
 

@@ -3,8 +3,8 @@ refund before reading, the reservation kept after reading, the brain left bit-fo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import types
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +18,10 @@ from release import runner
 from release.data import load_registered, register_from_source
 from release.manager import dataset_info
 from synth import registry
-from synth.datasets import load_data, uci_digits
-from synth.mri.atlas import atlases
-from synth.volumes import run as volumes_run
-from synth.volumes.config import DefaceConfig, RefaceConfig
+from synth.kinds.datasets import load_data, uci_digits
+from synth.mechanisms.deface_reface import run as volumes_run
+from synth.mechanisms.deface_reface.config import DefaceConfig, RefaceConfig
+from synth.tools.mri.atlas import atlases
 from tests.support.heads import cohort, needs_templates
 
 pytestmark = needs_templates
@@ -59,7 +59,7 @@ def _run(store, name, cfg, run_id, tmp_path, *, ack=True, **inject):
     _, data = load_registered(store, "heads")
     run = volumes_run.run_reface if name == "reface" else volumes_run.run_deface
     mech = (
-        types.SimpleNamespace(name=name, run=functools.partial(run, **inject), data_kind="volumes")
+        dataclasses.replace(registry.get(name), run=functools.partial(run, **inject))
         if inject
         else name
     )

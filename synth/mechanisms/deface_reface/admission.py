@@ -1,0 +1,135 @@
+"""What a head-volume dataset must satisfy before anything can be charged on it: checked when it is
+registered (the image-dependent checks: orientation, the registrations' fit, masks big enough for
+every method, memory) and when a release is planned (the method's minimum grid and memory, from the
+registered shape). A run that would fail, or hang, after reading the data leaves a charge behind, so
+everything that can be known beforehand is refused beforehand, with the number and the limit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from accounting.errors import DataFormatError, InvalidParameterError
+from synth.kinds.nifti import MAX_BYTES
+from synth.kinds.volume import Volume, VolumeDataset
+from synth.progress import ProgressFn, no_progress
+from synth.tools.mri.atlas import atlases
+from synth.tools.mri.registration import check_fit
+
+# Smallest grid (voxels per side) each method works on: registration's 8 mm level needs a few
+# voxels across the head, and quickshear fits its plane to the lower hull of the brain's sagittal
+# outline, which degenerates (an empty hull) when the brain spans a handful of voxels.
+MIN_GRID = {"deface:quickshear": 16, "deface:mask": 12, "reface": 12}
+MIN_MASK_VOXELS = 50  # the registered brain and face must each cover at least this many voxels
+# Peak memory of one subject, in bytes per voxel beyond the stored arrays. Measured on a 1 mm int16
+# head (181 x 217 x 181): deface 15 (mask) and 19 (quickshear), reface 47, the audit 52, plus the
+# registration child's own arrays; rounded up.
+PEAK_BYTES_PER_VOXEL = {"deface:quickshear": 32, "deface:mask": 32, "reface": 56, "audit": 64}
+
+
+def method_key(mechanism: str, method: str | None = None) -> str:
+    return f"deface:{method}" if mechanism == "deface" else mechanism
+
+
+def machine_memory() -> int:
+    """The memory this process may use, in bytes: physical memory, or a smaller cgroup limit."""
+    total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def peak_memory(key: str, largest_voxels: int, stored_bytes: int) -> int:
+    """Estimated peak bytes of a run (or its audit): the dataset and its released copy held whole,
+    plus one subject's working arrays at the largest volume."""
+    per_voxel = max(PEAK_BYTES_PER_VOXEL[key], PEAK_BYTES_PER_VOXEL["audit"])
+    return 2 * stored_bytes + per_voxel * largest_voxels
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_plan(mechanism: str, method: str | None, shape: tuple[int, ...], count: int) -> None:
+    """Plan-time admission from the registered (common) shape: the method's minimum grid and the
+    run's memory against this machine's. Shapes that vary were checked volume by volume when the
+    dataset was registered (`check_heads`)."""
+    if len(shape) != 3:
+        return
+    key = method_key(mechanism, method)
+    if min(shape) < MIN_GRID[key]:
+        raise InvalidParameterError(
+            f"[{mechanism}] the volumes are {shape[0]}x{shape[1]}x{shape[2]} voxels; "
+            f"{key.replace(':', ' method ')} needs at least {MIN_GRID[key]} voxels per side. "
+            "Register scans at a finer voxel size."
+        )
+    voxels = int(np.prod(shape))
+    stored = min(count * voxels * 8, MAX_BYTES)  # the stored type is not public: assume the widest
+    need, have = peak_memory(key, voxels, stored), machine_memory()
+    if need > have:
+        raise InvalidParameterError(
+            f"[{mechanism}] the run needs about {_gib(need)} of memory ({count} volumes of "
+            f"{shape[0]}x{shape[1]}x{shape[2]} voxels), more than this machine's {_gib(have)}. "
+            "Run it on a bigger machine or register the scans at a coarser voxel size."
+        )
+
+
+def _check_one(volume: Volume, atlases_: tuple, what: str) -> None:
+    from synth.mechanisms.deface_reface.edit import quickshear_keep
+
+    for atlas in atlases_:
+        reg = atlas.register(volume)
+        check_fit(reg, f"{what} (registering {atlas.name})")
+        masks = atlas.on(volume, reg)
+        for part in ("brain", "face"):
+            found = int(getattr(masks, part).sum())
+            if found < MIN_MASK_VOXELS:
+                raise DataFormatError(
+                    f"{what}: the registered {part} covers {found} voxels of the "
+                    f"{'x'.join(map(str, volume.shape))} grid (at least {MIN_MASK_VOXELS} "
+                    "needed): the grid is too coarse or does not hold the whole head. Register "
+                    "scans with the face and brain in a finer grid."
+                )
+        try:
+            cut = ~quickshear_keep(masks.brain, volume.affine, 10)
+        except (ValueError, IndexError) as exc:
+            raise DataFormatError(
+                f"{what}: quickshear cannot fit its plane under this brain ({exc}); the grid "
+                f"{'x'.join(map(str, volume.shape))} is too coarse. Register finer scans."
+            ) from exc
+        if not cut.any():
+            raise DataFormatError(
+                f"{what}: quickshear's plane cuts nothing from this head; the grid "
+                f"{'x'.join(map(str, volume.shape))} is too coarse or the face is outside it."
+            )
+
+
+def check_heads(
+    data: VolumeDataset, cache_dir: Path | None = None, progress: ProgressFn = no_progress
+) -> None:
+    """Registration-time admission of every volume: the templates fit it in its header's
+    orientation (both the mechanisms' and the audit's), its brain and face are found, quickshear
+    can cut it, and a run over the dataset fits in this machine's memory."""
+    stored = sum(v.data.nbytes for v in data.volumes)
+    largest = max(int(np.prod(v.shape)) for v in data.volumes)
+    worst = max(PEAK_BYTES_PER_VOXEL, key=lambda k: PEAK_BYTES_PER_VOXEL[k])
+    need, have = peak_memory(worst, largest, stored), machine_memory()
+    if need > have:
+        raise DataFormatError(
+            f"{data.source}: a release of these volumes needs about {_gib(need)} of memory (the "
+            f"largest holds {largest:,} voxels), more than this machine's {_gib(have)}. Register "
+            "fewer volumes or scans at a coarser voxel size, or use a bigger machine."
+        )
+    both = atlases(cache_dir)
+    for i, volume in enumerate(data.volumes):
+        progress("checking heads", i, len(data))
+        _check_one(volume, both, f"{data.source}/{volume.name}" if data.source else volume.name)
+    progress("checking heads", len(data), len(data))

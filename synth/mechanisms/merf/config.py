@@ -1,0 +1,190 @@
+"""DP-MERF run parameters, validated up front (the plan refuses what a run could not do)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from accounting.errors import InvalidParameterError
+from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity
+from synth.tools.kernel.bandwidth import (
+    BATCH,
+    LR,
+    NARROW_MAX_RELATIVE_NOISE,
+    WIDTH,
+    Z_DIM,
+    auto_bandwidth,
+    narrow_limit,
+    pixel_noise,
+    relative_noise,
+)
+
+# The "auto" settings below are decided at plan time from public quantities only (the plan's sigma,
+# the registered count and label set), so deciding spends no privacy. Each limit sits between
+# the measured settings that worked and those that did not (BENCHMARKS-NOTEBOOK.md, the DP-MERF
+# sections and "Measurement history from the code").
+
+# teacher_labels = "auto": DP labels where the query, left `query_share` of epsilon, still keeps
+# the narrow kernel (they gained there and cost a little where the query fell to the wide one)
+TEACHER_AUTO = "auto"
+# perceptual_share = "auto": perceptual features take PERCEPTUAL_SHARE of each record's unit norm
+# where the pixel features, left the rest, still keep the narrow kernel (narrow_limit); else off
+PERCEPTUAL_AUTO = "auto"
+PERCEPTUAL_SHARE = 0.5
+# steps = "auto": LONG_STEPS generator updates where the pixel features' noise is at most
+# LONG_STEPS_MAX_NOISE (a point gained at 0.017; under a point, for twice the time, at 0.118)
+STEPS_AUTO = "auto"
+STEPS = 2000
+LONG_STEPS = 4000
+LONG_STEPS_MAX_NOISE = 0.05
+MAX_STEPS = 1_000_000  # 250x auto's longest: days on a CPU
+
+
+@dataclass
+class MerfConfig:
+    """One Gaussian query (the noisy random-feature embedding of each class), then a small generator
+    trained against it on the publisher's machine (post-processing). `epsilon` is the target for the
+    dataset's whole history, this query included; its noise is calibrated at plan time."""
+
+    epsilon: float
+    delta: float
+    n_features: int = 4000  # random Fourier features (half cosines, half sines)
+    bandwidth: float | None = None  # kernel bandwidth; None = chosen by auto_bandwidth
+    z_dim: int = Z_DIM
+    width: int = WIDTH
+    steps: int | str = STEPS_AUTO  # generator updates, or "auto" (decided by the plan)
+    batch: int = BATCH
+    lr: float = LR
+    n_samples: int = 10_000  # released, balanced over the classes
+    seed: int = 0  # public: the random frequencies, the generator's initialisation and draws
+    # DP labels (synth.mechanisms.merf.dp_labels): a classifier trained with DP-SGD on the sensitive
+    # images
+    # labels the drawn images; the query gets `query_share` of epsilon, the classifier the rest
+    teacher_labels: bool | str = TEACHER_AUTO  # true, false or "auto" (decided by the plan)
+    query_share: float = 0.5  # the query's noise is that of a query alone at this share of epsilon
+    teacher_epochs: int = 10
+    teacher_batch: int = 512  # expected records per DP-SGD step
+    # perceptual features' share of each record's unit norm in the query: 0 (pixels only), a
+    # number below 1, or "auto" (decided by the plan from public quantities)
+    perceptual_share: float | str = PERCEPTUAL_AUTO
+
+    def __post_init__(self) -> None:
+        self.epsilon = check_epsilon(self.epsilon, "target epsilon")
+        self.delta = check_delta(self.delta)
+        self.n_features = check_count(self.n_features, "n_features")
+        if self.n_features % 2 or not 64 <= self.n_features <= 100_000:
+            raise InvalidParameterError(
+                f"n_features must be an even number between 64 and 100000, got {self.n_features}."
+            )
+        if self.bandwidth is not None:
+            self.bandwidth = check_sensitivity(self.bandwidth, "bandwidth")
+        self.z_dim = check_count(self.z_dim, "z_dim")
+        self.width = check_count(self.width, "width")
+        if self.width % 2 or self.width > 512:
+            raise InvalidParameterError(
+                f"width must be an even number of channels up to 512, got {self.width}."
+            )
+        if self.steps != STEPS_AUTO:
+            if isinstance(self.steps, str):
+                raise InvalidParameterError(
+                    f'steps must be "{STEPS_AUTO}" or a positive whole number of generator '
+                    f"updates, got {self.steps!r}."
+                )
+            self.steps = check_count(self.steps, "steps")
+            if self.steps > MAX_STEPS:
+                raise InvalidParameterError(
+                    f"steps must be at most {MAX_STEPS:,} generator updates, got {self.steps:,}: "
+                    f"a run that long would not finish after charging (auto trains {STEPS:,} or "
+                    f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
+                )
+        self.batch = check_count(self.batch, "batch")
+        self.lr = check_sensitivity(self.lr, "lr")
+        if self.lr > 1:
+            raise InvalidParameterError(f"lr must be at most 1, got {self.lr:g}.")
+        self.n_samples = check_count(self.n_samples, "n_samples")
+        if self.n_samples > 10_000_000:
+            raise InvalidParameterError(
+                f"n_samples must be at most 10,000,000 images, got {self.n_samples}."
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
+        if not isinstance(self.teacher_labels, bool) and self.teacher_labels != TEACHER_AUTO:
+            raise InvalidParameterError(
+                f'teacher_labels must be true, false or "{TEACHER_AUTO}", got '
+                f"{self.teacher_labels!r}."
+            )
+        share = self.query_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+            raise InvalidParameterError(
+                f"query_share must be a number strictly between 0 and 1, got {share!r}: the "
+                "query's share of epsilon, the DP classifier taking the rest."
+            )
+        self.query_share = float(share)
+        self.teacher_epochs = check_count(self.teacher_epochs, "teacher_epochs")
+        if self.teacher_epochs > 1000:
+            raise InvalidParameterError(
+                f"teacher_epochs must be at most 1000, got {self.teacher_epochs}."
+            )
+        self.teacher_batch = check_count(self.teacher_batch, "teacher_batch")
+        p = self.perceptual_share
+        if p != PERCEPTUAL_AUTO and (
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 0.9
+        ):
+            raise InvalidParameterError(
+                f'perceptual_share must be "{PERCEPTUAL_AUTO}" or a number from 0 to 0.9, got '
+                f"{p!r}: the perceptual features' share of each record in the query (0 = pixels "
+                "only)."
+            )
+        if p != PERCEPTUAL_AUTO:
+            self.perceptual_share = float(p)
+
+    def bandwidth_for(
+        self,
+        n_pixels: int,
+        sigma: float,
+        n_records: int,
+        n_classes: int,
+        perceptual_share: float = 0.0,
+    ) -> float:
+        """The bandwidth set, or the one auto_bandwidth picks for the noise on the pixel features
+        (which keep 1 - perceptual_share of each record's squared norm)."""
+        if self.bandwidth is not None:
+            return self.bandwidth
+        noise = pixel_noise(sigma, self.n_features, n_records, n_classes, perceptual_share)
+        return auto_bandwidth(n_pixels, noise, perceptual_share)
+
+    def perceptual_for(self, query_sigma: float, n_records: int, n_classes: int) -> float:
+        """The perceptual share: the setting itself, or for "auto" PERCEPTUAL_SHARE where the pixel
+        features beside it still keep the narrow kernel, else 0 (public quantities only)."""
+        if self.perceptual_share != PERCEPTUAL_AUTO:
+            return float(self.perceptual_share)
+        noise = pixel_noise(query_sigma, self.n_features, n_records, n_classes, PERCEPTUAL_SHARE)
+        return PERCEPTUAL_SHARE if noise <= narrow_limit(PERCEPTUAL_SHARE) else 0.0
+
+    def steps_for(
+        self, query_sigma: float, n_records: int, n_classes: int, perceptual_share: float
+    ) -> int:
+        """The generator's updates: the setting itself, or for "auto" LONG_STEPS where the pixel
+        features' noise is at most LONG_STEPS_MAX_NOISE, else STEPS (public quantities only)."""
+        if self.steps != STEPS_AUTO:
+            return int(self.steps)
+        noise = pixel_noise(query_sigma, self.n_features, n_records, n_classes, perceptual_share)
+        return LONG_STEPS if noise <= LONG_STEPS_MAX_NOISE else STEPS
+
+    def wants_teacher(self, query_sigma: float, n_records: int, n_classes: int) -> bool:
+        """Whether the release trains the label classifier: the setting itself, or for "auto" a
+        decision from public quantities only (the query's noise at its share of epsilon, the
+        registered count and label set)."""
+        if self.teacher_labels != TEACHER_AUTO:
+            return bool(self.teacher_labels)
+        noise = relative_noise(query_sigma, self.n_features, n_records, n_classes)
+        return n_classes >= 2 and noise <= NARROW_MAX_RELATIVE_NOISE
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> MerfConfig:
+        """For tests: seconds, meaningless quality."""
+        base: dict[str, Any] = dict(n_features=256, z_dim=8, width=8, steps=5, batch=32)
+        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

@@ -1,0 +1,133 @@
+"""One rank of a distributed PrivImage stage, started by torchrun
+(synth/mechanisms/privimage/distributed.py):
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m
+    synth.mechanisms.privimage.worker JOB
+
+JOB is the file the coordinating process wrote (stage, tensors, settings). Workers never touch the
+ledger: rank 0 writes the write-ahead step counter, checkpoints and the result file; the coordinator
+charges. Stages: "pretrain" (plain DDP, public data) and "finetune_sample" (DP-SGD with opacus'
+DPDDP, then DDIM sampling split across ranks and gathered on rank 0)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from accounting.errors import PrivReleaseError
+from synth.mechanisms.privimage import distributed, state
+from synth.mechanisms.privimage.model import make_unet
+from synth.mechanisms.privimage.sampling import sample_images
+from synth.mechanisms.privimage.training import dp_finetune, pretrain_cached
+from synth.progress import ProgressFn, no_progress
+
+
+def _progress() -> ProgressFn:
+    return distributed.report_progress if dist.get_rank() == 0 else no_progress
+
+
+def _digest(weights: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        h.update(k.encode())
+        h.update(weights[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _same_on_every_rank(weights: dict[str, torch.Tensor]) -> list[str]:
+    """Every rank's weight digest; the ranks must agree (DDP/DPDDP keep replicas identical)."""
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, _digest(weights))
+    if len(set(digests)) != 1:
+        raise PrivReleaseError(
+            f"Internal error: the ranks' models diverged ({digests}); nothing is released."
+        )
+    return digests
+
+
+def pretrain_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
+    model = pretrain_cached(
+        job["model"],
+        job["x"],
+        job["y"],
+        cache_dir=job["cache_dir"],
+        workdir_ckpt=Path(job["workdir_ckpt"]),
+        device=device,
+        progress=_progress(),
+        world_size=dist.get_world_size(),
+        **job["kwargs"],
+    )
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    digests = _same_on_every_rank(weights)
+    return {"weights": weights, "rank_digests": digests} if dist.get_rank() == 0 else None
+
+
+def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
+    """DP-SGD (lost steps were charged by the coordinator before launch: on_resume does nothing),
+    then this rank's share of the released images."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    outcome = dp_finetune(
+        job["model"],
+        job["x"],
+        job["y"],
+        device=device,
+        workdir=Path(job["workdir"]),
+        on_resume=lambda started, done: None,
+        progress=_progress(),
+        world_size=world,
+        **job["finetune"],
+    )
+    digests = _same_on_every_rank(outcome.weights)
+    model = make_unet(*job["unet"])
+    model.load_state_dict(outcome.weights)
+    s = dict(job["sample"])
+    labels = np.asarray(s.pop("labels"))
+    mine = distributed.split_positions(len(labels), rank, world)
+    images = sample_images(
+        model, labels[mine], device=device, progress=_progress(), **{**s, "seed": s["seed"] + rank}
+    )
+    gathered = distributed.gather_images(images, len(labels))
+    if rank != 0 or gathered is None:
+        return None
+    return {
+        "weights": outcome.weights,
+        "steps": outcome.steps,
+        "opacus_history": outcome.opacus_history,
+        "opacus_sample_rate": outcome.opacus_sample_rate,
+        "images": gathered,
+        "rank_digests": digests,
+    }
+
+
+STAGES = {"pretrain": pretrain_stage, "finetune_sample": finetune_sample_stage}
+
+
+def main(argv: list[str]) -> int:
+    distributed.die_with_parent()
+    if len(argv) != 1:
+        print(
+            "usage: python -m synth.mechanisms.privimage.worker JOB (started by torchrun for "
+            "`privrelease release run --nproc N`; not run by hand)",
+            file=sys.stderr,
+        )
+        return 2
+    job = torch.load(argv[0], map_location="cpu", weights_only=False)
+    device = distributed.init_from_env(job["device"])
+    try:
+        result = STAGES[job["stage"]](job, device)
+        if result is not None:
+            state.save_torch(Path(job["result"]), result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
