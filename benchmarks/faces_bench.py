@@ -1,7 +1,7 @@
 """Faces: the field's table. No anonymisation, a Gaussian blur (sigma 8) and pixelation (8 blocks)
 over each face, k-SALSA (k = 5) and face-deid side by side, each attacked by three recognisers of
 different families, each with its own detection and alignment (synth.tools.face_recognisers: dlib,
-SFace, FaceNet; face-deid searches against dlib and SFace, FaceNet is held out), and judged for
+SFace, FaceNet; face-deid searches against SFace and FaceNet, dlib is held out), and judged for
 realism by an independent detector (YuNet).
 
 Data (nothing downloaded; every table says which it is):
@@ -249,8 +249,8 @@ def real_tables(config: FaceDeidConfig, tools, grid: Path | None) -> tuple[str, 
     note = (
         f"face-deid's own record: {p['n_faces']} faces, {p['n_faces_generated']} generated, "
         f"{p['n_faces_pixelated']} pixelated; searched against "
-        f"{', '.join(p['searched_recognisers'])} (targets {p['search_targets']}); FaceNet held "
-        "out. KID of the blurred and pixelated faces, for comparison: "
+        f"{', '.join(p['searched_recognisers'])} (targets {p['search_targets']}); the audit's "
+        "other recognisers held out. KID of the blurred and pixelated faces, for comparison: "
         + ", ".join(
             f"{k} {1e3 * v:.1f}"
             for k, v in (
@@ -503,7 +503,7 @@ def run(quick: bool = True, grid: Path | None = GRID, speed: bool = True) -> str
         "Three recognisers, each with its own detection and alignment: dlib (CenterFace + 68 "
         "landmarks + ResNet descriptor, same person below 0.6), SFace (YuNet + alignCrop, cosine "
         "0.363, i.e. distance below 0.637) and FaceNet (YuNet + 5-point alignment, Euclidean below "
-        "1.04). face-deid searches against dlib and SFace; FaceNet is held out. Rank-1 p: "
+        "1.04). face-deid searches against SFace and FaceNet; dlib is held out. Rank-1 p: "
         "one-sided binomial test against chance (the audit fails a release below 0.05). Realism "
         "by YuNet (independent of all three): the share of faces it finds at IoU >= 0.5 and "
         "confidence >= 0.8, its 5 landmarks' mean shift (inter-ocular distances) and KID (x 1e3) "
