@@ -172,6 +172,11 @@ class FaceDeidConfig:
         )
 
     @property
+    def max_candidates(self) -> int:
+        """Faces tried at most for one original: the inversion, then every round's candidates."""
+        return 1 + len(self.search_strengths) * self.candidates_per_round
+
+    @property
     def target_distance(self) -> float:
         return self.identity_threshold + self.identity_margin
 

@@ -45,8 +45,9 @@ NO_DP_WARNING = (
     "Face de-identification carries NO differential-privacy guarantee: after it, the dataset's DP "
     "guarantees no longer hold, for this release and for every earlier or later DP release of it "
     "(its epsilon becomes infinite in the ledger). Its protection is empirical: each face is "
-    "replaced until one face recogniser no longer matches it, and the audit's re-identification "
-    "attack checks that; hair, clothes, background and faces the detector misses stay as they are. "
+    "replaced until the face recognisers it searches against no longer match it, and the audit's "
+    "re-identification attack, by those and by one the search never measured, checks that; hair, "
+    "clothes, background and faces the detector misses stay as they are. "
     "Acknowledge explicitly to run."
 )
 
@@ -122,6 +123,14 @@ def plan(
         parameters=config.public_parameters(),
         detail={
             "guarantee_description": guarantee_line(targets),
+            "choices": [
+                "search: every face replaced until "
+                + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
+                + " from the original; the audit's other recognisers are held out"
+                + (" (none: acknowledged)" if config.acknowledge_no_held_out else ""),
+                f"candidates: up to {config.max_candidates} a face, from a bank of "
+                f"{config.bank_size} prior faces",
+            ],
             # what the search measured; release/ holds the audit's recognisers against it
             "searched_recognisers": list(config.recognisers),
             "search_targets": targets,
