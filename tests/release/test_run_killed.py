@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = "DP-MERF generator"  # a progress stage after the data was read (the query before it)
 
 
-def _approved(tmp_path: Path) -> tuple[Store, str]:
+def _approved(tmp_path: Path, steps: int = 1_000_000) -> tuple[Store, str]:
     ws = Workspace(tmp_path / "ws")
     ws.init()
     store = Store(ws)
@@ -37,7 +37,7 @@ def _approved(tmp_path: Path) -> tuple[Store, str]:
         "merf": {
             "epsilon": 4.0,
             "preset": "tiny",
-            "steps": 1_000_000,  # far longer than the test waits: killed mid-training
+            "steps": steps,  # by default far longer than the test waits: killed mid-training
             "teacher_labels": False,
             "perceptual_share": 0,
         },
@@ -160,3 +160,53 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path) -> None:
     manager.abandon_release(store, rid, "alice")
     [charge] = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
     assert charge.state == "committed"
+
+
+def test_a_run_killed_before_it_read_the_data_is_settled_without_a_charge(tmp_path) -> None:
+    """Killed at its first line (threads set, data loading): either it had not yet marked the
+    release running (still approved, nothing reserved) or `release abandon` settles it; nothing
+    stays charged either way."""
+    store, rid = _approved(tmp_path)
+    spent = ledger.budget(store, "mnist").spent_rdp
+    proc, _ = _run_until(store, rid, "CPU threads")
+    proc.kill()
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    assert not manager.run_status(store, rid).accessed
+    if manager.get_release(store, rid).state == "approved":
+        # killed before the run marked it running: nothing was reserved, and it still runs as
+        # approved (or is rejected); nothing to settle
+        assert not [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    else:
+        settled = _cli(store, "release", "abandon", rid, "--as", "alice")
+        assert settled.returncode == 0, settled.stdout + settled.stderr
+        assert manager.get_release(store, rid).state == "failed"
+    charges = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    assert all(c.state == "refunded" for c in charges), charges
+    assert ledger.budget(store, "mnist").spent_rdp == spent
+    assert "run.sensitive_access" not in _actions(store, rid)
+    verified = _cli(store, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.slow  # a whole merf release and two audits: about a minute
+def test_a_run_killed_during_its_audit_is_audited_again_by_release_run(tmp_path) -> None:
+    """Killed after the charge was committed and the output saved, while the audit runs: `release
+    run` audits it again (no second run, no second charge) and the release ends checked."""
+    store, rid = _approved(tmp_path, steps=5)
+    proc, _ = _run_until(store, rid, "audit:")
+    proc.kill()
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    [charge] = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    assert charge.state == "committed"
+    again = _cli(store, "release", "run", rid, "--as", "alice")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert manager.get_release(store, rid).state == "checked"
+    charges = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
+    assert [c.state for c in charges] == ["committed"]  # charged once
+    assert _actions(store, rid).count("run.sensitive_access") == 1
+    verified = _cli(store, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
