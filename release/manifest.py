@@ -3,11 +3,11 @@ predicate."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path, PurePosixPath
 
+from accounting.digests import file_sha256 as file_sha256
 from accounting.errors import InvalidParameterError, TamperError
 from release.predicate import PREDICATE_TYPE, TYPE_PREFIX, UnsupportedPredicateError, version_of
 
@@ -26,14 +26,6 @@ def tool_info() -> dict:
     except metadata.PackageNotFoundError:
         version = "unknown"
     return {"name": "privrelease", "version": version}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def bundle_files(root: Path) -> list[str]:

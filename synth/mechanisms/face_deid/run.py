@@ -11,7 +11,6 @@ silently.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from accounting.digests import file_sha256
 from accounting.errors import DataFormatError, InvalidParameterError, TamperError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
@@ -101,9 +101,9 @@ def plan(
             "path of a DCGAN state dict or leave it out."
         )
     generator = packaged_weights() if config.generator_weights is None else config.generator_weights
-    bound = {str(generator): _sha256(Path(generator))}
+    bound = {str(generator): file_sha256(Path(generator))}
     for rec in recognisers:
-        bound.update({str(f): _sha256(f) for f in rec.files()})
+        bound.update({str(f): file_sha256(f) for f in rec.files()})
     warnings = [NO_DP_WARNING]
     warnings.append(
         "Photos in which the detector finds no face are "
@@ -142,19 +142,11 @@ def plan(
     )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
     """Every file the approved plan bound is unchanged (the generator as loaded, from the bytes
     it was loaded from); else the run stops before reading sensitive data (refunded)."""
     for path, expected in bound.items():
-        now = generator_sha256 if path == generator else _sha256(Path(path))
+        now = generator_sha256 if path == generator else file_sha256(Path(path))
         if now != expected:
             raise TamperError(
                 f"{path} changed after the release was approved (sha256 {now[:12]}..., approved "
