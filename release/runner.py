@@ -33,6 +33,7 @@ from release import threads
 from synth import registry
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, Guarantee, Mechanism, MechanismOutput, MechanismPlan
+from synth.tools import step_counter
 
 LEASE_TTL_S = 120.0  # a lease on another host lapses this long after its last heartbeat
 HEARTBEAT_S = 15.0
@@ -390,7 +391,7 @@ def run_status(
     return RunStatus(
         charge,
         bool(rows and rows[0]["accessed"]),
-        int(registry.read_counter(workdir)["started"]),
+        step_counter.started(workdir),
         step.steps if step is not None else None,
         redo,
     )
@@ -420,7 +421,7 @@ def _settle(
         ledger.commit(store, c.run_id, c.planned_events, actor=actor)
         executed += c.planned_events
         redone += _steps(c.planned_events)
-    main = _executed(plan, int(registry.read_counter(workdir)["started"]) - redone)
+    main = _executed(plan, step_counter.started(workdir) - redone)
     ledger.commit(store, charge_id, main, actor=actor)
     return main + executed
 

@@ -13,8 +13,6 @@ Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + o
 from __future__ import annotations
 
 import importlib
-import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,6 @@ _ENTRIES: dict[str, str] = {
 }
 # the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
 _VOLUME_MECHANISMS = ("deface", "reface")
-STEP_COUNTER = "dpsgd_wal.json"  # the write-ahead step counter file in a run's workdir
 # What a dataset holds and a mechanism takes: 2D image sets (ImageDataset) or 3D head volumes
 # (NIfTI, synth.tools.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
 DATA_KINDS = ("images", "volumes")
@@ -319,25 +316,6 @@ def dpsgd_trainer(name: str) -> Callable[..., Any]:
             f"audit; the audit applies to {', '.join(with_dpsgd)}."
         )
     return trainer
-
-
-# ------------------------------------------------------------------ write-ahead step counter
-def read_counter(workdir: Path) -> dict[str, Any]:
-    path = Path(workdir) / STEP_COUNTER
-    return json.loads(path.read_text()) if path.exists() else {"started": 0, "redo": []}
-
-
-def step_started(workdir: Path) -> int:
-    """Durably count one more step as started (before it runs); returns the new count."""
-    data = read_counter(workdir)
-    data["started"] = int(data["started"]) + 1
-    tmp = Path(workdir) / (STEP_COUNTER + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, Path(workdir) / STEP_COUNTER)
-    return data["started"]
 
 
 def build_config(

@@ -26,6 +26,7 @@ from synth.mechanisms.privimage.model import make_unet
 from synth.mechanisms.privimage.sampling import sample_images
 from synth.mechanisms.privimage.training import dp_finetune
 from synth.progress import no_progress
+from synth.tools import step_counter
 
 DELTA = 1e-4
 
@@ -112,9 +113,7 @@ def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: P
         == res1.internal["opacus_history"]
         == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
     )
-    assert (
-        state.read_json(tmp_path / "w2" / state.WAL)["started"] == dp.steps
-    )  # rank 0 alone counted
+    assert step_counter.started(tmp_path / "w2") == dp.steps  # rank 0 alone counted
     assert stages2 == stages1 == {"DP fine-tuning", "sampling"}  # progress forwarded from rank 0
     assert res2.images.shape == res1.images.shape == (20, 28, 28) and res2.images.dtype == np.uint8
     assert np.array_equal(res2.labels, res1.labels)
@@ -198,7 +197,7 @@ def test_replicas_train_identically_and_sampling_is_gathered_in_order(data, tmp_
     again = sample_images(sampler, labels[1::2], **{**kw, "seed": 1}, device=torch.device("cpu"))
     gap = np.abs(again.astype(int) - r2["images"][1::2].astype(int)).mean()
     assert gap < 1.0 < np.abs(again.astype(int) - r2["images"][0:6:2].astype(int)).mean()
-    assert state.read_json(tmp_path / state.WAL)["started"] == 5
+    assert step_counter.started(tmp_path) == 5
     # rank 0's checkpoint is an ordinary one: one process continues it (a resume with another --nproc)
     resumed: list = []
     more = dp_finetune(
@@ -258,7 +257,7 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(
     assert killed
     plan_events = plan.events
     (planned,) = plan_events
-    started = state.read_json(wd / state.WAL)["started"]
+    started = step_counter.started(wd)
     assert 5 <= started < planned.steps
     charge = ledger.get_charge(store, "r")
     assert charge.state == "reserved" and list(charge.planned_events) == list(
@@ -276,9 +275,7 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(
         [started - ckpt_step] if started > ckpt_step else []
     )
     total = sum(e.steps for c in [main, *redo] for e in c.charged_events)
-    assert (
-        total == state.read_json(wd / state.WAL)["started"] >= planned.steps
-    )  # every executed step charged
+    assert total == step_counter.started(wd) >= planned.steps  # every executed step charged
     assert res.images.shape == (20, 28, 28)
 
 
@@ -330,7 +327,7 @@ def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
         on_resume=lambda s, d: None,
     )
     assert out.steps == 40 and out.opacus_history == [(1.0, 1 / 20, 40)]
-    assert state.read_json(tmp_path / state.WAL)["started"] == 40
+    assert step_counter.started(tmp_path) == 40
 
 
 def _count_batches(rank: int, world: int, port: int, out: dict) -> None:
@@ -421,14 +418,14 @@ def test_killing_the_coordinator_stops_its_workers(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        assert _wait(lambda: state.read_json(wd / state.WAL, {"started": 0})["started"] >= 2, 240)
+        assert _wait(lambda: step_counter.started(wd) >= 2, 240)
         assert len(_worker_pids(str(wd))) == 2
     finally:
         coord.kill()
         coord.wait()
     assert _wait(lambda: not _worker_pids(str(wd)), 30), _worker_pids(str(wd))
-    started = state.read_json(wd / state.WAL)["started"]
-    assert not _wait(lambda: state.read_json(wd / state.WAL)["started"] != started, 3)
+    started = step_counter.started(wd)
+    assert not _wait(lambda: step_counter.started(wd) != started, 3)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from synth.kinds.datasets import uci_digits
 from synth.mechanisms.merf import MerfConfig
 from synth.mechanisms.merf import dp_labels as teacher
 from synth.mechanisms.merf.run import MECHANISM, label_order
+from synth.tools import step_counter
 
 torch.set_num_threads(1)
 FASHION = registry.DatasetInfo("d", "d", 55_000, tuple(range(10)), (28, 28), 1e-5)
@@ -162,7 +163,7 @@ def test_a_release_with_dp_labels_is_charged_both_events(
     assert list(res.labels) == sorted(res.labels)  # sorted by the classifier's label
     assert "DP-SGD label classifier" in stages
     # every step went through the runner's durable write-ahead counter before it ran
-    assert registry.read_counter(tmp_path / "w")["started"] == plan.events[1].steps
+    assert step_counter.started(tmp_path / "w") == plan.events[1].steps
     charge = ledger.get_charge(st, "t1")
     assert charge.state == "committed" and tuple(charge.charged_events) == plan.events
     assert ledger.budget(st, "mnist").spent.epsilon_rdp <= 4.0
@@ -225,7 +226,7 @@ def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
     assert redo.state == "committed" and redo.charged_events[0].steps == 3
     main = ledger.get_charge(st, "c")
     assert main.state == "committed" and main.charged_events[1].steps == steps
-    assert registry.read_counter(tmp_path / "w")["started"] == steps + 3
+    assert step_counter.started(tmp_path / "w") == steps + 3
     assert trail.verify(st).ok
 
 
@@ -244,7 +245,7 @@ def test_auto_runs_what_the_plan_decided_and_records_it(halves_store, run_merf, 
     # 2,000 images a class: the pixel features keep the narrow kernel beside perceptual ones
     assert res.parameters["perceptual_share"] == 0.5
     assert res.parameters["perceptual_share_setting"] == "auto"
-    assert registry.read_counter(tmp_path / "w")["started"] == plan.events[1].steps == 8
+    assert step_counter.started(tmp_path / "w") == plan.events[1].steps == 8
     assert tuple(ledger.get_charge(st, "a").charged_events) == plan.events
     about = registry.describe("merf", res.parameters, res.guarantee.as_dict(), 20)
     assert "two events" in about.guarantee

@@ -29,6 +29,7 @@ from synth.mechanisms.privimage import (
 from synth.mechanisms.privimage.model import load_model
 from synth.mechanisms.privimage.precision import resolve_precision
 from synth.progress import no_progress
+from synth.tools import step_counter
 
 DELTA = 1e-4
 
@@ -227,14 +228,14 @@ def test_crash_then_resume_charges_lost_steps_once(store: Store, data, tmp_path:
     assert (
         ledger.get_charge(store, "r").state == "reserved"
     )  # read data: stays charged, not refunded
-    assert registry.read_counter(wd)["started"] == 3
+    assert step_counter.started(wd) == 3
     res = _run(store, sens, pub, cfg, "r", wd, plan=plan)
     steps = plan.step_event.steps
     redo = ledger.get_charge(store, "r:redo-1")
     assert redo.state == "committed" and redo.charged_events[0].steps == 1
     main = ledger.get_charge(store, "r")
     assert main.state == "committed" and main.charged_events[1].steps == steps
-    assert registry.read_counter(wd)["started"] == steps + 1
+    assert step_counter.started(wd) == steps + 1
     assert sum(isinstance(e, DpSgd) and e.steps for e in res.executed_events) == steps + 1
     assert res.internal["opacus_history"] == [
         [main.charged_events[1].noise_multiplier, main.charged_events[1].sample_rate, steps]

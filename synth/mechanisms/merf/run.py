@@ -31,6 +31,7 @@ from synth.mechanisms.merf.config import (
 )
 from synth.mechanisms.merf.describe import describe
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+from synth.tools import step_counter
 from synth.tools.kernel.bandwidth import WIDE_BANDWIDTH_PER_PIXEL
 from synth.tools.kernel.embedding import SENSITIVITY, embedding_event, features
 from synth.tools.kernel.fit import (
@@ -367,7 +368,7 @@ def _train_classifier(
 ) -> torch.nn.Module:
     """The DP label classifier, trained exactly as charged (every step through the runner's
     write-ahead counter; steps a crashed attempt ran are charged before it trains anew)."""
-    started = int(registry.read_counter(ctx.workdir)["started"])
+    started = step_counter.started(ctx.workdir)
     if started:  # an earlier attempt ran steps and crashed: they are charged before training anew
         ctx.charge_lost_steps(started, 0)
     return teacher.train(
@@ -379,7 +380,7 @@ def _train_classifier(
         steps=dpsgd.steps,
         noise_multiplier=dpsgd.noise_multiplier,
         seed=config.seed,
-        before_step=lambda: registry.step_started(ctx.workdir),
+        before_step=lambda: step_counter.step_started(ctx.workdir),
         progress=lambda done, total: ctx.progress("DP-SGD label classifier", done, total),
     )
 

@@ -30,6 +30,7 @@ from synth.mechanisms.privimage import state
 from synth.mechanisms.privimage.ddp import LockstepPoissonSampler as LockstepPoissonSampler
 from synth.mechanisms.privimage.training import DpSgdOutcome
 from synth.progress import ProgressFn
+from synth.tools import step_counter
 
 MAX_NPROC = 64
 PROGRESS_TAG = "@@privrelease-progress"
@@ -187,7 +188,7 @@ def _threads_per_rank(nproc: int) -> int:
 def lost_steps_before_launch(workdir: Path) -> tuple[int, int] | None:
     """(steps started, checkpoint step) when an earlier attempt left DP-SGD state behind: the
     coordinator charges the lost steps (ctx.charge_lost_steps) before the workers run again."""
-    started = int(state.read_json(workdir / state.WAL, {"started": 0})["started"])
+    started = step_counter.started(workdir)
     if started == 0:
         return None
     saved = state.load_torch(workdir / state.FINETUNE)

@@ -53,7 +53,6 @@ from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunConte
 from synth.tools.kernel import bandwidth
 from synth.tools.kernel.fit import MerfSettings, generator_size
 
-assert state.WAL == registry.STEP_COUNTER  # dp_finetune writes the runner's write-ahead counter
 MAX_SAMPLES = 1_000_000
 MAX_DPSGD_STEPS = 10_000_000
 MAX_QUERY_SIGMA = 1e6

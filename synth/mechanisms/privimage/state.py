@@ -15,7 +15,6 @@ PLAN = "plan.json"
 DATA_ACCESSED = "data.accessed"  # written just before the first read of sensitive data
 QUERY = "query.json"  # the noisy histogram (DP) and the selection derived from it
 VOTE = "vote.json"  # the private vote's noisy counts (DP) and the candidates it kept
-WAL = "dpsgd_wal.json"  # write-ahead counter of DP-SGD steps started, and redo charges
 PRETRAIN = "pretrain.pt"
 FINETUNE = "finetune.pt"
 MODEL_DIR = "model"

@@ -34,6 +34,7 @@ from synth.mechanisms.privimage.model import ddpm_loss, make_scheduler
 from synth.mechanisms.privimage.poisson_batches import PoissonBatches, physical_batches
 from synth.mechanisms.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
+from synth.tools import step_counter
 from synth.tools.dp_noise import install as install_secure_noise
 
 # bump when pretrain() changes what it computes (invalidates caches)
@@ -308,12 +309,11 @@ def dp_finetune(
     )
     # a few fused kernels, not 3 per tensor
     ema = EMAModel(model.parameters(), decay=ema_decay, foreach=True)
-    wal_path, ckpt_path, writer = workdir / state.WAL, workdir / state.FINETUNE, _writer(world_size)
-    wal = state.read_json(wal_path, {"started": 0, "redo": []})
+    ckpt_path, writer = workdir / state.FINETUNE, _writer(world_size)
+    wal = step_counter.read(workdir)
     done, accountant_state = _restore(ckpt_path, model, opt, ema, device)
     if wal["started"] > 0:
         on_resume(wal["started"], done)
-        wal = state.read_json(wal_path, wal)  # on_resume may have recorded redo charges
     if done >= steps:
         return DpSgdOutcome(
             _ema_weights(model, ema),
@@ -356,7 +356,7 @@ def dp_finetune(
     steps_fn = _loader_steps if world_size > 1 else _presampled_steps
     with per_example_gradients_only(model):
         for step_batches in steps_fn(dp_loader, dp_opt, x, y, physical, device):
-            _write_ahead(wal, wal_path, writer)  # before the step's first physical batch runs
+            _write_ahead(wal, workdir, writer)  # before the step's first physical batch runs
             for xb, yb in step_batches:
                 _per_sample_gradients(
                     dp_model,
@@ -464,12 +464,12 @@ def _scale_grad(self: DPOptimizer) -> None:
         torch._foreach_div_([p.grad for p in self.params], divisor)
 
 
-def _write_ahead(wal: dict, wal_path: Path, writer: bool) -> None:
+def _write_ahead(wal: dict, workdir: Path, writer: bool) -> None:
     """Count one more step as started, durably, before it runs (rank 0 alone writes under
-    torchrun)."""
+    torchrun; every rank keeps its count in `wal`)."""
     wal["started"] += 1
     if writer:
-        state.write_json(wal_path, wal)
+        step_counter.write(workdir, wal)
 
 
 def _per_sample_gradients(
