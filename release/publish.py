@@ -6,6 +6,7 @@ where the ledger stood), its card and its columns. release.manager records the s
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from release.artifacts import (
 from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord, approvals
 
+if TYPE_CHECKING:
+    from audit import AuditReport
+
 TOOL = "privrelease"
 
 
@@ -31,21 +35,11 @@ def write_release_bundle(store: Store, rel: Release) -> tuple[dict[str, str], Ru
     """Build the signed bundle of `rel` (checked, its approval verified); refuses unless every
     thresholded audit check passed and the store verifies. Returns the bundle's paths and digests
     and the run record they belong to."""
-    from audit import load_report
     from release.bundle import write_bundle
     from release.card import card_for
 
     release_id = rel.release_id
-    report = load_report(store, release_id)
-    if report is None:
-        raise LedgerStateError(
-            f"Release {release_id} has no audit report; run `privrelease audit run {release_id}`."
-        )
-    if not report.passed:
-        names = ", ".join(f"{c.name} ({c.summary})" for c in report.failures)
-        raise PermissionDeniedError(
-            f"Release {release_id} failed its audit and cannot be published: {names}."
-        )
+    report = _passed_report(store, release_id)
     images, labels, dist = load_release_data(store, release_id)
     ds = ledger.get_dataset(store, rel.dataset_id)
     integrity = verify_store(store)  # chain, head and the ledger replayed from the trail
@@ -91,6 +85,23 @@ def write_release_bundle(store: Store, rel: Release) -> tuple[dict[str, str], Ru
         "public_key": str(info.public_key_path),
     }
     return bundle, res
+
+
+def _passed_report(store: Store, release_id: str) -> AuditReport:
+    """The release's audit report, refused unless every thresholded check passed."""
+    from audit import load_report
+
+    report = load_report(store, release_id)
+    if report is None:
+        raise LedgerStateError(
+            f"Release {release_id} has no audit report; run `privrelease audit run {release_id}`."
+        )
+    if not report.passed:
+        names = ", ".join(f"{c.name} ({c.summary})" for c in report.failures)
+        raise PermissionDeniedError(
+            f"Release {release_id} failed its audit and cannot be published: {names}."
+        )
+    return report
 
 
 def release_predicate(
