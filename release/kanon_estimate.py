@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from accounting import ledger
 from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
+from release.artifacts import public_sha256
+from release.spec import ReleaseSpec
+from synth import registry
 from synth.kinds.datasets import ImageDataset
 from synth.progress import ProgressFn, no_progress
+from synth.registry import Data, MechanismPlan
 
 PROXY_MAX = 1200  # stand-in records at most (seconds per k on 2 CPU cores)
 HELDOUT_MIN = 200  # public images kept aside as the attack's non-members
@@ -159,3 +164,37 @@ def estimate_membership(
     return MembershipEstimate(
         k, tried[k], threshold, m, int(record_count), public.source or "public data", passing, tried
     )
+
+
+_ESTIMATES: dict[
+    tuple, MembershipEstimate | None
+] = {}  # public data only: the same question gets the same answer
+
+
+def plan_warning(
+    spec: ReleaseSpec,
+    ds: ledger.Dataset,
+    mplan: MechanismPlan,
+    public: Data,
+    progress: ProgressFn,
+) -> list[str]:
+    """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release,
+    re-enacted on the public data (`estimate_membership`): reads nothing sensitive, so the warning
+    may be shown as it is. Remembered per process by everything that determines it."""
+    k, threshold = (
+        int(mplan.parameters["k"]),
+        AuditPolicy.from_dict(spec.policy).kanon_max_attack_precision,
+    )
+    key = (public_sha256(public), ds.record_count, k, tuple(mplan.output_shape), threshold)
+    if key not in _ESTIMATES:
+        _ESTIMATES[key] = estimate_membership(
+            registry.images_only(public, "The k-anonymity estimate"),
+            ds.record_count,
+            k,
+            tuple(mplan.output_shape),
+            threshold,
+            progress=lambda stage, done, total: progress(f"plan: {stage}", done, total),
+        )
+    estimate = _ESTIMATES[key]
+    warning = estimate.warning() if estimate is not None else None
+    return [warning] if warning else []

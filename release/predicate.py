@@ -1,10 +1,10 @@
 """The signed release predicate: what a bundle's in-toto statement asserts about the release.
 
-Built once (`manager.publish`), signed into the bundle, read back by `verify`, the card and the
-dashboard. Its version is the one in the statement's `predicateType`
-(`https://privrelease.dev/release/v1`); the JSON of a version never changes, so bundles already
-published keep verifying. A new version gets a new type URI and a reader for it here; a reader
-refuses a version it does not know.
+Built once (`publish.release_predicate`, when `manager.publish` publishes), signed into the bundle,
+read back by `verify`, the card and the dashboard. Its version is the one in the statement's
+`predicateType` (`https://privrelease.dev/release/v1`); the JSON of a version never changes, so
+bundles already published keep verifying. A new version gets a new type URI and a reader for it
+here; a reader refuses a version it does not know.
 """
 
 from __future__ import annotations

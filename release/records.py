@@ -1,14 +1,19 @@
 """The typed release record: one row of the store's `releases` table, as the release manager, the
-CLI and the dashboard see it. Frozen: a state change is a new row read back from the store."""
+CLI and the dashboard see it, and the reads of the `releases` and `approvals` tables. Frozen: a
+state change is a new row read back from the store (release.manager writes them)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from accounting.errors import TamperError
+from accounting.errors import PrivReleaseError, TamperError
+from accounting.store import Store
 from release.spec import Plan
+
+if TYPE_CHECKING:
+    from release.keys import Identity
 
 # The lifecycle (README, "Walkthrough of a release"): planned -> approved -> running -> checked ->
 # published, or rejected / failed on the way.
@@ -144,3 +149,26 @@ class Release:
             "reason": self.reason,
             "result": self.result.to_json() if self.result else None,
         }
+
+
+def get_release(store: Store, release_id: str) -> Release:
+    rows = store.query("SELECT * FROM releases WHERE release_id = ?", [release_id])
+    if not rows:
+        raise PrivReleaseError(f"Unknown release {release_id!r}. See `privrelease release list`.")
+    return Release.from_row(rows[0])
+
+
+def list_releases(store: Store, viewer: Identity | None = None) -> list[Release]:
+    """All releases, newest first; a consumer sees only published ones."""
+    rows = [
+        Release.from_row(r) for r in store.query("SELECT * FROM releases ORDER BY created_at DESC")
+    ]
+    if viewer is not None and viewer.role == "consumer":
+        rows = [r for r in rows if r.state == "published"]
+    return rows
+
+
+def approvals(store: Store, release_id: str) -> list[dict]:
+    return store.query(
+        "SELECT * FROM approvals WHERE release_id = ? ORDER BY decided_at", [release_id]
+    )

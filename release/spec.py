@@ -191,8 +191,8 @@ class Plan:
     spec_file: str | None
     events: list[dict[str, Any]]
     events_described: list[str]
-    epsilon_before: dict[str, float]
-    epsilon_after: dict[str, float]
+    epsilon_before: dict[str, float | None]  # EpsilonReport.as_dict: None for infinite
+    epsilon_after: dict[str, float | None]
     epsilon_cap: float
     remaining_after_rdp: float | None
     expected_count: int

@@ -1,5 +1,6 @@
-"""Read-only views of a workspace for display (the dashboard): its datasets, audit trail, audit
-reports and, for stewards and auditors, a registered dataset's images. Nothing here writes; the
+"""Read-only views of a workspace for display (the dashboard, `release status`): its datasets, audit
+trail, audit reports, where a release's run stands and, for stewards and auditors, a registered
+dataset's images and a release's saved output (release.artifacts). Nothing here writes; the
 release lifecycle is `release.manager`, the budget figures `release.budget`. The dashboard imports
 release only, so these are the accounting and audit reads it shows, in one place."""
 
@@ -15,24 +16,29 @@ from accounting.errors import PrivReleaseError
 from accounting.ledger import Dataset
 from accounting.store import Store, Workspace
 from audit.report import AuditReport, load_report
+from release import runner
+from release.artifacts import load_output, release_dir
 from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
-from release.records import Release
+from release.records import Release, get_release
 from synth.kinds.datasets import ImageDataset
 from synth.registry import guarantee_label
 
-__all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry)
+__all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry);
+    # load_output: a release's saved output, typed (release.artifacts)
     "AuditReport",
     "Dataset",
     "PrivReleaseError",
     "Store",
     "audit_report",
     "guarantee_label",
+    "load_output",
     "dataset",
     "datasets",
     "open_store",
     "published_predicate",
+    "run_status",
     "sensitive_images",
     "trail_entries",
     "verify_trail",
@@ -88,4 +94,17 @@ def published_predicate(rel: Release) -> ReleasePredicate | None:
     statement = json.loads(path.read_text())
     return ReleasePredicate.from_json(
         statement.get("predicate"), statement.get("predicateType", "")
+    )
+
+
+def run_status(store: Store, release_id: str) -> runner.RunStatus:
+    """Where a failed or interrupted release's run stands (its charge, data read, DP-SGD steps
+    started)."""
+    rel = get_release(store, release_id)
+    return runner.run_status(
+        store,
+        run_id=release_id,
+        dataset=rel.plan.dataset_id,
+        plan=rel.plan.mechanism_view(),
+        workdir=release_dir(store, release_id) / "work",
     )

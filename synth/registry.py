@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -213,6 +213,20 @@ class RunContext(Protocol):
     def charge_lost_steps(self, started: int, resumed_from: int) -> None:
         """A resumed run will re-execute steps started before a crash but lost since the checkpoint
         `resumed_from`: the runner charges them (before they run; may raise BudgetExceededError)."""
+
+
+@runtime_checkable
+class TargetedConfig(Protocol):
+    """A config that calibrates its noise to a target epsilon, the spec's `epsilon` (PrivImage,
+    DP-MERF): the plan's noise is the smallest whose composed history stays within it."""
+
+    epsilon: float
+
+
+def target_epsilon(config: object) -> float | None:
+    """The target epsilon `config` calibrates to; None for a mechanism without one (k-anonymity,
+    de-identification)."""
+    return float(config.epsilon) if isinstance(config, TargetedConfig) else None
 
 
 @dataclass(frozen=True, kw_only=True)

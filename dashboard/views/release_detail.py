@@ -196,7 +196,7 @@ def samples(store: Store, rid: str) -> None:
     if not manager.get_release(store, rid).result:
         st.info("No images yet: the release has not been synthesised.")
         return
-    out = manager.load_output(store, rid)
+    out = views.load_output(store, rid)
     images, labels = out.images, out.labels
     n = min(SAMPLE_COUNT, len(images))
     rng = np.random.default_rng(0)
@@ -211,7 +211,7 @@ def samples(store: Store, rid: str) -> None:
 
 
 def _has_clusters(store: Store, rel: Release) -> bool:
-    return bool(rel.result) and manager.load_output(store, rel.release_id).clusters is not None
+    return bool(rel.result) and views.load_output(store, rel.release_id).clusters is not None
 
 
 def _sensitive_images(store: Store, name: str, fingerprint: str) -> np.ndarray:
@@ -227,7 +227,7 @@ def cluster_viewer(store: Store, ident: keys.Identity, rel: Release) -> None:
     """The k sensitive records beside the representative released for them (steward/auditor
     only)."""
     keys.require_role(ident, *INTERNAL_ROLES)
-    out = manager.load_output(store, rel.release_id)
+    out = views.load_output(store, rel.release_id)
     clusters, images, labels, dist = out.clusters, out.images, out.labels, out.label_distributions
     if (
         clusters is None

@@ -14,27 +14,16 @@ from release.cli.common import console, print_json, store
 
 def dpsgd_setting_for(spec_path: Path):
     """The DP-SGD run a spec would execute now, and the public data it names
-    (manager.dpsgd_setting).
+    (release.dpsgd_setting).
 
     Raises:
         InvalidParameterError: the spec's mechanism registers no DP-SGD trainer for the audit.
     """
-    from accounting.errors import InvalidParameterError
-    from release import manager
+    from release.dpsgd_setting import dpsgd_setting
     from release.spec import ReleaseSpec
-    from synth import registry
 
     spec = ReleaseSpec.from_toml(spec_path)
-    # Refused before the setting is built: a mechanism may plan DP-SGD (a DP label classifier) it
-    # registers no trainer for, and its config then has no clipping norm or learning rate to read.
-    if registry.get(spec.mechanism).dpsgd_trainer is None:
-        auditable = [n for n in registry.names() if registry.get(n).dpsgd_trainer is not None]
-        raise InvalidParameterError(
-            f"{spec_path}: mechanism {spec.mechanism!r} registers no DP-SGD trainer for the "
-            "implementation audit to run on canaries, so the audit cannot check any DP-SGD its "
-            f"release trains; it applies to {', '.join(auditable)}."
-        )
-    return manager.dpsgd_setting(store(), spec, str(spec_path))
+    return dpsgd_setting(store(), spec, str(spec_path))
 
 
 def implementation(

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from release import keys, manager
+from release import keys, manager, views
 from release.cli.common import (
     actor_name,
     console,
@@ -229,7 +229,7 @@ def _print_interrupted(
     if rel.state in ("approved", "planned"):
         say(f"Charged: nothing (it stopped before reserving any budget). Run it: {resume}")
         return
-    st = manager.run_status(s, release_id)
+    st = views.run_status(s, release_id)
     charge = st.charge
     if rel.result is not None:
         settled = f" ({_events(charge.charged_events)} committed)" if charge else ""

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from accounting import ledger
 from accounting.errors import DataFormatError
-from release import manager
+from release import planning
 from release.cli.common import console, fmt_eps, store
 from release.spec import ReleaseSpec
 from release.terminal import print_choices, rich_progress
@@ -73,7 +73,7 @@ def _number_or_auto(
 
 def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
     with rich_progress() as progress:
-        pv = manager.preview(store(), ReleaseSpec.from_dict(spec), progress)
+        pv = planning.preview(store(), ReleaseSpec.from_dict(spec), progress)
     b, a = pv["epsilon_before"], pv["epsilon_after"]
     console.print(
         f"[bold]Preview[/] (nothing was read or charged): {spec['release']['mechanism']} on "

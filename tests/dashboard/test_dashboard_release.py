@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from audit import load_report
-from release import manager
+from release import artifacts, manager
 from release.card import split_front_matter
 from tests.support.dashboard_workspace import (
     approved_small_release,
@@ -87,7 +87,7 @@ def test_internal_roles_see_the_full_audit_report_and_clusters(published, name):
         len(images) >= len(artifacts) + 3
     )  # audit plots + sample grid + representative + its sources
     # Cluster viewer: the k sensitive sources beside the representative.
-    clusters = manager.load_output(built.store, rid).clusters
+    clusters = artifacts.load_output(built.store, rid).clusters
     assert f"its 5 sources: records {', '.join(map(str, clusters[0]))}" in image_captions(at)
     at.number_input(key=f"cluster_{rid}").set_value(3).run()
     assert f"its 5 sources: records {', '.join(map(str, clusters[3]))}" in image_captions(at)

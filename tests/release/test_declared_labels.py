@@ -96,7 +96,7 @@ def test_builtins_declare_their_labels(store):
 def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     """A real k-SALSA release of data without any 9s, declared 0-9: the label-distribution column has the
     declared width (10), and the signed predicate counts released images under an honest name."""
-    from release import keys, manager
+    from release import artifacts, keys, manager
     from release.bundle import read_bundle_data
     from release.spec import ReleaseSpec
     from release.verify import verify_bundle
@@ -129,7 +129,7 @@ def test_release_uses_the_declaration_and_names_its_count(tmp_path, store):
     rel = manager.create_plan(store, spec, "alice")
     manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
     manager.run_release(store, rel.release_id, "alice")
-    images, _, dist = manager.load_release_data(store, rel.release_id)
+    images, _, dist = artifacts.load_release_data(store, rel.release_id)
     assert dist.shape == (len(images), 10)
     published = manager.publish(store, rel.release_id, "alice")
     bundle = published.result.bundle

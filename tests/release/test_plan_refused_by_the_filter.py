@@ -12,7 +12,7 @@ import pytest
 from accounting import ledger
 from accounting.errors import BudgetExceededError
 from accounting.store import Store, Workspace
-from release import keys, manager
+from release import keys, manager, planning
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 
@@ -53,7 +53,7 @@ def test_a_plan_at_the_cap_is_refused_with_the_largest_target_that_fits(store) -
     assert _state(store) == before and manager.list_releases(store) == []
     # the what-if preview still shows it as a warning (it stores nothing either way)
     assert any(
-        "its plan will be refused" in w for w in manager.preview(store, _spec(10.0))["warnings"]
+        "its plan will be refused" in w for w in planning.preview(store, _spec(10.0))["warnings"]
     )
     # the target it names plans, is approved and is admitted by the ledger's own reserve rule
     suggested = float(found.group(1))

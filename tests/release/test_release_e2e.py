@@ -9,7 +9,7 @@ import pytest
 
 from accounting import ledger, trail
 from accounting.errors import PermissionDeniedError
-from release import keys, manager
+from release import artifacts, keys, manager
 from release.bundle import read_bundle_data
 from release.data import register_from_source
 from release.spec import ReleaseSpec
@@ -118,7 +118,7 @@ def test_privimage_release_end_to_end(store, small_data):
         e["entry_hash"] for e in trail.entries(store)
     }
     card = (
-        manager.release_dir(store, rid).parent.parent / "bundles" / rid / "README.md"
+        artifacts.release_dir(store, rid).parent.parent / "bundles" / rid / "README.md"
     ).read_text()
     assert "epsilon by RDP" in card and "dataset size is treated as public" in card
     assert trail.verify(store).ok
@@ -140,7 +140,7 @@ def test_ksalsa_release_end_to_end(store, small_data):
     rel = _release(store, spec)
     assert rel.state == "checked"
     assert rel.result.guarantee["type"] == "k-anonymity"
-    images, labels, dist = manager.load_release_data(store, rel.release_id)
+    images, labels, dist = artifacts.load_release_data(store, rel.release_id)
     assert len(images) == 240 // 5 and dist.shape == (48, 10)
     b = ledger.budget(store, "digits")
     assert b.dp_void and math.isinf(b.spent.epsilon_rdp)
@@ -190,7 +190,7 @@ def test_a_dp_release_is_compared_with_the_datasets_merf_release_in_its_card(sto
     assert report.passed  # a comparison informs; it never blocks publication
     rel = manager.publish(store, rel.release_id, "alice")
     card = (
-        manager.release_dir(store, rel.release_id).parent.parent
+        artifacts.release_dir(store, rel.release_id).parent.parent
         / "bundles"
         / rel.release_id
         / "README.md"

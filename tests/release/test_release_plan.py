@@ -11,7 +11,7 @@ from accounting.errors import (
     TamperError,
     UnknownDatasetError,
 )
-from release import keys, manager
+from release import approval, kanon_estimate, keys, manager, planning
 from release.data import load_registered, register_from_source
 from release.spec import ReleaseSpec
 
@@ -107,7 +107,7 @@ def test_ksalsa_plan_warns_and_needs_acknowledgement(ws_store):
         manager.approve(ws_store, rel.release_id, "alice")
     assert manager.get_release(ws_store, rel.release_id).state == "planned"
     manager.approve(ws_store, rel.release_id, "alice", acknowledge_non_dp=True)
-    assert manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))[
+    assert approval.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))[
         "acknowledge_non_dp"
     ]
 
@@ -146,7 +146,7 @@ def test_forged_approval_signature_is_refused(ws_store, tamper):
     manager.approve(ws_store, rel.release_id, "alice", digest=rel.plan_digest)
     tamper(ws_store.workspace.db_path, "UPDATE approvals SET signature = repeat('ab', 64)")
     with pytest.raises(TamperError, match="no valid steward approval"):
-        manager.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))
+        approval.verified_approval(ws_store, manager.get_release(ws_store, rel.release_id))
 
 
 def test_unapproved_release_cannot_run_or_publish(ws_store):
@@ -197,7 +197,7 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
     spec = ReleaseSpec.from_dict(
         {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": 10.0}}
     )
-    warnings = manager.preview(ws_store, spec)["warnings"]
+    warnings = planning.preview(ws_store, spec)["warnings"]
     refusal = next(w for w in warnings if "will be refused" in w)
     import re
 
@@ -208,18 +208,19 @@ def test_a_plan_the_filter_would_refuse_names_the_largest_target_that_fits(ws_st
     fits = ReleaseSpec.from_dict(
         {**PRIVIMAGE, "privimage": {**PRIVIMAGE["privimage"], "epsilon": suggested}}
     )
-    assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
+    assert not [w for w in planning.preview(ws_store, fits)["warnings"] if "will be refused" in w]
     from synth.kinds.datasets import load_public
 
     budget = ledger.budget(
         ws_store, "mnist"
     )  # and the largest, to the search's precision: 10 / 2**8
-    assert not manager._admitted_at(
-        spec,
-        budget,
-        load_public("builtin:uci-digits", budget.dataset.source),
-        suggested + 10 / 2**8 + 0.01,
-    )
+    from accounting.largest_target import admits
+
+    beyond = planning.events_at(
+        spec, budget, load_public("builtin:uci-digits", budget.dataset.source)
+    )(suggested + 10 / 2**8 + 0.01)
+    ds = budget.dataset
+    assert beyond is None or not admits(budget.history, beyond, ds.epsilon_cap, ds.delta_cap)
 
 
 def test_plan_reports_progress_while_it_calibrates(ws_store):
@@ -267,7 +268,7 @@ def test_ksalsa_plan_warns_when_the_membership_audit_will_likely_refuse(ws_store
     noise = np.random.default_rng(0).integers(0, 256, (4000, 28, 28), dtype=np.uint8)
     np.savez(tmp_path / "noise.npz", images=noise, labels=np.arange(4000) % 10)
     register_from_source(ws_store, "noise", str(tmp_path / "noise.npz"), 10.0, 1e-5, labels="0-9")
-    manager._KANON_ESTIMATES.clear()  # computed afresh: it still reads nothing of the (different) data
+    kanon_estimate._ESTIMATES.clear()  # computed afresh: it still reads nothing of the (different) data
     assert plan_warnings("noise", 2) == [warning]
 
 
@@ -285,7 +286,7 @@ def test_the_fitting_target_search_survives_targets_below_the_prior_spend(ws_sto
             "merf": {"epsilon": 10.0, "steps": 5, "n_features": 256},
         }
     )
-    warnings = manager.preview(ws_store, spec)["warnings"]
+    warnings = planning.preview(ws_store, spec)["warnings"]
     refusal = next(w for w in warnings if "will be refused" in w)
     import re
 
@@ -296,7 +297,7 @@ def test_the_fitting_target_search_survives_targets_below_the_prior_spend(ws_sto
     fits = ReleaseSpec.from_dict(
         {**spec.as_dict(), "merf": {**spec.as_dict()["merf"], "epsilon": suggested}}
     )
-    assert not [w for w in manager.preview(ws_store, fits)["warnings"] if "will be refused" in w]
+    assert not [w for w in planning.preview(ws_store, fits)["warnings"] if "will be refused" in w]
 
 
 def test_a_stored_merf_plan_keeps_the_choices_the_steward_approves(ws_store):
@@ -310,6 +311,6 @@ def test_a_stored_merf_plan_keeps_the_choices_the_steward_approves(ws_store):
     )
     rel = manager.create_plan(ws_store, spec, "alice")
     choices = rel.plan.mechanism_plan["choices"]
-    assert choices == manager.preview(ws_store, spec)["choices"]
+    assert choices == planning.preview(ws_store, spec)["choices"]
     assert "perceptual features: 30% of each image's vector" in choices[1]
     assert not choices[1].endswith("chosen by auto")  # set in the spec

@@ -16,7 +16,7 @@ import torch
 from accounting import ledger, trail
 from accounting.errors import InvalidParameterError, TamperError
 from accounting.events import DpSgd
-from release import keys, manager, runner
+from release import approval, keys, manager, planning, runner
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 from synth import registry
@@ -41,7 +41,7 @@ def small(store, tmp_path):
 
 def _plan(store, pub, cfg):
     b = ledger.budget(store, "mnist")
-    return registry.get("privimage").plan(cfg, manager.dataset_info(b.dataset), b.history, pub)
+    return registry.get("privimage").plan(cfg, planning.dataset_info(b.dataset), b.history, pub)
 
 
 def test_two_concurrent_runs_of_one_release_charge_every_executed_step(small, tmp_path):
@@ -289,7 +289,7 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     pub_b64 = base64.b64encode(keys.raw_public_bytes(mallory.public_key())).decode()
     digest = manager.get_release(store, rid).plan_digest
     sig = mallory.sign(
-        manager._approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key()))
+        approval.approval_message(rid, digest, "approve", False, keys.key_id(mallory.public_key()))
     )
     tamper(
         store.workspace.db_path,
@@ -300,7 +300,7 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
     # the identity row no longer matches the key the trail recorded at its creation (checked first;
     # behind it, the approval's key id is checked against the one recorded at approval)
     with pytest.raises(TamperError, match="public key in the identities table is not the one"):
-        manager.verified_approval(store, manager.get_release(store, rid))
+        approval.verified_approval(store, manager.get_release(store, rid))
 
 
 # ------------------------------------------------------------------ validated at plan time

@@ -15,7 +15,7 @@ import pytest
 
 from accounting import ledger, trail
 from accounting.store import Store, Workspace
-from release import keys, manager
+from release import keys, manager, views
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 
@@ -131,7 +131,7 @@ def test_ctrl_c_after_reading_data_keeps_the_reservation_and_names_resume_and_ab
         and rel.reason == "interrupted (Ctrl-C / SIGINT)"
         and _lease_free(store, rid)
     )
-    status = manager.run_status(store, rid)
+    status = views.run_status(store, rid)
     assert status.accessed and status.charge.state == "reserved"
     assert 0 < status.started_steps < status.planned_steps
     assert f"{status.started_steps} of {status.planned_steps} DP-SGD steps were started" in out

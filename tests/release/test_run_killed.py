@@ -18,7 +18,7 @@ import pytest
 
 from accounting import ledger, trail
 from accounting.store import Store, Workspace
-from release import keys, manager, runner
+from release import keys, manager, runner, views
 from release.data import register_from_source
 from release.spec import ReleaseSpec
 
@@ -113,7 +113,7 @@ def test_a_run_killed_after_reading_the_data_is_settled_by_release_abandon(tmp_p
     assert proc.stdout is not None
     proc.stdout.close()
     rel = manager.get_release(store, rid)
-    status = manager.run_status(store, rid)
+    status = views.run_status(store, rid)
     assert rel.state == "running" and status.accessed and status.charge.state == "reserved"
     reserved = status.charge.planned_events
 

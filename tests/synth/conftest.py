@@ -11,7 +11,7 @@ from accounting import ledger
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 

@@ -18,7 +18,7 @@ from accounting.errors import InvalidParameterError, PrivReleaseError
 from accounting.events import DpSgd, event_from_json
 from accounting.store import Store, Workspace
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.privimage import PrivImageConfig, distributed, state
@@ -373,7 +373,7 @@ import numpy as np
 from accounting import ledger
 from accounting.store import Store, Workspace
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import load_source, uci_digits
 from synth.mechanisms.privimage import PrivImageConfig
@@ -433,7 +433,7 @@ def test_release_run_nproc_through_the_cli(store: Store, tmp_path: Path) -> None
     """`privrelease release run ID --as S --nproc 2`: the steward's command, charged once, as planned."""
     from typer.testing import CliRunner
 
-    from release import keys, manager
+    from release import artifacts, keys, manager
     from release.cli import app
     from release.data import register_from_source
     from release.spec import ReleaseSpec
@@ -485,7 +485,7 @@ def test_release_run_nproc_through_the_cli(store: Store, tmp_path: Path) -> None
     assert list(charge.charged_events) == [event_from_json(e) for e in rel.plan.events]
     assert manager.get_release(store, rel.release_id).state == "checked"
     assert (
-        manager.release_dir(store, rel.release_id) / "work" / "dist_finetune_sample.log"
+        artifacts.release_dir(store, rel.release_id) / "work" / "dist_finetune_sample.log"
     ).exists()
 
 

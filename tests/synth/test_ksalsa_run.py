@@ -21,7 +21,7 @@ from accounting.events import NonPrivateRelease
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.ksalsa import KSalsaConfig, plan_ksalsa, train_codec
 from synth.mechanisms.ksalsa.run import MECHANISM

@@ -16,7 +16,7 @@ from accounting import ledger, trail
 from accounting.errors import InvalidParameterError
 from accounting.events import GaussianQuery
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import uci_digits
 from synth.mechanisms.merf import MerfConfig

@@ -101,7 +101,7 @@ def test_a_run_asks_again_and_a_refusal_there_is_refunded(mnist200_store, run_me
     before reading the data, so its reservation is refunded."""
     st, data = mnist200_store
     b = ledger.budget(st, "mnist")
-    from release.manager import dataset_info
+    from release.planning import dataset_info
 
     plan = MECHANISM.plan(
         MerfConfig.tiny(4.0, 1e-5, teacher_labels=False),

@@ -17,7 +17,7 @@ from accounting.errors import BudgetExceededError, InvalidParameterError, Ledger
 from accounting.events import DpSgd, GaussianQuery
 from accounting.store import Store, Workspace
 from release import runner
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.privimage import (

@@ -16,7 +16,7 @@ from accounting.events import NonPrivateRelease
 from accounting.store import Store, Workspace
 from release import runner
 from release.data import load_registered, register_from_source
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth import registry
 from synth.kinds.datasets import load_data, uci_digits
 from synth.mechanisms.deface_reface import run as volumes_run
