@@ -173,7 +173,7 @@ def test_a_run_killed_before_it_read_the_data_is_settled_without_a_charge(tmp_pa
     proc.wait(timeout=60)
     assert proc.stdout is not None
     proc.stdout.close()
-    assert not manager.run_status(store, rid).accessed
+    assert not views.run_status(store, rid).accessed
     if manager.get_release(store, rid).state == "approved":
         # killed before the run marked it running: nothing was reserved, and it still runs as
         # approved (or is rejected); nothing to settle
