@@ -2,14 +2,13 @@
 offline).
 
 For each detected face: align it to the generator's 64 x 64 template, invert the generator (the
-latent whose image is closest), then search the latent space away from that inversion until the
-identity embedding of the *composited photograph* is at least `identity_threshold + identity_margin`
-from the original's, keeping the candidate whose landmarks moved least and whose coarse structure
-(pose, lighting, colour layout) stays closest. The generated face is put back with the inverse
-alignment, a piecewise-affine warp that puts its 68 landmarks where the original's were (pose and
-expression kept), the original's colour statistics, and a feathered mask over the face. A face the
-search cannot move past the verification threshold, or one too small to align, is pixelated instead,
-and counted.
+latent whose image is closest), then try candidates between that inversion and prior faces of a
+similar pose and lighting, each pasted into the photograph (one affine map on the 5 points, Poisson
+cloning) and measured by every searched recogniser with its own alignment, as an attacker would. A
+candidate passes when each recogniser puts it at least its target distance from the original; of
+those, the most realistic is kept (YuNet finds it, its 5 points moved least). A face no candidate
+moves far enough (short of a halfway margin), or one too small to align, is pixelated instead, and
+counted.
 """
 
 from __future__ import annotations
@@ -242,15 +241,6 @@ def pixelate(photo: np.ndarray, box: tuple[float, ...]) -> np.ndarray:
     out = photo.copy()
     out[b:d, a:c] = np.asarray(small.resize(patch.size, Image.Resampling.NEAREST))
     return out
-
-
-def _structure_loss(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean squared difference of 16 x 16 views (pixels in [0, 1])."""
-
-    def view(x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64).reshape(16, 4, 16, 4, 3).mean((1, 3)) / 255.0
-
-    return float(((view(a) - view(b)) ** 2).mean())
 
 
 @dataclass(frozen=True)
