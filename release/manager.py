@@ -29,6 +29,7 @@ from accounting.integrity import verify_store
 from accounting.store import Store
 from release import keys, runner
 from release.data import data_kind, load_registered
+from release.executor import IN_PROCESS, ExecutorChoice
 from release.held_out import check_held_out
 from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord
@@ -779,7 +780,12 @@ def _bound_inputs(
 
 
 def run_release(
-    store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, nproc: int = 1
+    store: Store,
+    release_id: str,
+    actor: str,
+    progress: ProgressFn = no_progress,
+    nproc: int = 1,
+    executor: ExecutorChoice = IN_PROCESS,
 ) -> Release:
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit
     it. A failed release can be run again: it resumes under the same charge (no double charge)."""
@@ -824,6 +830,7 @@ def run_release(
                 acknowledge_non_dp=approval["acknowledge_non_dp"],
                 lease=lease,
                 nproc=nproc,
+                executor=executor,
             )
             summary = _save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:
