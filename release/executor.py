@@ -216,7 +216,7 @@ class DaskExecutor:
 
         window = IN_FLIGHT_PER_WORKER * max(self.workers, 1)
         pending = iter(items)
-        futures: dict[str, int] = {}
+        futures: dict[Any, int] = {}
 
         def submit() -> Any:
             nxt = next(pending, None)
