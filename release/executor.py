@@ -181,6 +181,7 @@ class DaskExecutor:
                 "--workers and --cluster need Dask: pip install 'dask[distributed]'."
             ) from exc
         self.cluster = None
+        self._config: Any = None
         if choice.cluster:
             target = choice.cluster
             if "://" in target:
@@ -193,6 +194,12 @@ class DaskExecutor:
                     "a scheduler file. Nothing was charged."
                 )
         else:
+            import dask
+
+            # worker processes that may start their own (the head registration runs in a forked
+            # child, to stay interruptible); read by the nannies at each (re)start of a worker
+            self._config = dask.config.set({"distributed.worker.daemon": False})
+            self._config.__enter__()
             self.cluster = LocalCluster(
                 n_workers=choice.workers,
                 threads_per_worker=1,
@@ -246,9 +253,13 @@ class DaskExecutor:
                 queue.add(more)
 
     def close(self) -> None:
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
+        try:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            if self._config is not None:
+                self._config.__exit__(None, None, None)
 
 
 def start(choice: ExecutorChoice) -> InProcess | DaskExecutor:

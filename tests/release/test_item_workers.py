@@ -1,5 +1,6 @@
 """Per-item work on Dask workers (issue 56, release/executor.py): face-deid (tiny preset) on 8 real
-photos released by a LocalCluster of two worker processes equals one process byte for byte; a worker
+photos released by a LocalCluster of two worker processes equals one process byte for byte (deface
+and reface on three synthetic heads likewise); a worker
 killed mid-release still releases every photo exactly once; a coordinator killed mid-release is
 resumed without redoing the photos it had finished; the ledger shows one charge each time. Real Dask
 on localhost, started and stopped here (slow: worker processes import torch and load the models);
@@ -14,13 +15,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from accounting import ledger
 from accounting.errors import PrivReleaseError
+from accounting.store import Store, Workspace
 from release import runner
 from release.executor import ITEMS_DIR, ExecutorChoice, ItemStore
 from tests.support import face_workers as fw
+from tests.support.heads import cohort, needs_templates
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = "face-deid: photos"
@@ -153,8 +157,6 @@ def test_a_killed_coordinator_resumes_without_redoing_finished_photos(
 
 
 def test_workers_are_refused_for_a_mechanism_without_per_item_work(tmp_path) -> None:
-    import numpy as np
-
     from synth.kinds.datasets import uci_digits
 
     data = uci_digits().subset(np.arange(50))
@@ -173,3 +175,53 @@ def test_workers_are_refused_for_a_mechanism_without_per_item_work(tmp_path) -> 
             executor=ExecutorChoice(workers=2),
         )
     assert not _charges(store, "r")
+
+
+@pytest.mark.slow
+@needs_templates
+@pytest.mark.parametrize("name", ["deface", "reface"])
+def test_heads_on_two_workers_equal_one_process(name, tmp_path, monkeypatch) -> None:
+    """deface and reface per head: a cohort of 3 synthetic heads released by two Dask workers is
+    byte-identical to the same release in this process, one charge each."""
+    from release.data import load_registered, register_from_source
+    from release.manager import dataset_info
+    from synth import registry
+    from synth.kinds.datasets import load_data
+
+    monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path / "cache"))  # the workers inherit it
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    store = Store(ws)
+    register_from_source(store, "heads", str(cohort(tmp_path / "heads", 3)), 10.0, 1e-5)
+    _, data = load_registered(store, "heads")
+    mech = registry.get(name)
+    public = load_data(mech.default_public)
+    config = mech.make_config(
+        {}, dataset_info(ledger.budget(store, "heads").dataset), None, "default"
+    )
+
+    def release(run_id: str, executor: ExecutorChoice) -> runner.RunResult:
+        b = ledger.budget(store, "heads")
+        return runner.run_charged(
+            store,
+            run_id=run_id,
+            dataset="heads",
+            data=data,
+            public=public,
+            mechanism=name,
+            config=config,
+            plan=mech.plan(config, dataset_info(b.dataset), b.history, public),
+            workdir=tmp_path / run_id,
+            acknowledge_non_dp=True,
+            actor="alice",
+            executor=executor,
+        )
+
+    one, two = release("one", ExecutorChoice()), release("two", ExecutorChoice(workers=2))
+    assert one.output.volumes is not None and two.output.volumes is not None
+    for a, b in zip(one.output.volumes.volumes, two.output.volumes.volumes, strict=True):
+        assert a.data.tobytes() == b.data.tobytes() and np.array_equal(a.affine, b.affine)
+    assert one.output.images.tobytes() == two.output.images.tobytes()
+    for run_id in ("one", "two"):
+        [charge] = [c for c in ledger.budget(store, "heads").charges if c.run_id == run_id]
+        assert charge.state == "committed"
