@@ -1,34 +1,38 @@
-"""face-deid's throughput on Dask workers (issue 56, release/executor.py): the same photos released
-by a LocalCluster of 1 worker process and of 2, side by side in one run, through face-deid's
-registered `run` and the executor `release run --workers N` uses (the ledger is left out: it adds two
-transactions a release, not a cost per photo).
+"""Per-item throughput on Dask workers (issue 56, release/executor.py): the same photos (face-deid)
+or synthetic heads (deface) released by a LocalCluster of 1 worker process and of 2, side by side in
+one run, through the mechanism's registered `run` and the executor `release run --workers N` uses
+(the ledger is left out: it adds two transactions a release, not a cost per item).
 
-    python -m benchmarks.item_workers_bench [--photos 12] [--preset default|tiny]
+    python -m benchmarks.item_workers_bench [--mechanism face-deid|deface] [--items 12]
+        [--preset default|tiny] [--mm 1.0]
 
-Per run: the wall time from starting the cluster to stopping it, and the photo phase alone (from the
-first progress report of the photos to the last, the models already loaded on every worker), whose
-photos per second give the speed-up. Prints a markdown row per run and the CPU load around them.
+Per run: the wall time from starting the cluster to stopping it, and the item phase alone (from the
+first progress report of the items to the last, the models already loaded on every worker), whose
+items per second give the speed-up. Prints a markdown row per run and the CPU load around them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
 from benchmarks.common import machine, md_table, today
 from benchmarks.faces_bench import as_dataset, single_face_photos
 from release import executor as executors
-from synth.kinds.image_dataset import ImageDataset
+from synth.mechanisms.deface_reface.config import DefaceConfig
+from synth.mechanisms.deface_reface.run import run_deface
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.run import run as face_deid
 
-STAGE = "face-deid: photos"
+STAGES = {"face-deid": "face-deid: photos", "deface": "deface (subjects)"}
 
 
 class _Ctx(SimpleNamespace):
@@ -46,13 +50,13 @@ class _Ctx(SimpleNamespace):
         )
 
 
-def release_on(workers: int, data: ImageDataset, config: FaceDeidConfig) -> dict:
-    """face-deid of `data` on a LocalCluster of `workers` processes: wall and photo-phase seconds,
+def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path) -> dict:
+    """`mechanism` on `data` on a LocalCluster of `workers` processes: wall and item-phase seconds,
     and the released images (to check they equal across runs)."""
     marks: dict[str, float] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
-        if stage == STAGE:
+        if stage == STAGES[mechanism]:
             marks.setdefault("first", time.perf_counter())
             if done == total:
                 marks["last"] = time.perf_counter()
@@ -65,11 +69,12 @@ def release_on(workers: int, data: ImageDataset, config: FaceDeidConfig) -> dict
             progress=progress,
             public=None,
             plan=None,
-            cache_dir=None,
+            cache_dir=cache,
             nproc=1,
             executor=items_on,
         )
-        out = face_deid(config, data, ctx)
+        run = face_deid if mechanism == "face-deid" else run_deface
+        out = run(config, data, ctx)
     finally:
         items_on.close()
     wall = time.perf_counter() - start
@@ -79,33 +84,45 @@ def release_on(workers: int, data: ImageDataset, config: FaceDeidConfig) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--photos", type=int, default=12)
-    ap.add_argument("--preset", choices=("default", "tiny"), default="default")
+    ap.add_argument("--mechanism", choices=tuple(STAGES), default="face-deid")
+    ap.add_argument("--items", type=int, default=12)
+    ap.add_argument("--preset", choices=("default", "tiny"), default="default", help="face-deid")
+    ap.add_argument("--mm", type=float, default=1.0, help="deface: the heads' voxel size")
     args = ap.parse_args(argv)
-    config = FaceDeidConfig.tiny() if args.preset == "tiny" else FaceDeidConfig()
-    folder = Path(tempfile.mkdtemp())
-    data = as_dataset(single_face_photos(args.photos, seed=0), 192, folder)
+    cache = Path(tempfile.mkdtemp())
+    data: Any
+    if args.mechanism == "face-deid":
+        config: Any = FaceDeidConfig.tiny() if args.preset == "tiny" else FaceDeidConfig()
+        data = as_dataset(single_face_photos(args.items, seed=0), 192, Path(tempfile.mkdtemp()))
+        what = f"{args.preset} preset, 192 px photos"
+    else:
+        from benchmarks.volumes_bench import _cohort
+        from synth.tools.mri.atlas import atlases
+
+        config, data = DefaceConfig(), _cohort(args.items, args.mm)
+        atlases(cache)  # the atlas masks cached before the clock starts (public, once a workspace)
+        what = f"default config, synthetic heads at {args.mm:g} mm"
     load_before = os.getloadavg()
-    runs = [release_on(1, data, config), release_on(2, data, config)]
+    runs = [release_on(w, args.mechanism, data, config, cache) for w in (1, 2)]
     load_after = os.getloadavg()
     same = np.array_equal(runs[0]["images"], runs[1]["images"])
     rows = []
     for r in runs:
         rows.append(
             [
+                args.mechanism,
                 r["workers"],
-                args.photos,
-                args.preset,
+                args.items,
+                what,
                 f"{r['wall']:.1f}",
                 f"{r['phase']:.1f}",
-                f"{r['phase'] / args.photos:.2f}",
-                f"{args.photos / r['phase']:.3f}",
+                f"{r['phase'] / args.items:.2f}",
                 f"{runs[0]['phase'] / r['phase']:.2f}x",
             ]
         )
     print(
         f"Measured {today()} on {machine()}, {os.cpu_count()} cores. "
-        f"`python -m benchmarks.item_workers_bench --photos {args.photos} --preset {args.preset}`. "
+        f"`python -m benchmarks.item_workers_bench {' '.join(argv or sys.argv[1:])}`. "
         f"Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/"
         f"{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}. "
         f"Released images identical across the runs: {same}.\n"
@@ -113,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         md_table(
             [
+                "mechanism",
                 "workers",
-                "photos",
-                "preset",
+                "items",
+                "what",
                 "wall s (cluster start to stop)",
-                "photo phase s",
-                "s / photo",
-                "photos / s",
-                "speed-up",
+                "item phase s",
+                "item phase s / item",
+                "speed-up (item phase)",
             ],
             rows,
         )
