@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -54,12 +55,16 @@ def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path
     """`mechanism` on `data` on a LocalCluster of `workers` processes: wall and item-phase seconds,
     and the released images (to check they equal across runs)."""
     marks: dict[str, float] = {}
+    cpu: dict[str, float] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
         if stage == STAGES[mechanism]:
-            marks.setdefault("first", time.perf_counter())
+            if "first" not in marks:
+                marks["first"] = time.perf_counter()
+                cpu["first"] = _workers_cpu(items_on)
             if done == total:
                 marks["last"] = time.perf_counter()
+                cpu["last"] = _workers_cpu(items_on)
 
     start = time.perf_counter()
     items_on = executors.start(executors.ExecutorChoice(workers=workers))
@@ -79,7 +84,27 @@ def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path
         items_on.close()
     wall = time.perf_counter() - start
     phase = marks["last"] - marks["first"]
-    return {"workers": workers, "wall": wall, "phase": phase, "images": out.images}
+    return {
+        "workers": workers,
+        "wall": wall,
+        "phase": phase,
+        "cpu": cpu["last"] - cpu["first"],
+        "images": out.images,
+    }
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU time (user + system), its children's included (the registration's)."""
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _workers_cpu(items_on: Any) -> float:
+    """CPU seconds used so far by every worker process."""
+    return float(sum(items_on.client.run(_cpu_seconds).values()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['wall']:.1f}",
                 f"{r['phase']:.1f}",
                 f"{r['phase'] / args.items:.2f}",
+                f"{r['cpu'] / args.items:.2f}",
+                f"{r['cpu'] / (r['phase'] * r['workers']):.0%}",
                 f"{runs[0]['phase'] / r['phase']:.2f}x",
             ]
         )
@@ -137,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 "wall s (cluster start to stop)",
                 "item phase s",
                 "item phase s / item",
+                "worker CPU s / item",
+                "CPU the workers got (of theirs)",
                 "speed-up (item phase)",
             ],
             rows,
