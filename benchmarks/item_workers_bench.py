@@ -62,9 +62,11 @@ def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path
             if "first" not in marks:
                 marks["first"] = time.perf_counter()
                 cpu["first"] = _workers_cpu(items_on)
+                cpu["coordinator_first"] = _cpu_seconds()
             if done == total:
                 marks["last"] = time.perf_counter()
                 cpu["last"] = _workers_cpu(items_on)
+                cpu["coordinator_last"] = _cpu_seconds()
 
     start = time.perf_counter()
     items_on = executors.start(executors.ExecutorChoice(workers=workers))
@@ -89,6 +91,7 @@ def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path
         "wall": wall,
         "phase": phase,
         "cpu": cpu["last"] - cpu["first"],
+        "coordinator": cpu["coordinator_last"] - cpu["coordinator_first"],
         "images": out.images,
     }
 
@@ -143,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['phase']:.1f}",
                 f"{r['phase'] / args.items:.2f}",
                 f"{r['cpu'] / args.items:.2f}",
+                f"{r['coordinator'] / args.items:.2f}",
                 f"{r['cpu'] / (r['phase'] * r['workers']):.0%}",
                 f"{runs[0]['phase'] / r['phase']:.2f}x",
             ]
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 "item phase s",
                 "item phase s / item",
                 "worker CPU s / item",
+                "coordinator CPU s / item",
                 "CPU the workers got (of theirs)",
                 "speed-up (item phase)",
             ],

@@ -32,6 +32,7 @@ from accounting.errors import InvalidParameterError, PrivReleaseError
 
 ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
 IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
+WAIT_FOR_WORKERS_S = 300.0  # a site's cluster: how long to wait for its first worker
 
 
 @dataclass(frozen=True)
@@ -184,15 +185,22 @@ class DaskExecutor:
         self._config: Any = None
         if choice.cluster:
             target = choice.cluster
-            if "://" in target:
-                self.client = Client(target, timeout="30s")
-            elif Path(target).is_file():
-                self.client = Client(scheduler_file=target, timeout="30s")
-            else:
+            if "://" not in target and not Path(target).is_file():
                 raise InvalidParameterError(
                     f"--cluster {target!r} is neither a scheduler address (tcp://HOST:8786) nor "
                     "a scheduler file. Nothing was charged."
                 )
+            try:
+                self.client = (
+                    Client(target, timeout="30s")
+                    if "://" in target
+                    else Client(scheduler_file=target, timeout="30s")
+                )
+            except OSError as exc:  # TimeoutError included
+                raise PrivReleaseError(
+                    f"Could not reach the Dask scheduler {target}: {exc}. Check that it runs and "
+                    "that this machine may connect to it. Nothing was charged."
+                ) from exc
         else:
             import dask
 
@@ -200,15 +208,27 @@ class DaskExecutor:
             # child, to stay interruptible); read by the nannies at each (re)start of a worker
             self._config = dask.config.set({"distributed.worker.daemon": False})
             self._config.__enter__()
-            self.cluster = LocalCluster(
-                n_workers=choice.workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=logging.WARNING,
-            )
-            self.client = Client(self.cluster)
-        self.workers = max(1, len(self.client.scheduler_info().get("workers", {})))
+            try:
+                self.cluster = LocalCluster(
+                    n_workers=choice.workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.WARNING,
+                )
+                self.client = Client(self.cluster)
+            except BaseException:
+                self._config.__exit__(None, None, None)
+                raise
+        try:
+            self.client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
+        except TimeoutError as exc:
+            self.close()
+            raise PrivReleaseError(
+                f"No Dask worker joined {choice.describe()} within {WAIT_FOR_WORKERS_S:g} s; "
+                "start the workers (docs/scaling-out.md), then run again. Nothing was charged."
+            ) from exc
+        self.workers = max(1, self.connected())
         self._prefix = uuid.uuid4().hex[:12]
 
     def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
@@ -221,36 +241,37 @@ class DaskExecutor:
     ) -> Iterator[tuple[int, Any]]:
         from distributed import as_completed
 
-        window = IN_FLIGHT_PER_WORKER * max(self.workers, 1)
         pending = iter(items)
         futures: dict[Any, int] = {}
 
-        def submit() -> Any:
-            nxt = next(pending, None)
-            if nxt is None:
-                return None
-            index, item = nxt
-            future = self.client.submit(
-                call_item,
-                fn,
-                config,
-                item,
-                key=f"item-{self._prefix}-{index}",
-                pure=False,
-            )
-            futures[future.key] = index
-            return future
+        def top_up() -> list[Any]:
+            """Enough items handed out to keep every worker now connected busy (a site's
+            cluster may grow while the run goes on)."""
+            window = IN_FLIGHT_PER_WORKER * max(1, self.connected())
+            out = []
+            while len(futures) < window:
+                nxt = next(pending, None)
+                if nxt is None:
+                    break
+                index, item = nxt
+                future = self.client.submit(
+                    call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
+                )
+                futures[future.key] = index
+                out.append(future)
+            return out
 
-        first = [f for f in (submit() for _ in range(window)) if f is not None]
-        queue = as_completed(first, with_results=False)
+        queue = as_completed(top_up(), with_results=False)
         for future in queue:
             index = futures.pop(future.key)
             result = future.result()  # a task's exception is raised here, in the coordinator
             future.release()
             yield index, result
-            more = submit()
-            if more is not None:
+            for more in top_up():
                 queue.add(more)
+
+    def connected(self) -> int:
+        return len(self.client.scheduler_info().get("workers", {}))
 
     def close(self) -> None:
         try:

@@ -177,6 +177,19 @@ def test_workers_are_refused_for_a_mechanism_without_per_item_work(tmp_path) -> 
     assert not _charges(store, "r")
 
 
+def test_a_cluster_that_is_neither_address_nor_file_is_refused_before_any_charge(
+    photos, tmp_path
+) -> None:
+    from accounting.errors import InvalidParameterError
+
+    store = fw.workspace(tmp_path / "ws", photos)
+    with pytest.raises(InvalidParameterError, match="neither a scheduler address.*Nothing was"):
+        fw.run_face_deid(store, photos, "r", tmp_path / "w", ExecutorChoice(cluster="nowhere.json"))
+    assert not _charges(store, "r")
+    with pytest.raises(InvalidParameterError, match="give one"):
+        ExecutorChoice(workers=2, cluster="tcp://localhost:8786")
+
+
 @pytest.mark.slow
 @needs_templates
 @pytest.mark.parametrize("name", ["deface", "reface"])
