@@ -55,6 +55,7 @@ from audit.face_reid import (
 )
 from audit.policy import AuditPolicy
 from benchmarks.common import md_table
+from release.executor import InProcess, map_items
 from synth.kinds.datasets import ImageDataset
 from synth.kinds.photos import letterbox
 from synth.mechanisms.face_deid.config import FaceDeidConfig
@@ -115,6 +116,14 @@ def as_dataset(photos: list[np.ndarray], size: int, folder: Path) -> ImageDatase
 class _Ctx(SimpleNamespace):
     def on_sensitive_access(self) -> None:
         pass
+
+    def prepare_workers(self, setup, *args):
+        return InProcess().setup(setup, *args)
+
+    def map_items(self, fn, config, items, *, label):
+        return map_items(
+            InProcess(), self.workdir, fn, config, items, label=label, progress=self.progress
+        )
 
 
 def run_face_deid(data: ImageDataset, config: FaceDeidConfig, tools=None, bar=None):

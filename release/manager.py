@@ -24,6 +24,7 @@ from accounting.store import Store
 from release import approval, keys, planning, runner
 from release.artifacts import release_dir, save_output
 from release.audit_inputs import run_checks
+from release.executor import IN_PROCESS, ExecutorChoice
 from release.publish import write_release_bundle
 from release.records import Release, get_release
 from release.records import approvals as approvals  # the releases' reads, as callers know them
@@ -227,7 +228,12 @@ def reject(store: Store, release_id: str, steward: str, reason: str) -> Release:
 
 
 def run_release(
-    store: Store, release_id: str, actor: str, progress: ProgressFn = no_progress, nproc: int = 1
+    store: Store,
+    release_id: str,
+    actor: str,
+    progress: ProgressFn = no_progress,
+    nproc: int = 1,
+    executor: ExecutorChoice = IN_PROCESS,
 ) -> Release:
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit
     it. A failed release can be run again: it resumes under the same charge (no double charge)."""
@@ -270,6 +276,7 @@ def run_release(
                 acknowledge_non_dp=approved["acknowledge_non_dp"],
                 lease=lease,
                 nproc=nproc,
+                executor=executor,
             )
             summary = save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:

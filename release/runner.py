@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from accounting import ledger, trail
 from accounting.errors import LedgerStateError, PermissionDeniedError, PrivReleaseError
 from accounting.events import MechanismEvent
 from accounting.store import Store
+from release import executor as executors
 from release import threads
 from synth import registry
 from synth.progress import ProgressFn, no_progress
@@ -204,11 +206,24 @@ class _Context:
         public: Data,
         actor: str,
         nproc: int = 1,
+        executor: executors.InProcess | executors.DaskExecutor | None = None,
     ) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
         self.cache_dir: Path | None = public_cache_dir(store)
         self.nproc = nproc  # this process stays the only one that charges, whatever the workers do
+        # where per-item work runs (release/executor.py); workers never see the store
+        self.executor = executor if executor is not None else executors.InProcess()
+
+    def prepare_workers(self, setup: Callable[..., Any], *args: Any) -> list[Any]:
+        return self.executor.setup(setup, *args)
+
+    def map_items(
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[Any], *, label: str
+    ) -> list[Any]:
+        return executors.map_items(
+            self.executor, self.workdir, fn, config, items, label=label, progress=self.progress
+        )
 
     @property
     def charge_id(self) -> str:
@@ -293,15 +308,25 @@ def run_charged(
     acknowledge_non_dp: bool = False,
     lease: Lease | None = None,
     nproc: int = 1,
+    executor: executors.ExecutorChoice = executors.IN_PROCESS,
 ) -> RunResult:
     """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
     `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
-    a distributed mechanism trains on that many processes; this process alone charges the ledger."""
+    a distributed mechanism trains on that many processes; with `executor` (`--workers N`,
+    `--cluster ADDR`) a mechanism that declares a per-item function runs its items on Dask
+    workers, started (and stopped) here for `--workers`. This process alone charges the ledger."""
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
     if nproc != 1 and not mech.distributed:
         raise PrivReleaseError(
             f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out --nproc "
             "(only PrivImage trains on several processes). Nothing was charged."
+        )
+    if not executor.in_process and mech.per_item is None:
+        with_items = [n for n in registry.names() if registry.get(n).per_item is not None]
+        raise PrivReleaseError(
+            f"--workers / --cluster: mechanism {mech.name!r} has no per-item work to spread over "
+            f"workers (those that do: {', '.join(with_items) or 'none'}); leave them out. "
+            "Nothing was charged."
         )
     if plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
@@ -324,7 +349,10 @@ def run_charged(
     workdir.mkdir(parents=True, exist_ok=True)
     own = lease is None
     lease = acquire_lease(store, run_id, actor) if lease is None else lease
+    items_on = None
     try:
+        # started before the reservation: a cluster that cannot be reached charges nothing
+        items_on = executors.start(executor)
         charge_id = _charge_for_attempt(store, lease, dataset)
         ledger.reserve(
             store,
@@ -338,7 +366,9 @@ def run_charged(
         if nproc == 1:  # torchrun's workers choose their own
             # looked at again during the run, from the mechanism's progress reports
             progress = threads.rebalancing(progress, threads.apply())
-        ctx = _Context(store, lease, dataset, plan, workdir, progress, public, actor, nproc)
+        ctx = _Context(
+            store, lease, dataset, plan, workdir, progress, public, actor, nproc, items_on
+        )
         try:
             output = mech.run(config, data, ctx)
         except BaseException as exc:
@@ -353,8 +383,12 @@ def run_charged(
         executed = _settle(store, dataset, plan, charge_id, workdir, actor)
         return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
     finally:
-        if own:
-            lease.release()
+        try:
+            if items_on is not None:
+                items_on.close()
+        finally:
+            if own:
+                lease.release()
 
 
 def why(exc: BaseException) -> str:
@@ -492,6 +526,7 @@ def run_direct(
     actor: str = "system",
     acknowledge_non_dp: bool = False,
     nproc: int = 1,
+    executor: executors.ExecutorChoice = executors.IN_PROCESS,
 ) -> RunResult:
     """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
     reproduction). A workspace's real datasets are released through plan -> approval ->
@@ -521,4 +556,5 @@ def run_direct(
         actor=actor,
         acknowledge_non_dp=acknowledge_non_dp,
         nproc=nproc,
+        executor=executor,
     )

@@ -13,7 +13,7 @@ Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + o
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -214,6 +214,19 @@ class RunContext(Protocol):
         """A resumed run will re-execute steps started before a crash but lost since the checkpoint
         `resumed_from`: the runner charges them (before they run; may raise BudgetExceededError)."""
 
+    def prepare_workers(self, setup: Callable[..., Any], *args: Any) -> list[Any]:
+        """`setup(*args)` once in every process that will run items (this one, or each worker the
+        runner started), e.g. to load public models before the first read of sensitive data (a
+        failure then is refunded); returns what each returned."""
+
+    def map_items(
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[Any], *, label: str
+    ) -> list[Any]:
+        """`fn(config, item)` for every item, results in item order, wherever the runner chose
+        (this process, `--workers N`, `--cluster`); `fn` is the entry's `per_item` (module-level,
+        picklable; it reads no store and returns a picklable result). Progress is reported under
+        `label`; each finished item is kept in the workdir, so a resumed run does not redo it."""
+
 
 @runtime_checkable
 class TargetedConfig(Protocol):
@@ -240,7 +253,10 @@ class MechanismEntry:
       decisions; reads no sensitive data;
     - run(config, data, ctx) -> MechanismOutput (ctx: RunContext);
     - loss_function(generator) -> the released generator's per-sample loss for the
-      membership-inference audit (None: nothing generative is released)."""
+      membership-inference audit (None: nothing generative is released);
+    - per_item(config, item) -> result: the work its run maps over items with `ctx.map_items`
+      (one photo, one head), module-level and picklable, reading no store; declaring it lets
+      the runner run those items on Dask workers (`release run --workers N | --cluster ADDR`)."""
 
     name: str
     config_type: type
@@ -261,6 +277,8 @@ class MechanismEntry:
         None
     )
     data_kind: str = "images"  # what it takes and releases: one of DATA_KINDS
+    # the per-item function its run maps with ctx.map_items; None: its run is one piece of work
+    per_item: Callable[[Any, Any], Any] | None = None
 
 
 def names() -> tuple[str, ...]:

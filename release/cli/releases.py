@@ -156,12 +156,31 @@ def run(
         help="Train PrivImage on N processes under torchrun (one per "
         "GPU, or CPU processes); charged once, exactly as one process (docs/scaling-out.md).",
     ),
+    workers: int = typer.Option(
+        0,
+        "--workers",
+        min=0,
+        help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads) "
+        "on a Dask cluster of N worker processes started on this machine for the run; the same "
+        "files as one process, charged once, here (docs/scaling-out.md).",
+    ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        metavar="ADDRESS|FILE",
+        help="Run the items on a Dask scheduler the site already runs (tcp://HOST:8786, or its "
+        "scheduler file); this machine keeps the ledger and the lease.",
+    ),
 ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed
     one to resume."""
     from release import threads
+    from release.executor import ExecutorChoice
 
     name = _actor(actor)
+    items_on = ExecutorChoice(workers, cluster)
+    if not items_on.in_process:
+        console.print(f"Items run on {items_on.describe()}.", markup=False, highlight=False)
     if nproc == 1:
         console.print(
             f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False
@@ -174,7 +193,9 @@ def run(
                 last[:] = [(stage, done, total)]
                 progress(stage, done, total)
 
-            rel = manager.run_release(store(), release_id, name, track, nproc=nproc)
+            rel = manager.run_release(
+                store(), release_id, name, track, nproc=nproc, executor=items_on
+            )
     except KeyboardInterrupt as exc:
         from release.runner import Terminated
 

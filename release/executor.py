@@ -1,0 +1,313 @@
+"""Where a mechanism's per-item work runs, chosen by the runner (issue 56): in this process (the
+default), on a Dask `LocalCluster` of N worker processes started and stopped here
+(`release run --workers N`), or on a Dask scheduler a site already runs (`--cluster
+tcp://HOST:8786` or a scheduler file).
+
+A mechanism declares its per-item function (`MechanismEntry.per_item`: module-level, picklable,
+`fn(config, item) -> result`) and maps it with `ctx.map_items`; it never knows which executor ran
+it. Whatever the executor, this process stays the coordinator: it holds the run's lease, charges the
+ledger and writes each finished item to the run's work folder (atomically, fsynced) before the item
+counts, so a resumed run reuses it instead of redoing it. Workers get only the config and their
+items; they never open the store.
+
+Every item runs with one CPU thread (torch, OpenCV and the BLAS pools), here as on a worker: the
+same seeds then give the same bytes whatever the number of workers (a reduction split over two
+threads can round differently from one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accounting.errors import InvalidParameterError, PrivReleaseError
+
+ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
+IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
+WAIT_FOR_WORKERS_S = 300.0  # a site's cluster: how long to wait for its first worker
+
+
+@dataclass(frozen=True)
+class ExecutorChoice:
+    """What `release run` asked for: `workers` local processes, or a site's `cluster` (a
+    scheduler address such as tcp://host:8786, or the path of a scheduler file); neither = this
+    process."""
+
+    workers: int = 0
+    cluster: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise InvalidParameterError(f"--workers must be at least 1, got {self.workers}.")
+        if self.workers and self.cluster:
+            raise InvalidParameterError(
+                "--workers starts a cluster on this machine and --cluster uses a site's: give one."
+            )
+
+    @property
+    def in_process(self) -> bool:
+        return not self.workers and not self.cluster
+
+    def describe(self) -> str:
+        if self.cluster:
+            return f"the Dask cluster at {self.cluster}"
+        if self.workers:
+            return f"{self.workers} local Dask worker process(es)"
+        return "this process"
+
+
+IN_PROCESS = ExecutorChoice()
+
+
+# ------------------------------------------------------------------ one item, one thread
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    cv2 = _cv2()
+    cv_before = cv2.getNumThreads() if cv2 is not None else None
+    torch.set_num_threads(1)
+    if cv2 is not None:
+        cv2.setNumThreads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(before)
+        if cv2 is not None and cv_before is not None:
+            cv2.setNumThreads(cv_before)
+
+
+def _cv2() -> Any:
+    try:
+        import cv2
+    except ImportError:  # pragma: no cover - installed with deface
+        return None
+    return cv2
+
+
+def call_item(fn: Callable[[Any, Any], Any], config: Any, item: Any) -> Any:
+    """`fn(config, item)` on one CPU thread (what every executor runs, here or on a worker)."""
+    with _one_thread():
+        return fn(config, item)
+
+
+def call_setup(fn: Callable[..., Any], *args: Any) -> Any:
+    with _one_thread():
+        return fn(*args)
+
+
+# ------------------------------------------------------------------ finished items on disk
+class ItemStore:
+    """The finished items of one map in a run's work folder: `<index>.pkl`, written to a temporary
+    name, fsynced and renamed, so an item is either whole or absent. Read back only by the
+    coordinator that wrote it (the run's own folder, like its checkpoints)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_map(cls, workdir: Path, fn: Callable[..., Any], config: Any, n: int) -> ItemStore:
+        """The folder of `fn` mapped under `config` over `n` items (another config or function
+        starts afresh)."""
+        what = f"{fn.__module__}.{fn.__qualname__}|{config!r}|{n}"
+        key = hashlib.sha256(what.encode()).hexdigest()[:16]
+        return cls(Path(workdir) / ITEMS_DIR / f"{fn.__name__}-{key}")
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"{index:07d}.pkl"
+
+    def done(self) -> set[int]:
+        return {int(p.stem) for p in self.folder.glob("*.pkl") if p.stem.isdigit()}
+
+    def load(self, index: int) -> Any:
+        with open(self.path(index), "rb") as fh:
+            return pickle.load(fh)
+
+    def save(self, index: int, result: Any) -> None:
+        final = self.path(index)
+        tmp = final.with_suffix(f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------------ executors
+class InProcess:
+    """Items one after another in this process."""
+
+    workers = 1
+
+    def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        return [call_setup(fn, *args)]
+
+    def map(
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[tuple[int, Any]]
+    ) -> Iterator[tuple[int, Any]]:
+        for index, item in items:
+            yield index, call_item(fn, config, item)
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """Items as Dask tasks on a `LocalCluster` this object started (and stops), or on a site's
+    scheduler. A worker that dies has its tasks rescheduled on the others by Dask's scheduler; the
+    coordinator keeps the first result of each item, so each is released once."""
+
+    def __init__(self, choice: ExecutorChoice) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError as exc:  # pragma: no cover - a pinned dependency
+            raise PrivReleaseError(
+                "--workers and --cluster need Dask: pip install 'dask[distributed]'."
+            ) from exc
+        self.cluster = None
+        self._config: Any = None
+        if choice.cluster:
+            target = choice.cluster
+            if "://" not in target and not Path(target).is_file():
+                raise InvalidParameterError(
+                    f"--cluster {target!r} is neither a scheduler address (tcp://HOST:8786) nor "
+                    "a scheduler file. Nothing was charged."
+                )
+            try:
+                self.client = (
+                    Client(target, timeout="30s")
+                    if "://" in target
+                    else Client(scheduler_file=target, timeout="30s")
+                )
+            except OSError as exc:  # TimeoutError included
+                raise PrivReleaseError(
+                    f"Could not reach the Dask scheduler {target}: {exc}. Check that it runs and "
+                    "that this machine may connect to it. Nothing was charged."
+                ) from exc
+        else:
+            import dask
+
+            # worker processes that may start their own (the head registration runs in a forked
+            # child, to stay interruptible); read by the nannies at each (re)start of a worker
+            self._config = dask.config.set({"distributed.worker.daemon": False})
+            self._config.__enter__()
+            try:
+                self.cluster = LocalCluster(
+                    n_workers=choice.workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.WARNING,
+                )
+                self.client = Client(self.cluster)
+            except BaseException:
+                self._config.__exit__(None, None, None)
+                raise
+        try:
+            self.client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
+        except TimeoutError as exc:
+            self.close()
+            raise PrivReleaseError(
+                f"No Dask worker joined {choice.describe()} within {WAIT_FOR_WORKERS_S:g} s; "
+                "start the workers (docs/scaling-out.md), then run again. Nothing was charged."
+            ) from exc
+        self.workers = max(1, self.connected())
+        self._prefix = uuid.uuid4().hex[:12]
+
+    def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """`fn(*args)` once on every worker now connected (loading its models); workers that join
+        later load theirs with their first item."""
+        return list(self.client.run(call_setup, fn, *args).values())
+
+    def map(
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[tuple[int, Any]]
+    ) -> Iterator[tuple[int, Any]]:
+        from distributed import as_completed
+
+        pending = iter(items)
+        futures: dict[Any, int] = {}
+
+        def top_up() -> list[Any]:
+            """Enough items handed out to keep every worker now connected busy (a site's
+            cluster may grow while the run goes on)."""
+            window = IN_FLIGHT_PER_WORKER * max(1, self.connected())
+            out = []
+            while len(futures) < window:
+                nxt = next(pending, None)
+                if nxt is None:
+                    break
+                index, item = nxt
+                future = self.client.submit(
+                    call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
+                )
+                futures[future.key] = index
+                out.append(future)
+            return out
+
+        queue = as_completed(top_up(), with_results=False)
+        for future in queue:
+            index = futures.pop(future.key)
+            result = future.result()  # a task's exception is raised here, in the coordinator
+            future.release()
+            yield index, result
+            for more in top_up():
+                queue.add(more)
+
+    def connected(self) -> int:
+        return len(self.client.scheduler_info().get("workers", {}))
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            if self._config is not None:
+                self._config.__exit__(None, None, None)
+
+
+def start(choice: ExecutorChoice) -> InProcess | DaskExecutor:
+    return InProcess() if choice.in_process else DaskExecutor(choice)
+
+
+def map_items(
+    executor: InProcess | DaskExecutor,
+    workdir: Path,
+    fn: Callable[[Any, Any], Any],
+    config: Any,
+    items: Sequence[Any],
+    *,
+    label: str,
+    progress: Callable[[str, int, int], None],
+) -> list[Any]:
+    """`fn(config, item)` for every item, in item order; each result saved before it counts, and
+    items saved by an earlier attempt of the run reused, not redone."""
+    n = len(items)
+    saved = ItemStore.for_map(workdir, fn, config, n)
+    results: dict[int, Any] = {i: saved.load(i) for i in sorted(saved.done()) if i < n}
+    progress(label, len(results), n)
+    todo = [(i, items[i]) for i in range(n) if i not in results]
+    for index, result in executor.map(fn, config, todo):
+        if index in results:  # never counted twice
+            continue
+        saved.save(index, result)
+        results[index] = result
+        progress(label, len(results), n)
+    return [results[i] for i in range(n)]
