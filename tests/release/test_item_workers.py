@@ -197,7 +197,7 @@ def test_heads_on_two_workers_equal_one_process(name, tmp_path, monkeypatch) -> 
     """deface and reface per head: a cohort of 3 synthetic heads released by two Dask workers is
     byte-identical to the same release in this process, one charge each."""
     from release.data import load_registered, register_from_source
-    from release.manager import dataset_info
+    from release.planning import dataset_info
     from synth import registry
     from synth.kinds.datasets import load_data
 

@@ -19,7 +19,7 @@ from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
 from release import runner
 from release.executor import ExecutorChoice
-from release.manager import dataset_info
+from release.planning import dataset_info
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.run import MECHANISM
