@@ -75,22 +75,18 @@ def test_two_workers_release_the_same_bytes_as_one_process(photos, one_process, 
 def test_a_worker_killed_mid_release_still_releases_every_photo_once(
     photos, one_process, tmp_path
 ) -> None:
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
 
     store = fw.workspace(tmp_path / "ws", photos)
     killed: list[int] = []
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        pids = client.run(os.getpid)  # worker address -> its process
+    # no Client of the test's own: a second client in this process binds the executor's futures
+    # to another event loop; the scheduler runs in this process and its state is read directly
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        pids = {a: w.pid for a, w in cluster.scheduler.workers.items()}  # address -> process
 
         def progress(stage: str, done: int, total: int) -> None:
             # from the first finished photo on, the first time a worker holds photos: kill it
             # (under load the scheduler may not have handed any out at the first report)
-            # the scheduler's own state (it runs in this process), not a Client call: the callback
-            # runs inside the executor's client loop, and a second client's sync call from there is
-            # bound to another event loop
             if stage == STAGE and 1 <= done < total and not killed:
                 state = dict(cluster.scheduler.workers)
                 busy = {a: len(w.processing) for a, w in state.items() if w.processing}
