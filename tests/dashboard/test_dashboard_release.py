@@ -83,9 +83,7 @@ def test_internal_roles_see_the_full_audit_report_and_clusters(published, name):
     assert shown == {r.name: r.summary for r in report.results}
     plots = [p for r in report.results for p in r.artifacts.values()]
     images = nodes(at, "image")
-    assert (
-        len(images) >= len(plots) + 3
-    )  # audit plots + sample grid + representative + its sources
+    assert len(images) >= len(plots) + 3  # audit plots + sample grid + representative + its sources
     # Cluster viewer: the k sensitive sources beside the representative.
     clusters = artifacts.load_output(built.store, rid).clusters
     assert f"its 5 sources: records {', '.join(map(str, clusters[0]))}" in image_captions(at)
