@@ -544,11 +544,6 @@ def check_face_reid(
 
 
 # ------------------------------------------------------------------ realism
-def _yunet_box(row: np.ndarray) -> tuple[float, float, float, float]:
-    x, y, w, h = (float(v) for v in row[:4])
-    return (x, y, x + w, y + h)
-
-
 def _face_region(shape: tuple[int, ...], box: tuple[float, ...]) -> tuple[slice, slice]:
     x0, y0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     x1, y1 = min(shape[1], int(np.ceil(box[2]))), min(shape[0], int(np.ceil(box[3])))
@@ -614,9 +609,9 @@ def compute_realism(
         released = fm.as_rgb(images[r])
         found = fr.yunet_detect(released, fr.REALISM_DETECTION)
         for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
-            box, points = _yunet_box(row), fr.yunet_points(row)
+            box, points = fr.yunet_box(row), fr.yunet_points(row)
             replaced += 1
-            ious = [fm.box_iou(_yunet_box(f), box) for f in found]
+            ious = [fm.box_iou(fr.yunet_box(f), box) for f in found]
             if ious and max(ious) >= RETENTION_IOU:
                 retained += 1
                 there: np.ndarray | None = found[int(np.argmax(ious))]

@@ -196,8 +196,7 @@ def obscured(images: np.ndarray, how) -> np.ndarray:
     for img in images:
         work = img.copy()
         for row in fr.yunet_detect(img):
-            x, y, w, h = (float(v) for v in row[:4])
-            work = how(work, (x, y, x + w, y + h))
+            work = how(work, fr.yunet_box(row))
         out.append(work)
     return np.stack(out)
 

@@ -133,22 +133,27 @@ def _square_box(box: np.ndarray) -> tuple[float, float, float, float]:
     return (cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2)
 
 
+def framed_for_detection(rgb: np.ndarray) -> tuple[np.ndarray, float, int]:
+    """(image, scale, pad) a detector should see: a small image (an aligned crop of 64 px, say)
+    framed by its edge and enlarged, since detectors miss faces that fill the whole image; a point
+    found at p in it is at p / scale - pad in `rgb`."""
+    h, w = rgb.shape[:2]
+    if min(h, w) >= SMALL_IMAGE:
+        return rgb, 1.0, 0
+    from PIL import Image
+
+    pad = max(h, w) // 4
+    work = np.pad(rgb, ((pad, pad), (pad, pad), (0, 0)), mode="edge")
+    scale = SMALL_IMAGE * 2 / min(work.shape[:2])
+    size = (round(work.shape[1] * scale), round(work.shape[0] * scale))
+    return np.asarray(Image.fromarray(work).resize(size, Image.Resampling.BICUBIC)), scale, pad
+
+
 def detect(image: np.ndarray, threshold: float = DETECTION_THRESHOLD) -> list[Face]:
     """Every face CenterFace finds (largest first), with dlib's 68 landmarks. Small images (an
     aligned crop of 64 px, say) are framed by a border and enlarged first: the detector misses
     faces that fill the whole image."""
-    rgb = as_rgb(image)
-    h, w = rgb.shape[:2]
-    scale, pad = 1.0, 0
-    work = rgb
-    if min(h, w) < SMALL_IMAGE:
-        pad = max(h, w) // 4
-        work = np.pad(rgb, ((pad, pad), (pad, pad), (0, 0)), mode="edge")
-        scale = SMALL_IMAGE * 2 / min(work.shape[:2])
-        from PIL import Image
-
-        size = (round(work.shape[1] * scale), round(work.shape[0] * scale))
-        work = np.asarray(Image.fromarray(work).resize(size, Image.Resampling.BICUBIC))
+    work, scale, pad = framed_for_detection(as_rgb(image))
     dets, _ = _centerface()(work, threshold=threshold)
     faces = []
     for det in dets:

@@ -136,17 +136,7 @@ def yunet_detect(image: np.ndarray, threshold: float = YUNET_THRESHOLD) -> np.nd
     """YuNet's detections of an RGB image: rows of (x, y, w, h, 5 landmark pairs, score), largest
     first (empty (0, 15) when none). Small images are framed by their edge and enlarged, as for
     CenterFace: a face that fills the frame is missed otherwise."""
-    rgb = fm.as_rgb(image)
-    h, w = rgb.shape[:2]
-    scale, pad, work = 1.0, 0, rgb
-    if min(h, w) < fm.SMALL_IMAGE:
-        pad = max(h, w) // 4
-        work = np.pad(rgb, ((pad, pad), (pad, pad), (0, 0)), mode="edge")
-        scale = fm.SMALL_IMAGE * 2 / min(work.shape[:2])
-        from PIL import Image
-
-        size = (round(work.shape[1] * scale), round(work.shape[0] * scale))
-        work = np.asarray(Image.fromarray(work).resize(size, Image.Resampling.BICUBIC))
+    work, scale, pad = fm.framed_for_detection(fm.as_rgb(image))
     detector = _yunet()
     detector.setScoreThreshold(float(threshold))
     detector.setInputSize((work.shape[1], work.shape[0]))
@@ -159,7 +149,8 @@ def yunet_detect(image: np.ndarray, threshold: float = YUNET_THRESHOLD) -> np.nd
     return found[np.argsort(-(found[:, 2] * found[:, 3]))]
 
 
-def _yunet_box(row: np.ndarray) -> tuple[float, float, float, float]:
+def yunet_box(row: np.ndarray) -> tuple[float, float, float, float]:
+    """A YuNet row's box as (x0, y0, x1, y1)."""
     x, y, w, h = (float(v) for v in row[:4])
     return (x, y, x + w, y + h)
 
@@ -182,7 +173,7 @@ def yunet_at(
     rows = yunet_detect(image, threshold=threshold)
     if not len(rows):
         return None
-    ious = [fm.box_iou(_yunet_box(r), box) for r in rows]
+    ious = [fm.box_iou(yunet_box(r), box) for r in rows]
     best = int(np.argmax(ious))
     return rows[best] if ious[best] >= 0.3 else None
 
@@ -200,7 +191,7 @@ class YuNetRecogniser:
     def sightings(self, image: np.ndarray) -> list[Sighting]:
         rgb = fm.as_rgb(image)
         return [
-            Sighting(_yunet_box(r), float(r[14]), yunet_points(r), self.embed_row(rgb, r))
+            Sighting(yunet_box(r), float(r[14]), yunet_points(r), self.embed_row(rgb, r))
             for r in yunet_detect(rgb)
         ]
 
@@ -211,7 +202,7 @@ class YuNetRecogniser:
         r = yunet_at(rgb, box)
         if r is None:
             return None
-        return Sighting(_yunet_box(r), float(r[14]), yunet_points(r), self.embed_row(rgb, r))
+        return Sighting(yunet_box(r), float(r[14]), yunet_points(r), self.embed_row(rgb, r))
 
 
 class SFaceRecogniser(YuNetRecogniser):

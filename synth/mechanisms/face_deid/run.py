@@ -103,8 +103,8 @@ def plan(
             f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give the "
             "path of a DCGAN state dict or leave it out."
         )
-    generator = packaged_weights() if config.generator_weights is None else config.generator_weights
-    bound = {str(generator): file_sha256(Path(generator))}
+    generator = _generator_path(config)
+    bound = {generator: file_sha256(Path(generator))}
     for rec in recognisers:
         bound.update({str(f): file_sha256(f) for f in rec.files()})
     warnings = [NO_DP_WARNING]
