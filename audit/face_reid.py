@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,39 +63,13 @@ def check_name(key: str) -> str:
 
 
 # ------------------------------------------------------------------ recognisers
-class EmbedderRecogniser:
-    """A `synth.tools.face_models` embedder (policy `face_embedder`, or a benchmark's) run the way
-    dlib's
-    pipeline runs: CenterFace, dlib's 68 landmarks, then the embedder; Euclidean distance."""
-
-    def __init__(self, embedder: fm.Embedder, key: str) -> None:
-        self.embedder, self.key = embedder, key
-        self.name, self.threshold = embedder.name, embedder.threshold
-
-    def _sighting(self, image: np.ndarray, face: fm.Face) -> fr.Sighting:
-        emb = np.asarray(self.embedder.embed(image, face), np.float64)
-        return fr.Sighting(face.box, face.score, fm.five_points(face.landmarks), emb)
-
-    def sightings(self, image: np.ndarray) -> list[fr.Sighting]:
-        return [self._sighting(image, f) for f in fm.detect(image)]
-
-    def at(self, image: np.ndarray, box: tuple[float, float, float, float]) -> fr.Sighting | None:
-        return self._sighting(image, fm.Face(box, 0.0, fm.landmarks(image, box)))
-
-    def distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.linalg.norm(np.atleast_2d(a) - np.atleast_2d(b), axis=-1)
-
-    def files(self) -> list[Path]:
-        return []  # a user's embedder: its files are its own
-
-
 def as_recogniser(attacker: fr.Recogniser | fm.Embedder) -> fr.Recogniser:
     """A recogniser as it is, or an embedder behind dlib's detection and landmarks."""
     if hasattr(attacker, "sightings"):
         return attacker  # type: ignore[return-value]
     if isinstance(attacker, fm.DlibEmbedder):
         return fr.recogniser("dlib")
-    return EmbedderRecogniser(attacker, attacker.name)
+    return fr.EmbedderRecogniser(attacker, attacker.name)
 
 
 def policy_recognisers(policy: AuditPolicy) -> list[fr.Recogniser]:
@@ -104,12 +77,12 @@ def policy_recognisers(policy: AuditPolicy) -> list[fr.Recogniser]:
     than dlib (older specs name their own embedder there)."""
     recs = [fr.recogniser(k) for k in policy.face_recognisers]
     if policy.face_embedder != "dlib" and policy.face_embedder not in policy.face_recognisers:
-        recs.append(EmbedderRecogniser(fm.embedder(policy.face_embedder), policy.face_embedder))
+        recs.append(fr.EmbedderRecogniser(fm.embedder(policy.face_embedder), policy.face_embedder))
     return recs
 
 
 def _uses_dlib_landmarks(rec: fr.Recogniser) -> bool:
-    return isinstance(rec, (fr.DlibRecogniser, EmbedderRecogniser))
+    return isinstance(rec, fr.EmbedderRecogniser)  # dlib's too
 
 
 def _framed_sighting(rec: fr.Recogniser, image: np.ndarray) -> fr.Sighting | None:

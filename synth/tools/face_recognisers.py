@@ -266,35 +266,43 @@ class FaceNetRecogniser(YuNetRecogniser):
         return np.linalg.norm(np.atleast_2d(a) - np.atleast_2d(b), axis=-1)
 
 
-class DlibRecogniser:
-    """dlib's own pipeline as the audit has always run it: CenterFace, 68 landmarks, descriptor."""
+class EmbedderRecogniser:
+    """An embedder of `synth.tools.face_models` behind dlib's pipeline: CenterFace, dlib's 68
+    landmarks, then the embedder; Euclidean distance. A user's embedder (the audit policy's
+    `face_embedder`) runs this way; its files are its own (none bound)."""
 
-    key = "dlib"
-    name = fm.DlibEmbedder.name
-    threshold = fm.DlibEmbedder.threshold
-
-    def __init__(self) -> None:
-        self._embedder = fm.DlibEmbedder()
+    def __init__(self, embedder: fm.Embedder, key: str) -> None:
+        self.embedder, self.key = embedder, key
+        self.name, self.threshold = embedder.name, embedder.threshold
 
     def files(self) -> list[Path]:
-        return [
-            fm.dlib_model("shape_predictor_68_face_landmarks.dat"),
-            fm.dlib_model("dlib_face_recognition_resnet_model_v1.dat"),
-        ]
+        return []
 
     def _sighting(self, image: np.ndarray, face: fm.Face) -> Sighting:
-        emb = self._embedder.embed(image, face)
+        emb = np.asarray(self.embedder.embed(image, face), np.float64)
         return Sighting(face.box, face.score, fm.five_points(face.landmarks), emb)
 
     def sightings(self, image: np.ndarray) -> list[Sighting]:
         return [self._sighting(image, f) for f in fm.detect(image)]
 
     def at(self, image: np.ndarray, box: tuple[float, float, float, float]) -> Sighting | None:
-        face = fm.Face(box, 0.0, fm.landmarks(image, box))
-        return self._sighting(image, face)
+        return self._sighting(image, fm.Face(box, 0.0, fm.landmarks(image, box)))
 
     def distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.linalg.norm(np.atleast_2d(a) - np.atleast_2d(b), axis=-1)
+
+
+class DlibRecogniser(EmbedderRecogniser):
+    """dlib's own pipeline as the audit has always run it: CenterFace, 68 landmarks, descriptor."""
+
+    def __init__(self) -> None:
+        super().__init__(fm.DlibEmbedder(), "dlib")
+
+    def files(self) -> list[Path]:
+        return [
+            fm.dlib_model("shape_predictor_68_face_landmarks.dat"),
+            fm.dlib_model("dlib_face_recognition_resnet_model_v1.dat"),
+        ]
 
 
 RECOGNISERS: dict[str, Callable[[], Recogniser]] = {
