@@ -120,9 +120,16 @@ class _Ctx(SimpleNamespace):
     def prepare_workers(self, setup, *args):
         return InProcess().setup(setup, *args)
 
-    def map_items(self, fn, config, items, *, label):
+    def map_items(self, fn, config, items, *, label, keep=True):
         return map_items(
-            InProcess(), self.workdir, fn, config, items, label=label, progress=self.progress
+            InProcess(),
+            self.workdir,
+            fn,
+            config,
+            items,
+            label=label,
+            progress=self.progress,
+            keep=keep,
         )
 
 

@@ -45,9 +45,16 @@ class _Ctx(SimpleNamespace):
     def prepare_workers(self, setup, *args):
         return self.executor.setup(setup, *args)
 
-    def map_items(self, fn, config, items, *, label):
+    def map_items(self, fn, config, items, *, label, keep=True):
         return executors.map_items(
-            self.executor, self.workdir, fn, config, items, label=label, progress=self.progress
+            self.executor,
+            self.workdir,
+            fn,
+            config,
+            items,
+            label=label,
+            progress=self.progress,
+            keep=keep,
         )
 
 

@@ -296,18 +296,23 @@ def map_items(
     *,
     label: str,
     progress: Callable[[str, int, int], None],
+    keep: bool = True,
 ) -> list[Any]:
     """`fn(config, item)` for every item, in item order; each result saved before it counts, and
-    items saved by an earlier attempt of the run reused, not redone."""
+    items saved by an earlier attempt of the run reused, not redone (`keep=False`: nothing
+    written, nothing reused)."""
     n = len(items)
-    saved = ItemStore.for_map(workdir, fn, config, n)
-    results: dict[int, Any] = {i: saved.load(i) for i in sorted(saved.done()) if i < n}
+    saved = ItemStore.for_map(workdir, fn, config, n) if keep else None
+    results: dict[int, Any] = (
+        {i: saved.load(i) for i in sorted(saved.done()) if i < n} if saved is not None else {}
+    )
     progress(label, len(results), n)
     todo = [(i, items[i]) for i in range(n) if i not in results]
     for index, result in executor.map(fn, config, todo):
         if index in results:  # never counted twice
             continue
-        saved.save(index, result)
+        if saved is not None:
+            saved.save(index, result)
         results[index] = result
         progress(label, len(results), n)
     return [results[i] for i in range(n)]

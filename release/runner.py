@@ -219,10 +219,23 @@ class _Context:
         return self.executor.setup(setup, *args)
 
     def map_items(
-        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[Any], *, label: str
+        self,
+        fn: Callable[[Any, Any], Any],
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
     ) -> list[Any]:
         return executors.map_items(
-            self.executor, self.workdir, fn, config, items, label=label, progress=self.progress
+            self.executor,
+            self.workdir,
+            fn,
+            config,
+            items,
+            label=label,
+            progress=self.progress,
+            keep=keep,
         )
 
     @property

@@ -220,12 +220,20 @@ class RunContext(Protocol):
         failure then is refunded); returns what each returned."""
 
     def map_items(
-        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[Any], *, label: str
+        self,
+        fn: Callable[[Any, Any], Any],
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
     ) -> list[Any]:
         """`fn(config, item)` for every item, results in item order, wherever the runner chose
         (this process, `--workers N`, `--cluster`); `fn` is the entry's `per_item` (module-level,
         picklable; it reads no store and returns a picklable result). Progress is reported under
-        `label`; each finished item is kept in the workdir, so a resumed run does not redo it."""
+        `label`; each finished item is kept in the workdir, so a resumed run does not redo it
+        (`keep=False`: results too sensitive to store, such as un-noised sums, are never written
+        and a resumed run computes them again)."""
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from synth.mechanisms.merf.config import (
     MerfConfig,
 )
 from synth.mechanisms.merf.describe import describe
+from synth.mechanisms.merf.feature_sums import SumsJob, chunk_sums, exact_sums
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
 from synth.tools import step_counter
 from synth.tools.kernel.bandwidth import WIDE_BANDWIDTH_PER_PIXEL
@@ -293,14 +294,17 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
         model = _train_classifier(data.images, rows, len(values), size, dpsgd, config, ctx)
         check = functools.partial(_unrecognised, model, size, len(values), config.seed)
+    chosen = settings(config, bandwidth, perceptual, steps)
+    job = SumsJob(chosen, channels * size * size, len(values), size)
     fitted = fit(
         data.images,
         rows,
         len(values),
         sigma,
-        settings(config, bandwidth, perceptual, steps),
+        chosen,
         ctx.progress,
         also_collapsed=check,
+        exact_sums=lambda: exact_sums(ctx, job, data.images, rows),
     )
     trained = time.time() - started
     out_rows = np.sort(np.arange(config.n_samples) % len(values))
@@ -482,4 +486,5 @@ MECHANISM = registry.MechanismEntry(
     run=run,
     loss_function=loss_function,
     describe=describe,
+    per_item=chunk_sums,
 )

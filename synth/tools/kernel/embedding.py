@@ -150,10 +150,15 @@ def noisy_embedding(
     x01: ImageRows, rows: np.ndarray, n_classes: int, w: torch.Tensor | FeatureMap, sigma: float
 ) -> NoisyEmbedding:
     """The one Gaussian query (noise from the hardened CSPRNG sampler), weights undone."""
-    exact = class_sums(x01, rows, n_classes, w)
+    return noised(class_sums(x01, rows, n_classes, w), sigma, len(x01))
+
+
+def noised(exact: np.ndarray, sigma: float, n_records: int) -> NoisyEmbedding:
+    """The query's answer: `exact` (class_sums of all `n_records` records, summed wherever they
+    were computed) with Gaussian noise of std `sigma` added once, on the whole matrix."""
     noisy = exact + SecureGaussian().noise(exact.shape, sigma).numpy()
     return NoisyEmbedding(
         sums=noisy[:, :-1] / FEATURE_WEIGHT,
         counts=noisy[:, -1] / COUNT_WEIGHT,
-        n_records=len(x01),
+        n_records=n_records,
     )

@@ -19,6 +19,7 @@ from synth.tools.kernel.embedding import (
     as_feature_map,
     features,
     frequencies,
+    noised,
     noisy_embedding,
 )
 from synth.tools.kernel.generator import ConditionalGenerator, draw, train_generator
@@ -101,17 +102,28 @@ def fit(
     progress: ProgressFn = no_progress,
     stage: str = "DP-MERF generator",
     also_collapsed: CollapseCheck | None = None,
+    exact_sums: Callable[[], np.ndarray] | None = None,
 ) -> FittedMerf:
     """The noisy embedding of `images` (sensitive: uint8, class positions `rows`) with noise std
-    `sigma`, and a generator trained against it."""
+    `sigma`, and a generator trained against it. `exact_sums`: the query's un-noised matrix
+    computed elsewhere (DP-MERF's run maps it over chunks on the runner's workers); the noise is
+    added here, once, to the total."""
     size = generator_size(*np.asarray(images).shape[1:3])
     channels = 1 if np.asarray(images).ndim == 3 else int(np.asarray(images).shape[-1])
-    w = frequencies(channels * size * size, s.n_features, s.bandwidth, s.seed)
-    fmap = FeatureMap(w, s.perceptual_share)
+    fmap = feature_map(channels * size * size, s)
     progress("DP-MERF embedding (one Gaussian query)", 0, 1)
-    emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, fmap, sigma)
+    if exact_sums is None:
+        emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, fmap, sigma)
+    else:
+        emb = noised(exact_sums(), sigma, len(images))
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
     return train_fitted(emb, fmap, n_classes, size, channels, s, progress, stage, also_collapsed)
+
+
+def feature_map(n_pixels: int, s: MerfSettings) -> FeatureMap:
+    """The query's feature map: frequencies from the settings' public seed (every process that
+    computes a share of the query builds the same one)."""
+    return FeatureMap(frequencies(n_pixels, s.n_features, s.bandwidth, s.seed), s.perceptual_share)
 
 
 def train_fitted(
