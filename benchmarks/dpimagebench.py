@@ -1,6 +1,7 @@
 """DPImageBench's evaluation protocol (Gong et al., CCS 2025; repo 2019ChenGong/DPImageBench), the
 one the
-FETA-Pro, DP-FETA, PrivImage, DPDM and DP-MERF anchors in BENCHMARKS.md are measured with:
+FETA-Pro, DP-FETA, PrivImage, DPDM and DP-MERF anchors in BENCHMARKS.md and its notebook are
+measured with:
 
 - the sensitive training set is split by `torch.manual_seed(0); random_split(train, [55000, 5000])`
   (data/dataset_loader.py): 55,000 private images train the generator, 5,000 are a validation set;

@@ -26,7 +26,7 @@ jittered: flip, scale, rotation, brightness), 512 px, through `privrelease relea
 progress bar, on this machine.
 
 `python -m benchmarks.faces_bench [--grid docs/faces-pairs.png]` prints the Markdown section; `make
-bench` (or `python -m benchmarks --only faces`) writes it into BENCHMARKS.md.
+bench` (or `python -m benchmarks --only faces`) writes it into docs/benchmarks/faces.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ noise
 calibrated to the target epsilon (query event included, as in the demo), `sample_images`, then the audit's
 `compute_utility` (LR / MLP / CNN trained on 1,000 synthetic images, tested on the 1,000 held-out real ones).
 Rows are appended to benchmarks/results/recipe_ablation.jsonl (one JSON object per run, with machine and date,
-and a sample grid PNG beside it); `make bench` renders the table into BENCHMARKS.md.
+and a sample grid PNG beside it); `make bench` renders the table into docs/benchmarks/recipe.md.
 Slow on CPU: pre-training once (~7 min on 2 idle cores, then cached), each DP row 3-30 min.
 """
 
@@ -402,7 +402,7 @@ def render() -> str:
                 cell(r.get("mlp")),
                 r["cnn"],
                 r["mean_pixel"],
-                f"[png](benchmarks/results/{r['grid']})",
+                f"[png](../../benchmarks/results/{r['grid']})",
             ]
             for r in rows
         ],

@@ -669,7 +669,8 @@ def one_run_findings(rows: list[dict[str, Any]], delta: float) -> list[str]:
             f"What it cannot show: at epsilon {a['epsilon']:g} the charge exceeds what {a['canaries']} canaries "
             f"can certify (ceiling {a['max_certifiable']:.2f}; {more}), so the audit shows that noise is there "
             f"but cannot prove that epsilon {a['claimed_epsilon']:.2f} is exceeded: a leak between the ceiling "
-            "and the charge would pass. BENCHMARKS.md (one-run audit) gives the detection rate of each broken "
+            "and the charge would pass. docs/benchmarks/audit.md (one-run audit) gives the detection rate "
+            "of each broken "
             "variant over repeated runs."
         )
     return out

@@ -21,8 +21,8 @@ VOTE_KEYS = ("vote_sigma", "vote_rounds", "vote_pool")
 
 
 def vote_settings(epsilon: float) -> dict[str, Any]:
-    """The private vote's noise, rounds and candidates per image at `epsilon` (BENCHMARKS.md,
-    "Private vote").
+    """The private vote's noise, rounds and candidates per image at `epsilon`
+    (BENCHMARKS-NOTEBOOK.md, "Private vote").
     Four rounds at sigma 2 (the demo) compose to one Gaussian query at sigma 1: at epsilon 5 that would double
     the DP-SGD noise, so sigma 3 there; at epsilon 1 four rounds do not fit at any useful noise, so
     one round at
@@ -79,9 +79,9 @@ def settings(mode: str) -> dict[str, Any]:
         mode == "cpu"
     ):  # the demo preset's recipe (PrivImageConfig.demo), the vote set per epsilon below
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | {"k": 1}
-    else:  # one GPU: the demo's recipe with the 4x wider UNet (BENCHMARKS.md, width ablation: 0.927 without DP vs
-        # 0.871), twice the pre-training steps at twice the batch, larger DP-SGD batches and more
-        # released images
+    else:  # one GPU: the demo's recipe with the 4x wider UNet (BENCHMARKS-NOTEBOOK.md, width
+        # ablation: 0.927 without DP vs 0.871), twice the pre-training steps at twice the batch,
+        # larger DP-SGD batches and more released images
         privimage = {k: v for k, v in DEMO_RECIPE.items() if k not in VOTE_KEYS} | dict(
             k=1,
             unet_channels=(32, 64, 64),
@@ -96,7 +96,7 @@ def settings(mode: str) -> dict[str, Any]:
         )
         # max_physical_batch: one pass per Poisson batch (at 500, about half the batches took two
         # passes; measured
-        # with 500 on 2026-11-26, BENCHMARKS.md "PrivImage GPU preset")
+        # with 500 on 2026-11-26, BENCHMARKS-NOTEBOOK.md "PrivImage GPU preset")
     return {
         "mode": mode,
         "seed": SEED,

@@ -96,7 +96,8 @@ def in_training(
 
 
 def run(quick: bool = True) -> str:
-    """The "Secure noise" section of BENCHMARKS.md (same settings quick or full)."""
+    """The "Secure noise" section of docs/benchmarks/secure_noise.md (same settings quick or
+    full)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for ch in ((16, 32, 32), (32, 64, 64)):

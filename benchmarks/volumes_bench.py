@@ -7,8 +7,8 @@ The cohort (synth.tools.mri.cohort): distinct heads made from Colin27 and pydefa
 random affine + elastic deformations (torchio). For every mechanism the audit's own computation
 (audit.volumes: Colin27 registered to each original) gives the brain voxels changed, the face's
 detail and plain correlation with the original, and rank-1 re-identification of face renders among
-the originals. Writes the "Head MRI" section of BENCHMARKS.md and the before/after render grid
-docs/volumes-renders.png.
+the originals. Writes the "Head MRI" section of docs/benchmarks/volumes.md and the before/after
+render grid docs/volumes-renders.png.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def section(m: dict) -> str:
                 table,
             ),
             "",
-            "Before/after renders: [docs/volumes-renders.png](docs/volumes-renders.png) "
+            "Before/after renders: [docs/volumes-renders.png](../volumes-renders.png) "
             "(columns: original, quickshear, mask, reface).",
         ]
     )
@@ -224,7 +224,7 @@ def run(quick: bool = True) -> str:
 
 
 def main() -> None:
-    from benchmarks.__main__ import OUT, splice
+    from benchmarks.__main__ import write_section
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--subjects", type=int, default=12)
@@ -239,7 +239,7 @@ def main() -> None:
     )
     print(text)
     if not args.no_write:
-        OUT.write_text(splice(OUT.read_text(), text))
+        write_section("volumes", text)
 
 
 if __name__ == "__main__":
