@@ -21,6 +21,7 @@ from accounting.events import NonPrivateRelease
 from accounting.fingerprint import dataset_fingerprint
 from accounting.store import Store, Workspace
 from release import runner
+from release.executor import ExecutorChoice
 from release.planning import dataset_info
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.ksalsa import KSalsaConfig, plan_ksalsa, train_codec
@@ -44,6 +45,10 @@ def public() -> ImageDataset:
 
 @pytest.fixture
 def store(tmp_path, sensitive) -> Store:
+    return _store(tmp_path, sensitive)
+
+
+def _store(tmp_path, sensitive) -> Store:
     ws = Workspace(tmp_path / "ws")
     ws.init()
     st = Store(ws)
@@ -86,7 +91,19 @@ def _plan(store, public, cfg, dataset="mnist"):
     return MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, public)
 
 
-def _run(store, sensitive, public, cfg, run_id, tmp_path, *, ack=True, progress=None, **inject):
+def _run(
+    store,
+    sensitive,
+    public,
+    cfg,
+    run_id,
+    tmp_path,
+    *,
+    ack=True,
+    progress=None,
+    executor=None,
+    **inject,
+):
     mech = (
         dataclasses.replace(MECHANISM, run=functools.partial(ksalsa_run, **inject))
         if inject
@@ -105,6 +122,7 @@ def _run(store, sensitive, public, cfg, run_id, tmp_path, *, ack=True, progress=
         acknowledge_non_dp=ack,
         actor="alice",
         progress=progress or (lambda *a: None),
+        executor=executor or ExecutorChoice(),
     )
 
 
@@ -158,7 +176,7 @@ def test_full_run_commits(store, sensitive, public, tmp_path):
     assert sorted(sum(clusters, []) + res.internal["remainder"]) == list(range(30))
     for c, lab in zip(clusters, res.labels):  # majority label of the members
         assert lab == np.bincount(sensitive.labels[c], minlength=10).argmax()
-    assert {"codec training", "clustering", "k-SALSA optimisation (clusters)"} <= set(stages)
+    assert {"codec training", "clustering", "k-SALSA optimisation (cluster batches)"} <= set(stages)
     charge = ledger.get_charge(store, "run-1")
     assert charge.state == "committed" and tuple(charge.charged_events) == res.executed_events
     assert ledger.budget(store, "mnist").dp_void
@@ -216,3 +234,44 @@ def test_baseline_methods_run(store, sensitive, public, tmp_path, method):
     res = _run(store, sensitive, public, KSalsaConfig.tiny(5, method), f"r-{method}", tmp_path)
     assert res.images.shape == (6, 28, 28) and res.internal["remainder"] == []
     assert res.parameters["method"] == method
+
+
+@pytest.mark.slow
+def test_cluster_batches_on_two_dask_workers_release_the_same_bytes(sensitive, public, tmp_path):
+    """k-SALSA's batches of clusters as per-item work (issue 56): two Dask worker processes
+    release the same representatives, byte for byte, as this process; one charge each."""
+    cfg = dataclasses.replace(KSalsaConfig.tiny(3, "ksalsa"), cluster_batch=3)  # 10 clusters: 4
+    codec = train_codec(public, tmp_path / "codec", cfg)  # one public codec for both releases
+    here = _run(
+        _store(tmp_path / "a", sensitive),
+        sensitive,
+        public,
+        cfg,
+        "one",
+        tmp_path / "a",
+        codec=codec,
+    )
+    stages: list[tuple[str, int, int]] = []
+    store = _store(tmp_path / "b", sensitive)
+    there = _run(
+        store,
+        sensitive,
+        public,
+        cfg,
+        "two",
+        tmp_path / "b",
+        progress=lambda s, d, t: stages.append((s, d, t)),
+        executor=ExecutorChoice(workers=2),
+        codec=codec,
+    )
+    assert here.images.tobytes() == there.images.tobytes()
+    assert [c.tolist() for c in here.output.clusters] == [c.tolist() for c in there.output.clusters]
+    assert [d for s, d, _ in stages if s == "k-SALSA optimisation (cluster batches)"] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    [charge] = ledger.budget(store, "mnist").charges
+    assert charge.state == "committed"

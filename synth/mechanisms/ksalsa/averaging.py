@@ -14,7 +14,9 @@ All return float tensors (n_clusters, C, H, W) in [-1, 1].
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,6 +116,11 @@ def optimise_batch(
         return codec.decode(z).clamp(-1, 1), trace
 
 
+# runs batches of clusters, each (members' images, mean latents) as numpy, wherever the runner
+# runs items: the representatives (B, C, H, W) and the trace of each, in batch order
+BatchMap = Callable[[list[tuple[np.ndarray, np.ndarray]]], list[tuple[np.ndarray, Any]]]
+
+
 def ksalsa_images(
     codec: LatentCodec,
     net: StyleContentNet,
@@ -123,17 +130,27 @@ def ksalsa_images(
     config: KSalsaConfig,
     device: str,
     progress: ProgressFn = no_progress,
+    map_batches: BatchMap | None = None,
 ) -> tuple[torch.Tensor, list[OptimisationTrace]]:
-    out, traces = [], []
+    """Batches of `config.cluster_batch` clusters optimised together: here, or each batch handed
+    to `map_batches` (the run's per-item work)."""
     total = len(clusters)
-    for i in range(0, total, config.cluster_batch):
-        batch = clusters[i : i + config.cluster_batch]
-        idx = torch.as_tensor(np.stack(batch))  # (B, K): all clusters have k members
+    batches = [
+        torch.as_tensor(np.stack(clusters[i : i + config.cluster_batch]))  # (B, K): k members
+        for i in range(0, total, config.cluster_batch)
+    ]
+    if map_batches is not None:
+        done = map_batches([(x[idx].numpy(), latents[idx].mean(1).numpy()) for idx in batches])
+        return torch.cat([torch.from_numpy(img) for img, _ in done]), [t for _, t in done]
+    out, traces = [], []
+    for i, idx in enumerate(batches):
         z0 = latents[idx].mean(1).to(device)
         img, trace = optimise_batch(codec, net, x[idx].to(device), z0, config)
         out.append(img.cpu())
         traces.append(trace)
-        progress("k-SALSA optimisation (clusters)", min(i + len(batch), total), total)
+        progress(
+            "k-SALSA optimisation (clusters)", min((i + 1) * config.cluster_batch, total), total
+        )
     return torch.cat(out), traces
 
 
@@ -147,9 +164,10 @@ def representatives(
     device: str,
     net: StyleContentNet | None = None,
     progress: ProgressFn = no_progress,
+    map_batches: BatchMap | None = None,
 ) -> tuple[torch.Tensor, float]:
     """The method's representatives and the seconds it took (averaging only, not
-    encoding/clustering)."""
+    encoding/clustering); `map_batches`: where k-SALSA's batches run (here by default)."""
     t0 = time.perf_counter()
     total = len(clusters)
     if method == "pixel":
@@ -163,7 +181,9 @@ def representatives(
             from synth.mechanisms.ksalsa.style import EfficientNetStyleContent
 
             net = EfficientNetStyleContent(device, config.feature_size, config.style_layers)
-        out, _ = ksalsa_images(codec, net, x, latents, clusters, config, device, progress)
+        out, _ = ksalsa_images(
+            codec, net, x, latents, clusters, config, device, progress, map_batches
+        )
     if method != "ksalsa":
         progress(f"{method} averaging (clusters)", total, total)
     return out, time.perf_counter() - t0

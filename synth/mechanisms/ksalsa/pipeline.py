@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from accounting.errors import DataFormatError
-from synth.mechanisms.ksalsa.averaging import representatives
+from synth.mechanisms.ksalsa.averaging import BatchMap, representatives
 from synth.mechanisms.ksalsa.clustering import ClusterResult, same_size_clusters
 from synth.mechanisms.ksalsa.codec import LatentCodec, encode_all
 from synth.mechanisms.ksalsa.config import KSalsaConfig
@@ -66,6 +66,7 @@ def anonymise(
     *,
     net: StyleContentNet | None = None,
     progress: ProgressFn = no_progress,
+    map_batches: BatchMap | None = None,
 ) -> Anonymised:
     """x: sensitive images (N, C, H, W) in [-1, 1]; labels (N,) int."""
     device = config.resolved_device()
@@ -74,7 +75,16 @@ def anonymise(
     progress("encoding", 1, 1)
     clusters = same_size_clusters(latents.numpy(), config.k, progress)
     reps, seconds = representatives(
-        config.method, codec, x, latents, clusters.clusters, config, device, net, progress
+        config.method,
+        codec,
+        x,
+        latents,
+        clusters.clusters,
+        config,
+        device,
+        net,
+        progress,
+        map_batches,
     )
     majority, dist = aggregate_labels(
         np.asarray(labels, dtype=np.int64), clusters.clusters, n_classes

@@ -18,6 +18,7 @@ from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.datasets import ImageDataset
+from synth.mechanisms.ksalsa import cluster_items
 from synth.mechanisms.ksalsa.codec import LatentCodec, conform, describe_codec, train_codec
 from synth.mechanisms.ksalsa.config import KSalsaConfig
 from synth.mechanisms.ksalsa.describe import describe
@@ -154,12 +155,30 @@ def run(
         codec = train_codec(public, ctx.workdir, config, ctx.progress, size=size, channels=channels)
     probe = torch.from_numpy(conform(public.subset(np.arange(min(4, len(public)))), size, channels))
     check_codec(codec, probe, config.resolved_device())
-    if config.method == "ksalsa" and net is None:
-        from synth.mechanisms.ksalsa.style import EfficientNetStyleContent
+    with cluster_items.own_net(config, net):
+        return _run(config, data, ctx, codec, public)
 
-        net = EfficientNetStyleContent(
-            config.resolved_device(), config.feature_size, config.style_layers
-        )
+
+def _run(
+    config: KSalsaConfig,
+    data: ImageDataset,
+    ctx: RunContext,
+    codec: LatentCodec,
+    public: ImageDataset,
+) -> MechanismOutput:
+    size, channels = _geometry(data.image_shape, config)
+    net, map_batches = None, None
+    if config.method == "ksalsa":
+        # public weights in every process that will optimise a batch: a failure here is refunded
+        ctx.prepare_workers(cluster_items.prepare, config)
+        net = cluster_items.style_net(config)
+        job = cluster_items.ClusterJob.of(config, codec)
+
+        def map_batches(items: list) -> list:
+            return ctx.map_items(
+                cluster_items.average_clusters, job, items, label=cluster_items.LABEL
+            )
+
     ctx.on_sensitive_access()
     if int(data.labels.min()) < 0:
         raise DataFormatError(f"{data.source}: labels must be non-negative class indices.")
@@ -172,6 +191,7 @@ def run(
         config,
         net=net,
         progress=ctx.progress,
+        map_batches=map_batches,
     )
     params = {
         "k": config.k,
@@ -207,4 +227,5 @@ MECHANISM = registry.MechanismEntry(
     plan=plan,
     run=run,
     describe=describe,
+    per_item=cluster_items.average_clusters,
 )
