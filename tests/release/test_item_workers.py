@@ -171,7 +171,7 @@ def test_workers_are_refused_for_a_mechanism_without_per_item_work(tmp_path) -> 
             dataset=fw.DATASET,
             data=data,
             public=data,
-            mechanism="ksalsa",
+            mechanism="privimage",
             config=None,
             plan=None,  # type: ignore[arg-type]
             workdir=tmp_path / "w",
