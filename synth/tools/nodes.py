@@ -214,7 +214,12 @@ def _hello_file(folder: Path, hello: dict[str, Any]) -> Path:
 
 
 def _agent(
-    nodes: Nodes, run_id: str, worker: str, hello_path: Path, threads: int
+    nodes: Nodes,
+    run_id: str,
+    worker: str,
+    hello_path: Path,
+    threads: int,
+    log_dir: Path | None = None,
 ) -> subprocess.Popen:
     cmd = [
         sys.executable,
@@ -224,6 +229,7 @@ def _agent(
         "-m",
         "torch.distributed.run",
         *nodes.torchrun_args(run_id),
+        *([f"--log-dir={log_dir}"] if log_dir is not None else []),
         "-m",
         worker,
         "--nodes",
@@ -416,7 +422,10 @@ def follow(
             "problem": problem,
         }
         path = _hello_file(scratch, hello)
-        proc = _agent(nodes, run_id, worker, path, _threads(nodes.nproc_per_node))
+        # torchrun's own files too stay in the private folder
+        proc = _agent(
+            nodes, run_id, worker, path, _threads(nodes.nproc_per_node), scratch / "torchrun"
+        )
         out = _Output(proc, scratch / "dist_nodes.log")
         try:
             out.until("\0never", progress)

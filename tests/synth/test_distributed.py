@@ -780,3 +780,72 @@ def test_a_host_that_cannot_run_the_release_tells_the_coordinator(data, tmp_path
     assert "Nothing was charged" in str(exc.value)
     follower.join(120)
     assert len(errors) == 1 and ledger.get_charge(store, "r") is None
+
+
+@pytest.mark.slow
+def test_release_run_on_two_hosts_through_the_cli(store: Store, tmp_path: Path) -> None:
+    """`privrelease release run REL --nnodes 2 --rdzv HOST:PORT` on two "hosts" (the second a
+    separate process reading the same workspace): one charge, the release's files written by the
+    coordinator alone, nothing left behind by the follower."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from release import artifacts, keys, manager
+    from release.cli import app
+    from release.data import register_from_source
+    from release.spec import ReleaseSpec
+
+    train = load_source("builtin:mnist5k")
+    idx = np.random.default_rng(0).choice(len(train), 120, replace=False)
+    np.savez(tmp_path / "train.npz", images=train.images[idx], labels=train.labels[idx])
+    keys.create_identity(store, "alice", "steward")
+    keys.ensure_release_key(store.workspace)
+    register_from_source(
+        store, "digits", str(tmp_path / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4, labels="0-9"
+    )
+    spec = {
+        "release": {"dataset": "digits", "mechanism": "privimage", "n_images": 20},
+        "privimage": {
+            "epsilon": 6.0,
+            "preset": "tiny",
+            "public": "builtin:uci-digits",
+            "selection": "none",
+        },
+        "policy": {
+            "mia_samples": 20,
+            "feature_samples": 40,
+            "fid_samples": 40,
+            "utility_train_samples": 60,
+            "cnn_epochs": 1,
+            "min_utility_gain": None,
+        },
+    }
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    port, scratch = _free_port(), tmp_path / "follower-tmp"
+    scratch.mkdir()
+    command = ["--workspace", str(store.workspace.root), "release", "run", rel.release_id]
+    command += ["--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "release.entry", *command, "--node-rank", "1"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        r = CliRunner().invoke(app, [*command, "--node-rank", "0", "--as", "alice"])
+        out, _ = follower.communicate(timeout=180)
+    finally:
+        follower.kill()
+    assert r.exit_code == 0, r.output
+    assert follower.returncode == 0 and "this host's part" in out, out
+    (charge,) = ledger.budget(store, "digits").charges  # charged once, by the coordinator
+    assert charge.state == "committed"
+    assert list(charge.charged_events) == [event_from_json(e) for e in rel.plan.events]
+    assert manager.get_release(store, rel.release_id).state == "checked"
+    assert (artifacts.release_dir(store, rel.release_id) / "work" / "dist_nodes.log").exists()
+    assert list(scratch.iterdir()) == []  # the follower's private folder is gone, nothing else
