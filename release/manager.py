@@ -326,13 +326,13 @@ def follow_release(
     charged."""
     # a host that cannot run the release joins only to say why: nodes' own worker refuses
     problem, fingerprint, worker = None, None, multi_host.REFUSING_WORKER
+    rel = None
     try:
         rel = _recorded_release(store, release_id)
-        if rel.state not in ("approved", "failed", "running") or rel.result is not None:
+        if rel.state not in ("approved", "failed", "running"):
             raise LedgerStateError(
-                f"release {release_id} is {rel.state}"
-                + (" and already synthesised" if rel.result is not None else "")
-                + " here; only an approved (or failed) release runs."
+                f"release {release_id} is {rel.state} here; only an approved (or failed) release "
+                "runs."
             )
         approval.verified_approval(store, rel)
         mech = registry.get(rel.plan.mechanism)
@@ -344,6 +344,11 @@ def follow_release(
         worker, fingerprint = mech.node_worker, rel.plan_digest
     except PrivReleaseError as exc:
         problem = str(exc)
+    if rel is not None and rel.result is not None:  # the coordinator only audits: nobody trains
+        raise LedgerStateError(
+            f"Release {release_id} is already synthesised; only its audit is left, which the "
+            "coordinator runs alone. Nothing to do on this host."
+        )
     multi_host.follow(
         nodes,
         worker=worker,
