@@ -849,3 +849,50 @@ def test_release_run_on_two_hosts_through_the_cli(store: Store, tmp_path: Path) 
     assert manager.get_release(store, rel.release_id).state == "checked"
     assert (artifacts.release_dir(store, rel.release_id) / "work" / "dist_nodes.log").exists()
     assert list(scratch.iterdir()) == []  # the follower's private folder is gone, nothing else
+
+
+@pytest.mark.slow
+def test_a_killed_host_leaves_the_charge_in_force_and_the_hosts_resume_from_the_checkpoint(
+    data, tmp_path: Path
+) -> None:
+    """The follower's process is killed mid-DP-SGD: the run fails with its reservation in force;
+    the same command on both hosts again resumes from the coordinator's checkpoint (sent to the
+    follower, whose ranks would otherwise start over and fall out of lockstep), lost steps charged
+    again."""
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=2.0)
+    store, wd = _store(tmp_path / "ws", sens), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
+    killed: list[int] = []
+
+    def kill_follower(stage: str, done: int, total: int) -> None:
+        if stage == "DP fine-tuning" and done == 5 and not killed:
+            for pid, _ in _worker_pids("privrelease-follower-"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    port = _free_port()
+    follower, errors = _follow(port, nodes.plan_fingerprint(plan))
+    with pytest.raises(PrivReleaseError, match="failed during finetune_sample"):
+        _run(store, sens, pub, cfg, wd, 1, plan=plan, progress=kill_follower, nodes=_host(port, 0))
+    follower.join(120)
+    assert killed and len(errors) == 1
+    started, (planned,) = step_counter.started(wd), plan.events
+    assert 5 <= started < planned.steps
+    assert ledger.get_charge(store, "r").state == "reserved"  # in full until settled
+    ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
+    assert 0 < ckpt_step <= started
+    port = _free_port()
+    follower, errors = _follow(port, nodes.plan_fingerprint(plan))
+    _, res = _run(store, sens, pub, cfg, wd, 1, plan=plan, nodes=_host(port, 0))
+    follower.join(120)
+    assert errors == []
+    main = ledger.get_charge(store, "r")
+    redo = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith("r:redo-")]
+    assert main.state == "committed" and list(main.charged_events) == list(plan.events)
+    assert [c.charged_events[0].steps for c in redo] == (
+        [started - ckpt_step] if started > ckpt_step else []
+    )
+    total = sum(e.steps for c in [main, *redo] for e in c.charged_events)
+    assert total == step_counter.started(wd) >= planned.steps
+    assert res.images.shape == (20, 28, 28)

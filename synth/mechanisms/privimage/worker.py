@@ -56,6 +56,19 @@ def _same_on_every_rank(weights: dict[str, torch.Tensor]) -> list[str]:
     return digests
 
 
+def _same_start(workdir: Path) -> None:
+    """Every rank resumes DP-SGD from the same checkpoint step (across hosts, a follower's comes
+    from the coordinator): ranks out of step would not run the same all-reduces."""
+    saved = state.load_torch(workdir / state.FINETUNE)
+    steps: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, saved["step"] if saved is not None else 0)
+    if len(set(steps)) != 1:
+        raise PrivReleaseError(
+            f"Internal error: the ranks would resume DP-SGD from different steps ({steps}); "
+            "nothing is trained."
+        )
+
+
 def pretrain_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
     model = pretrain_cached(
         job["model"],
@@ -77,6 +90,7 @@ def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str
     """DP-SGD (lost steps were charged by the coordinator before launch: on_resume does nothing),
     then this rank's share of the released images."""
     world, rank = dist.get_world_size(), dist.get_rank()
+    _same_start(Path(job["workdir"]))
     outcome = dp_finetune(
         job["model"],
         job["x"],
