@@ -33,6 +33,7 @@ from release.spec import ReleaseSpec
 from synth import registry
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data
+from synth.tools import nodes as multi_host
 
 
 def _steward(store: Store, name: str) -> keys.Identity:
@@ -234,9 +235,17 @@ def run_release(
     progress: ProgressFn = no_progress,
     nproc: int = 1,
     executor: ExecutorChoice = IN_PROCESS,
+    nodes: multi_host.Nodes | None = None,
 ) -> Release:
     """Execute an approved plan through the runner (lease -> reserve -> run -> commit), then audit
-    it. A failed release can be run again: it resumes under the same charge (no double charge)."""
+    it. A failed release can be run again: it resumes under the same charge (no double charge).
+    With `nodes` (`--nnodes`) this host is the coordinator and the other hosts run
+    `follow_release`."""
+    if nodes is not None and not nodes.coordinator:
+        raise LedgerStateError(
+            f"This host is not the coordinator of {release_id} (node rank {nodes.node_rank}): it "
+            "follows (follow_release); only node rank 0 runs the release."
+        )
     ident = _steward(store, actor)
     rel = _recorded_release(store, release_id)
     if rel.state not in ("approved", "failed", "running"):
@@ -277,6 +286,8 @@ def run_release(
                 lease=lease,
                 nproc=nproc,
                 executor=executor,
+                nodes=nodes,
+                fingerprint=rel.plan_digest,
             )
             summary = save_output(store, release_id, result, plan.mechanism)
         except BaseException as exc:
@@ -299,6 +310,55 @@ def run_release(
     except BaseException as exc:  # synthesised and settled: a re-run audits it again
         _fail(store, release_id, ident.name, f"audit not finished: {runner.why(exc)}")
         raise
+
+
+def follow_release(
+    store: Store,
+    release_id: str,
+    nodes: multi_host.Nodes,
+    progress: ProgressFn = no_progress,
+) -> None:
+    """A host other than the coordinator in `release run REL --nnodes N --rdzv HOST:PORT`: it
+    reads the release's approved plan from its workspace (reads never write the store), joins the
+    rendezvous and trains the coordinator's stages. It never takes the lease, reserves, charges or
+    writes the release's files; a release it cannot run here (not approved, its approval not
+    valid, already synthesised, another plan) is refused on every host, before anything is
+    charged."""
+    # a host that cannot run the release joins only to say why: nodes' own worker refuses
+    problem, fingerprint, worker = None, None, multi_host.REFUSING_WORKER
+    rel = None
+    try:
+        rel = _recorded_release(store, release_id)
+        if rel.state not in ("approved", "failed", "running"):
+            raise LedgerStateError(
+                f"release {release_id} is {rel.state} here; only an approved (or failed) release "
+                "runs."
+            )
+        approval.verified_approval(store, rel)
+        mech = registry.get(rel.plan.mechanism)
+        if mech.node_worker is None:
+            raise PrivReleaseError(
+                f"mechanism {mech.name!r} trains on one host only (only PrivImage trains across "
+                "hosts)."
+            )
+        worker, fingerprint = mech.node_worker, rel.plan_digest
+    except PrivReleaseError as exc:
+        problem = str(exc)
+    if rel is not None and rel.result is not None:  # the coordinator only audits: nobody trains
+        raise LedgerStateError(
+            f"Release {release_id} is already synthesised; only its audit is left, which the "
+            "coordinator runs alone. Nothing to do on this host."
+        )
+    multi_host.follow(
+        nodes,
+        worker=worker,
+        run_id=release_id,
+        fingerprint=fingerprint,
+        problem=problem,
+        progress=progress,
+    )
+    if problem:  # the coordinator refused too: follow() raised
+        raise PrivReleaseError(problem)
 
 
 def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:

@@ -36,6 +36,7 @@ from synth import registry
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, Guarantee, Mechanism, MechanismOutput, MechanismPlan
 from synth.tools import step_counter
+from synth.tools.nodes import NodePool, Nodes, plan_fingerprint
 
 LEASE_TTL_S = 120.0  # a lease on another host lapses this long after its last heartbeat
 HEARTBEAT_S = 15.0
@@ -207,11 +208,17 @@ class _Context:
         actor: str,
         nproc: int = 1,
         executor: executors.InProcess | executors.DaskExecutor | None = None,
+        node_pool: NodePool | None = None,
     ) -> None:
         self.store, self.lease, self.dataset, self.plan = store, lease, dataset, plan
         self.workdir, self.progress, self.public, self.actor = workdir, progress, public, actor
         self.cache_dir: Path | None = public_cache_dir(store)
         self.nproc = nproc  # this process stays the only one that charges, whatever the workers do
+        # `--nnodes`: the ranks of every host, started (and agreed on the plan) before reserving
+        self.node_pool = node_pool
+        if node_pool is not None:
+            self.nproc = node_pool.nodes.world_size
+            self.nproc_per_node = node_pool.nodes.nproc_per_node
         # where per-item work runs (release/executor.py); workers never see the store
         self.executor = executor if executor is not None else executors.InProcess()
 
@@ -322,13 +329,34 @@ def run_charged(
     lease: Lease | None = None,
     nproc: int = 1,
     executor: executors.ExecutorChoice = executors.IN_PROCESS,
+    nodes: Nodes | None = None,
+    fingerprint: str | None = None,
 ) -> RunResult:
     """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
     `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
     a distributed mechanism trains on that many processes; with `executor` (`--workers N`,
     `--cluster ADDR`) a mechanism that declares a per-item function runs its items on Dask
-    workers, started (and stopped) here for `--workers`. This process alone charges the ledger."""
+    workers, started (and stopped) here for `--workers`. With `nodes` (`--nnodes`, this host the
+    coordinator) it trains on the ranks of every host, which first agree that they run the plan
+    whose `fingerprint` (the approved plan's digest; by default one of `plan`) this host runs.
+    This process alone charges the ledger."""
     mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
+    if nodes is not None and (mech.node_worker is None or nproc != 1):
+        raise PrivReleaseError(
+            f"--nnodes {nodes.nnodes}: "
+            + (
+                f"mechanism {mech.name!r} trains on one host only; leave out --nnodes (only "
+                "PrivImage trains across hosts)."
+                if mech.node_worker is None
+                else "give the processes of each host with --nproc-per-node, not --nproc."
+            )
+            + " Nothing was charged."
+        )
+    if nodes is not None and not nodes.coordinator:
+        raise PrivReleaseError(
+            "Internal error: only the coordinator (node rank 0) runs a release through the runner; "
+            "other hosts follow (release.manager.follow_release). Nothing was charged."
+        )
     if nproc != 1 and not mech.distributed:
         raise PrivReleaseError(
             f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out --nproc "
@@ -363,9 +391,20 @@ def run_charged(
     own = lease is None
     lease = acquire_lease(store, run_id, actor) if lease is None else lease
     items_on = None
+    pool = None
     try:
         # started before the reservation: a cluster that cannot be reached charges nothing
         items_on = executors.start(executor)
+        if nodes is not None:  # every host joins and agrees on the plan, or nothing is charged
+            assert mech.node_worker is not None  # refused above
+            pool = NodePool(
+                nodes,
+                worker=mech.node_worker,
+                run_id=run_id,
+                fingerprint=fingerprint or plan_fingerprint(plan),
+                workdir=workdir,
+            )
+            pool.start(progress)
         charge_id = _charge_for_attempt(store, lease, dataset)
         ledger.reserve(
             store,
@@ -376,11 +415,11 @@ def run_charged(
             allow_non_private=acknowledge_non_dp,
             description=f"{mech.name} run {run_id}",
         )
-        if nproc == 1:  # torchrun's workers choose their own
+        if nproc == 1 and nodes is None:  # torchrun's workers choose their own
             # looked at again during the run, from the mechanism's progress reports
             progress = threads.rebalancing(progress, threads.apply())
         ctx = _Context(
-            store, lease, dataset, plan, workdir, progress, public, actor, nproc, items_on
+            store, lease, dataset, plan, workdir, progress, public, actor, nproc, items_on, pool
         )
         try:
             output = mech.run(config, data, ctx)
@@ -397,11 +436,15 @@ def run_charged(
         return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
     finally:
         try:
-            if items_on is not None:
-                items_on.close()
+            if pool is not None:
+                pool.close()
         finally:
-            if own:
-                lease.release()
+            try:
+                if items_on is not None:
+                    items_on.close()
+            finally:
+                if own:
+                    lease.release()
 
 
 def why(exc: BaseException) -> str:

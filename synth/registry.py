@@ -276,6 +276,9 @@ class MechanismEntry:
         lambda generator: None
     )
     distributed: bool = False  # its run honours ctx.nproc > 1 (`release run --nproc`)
+    # the module torchrun runs on every host for `release run --nnodes` (synth/tools/nodes.py);
+    # None: it trains on one host only
+    node_worker: str | None = None
     # its DP-SGD trainer, `(model, x, y, **settings) -> outcome with .weights`, for the one-run
     # implementation audit (audit/dpsgd_audit.py); None for a mechanism that trains nothing with
     # DP-SGD

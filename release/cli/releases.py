@@ -171,17 +171,62 @@ def run(
         help="Run the items on a Dask scheduler the site already runs (tcp://HOST:8786, or its "
         "scheduler file); this machine keeps the ledger and the lease.",
     ),
+    nnodes: int | None = typer.Option(
+        None,
+        "--nnodes",
+        help="Train PrivImage across N hosts: run the same command on every host, with --rdzv. "
+        "Node rank 0, the coordinator, holds the ledger, charges once and writes the release; "
+        "the others only train (docs/scaling-out.md).",
+    ),
+    rdzv: str | None = typer.Option(
+        None,
+        "--rdzv",
+        metavar="HOST:PORT",
+        help="With --nnodes: the rendezvous endpoint every host reaches, a free port on the "
+        "coordinator (torchrun's c10d rendezvous, id = the release id).",
+    ),
+    nproc_per_node: int | None = typer.Option(
+        None,
+        "--nproc-per-node",
+        help="With --nnodes: processes on each host (one per GPU); default 1.",
+    ),
+    node_rank: int | None = typer.Option(
+        None,
+        "--node-rank",
+        help="With --nnodes: 0 on the coordinator, 1..N-1 on the others; default 0 on the host "
+        "whose address is the --rdzv HOST, else 1.",
+    ),
 ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed
     one to resume."""
     from release import threads
     from release.executor import ExecutorChoice
+    from synth.tools.nodes import parse_nodes
 
+    nodes = parse_nodes(nnodes, rdzv, nproc_per_node, node_rank, nproc)
+    if nodes is not None and not nodes.coordinator:
+        console.print(
+            f"This host follows the coordinator of {release_id} (rendezvous {nodes.rdzv}): it "
+            "trains only; the coordinator charges and writes the release.",
+            markup=False,
+            highlight=False,
+        )
+        with rich_progress() as progress:
+            manager.follow_release(store(), release_id, nodes, progress)
+        console.print(f"Done: this host's part of {release_id} finished.", markup=False)
+        return
     name = _actor(actor)
     items_on = ExecutorChoice(workers, cluster)
     if not items_on.in_process:
         console.print(f"Items run on {items_on.describe()}.", markup=False, highlight=False)
-    if nproc == 1:
+    if nodes is not None:
+        console.print(
+            f"Coordinator of {nodes.nnodes} hosts (rendezvous {nodes.rdzv}, "
+            f"{nodes.nproc_per_node} processes each): start the same command on the others.",
+            markup=False,
+            highlight=False,
+        )
+    elif nproc == 1:
         console.print(
             f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False
         )
@@ -194,7 +239,7 @@ def run(
                 progress(stage, done, total)
 
             rel = manager.run_release(
-                store(), release_id, name, track, nproc=nproc, executor=items_on
+                store(), release_id, name, track, nproc=nproc, executor=items_on, nodes=nodes
             )
     except KeyboardInterrupt as exc:
         from release.runner import Terminated

@@ -5,7 +5,9 @@ Poisson sampler (opacus 1.6's skips a rank's empty batch)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,7 @@ from synth.mechanisms.privimage.model import make_unet
 from synth.mechanisms.privimage.sampling import sample_images
 from synth.mechanisms.privimage.training import dp_finetune
 from synth.progress import no_progress
-from synth.tools import step_counter
+from synth.tools import nodes, step_counter
 
 DELTA = 1e-4
 
@@ -72,6 +74,7 @@ def _run(
     run_id: str = "r",
     progress=no_progress,
     plan=None,
+    nodes=None,
 ):
     plan = plan or _plan(store, pub, cfg)
     res = runner.run_charged(
@@ -86,6 +89,7 @@ def _run(
         workdir=wd,
         progress=progress,
         nproc=nproc,
+        nodes=nodes,
     )
     return plan, res
 
@@ -101,7 +105,14 @@ def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: P
             store, sens, pub, cfg, tmp_path / f"w{n}", n, progress=lambda s, d, t: stages.add(s)
         )
         runs[n] = (plan, res, ledger.get_charge(store, "r"), stages)
-    (plan1, res1, charge1, stages1), (plan2, res2, charge2, stages2) = runs[1], runs[2]
+    _charged_as_one_process(runs[1], runs[2], tmp_path / "w2")
+
+
+def _charged_as_one_process(one: tuple, several: tuple, workdir: Path) -> None:
+    """The DDP privacy checks: a run on several processes (`several`: plan, result, charge, progress
+    stages; its run folder `workdir`) charged, and opacus' accountant recorded, exactly what one
+    process (`one`) did: the plan's (sigma, q, steps), one noise draw per step."""
+    (plan1, res1, charge1, stages1), (plan2, res2, charge2, stages2) = one, several
     assert plan2.events == plan1.events
     assert charge2.state == charge1.state == "committed"
     assert list(charge2.charged_events) == list(charge1.charged_events) == list(plan1.events)
@@ -113,14 +124,12 @@ def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: P
         == res1.internal["opacus_history"]
         == [[dp.noise_multiplier, dp.sample_rate, dp.steps]]
     )
-    assert step_counter.started(tmp_path / "w2") == dp.steps  # rank 0 alone counted
+    assert step_counter.started(workdir) == dp.steps  # rank 0 alone counted
     assert stages2 == stages1 == {"DP fine-tuning", "sampling"}  # progress forwarded from rank 0
     assert res2.images.shape == res1.images.shape == (20, 28, 28) and res2.images.dtype == np.uint8
     assert np.array_equal(res2.labels, res1.labels)
     assert len({img.tobytes() for img in res2.images}) == 20  # each rank drew its own noise
-    assert not (
-        tmp_path / "w2" / "dist_finetune_sample_job.pt"
-    ).exists()  # the sensitive job file is gone
+    assert not list(workdir.glob("dist_*job*"))  # the sensitive job files are gone
 
 
 def _unet() -> torch.nn.Module:
@@ -556,4 +565,334 @@ def test_semantic_release_on_two_processes_pretrains_with_ddp_and_charges_the_pl
     assert (
         len(cached) == 1 and "partial" not in cached[0].name
     )  # one cache entry, keyed on world size 2
+    assert res.images.shape == (20, 28, 28)
+
+
+# ------------------------------------------------------------------ across hosts (--nnodes)
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _host(port: int, rank: int) -> nodes.Nodes:
+    """One of two "hosts" on this machine: a torchrun agent each, --nnodes 2 --nproc-per-node 1,
+    rendezvous on a localhost port (both addresses are local here, so the rank is explicit)."""
+    return nodes.parse_nodes(2, f"127.0.0.1:{port}", 1, rank)
+
+
+def _in_thread(fn, *args, **kwargs) -> tuple[threading.Thread, list]:
+    """Run a second host's side (it only starts a torchrun agent and reads its output) beside this
+    one; returns the thread and where its exception lands."""
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, errors
+
+
+def _follow(port: int, fingerprint: str):
+    return _in_thread(
+        nodes.follow,
+        _host(port, 1),
+        worker="synth.mechanisms.privimage.worker",
+        run_id="r",
+        fingerprint=fingerprint,
+    )
+
+
+@pytest.mark.slow
+def test_two_hosts_charge_exactly_what_one_process_charges(data, tmp_path: Path) -> None:
+    """Two hosts (two torchrun agents over gloo, c10d rendezvous): the DDP privacy checks of two
+    processes on one host hold, the coordinator's ledger has one charge, and only the coordinator's
+    rank 0 wrote (the step counter, checkpoints, the result)."""
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none")
+    store1 = _store(tmp_path / "ws1", sens)
+    stages1: set[str] = set()
+    plan1, res1 = _run(
+        store1, sens, pub, cfg, tmp_path / "w1", 1, progress=lambda s, d, t: stages1.add(s)
+    )
+    store, wd, port = _store(tmp_path / "ws", sens), tmp_path / "w", _free_port()
+    plan = _plan(store, pub, cfg)
+    follower, errors = _follow(port, nodes.plan_fingerprint(plan))
+    stages: set[str] = set()
+    res = runner.run_charged(
+        store,
+        run_id="r",
+        dataset="mnist",
+        data=sens,
+        public=pub,
+        mechanism="privimage",
+        config=cfg,
+        plan=plan,
+        workdir=wd,
+        progress=lambda s, d, t: stages.add(s),
+        nodes=_host(port, 0),
+    )
+    follower.join(120)
+    assert not follower.is_alive() and errors == []
+    one = (plan1, res1, ledger.get_charge(store1, "r"), stages1)
+    _charged_as_one_process(one, (plan, res, ledger.get_charge(store, "r"), stages), wd)
+    (charge,) = ledger.budget(store, "mnist").charges  # exactly one charge, committed once
+    assert charge.state == "committed" and charge.run_id == "r"
+    assert not list(wd.glob("dist_node_*")) and not (wd / "dist_nodes_hello.json").exists()
+
+
+def test_flags_for_several_hosts_are_checked() -> None:
+    n = nodes.parse_nodes(3, "node1.example.org:29400", 4, None)
+    assert (n.nnodes, n.host, n.port, n.nproc_per_node, n.world_size) == (
+        3,
+        "node1.example.org",
+        29400,
+        4,
+        12,
+    )
+    assert n.torchrun_args("rel-1") == [
+        "--nnodes=3",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node1.example.org:29400",
+        "--rdzv-id=rel-1",
+        "--max-restarts=0",
+    ]
+    assert nodes.parse_nodes(2, "[::1]:29400").rdzv == "[::1]:29400"
+    assert nodes.parse_nodes(None, None) is None
+    assert nodes.parse_nodes(2, "127.0.0.1:1", node_rank=1).coordinator is False
+    assert nodes.parse_nodes(2, "127.0.0.1:1").coordinator is True  # the endpoint is this host
+    assert nodes.parse_nodes(2, "192.0.2.1:29400").coordinator is False  # TEST-NET: not this host
+    refused = {
+        (0, "h:1", None, None, 1): "--nnodes must be an integer from 1",
+        (2, None, None, None, 1): "--nnodes needs --rdzv HOST:PORT",
+        (None, "h:1", None, None, 1): "--rdzv only make sense with --nnodes",
+        (None, None, 2, None, 1): "--nproc-per-node only make sense with --nnodes",
+        (2, "h:1", 2, None, 2): "--nproc and --nnodes together",
+        (2, "h:1", 0, None, 1): "--nproc-per-node must be an integer from 1",
+        (2, "h:1", None, 2, 1): "--node-rank must be an integer from 0 to 1",
+        (2, "h:1", None, -1, 1): "--node-rank must be an integer from 0 to 1",
+        (2, "h", None, None, 1): "--rdzv must be HOST:PORT",
+        (2, "h:0", None, None, 1): "--rdzv must be HOST:PORT",
+        (2, "h:70000", None, None, 1): "--rdzv must be HOST:PORT",
+        (2, ":29400", None, None, 1): "--rdzv must be HOST:PORT",
+        (2, "::1:29400", None, None, 1): "--rdzv must be HOST:PORT",
+        (2, "h:port", None, None, 1): "--rdzv must be HOST:PORT",
+    }
+    for args, message in refused.items():
+        with pytest.raises(InvalidParameterError, match=re.escape(message)):
+            nodes.parse_nodes(*args)
+
+
+def _hello(host: str, coordinator: bool, fingerprint: str = "fp", **kw) -> dict:
+    hello = dict(
+        coordinator=coordinator,
+        fingerprint=fingerprint,
+        nnodes=2,
+        nproc_per_node=1,
+        problem=None,
+        host=host,
+        host_id=f"{host}/0",
+    )
+    return {**hello, **kw}
+
+
+def test_hosts_must_agree_on_the_coordinator_the_plan_and_the_layout() -> None:
+    """What every rank decides from the hosts' hellos, before anything is reserved."""
+    a, b = _hello("a", True), _hello("b", False)
+    assert nodes.verdict([a, b]) is None
+    assert "different plan" in nodes.verdict([a, _hello("b", False, "other")])
+    assert "no host is the coordinator" in nodes.verdict([_hello("a", False), b])
+    assert "2 hosts claim to be the coordinator" in nodes.verdict([a, _hello("b", True)])
+    refusing = _hello("b", False, None, problem="release r is planned here")
+    assert nodes.verdict([a, refusing]) == "host b refuses: release r is planned here"
+    assert "--nnodes 3" in nodes.verdict([a, _hello("b", False, nnodes=3)])
+    assert "2 processes joined" in nodes.verdict(
+        [_hello("a", True, nproc_per_node=2), _hello("b", False, nproc_per_node=2)]
+    )
+
+
+def test_flags_are_checked_by_release_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from release.cli import app
+
+    base = ["--workspace", str(tmp_path / "none"), "release", "run", "rel-x"]
+    for extra, message in (
+        (["--nnodes", "2"], "--nnodes needs --rdzv HOST:PORT"),
+        (["--nnodes", "2", "--rdzv", "h:1", "--nproc", "2"], "--nproc and --nnodes together"),
+        (["--rdzv", "h:1"], "--rdzv only make sense with --nnodes"),
+        (["--nnodes", "2", "--rdzv", "nohost"], "--rdzv must be HOST:PORT"),
+    ):
+        r = CliRunner().invoke(app, base + extra)
+        assert isinstance(r.exception, InvalidParameterError) and message in str(r.exception)
+    assert not (tmp_path / "none").exists()  # refused before the workspace was opened
+
+
+@pytest.mark.slow
+def test_a_host_with_another_plan_is_refused_before_anything_is_charged(
+    data, tmp_path: Path
+) -> None:
+    """The second host's plan has more steps: every host refuses, the coordinator reserves nothing."""
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none")
+    store, port = _store(tmp_path / "ws", sens), _free_port()
+    other = _plan(
+        store, pub, PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=2.0)
+    )
+    follower, errors = _follow(port, nodes.plan_fingerprint(other))
+    with pytest.raises(PrivReleaseError, match="runs a different plan of this release") as exc:
+        _run(store, sens, pub, cfg, tmp_path / "w", 1, plan=None, nodes=_host(port, 0))
+    assert "Nothing was charged" in str(exc.value)
+    follower.join(120)
+    assert len(errors) == 1 and "different plan" in str(errors[0])
+    assert ledger.get_charge(store, "r") is None and ledger.budget(store, "mnist").charges == []
+    assert step_counter.started(tmp_path / "w") == 0
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_run_the_release_tells_the_coordinator(data, tmp_path: Path) -> None:
+    """A follower whose workspace has no approved release REL joins only to refuse: the coordinator
+    stops at once with its reason, before reserving."""
+    from release import manager
+
+    sens, pub = data
+    store, port = _store(tmp_path / "ws", sens), _free_port()
+    elsewhere = Workspace(tmp_path / "other")
+    elsewhere.init()
+    follower, errors = _in_thread(manager.follow_release, Store(elsewhere), "r", _host(port, 1))
+    with pytest.raises(PrivReleaseError, match="host .* refuses: .*r") as exc:
+        _run(
+            store,
+            sens,
+            pub,
+            PrivImageConfig.tiny(4.0, DELTA, selection="none"),
+            tmp_path / "w",
+            1,
+            nodes=_host(port, 0),
+        )
+    assert "Nothing was charged" in str(exc.value)
+    follower.join(120)
+    assert len(errors) == 1 and ledger.get_charge(store, "r") is None
+
+
+@pytest.mark.slow
+def test_release_run_on_two_hosts_through_the_cli(store: Store, tmp_path: Path) -> None:
+    """`privrelease release run REL --nnodes 2 --rdzv HOST:PORT` on two "hosts" (the second a
+    separate process reading the same workspace): one charge, the release's files written by the
+    coordinator alone, nothing left behind by the follower."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from release import artifacts, keys, manager
+    from release.cli import app
+    from release.data import register_from_source
+    from release.spec import ReleaseSpec
+
+    train = load_source("builtin:mnist5k")
+    idx = np.random.default_rng(0).choice(len(train), 120, replace=False)
+    np.savez(tmp_path / "train.npz", images=train.images[idx], labels=train.labels[idx])
+    keys.create_identity(store, "alice", "steward")
+    keys.ensure_release_key(store.workspace)
+    register_from_source(
+        store, "digits", str(tmp_path / "train.npz"), epsilon_cap=10.0, delta_cap=1e-4, labels="0-9"
+    )
+    spec = {
+        "release": {"dataset": "digits", "mechanism": "privimage", "n_images": 20},
+        "privimage": {
+            "epsilon": 6.0,
+            "preset": "tiny",
+            "public": "builtin:uci-digits",
+            "selection": "none",
+        },
+        "policy": {
+            "mia_samples": 20,
+            "feature_samples": 40,
+            "fid_samples": 40,
+            "utility_train_samples": 60,
+            "cnn_epochs": 1,
+            "min_utility_gain": None,
+        },
+    }
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    port, scratch = _free_port(), tmp_path / "follower-tmp"
+    scratch.mkdir()
+    command = ["--workspace", str(store.workspace.root), "release", "run", rel.release_id]
+    command += ["--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "release.entry", *command, "--node-rank", "1"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        r = CliRunner().invoke(app, [*command, "--node-rank", "0", "--as", "alice"])
+        out, _ = follower.communicate(timeout=180)
+    finally:
+        follower.kill()
+    assert r.exit_code == 0, r.output
+    assert follower.returncode == 0 and "this host's part" in out, out
+    (charge,) = ledger.budget(store, "digits").charges  # charged once, by the coordinator
+    assert charge.state == "committed"
+    assert list(charge.charged_events) == [event_from_json(e) for e in rel.plan.events]
+    assert manager.get_release(store, rel.release_id).state == "checked"
+    assert (artifacts.release_dir(store, rel.release_id) / "work" / "dist_nodes.log").exists()
+    assert list(scratch.iterdir()) == []  # the follower's private folder is gone, nothing else
+
+
+@pytest.mark.slow
+def test_a_killed_host_leaves_the_charge_in_force_and_the_hosts_resume_from_the_checkpoint(
+    data, tmp_path: Path
+) -> None:
+    """The follower's process is killed mid-DP-SGD: the run fails with its reservation in force;
+    the same command on both hosts again resumes from the coordinator's checkpoint (sent to the
+    follower, whose ranks would otherwise start over and fall out of lockstep), lost steps charged
+    again."""
+    sens, pub = data
+    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=2.0)
+    store, wd = _store(tmp_path / "ws", sens), tmp_path / "w"
+    plan = _plan(store, pub, cfg)
+    killed: list[int] = []
+
+    def kill_follower(stage: str, done: int, total: int) -> None:
+        if stage == "DP fine-tuning" and done == 5 and not killed:
+            for pid, _ in _worker_pids("privrelease-follower-"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    port = _free_port()
+    follower, errors = _follow(port, nodes.plan_fingerprint(plan))
+    with pytest.raises(PrivReleaseError, match="failed during finetune_sample"):
+        _run(store, sens, pub, cfg, wd, 1, plan=plan, progress=kill_follower, nodes=_host(port, 0))
+    follower.join(120)
+    assert killed and len(errors) == 1
+    started, (planned,) = step_counter.started(wd), plan.events
+    assert 5 <= started < planned.steps
+    assert ledger.get_charge(store, "r").state == "reserved"  # in full until settled
+    ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
+    assert 0 < ckpt_step <= started
+    port = _free_port()
+    follower, errors = _follow(port, nodes.plan_fingerprint(plan))
+    _, res = _run(store, sens, pub, cfg, wd, 1, plan=plan, nodes=_host(port, 0))
+    follower.join(120)
+    assert errors == []
+    main = ledger.get_charge(store, "r")
+    redo = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith("r:redo-")]
+    assert main.state == "committed" and list(main.charged_events) == list(plan.events)
+    assert [c.charged_events[0].steps for c in redo] == (
+        [started - ckpt_step] if started > ckpt_step else []
+    )
+    total = sum(e.steps for c in [main, *redo] for e in c.charged_events)
+    assert total == step_counter.started(wd) >= planned.steps
     assert res.images.shape == (20, 28, 28)

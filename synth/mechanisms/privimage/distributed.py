@@ -31,6 +31,7 @@ from synth.mechanisms.privimage.ddp import LockstepPoissonSampler as LockstepPoi
 from synth.mechanisms.privimage.training import DpSgdOutcome
 from synth.progress import ProgressFn
 from synth.tools import step_counter
+from synth.tools.nodes import EXEC_DYING_WITH_PARENT, NodePool
 
 MAX_NPROC = 64
 PROGRESS_TAG = "@@privrelease-progress"
@@ -98,11 +99,20 @@ def check_nproc(nproc: int, device: torch.device) -> None:
 
 
 def launch(
-    stage: str, job: dict[str, Any], *, nproc: int, workdir: Path, progress: ProgressFn
+    stage: str,
+    job: dict[str, Any],
+    *,
+    nproc: int,
+    workdir: Path,
+    progress: ProgressFn,
+    pool: NodePool | None = None,
 ) -> dict[str, Any]:
     """Run `stage` of the worker on `nproc` processes under torchrun and return rank 0's result.
     The job file holds sensitive tensors: 0600 in the run's workdir, deleted afterwards. Raises
-    PrivReleaseError (with the workers' last log lines) if any worker fails or is killed."""
+    PrivReleaseError (with the workers' last log lines) if any worker fails or is killed. With
+    `pool` (`--nnodes`), the stage runs on the ranks of every host the pool started."""
+    if pool is not None:
+        return pool.run(stage, job, progress)
     job_path, result_path = workdir / f"dist_{stage}_job.pt", workdir / f"dist_{stage}_result.pt"
     log_path = workdir / f"dist_{stage}.log"
     result_path.unlink(missing_ok=True)
@@ -128,14 +138,7 @@ def launch(
 
 
 # torchrun's agent, started through a tiny exec wrapper that first asks to die with this process
-# (preexec_fn would be unsafe here: the runner's lease heartbeat is a thread). PDEATHSIG survives
-# exec.
-_EXEC_DYING_WITH_PARENT = (
-    "import ctypes, os, signal, sys\nif sys.platform.startswith('linux'):\n    "
-    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n    if os.getppid() != "
-    "int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\nos.execv(sys.executable, "
-    "[sys.executable] + sys.argv[2:])\n"
-)
+_EXEC_DYING_WITH_PARENT = EXEC_DYING_WITH_PARENT
 
 
 def _torchrun(
@@ -206,6 +209,7 @@ def pretrain(
     cache_dir: Path | None,
     workdir: Path,
     progress: ProgressFn,
+    pool: NodePool | None = None,
 ) -> torch.nn.Module:
     """training.pretrain_cached on `nproc` DDP processes (public data only); the cache key includes
     the world size, since DDP draws a different sequence of batches than one process."""
@@ -218,7 +222,7 @@ def pretrain(
         "workdir_ckpt": str(workdir / state.PRETRAIN),
         "device": device.type,
     }
-    result = launch("pretrain", job, nproc=nproc, workdir=workdir, progress=progress)
+    result = launch("pretrain", job, nproc=nproc, workdir=workdir, progress=progress, pool=pool)
     model.load_state_dict(result["weights"])
     return model.to(device).eval()
 
@@ -251,7 +255,14 @@ def finetune_and_sample(
         "workdir": str(ctx.workdir),
         "device": device.type,
     }
-    r = launch("finetune_sample", job, nproc=nproc, workdir=ctx.workdir, progress=ctx.progress)
+    r = launch(
+        "finetune_sample",
+        job,
+        nproc=nproc,
+        workdir=ctx.workdir,
+        progress=ctx.progress,
+        pool=getattr(ctx, "node_pool", None),
+    )
     return DpSgdOutcome(r["weights"], r["steps"], r["opacus_history"], r["opacus_sample_rate"]), r[
         "images"
     ]

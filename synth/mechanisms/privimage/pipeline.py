@@ -299,6 +299,7 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
             cache_dir=ctx.cache_dir,
             workdir=ctx.workdir,
             progress=ctx.progress,
+            pool=getattr(ctx, "node_pool", None),
         )
     return pretrain_cached(
         model,
@@ -529,7 +530,8 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     if _nproc(ctx) != 1:  # refused before anything is read or trained (refunded)
         from synth.mechanisms.privimage.distributed import check_nproc
 
-        check_nproc(_nproc(ctx), pick_device(config.device))
+        # across hosts (`--nnodes`), what must fit on this host is --nproc-per-node
+        check_nproc(getattr(ctx, "nproc_per_node", _nproc(ctx)), pick_device(config.device))
     prep = _prepare_public(
         data, registry.images_only(ctx.public, "PrivImage's public data"), config, ctx
     )
@@ -942,6 +944,7 @@ MECHANISM = registry.MechanismEntry(
     run=run,
     loss_function=loss_function,
     distributed=True,
+    node_worker="synth.mechanisms.privimage.worker",
     dpsgd_trainer=dp_finetune,
     describe=describe,
 )

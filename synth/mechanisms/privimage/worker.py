@@ -4,14 +4,18 @@
     python -m torch.distributed.run --standalone --nproc-per-node N -m
     synth.mechanisms.privimage.worker JOB
 
-JOB is the file the coordinating process wrote (stage, tensors, settings). Workers never touch the
-ledger: rank 0 writes the write-ahead step counter, checkpoints and the result file; the coordinator
-charges. Stages: "pretrain" (plain DDP, public data) and "finetune_sample" (DP-SGD with opacus'
-DPDDP, then DDIM sampling split across ranks and gathered on rank 0)."""
+JOB is the file the coordinating process wrote (stage, tensors, settings). Across hosts
+(`release run --nnodes N --rdzv HOST:PORT`) every host's agent runs `... worker --nodes HELLO`
+instead: one job after another from the coordinator, sent by rank 0 (synth/tools/nodes.py).
+Workers never touch the ledger: rank 0 writes the write-ahead step counter, checkpoints and the
+result file; the coordinator charges. Stages: "pretrain" (plain DDP, public data) and
+"finetune_sample" (DP-SGD with opacus' DPDDP, then DDIM sampling split across ranks and gathered on
+rank 0)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,9 @@ from accounting.errors import PrivReleaseError
 from synth.mechanisms.privimage import distributed, state
 from synth.mechanisms.privimage.model import make_unet
 from synth.mechanisms.privimage.sampling import sample_images
-from synth.mechanisms.privimage.training import dp_finetune, pretrain_cached
+from synth.mechanisms.privimage.training import _pretrain_key, dp_finetune, pretrain_cached
 from synth.progress import ProgressFn, no_progress
+from synth.tools import nodes, step_counter
 
 
 def _progress() -> ProgressFn:
@@ -51,6 +56,19 @@ def _same_on_every_rank(weights: dict[str, torch.Tensor]) -> list[str]:
     return digests
 
 
+def _same_start(workdir: Path) -> None:
+    """Every rank resumes DP-SGD from the same checkpoint step (across hosts, a follower's comes
+    from the coordinator): ranks out of step would not run the same all-reduces."""
+    saved = state.load_torch(workdir / state.FINETUNE)
+    steps: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, saved["step"] if saved is not None else 0)
+    if len(set(steps)) != 1:
+        raise PrivReleaseError(
+            f"Internal error: the ranks would resume DP-SGD from different steps ({steps}); "
+            "nothing is trained."
+        )
+
+
 def pretrain_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
     model = pretrain_cached(
         job["model"],
@@ -72,6 +90,7 @@ def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str
     """DP-SGD (lost steps were charged by the coordinator before launch: on_resume does nothing),
     then this rank's share of the released images."""
     world, rank = dist.get_world_size(), dist.get_rank()
+    _same_start(Path(job["workdir"]))
     outcome = dp_finetune(
         job["model"],
         job["x"],
@@ -108,8 +127,54 @@ def finetune_sample_stage(job: dict[str, Any], device: torch.device) -> dict[str
 STAGES = {"pretrain": pretrain_stage, "finetune_sample": finetune_sample_stage}
 
 
+def run_stage(job: dict[str, Any], device: torch.device) -> dict[str, Any] | None:
+    return STAGES[job["stage"]](job, device)
+
+
+def resume_files(job: dict[str, Any], world: int) -> dict[str, Path]:
+    """The coordinator's files a stage resumes from, which a follower host's ranks need too (by
+    their name in its private folder): DP-SGD's checkpoint and step counter; pre-training's cached
+    model or partial checkpoint (the cache key includes the world size)."""
+    if job["stage"] == "finetune_sample":
+        work = Path(job["workdir"])
+        return {
+            f"work/{state.FINETUNE}": work / state.FINETUNE,
+            f"work/{step_counter.FILE}": work / step_counter.FILE,
+        }
+    found = {f"work/{state.PRETRAIN}": Path(job["workdir_ckpt"])}
+    if job["cache_dir"] is not None:
+        settings = {**job["kwargs"], "world_size": world}
+        key = _pretrain_key(job["model"], job["x"], job["y"], settings)
+        for name in (f"pretrain-{key}.pt", f"pretrain-{key}.partial.pt"):
+            found[f"cache/{name}"] = Path(job["cache_dir"]) / name
+    return found
+
+
+def localise(job: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """The job with its paths in a follower's private folder (where resume_files' files are)."""
+    if job["stage"] == "finetune_sample":
+        return {**job, "workdir": str(scratch / "work")}
+    return {
+        **job,
+        "workdir_ckpt": str(scratch / "work" / state.PRETRAIN),
+        "cache_dir": None if job["cache_dir"] is None else str(scratch / "cache"),
+    }
+
+
+def _init_device(kind: str) -> torch.device:
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if kind.startswith("cuda"):
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
 def main(argv: list[str]) -> int:
     distributed.die_with_parent()
+    if len(argv) == 2 and argv[0] == "--nodes":
+        return nodes.worker_main(
+            argv[1], run_stage, resume_files, localise, _init_device, state.save_torch
+        )
     if len(argv) != 1:
         print(
             "usage: python -m synth.mechanisms.privimage.worker JOB (started by torchrun for "
