@@ -160,9 +160,10 @@ def run(
         0,
         "--workers",
         min=0,
-        help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads) "
-        "on a Dask cluster of N worker processes started on this machine for the run; the same "
-        "files as one process, charged once, here (docs/scaling-out.md).",
+        help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads, "
+        "k-SALSA's cluster batches, DP-MERF's feature sums) on a Dask cluster of N worker "
+        "processes started on this machine for the run; the same result as one process, charged "
+        "once, here (docs/scaling-out.md).",
     ),
     cluster: str | None = typer.Option(
         None,
