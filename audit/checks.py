@@ -1,5 +1,5 @@
 """Running a check safely: one that cannot run for lack of inputs, or that crashes, still gives a
-verdict (shared by the image audit, audit/run.py, and the volume audit, audit/volumes.py)."""
+verdict (shared by the image audit, audit/run.py, and the output kinds' own audits, audit.kinds)."""
 
 from __future__ import annotations
 

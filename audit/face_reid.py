@@ -32,18 +32,22 @@ at that FAR is the closest impostor pair's distance (`far_resolution` in the det
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from audit.checks import _cannot_run, _guard
 from audit.images import sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
 from synth.kinds.datasets import ImageDataset
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
+
+if TYPE_CHECKING:
+    from audit.inputs import AuditInputs
 
 CHECK = "face_reidentification"  # one check per recogniser: face_reidentification[KEY]
 GEOMETRY_CHECK = "face_geometry"
@@ -421,7 +425,60 @@ def compute_unpaired(
     return FaceReidNumbers("unpaired", details)
 
 
+# ------------------------------------------------------------------ the attack of a release
+def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -> list[CheckResult]:
+    """The face re-identification attack where the data are faces (policy
+    `face_reidentification`: "auto" asks the detector about the sensitive set): the attack the
+    image and photograph kinds add (audit.kinds.builtin). On an empirical de-identification
+    release it is required: the guarantee rests on it, so "not run" is a failure."""
+    from synth.registry import DP
+
+    required = inputs.guarantee_kind not in (DP, "k-anonymity")
+    sensitive = inputs.sensitive
+    if not isinstance(sensitive, ImageDataset):  # not pictures: nothing for a face detector
+        return []
+    mode = policy.face_reidentification
+    if mode == "off":
+        if not required:
+            return []
+        return [_cannot_run(CHECK, "attack", 'face_reidentification = "off" in [policy]', policy)]
+    if mode == "auto":
+        present, found = faces_present(sensitive, policy)
+        if not present and not required:
+            return []
+        if not present:
+            return [
+                CheckResult(
+                    CHECK,
+                    "attack",
+                    False,
+                    "not run: the detector found a face in only "
+                    f"{found['with_a_face']} of {found['probed']} sensitive images, and face "
+                    f"re-identification is the only attack on a {inputs.guarantee_kind} release",
+                    found,
+                )
+            ]
+    sources = None if inputs.clusters is None else list(inputs.clusters)
+    return _guard(
+        CHECK,
+        "attack",
+        lambda: run_face_reid(
+            images, sources, sensitive, inputs.heldout, policy, inputs.searched_recognisers
+        ),
+    )
+
+
 # ------------------------------------------------------------------ verdicts
+def face_check_note(check: str, parameters: Mapping[str, Any]) -> str:
+    """What a check's row adds beside its verdict: for a face recogniser's re-identification check
+    of a release whose mechanism names the recognisers it searched against, whether this one was
+    searched against or held out ("" otherwise)."""
+    key = recogniser_of_check(check)
+    if key is None:
+        return ""
+    return recogniser_role(key, searched_keys(parameters.get("searched_recognisers"))) or ""
+
+
 def recogniser_of_check(name: str) -> str | None:
     """The recogniser key of a `face_reidentification[KEY]` check name (None for other checks)."""
     prefix = CHECK + "["

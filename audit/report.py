@@ -206,7 +206,7 @@ def render_report(report: AuditReport):
 
     for r in report.results:
         v = r.verdict
-        # names and summaries are text, not markup: "face_reidentification[dlib]" must show
+        # names and summaries are text, not markup: "check[key]" must show
         table.add_row(r.kind, escape(r.name), f"[{_STYLE[v]}]{v}[/]", escape(r.summary))
     return table
 

@@ -6,157 +6,30 @@ failed with its error, so that no release is published unchecked."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import InvalidParameterError
 from accounting.fingerprint import record_fingerprints
-from audit.baseline import Baseline
 from audit.baseline import compare as compare_with_baselines
 from audit.checks import _cannot_run, _guard
+from audit.inputs import AuditInputs
+from audit.kinds import kind_audit
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.kinds.datasets import ImageDataset
-from synth.kinds.volume import VolumeDataset
 from synth.progress import ProgressFn, no_progress
-from synth.registry import DP, GUARANTEE_KINDS
+from synth.registry import DP
 
 if TYPE_CHECKING:  # torch-heavy: imported only where the one-run audit runs
-    from audit.dpsgd_audit import DpSgdSetting
-
-
-@dataclass
-class AuditInputs:
-    release_id: str
-    images: np.ndarray  # the release: uint8 (N, H, W[, C])
-    labels: np.ndarray
-    ids: list[str]
-    expected_count: int  # n requested, or floor(n / k) for k-anonymous releases
-    label_set: list[int]  # the registered label set
-    # training (member) data; the original head volumes of a volume release
-    sensitive: ImageDataset | VolumeDataset
-    heldout: ImageDataset | None  # real held-out data (non-members, utility test set)
-    record_fingerprint_key: bytes  # HMAC key for the exact-copy check
-    mechanism: str  # the registry name of the mechanism that made the release
-    claimed_epsilon: float | None = None
-    delta: float | None = None
-    k: int | None = None
-    # per-sample diffusion loss
-    loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
-    clusters: list[np.ndarray] | None = None  # sensitive indices per representative (k-anonymous)
-    selected_public: ImageDataset | None = None  # PrivImage's selected public images (SDS)
-    artifacts_dir: Path | None = None  # PNGs go here
-    # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the
-    # MIA
-    reference_loss_fns: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] | None = None
-    # the executed DP-SGD run: one-run audit of its implementation
-    dpsgd: DpSgdSetting | None = None
-    # what the release claims (synth.registry.GUARANTEE_KINDS): picks the attacks that test it
-    guarantee_kind: str = DP
-    # a volume release (audit/volumes.py): the released volumes, in the order of `sensitive`, and
-    # the NIfTI files as written (their headers are checked)
-    volumes: VolumeDataset | None = None
-    volume_files: list[Path] | None = None
-    cache_dir: Path | None = None  # public template atlases (synth.tools.mri.atlas), shared
-    # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
-    # source (audit.baseline): compared with this release's downstream accuracy
-    baselines: list[Baseline] = field(default_factory=list)
-    # the face recognisers a de-identification mechanism searched against (its parameters'
-    # `searched_recognisers`): the face checks say which recognisers were held out
-    searched_recognisers: list[str] | None = None
-
-    @property
-    def sensitive_images(self) -> ImageDataset:
-        if not isinstance(self.sensitive, ImageDataset):
-            raise DataFormatError(
-                "sensitive must be an ImageDataset for an image release, got "
-                f"{type(self.sensitive).__name__}."
-            )
-        return self.sensitive
-
-    def validate(self) -> None:
-        if not isinstance(self.sensitive, ImageDataset):
-            raise DataFormatError(
-                f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}."
-            )
-        if self.guarantee_kind not in GUARANTEE_KINDS:
-            raise InvalidParameterError(
-                f"guarantee_kind must be one of {sorted(GUARANTEE_KINDS)}, got "
-                f"{self.guarantee_kind!r}."
-            )
-        images = np.asarray(self.images)
-        if images.ndim not in (3, 4):
-            raise DataFormatError(
-                f"release images must be (N, H, W) or (N, H, W, C), got shape {images.shape}."
-            )
-        if np.asarray(self.labels).shape != (len(images),) or len(self.ids) != len(images):
-            raise DataFormatError(
-                f"release has {len(images)} images, {np.asarray(self.labels).shape} labels and "
-                f"{len(self.ids)} ids; give one label and one id per image."
-            )
-        if not np.issubdtype(images.dtype, np.number):
-            raise DataFormatError(f"release images have non-numeric dtype {images.dtype}.")
-        if (
-            not isinstance(self.expected_count, (int, np.integer))
-            or isinstance(self.expected_count, bool)
-            or self.expected_count < 0
-        ):
-            raise InvalidParameterError(
-                f"expected_count must be a non-negative integer, got {self.expected_count!r}."
-            )
-        for name, other in (("heldout", self.heldout), ("selected_public", self.selected_public)):
-            if other is not None and not isinstance(other, ImageDataset):
-                raise DataFormatError(
-                    f"{name} must be an ImageDataset or None, got {type(other).__name__}."
-                )
-        if self.heldout is not None and self.heldout.image_shape != self.sensitive.image_shape:
-            raise DataFormatError(
-                f"held-out images have shape {self.heldout.image_shape} but the sensitive set "
-                f"{self.sensitive.image_shape}; give held-out data of the same format."
-            )
-        if (
-            self.guarantee_kind == "k-anonymity"
-            and self.clusters is not None
-            and len(self.clusters) != len(images)
-        ):
-            raise DataFormatError(
-                f"{len(self.clusters)} clusters for {len(images)} released representatives; give "
-                "one array of sensitive indices per representative, in release order."
-            )
-        if not self.label_set:
-            raise InvalidParameterError("label_set is empty; give the registered dataset's labels.")
-        if self.claimed_epsilon is not None and (
-            not math.isfinite(self.claimed_epsilon) or self.claimed_epsilon <= 0
-        ):
-            raise InvalidParameterError(
-                "claimed_epsilon must be a finite positive number or None, got "
-                f"{self.claimed_epsilon!r}."
-            )
-        if self.delta is not None and not (0 <= self.delta < 1):
-            raise InvalidParameterError(f"delta must be in [0, 1) or None, got {self.delta!r}.")
-        if self.guarantee_kind == "k-anonymity" and (
-            self.k is None or int(self.k) != self.k or self.k < 1
-        ):
-            raise InvalidParameterError(
-                f"a k-anonymous release needs an integer k >= 1, got {self.k!r}."
-            )
-        if (
-            not isinstance(self.record_fingerprint_key, (bytes, bytearray))
-            or not self.record_fingerprint_key
-        ):
-            raise InvalidParameterError(
-                "record_fingerprint_key must be the workspace's HMAC key (non-empty bytes)."
-            )
+    pass
 
 
 def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResult:
-    """One-run audit of the executed DP-SGD settings on public data (PrivImage's selected public
-    set, else UCI digits): reads no sensitive data."""
+    """One-run audit of the executed DP-SGD settings on public data (the public images a DP query
+    selected, else UCI digits): reads no sensitive data."""
     from audit.dpsgd_audit import check_implementation_audit, compute_implementation_audit
     from synth.kinds.datasets import uci_digits
 
@@ -178,12 +51,11 @@ def _implementation_audit(inputs: AuditInputs, policy: AuditPolicy) -> CheckResu
 def run_audit(
     inputs: AuditInputs, policy: AuditPolicy | None = None, progress: ProgressFn = no_progress
 ) -> AuditReport:
-    """Every check in order; embeddings and FID statistics are cached for this audit only. A
-    volume release gets the volume checks (audit/volumes.py)."""
-    if inputs.volumes is not None:
-        from audit.volumes import run_volume_audit
-
-        return run_volume_audit(inputs, policy or AuditPolicy(), progress)
+    """Every check in order; embeddings and FID statistics are cached for this audit only. An
+    output kind with an audit of its own (audit.kinds.KindAudit.run) gets that one instead."""
+    kind = kind_audit(inputs.output_kind or "images")
+    if kind.run is not None:
+        return kind.run(inputs, policy or AuditPolicy(), progress)
     from audit.images import audit_cache
 
     with audit_cache():
@@ -231,6 +103,7 @@ def _attacks(
     inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
 ) -> list[CheckResult]:
     sens, ho = inputs.sensitive_images, inputs.heldout
+    kind = kind_audit(inputs.output_kind or "images")
     if inputs.guarantee_kind == "k-anonymity":
         clusters = inputs.clusters
         if clusters is None:
@@ -243,9 +116,18 @@ def _attacks(
             "kanon_attacks",
             "attack",
             lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
-        ) + _face_attack(inputs, images, policy, required=False)
-    if inputs.guarantee_kind != DP:  # empirical de-identification: judged by the face attack
-        return _face_attack(inputs, images, policy, required=True)
+        ) + kind.attacks(inputs, images, policy)
+    if inputs.guarantee_kind != DP:  # empirical: judged by the attacks of its output kind
+        return kind.attacks(inputs, images, policy) or [
+            CheckResult(
+                "kind_attacks",
+                "attack",
+                False,
+                f"no attack tests an {inputs.guarantee_kind} release of output kind "
+                f"{inputs.output_kind!r}: its kind registers none (audit.kinds)",
+                {},
+            )
+        ]
     out: list[CheckResult] = []
     loss_fn = inputs.loss_fn
     if loss_fn is None:
@@ -277,49 +159,7 @@ def _attacks(
         out += _guard(
             "dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy)
         )
-    return out + _face_attack(inputs, images, policy, required=False)
-
-
-def _face_attack(
-    inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, *, required: bool
-) -> list[CheckResult]:
-    """The face re-identification attack where the data are faces (policy
-    `face_reidentification`: "auto" asks the detector about the sensitive set). `required`: the
-    release's guarantee rests on it (empirical de-identification), so "not run" is a failure."""
-    from audit.face_reid import CHECK, faces_present, run_face_reid
-
-    sensitive = inputs.sensitive
-    if not isinstance(sensitive, ImageDataset):  # volumes: run_audit sends them to their own checks
-        return []
-    mode = policy.face_reidentification
-    if mode == "off":
-        if not required:
-            return []
-        return [_cannot_run(CHECK, "attack", 'face_reidentification = "off" in [policy]', policy)]
-    if mode == "auto":
-        present, found = faces_present(sensitive, policy)
-        if not present and not required:
-            return []
-        if not present:
-            return [
-                CheckResult(
-                    CHECK,
-                    "attack",
-                    False,
-                    "not run: the detector found a face in only "
-                    f"{found['with_a_face']} of {found['probed']} sensitive images, and face "
-                    f"re-identification is the only attack on a {inputs.guarantee_kind} release",
-                    found,
-                )
-            ]
-    sources = None if inputs.clusters is None else list(inputs.clusters)
-    return _guard(
-        CHECK,
-        "attack",
-        lambda: run_face_reid(
-            images, sources, sensitive, inputs.heldout, policy, inputs.searched_recognisers
-        ),
-    )
+    return out + kind.attacks(inputs, images, policy)
 
 
 def _utility(
@@ -411,7 +251,7 @@ def _run_audit(
                 "attack",
                 None,
                 "not applicable: an empirical de-identification release keeps each record outside "
-                "what it replaces (a photo's background), so every row is a pixel near-copy by "
+                "what it replaces (an image's background), so every row is a pixel near-copy by "
                 "design; the re-identification attack judges it",
                 {"reason": "near-copies by design"},
             )

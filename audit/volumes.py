@@ -309,7 +309,7 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
     from audit.expectations import validate_table
 
     table = pd.DataFrame([r.__dict__ for r in rows])
-    released = inputs.volumes
+    released = inputs.released
     table["sha256"] = volume_record_fingerprints(
         inputs.record_fingerprint_key, [canonical_bytes(v) for v in released.volumes]
     )
@@ -350,7 +350,7 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
 
 
 def _renders(inputs, art: Path | None) -> CheckResult:
-    pairs = list(zip(inputs.sensitive.volumes, inputs.volumes.volumes, strict=True))
+    pairs = list(zip(inputs.sensitive.volumes, inputs.released.volumes, strict=True))
     shown = pairs[:GRID_SUBJECTS]
     grid = picture_grid([[picture(o) for o, _ in shown], [picture(r) for _, r in shown]])
     artifacts = {}
@@ -374,7 +374,7 @@ def _renders(inputs, art: Path | None) -> CheckResult:
 
 def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> AuditReport:
     """Every check of a volume release (module docstring), into one report."""
-    released: VolumeDataset = inputs.volumes
+    released: VolumeDataset = inputs.released
     originals = inputs.sensitive
     report = AuditReport(inputs.release_id)
     if not isinstance(originals, VolumeDataset) or len(originals) != len(released):
@@ -391,7 +391,7 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
         )
         return report
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
-    files = inputs.volume_files or [None] * len(released)
+    files = inputs.released_files or [None] * len(released)
     _, brain_atlas = atlases(inputs.cache_dir)
     window = face_window(brain_atlas)
     face = face_region(brain_atlas, window)

@@ -1,29 +1,28 @@
 """A release's files in the workspace (`artifacts/REL/`): the output saved once after the run
 (release.npz: images, labels, label distributions, extra image columns; internal.json: what was
-derived from sensitive data, for the audit, stewards and auditors only; a volume release's NIfTI
-files), read back typed; the row ids and file names a release gives its records; the content hash
-of public data."""
+derived from sensitive data, for the audit, stewards and auditors only; the files its output kind
+adds, release.kinds; output.json: the kind and the SHA-256 of what is released), read back typed
+and checked against that hash; the row ids a release gives its records; the content hash of public
+data."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from accounting.errors import LedgerStateError
+from accounting.errors import LedgerStateError, TamperError
 from accounting.events import event_to_json
 from accounting.store import Store
-from release import runner
+from release import kinds, runner
+from release.kinds import RELEASE_ARRAYS, OutputKind
 from release.records import RunRecord, get_release
-from synth.kinds.datasets import ImageDataset
-from synth.kinds.volume import VolumeDataset
-from synth.registry import MechanismOutput
+from synth.registry import Data, MechanismOutput
 
 EXTRA_IMAGE = "extra_image__"  # release.npz key prefix of MechanismOutput.extra_images
-VOLUMES_DIR = "volumes"  # a volume release's NIfTI files, in artifacts/REL/ and in the bundle
+OUTPUT_RECORD = "output.json"  # the output kind and the fingerprint of what is released
 
 
 def release_dir(store: Store, release_id: str) -> Path:
@@ -34,47 +33,30 @@ def release_ids(release_id: str, n: int) -> list[str]:
     return [f"{release_id}-{i:06d}" for i in range(n)]
 
 
-def volume_names(release_id: str, n: int) -> list[str]:
-    """The released NIfTI files' names: the row ids (the source file names can identify people
-    and are never released)."""
-    return [f"{i}.nii.gz" for i in release_ids(release_id, n)]
-
-
-def public_sha256(public: ImageDataset | VolumeDataset) -> str:
+def public_sha256(public: Data) -> str:
     """Content hash of PUBLIC data (a plain hash is fine here: nothing sensitive)."""
-    if isinstance(public, VolumeDataset):
-        return public.content_sha256()
-    h = hashlib.sha256()
-    for arr in (np.ascontiguousarray(public.images), np.ascontiguousarray(public.labels)):
-        h.update(str((arr.dtype.str, arr.shape)).encode())
-        h.update(arr.tobytes())
-    return h.hexdigest()
+    return public.content_sha256()
 
 
 def save_output(
     store: Store, release_id: str, result: runner.RunResult, mechanism: str
 ) -> RunRecord:
     """One copy of the output: release.npz (images, labels) + internal.json (sensitive-derived,
-    internal)."""
+    internal) + its kind's files, then output.json (the kind, the fingerprint of what is
+    released)."""
     from audit.report import jsonable
 
     out, o = release_dir(store, release_id), result.output
     out.mkdir(parents=True, exist_ok=True)
-    if o.volumes is not None:  # the released NIfTI files, headers stripped (what is published)
-        from synth.kinds.nifti import write_volume
-
-        folder = out / VOLUMES_DIR
-        folder.mkdir(exist_ok=True)
-        for name, volume in zip(
-            volume_names(release_id, len(o.volumes)), o.volumes.volumes, strict=True
-        ):
-            write_volume(volume, folder / name)
+    kind = kinds.of_mechanism(mechanism)
+    ids = release_ids(release_id, len(o.images))
+    kind.save(out, ids, o)
     arrays: dict[str, Any] = {"images": o.images, "labels": o.labels}
     if o.label_distributions is not None:
         arrays["label_distributions"] = o.label_distributions
     for name, extra in o.extra_images.items():
         arrays[EXTRA_IMAGE + name] = extra
-    np.savez_compressed(out / "release.npz", **arrays)
+    np.savez_compressed(out / RELEASE_ARRAYS, **arrays)
     internal = {
         **o.internal,
         "clusters": None if o.clusters is None else [c.tolist() for c in o.clusters],
@@ -84,6 +66,8 @@ def save_output(
         "withheld": {str(i): why for i, why in o.withheld.items()},
     }
     (out / "internal.json").write_text(json.dumps(jsonable(internal)))
+    record = {"output_kind": kind.name, "sha256": kind.fingerprint(out, ids)}
+    (out / OUTPUT_RECORD).write_text(json.dumps(record))
     summary = {
         "mechanism": mechanism,
         "guarantee": result.guarantee.as_dict(),
@@ -100,7 +84,7 @@ def save_output(
 def load_release_data(
     store: Store, release_id: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    with np.load(release_dir(store, release_id) / "release.npz") as z:
+    with np.load(release_dir(store, release_id) / RELEASE_ARRAYS) as z:
         return (
             z["images"],
             z["labels"],
@@ -110,8 +94,28 @@ def load_release_data(
 
 def load_extra_images(store: Store, release_id: str) -> dict[str, np.ndarray]:
     """The release's extra image columns (MechanismOutput.extra_images), by name."""
-    with np.load(release_dir(store, release_id) / "release.npz") as z:
+    with np.load(release_dir(store, release_id) / RELEASE_ARRAYS) as z:
         return {k[len(EXTRA_IMAGE) :]: z[k] for k in z.files if k.startswith(EXTRA_IMAGE)}
+
+
+def saved_kind(store: Store, release_id: str, mechanism: str) -> OutputKind:
+    """The output kind of a release's saved output, refused if what it releases changed since the
+    run saved it (its fingerprint, output.json). Outputs saved before output.json existed: the
+    mechanism's kind, unchecked."""
+    folder = release_dir(store, release_id)
+    path = folder / OUTPUT_RECORD
+    if not path.exists():
+        return kinds.of_mechanism(mechanism)
+    record = json.loads(path.read_text())
+    kind = kinds.get(str(record["output_kind"]))
+    with np.load(folder / RELEASE_ARRAYS) as z:
+        n = len(z["images"])
+    if kind.fingerprint(folder, release_ids(release_id, n)) != record["sha256"]:
+        raise TamperError(
+            f"The saved output of release {release_id} ({folder}) changed since its run saved it "
+            f"(its {kind.name} no longer hash to {OUTPUT_RECORD}'s sha256); restore it."
+        )
+    return kind
 
 
 def load_output(store: Store, release_id: str) -> MechanismOutput:
@@ -129,17 +133,9 @@ def load_output(store: Store, release_id: str) -> MechanismOutput:
     )
     withheld = {int(i): str(why) for i, why in (internal.pop("withheld", None) or {}).items()}
     res = rel.result
-    folder = release_dir(store, release_id) / VOLUMES_DIR
-    volumes = None
-    if folder.is_dir():
-        from synth.kinds.nifti import read_volume
-
-        volumes = VolumeDataset(
-            [read_volume(folder / n, n) for n in volume_names(release_id, len(images))],
-            str(folder),
-        )
+    kind = saved_kind(store, release_id, res.mechanism)
     return MechanismOutput(
-        volumes=volumes,
+        payload=kind.load(release_dir(store, release_id), release_ids(release_id, len(images))),
         images=images,
         labels=labels,
         parameters=res.parameters,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from accounting import ledger
 from accounting.store import Store
 from release import runner
-from release.artifacts import VOLUMES_DIR, load_output, release_dir, release_ids, volume_names
+from release.artifacts import load_output, release_dir, release_ids, saved_kind
 from release.data import load_registered
 from release.records import Release, list_releases
 from release.spec import ReleaseSpec
@@ -69,20 +69,15 @@ def audit_inputs(
     if out.selected_public_indices is not None:
         pool = registry.images_only(public or load_source(spec.public_source), "The SDS check")
         selected = pool.subset(out.selected_public_indices)
-    volume_files = (
-        None
-        if out.volumes is None
-        else [
-            release_dir(store, release_id) / VOLUMES_DIR / n
-            for n in volume_names(release_id, len(out.volumes))
-        ]
-    )
+    kind = saved_kind(store, release_id, mechanism)
+    ids = release_ids(release_id, len(out.images))
     return AuditInputs(
         release_id=release_id,
         images=out.images,
         labels=out.labels,
-        ids=release_ids(release_id, len(out.images)),
-        # a mechanism may withhold records it cannot process (a photo without a face), and says so
+        ids=ids,
+        # a mechanism may withhold records it cannot process (e.g. one it finds nothing to
+        # change in), and says so
         expected_count=int(rel.plan.expected_count) - len(out.withheld),
         label_set=list(ds.labels),
         sensitive=sensitive,
@@ -100,8 +95,9 @@ def audit_inputs(
         dpsgd=DpSgdSetting.from_plan(
             rel.plan.mechanism_plan or {}, rel.plan.config or {}, spec.mechanism
         ),
-        volumes=out.volumes,
-        volume_files=volume_files,
+        output_kind=kind.name,
+        released=out.payload,
+        released_files=kind.audit_files(release_dir(store, release_id), ids),
         cache_dir=runner.public_cache_dir(store),
         baselines=baselines(store, rel, spec, ds),
         searched_recognisers=out.parameters.get("searched_recognisers"),
@@ -109,9 +105,9 @@ def audit_inputs(
 
 
 def baselines(store: Store, rel: Release, spec: ReleaseSpec, ds: ledger.Dataset) -> list[Baseline]:
-    """Earlier DP releases of the same dataset by another mechanism (a DP-MERF release is the
-    usual one), checked or published, whose audit measured downstream accuracy on the same held-out
-    source: what a DP release is compared with (audit.baseline)."""
+    """Earlier DP releases of the same dataset by another mechanism (a simpler generator's is
+    the usual one), checked or published, whose audit measured downstream accuracy on the same
+    held-out source: what a DP release is compared with (audit.baseline)."""
     from audit import load_report
     from audit.baseline import Baseline
 

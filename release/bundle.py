@@ -148,7 +148,7 @@ def _extra_arrays(extra: dict | None, n: int) -> dict[str, pa.Array]:
 
 
 def _image_column(images: np.ndarray) -> pa.Array:
-    """An extra image column (e.g. an aligned face crop per row): PNG structs like `image`."""
+    """An extra image column (e.g. an aligned crop per row): PNG structs like `image`."""
     return pa.StructArray.from_arrays(
         [
             pa.array([encode_png(im) for im in images], pa.binary()),
@@ -294,7 +294,7 @@ def write_bundle(
     `release_id` (= the bundle's directory name, which verification binds to the signature). The
     card is completed with the data's features, the key fingerprints and the verify/recompute
     recipes. `extra_files` (bundle path -> file) are copied in as they are and signed like the
-    rest, e.g. a volume release's NIfTI files under data/volumes/.
+    rest, e.g. the files an output kind adds (release.kinds), one per row.
     """
     out_dir = Path(out_dir)
     if out_dir.name in ("", ".", ".."):

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from release import kinds
 from release.card_history import history_section
 from release.predicate import ReleasePredicate
 from synth import registry
@@ -28,7 +29,7 @@ BASELINE_CHECK = "baseline_comparison"  # audit.baseline.CHECK
 BASELINE_NOT_BEATEN = (
     "**Below its baseline.** Classifiers trained on this release were less accurate on the "
     "publisher's real held-out images than those trained on an earlier differentially private "
-    "release of the same dataset by a simpler mechanism (typically DP-MERF). For training "
+    "release of the same dataset by a simpler mechanism. For training "
     "classifiers, ask the publisher for that release. (Like the utility gate, this comparison is "
     "computed from the two releases and the held-out images only: it spends no budget of the "
     "registered dataset and reveals about one bit about the held-out images.)"
@@ -105,6 +106,9 @@ def dataset_card(
         lines += [release["spec"]["release"]["description"], ""]
     lines += _guarantee(dataset, result, n_records, history)
     lines += _how_made(release, result)
+    lines += kinds.of_mechanism(result["mechanism"]).card_section(
+        result.get("parameters") or {}, n_records
+    )
     lines += _limitations_and_use()
     lines += [
         "## Checks before publication",
@@ -130,15 +134,11 @@ def dataset_card(
 
 
 def verdict_note(check: str, parameters: dict[str, Any]) -> str:
-    """What a check's row adds beside its verdict: for a face recogniser's re-identification check
-    of a release whose mechanism names the recognisers it searched against, whether this one was
-    searched against or held out ("" otherwise)."""
-    from audit.face_reid import recogniser_of_check, recogniser_role, searched_keys
+    """What a check's row adds beside its verdict, from the output kind that owns the check
+    (audit.kinds.check_note; "" otherwise)."""
+    from audit.kinds import check_note
 
-    key = recogniser_of_check(check)
-    if key is None:
-        return ""
-    return recogniser_role(key, searched_keys(parameters.get("searched_recognisers"))) or ""
+    return check_note(check, parameters)
 
 
 def card_for(release: dict[str, Any], dataset: dict[str, Any], predicate: ReleasePredicate) -> str:

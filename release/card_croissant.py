@@ -42,7 +42,7 @@ def _record_set(features: list[dict[str, Any]]) -> Any:
         _field("id", mlc.DataType.TEXT, description="row id"),
     ]
     for f in features[3:]:  # extra columns, e.g. label_distribution
-        if f.get("dtype") == "image":  # e.g. an aligned face crop per row
+        if f.get("dtype") == "image":  # e.g. an aligned crop per row
             fields.append(
                 _field(
                     f["name"],

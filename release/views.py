@@ -22,6 +22,7 @@ from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
 from release.records import Release, get_release
+from synth import registry
 from synth.kinds.datasets import ImageDataset
 from synth.registry import guarantee_label
 
@@ -80,7 +81,7 @@ def sensitive_images(store: Store, name: str) -> np.ndarray:
     views only)."""
     data = load_registered(store, name)[1]
     if not isinstance(data, ImageDataset):
-        raise PrivReleaseError(f"Dataset {name!r} holds head volumes, not images.")
+        raise PrivReleaseError(f"Dataset {name!r} holds {registry.data_kind(data)}, not images.")
     return data.images
 
 

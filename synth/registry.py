@@ -7,7 +7,9 @@ runner in `release/runner.py` reserves the plan's events, calls `run`, and settl
 what the context recorded (ARCHITECTURE.md, "Adding a mechanism").
 
 Adding a mechanism = one folder under `synth/` exposing a `MECHANISM` object + one line in
-`_ENTRIES`.
+`_ENTRIES` (built-ins), or `register(entry)` from anywhere else (a plug-in, a test). What it
+releases is an output kind, named by `MechanismEntry.output_kind` (release/kinds/ saves, bundles
+and audits each kind).
 """
 
 from __future__ import annotations
@@ -168,12 +170,18 @@ class MechanismOutput:
     internal: Mapping[str, Any] = field(default_factory=dict)
     generator: str | None = None  # path of a released generative model (for the MIA)
     artifacts: Mapping[str, str] = field(default_factory=dict)
-    # a volume release: the released volumes (then `images` and `labels` are empty)
-    volumes: VolumeDataset | None = None
+    # what the output kind releases beside the pictures, saved and read back by the kind
+    # (release/kinds/): a volume release's VolumeDataset, a toy kind's lines; None for images
+    payload: Any = None
     # more releasable images, one per row, each a bundle column (e.g. "face": aligned crops)
     extra_images: Mapping[str, np.ndarray] = field(default_factory=dict)
     # sensitive indices not released, and why (internal; the card states how many)
     withheld: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def volumes(self) -> VolumeDataset | None:
+        """The released volumes of a volume release (its payload), else None."""
+        return self.payload if isinstance(self.payload, VolumeDataset) else None
 
     @classmethod
     def of_volumes(
@@ -192,7 +200,7 @@ class MechanismOutput:
             labels=np.zeros(len(volumes), np.int64),
             parameters=parameters,
             internal=dict(internal or {}),
-            volumes=volumes,
+            payload=volumes,
         )
 
 
@@ -287,21 +295,51 @@ class MechanismEntry:
     describe: Callable[[Mapping[str, Any], Mapping[str, Any], int], MechanismDescription] | None = (
         None
     )
-    data_kind: str = "images"  # what it takes and releases: one of DATA_KINDS
+    data_kind: str = "images"  # what it takes: one of DATA_KINDS
+    # what it releases: the name of an output kind (release.kinds: how the output is saved,
+    # fingerprinted, bundled, carded and audited)
+    output_kind: str = "images"
     # the per-item function its run maps with ctx.map_items; None: its run is one piece of work
     per_item: Callable[[Any, Any], Any] | None = None
 
 
+# mechanisms registered at run time (`register`): a plug-in's, a test's
+_REGISTERED: dict[str, MechanismEntry] = {}
+
+
 def names() -> tuple[str, ...]:
-    return tuple(_ENTRIES)
+    return (*_ENTRIES, *_REGISTERED)
 
 
 Mechanism = MechanismEntry  # the interface every mechanism declares
 
 
+def register(entry: MechanismEntry) -> MechanismEntry:
+    """Make `entry` a known mechanism under `entry.name` (a mechanism defined outside synth/:
+    a plug-in, a test); refuses a name already known. Its output kind must be registered with
+    release.kinds.register before a release of it is saved."""
+    if not isinstance(entry, MechanismEntry):
+        raise TypeError(f"{entry!r} is not a MechanismEntry")
+    if entry.name in _ENTRIES or entry.name in _REGISTERED:
+        raise InvalidParameterError(f"A mechanism named {entry.name!r} is already known.")
+    if entry.data_kind not in DATA_KINDS:
+        raise InvalidParameterError(
+            f"Mechanism {entry.name!r} takes {entry.data_kind!r}; one of {DATA_KINDS}."
+        )
+    _REGISTERED[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Forget a mechanism `register` made known (built-ins stay)."""
+    _REGISTERED.pop(name, None)
+
+
 def get(name: str) -> MechanismEntry:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _ENTRIES:
-        raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(_ENTRIES)}.")
+        raise InvalidParameterError(f"Unknown mechanism {name!r}; known: {', '.join(names())}.")
     module, attr = _ENTRIES[name].split(":")
     entry = getattr(importlib.import_module(module), attr)
     if not isinstance(entry, MechanismEntry):
@@ -314,7 +352,7 @@ def describe(
 ) -> MechanismDescription:
     """Mechanism `name`'s account of a release of `n` images (a plain one where it gives none)."""
     # a mechanism not installed here (e.g. a bundle from another publisher) gets the plain account
-    fn = get(name).describe if name in _ENTRIES else None
+    fn = get(name).describe if name in names() else None
     if fn is not None:
         return fn(parameters, guarantee, n)
     kind = str(guarantee.get("type", DP))
@@ -332,7 +370,9 @@ def describe(
 
 
 def kind_of(name: str) -> str:
-    """The data kind mechanism `name` takes, without importing it."""
+    """The data kind mechanism `name` takes, without importing it (a built-in's)."""
+    if name in _REGISTERED:
+        return _REGISTERED[name].data_kind
     return "volumes" if name in _VOLUME_MECHANISMS else "images"
 
 

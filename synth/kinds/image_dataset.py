@@ -10,6 +10,7 @@ user data (synth.kinds.user_data) share it without importing each other.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,6 +137,15 @@ class ImageDataset:
         return ImageDataset(
             self.images, self.labels, list(self.class_names), self.source, list(labels)
         )
+
+    def content_sha256(self) -> str:
+        """A plain hash of images and labels: for PUBLIC data only (sensitive data gets an
+        HMAC)."""
+        h = hashlib.sha256()
+        for arr in (np.ascontiguousarray(self.images), np.ascontiguousarray(self.labels)):
+            h.update(str((arr.dtype.str, arr.shape)).encode())
+            h.update(arr.tobytes())
+        return h.hexdigest()
 
     def subset(self, idx: np.ndarray) -> ImageDataset:
         return ImageDataset(

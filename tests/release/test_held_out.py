@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from accounting.errors import InvalidParameterError
 from release.cli import app
-from release.held_out import check_held_out, held_out_recognisers
+from audit.held_out import check_held_out, held_out_recognisers
 
 runner = CliRunner()
 

@@ -231,6 +231,7 @@ DEFACE = registry.MechanismEntry(
     run=run_deface,
     describe=text.describe_deface,
     data_kind="volumes",
+    output_kind="volumes",
     per_item=deface_head,
 )
 REFACE = registry.MechanismEntry(
@@ -242,5 +243,6 @@ REFACE = registry.MechanismEntry(
     run=run_reface,
     describe=text.describe_reface,
     data_kind="volumes",
+    output_kind="volumes",
     per_item=reface_head,
 )

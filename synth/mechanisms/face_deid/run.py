@@ -359,4 +359,5 @@ MECHANISM = registry.MechanismEntry(
     run=run,
     describe=describe,
     per_item=deid_photo,
+    output_kind="photographs",
 )

@@ -1,7 +1,8 @@
-"""A held-out attacker by construction: a mechanism that searches against face recognisers (its
-plan's detail names them, `searched_recognisers`) must leave at least one of the audit's
-recognisers out, so that the audit judges the release with a recogniser the mechanism never
-measured. Checked when a plan is made, before anything is stored or charged."""
+"""A held-out attacker by construction (the face attack of audit/face_reid.py; the image and
+photograph kinds check it at plan time, audit.kinds.builtin): a mechanism that searches against
+face recognisers (its plan's detail names them, `searched_recognisers`) must leave at least one
+of the audit's recognisers out, so that the audit judges the release with a recogniser the
+mechanism never measured. Checked when a plan is made, before anything is stored or charged."""
 
 from __future__ import annotations
 
