@@ -337,9 +337,10 @@ def follow_release(
         approval.verified_approval(store, rel)
         mech = registry.get(rel.plan.mechanism)
         if mech.node_worker is None:
+            across = [n for n in registry.names() if registry.get(n).node_worker is not None]
             raise PrivReleaseError(
-                f"mechanism {mech.name!r} trains on one host only (only PrivImage trains across "
-                "hosts)."
+                f"mechanism {mech.name!r} trains on one host only (those that train across "
+                f"hosts: {', '.join(across) or 'none'})."
             )
         worker, fingerprint = mech.node_worker, rel.plan_digest
     except PrivReleaseError as exc:

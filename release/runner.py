@@ -345,8 +345,10 @@ def run_charged(
         raise PrivReleaseError(
             f"--nnodes {nodes.nnodes}: "
             + (
-                f"mechanism {mech.name!r} trains on one host only; leave out --nnodes (only "
-                "PrivImage trains across hosts)."
+                f"mechanism {mech.name!r} trains on one host only; leave out --nnodes (those "
+                "that train across hosts: "
+                + ", ".join(n for n in registry.names() if registry.get(n).node_worker is not None)
+                + ")."
                 if mech.node_worker is None
                 else "give the processes of each host with --nproc-per-node, not --nproc."
             )
