@@ -104,7 +104,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
         "n_public": len(public),
         "codec": describe_codec(codec),
         "codec_seconds": t_codec,
-        "config": base.public_parameters(),
+        "config": base.as_dict(),
         "rows": [],
     }
     # The codec's reconstructions: no anonymity at all (each "cluster" is one record).
