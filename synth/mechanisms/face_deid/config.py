@@ -30,8 +30,8 @@ class FaceDeidConfig(MechanismConfig):
     generator_weights: str | None = None
     latent_dim: int = 100
     generator_features: int = 64
-    # SFace and FaceNet: with dlib held out, all three audit recognisers stay at chance on the
-    # real photographs (with FaceNet held out instead, FaceNet still verified 1 of 9 faces)
+    # SFace and FaceNet, dlib held out for the audit: the pair that keeps every audit recogniser at
+    # chance on real photographs (BENCHMARKS.md, "Faces")
     recognisers: tuple[str, ...] = ("sface", "facenet")
     identity_threshold: float = 0.6
     identity_margin: float = 0.15

@@ -23,8 +23,8 @@ from synth.tools.kernel.bandwidth import (
 
 # The "auto" settings below are decided at plan time from public quantities only (the plan's sigma,
 # the registered count and label set), so deciding spends no privacy. Each limit sits between
-# the measured settings that worked and those that did not (BENCHMARKS-NOTEBOOK.md, the DP-MERF
-# sections and "Measurement history from the code").
+# settings that worked and settings that did not (BENCHMARKS.md, DP-MERF; BENCHMARKS-NOTEBOOK.md,
+# the DP-MERF sections and "Measurement history from the code").
 
 # teacher_labels = "auto": DP labels where the query, left `query_share` of epsilon, still keeps
 # the narrow kernel (they gained there and cost a little where the query fell to the wide one)
@@ -34,7 +34,8 @@ TEACHER_AUTO = "auto"
 PERCEPTUAL_AUTO = "auto"
 PERCEPTUAL_SHARE = 0.5
 # steps = "auto": LONG_STEPS generator updates where the pixel features' noise is at most
-# LONG_STEPS_MAX_NOISE (a point gained at 0.017; under a point, for twice the time, at 0.118)
+# LONG_STEPS_MAX_NOISE: twice the updates pay where the summary is precise, not where it is noisy
+# (BENCHMARKS-NOTEBOOK.md, "A longer-trained generator at epsilon 1 and on MNIST-5k")
 STEPS_AUTO = "auto"
 STEPS = 2000
 LONG_STEPS = 4000

@@ -38,10 +38,11 @@ VOTE_SPACES = (
 # Evolution): 8 candidates per released image, then three times 8 SDEdit variations of each winner
 # at strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). `make reproduce` runs the
 # same recipe on CPU.
-# vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four (CNN
-# 0.883 against 0.831 at epsilon 10; BENCHMARKS-NOTEBOOK.md, "Private vote").
-# max_physical_batch 320: a Poisson batch of expected size 250 (sd ~15) almost always fits one
-# pass; smaller passes made a DP-SGD step 3-12% slower on 2 CPU cores.
+# vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four
+# (BENCHMARKS-NOTEBOOK.md, "Private vote"). max_physical_batch 320: a Poisson batch of expected
+# size 250 (sd ~15) almost always fits one pass, and smaller passes make a DP-SGD step slower on a
+# CPU; sample_batch 125: cache-sized activations, faster per image than larger batches on a CPU
+# (BENCHMARKS-NOTEBOOK.md, "The main job" and "DP-SGD step cost").
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6,
     unet_channels=(16, 32, 32),
