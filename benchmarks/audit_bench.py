@@ -51,7 +51,10 @@ def settings() -> list[tuple[str, Any]]:
     rep = reproduce_settings("cpu")["privimage"]
     for eps in (1.0, 10.0):
         out.append(
-            (f"reproduction cpu (eps {eps:g})", PrivImageConfig(epsilon=eps, delta=DELTA, **rep))
+            (
+                f"reproduction cpu (eps {eps:g})",
+                PrivImageConfig.create(epsilon=eps, delta=DELTA, **rep),
+            )
         )
     result = []
     for label, c in out:

@@ -94,8 +94,6 @@ def run_epsilon(
     mechanism: str = "privimage",
     protocol: str = "ours",
 ) -> None:
-    from dataclasses import replace
-
     from release.runner import run_direct
     from synth.mechanisms.merf import MerfConfig
 
@@ -107,7 +105,7 @@ def run_epsilon(
     config = (
         privimage_config(s, epsilon).with_(**{**n_samples, **overrides})
         if mechanism == "privimage"
-        else replace(MerfConfig(epsilon, s["delta"]), **{**n_samples, **overrides})
+        else MerfConfig.create(epsilon, s["delta"]).with_(**{**n_samples, **overrides})
     )
     res = run_direct(
         store, dataset, sens, pub, mechanism, config, run_id=tag, workdir=tmp / tag / "run"

@@ -82,7 +82,7 @@ def run_one(
     config = (
         privimage_config(s, epsilon)
         if mechanism == "privimage"
-        else MerfConfig(
+        else MerfConfig.create(
             epsilon, s["delta"], n_samples=s["privimage"].get("n_samples", MerfConfig.n_samples)
         )
     )

@@ -164,7 +164,7 @@ def run(quick: bool = True, device: str = "auto") -> str:
             for name, mode in METHODS:
                 root = Path(tmp) / f"{mode}-{eps:g}"
                 store = throwaway_store(root / "ws", "mnist5k", sens, eps, DELTA)
-                cfg = PrivImageConfig(
+                cfg = PrivImageConfig.create(
                     epsilon=eps, delta=DELTA, selection=mode, device=str(dev), **kw
                 )
                 t = time.time()
@@ -202,7 +202,7 @@ def run(quick: bool = True, device: str = "auto") -> str:
     )
     lines += [
         "",
-        _step_ratio_line(PrivImageConfig(epsilon=1.0, delta=DELTA, **kw), dev),
+        _step_ratio_line(PrivImageConfig.create(epsilon=1.0, delta=DELTA, **kw), dev),
         f"Total benchmark time: {time.time() - t_all:.0f} s.",
     ]
     return "\n".join(lines) + "\n"

@@ -89,7 +89,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
     sens = class_subset(load_source("builtin:mnist5k"), s["ksalsa_per_class"])
     test = load_source("builtin:mnist5k-heldout")
     public = public_pool(max_fashion_per_class=s["ksalsa_fashion_per_class"])
-    base = KSalsaConfig(k=2, seed=s["seed"], **s["ksalsa"])
+    base = KSalsaConfig.create(k=2, seed=s["seed"], **s["ksalsa"])
     device = base.resolved_device()
     t = time.time()
     codec = train_codec(public, tmp / "ksalsa-codec", base, size=28, channels=1)
@@ -104,7 +104,7 @@ def run(s: dict[str, Any], tmp: Path, grid: GridFn) -> dict[str, Any]:
         "n_public": len(public),
         "codec": describe_codec(codec),
         "codec_seconds": t_codec,
-        "config": base.public_parameters(),
+        "config": base.as_dict(),
         "rows": [],
     }
     # The codec's reconstructions: no anonymity at all (each "cluster" is one record).

@@ -267,7 +267,7 @@ def _privimage_intro(r: dict[str, Any], s: dict[str, Any], pi: dict[str, Any]) -
     if pi.get("release_variations"):
         from synth.mechanisms.privimage import PrivImageConfig
 
-        cfg = PrivImageConfig(
+        cfg = PrivImageConfig.create(
             epsilon=1.0, delta=s["delta"], **pi
         )  # base_images and defaults as the runs had them
         L.append(

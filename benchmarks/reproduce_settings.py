@@ -43,7 +43,7 @@ def privimage_config(
     from synth.mechanisms.privimage import PrivImageConfig
 
     recipe = s["privimage"] | s["vote"][f"{epsilon:g}"]
-    return PrivImageConfig(
+    return PrivImageConfig.create(
         epsilon=epsilon,
         delta=s["delta"],
         seed=s["seed"],

@@ -32,8 +32,6 @@ from accounting.events import event_from_json
 from synth import registry
 from synth.registry import MechanismPlan
 
-PRESETS = ("default", "demo", "tiny")
-
 
 @dataclass(frozen=True)
 class ReleaseSpec:
@@ -125,10 +123,7 @@ class ReleaseSpec:
                 "[policy] must be a table of audit thresholds, e.g. a `[policy]` line followed by "
                 "`mia_max_auc = 0.6`; remove it to use the default policy."
             )
-        if params.get("preset", "default") not in PRESETS:
-            raise InvalidParameterError(
-                f"[{mechanism}] preset must be one of {PRESETS}, got {params.get('preset')!r}."
-            )
+        registry.check_preset(mechanism, params.get("preset", "default"))
         heldout = rel.get("heldout")
         if heldout is not None and not isinstance(heldout, str):
             raise InvalidParameterError(

@@ -24,6 +24,7 @@ import numpy as np
 
 from accounting.errors import InvalidParameterError
 from accounting.events import DpSgd, MechanismEvent
+from synth.config import MechanismConfig
 from synth.kinds.datasets import ImageDataset
 from synth.kinds.volume import VolumeDataset
 from synth.progress import ProgressFn
@@ -263,8 +264,8 @@ class MechanismEntry:
     """The mechanism interface: what each mechanism folder declares as its MECHANISM (module-level
     functions and facts, keyword-only; the optional members have honest defaults).
 
-    - make_config(params, dataset, n_images, preset) -> the validated config (bad values raise
-      InvalidParameterError);
+    - make_config(params, dataset, n_images, preset) -> the config, a frozen
+      synth.config.MechanismConfig (bad values raise InvalidParameterError; `build_config`);
     - plan(config, dataset, prior, public) -> MechanismPlan: events, count, shape, warnings and its
       decisions; reads no sensitive data;
     - run(config, data, ctx) -> MechanismOutput (ctx: RunContext);
@@ -275,7 +276,7 @@ class MechanismEntry:
       the runner run those items on Dask workers (`release run --workers N | --cluster ADDR`)."""
 
     name: str
-    config_type: type
+    config_type: type[MechanismConfig]
     default_public: str  # the public data source a spec gets when it names none
     make_config: Callable[..., Any]
     plan: Callable[..., MechanismPlan]
@@ -401,31 +402,38 @@ def dpsgd_trainer(name: str) -> Callable[..., Any]:
     return trainer
 
 
-def build_config(
-    cls: type, table: str, preset: str, base: dict[str, Any], overrides: dict[str, Any]
-) -> Any:
-    """A config from a preset (`default` = the class defaults) plus a spec table's overrides."""
-    import dataclasses
+def presets(name: str) -> tuple[str, ...]:
+    """The presets mechanism `name`'s spec table may name ("default" first): data its config
+    declares (`PRESETS`), listed without building a config."""
+    return get(name).config_type.presets()
 
-    known = {f.name for f in dataclasses.fields(cls)}
+
+def check_preset(name: str, preset: object) -> None:
+    """Refuse a preset mechanism `name` does not have, naming its table and the presets it has."""
+    try:
+        get(name).config_type.check_preset(preset)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"[{name}] {exc}") from exc
+
+
+def build_config(
+    cls: type[MechanismConfig],
+    table: str,
+    preset: str,
+    base: dict[str, Any],
+    overrides: dict[str, Any],
+) -> Any:
+    """A config from a preset (`default` = the fields' defaults), then `base` (what the mechanism
+    reads from the spec's other tables), then the spec table's own values; an unknown parameter or
+    preset is refused naming the valid ones, and every message names the table."""
+    known = set(cls.field_names())
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise InvalidParameterError(
             f"Unknown [{table}] parameter(s) {unknown}; known: {sorted(known)}."
         )
-    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
-    # a preset is a classmethod of the config (PrivImageConfig.demo, MerfConfig.tiny); the spec
-    # check knows every mechanism's names, not which of them this config has
-    presets = ["default", *(p for p in ("demo", "tiny") if callable(getattr(cls, p, None)))]
-    if preset not in presets:
-        raise InvalidParameterError(
-            f"[{table}] preset = {preset!r} does not exist for this mechanism; choose one of "
-            f"{', '.join(repr(p) for p in presets)}, or leave `preset` out (default)."
-        )
     try:
-        if preset == "default":
-            return cls(**{**base, **overrides})
-        return dataclasses.replace(getattr(cls, preset)(**base), **overrides)
+        return cls.preset(preset, **{**base, **overrides})
     except InvalidParameterError as exc:
         if str(exc).startswith("["):
             raise  # already names its table

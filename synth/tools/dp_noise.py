@@ -46,9 +46,10 @@ PATHS = ("auto", "aes", "chacha")
 
 class SecureNoise:
     """The secure generator for each device: "auto" (the default) and "aes" draw every device's
-    noise from SecureGaussian (OpenSSL's AES keystream, measured fastest on a CPU and an H100:
-    module docstring); "chacha" from synth.tools.device_noise.ChaChaGaussian (a ChaCha20 keystream
-    computed on the noise's device, no host work or copy per draw). Each generator gets its own
+    noise from SecureGaussian (OpenSSL's AES keystream, the fastest of the secure generators on a
+    CPU and a GPU: module docstring, BENCHMARKS.md); "chacha" from
+    synth.tools.device_noise.ChaChaGaussian (a ChaCha20 keystream computed on the noise's device,
+    no host work or copy per draw). Each generator gets its own
     fresh key on first use; none can be saved."""
 
     def __init__(self, path: str = "auto") -> None:

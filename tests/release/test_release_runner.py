@@ -326,7 +326,10 @@ def test_steward_key_replaced_after_approval_is_refused(small, tmp_path, tamper)
             "the vote would draw 1,200,000 candidates",
         ),
         ({"vote_sigma": 2.0, "vote_rounds": 1e308}, "vote_rounds"),
-        ({"vote_sigma": 2.0, "vote_rounds": 20}, "vote_rounds must be between 1 and 8"),
+        (
+            {"vote_sigma": 2.0, "vote_rounds": 20},
+            "vote_rounds must be a whole number from 1 to 8, got 20",
+        ),
         ({"vote_sigma": 2.0, "vote_rounds": 2, "variation_strength": -0.5}, "variation_strength"),
     ],
 )

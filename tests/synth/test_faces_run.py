@@ -123,17 +123,17 @@ def test_the_plan_claims_no_dp_and_needs_acknowledgement(public) -> None:
 )
 def test_plan_refusals(public, shape, config, message) -> None:
     with pytest.raises(InvalidParameterError, match=message):
-        MECHANISM.plan(FaceDeidConfig(**config), _info(shape), [], public)
+        MECHANISM.plan(FaceDeidConfig.create(**config), _info(shape), [], public)
 
 
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"no_face": "blur"}, "no_face must be one of withhold, refuse"),
+        ({"no_face": "blur"}, 'no_face must be one of "withhold", "refuse", got "blur"'),
         ({"search_strengths": []}, "search_strengths must list"),
         ({"identity_threshold": float("nan")}, "finite"),
         ({"identity_margin": 1e308}, "between 0 and 10"),
-        ({"inversion_steps": True}, "integer"),
+        ({"inversion_steps": True}, "whole number from 0 to 10,000, got True"),
         ({"colour": 1}, "Unknown \\[face-deid\\] parameter"),
         ({"embedder": "dlib"}, "Unknown \\[face-deid\\] parameter.*recognisers"),
         ({"recognisers": []}, "recognisers must list"),

@@ -145,13 +145,14 @@ def test_release_plan_refuses_a_huge_merf_and_leaves_the_store_as_it_was(
         ({"bandwidth": 1e-300}, "bandwidth = 1e-300"),
         ({"preset": "demo"}, "choose one of 'default', 'tiny'"),
     ]:
-        spec = ReleaseSpec.from_dict(
-            {
-                "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100},
-                "merf": {"epsilon": 4.0, **merf},
-            }
-        )
+        # an unknown preset is refused already when the spec is read (registry.check_preset)
         with pytest.raises(InvalidParameterError, match=says):
+            spec = ReleaseSpec.from_dict(
+                {
+                    "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 100},
+                    "merf": {"epsilon": 4.0, **merf},
+                }
+            )
             manager.create_plan(st, spec, "alice")
     assert state(st) == before
     assert manager.list_releases(st) == [] and ledger.budget(st, "mnist").charges == []

@@ -94,7 +94,10 @@ def test_plan_is_empirical_and_needs_acknowledgement(store) -> None:
         (lambda: DefaceConfig(brain_margin_mm=float("nan")), "finite number"),
         (lambda: DefaceConfig(brain_margin_mm=1e308), "between 0 and 30"),
         (lambda: DefaceConfig(brain_margin_mm=-1.0), "between 0 and 30"),
-        (lambda: DefaceConfig(quickshear_buffer=2.5), "integer number of voxels"),
+        (
+            lambda: DefaceConfig(quickshear_buffer=2.5),
+            r"whole number from 0 to 100, got 2.5 \(voxels\)",
+        ),
         (lambda: RefaceConfig(face=""), "plugin name"),
     ],
 )

@@ -1,31 +1,34 @@
-"""Run parameters of the volume mechanisms, validated when the spec is planned."""
+"""Run parameters of the volume mechanisms: frozen configs (synth.config), checked when the spec is
+planned."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-from numbers import Integral, Real
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from accounting.errors import InvalidParameterError
+from synth import config as check
+from synth.config import MechanismConfig
 
 DEFACE_METHODS = ("quickshear", "mask")
 MAX_MARGIN_MM = 30.0
+# the demo and the tests run the defaults: a head takes seconds either way
+SAME_AS_DEFAULT: Mapping[str, Mapping[str, Any]] = {"demo": {}, "tiny": {}}
 
 
 def _margin(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise InvalidParameterError(f"brain_margin_mm must be a finite number, got {value!r}.")
-    if not 0 <= float(value) <= MAX_MARGIN_MM:
-        raise InvalidParameterError(
-            f"brain_margin_mm must be between 0 and {MAX_MARGIN_MM:g} mm (the face lies within "
-            f"a few centimetres of the brain), got {float(value):g}."
-        )
-    return float(value)
+    return check.number(
+        "brain_margin_mm",
+        value,
+        0.0,
+        MAX_MARGIN_MM,
+        hint="mm; the face lies within a few centimetres of the brain",
+    )
 
 
 @dataclass(frozen=True)
-class DefaceConfig:
+class DefaceConfig(MechanismConfig):
     """method: "quickshear" (Schimke & Hale 2011: cut below the plane under the brain's lower
     front edge) or "mask" (pydeface's face mask, registered to each subject with an affine
     transform, set to background). brain_margin_mm: voxels this close to the registered brain are
@@ -36,30 +39,22 @@ class DefaceConfig:
     brain_margin_mm: float = 5.0
     quickshear_buffer: int = 10
 
-    def __post_init__(self) -> None:
-        if self.method not in DEFACE_METHODS:
-            raise InvalidParameterError(
-                f"[deface] method must be one of {DEFACE_METHODS}, got {self.method!r}."
-            )
-        object.__setattr__(self, "brain_margin_mm", _margin(self.brain_margin_mm))
-        b = self.quickshear_buffer
-        if isinstance(b, bool) or not isinstance(b, Integral) or not 0 <= int(b) <= 100:
-            raise InvalidParameterError(
-                f"quickshear_buffer must be an integer number of voxels in 0..100, got {b!r}."
-            )
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = SAME_AS_DEFAULT
 
     @classmethod
-    def demo(cls, **kw: Any) -> DefaceConfig:
-        return cls(**kw)
-
-    tiny = demo
-
-    def public_parameters(self) -> dict[str, Any]:
-        return asdict(self)
+    def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            **v,
+            "method": check.choice("method", v["method"], DEFACE_METHODS),
+            "brain_margin_mm": _margin(v["brain_margin_mm"]),
+            "quickshear_buffer": check.whole(
+                "quickshear_buffer", v["quickshear_buffer"], 0, 100, hint="voxels"
+            ),
+        }
 
 
 @dataclass(frozen=True)
-class RefaceConfig:
+class RefaceConfig(MechanismConfig):
     """face: the replacement face, a plugin name
     (`synth.mechanisms.deface_reface.replacement_faces`; "template" = pydeface's
     average face, registered to the subject and intensity-matched). brain_margin_mm: as for
@@ -68,16 +63,10 @@ class RefaceConfig:
     face: str = "template"
     brain_margin_mm: float = 5.0
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.face, str) or not self.face:
-            raise InvalidParameterError(f"[reface] face must be a plugin name, got {self.face!r}.")
-        object.__setattr__(self, "brain_margin_mm", _margin(self.brain_margin_mm))
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = SAME_AS_DEFAULT
 
     @classmethod
-    def demo(cls, **kw: Any) -> RefaceConfig:
-        return cls(**kw)
-
-    tiny = demo
-
-    def public_parameters(self) -> dict[str, Any]:
-        return asdict(self)
+    def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(v["face"], str) or not v["face"]:
+            raise InvalidParameterError(f"face must be a plugin name, got {v['face']!r}.")
+        return {**v, "brain_margin_mm": _margin(v["brain_margin_mm"])}

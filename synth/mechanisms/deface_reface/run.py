@@ -67,7 +67,7 @@ def _plan(
         raise InvalidParameterError(
             f"[{name}] public must be {SOURCE!r} (the head templates the faces come from)."
         )
-    params = config.public_parameters()
+    params = config.as_dict()
     line = text.what(name, params)
     warnings = [WARNING.format(what=name), *extra]
     if dataset.record_count < MIN_AUDIT_SUBJECTS:
@@ -194,7 +194,7 @@ def _run(
     out = [volume for volume, _ in done]
     seconds = time.perf_counter() - started
     parameters = {
-        **config.public_parameters(),
+        **config.as_dict(),
         "n_volumes": len(out),
         "template": template,
         "registration": "SimpleITK affine, Mattes mutual information, 8 and 4 mm levels",

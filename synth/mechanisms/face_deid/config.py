@@ -1,40 +1,21 @@
-"""Parameters of a face de-identification release (`mechanism = "face-deid"`), validated up
-front."""
+"""Parameters of a face de-identification release (`mechanism = "face-deid"`): a frozen config
+(synth.config), every field checked up front."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, replace
-from numbers import Integral, Real
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from accounting.errors import InvalidParameterError
+from synth import config as check
+from synth.config import MechanismConfig
 
 NO_FACE_RULES = ("withhold", "refuse")
 
 
-def _int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise InvalidParameterError(f"[face-deid] {name} must be an integer, got {value!r}.")
-    if not low <= int(value) <= high:
-        raise InvalidParameterError(
-            f"[face-deid] {name} must be between {low} and {high}, got {value}."
-        )
-    return int(value)
-
-
-def _float(name: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise InvalidParameterError(f"[face-deid] {name} must be a finite number, got {value!r}.")
-    if not low <= float(value) <= high:
-        raise InvalidParameterError(
-            f"[face-deid] {name} must be between {low:g} and {high:g}, got {float(value):g}."
-        )
-    return float(value)
-
-
-@dataclass
-class FaceDeidConfig:
+@dataclass(frozen=True)
+class FaceDeidConfig(MechanismConfig):
     """generator_weights: a DCGAN state dict (None = the packaged DigiFace-1M DCGAN);
     recognisers: the face recognisers the search measures with (synth.tools.face_recognisers); each
     released face must be at least its target distance from the original for every one of them:
@@ -49,8 +30,8 @@ class FaceDeidConfig:
     generator_weights: str | None = None
     latent_dim: int = 100
     generator_features: int = 64
-    # SFace and FaceNet: with dlib held out, all three audit recognisers stay at chance on the
-    # real photographs (with FaceNet held out instead, FaceNet still verified 1 of 9 faces)
+    # SFace and FaceNet, dlib held out for the audit: the pair that keeps every audit recogniser at
+    # chance on real photographs (BENCHMARKS.md, "Faces")
     recognisers: tuple[str, ...] = ("sface", "facenet")
     identity_threshold: float = 0.6
     identity_margin: float = 0.15
@@ -78,89 +59,93 @@ class FaceDeidConfig:
     detection_threshold: float = 0.5
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.generator_weights is not None and (
-            not isinstance(self.generator_weights, str) or not self.generator_weights.strip()
-        ):
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        # the defaults: sized for 2 CPU cores (100 photos in minutes, BENCHMARKS.md)
+        "demo": {},
+        # for tests: a few seconds a face
+        "tiny": dict(
+            inversion_steps=5,
+            inversion_restarts=1,
+            bank_size=64,
+            search_strengths=(0.75, 1.0),
+            candidates_per_round=2,
+        ),
+    }
+
+    @classmethod
+    def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        weights = v["generator_weights"]
+        if weights is not None and (not isinstance(weights, str) or not weights.strip()):
             raise InvalidParameterError(
-                "[face-deid] generator_weights must be the path of a DCGAN state dict, or left out "
+                "generator_weights must be the path of a DCGAN state dict, or left out "
                 "for the packaged generator."
             )
-        self.latent_dim = _int("latent_dim", self.latent_dim, 1, 4096)
-        self.generator_features = _int("generator_features", self.generator_features, 1, 1024)
-        names = (self.recognisers,) if isinstance(self.recognisers, str) else self.recognisers
+        names = v["recognisers"]
+        names = (names,) if isinstance(names, str) else names
         if (
             not isinstance(names, (tuple, list))
             or not names
             or not all(isinstance(n, str) and n for n in names)
         ):
             raise InvalidParameterError(
-                '[face-deid] recognisers must list recogniser names, e.g. ["dlib", "sface"]; got '
-                f"{self.recognisers!r}."
+                'recognisers must list recogniser names, e.g. ["dlib", "sface"]; got '
+                f"{v['recognisers']!r}."
             )
-        self.recognisers = tuple(dict.fromkeys(names))
-        targets = self.identity_targets
-        pairs = list(targets.items()) if isinstance(targets, dict) else targets
+        targets = v["identity_targets"]
+        pairs = list(targets.items()) if isinstance(targets, Mapping) else targets
         if not isinstance(pairs, (list, tuple)) or not all(
             isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in pairs
         ):
             raise InvalidParameterError(
-                "[face-deid] identity_targets must map recogniser names to distances, e.g. "
+                "identity_targets must map recogniser names to distances, e.g. "
                 f"{{ sface = 0.85 }}; got {targets!r}."
             )
-        self.identity_targets = tuple(
-            sorted((k, _float(f"identity_targets.{k}", v, 0.0, 10.0)) for k, v in pairs)
-        )
-        if not isinstance(self.acknowledge_no_held_out, bool):
-            raise InvalidParameterError(
-                "[face-deid] acknowledge_no_held_out must be true or false, got "
-                f"{self.acknowledge_no_held_out!r}."
-            )
-        self.identity_threshold = _float("identity_threshold", self.identity_threshold, 0.0, 10.0)
-        self.identity_margin = _float("identity_margin", self.identity_margin, 0.0, 10.0)
-        self.inversion_steps = _int("inversion_steps", self.inversion_steps, 0, 10_000)
-        self.inversion_restarts = _int("inversion_restarts", self.inversion_restarts, 1, 64)
-        self.bank_size = _int("bank_size", self.bank_size, 1, 100_000)
-        self.inversion_lr = _float("inversion_lr", self.inversion_lr, 1e-6, 10.0)
-        strengths = tuple(self.search_strengths)
-        if not strengths or len(strengths) > 20:
-            raise InvalidParameterError(
-                "[face-deid] search_strengths must list 1 to 20 strengths, e.g. [0.35, 0.55, 1.0]."
-            )
-        self.search_strengths = tuple(
-            _float("search_strengths entry", s, 0.01, 1.0) for s in strengths
-        )
-        self.candidates_per_round = _int("candidates_per_round", self.candidates_per_round, 1, 64)
-        self.feather = _float("feather", self.feather, 0.0, 1.0)
-        self.mask_scale = _float("mask_scale", self.mask_scale, 0.5, 2.0)
-        self.landmark_tolerance = _float("landmark_tolerance", self.landmark_tolerance, 0.0, 10.0)
-        self.min_face_size = _int("min_face_size", self.min_face_size, 8, 4096)
-        self.max_faces_per_photo = _int("max_faces_per_photo", self.max_faces_per_photo, 1, 1000)
-        if self.no_face not in NO_FACE_RULES:
-            raise InvalidParameterError(
-                f"[face-deid] no_face must be one of {', '.join(NO_FACE_RULES)}; got "
-                f"{self.no_face!r}."
-            )
-        self.detection_threshold = _float(
-            "detection_threshold", self.detection_threshold, 0.05, 0.99
-        )
-        self.seed = _int("seed", self.seed, 0, 2**31 - 1)
-
-    @classmethod
-    def demo(cls) -> FaceDeidConfig:
-        """The defaults: sized for 2 CPU cores (100 photos in minutes, BENCHMARKS.md)."""
-        return cls()
-
-    @classmethod
-    def tiny(cls) -> FaceDeidConfig:
-        """For tests: a few seconds a face."""
-        return cls(
-            inversion_steps=5,
-            inversion_restarts=1,
-            bank_size=64,
-            search_strengths=(0.75, 1.0),
-            candidates_per_round=2,
-        )
+        return {
+            **v,
+            "latent_dim": check.whole("latent_dim", v["latent_dim"], 1, 4096),
+            "generator_features": check.whole(
+                "generator_features", v["generator_features"], 1, 1024
+            ),
+            "recognisers": tuple(dict.fromkeys(names)),  # each once, in the order given
+            "identity_targets": tuple(
+                sorted((k, check.number(f"identity_targets.{k}", d, 0.0, 10.0)) for k, d in pairs)
+            ),
+            "acknowledge_no_held_out": check.flag(
+                "acknowledge_no_held_out", v["acknowledge_no_held_out"]
+            ),
+            "identity_threshold": check.number(
+                "identity_threshold", v["identity_threshold"], 0.0, 10.0
+            ),
+            "identity_margin": check.number("identity_margin", v["identity_margin"], 0.0, 10.0),
+            "inversion_steps": check.whole("inversion_steps", v["inversion_steps"], 0, 10_000),
+            "inversion_restarts": check.whole("inversion_restarts", v["inversion_restarts"], 1, 64),
+            "bank_size": check.whole("bank_size", v["bank_size"], 1, 100_000),
+            "inversion_lr": check.number("inversion_lr", v["inversion_lr"], 1e-6, 10.0),
+            "search_strengths": check.entries(
+                "search_strengths",
+                v["search_strengths"],
+                lambda name, x: check.number(name, x, 0.01, 1.0),
+                most=20,
+                example="[0.35, 0.55, 1.0]",
+            ),
+            "candidates_per_round": check.whole(
+                "candidates_per_round", v["candidates_per_round"], 1, 64
+            ),
+            "feather": check.number("feather", v["feather"], 0.0, 1.0),
+            "mask_scale": check.number("mask_scale", v["mask_scale"], 0.5, 2.0),
+            "landmark_tolerance": check.number(
+                "landmark_tolerance", v["landmark_tolerance"], 0.0, 10.0
+            ),
+            "min_face_size": check.whole("min_face_size", v["min_face_size"], 8, 4096),
+            "max_faces_per_photo": check.whole(
+                "max_faces_per_photo", v["max_faces_per_photo"], 1, 1000
+            ),
+            "no_face": check.choice("no_face", v["no_face"], NO_FACE_RULES),
+            "detection_threshold": check.number(
+                "detection_threshold", v["detection_threshold"], 0.05, 0.99
+            ),
+            "seed": check.whole("seed", v["seed"], 0, 2**31 - 1),
+        }
 
     def targets(self, recognisers: tuple[Any, ...]) -> tuple[float, ...]:
         """The distance each released face must reach, per recogniser (in its own units)."""
@@ -180,12 +165,6 @@ class FaceDeidConfig:
     def target_distance(self) -> float:
         return self.identity_threshold + self.identity_margin
 
-    def with_(self, **changes: Any) -> FaceDeidConfig:
-        return replace(self, **changes)
-
-    def public_parameters(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["search_strengths"] = list(self.search_strengths)
-        d["recognisers"] = list(self.recognisers)
-        d["identity_targets"] = dict(self.identity_targets)
-        return d
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters as JSON; identity_targets as a table (recogniser -> distance)."""
+        return {**super().as_dict(), "identity_targets": dict(self.identity_targets)}

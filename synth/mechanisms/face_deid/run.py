@@ -123,7 +123,7 @@ def plan(
         guarantee_kind="empirical",
         warnings=tuple(warnings),
         requires_acknowledgement=True,
-        parameters=config.public_parameters(),
+        parameters=config.as_dict(),
         detail={
             "guarantee_description": guarantee_line(targets),
             "choices": [
@@ -314,7 +314,7 @@ def run(
     generated = [o for o in flat if o.method == "generated"]
     shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
     params = {
-        **config.public_parameters(),
+        **config.as_dict(),
         "generator": generator_name,
         "generator_sha256": generator_sha256,
         "searched_recognisers": list(config.recognisers),

@@ -1,38 +1,22 @@
-"""Run parameters of a k-anonymous release (k-SALSA and its three baselines), validated up front."""
+"""Run parameters of a k-anonymous release (k-SALSA and its three baselines): a frozen config
+(synth.config), every field checked up front."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, replace
-from numbers import Integral, Real
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from accounting.errors import InvalidParameterError
+from synth import config as check
+from synth.config import MechanismConfig
 
 METHODS = ("ksalsa", "centroid", "pixel", "pca")
 CONTENT_TARGETS = ("mean_features", "centroid")
 
 
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise InvalidParameterError(f"{name} must be an integer, got {value!r}.")
-    if int(value) < minimum:
-        raise InvalidParameterError(f"{name} must be >= {minimum}, got {value}.")
-    return int(value)
-
-
-def _float(name: str, value: object, low: float, high: float, *, open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise InvalidParameterError(f"{name} must be a finite number, got {value!r}.")
-    v = float(value)
-    if v < low or v > high or (open_low and v == low):
-        bracket = "(" if open_low else "["
-        raise InvalidParameterError(f"{name} must be in {bracket}{low:g}, {high:g}], got {v:g}.")
-    return v
-
-
-@dataclass
-class KSalsaConfig:
+@dataclass(frozen=True)
+class KSalsaConfig(MechanismConfig):
     """k: anonymity parameter (every released image averages >= k records). method: ksalsa (local
     style alignment), centroid (G of the mean latent), pixel (k-Same-Pixel), pca (k-Same-PCA /
     k-Same-Eigen). lambda_content: weight of the content loss; 1 - lambda weighs the style loss.
@@ -60,57 +44,13 @@ class KSalsaConfig:
     seed: int = 0
     device: str = "auto"
 
-    def __post_init__(self) -> None:
-        self.k = _int("k", self.k, 2)
-        if self.method not in METHODS:
-            raise InvalidParameterError(
-                f"method must be one of {', '.join(METHODS)}; got {self.method!r}."
-            )
-        self.lambda_content = _float("lambda_content", self.lambda_content, 0.0, 1.0)
-        self.steps = _int("steps", self.steps, 0)
-        self.lr = _float("lr", self.lr, 0.0, 10.0, open_low=True)
-        self.cluster_batch = _int("cluster_batch", self.cluster_batch, 1)
-        self.grid = _int("grid", self.grid, 1)
-        self.style_layers = tuple(_int("style_layers entry", i, 0) for i in self.style_layers)
-        if not self.style_layers:
-            raise InvalidParameterError(
-                "style_layers must name at least one feature map (e.g. (0, 2))."
-            )
-        self.feature_size = _int("feature_size", self.feature_size, 16)
-        if self.content_target not in CONTENT_TARGETS:
-            raise InvalidParameterError(
-                f"content_target must be one of {CONTENT_TARGETS}; got {self.content_target!r}."
-            )
-        self.codec_epochs = _int("codec_epochs", self.codec_epochs, 0)
-        self.codec_lr = _float("codec_lr", self.codec_lr, 0.0, 1.0, open_low=True)
-        self.codec_batch = _int("codec_batch", self.codec_batch, 1)
-        self.latent_dim = _int("latent_dim", self.latent_dim, 1)
-        self.pca_components = _int("pca_components", self.pca_components, 1)
-        if self.image_size is not None:
-            self.image_size = _int("image_size", self.image_size, 8)
-            if self.image_size % 4:
-                raise InvalidParameterError(
-                    "image_size must be a multiple of 4 (the codec "
-                    f"halves it twice); got {self.image_size}."
-                )
-        self.seed = _int("seed", self.seed, 0)
-        if self.device != "auto" and not str(self.device).startswith(("cpu", "cuda", "mps")):
-            raise InvalidParameterError(
-                f"device must be 'auto', 'cpu', 'cuda[:N]' or 'mps'; got {self.device!r}."
-            )
-
-    @classmethod
-    def demo(cls, k: int = 5, method: str = "ksalsa") -> KSalsaConfig:
-        """Whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec training
-        included."""
-        return cls(k=k, method=method, steps=10, cluster_batch=64, feature_size=48, codec_epochs=15)
-
-    @classmethod
-    def tiny(cls, k: int = 2, method: str = "ksalsa") -> KSalsaConfig:
-        """For tests: seconds on a few dozen images."""
-        return cls(
-            k=k,
-            method=method,
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        # the whole run on MNIST-5k (4,000 images) in a few minutes on 2 CPU cores, codec
+        # training included
+        "demo": dict(k=5, steps=10, cluster_batch=64, feature_size=48, codec_epochs=15),
+        # for tests: seconds on a few dozen images
+        "tiny": dict(
+            k=2,
             steps=3,
             cluster_batch=8,
             grid=2,
@@ -118,10 +58,44 @@ class KSalsaConfig:
             codec_epochs=1,
             latent_dim=8,
             pca_components=4,
-        )
+        ),
+    }
 
-    def with_(self, **changes: Any) -> KSalsaConfig:
-        return replace(self, **changes)
+    @classmethod
+    def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        size = v["image_size"]
+        if size is not None:
+            size = check.whole("image_size", size, 8)
+            if size % 4:
+                raise InvalidParameterError(
+                    f"image_size must be a multiple of 4 (the codec halves it twice); got {size}."
+                )
+        return {
+            **v,
+            "k": check.whole("k", v["k"], 2, hint="every released image averages k records"),
+            "method": check.choice("method", v["method"], METHODS),
+            "lambda_content": check.number("lambda_content", v["lambda_content"], 0.0, 1.0),
+            "steps": check.whole("steps", v["steps"], 0),
+            "lr": check.number("lr", v["lr"], 0.0, 10.0, low_open=True),
+            "cluster_batch": check.whole("cluster_batch", v["cluster_batch"], 1),
+            "grid": check.whole("grid", v["grid"], 1),
+            "style_layers": check.entries(
+                "style_layers",
+                v["style_layers"],
+                lambda name, i: check.whole(name, i, 0),
+                example="[0, 2]",
+            ),
+            "feature_size": check.whole("feature_size", v["feature_size"], 16),
+            "content_target": check.choice("content_target", v["content_target"], CONTENT_TARGETS),
+            "codec_epochs": check.whole("codec_epochs", v["codec_epochs"], 0),
+            "codec_lr": check.number("codec_lr", v["codec_lr"], 0.0, 1.0, low_open=True),
+            "codec_batch": check.whole("codec_batch", v["codec_batch"], 1),
+            "latent_dim": check.whole("latent_dim", v["latent_dim"], 1),
+            "pca_components": check.whole("pca_components", v["pca_components"], 1),
+            "image_size": size,
+            "seed": check.whole("seed", v["seed"], 0),
+            "device": check.device("device", v["device"], ("cpu", "cuda", "mps")),
+        }
 
     def codec_key(self) -> dict[str, Any]:
         """The parameters the trained codec depends on (its cache key, with the public data)."""
@@ -132,11 +106,6 @@ class KSalsaConfig:
             "codec_batch": self.codec_batch,
             "seed": self.seed,
         }
-
-    def public_parameters(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["style_layers"] = list(self.style_layers)
-        return d
 
     def resolved_device(self) -> str:
         if self.device != "auto":

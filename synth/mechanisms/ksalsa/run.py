@@ -130,7 +130,7 @@ def plan(
         guarantee_kind="k-anonymity",
         warnings=p.warnings,
         requires_acknowledgement=True,
-        parameters=config.public_parameters(),
+        parameters=config.as_dict(),
         detail={
             "n_released": p.n_released,
             "n_dropped": p.n_dropped,
@@ -206,7 +206,7 @@ def _run(
         "n_dropped": int(len(out.clusters.remainder)),
         "remainder_rule": "n mod k records in no cluster are dropped (not released)",
         "public_source": public.source,
-        "config": config.public_parameters(),
+        "config": config.as_dict(),
         "seconds_averaging": round(out.seconds_averaging, 3),
     }
     return MechanismOutput(

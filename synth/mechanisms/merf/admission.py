@@ -23,7 +23,8 @@ RUNTIME_BYTES = 1 << 30  # the interpreter, torch and numpy themselves
 EMBED_CHUNK = 2048  # images per chunk of the query (embedding.class_sums)
 DRAW_BATCH = 1000  # images per batch when drawing (generator.draw)
 CHECK_PER_CLASS = 500  # images per class of the collapse check (fit.class_distances)
-# EfficientNet-Lite0 at 32 px per image: forward alone measured 0.42 MB, with backward under 2 MB
+# EfficientNet-Lite0 at 32 px, bytes per image: forward alone, and with backward (upper bounds of
+# what it takes; BENCHMARKS-NOTEBOOK.md, "Measurement history from the code")
 PERCEPTUAL_FORWARD = 1 << 19
 PERCEPTUAL_TRAINING = 1 << 21
 F32, F64 = 4, 8

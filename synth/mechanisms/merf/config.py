@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from accounting.errors import InvalidParameterError
-from accounting.validation import check_count, check_delta, check_epsilon, check_sensitivity
+from synth import config as check
+from synth.config import MechanismConfig
 from synth.tools.kernel.bandwidth import (
     BATCH,
     LR,
@@ -21,8 +23,8 @@ from synth.tools.kernel.bandwidth import (
 
 # The "auto" settings below are decided at plan time from public quantities only (the plan's sigma,
 # the registered count and label set), so deciding spends no privacy. Each limit sits between
-# the measured settings that worked and those that did not (BENCHMARKS-NOTEBOOK.md, the DP-MERF
-# sections and "Measurement history from the code").
+# settings that worked and settings that did not (BENCHMARKS.md, DP-MERF; BENCHMARKS-NOTEBOOK.md,
+# the DP-MERF sections and "Measurement history from the code").
 
 # teacher_labels = "auto": DP labels where the query, left `query_share` of epsilon, still keeps
 # the narrow kernel (they gained there and cost a little where the query fell to the wide one)
@@ -32,7 +34,8 @@ TEACHER_AUTO = "auto"
 PERCEPTUAL_AUTO = "auto"
 PERCEPTUAL_SHARE = 0.5
 # steps = "auto": LONG_STEPS generator updates where the pixel features' noise is at most
-# LONG_STEPS_MAX_NOISE (a point gained at 0.017; under a point, for twice the time, at 0.118)
+# LONG_STEPS_MAX_NOISE: twice the updates pay where the summary is precise, not where it is noisy
+# (BENCHMARKS-NOTEBOOK.md, "A longer-trained generator at epsilon 1 and on MNIST-5k")
 STEPS_AUTO = "auto"
 STEPS = 2000
 LONG_STEPS = 4000
@@ -40,8 +43,8 @@ LONG_STEPS_MAX_NOISE = 0.05
 MAX_STEPS = 1_000_000  # 250x auto's longest: days on a CPU
 
 
-@dataclass
-class MerfConfig:
+@dataclass(frozen=True)
+class MerfConfig(MechanismConfig):
     """One Gaussian query (the noisy random-feature embedding of each class), then a small generator
     trained against it on the publisher's machine (post-processing). `epsilon` is the target for the
     dataset's whole history, this query included; its noise is calibrated at plan time."""
@@ -68,75 +71,80 @@ class MerfConfig:
     # number below 1, or "auto" (decided by the plan from public quantities)
     perceptual_share: float | str = PERCEPTUAL_AUTO
 
-    def __post_init__(self) -> None:
-        self.epsilon = check_epsilon(self.epsilon, "target epsilon")
-        self.delta = check_delta(self.delta)
-        self.n_features = check_count(self.n_features, "n_features")
-        if self.n_features % 2 or not 64 <= self.n_features <= 100_000:
-            raise InvalidParameterError(
-                f"n_features must be an even number between 64 and 100000, got {self.n_features}."
-            )
-        if self.bandwidth is not None:
-            self.bandwidth = check_sensitivity(self.bandwidth, "bandwidth")
-        self.z_dim = check_count(self.z_dim, "z_dim")
-        self.width = check_count(self.width, "width")
-        if self.width % 2 or self.width > 512:
-            raise InvalidParameterError(
-                f"width must be an even number of channels up to 512, got {self.width}."
-            )
-        if self.steps != STEPS_AUTO:
-            if isinstance(self.steps, str):
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        # for tests: seconds, meaningless quality
+        "tiny": dict(n_features=256, z_dim=8, width=8, steps=5, batch=32),
+    }
+
+    @classmethod
+    def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        steps = v["steps"]
+        if steps != STEPS_AUTO:
+            if isinstance(steps, str):
                 raise InvalidParameterError(
                     f'steps must be "{STEPS_AUTO}" or a positive whole number of generator '
-                    f"updates, got {self.steps!r}."
+                    f"updates, got {steps!r}."
                 )
-            self.steps = check_count(self.steps, "steps")
-            if self.steps > MAX_STEPS:
+            steps = check.count("steps", steps)
+            if steps > MAX_STEPS:
                 raise InvalidParameterError(
-                    f"steps must be at most {MAX_STEPS:,} generator updates, got {self.steps:,}: "
+                    f"steps must be at most {MAX_STEPS:,} generator updates, got {steps:,}: "
                     f"a run that long would not finish after charging (auto trains {STEPS:,} or "
                     f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
                 )
-        self.batch = check_count(self.batch, "batch")
-        self.lr = check_sensitivity(self.lr, "lr")
-        if self.lr > 1:
-            raise InvalidParameterError(f"lr must be at most 1, got {self.lr:g}.")
-        self.n_samples = check_count(self.n_samples, "n_samples")
-        if self.n_samples > 10_000_000:
+        features = check.whole("n_features", v["n_features"], 64, 100_000, hint="an even number")
+        if features % 2:
             raise InvalidParameterError(
-                f"n_samples must be at most 10,000,000 images, got {self.n_samples}."
+                f"n_features must be an even number between 64 and 100000, got {features}."
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidParameterError(f"seed must be a non-negative integer, got {self.seed!r}.")
-        if not isinstance(self.teacher_labels, bool) and self.teacher_labels != TEACHER_AUTO:
+        width = check.whole("width", v["width"], 1, 512, hint="an even number of channels")
+        if width % 2:
             raise InvalidParameterError(
-                f'teacher_labels must be true, false or "{TEACHER_AUTO}", got '
-                f"{self.teacher_labels!r}."
+                f"width must be an even number of channels up to 512, got {width}."
             )
-        share = self.query_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
-            raise InvalidParameterError(
-                f"query_share must be a number strictly between 0 and 1, got {share!r}: the "
-                "query's share of epsilon, the DP classifier taking the rest."
-            )
-        self.query_share = float(share)
-        self.teacher_epochs = check_count(self.teacher_epochs, "teacher_epochs")
-        if self.teacher_epochs > 1000:
-            raise InvalidParameterError(
-                f"teacher_epochs must be at most 1000, got {self.teacher_epochs}."
-            )
-        self.teacher_batch = check_count(self.teacher_batch, "teacher_batch")
-        p = self.perceptual_share
-        if p != PERCEPTUAL_AUTO and (
-            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 0.9
-        ):
-            raise InvalidParameterError(
-                f'perceptual_share must be "{PERCEPTUAL_AUTO}" or a number from 0 to 0.9, got '
-                f"{p!r}: the perceptual features' share of each record in the query (0 = pixels "
-                "only)."
-            )
-        if p != PERCEPTUAL_AUTO:
-            self.perceptual_share = float(p)
+        share = v["perceptual_share"]
+        return {
+            **v,
+            "epsilon": check.epsilon("target epsilon", v["epsilon"]),
+            "delta": check.delta("delta", v["delta"]),
+            "n_features": features,
+            "bandwidth": (
+                None if v["bandwidth"] is None else check.positive("bandwidth", v["bandwidth"])
+            ),
+            "z_dim": check.count("z_dim", v["z_dim"]),
+            "width": width,
+            "steps": steps,
+            "batch": check.count("batch", v["batch"]),
+            "lr": check.positive("lr", v["lr"], 1.0),
+            "n_samples": check.whole("n_samples", v["n_samples"], 1, 10_000_000, hint="images"),
+            "seed": check.whole("seed", v["seed"], 0),
+            "teacher_labels": check.choice(
+                "teacher_labels", v["teacher_labels"], (True, False, TEACHER_AUTO)
+            ),
+            "query_share": check.number(
+                "query_share",
+                v["query_share"],
+                0.0,
+                1.0,
+                low_open=True,
+                high_open=True,
+                hint="the query's share of epsilon, the DP classifier taking the rest",
+            ),
+            "teacher_epochs": check.whole("teacher_epochs", v["teacher_epochs"], 1, 1000),
+            "teacher_batch": check.count("teacher_batch", v["teacher_batch"]),
+            "perceptual_share": (
+                share
+                if share == PERCEPTUAL_AUTO
+                else check.number(
+                    "perceptual_share",
+                    share,
+                    0.0,
+                    0.9,
+                    hint=f'or "{PERCEPTUAL_AUTO}": the perceptual features\' share of each '
+                    "record in the query, 0 = pixels only",
+                )
+            ),
+        }
 
     def bandwidth_for(
         self,
@@ -179,12 +187,3 @@ class MerfConfig:
             return bool(self.teacher_labels)
         noise = relative_noise(query_sigma, self.n_features, n_records, n_classes)
         return n_classes >= 2 and noise <= NARROW_MAX_RELATIVE_NOISE
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def tiny(cls, epsilon: float, delta: float, **overrides: Any) -> MerfConfig:
-        """For tests: seconds, meaningless quality."""
-        base: dict[str, Any] = dict(n_features=256, z_dim=8, width=8, steps=5, batch=32)
-        return cls(epsilon=epsilon, delta=delta, **{**base, **overrides})

@@ -43,9 +43,9 @@ from opacus.grad_sample import register_grad_sampler
 from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.grad_sample.group_norm import compute_group_norm_grad_sample
 
-# Device types on which the grouped backward replaces opacus' samplers: measured faster on CPU,
-# slower on an H200 (BENCHMARKS.md); benchmarks/dpsgd_throughput.py --device cuda adds "cuda" for
-# its side-by-side rows.
+# Device types on which the grouped backward replaces opacus' samplers: the CPU, where it is the
+# faster of the two (on a GPU opacus' own is; BENCHMARKS.md); benchmarks/dpsgd_throughput.py
+# --device cuda adds "cuda" for its side-by-side rows.
 GROUPED_DEVICES: set[str] = {"cpu"}
 
 

@@ -37,7 +37,8 @@ def native_bfloat16(device: torch.device) -> bool:
 def resolve_precision(requested: str, device: torch.device) -> str:
     """The precision to train in on `device`, "float32" or "bfloat16".
 
-    "auto" picks bfloat16 on a CPU where it is native (float32 on a GPU, measured faster there);
+    "auto" picks bfloat16 on a CPU where it is native, float32 on a GPU (the faster there,
+    BENCHMARKS.md);
     an explicit "bfloat16" on hardware that would only emulate it is refused (it would run several
     times slower)."""
     if requested not in PRECISIONS:

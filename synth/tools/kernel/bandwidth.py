@@ -1,8 +1,8 @@
 """The kernel's bandwidth rule: how wide a random-feature kernel to use for a query, decided from
 the noise its class embeddings will carry (public quantities only: the plan's sigma, the
 registered count and label set, so deciding spends no privacy). The merf mechanism and PrivImage's
-frequency warm-up both apply it; the limits sit between measured settings that worked and those
-that collapsed (BENCHMARKS-NOTEBOOK.md, the DP-MERF sections)."""
+frequency warm-up both apply it; each limit sits between settings that worked and settings that
+collapsed (BENCHMARKS.md, DP-MERF; BENCHMARKS-NOTEBOOK.md, the DP-MERF sections)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 # is chosen only up to a relative noise on a class's mean embedding (relative_noise).
 WIDE_BANDWIDTH_PER_PIXEL = 105 / 784
 NARROW_BANDWIDTH_PER_PIXEL = 10 / 784
-NARROW_MAX_RELATIVE_NOISE = 0.1  # good at 0.05 and 0.084, collapsed at 0.64
+NARROW_MAX_RELATIVE_NOISE = 0.1
 # with perceptual features beside them the pixel features keep the narrow kernel at more noise
-NARROW_MAX_NOISE_WITH_PERCEPTUAL = 0.15  # good at 0.118 and 0.138; above 0.15 unmeasured
+NARROW_MAX_NOISE_WITH_PERCEPTUAL = 0.15
 # the generator fitted to the embedding (synth.tools.kernel.fit): its default size and optimiser
 Z_DIM = 60
 WIDTH = 16  # channels at the middle resolution (x2 at the first, /2 at the last)

@@ -39,13 +39,13 @@ class MerfSettings:
 
 
 # A class whose generated images lie this many times further from its (noisy) target embedding
-# than the median class's has collapsed: on Fashion-MNIST at epsilon 1 a collapsed class (noise-
-# like trousers, in one of six runs) measured 3.0x the median, any other class at most 1.8x.
+# than the median class's has collapsed: the limit sits between collapsed classes and healthy ones
+# (BENCHMARKS-NOTEBOOK.md, "DP-MERF's kernel bandwidth", its second run).
 COLLAPSE_RATIO = 2.5
 # A class whose generated images' mean feature lies this far from its target, relative to the
-# target's norm, matches none of it, whatever the other classes do: a generator that drew noise
-# for every class (width 32 at epsilon 10, looked at) measured 1.00-1.06 for all ten, so the
-# ratio to the median saw nothing; healthy classes measured 0.16-0.42.
+# target's norm, matches none of it, whatever the other classes do: this catches a generator that
+# drew noise for every class, which the ratio to the median cannot see (BENCHMARKS-NOTEBOOK.md,
+# "DP labels for DP-MERF", its second epsilon-10 run).
 COLLAPSE_DISTANCE = 0.9
 GENERATOR_ATTEMPTS = 3  # after a collapse: a fresh generator (another initialisation), best kept
 CHECK_PER_CLASS = 500  # images drawn per class for the check

@@ -11,8 +11,9 @@ import torch
 
 from synth.tools import pretrained_cnn as pretrained
 
-# 28x28 images at 32 px through the stem and blocks 0-5 (stride 16): 256 channels, 512 statistics.
-# 64 px cost 3x as much per generator step on the CPU (its quality was not measured).
+# 28x28 images at 32 px through the stem and blocks 0-5 (stride 16): 256 channels, 512 statistics;
+# a larger input costs several times as much per generator step (BENCHMARKS-NOTEBOOK.md,
+# "Measurement history from the code").
 INPUT_SIZE = 32
 LAST_BLOCK = 5
 

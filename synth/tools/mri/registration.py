@@ -150,9 +150,10 @@ TURN_WORDS = {
     "y": "turned 180 degrees about the front-back axis (upside down, left and right swapped)",
     "z": "turned 180 degrees about the vertical axis (face where the header puts the back)",
 }
-# Mattes mutual information (32 bins) of a fit, on a head: between -0.75 and -1.15 for the test
-# cohort at 2 and 6 mm (measured); a template registered to something that is not a head in its
-# header's orientation scores about -0.6 or worse. Above this, the template was not found.
+# Mattes mutual information (32 bins) of a fit: a template registered to a head scores well below
+# this, one registered to something that is not a head in its header's orientation scores near it
+# or above (BENCHMARKS-NOTEBOOK.md, "Measurement history from the code"). Above this, the
+# template was not found.
 MAX_METRIC = -0.5
 TIMEOUT_S = 600.0  # one registration in the child; a 1 mm head takes a few seconds
 
