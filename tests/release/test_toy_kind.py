@@ -12,7 +12,6 @@ own checks."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,9 @@ from release.data import register_from_source
 from release.kinds import BundleParts, OutputKind, arrays_sha256, files_sha256
 from release.spec import ReleaseSpec
 from release.verify import verify_bundle
+from synth import config as checks
 from synth import registry
+from synth.config import MechanismConfig
 from synth.kinds.datasets import load_source
 from synth.progress import ProgressFn
 from synth.registry import (
@@ -52,17 +53,19 @@ PICTURE = (8, 32)  # one bar picture per line: what the bundle's image column sh
 
 # ------------------------------------------------------------------ the mechanism
 @dataclass(frozen=True)
-class ToyConfig:
+class ToyConfig(MechanismConfig):
     epsilon: float
     delta: float
     # a broken implementation: releases a label outside the declared set (its audit must fail)
     broken: bool = False
 
-    def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < math.inf):
-            raise InvalidParameterError(f"[{NAME}] epsilon must be positive, got {self.epsilon!r}")
-        if not 0 < self.delta < 1:
-            raise InvalidParameterError(f"[{NAME}] delta must be in (0, 1), got {self.delta!r}")
+    @classmethod
+    def checked(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "epsilon": checks.epsilon("epsilon", values["epsilon"]),
+            "delta": checks.delta("delta", values["delta"]),
+            "broken": checks.flag("broken", values["broken"]),
+        }
 
 
 def make_config(
