@@ -107,6 +107,19 @@ def _spend(history_json: list, delta: float) -> float:
     return curve.curve_of(events_from_text(json.dumps(history_json))).epsilon(delta)
 
 
+def _registration_problems(ds: dict, rec: dict | None) -> list[str]:
+    """A dataset row never registered in the trail, or edited since its registration entry."""
+    if rec is None:
+        return [f"dataset {ds['name']}: in the datasets table but never registered in the trail"]
+    changed = [k for k in DATASET_FIELDS if k in rec and rec[k] != ds[k]]
+    if changed:
+        return [
+            f"dataset {ds['name']}: {', '.join(changed)} "
+            "differ from its registration entry (edited)"
+        ]
+    return []
+
+
 def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
     """Replay the trail and compare with the datasets, charges, identities, releases and approvals
     tables; returns (problems, spend table)."""
@@ -120,17 +133,7 @@ def reconcile(store: Store, rows: list[tuple]) -> tuple[list[str], list[dict]]:
     spend = []
     for ds in datasets:
         rec = trail_datasets.get(ds["dataset_id"])
-        if rec is None:
-            problems.append(
-                f"dataset {ds['name']}: in the datasets table but never registered in the trail"
-            )
-        else:
-            changed = [k for k in DATASET_FIELDS if k in rec and rec[k] != ds[k]]
-            if changed:
-                problems.append(
-                    f"dataset {ds['name']}: {', '.join(changed)} "
-                    "differ from its registration entry (edited)"
-                )
+        problems.extend(_registration_problems(ds, rec))
         delta = float(rec["delta_cap"]) if rec and "delta_cap" in rec else ds["delta_cap"]
 
         def mine(recs, ds=ds):

@@ -139,6 +139,38 @@ def register_dataset(
 ) -> tuple[Dataset, bool]:
     """Register a dataset; returns (dataset, created). Same name + same content is a no-op;
     same name + different content is refused (the ledger would otherwise mix two datasets)."""
+    record_count = _checked_registration(
+        name, source, privacy_unit, epsilon_cap, delta_cap, record_count
+    )
+    with store.transaction() as con:
+        existing = _registered_id(con, name, fingerprint)
+        dataset_id = existing or _insert_dataset(
+            con,
+            store,
+            actor,
+            name=name,
+            source=source,
+            fingerprint=fingerprint,
+            record_count=record_count,
+            labels=labels,
+            image_shape=image_shape,
+            privacy_unit=privacy_unit,
+            epsilon_cap=epsilon_cap,
+            delta_cap=delta_cap,
+        )
+    return get_dataset(store, dataset_id), existing is None
+
+
+def _checked_registration(
+    name: str,
+    source: str,
+    privacy_unit: str,
+    epsilon_cap: float,
+    delta_cap: float,
+    record_count: int,
+) -> int:
+    """Refuse a bad name, non-UTF-8 text or bad caps before the store is touched; returns the
+    checked record count."""
     if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise DatasetConflictError(
             f"Dataset name {name!r} must be letters, digits, '-', '_' or '.'."
@@ -161,60 +193,80 @@ def register_dataset(
             f"delta cap {delta_cap:g} is not below 1/n = {1 / record_count:.3g}: with that delta a "
             "mechanism may publish a whole record. Choose delta well below 1/n."
         )
-    with store.transaction() as con:
-        row = con.execute(
-            "SELECT fingerprint, dataset_id FROM datasets WHERE name = ?", [name]
-        ).fetchone()
-        if row is not None:
-            if row[0] != fingerprint:
-                raise DatasetConflictError(
-                    f"A dataset named {name!r} is already registered with different content. Its "
-                    "ledger belongs to that content; register the new data under a new name."
-                )
-            existing = row[1]
-        else:
-            twin = con.execute(
-                "SELECT name FROM datasets WHERE fingerprint = ?", [fingerprint]
-            ).fetchone()
-            if twin is not None:
-                raise DatasetConflictError(
-                    f"This content is already registered as {twin[0]!r}. One dataset has one "
-                    "budget: registering it again under another name would double its privacy "
-                    "budget. Use the existing name."
-                )
-            existing = None
-            dataset_id = "ds-" + uuid.uuid4().hex[:12]
-            values = [
-                dataset_id,
-                name,
-                source,
-                fingerprint,
-                record_count,
-                json.dumps(sorted(int(x) for x in labels)),
-                json.dumps([int(x) for x in image_shape]),
-                privacy_unit,
-                float(epsilon_cap),
-                float(delta_cap),
-                trail.now(),
-                actor,
-            ]
-            con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
-            curve.save_change(con, dataset_id, curve.EMPTY)  # reads then find a curve, write none
-            trail.append(
-                con,
-                store,
-                actor,
-                "dataset.register",
-                {
-                    "dataset_id": dataset_id,
-                    "name": name,
-                    "record_count": record_count,
-                    "epsilon_cap": float(epsilon_cap),
-                    "delta_cap": float(delta_cap),
-                    "fingerprint": fingerprint,
-                },
+    return record_count
+
+
+def _registered_id(con, name: str, fingerprint: str) -> str | None:
+    """The id already registered under `name` for this content (None: new); refuses the same name
+    with other content, or this content under another name (it would double its budget)."""
+    row = con.execute(
+        "SELECT fingerprint, dataset_id FROM datasets WHERE name = ?", [name]
+    ).fetchone()
+    if row is not None:
+        if row[0] != fingerprint:
+            raise DatasetConflictError(
+                f"A dataset named {name!r} is already registered with different content. Its "
+                "ledger belongs to that content; register the new data under a new name."
             )
-    return get_dataset(store, existing or dataset_id), existing is None
+        return row[1]
+    twin = con.execute("SELECT name FROM datasets WHERE fingerprint = ?", [fingerprint]).fetchone()
+    if twin is not None:
+        raise DatasetConflictError(
+            f"This content is already registered as {twin[0]!r}. One dataset has one "
+            "budget: registering it again under another name would double its privacy "
+            "budget. Use the existing name."
+        )
+    return None
+
+
+def _insert_dataset(
+    con,
+    store: Store,
+    actor: str,
+    *,
+    name: str,
+    source: str,
+    fingerprint: str,
+    record_count: int,
+    labels: Sequence[int],
+    image_shape: Sequence[int],
+    privacy_unit: str,
+    epsilon_cap: float,
+    delta_cap: float,
+) -> str:
+    """The new dataset's row, its empty curve and its trail entry, in the caller's transaction."""
+    dataset_id = "ds-" + uuid.uuid4().hex[:12]
+    values = [
+        dataset_id,
+        name,
+        source,
+        fingerprint,
+        record_count,
+        json.dumps(sorted(int(x) for x in labels)),
+        json.dumps([int(x) for x in image_shape]),
+        privacy_unit,
+        float(epsilon_cap),
+        float(delta_cap),
+        trail.now(),
+        actor,
+    ]
+    con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+    curve.save_change(con, dataset_id, curve.EMPTY)  # reads then find a curve, write none
+    trail.append(
+        con,
+        store,
+        actor,
+        "dataset.register",
+        {
+            "dataset_id": dataset_id,
+            "name": name,
+            "record_count": record_count,
+            "epsilon_cap": float(epsilon_cap),
+            "delta_cap": float(delta_cap),
+            "fingerprint": fingerprint,
+        },
+    )
+    return dataset_id
 
 
 def get_dataset(store: Store, name_or_id: str) -> Dataset:
@@ -272,16 +324,7 @@ def reserve(
     """Atomically check the composed epsilon (history + events) against the cap and record the
     reservation. Replaying the same run id with the same events returns the existing charge."""
     events = list(events)
-    if not events:
-        raise LedgerStateError("A reservation needs at least one mechanism event.")
-    non_private = any(isinstance(e, NonPrivateRelease) for e in events)
-    if non_private and not allow_non_private:
-        raise LedgerStateError(
-            "This run makes a release without a DP guarantee, after which no release of this "
-            "dataset keeps a DP guarantee (its epsilon becomes infinite). Nothing was charged. To "
-            "accept that, approve the release with `privrelease release approve REL "
-            "--acknowledge-non-dp`."
-        )
+    non_private = _check_events(events, allow_non_private)
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
         existing = _charge_row(con, run_id)
@@ -296,15 +339,7 @@ def reserve(
             return existing  # replay: no second charge
         # the running RDP curve: no re-composition of the history
         before = curve.load(con, ds.dataset_id)
-        if not non_private:
-            after = before.plus(curve.curve_of(events))
-            eps = after.epsilon(ds.delta_cap)
-            if after.non_private or not privacy_filter.admits(
-                after.rdp, ds.epsilon_cap, ds.delta_cap
-            ):
-                raise BudgetExceededError(_over_cap(ds, before, after))
-        else:
-            eps = math.inf
+        eps = math.inf if non_private else _admitted_epsilon(ds, before, events)
         pos = con.execute("SELECT coalesce(max(position), 0) + 1 FROM charges").fetchone()[0]
         text = events_to_text(events)
         con.execute(
@@ -326,6 +361,32 @@ def reserve(
             },
         )
         return charge
+
+
+def _check_events(events: list[MechanismEvent], allow_non_private: bool) -> bool:
+    """Refuse an empty reservation, or a non-DP one without its acknowledgement, before the store
+    is touched; returns whether it is non-DP."""
+    if not events:
+        raise LedgerStateError("A reservation needs at least one mechanism event.")
+    non_private = any(isinstance(e, NonPrivateRelease) for e in events)
+    if non_private and not allow_non_private:
+        raise LedgerStateError(
+            "This run makes a release without a DP guarantee, after which no release of this "
+            "dataset keeps a DP guarantee (its epsilon becomes infinite). Nothing was charged. To "
+            "accept that, approve the release with `privrelease release approve REL "
+            "--acknowledge-non-dp`."
+        )
+    return non_private
+
+
+def _admitted_epsilon(ds: Dataset, before: curve.Curve, events: list[MechanismEvent]) -> float:
+    """The epsilon after adding DP `events` to the running curve, refused unless the cap's filter
+    admits it."""
+    after = before.plus(curve.curve_of(events))
+    eps = after.epsilon(ds.delta_cap)
+    if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
+        raise BudgetExceededError(_over_cap(ds, before, after))
+    return eps
 
 
 CHARGE_COLUMNS = (
@@ -362,14 +423,7 @@ def charge_many(
         BudgetExceededError: the charges together would pass the cap's filter (nothing is written).
     """
     histories = [list(h) for h in histories]
-    if not histories or not all(histories):
-        raise LedgerStateError(
-            "charge_many needs at least one charge, each with at least one mechanism event."
-        )
-    if any(isinstance(e, NonPrivateRelease) for h in histories for e in h):
-        raise LedgerStateError(
-            "charge_many records DP charges only; reserve a non-DP release on its own."
-        )
+    _check_histories(histories)
     with store.transaction() as con:
         ds = _dataset_row(con, dataset)
         if con.execute(
@@ -383,40 +437,78 @@ def charge_many(
         if after.non_private or not privacy_filter.admits(after.rdp, ds.epsilon_cap, ds.delta_cap):
             raise BudgetExceededError(_over_cap(ds, before, after))
         pos = con.execute("SELECT coalesce(max(position), 0) + 1 FROM charges").fetchone()[0]
-        ts, running, rows, entries = trail.now(), before, [], []
-        for i, events in enumerate(histories):
-            text = events_to_text(events)
-            row = {
-                "position": pos + i,
-                "run_id": f"{run_prefix}{i + 1}",
-                "dataset_id": ds.dataset_id,
-                "state": "reserved",
-                "planned_events": text,
-                "charged_events": "[]",
-                "description": description,
-                "actor": actor,
-                "reserved_at": ts,
-                "settled_at": None,
-            }
-            running = running.plus(curve.curve_of(events))
-            entries.append(
-                (
-                    "budget.reserve",
-                    {
-                        **charge_record(row),
-                        "events": json.loads(text),
-                        "epsilon_rdp_after": running.epsilon(ds.delta_cap),
-                        "description": description,
-                    },
-                )
-            )
-            row = {**row, "state": "committed", "charged_events": text, "settled_at": ts}
-            entries.append(("budget.commit", {**charge_record(row), "events": json.loads(text)}))
-            rows.append([row[k] for k in CHARGE_COLUMNS])
+        ts = trail.now()
+        rows, entries = _seeded_charges(
+            histories,
+            pos,
+            ts,
+            ds,
+            before,
+            run_prefix=run_prefix,
+            description=description,
+            actor=actor,
+        )
         trail._insert_many(con, "charges", CHARGE_COLUMNS, rows)
         curve.save_change(con, ds.dataset_id, before, add=[e for h in histories for e in h])
         trail.append_many(con, store, actor, entries)
         return [Charge.from_row(dict(zip(CHARGE_COLUMNS, r, strict=True))) for r in rows]
+
+
+def _check_histories(histories: Sequence[Sequence[MechanismEvent]]) -> None:
+    """Refuse no charges, an empty one or a non-DP event before the store is touched."""
+    if not histories or not all(histories):
+        raise LedgerStateError(
+            "charge_many needs at least one charge, each with at least one mechanism event."
+        )
+    if any(isinstance(e, NonPrivateRelease) for h in histories for e in h):
+        raise LedgerStateError(
+            "charge_many records DP charges only; reserve a non-DP release on its own."
+        )
+
+
+def _seeded_charges(
+    histories: Sequence[Sequence[MechanismEvent]],
+    pos: int,
+    ts: str,
+    ds: Dataset,
+    before: curve.Curve,
+    *,
+    run_prefix: str,
+    description: str,
+    actor: str,
+) -> tuple[list[list], list[tuple[str, dict]]]:
+    """The committed rows of `charge_many` and their reserve/commit trail entries, one pair each."""
+    running, rows, entries = before, [], []
+    for i, events in enumerate(histories):
+        text = events_to_text(events)
+        row = {
+            "position": pos + i,
+            "run_id": f"{run_prefix}{i + 1}",
+            "dataset_id": ds.dataset_id,
+            "state": "reserved",
+            "planned_events": text,
+            "charged_events": "[]",
+            "description": description,
+            "actor": actor,
+            "reserved_at": ts,
+            "settled_at": None,
+        }
+        running = running.plus(curve.curve_of(events))
+        entries.append(
+            (
+                "budget.reserve",
+                {
+                    **charge_record(row),
+                    "events": json.loads(text),
+                    "epsilon_rdp_after": running.epsilon(ds.delta_cap),
+                    "description": description,
+                },
+            )
+        )
+        row = {**row, "state": "committed", "charged_events": text, "settled_at": ts}
+        entries.append(("budget.commit", {**charge_record(row), "events": json.loads(text)}))
+        rows.append([row[k] for k in CHARGE_COLUMNS])
+    return rows, entries
 
 
 def _over_cap(ds: Dataset, before: curve.Curve, after: curve.Curve) -> str:

@@ -86,14 +86,9 @@ def budget_gauge(
     return fig
 
 
-def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> alt.Chart:
-    """Step lines of cumulative epsilon (RDP solid, PLD dashed) per dataset over time, with each
-    dataset's cap as a rule. `rows` carry dataset, time, cumulative_epsilon_rdp/pld
-    (charge_breakdown). Infinite values (after a non-DP release) are drawn at the top edge and
-    flagged in the tooltip."""
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return alt.Chart(pd.DataFrame({"x": []})).mark_point()
+def _epsilon_steps(df: pd.DataFrame, caps: dict[str, float]) -> tuple[pd.DataFrame, float]:
+    """The charges in long form (one row per accountant) with the values drawn, and the axis top;
+    an infinite epsilon is drawn at the top edge."""
     long = df.melt(
         id_vars=["dataset", "time", "run_id"],
         value_vars=["cumulative_epsilon_rdp", "cumulative_epsilon_pld"],
@@ -116,6 +111,18 @@ def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> al
         ("∞ (no DP guarantee)" if nd else f"{e:.4f}")
         for nd, e in zip(long["no_dp"], long["epsilon"], strict=True)
     ]
+    return long, top
+
+
+def cumulative_epsilon_chart(rows: Sequence[dict], caps: dict[str, float]) -> alt.Chart:
+    """Step lines of cumulative epsilon (RDP solid, PLD dashed) per dataset over time, with each
+    dataset's cap as a rule. `rows` carry dataset, time, cumulative_epsilon_rdp/pld
+    (charge_breakdown). Infinite values (after a non-DP release) are drawn at the top edge and
+    flagged in the tooltip."""
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return alt.Chart(pd.DataFrame({"x": []})).mark_point()
+    long, top = _epsilon_steps(df, caps)
     base = alt.Chart(long).encode(
         x=alt.X("time:T", title="time (UTC)"),
         y=alt.Y("epsilon_shown:Q", title="cumulative ε", scale=alt.Scale(domain=[0, top])),

@@ -6,6 +6,7 @@ dataset, public data) checked against the signed plan before any sensitive data 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from accounting import ledger, trail
 from accounting.errors import InvalidParameterError, TamperError
@@ -47,6 +48,22 @@ def sign_approval(
             f"{ident.name}; the key files or the store were changed. Nothing was approved."
         )
     return sig
+
+
+def record_decision(
+    con: Any,
+    release_id: str,
+    steward: str,
+    action: str,
+    digest: str,
+    sig: bytes,
+    reason: str | None,
+) -> None:
+    """The steward's signed decision as a row of `approvals`, in the caller's transaction."""
+    con.execute(
+        "INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [release_id, steward, action, digest, sig.hex(), reason, trail.now()],
+    )
 
 
 def sign_rejection(store: Store, ident: keys.Identity, release_id: str, digest: str) -> bytes:

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from accounting import ledger
 from accounting.errors import LedgerStateError, TamperError
 from accounting.events import event_to_json
 from accounting.store import Store
 from release import kinds, runner
 from release.kinds import RELEASE_ARRAYS, OutputKind
-from release.records import RunRecord, get_release
-from synth.registry import Data, MechanismOutput
+from release.records import Release, RunRecord, get_release
+from synth.progress import ProgressFn
+from synth.registry import Data, Mechanism, MechanismOutput
+
+if TYPE_CHECKING:
+    from release.executor import ExecutorChoice
+    from release.spec import Plan
+    from synth.tools.nodes import Nodes
 
 EXTRA_IMAGE = "extra_image__"  # release.npz key prefix of MechanismOutput.extra_images
 OUTPUT_RECORD = "output.json"  # the output kind and the fingerprint of what is released
@@ -79,6 +86,43 @@ def save_output(
         "charge_id": result.charge_id,
     }
     return RunRecord.from_json(jsonable(summary))
+
+
+def run_and_save(
+    store: Store,
+    rel: Release,
+    inputs: tuple[Plan, ledger.Dataset, Data, Data, Mechanism, Any],
+    lease: runner.Lease,
+    *,
+    actor: str,
+    acknowledge_non_dp: bool,
+    progress: ProgressFn,
+    nproc: int,
+    executor: ExecutorChoice,
+    nodes: Nodes | None,
+) -> RunRecord:
+    """Run the approved plan through the runner (it alone charges), then save its output once."""
+    release_id, (plan, ds, data, public, mech, config) = rel.release_id, inputs
+    result = runner.run_charged(
+        store,
+        run_id=release_id,
+        dataset=ds.name,
+        data=data,
+        public=public,
+        mechanism=mech,
+        config=config,
+        plan=plan.mechanism_view(),
+        workdir=release_dir(store, release_id) / "work",
+        progress=progress,
+        actor=actor,
+        acknowledge_non_dp=acknowledge_non_dp,
+        lease=lease,
+        nproc=nproc,
+        executor=executor,
+        nodes=nodes,
+        fingerprint=rel.plan_digest,
+    )
+    return save_output(store, release_id, result, plan.mechanism)
 
 
 def load_release_data(

@@ -185,6 +185,25 @@ def breakdown(b: ledger.Budget) -> list[ChargeRow]:
     return out
 
 
+def _prior_and_delta(history: ledger.Budget | None, delta: float | None) -> tuple[list, float]:
+    """The history to compose with and the delta to state epsilon at (default: its delta cap),
+    refusing a delta above the cap or none at all."""
+    prior: list = []
+    if history is not None:
+        d = history.dataset
+        prior = history.history
+        if delta is not None and delta > d.delta_cap:
+            raise InvalidParameterError(
+                f"--delta {delta:g} is above {d.name}'s delta cap {d.delta_cap:g} (which is below "
+                f"1/n = {1 / d.record_count:.3g}): its budget is stated at that delta. Leave "
+                "--delta out to use the cap, or give a smaller one."
+            )
+        delta = d.delta_cap if delta is None else delta
+    if delta is None:
+        raise InvalidParameterError("Give --delta (or --dataset to use its delta cap).")
+    return prior, delta
+
+
 def what_if(
     sample_rate: float,
     steps: int,
@@ -205,19 +224,7 @@ def what_if(
         raise InvalidParameterError(
             "Give exactly one of --sigma (to get epsilon) or --epsilon (to get sigma)."
         )
-    prior: list = []
-    if history is not None:
-        d = history.dataset
-        prior = history.history
-        if delta is not None and delta > d.delta_cap:
-            raise InvalidParameterError(
-                f"--delta {delta:g} is above {d.name}'s delta cap {d.delta_cap:g} (which is below "
-                f"1/n = {1 / d.record_count:.3g}): its budget is stated at that delta. Leave "
-                "--delta out to use the cap, or give a smaller one."
-            )
-        delta = d.delta_cap if delta is None else delta
-    if delta is None:
-        raise InvalidParameterError("Give --delta (or --dataset to use its delta cap).")
+    prior, delta = _prior_and_delta(history, delta)
     if sigma is None:
         assert epsilon is not None
         sigma = calibrate_dpsgd_sigma(epsilon, delta, sample_rate, steps, prior=prior)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from PIL import Image
 
 from accounting.errors import DataFormatError, InvalidParameterError, PrivReleaseError, TamperError
@@ -307,23 +308,9 @@ def write_bundle(
     labels, ids = _check_labels(labels, n), _check_ids(ids, n)
     extra = _extra_arrays(extra_columns, n)
     files = _check_extra_files(extra_files)
-    if (
-        isinstance(rows_per_file, bool)
-        or not isinstance(rows_per_file, Integral)
-        or rows_per_file < 1
-    ):
-        raise InvalidParameterError(
-            f"rows_per_file must be a positive integer, got {rows_per_file!r}."
-        )
-    if not isinstance(card_markdown, str) or not card_markdown.strip():
-        raise DataFormatError("The dataset card (README.md) must be non-empty text.")
+    _check_rows_and_card(rows_per_file, card_markdown)
     predicate = _complete_predicate(predicate, out_dir.name)
-    for p in (out_dir, tar_path):
-        if os.path.lexists(p):
-            raise BundleExistsError(
-                f"{p} already exists; bundles are never overwritten. Choose another output path or "
-                "move the old bundle away."
-            )
+    _refuse_existing(out_dir, tar_path)
     pub_path = keys.ensure_release_key(workspace)
     signing_key = keys.load_private_key(workspace, keys.RELEASE_KEY)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -331,22 +318,10 @@ def write_bundle(
     try:
         root = staging / out_dir.name
         num_bytes = _write_data(root, images, labels, ids, extra, rows_per_file)
-        for name, src in files.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, root / name)
-            num_bytes += (root / name).stat().st_size
+        num_bytes += _copy_extra_files(root, files)
         features = _features(labels, extra)
         _write_croissant(root, out_dir.name, card_markdown, features, predicate)
-        card = finish_card(
-            card_markdown,
-            release_id=out_dir.name,
-            features=features,
-            n=n,
-            num_bytes=num_bytes,
-            key_fingerprints=dsse.key_ids(signing_key.public_key()),
-            predicate=predicate,
-        )
-        (root / CARD_FILE).write_bytes(card.encode("utf-8"))
+        _write_card(root, card_markdown, features, n, num_bytes, signing_key, predicate)
         statement, payload, envelope = _sign(root, predicate, signing_key)
         staged_tar = staging / tar_path.name
         _write_tarball(root, out_dir.name, staged_tar)
@@ -354,6 +329,14 @@ def write_bundle(
         _place(root, staged_tar, out_dir, tar_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return _bundle_info(out_dir, tar_path, pub_path, (statement, payload, envelope), n)
+
+
+def _bundle_info(
+    out_dir: Path, tar_path: Path, pub_path: Path, signed: tuple[dict, bytes, dict], n: int
+) -> BundleInfo:
+    """What was written and signed, read back from the placed tarball and the signed statement."""
+    statement, payload, envelope = signed
     return BundleInfo(
         path=out_dir,
         tarball=tar_path,
@@ -364,6 +347,62 @@ def write_bundle(
         files=tuple(s["name"] for s in statement["subject"]),
         record_count=n,
     )
+
+
+def _check_rows_and_card(rows_per_file: object, card_markdown: object) -> None:
+    """Refuse a bad `rows_per_file` or an empty dataset card, before anything is written."""
+    if (
+        isinstance(rows_per_file, bool)
+        or not isinstance(rows_per_file, Integral)
+        or rows_per_file < 1
+    ):
+        raise InvalidParameterError(
+            f"rows_per_file must be a positive integer, got {rows_per_file!r}."
+        )
+    if not isinstance(card_markdown, str) or not card_markdown.strip():
+        raise DataFormatError("The dataset card (README.md) must be non-empty text.")
+
+
+def _refuse_existing(out_dir: Path, tar_path: Path) -> None:
+    """Bundles are never overwritten: refuse if the directory or its tarball exists."""
+    for p in (out_dir, tar_path):
+        if os.path.lexists(p):
+            raise BundleExistsError(
+                f"{p} already exists; bundles are never overwritten. Choose another output path or "
+                "move the old bundle away."
+            )
+
+
+def _copy_extra_files(root: Path, files: dict[str, Path]) -> int:
+    """Copy the checked extra files into the staged bundle; returns the bytes they add."""
+    num_bytes = 0
+    for name, src in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, root / name)
+        num_bytes += (root / name).stat().st_size
+    return num_bytes
+
+
+def _write_card(
+    root: Path,
+    card_markdown: str,
+    features: list[dict],
+    n: int,
+    num_bytes: int,
+    signing_key: Ed25519PrivateKey,
+    predicate: dict,
+) -> None:
+    """The completed dataset card (features, key fingerprints, recipes) as the bundle's README."""
+    card = finish_card(
+        card_markdown,
+        release_id=root.name,
+        features=features,
+        n=n,
+        num_bytes=num_bytes,
+        key_fingerprints=dsse.key_ids(signing_key.public_key()),
+        predicate=predicate,
+    )
+    (root / CARD_FILE).write_bytes(card.encode("utf-8"))
 
 
 def _check_extra_files(extra_files: dict[str, Path] | None) -> dict[str, Path]:

@@ -11,8 +11,9 @@ import json
 import uuid
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import Any
 
-from accounting import ledger, replay, trail
+from accounting import ledger, trail
 from accounting.errors import (
     BudgetExceededError,
     LedgerStateError,
@@ -22,17 +23,19 @@ from accounting.errors import (
 )
 from accounting.store import Store
 from release import approval, keys, planning, runner
-from release.artifacts import release_dir, save_output
+from release.artifacts import release_dir, run_and_save
 from release.audit_inputs import run_checks
 from release.executor import IN_PROCESS, ExecutorChoice
+from release.nodes_run import follow_release as follow_release  # `release run --nnodes`, a follower
+from release.nodes_run import refuse_unless_coordinator
 from release.publish import write_release_bundle
-from release.records import Release, get_release
+from release.records import Release, get_release, recorded_release, refuse_unless_recorded
 from release.records import approvals as approvals  # the releases' reads, as callers know them
 from release.records import list_releases as list_releases
-from release.spec import ReleaseSpec
+from release.spec import Plan, ReleaseSpec
 from synth import registry
 from synth.progress import ProgressFn, no_progress
-from synth.registry import Data
+from synth.registry import Data, Mechanism
 from synth.tools import nodes as multi_host
 
 
@@ -62,7 +65,7 @@ def _set_state(
         ).fetchone()
         if row is None:
             raise PrivReleaseError(f"Unknown release {release_id!r}.")
-        _refuse_unless_recorded(con, release_id)
+        refuse_unless_recorded(con, release_id)
         if row[0] not in expected:
             raise LedgerStateError(
                 f"Release {release_id} is {row[0]}; this needs it to be {' or '.join(expected)}."
@@ -78,27 +81,6 @@ def _set_state(
             f"UPDATE releases SET {', '.join(sets)} WHERE release_id = ?", params + [release_id]
         )
         trail.append(con, store, actor, action, {"release_id": release_id, "state": new, **payload})
-
-
-def _refuse_unless_recorded(con, release_id: str) -> None:
-    """The release's row (state, plan digest, dataset) must be what the audit trail recorded: a
-    state set back behind privrelease's back (rejected -> approved) must not let it run."""
-    problems = replay.release_problems(con, release_id)
-    if problems:
-        raise TamperError(
-            f"Release {release_id} in the store is not what the audit trail recorded ("
-            + "; ".join(problems[:2])
-            + "): nothing was done. Run `privrelease audit verify`; restore the store from a "
-            "backup or a signed checkpoint."
-        )
-
-
-def _recorded_release(store: Store, release_id: str) -> Release:
-    """The release, checked against the audit trail (every action that changes it starts here)."""
-    rel = get_release(store, release_id)
-    with store.transaction() as con:
-        _refuse_unless_recorded(con, release_id)
-    return rel
 
 
 def create_plan(
@@ -156,7 +138,7 @@ def approve(
     """A steward signs the plan's digest. `digest` (what the steward reviewed) must match the
     plan."""
     ident = _steward(store, steward)
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     current = approval.check_plan_intact(rel)
     if digest is not None and digest != current:
         raise TamperError(
@@ -172,18 +154,8 @@ def approve(
         )
     sig = approval.sign_approval(store, ident, release_id, current, acknowledge_non_dp)
     with store.transaction() as con:
-        con.execute(
-            "INSERT INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                release_id,
-                ident.name,
-                "approve-ack-non-dp" if acknowledge_non_dp else "approve",
-                current,
-                sig.hex(),
-                None,
-                trail.now(),
-            ],
-        )
+        action = "approve-ack-non-dp" if acknowledge_non_dp else "approve"
+        approval.record_decision(con, release_id, ident.name, action, current, sig, None)
         _set_state(
             store,
             release_id,
@@ -206,14 +178,11 @@ def reject(store: Store, release_id: str, steward: str, reason: str) -> Release:
     ident = _steward(store, steward)
     if not reason.strip():
         raise PrivReleaseError("Give a reason for the rejection (it goes into the audit trail).")
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     digest = rel.plan_digest
     sig = approval.sign_rejection(store, ident, release_id, digest)
     with store.transaction() as con:
-        con.execute(
-            "INSERT INTO approvals VALUES (?, ?, 'reject', ?, ?, ?, ?)",
-            [release_id, ident.name, digest, sig.hex(), reason, trail.now()],
-        )
+        approval.record_decision(con, release_id, ident.name, "reject", digest, sig, reason)
         _set_state(
             store,
             release_id,
@@ -241,13 +210,9 @@ def run_release(
     it. A failed release can be run again: it resumes under the same charge (no double charge).
     With `nodes` (`--nnodes`) this host is the coordinator and the other hosts run
     `follow_release`."""
-    if nodes is not None and not nodes.coordinator:
-        raise LedgerStateError(
-            f"This host is not the coordinator of {release_id} (node rank {nodes.node_rank}): it "
-            "follows (follow_release); only node rank 0 runs the release."
-        )
+    refuse_unless_coordinator(release_id, nodes)
     ident = _steward(store, actor)
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     if rel.state not in ("approved", "failed", "running"):
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only an approved (or failed) release runs."
@@ -258,53 +223,17 @@ def run_release(
     plan, spec, ds, data, public = approval.bound_inputs(store, rel)
     mech = registry.get(plan.mechanism)
     config = planning.mechanism_config(spec, ds)
-    lease = runner.acquire_lease(store, release_id, ident.name)
-    try:
-        _set_state(
-            store,
-            release_id,
-            ("approved", "failed", "running"),
-            "running",
-            ident.name,
-            "release.run",
-            {},
-        )
-        try:
-            result = runner.run_charged(
-                store,
-                run_id=release_id,
-                dataset=ds.name,
-                data=data,
-                public=public,
-                mechanism=mech,
-                config=config,
-                plan=plan.mechanism_view(),
-                workdir=release_dir(store, release_id) / "work",
-                progress=progress,
-                actor=ident.name,
-                acknowledge_non_dp=approved["acknowledge_non_dp"],
-                lease=lease,
-                nproc=nproc,
-                executor=executor,
-                nodes=nodes,
-                fingerprint=rel.plan_digest,
-            )
-            summary = save_output(store, release_id, result, plan.mechanism)
-        except BaseException as exc:
-            _fail(store, release_id, ident.name, runner.why(exc))
-            raise
-        _set_state(
-            store,
-            release_id,
-            ("running",),
-            "running",
-            ident.name,
-            "release.synthesised",
-            {"count": summary.count, "guarantee": summary.guarantee},
-            result=summary.to_json(),
-        )
-    finally:
-        lease.release()
+    _synthesise(
+        store,
+        rel,
+        ident.name,
+        (plan, ds, data, public, mech, config),
+        approved["acknowledge_non_dp"],
+        progress,
+        nproc,
+        executor,
+        nodes,
+    )
     try:
         return audit_release(store, release_id, ident.name, progress, data=data, public=public)
     except BaseException as exc:  # synthesised and settled: a re-run audits it again
@@ -312,54 +241,58 @@ def run_release(
         raise
 
 
-def follow_release(
+def _synthesise(
     store: Store,
-    release_id: str,
-    nodes: multi_host.Nodes,
-    progress: ProgressFn = no_progress,
+    rel: Release,
+    actor: str,
+    inputs: tuple[Plan, ledger.Dataset, Data, Data, Mechanism, Any],
+    acknowledge_non_dp: bool,
+    progress: ProgressFn,
+    nproc: int,
+    executor: ExecutorChoice,
+    nodes: multi_host.Nodes | None,
 ) -> None:
-    """A host other than the coordinator in `release run REL --nnodes N --rdzv HOST:PORT`: it
-    reads the release's approved plan from its workspace (reads never write the store), joins the
-    rendezvous and trains the coordinator's stages. It never takes the lease, reserves, charges or
-    writes the release's files; a release it cannot run here (not approved, its approval not
-    valid, already synthesised, another plan) is refused on every host, before anything is
-    charged."""
-    # a host that cannot run the release joins only to say why: nodes' own worker refuses
-    problem, fingerprint, worker = None, None, multi_host.REFUSING_WORKER
-    rel = None
+    """Under the run's lease: running -> run through the runner -> synthesised (or failed)."""
+    release_id = rel.release_id
+    lease = runner.acquire_lease(store, release_id, actor)
     try:
-        rel = _recorded_release(store, release_id)
-        if rel.state not in ("approved", "failed", "running"):
-            raise LedgerStateError(
-                f"release {release_id} is {rel.state} here; only an approved (or failed) release "
-                "runs."
-            )
-        approval.verified_approval(store, rel)
-        mech = registry.get(rel.plan.mechanism)
-        if mech.node_worker is None:
-            across = [n for n in registry.names() if registry.get(n).node_worker is not None]
-            raise PrivReleaseError(
-                f"mechanism {mech.name!r} trains on one host only (those that train across "
-                f"hosts: {', '.join(across) or 'none'})."
-            )
-        worker, fingerprint = mech.node_worker, rel.plan_digest
-    except PrivReleaseError as exc:
-        problem = str(exc)
-    if rel is not None and rel.result is not None:  # the coordinator only audits: nobody trains
-        raise LedgerStateError(
-            f"Release {release_id} is already synthesised; only its audit is left, which the "
-            "coordinator runs alone. Nothing to do on this host."
+        _set_state(
+            store,
+            release_id,
+            ("approved", "failed", "running"),
+            "running",
+            actor,
+            "release.run",
+            {},
         )
-    multi_host.follow(
-        nodes,
-        worker=worker,
-        run_id=release_id,
-        fingerprint=fingerprint,
-        problem=problem,
-        progress=progress,
-    )
-    if problem:  # the coordinator refused too: follow() raised
-        raise PrivReleaseError(problem)
+        try:
+            summary = run_and_save(
+                store,
+                rel,
+                inputs,
+                lease,
+                actor=actor,
+                acknowledge_non_dp=acknowledge_non_dp,
+                progress=progress,
+                nproc=nproc,
+                executor=executor,
+                nodes=nodes,
+            )
+        except BaseException as exc:
+            _fail(store, release_id, actor, runner.why(exc))
+            raise
+        _set_state(
+            store,
+            release_id,
+            ("running",),
+            "running",
+            actor,
+            "release.synthesised",
+            {"count": summary.count, "guarantee": summary.guarantee},
+            result=summary.to_json(),
+        )
+    finally:
+        lease.release()
 
 
 def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:
@@ -382,7 +315,7 @@ def abandon_release(store: Store, release_id: str, actor: str) -> Release:
     run that died (killed, power lost: its lease's holder is gone) is settled the same way; one
     whose run is alive is refused."""
     ident = _steward(store, actor)
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     if rel.state not in ("failed", "running"):
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only a failed release (or one whose run died) "
@@ -429,7 +362,7 @@ def audit_release(
 ) -> Release:
     """Run every check on a synthesised release and store the (internal) report."""
     ident = keys.authenticate(store, actor, "steward", "auditor")
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     report = run_checks(store, rel, progress, data=data, public=public)
     _set_state(
         store,
@@ -446,7 +379,7 @@ def audit_release(
 def publish(store: Store, release_id: str, actor: str) -> Release:
     """Build the signed bundle; refuses unless every thresholded audit check passed."""
     ident = _steward(store, actor)
-    rel = _recorded_release(store, release_id)
+    rel = recorded_release(store, release_id)
     if rel.state != "checked":
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only a checked release can be published."

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from accounting import replay
 from accounting.errors import PrivReleaseError, TamperError
 from accounting.store import Store
 from release.spec import Plan
@@ -156,6 +157,27 @@ def get_release(store: Store, release_id: str) -> Release:
     if not rows:
         raise PrivReleaseError(f"Unknown release {release_id!r}. See `privrelease release list`.")
     return Release.from_row(rows[0])
+
+
+def refuse_unless_recorded(con, release_id: str) -> None:
+    """The release's row (state, plan digest, dataset) must be what the audit trail recorded: a
+    state set back behind privrelease's back (rejected -> approved) must not let it run."""
+    problems = replay.release_problems(con, release_id)
+    if problems:
+        raise TamperError(
+            f"Release {release_id} in the store is not what the audit trail recorded ("
+            + "; ".join(problems[:2])
+            + "): nothing was done. Run `privrelease audit verify`; restore the store from a "
+            "backup or a signed checkpoint."
+        )
+
+
+def recorded_release(store: Store, release_id: str) -> Release:
+    """The release, checked against the audit trail (every action that changes it starts here)."""
+    rel = get_release(store, release_id)
+    with store.transaction() as con:
+        refuse_unless_recorded(con, release_id)
+    return rel
 
 
 def list_releases(store: Store, viewer: Identity | None = None) -> list[Release]:

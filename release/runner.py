@@ -312,35 +312,10 @@ def _charge_for_attempt(store: Store, lease: Lease, dataset: str) -> str:
     return new
 
 
-def run_charged(
-    store: Store,
-    *,
-    run_id: str,
-    dataset: str,
-    data: Data,
-    public: Data,
-    mechanism: str | Mechanism,
-    config: Any,
-    plan: MechanismPlan,
-    workdir: Path,
-    progress: ProgressFn = no_progress,
-    actor: str = "system",
-    acknowledge_non_dp: bool = False,
-    lease: Lease | None = None,
-    nproc: int = 1,
-    executor: executors.ExecutorChoice = executors.IN_PROCESS,
-    nodes: Nodes | None = None,
-    fingerprint: str | None = None,
-) -> RunResult:
-    """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
-    `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
-    a distributed mechanism trains on that many processes; with `executor` (`--workers N`,
-    `--cluster ADDR`) a mechanism that declares a per-item function runs its items on Dask
-    workers, started (and stopped) here for `--workers`. With `nodes` (`--nnodes`, this host the
-    coordinator) it trains on the ranks of every host, which first agree that they run the plan
-    whose `fingerprint` (the approved plan's digest; by default one of `plan`) this host runs.
-    This process alone charges the ledger."""
-    mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
+def _refuse_placement(
+    mech: Mechanism, *, nproc: int, executor: executors.ExecutorChoice, nodes: Nodes | None
+) -> None:
+    """Refuse --nnodes, --nproc or --workers/--cluster where the mechanism cannot use them."""
     if nodes is not None and (mech.node_worker is None or nproc != 1):
         raise PrivReleaseError(
             f"--nnodes {nodes.nnodes}: "
@@ -371,6 +346,18 @@ def run_charged(
             f"workers (those that do: {', '.join(with_items) or 'none'}); leave them out. "
             "Nothing was charged."
         )
+
+
+def _refuse_unrunnable(
+    store: Store,
+    mech: Mechanism,
+    run_id: str,
+    dataset: str,
+    data: Data,
+    plan: MechanismPlan,
+    acknowledge_non_dp: bool,
+) -> None:
+    """Refuse, before any lease or charge, a run without its acknowledgement or the right data."""
     if plan.requires_acknowledgement and not acknowledge_non_dp:
         raise PermissionDeniedError(
             f"Run {run_id} makes a release without a DP guarantee. "
@@ -388,6 +375,119 @@ def run_charged(
             f"Dataset {dataset!r} is registered with a different number of records than the "
             f"{len(data)} given; pass the registered data."
         )
+
+
+def _join_nodes(
+    nodes: Nodes, mech: Mechanism, run_id: str, fingerprint: str, workdir: Path
+) -> NodePool:
+    """The pool of every host's ranks for `--nnodes` (started by the caller, before reserving)."""
+    assert mech.node_worker is not None  # refused above
+    return NodePool(
+        nodes,
+        worker=mech.node_worker,
+        run_id=run_id,
+        fingerprint=fingerprint,
+        workdir=workdir,
+    )
+
+
+def _reserve_attempt(
+    store: Store,
+    lease: Lease,
+    dataset: str,
+    plan: MechanismPlan,
+    description: str,
+    actor: str,
+    acknowledge_non_dp: bool,
+) -> str:
+    """Reserve the plan's events under this attempt's charge, which it returns."""
+    charge_id = _charge_for_attempt(store, lease, dataset)
+    ledger.reserve(
+        store,
+        dataset,
+        list(plan.events),
+        charge_id,
+        actor=actor,
+        allow_non_private=acknowledge_non_dp,
+        description=description,
+    )
+    return charge_id
+
+
+def _rebalancing(progress: ProgressFn, nproc: int, nodes: Nodes | None) -> ProgressFn:
+    """In one process, the progress reports that also rebalance the thread budget during a run."""
+    if nproc == 1 and nodes is None:  # torchrun's workers choose their own
+        # looked at again during the run, from the mechanism's progress reports
+        return threads.rebalancing(progress, threads.apply())
+    return progress
+
+
+def _run_or_refund(
+    store: Store, mech: Mechanism, config: Any, data: Data, ctx: _Context, charge_id: str
+) -> MechanismOutput:
+    """Run the mechanism; if it fails before reading sensitive data, refund its charge (rule 2)."""
+    try:
+        return mech.run(config, data, ctx)
+    except BaseException as exc:
+        if not ctx.lease.row["accessed"]:  # nothing sensitive was read: refund (rule 2)
+            ledger.refund(
+                store,
+                charge_id,
+                reason=f"failed before reading sensitive data: {why(exc)}",
+                actor=ctx.actor,
+            )
+        raise
+
+
+def _close_run(
+    pool: NodePool | None,
+    items_on: executors.InProcess | executors.DaskExecutor | None,
+    lease: Lease | None,
+) -> None:
+    """Stop the hosts' ranks, then the item workers, then release an own lease, each surely."""
+    try:
+        if pool is not None:
+            pool.close()
+    finally:
+        try:
+            if items_on is not None:
+                items_on.close()
+        finally:
+            if lease is not None:
+                lease.release()
+
+
+def run_charged(
+    store: Store,
+    *,
+    run_id: str,
+    dataset: str,
+    data: Data,
+    public: Data,
+    mechanism: str | Mechanism,
+    config: Any,
+    plan: MechanismPlan,
+    workdir: Path,
+    progress: ProgressFn = no_progress,
+    actor: str = "system",
+    acknowledge_non_dp: bool = False,
+    lease: Lease | None = None,
+    nproc: int = 1,
+    executor: executors.ExecutorChoice = executors.IN_PROCESS,
+    nodes: Nodes | None = None,
+    fingerprint: str | None = None,
+) -> RunResult:
+    """Run (or resume) `mechanism` on `data` under `run_id`, charged to `dataset`'s ledger. With
+    `lease` (the caller's, from `acquire_lease`) the caller keeps and releases it. With `nproc` > 1
+    a distributed mechanism trains on that many processes; with `executor` (`--workers N`,
+    `--cluster ADDR`) a mechanism that declares a per-item function runs its items on Dask
+    workers, started (and stopped) here for `--workers`. With `nodes` (`--nnodes`, this host the
+    coordinator) it trains on the ranks of every host, which first agree that they run the plan
+    whose `fingerprint` (the approved plan's digest; by default one of `plan`) this host runs.
+    This process alone charges the ledger."""
+    mech = registry.get(mechanism) if isinstance(mechanism, str) else mechanism
+    _refuse_placement(mech, nproc=nproc, executor=executor, nodes=nodes)
+    _refuse_unrunnable(store, mech, run_id, dataset, data, plan, acknowledge_non_dp)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     own = lease is None
@@ -398,55 +498,20 @@ def run_charged(
         # started before the reservation: a cluster that cannot be reached charges nothing
         items_on = executors.start(executor)
         if nodes is not None:  # every host joins and agrees on the plan, or nothing is charged
-            assert mech.node_worker is not None  # refused above
-            pool = NodePool(
-                nodes,
-                worker=mech.node_worker,
-                run_id=run_id,
-                fingerprint=fingerprint or plan_fingerprint(plan),
-                workdir=workdir,
-            )
+            pool = _join_nodes(nodes, mech, run_id, fingerprint or plan_fingerprint(plan), workdir)
             pool.start(progress)
-        charge_id = _charge_for_attempt(store, lease, dataset)
-        ledger.reserve(
-            store,
-            dataset,
-            list(plan.events),
-            charge_id,
-            actor=actor,
-            allow_non_private=acknowledge_non_dp,
-            description=f"{mech.name} run {run_id}",
+        charge_id = _reserve_attempt(
+            store, lease, dataset, plan, f"{mech.name} run {run_id}", actor, acknowledge_non_dp
         )
-        if nproc == 1 and nodes is None:  # torchrun's workers choose their own
-            # looked at again during the run, from the mechanism's progress reports
-            progress = threads.rebalancing(progress, threads.apply())
+        progress = _rebalancing(progress, nproc, nodes)
         ctx = _Context(
             store, lease, dataset, plan, workdir, progress, public, actor, nproc, items_on, pool
         )
-        try:
-            output = mech.run(config, data, ctx)
-        except BaseException as exc:
-            if not lease.row["accessed"]:  # nothing sensitive was read: refund (rule 2)
-                ledger.refund(
-                    store,
-                    charge_id,
-                    reason=f"failed before reading sensitive data: {why(exc)}",
-                    actor=actor,
-                )
-            raise
+        output = _run_or_refund(store, mech, config, data, ctx, charge_id)
         executed = _settle(store, dataset, plan, charge_id, workdir, actor)
         return RunResult(output, _guarantee(store, dataset, plan), tuple(executed), charge_id)
     finally:
-        try:
-            if pool is not None:
-                pool.close()
-        finally:
-            try:
-                if items_on is not None:
-                    items_on.close()
-            finally:
-                if own:
-                    lease.release()
+        _close_run(pool, items_on, lease if own else None)
 
 
 def why(exc: BaseException) -> str:

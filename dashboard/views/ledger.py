@@ -95,15 +95,8 @@ def events_table(rows: list[dict]) -> None:
     )
 
 
-def what_if(store: Store, names: list[str]) -> None:
-    """Epsilon of a planned DP-SGD run composed with the dataset's history. Changes nothing."""
-    if not names:
-        st.info("Register a dataset to plan against its budget.")
-        return
-    st.caption(
-        "ε of a planned DP-SGD run composed with the dataset's whole history (RDP and PLD from "
-        "dp-accounting), against the remaining budget. Nothing is charged."
-    )
+def _whatif_form(names: list[str]) -> tuple[str, float, float, int]:
+    """The what-if form: dataset, noise multiplier, sampling rate and steps of the planned run."""
     with st.form("whatif"):
         c1, c2, c3, c4 = st.columns(4)
         name = c1.selectbox("Dataset", names, key="whatif_dataset")
@@ -126,6 +119,19 @@ def what_if(store: Store, names: list[str]) -> None:
         )
         steps = c4.number_input("Steps", min_value=0, value=500, step=50, key="whatif_steps")
         st.form_submit_button("Compute ε", icon=":material/calculate:")
+    return name, sigma, q, steps
+
+
+def what_if(store: Store, names: list[str]) -> None:
+    """Epsilon of a planned DP-SGD run composed with the dataset's history. Changes nothing."""
+    if not names:
+        st.info("Register a dataset to plan against its budget.")
+        return
+    st.caption(
+        "ε of a planned DP-SGD run composed with the dataset's whole history (RDP and PLD from "
+        "dp-accounting), against the remaining budget. Nothing is charged."
+    )
+    name, sigma, q, steps = _whatif_form(names)
     with guarded("computing the what-if"):
         now = data.summary(store, name)
         w = data.what_if(store, name, q, sigma, steps)

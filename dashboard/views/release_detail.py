@@ -16,7 +16,7 @@ from dashboard.common import INTERNAL_ROLES, flash, fmt_eps, guarded, short_time
 from release import keys, manager, views
 from release.card import verdict_note
 from release.records import Release
-from release.views import Store, guarantee_label
+from release.views import AuditReport, Store, guarantee_label
 
 VERDICT_ICON = {"pass": "pass", "fail": "FAIL", "info": "info"}
 SAMPLE_COUNT = 40
@@ -133,63 +133,72 @@ def audit_section(store: Store, rid: str, internal: bool) -> None:
     # a face recogniser's row says whether the mechanism searched against it or it was held out
     parameters = dict(run.parameters) if run else {}
     if not internal:
-        # Consumers get verdicts only: summaries, details and plots are computed on sensitive data.
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {
-                        "check": k,
-                        "verdict": VERDICT_ICON.get(v, v),
-                        "note": verdict_note(k, parameters),
-                    }
-                    for k, v in report.verdicts().items()
-                ]
-            ),
-            hide_index=True,
-            width="stretch",
-        )
+        _verdicts_only(report, parameters)
         return
     kinds = sorted(
         {r.kind for r in report.results},
         key=["expectations", "attack", "fidelity", "utility"].index,
     )
     for kind in kinds:
-        results = [r for r in report.results if r.kind == kind]
-        fails = sum(r.passed is False for r in results)
-        title = {
-            "expectations": "Expectations (Great Expectations)",
-            "attack": "Attacks",
-            "fidelity": "Fidelity",
-            "utility": "Utility",
-        }[kind]
-        with st.expander(
-            f"{title}: {len(results)} checks, {fails} failed",
-            expanded=kind != "expectations" or fails > 0,
-        ):
-            st.dataframe(
-                pd.DataFrame(
-                    [
-                        {
-                            "check": r.name,
-                            "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
-                            "note": verdict_note(r.name, parameters),
-                            "summary": r.summary,
-                        }
-                        for r in results
-                    ]
-                ),
-                hide_index=True,
-                width="stretch",
-            )
-            if kind == "expectations":
-                continue
-            for r in results:
-                for label, path in r.artifacts.items():
-                    if Path(path).is_file():
-                        st.image(str(path), caption=f"{r.name}: {label}", width=560)
-                if r.details:
-                    with st.popover(f"Details of {r.name}"):
-                        st.json(r.details, expanded=False)
+        _kind_section(kind, [r for r in report.results if r.kind == kind], parameters)
+
+
+def _verdicts_only(report: AuditReport, parameters: dict) -> None:
+    """Consumers' table: the verdicts only, never what was computed on sensitive data."""
+    # Consumers get verdicts only: summaries, details and plots are computed on sensitive data.
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "check": k,
+                    "verdict": VERDICT_ICON.get(v, v),
+                    "note": verdict_note(k, parameters),
+                }
+                for k, v in report.verdicts().items()
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _kind_section(kind: str, results: list, parameters: dict) -> None:
+    """One kind of check in an expander: its table, then each check's plots and details."""
+    fails = sum(r.passed is False for r in results)
+    title = {
+        "expectations": "Expectations (Great Expectations)",
+        "attack": "Attacks",
+        "fidelity": "Fidelity",
+        "utility": "Utility",
+    }[kind]
+    with st.expander(
+        f"{title}: {len(results)} checks, {fails} failed",
+        expanded=kind != "expectations" or fails > 0,
+    ):
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "check": r.name,
+                        "verdict": VERDICT_ICON.get(r.verdict, r.verdict),
+                        "note": verdict_note(r.name, parameters),
+                        "summary": r.summary,
+                    }
+                    for r in results
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+        if kind == "expectations":
+            return
+        for r in results:
+            for label, path in r.artifacts.items():
+                if Path(path).is_file():
+                    st.image(str(path), caption=f"{r.name}: {label}", width=560)
+            if r.details:
+                with st.popover(f"Details of {r.name}"):
+                    st.json(r.details, expanded=False)
 
 
 def samples(store: Store, rid: str) -> None:

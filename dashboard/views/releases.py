@@ -55,6 +55,36 @@ def render(store: Store, ident: keys.Identity) -> None:
     release_detail.render(store, ident, manager.get_release(store, chosen))
 
 
+def _approve_button(store: Store, ident: keys.Identity, rel: Release) -> None:
+    """The steward's approval of the plan shown (with the no-DP acknowledgement where needed)."""
+    plan, rid = rel.plan, rel.release_id
+    ack = False
+    if plan.requires_acknowledgement:
+        ack = st.checkbox(
+            "I accept: no DP guarantee",
+            key=f"ack_{rid}",
+            help=f"This release ({guarantee_label(plan.guarantee_kind)}) carries no "
+            "differential-privacy guarantee and "
+            "voids the DP meaning of every release of "
+            "this dataset: its epsilon becomes infinite.",
+        )
+    if st.button(
+        "Approve (sign the plan)",
+        key=f"approve_{rid}",
+        type="primary",
+        icon=":material/check:",
+    ):
+        with guarded("approving"):
+            # The digest shown above is what the steward reviewed; the manager refuses any
+            # other plan.
+            manager.approve(store, rid, ident.name, digest=rel.plan_digest, acknowledge_non_dp=ack)
+            flash(
+                "success",
+                f"Approved {rid}. A steward can now run it (Releases → select it → Run).",
+            )
+            st.rerun()
+
+
 def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
     plan, rid = rel.plan, rel.release_id
     before, after = plan.epsilon_before, plan.epsilon_after
@@ -86,33 +116,7 @@ def plan_card(store: Store, ident: keys.Identity, rel: Release) -> None:
             return
         approve_col, reject_col = st.columns(2)
         with approve_col:
-            ack = False
-            if plan.requires_acknowledgement:
-                ack = st.checkbox(
-                    "I accept: no DP guarantee",
-                    key=f"ack_{rid}",
-                    help=f"This release ({guarantee_label(plan.guarantee_kind)}) carries no "
-                    "differential-privacy guarantee and "
-                    "voids the DP meaning of every release of "
-                    "this dataset: its epsilon becomes infinite.",
-                )
-            if st.button(
-                "Approve (sign the plan)",
-                key=f"approve_{rid}",
-                type="primary",
-                icon=":material/check:",
-            ):
-                with guarded("approving"):
-                    # The digest shown above is what the steward reviewed; the manager refuses any
-                    # other plan.
-                    manager.approve(
-                        store, rid, ident.name, digest=rel.plan_digest, acknowledge_non_dp=ack
-                    )
-                    flash(
-                        "success",
-                        f"Approved {rid}. A steward can now run it (Releases → select it → Run).",
-                    )
-                    st.rerun()
+            _approve_button(store, ident, rel)
         with reject_col:
             reason = st.text_input(
                 "Reason for rejection", key=f"reason_{rid}", placeholder="required to reject"

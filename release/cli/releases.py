@@ -6,6 +6,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -23,6 +24,10 @@ from release.cli.common import (
 from release.records import Release
 from release.spec import ReleaseSpec
 from release.terminal import print_plan, rich_progress
+
+if TYPE_CHECKING:
+    from release.executor import ExecutorChoice
+    from synth.tools.nodes import Nodes
 
 app = typer.Typer(help="Plan, approve, run and publish releases.", no_args_is_help=True)
 AS = typer.Option(
@@ -145,92 +150,86 @@ def reject(release_id: str, reason: str = typer.Option(..., "--reason"), actor: 
     console.print(f"[yellow]Rejected[/] {release_id}: {escape(reason)}")
 
 
+_NPROC = typer.Option(
+    1,
+    "--nproc",
+    min=1,
+    help="Train PrivImage on N processes under torchrun (one per "
+    "GPU, or CPU processes); charged once, exactly as one process (docs/scaling-out.md).",
+)
+
+_WORKERS = typer.Option(
+    0,
+    "--workers",
+    min=0,
+    help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads, "
+    "k-SALSA's cluster batches, DP-MERF's feature sums) on a Dask cluster of N worker "
+    "processes started on this machine for the run; the same result as one process, charged "
+    "once, here (docs/scaling-out.md).",
+)
+
+_CLUSTER = typer.Option(
+    None,
+    "--cluster",
+    metavar="ADDRESS|FILE",
+    help="Run the items on a Dask scheduler the site already runs (tcp://HOST:8786, or its "
+    "scheduler file); this machine keeps the ledger and the lease.",
+)
+
+_NNODES = typer.Option(
+    None,
+    "--nnodes",
+    help="Train PrivImage across N hosts: run the same command on every host, with --rdzv. "
+    "Node rank 0, the coordinator, holds the ledger, charges once and writes the release; "
+    "the others only train (docs/scaling-out.md).",
+)
+
+_RDZV = typer.Option(
+    None,
+    "--rdzv",
+    metavar="HOST:PORT",
+    help="With --nnodes: the rendezvous endpoint every host reaches, a free port on the "
+    "coordinator (torchrun's c10d rendezvous, id = the release id).",
+)
+
+_NPROC_PER_NODE = typer.Option(
+    None,
+    "--nproc-per-node",
+    help="With --nnodes: processes on each host (one per GPU); default 1.",
+)
+
+_NODE_RANK = typer.Option(
+    None,
+    "--node-rank",
+    help="With --nnodes: 0 on the coordinator, 1..N-1 on the others; default 0 on the host "
+    "whose address is the --rdzv HOST, else 1.",
+)
+
+
 @app.command("run")
 def run(
     release_id: str,
     actor: str = AS,
-    nproc: int = typer.Option(
-        1,
-        "--nproc",
-        min=1,
-        help="Train PrivImage on N processes under torchrun (one per "
-        "GPU, or CPU processes); charged once, exactly as one process (docs/scaling-out.md).",
-    ),
-    workers: int = typer.Option(
-        0,
-        "--workers",
-        min=0,
-        help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads, "
-        "k-SALSA's cluster batches, DP-MERF's feature sums) on a Dask cluster of N worker "
-        "processes started on this machine for the run; the same result as one process, charged "
-        "once, here (docs/scaling-out.md).",
-    ),
-    cluster: str | None = typer.Option(
-        None,
-        "--cluster",
-        metavar="ADDRESS|FILE",
-        help="Run the items on a Dask scheduler the site already runs (tcp://HOST:8786, or its "
-        "scheduler file); this machine keeps the ledger and the lease.",
-    ),
-    nnodes: int | None = typer.Option(
-        None,
-        "--nnodes",
-        help="Train PrivImage across N hosts: run the same command on every host, with --rdzv. "
-        "Node rank 0, the coordinator, holds the ledger, charges once and writes the release; "
-        "the others only train (docs/scaling-out.md).",
-    ),
-    rdzv: str | None = typer.Option(
-        None,
-        "--rdzv",
-        metavar="HOST:PORT",
-        help="With --nnodes: the rendezvous endpoint every host reaches, a free port on the "
-        "coordinator (torchrun's c10d rendezvous, id = the release id).",
-    ),
-    nproc_per_node: int | None = typer.Option(
-        None,
-        "--nproc-per-node",
-        help="With --nnodes: processes on each host (one per GPU); default 1.",
-    ),
-    node_rank: int | None = typer.Option(
-        None,
-        "--node-rank",
-        help="With --nnodes: 0 on the coordinator, 1..N-1 on the others; default 0 on the host "
-        "whose address is the --rdzv HOST, else 1.",
-    ),
+    nproc: int = _NPROC,
+    workers: int = _WORKERS,
+    cluster: str | None = _CLUSTER,
+    nnodes: int | None = _NNODES,
+    rdzv: str | None = _RDZV,
+    nproc_per_node: int | None = _NPROC_PER_NODE,
+    node_rank: int | None = _NODE_RANK,
 ) -> None:
     """Execute an approved plan (reserve -> synthesise -> commit), then audit it. Re-run a failed
     one to resume."""
-    from release import threads
     from release.executor import ExecutorChoice
     from synth.tools.nodes import parse_nodes
 
     nodes = parse_nodes(nnodes, rdzv, nproc_per_node, node_rank, nproc)
     if nodes is not None and not nodes.coordinator:
-        console.print(
-            f"This host follows the coordinator of {release_id} (rendezvous {nodes.rdzv}): it "
-            "trains only; the coordinator charges and writes the release.",
-            markup=False,
-            highlight=False,
-        )
-        with rich_progress() as progress:
-            manager.follow_release(store(), release_id, nodes, progress)
-        console.print(f"Done: this host's part of {release_id} finished.", markup=False)
+        _follow(release_id, nodes)
         return
     name = _actor(actor)
     items_on = ExecutorChoice(workers, cluster)
-    if not items_on.in_process:
-        console.print(f"Items run on {items_on.describe()}.", markup=False, highlight=False)
-    if nodes is not None:
-        console.print(
-            f"Coordinator of {nodes.nnodes} hosts (rendezvous {nodes.rdzv}, "
-            f"{nodes.nproc_per_node} processes each): start the same command on the others.",
-            markup=False,
-            highlight=False,
-        )
-    elif nproc == 1:
-        console.print(
-            f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False
-        )
+    _print_placement(items_on, nodes, nproc)
     last: list[tuple[str, int, int]] = []
     try:
         with _second_interrupt_waits(), rich_progress() as progress:
@@ -249,6 +248,38 @@ def run(
         _print_interrupted(release_id, name, last[0] if last else None, terminated)
         raise typer.Exit(143 if terminated else 130) from None
     _print_outcome(rel)
+
+
+def _follow(release_id: str, nodes: Nodes) -> None:
+    """`run` on a host other than the coordinator: train this host's ranks only, charge nothing."""
+    console.print(
+        f"This host follows the coordinator of {release_id} (rendezvous {nodes.rdzv}): it "
+        "trains only; the coordinator charges and writes the release.",
+        markup=False,
+        highlight=False,
+    )
+    with rich_progress() as progress:
+        manager.follow_release(store(), release_id, nodes, progress)
+    console.print(f"Done: this host's part of {release_id} finished.", markup=False)
+
+
+def _print_placement(items_on: ExecutorChoice, nodes: Nodes | None, nproc: int) -> None:
+    """Say where the run's work goes: item workers, the hosts, or this process's torch threads."""
+    from release import threads
+
+    if not items_on.in_process:
+        console.print(f"Items run on {items_on.describe()}.", markup=False, highlight=False)
+    if nodes is not None:
+        console.print(
+            f"Coordinator of {nodes.nnodes} hosts (rendezvous {nodes.rdzv}, "
+            f"{nodes.nproc_per_node} processes each): start the same command on the others.",
+            markup=False,
+            highlight=False,
+        )
+    elif nproc == 1:
+        console.print(
+            f"CPU threads for torch: {threads.apply().reason}", markup=False, highlight=False
+        )
 
 
 @contextmanager

@@ -109,6 +109,34 @@ def _preview(spec: dict[str, Any], write_spec: Path | None) -> None:
         )
 
 
+_VOTE_SIGMA = typer.Option(
+    None,
+    "--vote-sigma",
+    help="Noise multiplier of the private vote on the samples (0 = off; default: the preset's).",
+)
+
+_VOTE_ROUNDS = typer.Option(
+    None,
+    "--vote-rounds",
+    help="Rounds of the private vote; each later round votes on variations of the "
+    "previous winners and is charged as one more Gaussian query (default: the preset's).",
+)
+
+_RELEASE_VARIATIONS = typer.Option(
+    None,
+    "--release-variations",
+    help="Light variations released beside each voted image (post-processing, "
+    "no budget; default: the preset's).",
+)
+
+_PRECISION = typer.Option(
+    None,
+    "--precision",
+    help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
+    "else float32) | float32 | bfloat16. Changes speed, not the guarantee (default: auto).",
+)
+
+
 @app.command("privimage")
 def privimage(
     dataset: str = typer.Option(..., "--dataset"),
@@ -124,30 +152,10 @@ def privimage(
         10.0, "--query-sigma", help="Noise multiplier of the DP semantic query."
     ),
     n_samples: int = typer.Option(1000, "--n-samples"),
-    vote_sigma: float = typer.Option(
-        None,
-        "--vote-sigma",
-        help="Noise multiplier of the private vote on the samples (0 = off; "
-        "default: the preset's).",
-    ),
-    vote_rounds: int = typer.Option(
-        None,
-        "--vote-rounds",
-        help="Rounds of the private vote; each later round votes on variations of the "
-        "previous winners and is charged as one more Gaussian query (default: the preset's).",
-    ),
-    release_variations: int = typer.Option(
-        None,
-        "--release-variations",
-        help="Light variations released beside each voted image (post-processing, "
-        "no budget; default: the preset's).",
-    ),
-    precision: str = typer.Option(
-        None,
-        "--precision",
-        help="UNet compute precision: auto (bfloat16 where the hardware runs it natively, "
-        "else float32) | float32 | bfloat16. Changes speed, not the guarantee (default: auto).",
-    ),
+    vote_sigma: float = _VOTE_SIGMA,
+    vote_rounds: int = _VOTE_ROUNDS,
+    release_variations: int = _RELEASE_VARIATIONS,
+    precision: str = _PRECISION,
     preset: str = typer.Option("demo", "--preset", help="default | demo | tiny"),
     heldout: str = HELDOUT,
     write_spec: Path = WRITE,
@@ -161,16 +169,14 @@ def privimage(
         "query_sigma": query_sigma,
         "preset": preset,
     }
-    if delta is not None:
-        params["delta"] = delta
-    if vote_sigma is not None:
-        params["vote_sigma"] = vote_sigma
-    if vote_rounds is not None:
-        params["vote_rounds"] = vote_rounds
-    if release_variations is not None:
-        params["release_variations"] = release_variations
-    if precision is not None:
-        params["precision"] = precision
+    optional = {
+        "delta": delta,
+        "vote_sigma": vote_sigma,
+        "vote_rounds": vote_rounds,
+        "release_variations": release_variations,
+        "precision": precision,
+    }
+    params.update({key: value for key, value in optional.items() if value is not None})
     _preview(
         _with_heldout(
             {
