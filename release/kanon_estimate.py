@@ -23,9 +23,10 @@ from audit.policy import AuditPolicy
 from release.artifacts import public_sha256
 from release.spec import ReleaseSpec
 from synth import registry
-from synth.kinds.datasets import ImageDataset
+from synth.kinds.datasets import ImageDataset, conform
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, MechanismPlan
+from synth.tools.same_size_clusters import same_size_clusters
 
 PROXY_MAX = 1200  # stand-in records at most (seconds per k on 2 CPU cores)
 HELDOUT_MIN = 200  # public images kept aside as the attack's non-members
@@ -70,15 +71,13 @@ class MembershipEstimate:
             f"{self.proxy_records} public images of this shape ({self.source}), averages of k = "
             f"{self.k} images let the attack reach top-k precision {self.precision:.3f} > the "
             f"policy's kanon_max_attack_precision {self.threshold:g}; {fix}.{more} Raise k in the "
-            "spec's [ksalsa] table before the run, or accept a refused release. (Estimated from "
+            "spec's mechanism table before the run, or accept a refused release. (Estimated from "
             "public data only: pixel averages, pixel-space ranking.)"
         )
 
 
 def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
     """Public images as uint8 of the release's shape (resized, grey <-> RGB)."""
-    from synth.mechanisms.ksalsa.codec import conform
-
     channels = shape[2] if len(shape) == 3 else 1
     x = conform(public, shape[0], channels)  # (N, C, H, W) in [-1, 1]
     x = np.rint((x + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
@@ -88,8 +87,6 @@ def _proxy_images(public: ImageDataset, shape: tuple[int, ...]) -> np.ndarray:
 def _precision(
     images: np.ndarray, codes: np.ndarray, heldout: np.ndarray, k: int, seed: int
 ) -> float:
-    from synth.mechanisms.ksalsa.clustering import same_size_clusters
-
     clusters = same_size_clusters(codes, k).clusters
     reps = (
         np.stack([images[c].astype(np.float64).mean(0) for c in clusters]).round().astype(np.uint8)

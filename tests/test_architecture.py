@@ -139,8 +139,6 @@ NAMING_ALLOWED = {
     # input data kinds: registering a sensitive source (2D images or a folder of head volumes,
     # admitted by the volume mechanisms' checks) is not an output kind
     "release/data.py",
-    # the plan's k-anonymity estimate re-enacts the k-anonymous mechanism's clustering
-    "release/kanon_estimate.py",
 }
 
 

@@ -60,6 +60,23 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     )
 
 
+def conform(data: ImageDataset, size: int, channels: int) -> np.ndarray:
+    """uint8 images of any shape -> float32 (N, channels, size, size) in [-1, 1]: resized, grey <->
+    RGB."""
+    images = data.images
+    if images.ndim == 4 and channels == 1:
+        images = np.rint(images[..., :3].mean(-1)).astype(np.uint8)
+    if images.ndim == 4:
+        images = np.stack([resize(images[..., c], size) for c in range(images.shape[-1])], -1)
+    else:
+        images = resize(images, size)
+    x = images.astype(np.float32) / 127.5 - 1.0
+    x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
+    if x.shape[1] != channels:
+        x = np.repeat(x[:, :1], channels, 1)
+    return np.ascontiguousarray(x)
+
+
 def to_format(images: np.ndarray, size: int, channels: int) -> np.ndarray:
     """uint8 (N,H,W[,C]) -> uint8 (N,size,size[,channels]); grey<->RGB converted as needed."""
     images = np.asarray(images)

@@ -9,7 +9,7 @@ from audit.kanon_attacks import compute_kanon_attacks
 from audit.policy import AuditPolicy
 from release.kanon_estimate import estimate_membership
 from synth.kinds.datasets import load_source, uci_digits
-from synth.mechanisms.ksalsa.clustering import same_size_clusters
+from synth.tools.same_size_clusters import same_size_clusters
 
 
 def _real_audit_precision(k: int) -> float:

@@ -1,7 +1,6 @@
 """k-anonymous release (k-SALSA, ECCV 2022): latent codec -> same-size clustering -> one averaged
 representative per cluster of k records (pixel, PCA, centroid or local style alignment)."""
 
-from synth.mechanisms.ksalsa.clustering import ClusterResult, same_size_clusters
 from synth.mechanisms.ksalsa.codec import ConvAutoencoder, LatentCodec, train_codec
 from synth.mechanisms.ksalsa.config import METHODS, KSalsaConfig
 from synth.mechanisms.ksalsa.pipeline import aggregate_labels, anonymise
@@ -11,6 +10,7 @@ from synth.mechanisms.ksalsa.style import (
     SequentialStyleContent,
     StyleContentNet,
 )
+from synth.tools.same_size_clusters import ClusterResult, same_size_clusters
 
 __all__ = [
     "ClusterResult",

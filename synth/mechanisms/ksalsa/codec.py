@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from accounting.errors import DataFormatError, InvalidParameterError
-from synth.kinds.datasets import ImageDataset, resize
+from synth.kinds.datasets import ImageDataset, conform
 from synth.mechanisms.ksalsa.config import KSalsaConfig
 from synth.progress import ProgressFn, no_progress
 
@@ -80,23 +80,6 @@ class ConvAutoencoder(nn.Module):
             f"conv autoencoder ({CODEC_VERSION}), latent {self.latent_dim}, "
             f"{self.channels}x{self.size}x{self.size}"
         )
-
-
-def conform(data: ImageDataset, size: int, channels: int) -> np.ndarray:
-    """uint8 images of any shape -> float32 (N, channels, size, size) in [-1, 1]: resized, grey <->
-    RGB."""
-    images = data.images
-    if images.ndim == 4 and channels == 1:
-        images = np.rint(images[..., :3].mean(-1)).astype(np.uint8)
-    if images.ndim == 4:
-        images = np.stack([resize(images[..., c], size) for c in range(images.shape[-1])], -1)
-    else:
-        images = resize(images, size)
-    x = images.astype(np.float32) / 127.5 - 1.0
-    x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
-    if x.shape[1] != channels:
-        x = np.repeat(x[:, :1], channels, 1)
-    return np.ascontiguousarray(x)
 
 
 def codec_cache_key(public: ImageDataset, size: int, channels: int, config: KSalsaConfig) -> str:

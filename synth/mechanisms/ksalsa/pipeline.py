@@ -11,11 +11,11 @@ import torch
 
 from accounting.errors import DataFormatError
 from synth.mechanisms.ksalsa.averaging import BatchMap, representatives
-from synth.mechanisms.ksalsa.clustering import ClusterResult, same_size_clusters
 from synth.mechanisms.ksalsa.codec import LatentCodec, encode_all
 from synth.mechanisms.ksalsa.config import KSalsaConfig
 from synth.mechanisms.ksalsa.style import StyleContentNet
 from synth.progress import ProgressFn, no_progress
+from synth.tools.same_size_clusters import ClusterResult, same_size_clusters
 
 
 @dataclass

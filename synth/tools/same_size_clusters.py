@@ -1,4 +1,5 @@
-"""Same-size clustering of latent codes (k-SALSA / k-Same-furthest style).
+"""Same-size clustering of codes (k-SALSA / k-Same-furthest style), shared by k-SALSA and the plan's
+k-anonymity estimate (release/kanon_estimate.py).
 
 Repeat while at least k points remain: take the remaining point with the largest average distance to
 the other remaining points, and group it with its k-1 nearest remaining points. Every cluster has
