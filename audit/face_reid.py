@@ -262,6 +262,20 @@ class FaceReidNumbers:
         return str(self.details.get("recogniser", "dlib"))
 
 
+@dataclass
+class _PairedTally:
+    """What the paired attack gathers over the attacked records, in the order it finds it."""
+
+    genuine: list[float] = field(default_factory=list)
+    impostor: list[float] = field(default_factory=list)
+    shifts: list[float] = field(default_factory=list)
+    hits: list[bool] = field(default_factory=list)
+    chance: list[float] = field(default_factory=list)
+    released_faces: int = 0
+    unmatched: int = 0
+    lost_faces: int = 0
+
+
 def compute_paired(
     images: np.ndarray,
     sources: list[np.ndarray],
@@ -281,73 +295,113 @@ def compute_paired(
     ]
     where = {(g, k): n for n, (g, k, _) in enumerate(gallery)}
     g_emb = np.stack([s.embedding for *_, s in gallery]) if gallery else np.zeros((0, 1))
-    genuine: list[float] = []
-    impostor: list[float] = []
-    shifts: list[float] = []
-    hits: list[bool] = []
-    chance: list[float] = []
-    released_faces = unmatched = lost_faces = 0
+    tally = _PairedTally()
     for r in attacked:
         rel = list(index.of("release", r, images[r]))
-        released_faces += len(rel)
-        same_frame = _same_frame(images, r, sources, sensitive)
-        targets: dict[int, set[int]] = {}  # released face -> its original faces (gallery rows)
-        lost: list[int] = []  # original faces the recogniser finds nowhere in the release
-        for s in sorted({int(s) for s in np.asarray(sources[r]).ravel()}):
-            orig = index.of("sensitive", s, sensitive.images[s])
-            pairs = _pair_faces(rel, orig, same_frame)
-            missed = sorted(set(range(len(orig))) - {j for _, j, _ in pairs})
-            unmatched += len(missed)
-            if same_frame:  # the detector missed it: the attacker looks where the original was
-                for j in missed:
-                    there = rec.at(images[r], orig[j].box)
-                    if there is None:
-                        lost.append(where[(s, j)])
-                        continue
-                    rel.append(there)
-                    pairs.append((len(rel) - 1, j, True))
-            for a, b, same_place in pairs:
-                genuine.append(float(rec.distances(rel[a].embedding, orig[b].embedding)[0]))
-                targets.setdefault(a, set()).add(where[(s, b)])
-                if same_place and _uses_dlib_landmarks(rec):
-                    # dlib's 68 landmarks of both, predicted at the original's box: pose and
-                    # expression
-                    box = orig[b].box
-                    shifts.append(
-                        fm.landmark_shift(
-                            fm.landmarks(sensitive.images[s], box), fm.landmarks(images[r], box)
-                        )
-                    )
-        for a, sight in enumerate(rel):
-            d = rec.distances(g_emb, sight.embedding[None])
-            mine = np.zeros(len(gallery), bool)
-            mine[sorted(targets.get(a, set()))] = True
-            impostor.extend(d[~mine].tolist())
-            if mine.any():
-                hits.append(bool(mine[int(np.argmin(d))]))
-                chance.append(float(mine.mean()))
-        for _ in lost:  # neither verified nor identified, but an attempt all the same
-            lost_faces += 1
-            genuine.append(float("inf"))
-            hits.append(False)
-            chance.append(1.0 / len(gallery))
+        tally.released_faces += len(rel)
+        targets, lost = _pair_record(r, rel, images, sources, sensitive, index, where, tally)
+        _identify_record(rec, rel, targets, lost, g_emb, len(gallery), tally)
     # the recogniser's operating points, calibrated on real faces: pairs of different original faces
     first, second = np.triu_indices(len(gallery), 1)
     reference = rec.distances(g_emb[first], g_emb[second]) if len(first) else np.zeros(0)
-    ver = verification(np.array(genuine), reference, rec.threshold)
-    mean_chance = float(np.mean(chance)) if chance else None
-    details = {
+    ver = verification(np.array(tally.genuine), reference, rec.threshold)
+    details = _paired_details(rec, tally, ver, len(attacked), len(gallery_ids), len(gallery))
+    return FaceReidNumbers("paired", details)
+
+
+def _pair_record(
+    r: int,
+    rel: list[fr.Sighting],
+    images: np.ndarray,
+    sources: list[np.ndarray],
+    sensitive: ImageDataset,
+    index: SightingIndex,
+    where: dict[tuple[int, int], int],
+    tally: _PairedTally,
+) -> tuple[dict[int, set[int]], list[int]]:
+    """Pair released record `r`'s faces with its sources' faces (genuine distances, landmark
+    shifts); (released face -> its original faces' gallery rows, gallery rows found nowhere)."""
+    rec = index.recogniser
+    same_frame = _same_frame(images, r, sources, sensitive)
+    targets: dict[int, set[int]] = {}  # released face -> its original faces (gallery rows)
+    lost: list[int] = []  # original faces the recogniser finds nowhere in the release
+    for s in sorted({int(s) for s in np.asarray(sources[r]).ravel()}):
+        orig = index.of("sensitive", s, sensitive.images[s])
+        pairs = _pair_faces(rel, orig, same_frame)
+        missed = sorted(set(range(len(orig))) - {j for _, j, _ in pairs})
+        tally.unmatched += len(missed)
+        if same_frame:  # the detector missed it: the attacker looks where the original was
+            for j in missed:
+                there = rec.at(images[r], orig[j].box)
+                if there is None:
+                    lost.append(where[(s, j)])
+                    continue
+                rel.append(there)
+                pairs.append((len(rel) - 1, j, True))
+        for a, b, same_place in pairs:
+            tally.genuine.append(float(rec.distances(rel[a].embedding, orig[b].embedding)[0]))
+            targets.setdefault(a, set()).add(where[(s, b)])
+            if same_place and _uses_dlib_landmarks(rec):
+                # dlib's 68 landmarks of both, predicted at the original's box: pose and
+                # expression
+                box = orig[b].box
+                tally.shifts.append(
+                    fm.landmark_shift(
+                        fm.landmarks(sensitive.images[s], box), fm.landmarks(images[r], box)
+                    )
+                )
+    return targets, lost
+
+
+def _identify_record(
+    rec: fr.Recogniser,
+    rel: list[fr.Sighting],
+    targets: dict[int, set[int]],
+    lost: list[int],
+    g_emb: np.ndarray,
+    n_gallery: int,
+    tally: _PairedTally,
+) -> None:
+    """Rank-1 identification of one record's released faces against the gallery (impostor
+    distances, hits, chance); its lost original faces count as failed attempts."""
+    for a, sight in enumerate(rel):
+        d = rec.distances(g_emb, sight.embedding[None])
+        mine = np.zeros(n_gallery, bool)
+        mine[sorted(targets.get(a, set()))] = True
+        tally.impostor.extend(d[~mine].tolist())
+        if mine.any():
+            tally.hits.append(bool(mine[int(np.argmin(d))]))
+            tally.chance.append(float(mine.mean()))
+    for _ in lost:  # neither verified nor identified, but an attempt all the same
+        tally.lost_faces += 1
+        tally.genuine.append(float("inf"))
+        tally.hits.append(False)
+        tally.chance.append(1.0 / n_gallery)
+
+
+def _paired_details(
+    rec: fr.Recogniser,
+    tally: _PairedTally,
+    ver: dict[str, Any],
+    n_attacked: int,
+    n_gallery_records: int,
+    n_gallery_faces: int,
+) -> dict[str, Any]:
+    """The paired attack's report details, from its tally and verification numbers."""
+    impostor, hits, shifts = tally.impostor, tally.hits, tally.shifts
+    mean_chance = float(np.mean(tally.chance)) if tally.chance else None
+    return {
         "mode": "paired",
         "recogniser": rec.key,
         "embedder": rec.name,
-        "n_released_attacked": len(attacked),
-        "n_released_faces": released_faces,
-        "n_gallery_records": len(gallery_ids),
-        "n_gallery_faces": len(gallery),
+        "n_released_attacked": n_attacked,
+        "n_released_faces": tally.released_faces,
+        "n_gallery_records": n_gallery_records,
+        "n_gallery_faces": n_gallery_faces,
         # not found by the detector in the release (same frame: attacked at the original's place)
-        "original_faces_not_found_in_release": unmatched,
+        "original_faces_not_found_in_release": tally.unmatched,
         # not found even at the original's place: counted as neither verified nor identified
-        "original_faces_not_found_at_their_place": lost_faces,
+        "original_faces_not_found_at_their_place": tally.lost_faces,
         **ver,
         "far_calibration": "pairs of different original faces",
         "release_impostor_pairs": len(impostor),
@@ -366,7 +420,6 @@ def compute_paired(
         "n_landmark_pairs": len(shifts),
         "reidentification_rate": ver["tar_at_threshold"],
     }
-    return FaceReidNumbers("paired", details)
 
 
 # ------------------------------------------------------------------ unpaired attack
