@@ -753,62 +753,72 @@ def check_realism(
                 d,
             )
         ]
-    out = []
+    out = [_retention_check(d, n, policy)]
+    geometry = _geometry_check(d, policy, dlib_shift)
+    if geometry is not None:
+        out.append(geometry)
+    out.append(_kid_check(d, n, policy))
+    return out
+
+
+def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
+    """The share of replaced faces YuNet still finds at the original's place."""
     keep, lim = d["detection_retention"], policy.face_min_detection_retention
-    out.append(
-        CheckResult(
-            RETENTION_CHECK,
-            "utility",
-            None if lim is None else keep >= lim,
-            f"YuNet finds {d['n_retained']} of {n} replaced faces (confidence >= "
-            f"{fr.REALISM_DETECTION:g}, IoU >= {RETENTION_IOU:g} with the original's box): "
-            f"{keep:.3f}" + (f"; min {lim:g}" if lim is not None else ""),
-            d,
-        )
+    return CheckResult(
+        RETENTION_CHECK,
+        "utility",
+        None if lim is None else keep >= lim,
+        f"YuNet finds {d['n_retained']} of {n} replaced faces (confidence >= "
+        f"{fr.REALISM_DETECTION:g}, IoU >= {RETENTION_IOU:g} with the original's box): "
+        f"{keep:.3f}" + (f"; min {lim:g}" if lim is not None else ""),
+        d,
     )
+
+
+def _geometry_check(
+    d: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None
+) -> CheckResult | None:
+    """How far YuNet's 5 landmarks moved (pose and expression kept); None without landmarks."""
     shift, lim = d["mean_landmark_shift_yunet5"], policy.face_max_landmark_shift
-    if shift is not None:
-        extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
-        out.append(
-            CheckResult(
-                GEOMETRY_CHECK,
-                "utility",
-                None if lim is None else shift <= lim,
-                f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
-                f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
-                + (f"; max {lim:g})" if lim is not None else ")"),
-                {
-                    "mean_landmark_shift": shift,
-                    "mean_landmark_shift_dlib68": dlib_shift,
-                    "n_faces": d["n_landmark_faces"],
-                },
-            )
-        )
+    if shift is None:
+        return None
+    extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
+    return CheckResult(
+        GEOMETRY_CHECK,
+        "utility",
+        None if lim is None else shift <= lim,
+        f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
+        f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
+        + (f"; max {lim:g})" if lim is not None else ")"),
+        {
+            "mean_landmark_shift": shift,
+            "mean_landmark_shift_dlib68": dlib_shift,
+            "n_faces": d["n_landmark_faces"],
+        },
+    )
+
+
+def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
+    """The KID of released against original faces, beside blurred and pixelated originals'."""
     rel, blur, pix = d["kid_release"], d["kid_blurred"], d["kid_pixelated"]
     if rel is None or blur is None:
-        out.append(
-            CheckResult(
-                KID_CHECK,
-                "utility",
-                None,
-                f"KID needs at least two replaced faces, {n} found",
-                d,
-            )
+        return CheckResult(
+            KID_CHECK,
+            "utility",
+            None,
+            f"KID needs at least two replaced faces, {n} found",
+            d,
         )
-    else:
-        out.append(
-            CheckResult(
-                KID_CHECK,
-                "utility",
-                (rel < blur) if policy.face_max_kid_vs_blur else None,
-                f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
-                f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
-                + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
-                + (" (few faces: noisy)" if n < 50 else ""),
-                d,
-            )
-        )
-    return out
+    return CheckResult(
+        KID_CHECK,
+        "utility",
+        (rel < blur) if policy.face_max_kid_vs_blur else None,
+        f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
+        f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
+        + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
+        + (" (few faces: noisy)" if n < 50 else ""),
+        d,
+    )
 
 
 # ------------------------------------------------------------------ entry points
