@@ -230,40 +230,11 @@ def _run_audit(
     if (
         not usable
     ):  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
-        report.results.append(
-            CheckResult(
-                "release_readable",
-                "expectations",
-                False,
-                "attacks and metrics not run: release images are not "
-                "non-empty uint8 images of the sensitive set's shape "
-                f"{sens.image_shape} (got {images.dtype}, {images.shape})",
-                {},
-            )
-        )
+        report.results.append(_unreadable(sens.image_shape, images))
         stage.end()
         return report
     stage.begin("memorisation")
-    if inputs.guarantee_kind == "empirical":
-        report.results.append(
-            CheckResult(
-                "memorisation_dcr",
-                "attack",
-                None,
-                "not applicable: an empirical de-identification release keeps each record outside "
-                "what it replaces (an image's background), so every row is a pixel near-copy by "
-                "design; the re-identification attack judges it",
-                {"reason": "near-copies by design"},
-            )
-        )
-    else:
-        from audit.memorisation import run_memorisation
-
-        report.results += _guard(
-            "memorisation_dcr",
-            "attack",
-            lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
-        )
+    report.results += _memorisation(inputs, images, d_tr, idx_tr, policy, art)
     stage.begin("attacks")
     report.results += _attacks(inputs, images, policy, art)
     stage.begin("fidelity")
@@ -271,11 +242,7 @@ def _run_audit(
 
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
     stage.begin("utility")
-    utility = _utility(inputs, images, labels, policy)
-    report.results += utility
-    best = next((r.details.get("best") for r in utility if r.name == "downstream_accuracy"), None)
-    if inputs.baselines and isinstance(best, float):
-        report.results.append(compare_with_baselines(best, list(inputs.baselines)))
+    report.results += _utility_and_baselines(inputs, images, labels, policy)
     selected = inputs.selected_public
     if selected is not None:
         stage.begin("sds")
@@ -286,3 +253,60 @@ def _run_audit(
         )
     stage.end()
     return report
+
+
+def _unreadable(shape: tuple[int, ...], images: np.ndarray) -> CheckResult:
+    """The failed readability check of release images that are not the sensitive set's kind."""
+    return CheckResult(
+        "release_readable",
+        "expectations",
+        False,
+        "attacks and metrics not run: release images are not "
+        "non-empty uint8 images of the sensitive set's shape "
+        f"{shape} (got {images.dtype}, {images.shape})",
+        {},
+    )
+
+
+def _memorisation(
+    inputs: AuditInputs,
+    images: np.ndarray,
+    d_tr: np.ndarray,
+    idx_tr: np.ndarray,
+    policy: AuditPolicy,
+    art: Path | None,
+) -> list[CheckResult]:
+    """The memorisation (DCR) check; not applicable to an empirical de-identification release."""
+    if inputs.guarantee_kind == "empirical":
+        return [
+            CheckResult(
+                "memorisation_dcr",
+                "attack",
+                None,
+                "not applicable: an empirical de-identification release keeps each record outside "
+                "what it replaces (an image's background), so every row is a pixel near-copy by "
+                "design; the re-identification attack judges it",
+                {"reason": "near-copies by design"},
+            )
+        ]
+    from audit.memorisation import run_memorisation
+
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    return _guard(
+        "memorisation_dcr",
+        "attack",
+        lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
+    )
+
+
+def _utility_and_baselines(
+    inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy
+) -> list[CheckResult]:
+    """The utility checks, and the downstream accuracy against the baselines where there are
+    some."""
+    utility = _utility(inputs, images, labels, policy)
+    results = list(utility)
+    best = next((r.details.get("best") for r in utility if r.name == "downstream_accuracy"), None)
+    if inputs.baselines and isinstance(best, float):
+        results.append(compare_with_baselines(best, list(inputs.baselines)))
+    return results
