@@ -692,25 +692,8 @@ def compute_realism(
         released = fm.as_rgb(images[r])
         found = fr.yunet_detect(released, fr.REALISM_DETECTION)
         for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
-            box, points = fr.yunet_box(row), fr.yunet_points(row)
             replaced += 1
-            ious = [fm.box_iou(fr.yunet_box(f), box) for f in found]
-            if ious and max(ious) >= RETENTION_IOU:
-                retained += 1
-                there: np.ndarray | None = found[int(np.argmax(ious))]
-            else:  # how far the landmarks moved, even for a face YuNet hardly sees
-                there = fr.yunet_at(released, box)
-            if there is not None:
-                moved = np.linalg.norm(fr.yunet_points(there) - points, axis=1).mean()
-                shifts.append(float(moved / max(np.linalg.norm(points[0] - points[1]), 1e-9)))
-            # every variant cut at the original's points: KID compares appearance, not framing
-            for name, photo in (
-                ("original", original),
-                ("release", released),
-                ("blurred", blur_face(original, box)),
-                ("pixelated", pixelate_face(original, box)),
-            ):
-                crops[name].append(fr.facenet_crop(photo, points))
+            retained += _realism_face(original, released, found, row, shifts, crops)
     kids: dict[str, float | None] = {}
     if replaced >= 2:
         features = {k: _facenet_features(v) for k, v in crops.items()}
@@ -734,6 +717,38 @@ def compute_realism(
         "blur_sigma": BLUR_SIGMA,
         "pixel_blocks": PIXEL_BLOCKS,
     }
+
+
+def _realism_face(
+    original: np.ndarray,
+    released: np.ndarray,
+    found: np.ndarray,
+    row: np.ndarray,
+    shifts: list[float],
+    crops: dict[str, list[np.ndarray]],
+) -> bool:
+    """One original face (YuNet `row`): whether YuNet still finds it in the release (True), its
+    landmark shift into `shifts`, and its crops (original, released, blurred, pixelated) into
+    `crops`."""
+    box, points = fr.yunet_box(row), fr.yunet_points(row)
+    ious = [fm.box_iou(fr.yunet_box(f), box) for f in found]
+    retained = bool(ious and max(ious) >= RETENTION_IOU)
+    if retained:
+        there: np.ndarray | None = found[int(np.argmax(ious))]
+    else:  # how far the landmarks moved, even for a face YuNet hardly sees
+        there = fr.yunet_at(released, box)
+    if there is not None:
+        moved = np.linalg.norm(fr.yunet_points(there) - points, axis=1).mean()
+        shifts.append(float(moved / max(np.linalg.norm(points[0] - points[1]), 1e-9)))
+    # every variant cut at the original's points: KID compares appearance, not framing
+    for name, photo in (
+        ("original", original),
+        ("release", released),
+        ("blurred", blur_face(original, box)),
+        ("pixelated", pixelate_face(original, box)),
+    ):
+        crops[name].append(fr.facenet_crop(photo, points))
+    return retained
 
 
 def check_realism(
