@@ -16,7 +16,7 @@ from accounting.fingerprint import record_fingerprints
 from audit.baseline import compare as compare_with_baselines
 from audit.checks import _cannot_run, _guard
 from audit.inputs import AuditInputs
-from audit.kinds import kind_audit
+from audit.kinds import KindAudit, kind_audit
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.kinds.datasets import ImageDataset
@@ -102,21 +102,9 @@ def _expectations(
 def _attacks(
     inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
 ) -> list[CheckResult]:
-    sens, ho = inputs.sensitive_images, inputs.heldout
     kind = kind_audit(inputs.output_kind or "images")
     if inputs.guarantee_kind == "k-anonymity":
-        clusters = inputs.clusters
-        if clusters is None:
-            return [
-                _cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)
-            ]
-        from audit.kanon_attacks import run_kanon_attacks
-
-        return _guard(
-            "kanon_attacks",
-            "attack",
-            lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
-        ) + kind.attacks(inputs, images, policy)
+        return _kanon_attacks(inputs, images, policy, kind)
     if inputs.guarantee_kind != DP:  # empirical: judged by the attacks of its output kind
         return kind.attacks(inputs, images, policy) or [
             CheckResult(
@@ -129,37 +117,61 @@ def _attacks(
             )
         ]
     out: list[CheckResult] = []
-    loss_fn = inputs.loss_fn
-    if loss_fn is None:
-        out.append(
-            _cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy)
-        )
-    elif ho is None:
-        out.append(
-            _cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy)
-        )
-    else:
-        from audit.mia import run_mia
-
-        out += _guard(
-            "membership_inference",
-            "attack",
-            lambda: run_mia(
-                loss_fn,
-                sens,
-                ho,
-                inputs.claimed_epsilon,
-                inputs.delta,
-                policy,
-                art,
-                inputs.reference_loss_fns,
-            ),
-        )
+    out += _membership_inference(inputs, policy, art)
     if inputs.dpsgd is not None and policy.one_run_canaries is not None:
         out += _guard(
             "dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy)
         )
     return out + kind.attacks(inputs, images, policy)
+
+
+def _kanon_attacks(
+    inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, kind: KindAudit
+) -> list[CheckResult]:
+    """The k-anonymity attacks on the clusters, then the output kind's (or why none can run)."""
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    clusters = inputs.clusters
+    if clusters is None:
+        return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
+    from audit.kanon_attacks import run_kanon_attacks
+
+    return _guard(
+        "kanon_attacks",
+        "attack",
+        lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
+    ) + kind.attacks(inputs, images, policy)
+
+
+def _membership_inference(
+    inputs: AuditInputs, policy: AuditPolicy, art: Path | None
+) -> list[CheckResult]:
+    """The membership-inference attack on a DP release (or why it cannot run)."""
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    loss_fn = inputs.loss_fn
+    if loss_fn is None:
+        return [
+            _cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy)
+        ]
+    if ho is None:
+        return [
+            _cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy)
+        ]
+    from audit.mia import run_mia
+
+    return _guard(
+        "membership_inference",
+        "attack",
+        lambda: run_mia(
+            loss_fn,
+            sens,
+            ho,
+            inputs.claimed_epsilon,
+            inputs.delta,
+            policy,
+            art,
+            inputs.reference_loss_fns,
+        ),
+    )
 
 
 def _utility(

@@ -501,23 +501,7 @@ def _judge_reid(
     blind = [k for k, rec in recs.items() if rec is None]
     named = [k for k, rec in recs.items() if rec is not None and rec.p_value < alpha]
     passed = r.p_value >= policy.volume_reid_alpha and not blind and not named
-    said = []
-    for k, rec in recs.items():
-        if rec is None:
-            said.append(
-                f"{k} FOUND NO FACE in two or more original renders (the attack cannot see the "
-                "faces it must protect: a failure, not a pass)"
-            )
-        else:
-            said.append(
-                f"{k} {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, p = "
-                f"{rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released renders)"
-            )
-    recognisers = (
-        "face recognisers: " + "; ".join(said) + f"; each fails below p = {alpha:g}"
-        if recs
-        else f"face recognisers not run ({why_not})"
-    )
+    recognisers = _recognisers_line(recs, n, alpha, why_not)
     return CheckResult(
         CHECK_REID,
         "attack",
@@ -539,4 +523,28 @@ def _judge_reid(
             "face_rank1_alpha": alpha,
             "recogniser_not_run": why_not,
         },
+    )
+
+
+def _recognisers_line(
+    recs: dict[str, Recognition | None], n: int, alpha: float, why_not: str | None
+) -> str:
+    """What each face recogniser made of the renders (a blind one is a failure), or why none
+    ran."""
+    said = []
+    for k, rec in recs.items():
+        if rec is None:
+            said.append(
+                f"{k} FOUND NO FACE in two or more original renders (the attack cannot see the "
+                "faces it must protect: a failure, not a pass)"
+            )
+        else:
+            said.append(
+                f"{k} {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, p = "
+                f"{rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released renders)"
+            )
+    return (
+        "face recognisers: " + "; ".join(said) + f"; each fails below p = {alpha:g}"
+        if recs
+        else f"face recognisers not run ({why_not})"
     )
