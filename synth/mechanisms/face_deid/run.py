@@ -348,7 +348,7 @@ def _gather(
     results: Sequence[PhotoResult], n: int, source: str
 ) -> tuple[
     list[np.ndarray],
-    list[np.ndarray | None],
+    list[Any],
     list[int],
     dict[int, str],
     list[tuple[FaceOutcome, ...]],
