@@ -159,7 +159,7 @@ def plan_privimage(
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
     before, frequency, central_queries = _before_dpsgd(config, n, n_classes)
-    after: list[MechanismEvent] = [vote_event(config)] if config.vote_sigma else []
+    after: list[GaussianQuery] = [vote_event(config)] if config.vote_sigma else []
     sigma = _calibrated_sigma(config, q, steps, prior, before, after, frequency, central_queries)
     events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
     return PrivImagePlan(
@@ -176,10 +176,10 @@ def plan_privimage(
 
 def _before_dpsgd(
     config: PrivImageConfig, n: int, n_classes: int | None
-) -> tuple[list[MechanismEvent], bool, int]:
+) -> tuple[list[GaussianQuery], bool, int]:
     """The queries before DP-SGD (semantic query, frequency warm-up, central images, each where
     configured); also the frequency warm-up and central queries as resolved."""
-    before: list[MechanismEvent] = [query_event(config)] if config.selection == "semantic" else []
+    before: list[GaussianQuery] = [query_event(config)] if config.selection == "semantic" else []
     if CENTRAL_AUTO in (config.central_images, config.frequency_warmup) and n_classes is None:
         raise InvalidParameterError(
             'central_images and frequency_warmup = "auto" are decided from the number of classes; '
@@ -207,8 +207,8 @@ def _calibrated_sigma(
     q: float,
     steps: int,
     prior: Sequence[MechanismEvent],
-    before: list[MechanismEvent],
-    after: list[MechanismEvent],
+    before: list[GaussianQuery],
+    after: list[GaussianQuery],
     frequency: bool,
     central_queries: int,
 ) -> float:
