@@ -262,6 +262,20 @@ class FaceReidNumbers:
         return str(self.details.get("recogniser", "dlib"))
 
 
+@dataclass
+class _PairedTally:
+    """What the paired attack gathers over the attacked records, in the order it finds it."""
+
+    genuine: list[float] = field(default_factory=list)
+    impostor: list[float] = field(default_factory=list)
+    shifts: list[float] = field(default_factory=list)
+    hits: list[bool] = field(default_factory=list)
+    chance: list[float] = field(default_factory=list)
+    released_faces: int = 0
+    unmatched: int = 0
+    lost_faces: int = 0
+
+
 def compute_paired(
     images: np.ndarray,
     sources: list[np.ndarray],
@@ -281,73 +295,113 @@ def compute_paired(
     ]
     where = {(g, k): n for n, (g, k, _) in enumerate(gallery)}
     g_emb = np.stack([s.embedding for *_, s in gallery]) if gallery else np.zeros((0, 1))
-    genuine: list[float] = []
-    impostor: list[float] = []
-    shifts: list[float] = []
-    hits: list[bool] = []
-    chance: list[float] = []
-    released_faces = unmatched = lost_faces = 0
+    tally = _PairedTally()
     for r in attacked:
         rel = list(index.of("release", r, images[r]))
-        released_faces += len(rel)
-        same_frame = _same_frame(images, r, sources, sensitive)
-        targets: dict[int, set[int]] = {}  # released face -> its original faces (gallery rows)
-        lost: list[int] = []  # original faces the recogniser finds nowhere in the release
-        for s in sorted({int(s) for s in np.asarray(sources[r]).ravel()}):
-            orig = index.of("sensitive", s, sensitive.images[s])
-            pairs = _pair_faces(rel, orig, same_frame)
-            missed = sorted(set(range(len(orig))) - {j for _, j, _ in pairs})
-            unmatched += len(missed)
-            if same_frame:  # the detector missed it: the attacker looks where the original was
-                for j in missed:
-                    there = rec.at(images[r], orig[j].box)
-                    if there is None:
-                        lost.append(where[(s, j)])
-                        continue
-                    rel.append(there)
-                    pairs.append((len(rel) - 1, j, True))
-            for a, b, same_place in pairs:
-                genuine.append(float(rec.distances(rel[a].embedding, orig[b].embedding)[0]))
-                targets.setdefault(a, set()).add(where[(s, b)])
-                if same_place and _uses_dlib_landmarks(rec):
-                    # dlib's 68 landmarks of both, predicted at the original's box: pose and
-                    # expression
-                    box = orig[b].box
-                    shifts.append(
-                        fm.landmark_shift(
-                            fm.landmarks(sensitive.images[s], box), fm.landmarks(images[r], box)
-                        )
-                    )
-        for a, sight in enumerate(rel):
-            d = rec.distances(g_emb, sight.embedding[None])
-            mine = np.zeros(len(gallery), bool)
-            mine[sorted(targets.get(a, set()))] = True
-            impostor.extend(d[~mine].tolist())
-            if mine.any():
-                hits.append(bool(mine[int(np.argmin(d))]))
-                chance.append(float(mine.mean()))
-        for _ in lost:  # neither verified nor identified, but an attempt all the same
-            lost_faces += 1
-            genuine.append(float("inf"))
-            hits.append(False)
-            chance.append(1.0 / len(gallery))
+        tally.released_faces += len(rel)
+        targets, lost = _pair_record(r, rel, images, sources, sensitive, index, where, tally)
+        _identify_record(rec, rel, targets, lost, g_emb, len(gallery), tally)
     # the recogniser's operating points, calibrated on real faces: pairs of different original faces
     first, second = np.triu_indices(len(gallery), 1)
     reference = rec.distances(g_emb[first], g_emb[second]) if len(first) else np.zeros(0)
-    ver = verification(np.array(genuine), reference, rec.threshold)
-    mean_chance = float(np.mean(chance)) if chance else None
-    details = {
+    ver = verification(np.array(tally.genuine), reference, rec.threshold)
+    details = _paired_details(rec, tally, ver, len(attacked), len(gallery_ids), len(gallery))
+    return FaceReidNumbers("paired", details)
+
+
+def _pair_record(
+    r: int,
+    rel: list[fr.Sighting],
+    images: np.ndarray,
+    sources: list[np.ndarray],
+    sensitive: ImageDataset,
+    index: SightingIndex,
+    where: dict[tuple[int, int], int],
+    tally: _PairedTally,
+) -> tuple[dict[int, set[int]], list[int]]:
+    """Pair released record `r`'s faces with its sources' faces (genuine distances, landmark
+    shifts); (released face -> its original faces' gallery rows, gallery rows found nowhere)."""
+    rec = index.recogniser
+    same_frame = _same_frame(images, r, sources, sensitive)
+    targets: dict[int, set[int]] = {}  # released face -> its original faces (gallery rows)
+    lost: list[int] = []  # original faces the recogniser finds nowhere in the release
+    for s in sorted({int(s) for s in np.asarray(sources[r]).ravel()}):
+        orig = index.of("sensitive", s, sensitive.images[s])
+        pairs = _pair_faces(rel, orig, same_frame)
+        missed = sorted(set(range(len(orig))) - {j for _, j, _ in pairs})
+        tally.unmatched += len(missed)
+        if same_frame:  # the detector missed it: the attacker looks where the original was
+            for j in missed:
+                there = rec.at(images[r], orig[j].box)
+                if there is None:
+                    lost.append(where[(s, j)])
+                    continue
+                rel.append(there)
+                pairs.append((len(rel) - 1, j, True))
+        for a, b, same_place in pairs:
+            tally.genuine.append(float(rec.distances(rel[a].embedding, orig[b].embedding)[0]))
+            targets.setdefault(a, set()).add(where[(s, b)])
+            if same_place and _uses_dlib_landmarks(rec):
+                # dlib's 68 landmarks of both, predicted at the original's box: pose and
+                # expression
+                box = orig[b].box
+                tally.shifts.append(
+                    fm.landmark_shift(
+                        fm.landmarks(sensitive.images[s], box), fm.landmarks(images[r], box)
+                    )
+                )
+    return targets, lost
+
+
+def _identify_record(
+    rec: fr.Recogniser,
+    rel: list[fr.Sighting],
+    targets: dict[int, set[int]],
+    lost: list[int],
+    g_emb: np.ndarray,
+    n_gallery: int,
+    tally: _PairedTally,
+) -> None:
+    """Rank-1 identification of one record's released faces against the gallery (impostor
+    distances, hits, chance); its lost original faces count as failed attempts."""
+    for a, sight in enumerate(rel):
+        d = rec.distances(g_emb, sight.embedding[None])
+        mine = np.zeros(n_gallery, bool)
+        mine[sorted(targets.get(a, set()))] = True
+        tally.impostor.extend(d[~mine].tolist())
+        if mine.any():
+            tally.hits.append(bool(mine[int(np.argmin(d))]))
+            tally.chance.append(float(mine.mean()))
+    for _ in lost:  # neither verified nor identified, but an attempt all the same
+        tally.lost_faces += 1
+        tally.genuine.append(float("inf"))
+        tally.hits.append(False)
+        tally.chance.append(1.0 / n_gallery)
+
+
+def _paired_details(
+    rec: fr.Recogniser,
+    tally: _PairedTally,
+    ver: dict[str, Any],
+    n_attacked: int,
+    n_gallery_records: int,
+    n_gallery_faces: int,
+) -> dict[str, Any]:
+    """The paired attack's report details, from its tally and verification numbers."""
+    impostor, hits, shifts = tally.impostor, tally.hits, tally.shifts
+    mean_chance = float(np.mean(tally.chance)) if tally.chance else None
+    return {
         "mode": "paired",
         "recogniser": rec.key,
         "embedder": rec.name,
-        "n_released_attacked": len(attacked),
-        "n_released_faces": released_faces,
-        "n_gallery_records": len(gallery_ids),
-        "n_gallery_faces": len(gallery),
+        "n_released_attacked": n_attacked,
+        "n_released_faces": tally.released_faces,
+        "n_gallery_records": n_gallery_records,
+        "n_gallery_faces": n_gallery_faces,
         # not found by the detector in the release (same frame: attacked at the original's place)
-        "original_faces_not_found_in_release": unmatched,
+        "original_faces_not_found_in_release": tally.unmatched,
         # not found even at the original's place: counted as neither verified nor identified
-        "original_faces_not_found_at_their_place": lost_faces,
+        "original_faces_not_found_at_their_place": tally.lost_faces,
         **ver,
         "far_calibration": "pairs of different original faces",
         "release_impostor_pairs": len(impostor),
@@ -366,7 +420,6 @@ def compute_paired(
         "n_landmark_pairs": len(shifts),
         "reidentification_rate": ver["tar_at_threshold"],
     }
-    return FaceReidNumbers("paired", details)
 
 
 # ------------------------------------------------------------------ unpaired attack
@@ -639,25 +692,8 @@ def compute_realism(
         released = fm.as_rgb(images[r])
         found = fr.yunet_detect(released, fr.REALISM_DETECTION)
         for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
-            box, points = fr.yunet_box(row), fr.yunet_points(row)
             replaced += 1
-            ious = [fm.box_iou(fr.yunet_box(f), box) for f in found]
-            if ious and max(ious) >= RETENTION_IOU:
-                retained += 1
-                there: np.ndarray | None = found[int(np.argmax(ious))]
-            else:  # how far the landmarks moved, even for a face YuNet hardly sees
-                there = fr.yunet_at(released, box)
-            if there is not None:
-                moved = np.linalg.norm(fr.yunet_points(there) - points, axis=1).mean()
-                shifts.append(float(moved / max(np.linalg.norm(points[0] - points[1]), 1e-9)))
-            # every variant cut at the original's points: KID compares appearance, not framing
-            for name, photo in (
-                ("original", original),
-                ("release", released),
-                ("blurred", blur_face(original, box)),
-                ("pixelated", pixelate_face(original, box)),
-            ):
-                crops[name].append(fr.facenet_crop(photo, points))
+            retained += _realism_face(original, released, found, row, shifts, crops)
     kids: dict[str, float | None] = {}
     if replaced >= 2:
         features = {k: _facenet_features(v) for k, v in crops.items()}
@@ -683,6 +719,38 @@ def compute_realism(
     }
 
 
+def _realism_face(
+    original: np.ndarray,
+    released: np.ndarray,
+    found: np.ndarray,
+    row: np.ndarray,
+    shifts: list[float],
+    crops: dict[str, list[np.ndarray]],
+) -> bool:
+    """One original face (YuNet `row`): whether YuNet still finds it in the release (True), its
+    landmark shift into `shifts`, and its crops (original, released, blurred, pixelated) into
+    `crops`."""
+    box, points = fr.yunet_box(row), fr.yunet_points(row)
+    ious = [fm.box_iou(fr.yunet_box(f), box) for f in found]
+    retained = bool(ious and max(ious) >= RETENTION_IOU)
+    if retained:
+        there: np.ndarray | None = found[int(np.argmax(ious))]
+    else:  # how far the landmarks moved, even for a face YuNet hardly sees
+        there = fr.yunet_at(released, box)
+    if there is not None:
+        moved = np.linalg.norm(fr.yunet_points(there) - points, axis=1).mean()
+        shifts.append(float(moved / max(np.linalg.norm(points[0] - points[1]), 1e-9)))
+    # every variant cut at the original's points: KID compares appearance, not framing
+    for name, photo in (
+        ("original", original),
+        ("release", released),
+        ("blurred", blur_face(original, box)),
+        ("pixelated", pixelate_face(original, box)),
+    ):
+        crops[name].append(fr.facenet_crop(photo, points))
+    return retained
+
+
 def check_realism(
     realism: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None = None
 ) -> list[CheckResult]:
@@ -700,62 +768,72 @@ def check_realism(
                 d,
             )
         ]
-    out = []
+    out = [_retention_check(d, n, policy)]
+    geometry = _geometry_check(d, policy, dlib_shift)
+    if geometry is not None:
+        out.append(geometry)
+    out.append(_kid_check(d, n, policy))
+    return out
+
+
+def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
+    """The share of replaced faces YuNet still finds at the original's place."""
     keep, lim = d["detection_retention"], policy.face_min_detection_retention
-    out.append(
-        CheckResult(
-            RETENTION_CHECK,
-            "utility",
-            None if lim is None else keep >= lim,
-            f"YuNet finds {d['n_retained']} of {n} replaced faces (confidence >= "
-            f"{fr.REALISM_DETECTION:g}, IoU >= {RETENTION_IOU:g} with the original's box): "
-            f"{keep:.3f}" + (f"; min {lim:g}" if lim is not None else ""),
-            d,
-        )
+    return CheckResult(
+        RETENTION_CHECK,
+        "utility",
+        None if lim is None else keep >= lim,
+        f"YuNet finds {d['n_retained']} of {n} replaced faces (confidence >= "
+        f"{fr.REALISM_DETECTION:g}, IoU >= {RETENTION_IOU:g} with the original's box): "
+        f"{keep:.3f}" + (f"; min {lim:g}" if lim is not None else ""),
+        d,
     )
+
+
+def _geometry_check(
+    d: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None
+) -> CheckResult | None:
+    """How far YuNet's 5 landmarks moved (pose and expression kept); None without landmarks."""
     shift, lim = d["mean_landmark_shift_yunet5"], policy.face_max_landmark_shift
-    if shift is not None:
-        extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
-        out.append(
-            CheckResult(
-                GEOMETRY_CHECK,
-                "utility",
-                None if lim is None else shift <= lim,
-                f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
-                f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
-                + (f"; max {lim:g})" if lim is not None else ")"),
-                {
-                    "mean_landmark_shift": shift,
-                    "mean_landmark_shift_dlib68": dlib_shift,
-                    "n_faces": d["n_landmark_faces"],
-                },
-            )
-        )
+    if shift is None:
+        return None
+    extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
+    return CheckResult(
+        GEOMETRY_CHECK,
+        "utility",
+        None if lim is None else shift <= lim,
+        f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
+        f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
+        + (f"; max {lim:g})" if lim is not None else ")"),
+        {
+            "mean_landmark_shift": shift,
+            "mean_landmark_shift_dlib68": dlib_shift,
+            "n_faces": d["n_landmark_faces"],
+        },
+    )
+
+
+def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
+    """The KID of released against original faces, beside blurred and pixelated originals'."""
     rel, blur, pix = d["kid_release"], d["kid_blurred"], d["kid_pixelated"]
     if rel is None or blur is None:
-        out.append(
-            CheckResult(
-                KID_CHECK,
-                "utility",
-                None,
-                f"KID needs at least two replaced faces, {n} found",
-                d,
-            )
+        return CheckResult(
+            KID_CHECK,
+            "utility",
+            None,
+            f"KID needs at least two replaced faces, {n} found",
+            d,
         )
-    else:
-        out.append(
-            CheckResult(
-                KID_CHECK,
-                "utility",
-                (rel < blur) if policy.face_max_kid_vs_blur else None,
-                f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
-                f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
-                + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
-                + (" (few faces: noisy)" if n < 50 else ""),
-                d,
-            )
-        )
-    return out
+    return CheckResult(
+        KID_CHECK,
+        "utility",
+        (rel < blur) if policy.face_max_kid_vs_blur else None,
+        f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
+        f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
+        + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
+        + (" (few faces: noisy)" if n < 50 else ""),
+        d,
+    )
 
 
 # ------------------------------------------------------------------ entry points

@@ -85,6 +85,14 @@ class AuditInputs:
         return self.sensitive
 
     def validate(self) -> None:
+        self._validate_kinds()
+        images = np.asarray(self.images)
+        self._validate_release(images)
+        self._validate_companions(images)
+        self._validate_claims()
+
+    def _validate_kinds(self) -> None:
+        """The sensitive set holds images and the guarantee kind is known."""
         if not isinstance(self.sensitive, ImageDataset):
             raise DataFormatError(
                 f"sensitive must be an ImageDataset, got {type(self.sensitive).__name__}."
@@ -94,7 +102,9 @@ class AuditInputs:
                 f"guarantee_kind must be one of {sorted(GUARANTEE_KINDS)}, got "
                 f"{self.guarantee_kind!r}."
             )
-        images = np.asarray(self.images)
+
+    def _validate_release(self, images: np.ndarray) -> None:
+        """The released images, labels, ids and expected count are consistent."""
         if images.ndim not in (3, 4):
             raise DataFormatError(
                 f"release images must be (N, H, W) or (N, H, W, C), got shape {images.shape}."
@@ -114,6 +124,10 @@ class AuditInputs:
             raise InvalidParameterError(
                 f"expected_count must be a non-negative integer, got {self.expected_count!r}."
             )
+
+    def _validate_companions(self, images: np.ndarray) -> None:
+        """Held-out and selected public data are image sets like the sensitive set; k-anonymous
+        clusters match the representatives."""
         for name, other in (("heldout", self.heldout), ("selected_public", self.selected_public)):
             if other is not None and not isinstance(other, ImageDataset):
                 raise DataFormatError(
@@ -133,6 +147,9 @@ class AuditInputs:
                 f"{len(self.clusters)} clusters for {len(images)} released representatives; give "
                 "one array of sensitive indices per representative, in release order."
             )
+
+    def _validate_claims(self) -> None:
+        """The registered labels, the claimed guarantee and the fingerprint key are usable."""
         if not self.label_set:
             raise InvalidParameterError("label_set is empty; give the registered dataset's labels.")
         if self.claimed_epsilon is not None and (

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,53 +76,19 @@ def compute_kanon_attacks(
     reps = sample_idx(len(images), policy.feature_samples, rng)
     use_heldout = heldout is not None and len(heldout) >= max(len(clusters[r]) for r in reps)
 
-    plans = []  # (rep, source indices, negative indices, negatives from held-out?)
-    for r in reps:
-        src = clusters[r]
-        if use_heldout and heldout is not None:
-            neg = rng.choice(len(heldout), len(src), replace=False)
-        else:
-            pool = np.setdiff1d(np.arange(len(sensitive)), src)
-            neg = rng.choice(pool, min(len(src), len(pool)), replace=False)
-        plans.append((r, src, neg))
+    plans = _negative_plans(reps, clusters, sensitive, heldout, use_heldout, rng)
     neg_images = heldout.images if use_heldout and heldout is not None else sensitive.images
-
-    def space_precision(rep_vecs, sens_vec, neg_vec) -> float:
-        vals = []
-        for j, (_, src, neg) in enumerate(plans):
-            cands = np.concatenate([sens_vec(src), neg_vec(neg)])
-            member = np.r_[np.ones(len(src)), np.zeros(len(neg))]
-            vals.append(_precision(rep_vecs[j], cands, member, len(src)))
-        return float(np.mean(vals))
-
-    # pixel space: cosine similarity of centred pixel vectors
-    def pix(x: np.ndarray) -> np.ndarray:
-        f = flat01(x)
-        return l2_normalise(f - f.mean(1, keepdims=True))
-
     precisions = {
-        "pixel": space_precision(
-            pix(images[reps]), lambda i: pix(sensitive.images[i]), lambda i: pix(neg_images[i])
+        "pixel": _space_precision(
+            plans,
+            _pix(images[reps]),
+            lambda i: _pix(sensitive.images[i]),
+            lambda i: _pix(neg_images[i]),
         )
     }
     if features:
-        used_s = np.unique(
-            np.concatenate([p[1] for p in plans] + ([] if use_heldout else [p[2] for p in plans]))
-        )
-        used_n = np.unique(np.concatenate([p[2] for p in plans])) if use_heldout else used_s
-        fs = dict(
-            zip(used_s.tolist(), l2_normalise(embed_images(sensitive.images[used_s])), strict=True)
-        )
-        fn = (
-            dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])), strict=True))
-            if use_heldout
-            else fs
-        )
-        frep = l2_normalise(embed_images(images[reps]))
-        precisions["feature"] = space_precision(
-            frep,
-            lambda i: np.stack([fs[int(x)] for x in i]),
-            lambda i: np.stack([fn[int(x)] for x in i]),
+        precisions["feature"] = _feature_precision(
+            images[reps], plans, sensitive.images, neg_images, use_heldout
         )
     sizes = np.array([len(c) for c in clusters])
     membership = {
@@ -144,6 +111,82 @@ def compute_kanon_attacks(
         float(np.mean(sizes) / len(sensitive)),
         len(images),
         np.flatnonzero(hits)[:50].tolist(),
+    )
+
+
+_AttackPlan = tuple[int, np.ndarray, np.ndarray]  # (rep, source indices, negative indices)
+
+
+def _negative_plans(
+    reps: np.ndarray,
+    clusters: list[np.ndarray],
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    use_heldout: bool,
+    rng: np.random.Generator,
+) -> list[_AttackPlan]:
+    """Each attacked representative's sources and as many non-members (held-out images, else
+    sensitive records outside its cluster), drawn from `rng` in the representatives' order."""
+    plans = []
+    for r in reps:
+        src = clusters[r]
+        if use_heldout and heldout is not None:
+            neg = rng.choice(len(heldout), len(src), replace=False)
+        else:
+            pool = np.setdiff1d(np.arange(len(sensitive)), src)
+            neg = rng.choice(pool, min(len(src), len(pool)), replace=False)
+        plans.append((r, src, neg))
+    return plans
+
+
+def _space_precision(
+    plans: list[_AttackPlan],
+    rep_vecs: np.ndarray,
+    sens_vec: Callable[[np.ndarray], np.ndarray],
+    neg_vec: Callable[[np.ndarray], np.ndarray],
+) -> float:
+    """The membership attack's mean precision in one space (vectors of representatives, sources
+    and non-members)."""
+    vals = []
+    for j, (_, src, neg) in enumerate(plans):
+        cands = np.concatenate([sens_vec(src), neg_vec(neg)])
+        member = np.r_[np.ones(len(src)), np.zeros(len(neg))]
+        vals.append(_precision(rep_vecs[j], cands, member, len(src)))
+    return float(np.mean(vals))
+
+
+def _pix(x: np.ndarray) -> np.ndarray:
+    """Pixel space: centred pixel vectors, unit length (cosine similarity)."""
+    f = flat01(x)
+    return l2_normalise(f - f.mean(1, keepdims=True))
+
+
+def _feature_precision(
+    rep_images: np.ndarray,
+    plans: list[_AttackPlan],
+    sensitive_images: np.ndarray,
+    neg_images: np.ndarray,
+    use_heldout: bool,
+) -> float:
+    """The attack's precision in feature space, embedding only the images the plans use."""
+    used_s = np.unique(
+        np.concatenate([p[1] for p in plans] + ([] if use_heldout else [p[2] for p in plans]))
+    )
+    used_n = np.unique(np.concatenate([p[2] for p in plans])) if use_heldout else used_s
+    fs = dict(
+        zip(used_s.tolist(), l2_normalise(embed_images(sensitive_images[used_s])), strict=True)
+    )
+    fn = (
+        dict(zip(used_n.tolist(), l2_normalise(embed_images(neg_images[used_n])), strict=True))
+        if use_heldout
+        else fs
+    )
+    frep = l2_normalise(embed_images(rep_images))
+    return _space_precision(
+        plans,
+        frep,
+        lambda i: np.stack([fs[int(x)] for x in i]),
+        lambda i: np.stack([fn[int(x)] for x in i]),
     )
 
 

@@ -197,21 +197,7 @@ def check_mia(
             Path(artifacts_dir) / "mia_roc.png",
             f"{name} MIA ({n} members vs {n} held-out)",
         )
-    eps_txt = f"{claimed_epsilon:.3g}" if claimed_epsilon is not None else "none claimed"
-    ci1, ci01 = a["tpr_1pct"]["ci"], a["tpr_01pct"]["ci"]
-    summary = (
-        f"{name} attack: AUC {a['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR "
-        f"{a['tpr_at_1pct_fpr']:.3f} [{ci1[0]:.3f}, {ci1[1]:.3f}] (max "
-        f"{policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR {a['tpr_at_01pct_fpr']:.3f} "
-        f"[{ci01[0]:.3f}, {ci01[1]:.3f}]; empirical eps >= {bound['eps_lower']:.3f} "
-        f"({policy.mia_confidence:.0%} CP) vs claimed {eps_txt}"
-        + (" — CONTRADICTS the claimed epsilon" if contradiction else "")
-        + (
-            ""
-            if "calibrated" in numbers.attacks
-            else "; no reference models: uncalibrated loss attack only"
-        )
-    )
+    summary = _mia_summary(numbers, policy, claimed_epsilon, contradiction)
     attacks = {
         k: {kk: vv for kk, vv in v.items() if kk != "roc"} for k, v in numbers.attacks.items()
     }
@@ -236,6 +222,31 @@ def check_mia(
     }
     return CheckResult(
         "membership_inference", "attack", all(checks.values()), summary, details, artifacts
+    )
+
+
+def _mia_summary(
+    numbers: MiaNumbers, policy: AuditPolicy, claimed_epsilon: float | None, contradiction: bool
+) -> str:
+    """The verdict's line: the strongest attack's AUC, TPRs with their intervals, and its epsilon
+    bound against the claim."""
+    name = numbers.strongest
+    a = numbers.attacks[name]
+    bound = a["epsilon_bound"]
+    eps_txt = f"{claimed_epsilon:.3g}" if claimed_epsilon is not None else "none claimed"
+    ci1, ci01 = a["tpr_1pct"]["ci"], a["tpr_01pct"]["ci"]
+    return (
+        f"{name} attack: AUC {a['auc']:.3f} (max {policy.mia_max_auc}), TPR@1%FPR "
+        f"{a['tpr_at_1pct_fpr']:.3f} [{ci1[0]:.3f}, {ci1[1]:.3f}] (max "
+        f"{policy.mia_max_tpr_at_1pct_fpr}), TPR@0.1%FPR {a['tpr_at_01pct_fpr']:.3f} "
+        f"[{ci01[0]:.3f}, {ci01[1]:.3f}]; empirical eps >= {bound['eps_lower']:.3f} "
+        f"({policy.mia_confidence:.0%} CP) vs claimed {eps_txt}"
+        + (" — CONTRADICTS the claimed epsilon" if contradiction else "")
+        + (
+            ""
+            if "calibrated" in numbers.attacks
+            else "; no reference models: uncalibrated loss attack only"
+        )
     )
 
 

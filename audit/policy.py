@@ -130,82 +130,45 @@ class AuditPolicy:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("require_attacks", "face_max_kid_vs_blur"):
-                if not isinstance(value, bool):
-                    raise InvalidParameterError(
-                        f"audit policy {f.name} must be true or false, got {value!r}."
-                    )
+            if self._checked_non_numeric(f.name, value, f.type):
                 continue
-            if value is None and "None" in str(f.type):
-                continue
-            if f.name == "face_reidentification":
-                if value not in FACE_MODES:
-                    raise InvalidParameterError(
-                        f"audit policy face_reidentification must be one of {', '.join(FACE_MODES)}"
-                        f", got {value!r}."
-                    )
-                continue
-            if f.name == "face_recognisers":
-                self.face_recognisers = _recogniser_keys(value)
-                continue
-            if f.name == "face_embedder":
-                if not isinstance(value, str) or not value:
-                    raise InvalidParameterError(
-                        f"audit policy face_embedder must name an embedder, got {value!r}."
-                    )
-                continue
-            if f.name == "one_run_score":
-                if value not in ("gradients", "model"):
-                    raise InvalidParameterError(
-                        f'audit policy one_run_score must be "gradients" or "model", got {value!r}.'
-                    )
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-            ):
+            _check_number(f.name, value)
+            _check_bounds(f.name, value)
+
+    def _checked_non_numeric(self, name: str, value: Any, type_: Any) -> bool:
+        """Check a field that is not a plain number (flags, an unset optional, the face mode,
+        recogniser and embedder names, the one-run score); True if it was one."""
+        if name in ("require_attacks", "face_max_kid_vs_blur"):
+            if not isinstance(value, bool):
                 raise InvalidParameterError(
-                    f"audit policy {f.name} must be a finite number, got {value!r}."
+                    f"audit policy {name} must be true or false, got {value!r}."
                 )
-            if f.name in _UNIT and not 0 <= value <= 1:
+            return True
+        if value is None and "None" in str(type_):
+            return True
+        if name == "face_reidentification":
+            if value not in FACE_MODES:
                 raise InvalidParameterError(
-                    f"audit policy {f.name} must be between 0 and 1, got {value}."
+                    f"audit policy face_reidentification must be one of {', '.join(FACE_MODES)}"
+                    f", got {value!r}."
                 )
-            if f.name in _POSITIVE_INT and (int(value) != value or value < 1):
+            return True
+        if name == "face_recognisers":
+            self.face_recognisers = _recogniser_keys(value)
+            return True
+        if name == "face_embedder":
+            if not isinstance(value, str) or not value:
                 raise InvalidParameterError(
-                    f"audit policy {f.name} must be a positive integer, got {value}."
+                    f"audit policy face_embedder must name an embedder, got {value!r}."
                 )
-            if f.name == "near_copy_ratio" and value <= 0:
+            return True
+        if name == "one_run_score":
+            if value not in ("gradients", "model"):
                 raise InvalidParameterError(
-                    f"audit policy near_copy_ratio must be > 0, got {value}."
+                    f'audit policy one_run_score must be "gradients" or "model", got {value!r}.'
                 )
-            if f.name == "face_max_landmark_shift" and value < 0:
-                raise InvalidParameterError(
-                    f"audit policy face_max_landmark_shift must be >= 0, got {value}."
-                )
-            if f.name == "max_fid" and value < 0:
-                raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
-            if f.name == "one_run_canaries" and value < 10:
-                raise InvalidParameterError(
-                    f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}."
-                )
-            if f.name == "volume_min_subjects" and value < 2:
-                raise InvalidParameterError(
-                    f"audit policy volume_min_subjects must be >= 2 (rank-1 needs a choice), "
-                    f"got {value}."
-                )
-            if f.name == "volume_reid_alpha" and not 0 < value < 1:
-                raise InvalidParameterError(
-                    f"audit policy volume_reid_alpha must be strictly between 0 and 1, got {value}."
-                )
-            if f.name == "face_rank1_alpha" and not 0 <= value < 1:
-                raise InvalidParameterError(
-                    f"audit policy face_rank1_alpha must be at least 0 and below 1 (0 makes rank-1 "
-                    f"informational: no p-value is below 0), got {value}."
-                )
-            if f.name == "sds_clusters" and value < 2:
-                raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
+            return True
+        return False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> AuditPolicy:
@@ -234,6 +197,48 @@ class AuditPolicy:
     @property
     def utility_gated(self) -> bool:
         return bool(self.min_utility_gain) or self.min_downstream_accuracy is not None
+
+
+def _check_number(name: str, value: Any) -> None:
+    """A numeric policy field is a finite number; a share lies in [0, 1], a count is a whole
+    number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidParameterError(f"audit policy {name} must be a finite number, got {value!r}.")
+    if name in _UNIT and not 0 <= value <= 1:
+        raise InvalidParameterError(f"audit policy {name} must be between 0 and 1, got {value}.")
+    if name in _POSITIVE_INT and (int(value) != value or value < 1):
+        raise InvalidParameterError(f"audit policy {name} must be a positive integer, got {value}.")
+
+
+def _check_bounds(name: str, value: float) -> None:
+    """The bounds particular to one numeric policy field."""
+    if name == "near_copy_ratio" and value <= 0:
+        raise InvalidParameterError(f"audit policy near_copy_ratio must be > 0, got {value}.")
+    if name == "face_max_landmark_shift" and value < 0:
+        raise InvalidParameterError(
+            f"audit policy face_max_landmark_shift must be >= 0, got {value}."
+        )
+    if name == "max_fid" and value < 0:
+        raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
+    if name == "one_run_canaries" and value < 10:
+        raise InvalidParameterError(
+            f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}."
+        )
+    if name == "volume_min_subjects" and value < 2:
+        raise InvalidParameterError(
+            f"audit policy volume_min_subjects must be >= 2 (rank-1 needs a choice), got {value}."
+        )
+    if name == "volume_reid_alpha" and not 0 < value < 1:
+        raise InvalidParameterError(
+            f"audit policy volume_reid_alpha must be strictly between 0 and 1, got {value}."
+        )
+    if name == "face_rank1_alpha" and not 0 <= value < 1:
+        raise InvalidParameterError(
+            f"audit policy face_rank1_alpha must be at least 0 and below 1 (0 makes rank-1 "
+            f"informational: no p-value is below 0), got {value}."
+        )
+    if name == "sds_clusters" and value < 2:
+        raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
 
 
 def _recogniser_keys(value: Any) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from accounting.fingerprint import record_fingerprints
 from audit.baseline import compare as compare_with_baselines
 from audit.checks import _cannot_run, _guard
 from audit.inputs import AuditInputs
-from audit.kinds import kind_audit
+from audit.kinds import KindAudit, kind_audit
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from synth.kinds.datasets import ImageDataset
@@ -102,21 +102,9 @@ def _expectations(
 def _attacks(
     inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, art: Path | None
 ) -> list[CheckResult]:
-    sens, ho = inputs.sensitive_images, inputs.heldout
     kind = kind_audit(inputs.output_kind or "images")
     if inputs.guarantee_kind == "k-anonymity":
-        clusters = inputs.clusters
-        if clusters is None:
-            return [
-                _cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)
-            ]
-        from audit.kanon_attacks import run_kanon_attacks
-
-        return _guard(
-            "kanon_attacks",
-            "attack",
-            lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
-        ) + kind.attacks(inputs, images, policy)
+        return _kanon_attacks(inputs, images, policy, kind)
     if inputs.guarantee_kind != DP:  # empirical: judged by the attacks of its output kind
         return kind.attacks(inputs, images, policy) or [
             CheckResult(
@@ -129,37 +117,61 @@ def _attacks(
             )
         ]
     out: list[CheckResult] = []
-    loss_fn = inputs.loss_fn
-    if loss_fn is None:
-        out.append(
-            _cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy)
-        )
-    elif ho is None:
-        out.append(
-            _cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy)
-        )
-    else:
-        from audit.mia import run_mia
-
-        out += _guard(
-            "membership_inference",
-            "attack",
-            lambda: run_mia(
-                loss_fn,
-                sens,
-                ho,
-                inputs.claimed_epsilon,
-                inputs.delta,
-                policy,
-                art,
-                inputs.reference_loss_fns,
-            ),
-        )
+    out += _membership_inference(inputs, policy, art)
     if inputs.dpsgd is not None and policy.one_run_canaries is not None:
         out += _guard(
             "dpsgd_one_run_audit", "attack", lambda: _implementation_audit(inputs, policy)
         )
     return out + kind.attacks(inputs, images, policy)
+
+
+def _kanon_attacks(
+    inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy, kind: KindAudit
+) -> list[CheckResult]:
+    """The k-anonymity attacks on the clusters, then the output kind's (or why none can run)."""
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    clusters = inputs.clusters
+    if clusters is None:
+        return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
+    from audit.kanon_attacks import run_kanon_attacks
+
+    return _guard(
+        "kanon_attacks",
+        "attack",
+        lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
+    ) + kind.attacks(inputs, images, policy)
+
+
+def _membership_inference(
+    inputs: AuditInputs, policy: AuditPolicy, art: Path | None
+) -> list[CheckResult]:
+    """The membership-inference attack on a DP release (or why it cannot run)."""
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    loss_fn = inputs.loss_fn
+    if loss_fn is None:
+        return [
+            _cannot_run("membership_inference", "attack", "no loss_fn for the generator", policy)
+        ]
+    if ho is None:
+        return [
+            _cannot_run("membership_inference", "attack", "no held-out (non-member) data", policy)
+        ]
+    from audit.mia import run_mia
+
+    return _guard(
+        "membership_inference",
+        "attack",
+        lambda: run_mia(
+            loss_fn,
+            sens,
+            ho,
+            inputs.claimed_epsilon,
+            inputs.delta,
+            policy,
+            art,
+            inputs.reference_loss_fns,
+        ),
+    )
 
 
 def _utility(
@@ -230,40 +242,11 @@ def _run_audit(
     if (
         not usable
     ):  # wrong dtype/shape or empty: the expectations say why; nothing else is meaningful
-        report.results.append(
-            CheckResult(
-                "release_readable",
-                "expectations",
-                False,
-                "attacks and metrics not run: release images are not "
-                "non-empty uint8 images of the sensitive set's shape "
-                f"{sens.image_shape} (got {images.dtype}, {images.shape})",
-                {},
-            )
-        )
+        report.results.append(_unreadable(sens.image_shape, images))
         stage.end()
         return report
     stage.begin("memorisation")
-    if inputs.guarantee_kind == "empirical":
-        report.results.append(
-            CheckResult(
-                "memorisation_dcr",
-                "attack",
-                None,
-                "not applicable: an empirical de-identification release keeps each record outside "
-                "what it replaces (an image's background), so every row is a pixel near-copy by "
-                "design; the re-identification attack judges it",
-                {"reason": "near-copies by design"},
-            )
-        )
-    else:
-        from audit.memorisation import run_memorisation
-
-        report.results += _guard(
-            "memorisation_dcr",
-            "attack",
-            lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
-        )
+    report.results += _memorisation(inputs, images, d_tr, idx_tr, policy, art)
     stage.begin("attacks")
     report.results += _attacks(inputs, images, policy, art)
     stage.begin("fidelity")
@@ -271,11 +254,7 @@ def _run_audit(
 
     report.results += _guard(CHECK_FID, "fidelity", lambda: run_fidelity(images, sens, policy, ho))
     stage.begin("utility")
-    utility = _utility(inputs, images, labels, policy)
-    report.results += utility
-    best = next((r.details.get("best") for r in utility if r.name == "downstream_accuracy"), None)
-    if inputs.baselines and isinstance(best, float):
-        report.results.append(compare_with_baselines(best, list(inputs.baselines)))
+    report.results += _utility_and_baselines(inputs, images, labels, policy)
     selected = inputs.selected_public
     if selected is not None:
         stage.begin("sds")
@@ -286,3 +265,60 @@ def _run_audit(
         )
     stage.end()
     return report
+
+
+def _unreadable(shape: tuple[int, ...], images: np.ndarray) -> CheckResult:
+    """The failed readability check of release images that are not the sensitive set's kind."""
+    return CheckResult(
+        "release_readable",
+        "expectations",
+        False,
+        "attacks and metrics not run: release images are not "
+        "non-empty uint8 images of the sensitive set's shape "
+        f"{shape} (got {images.dtype}, {images.shape})",
+        {},
+    )
+
+
+def _memorisation(
+    inputs: AuditInputs,
+    images: np.ndarray,
+    d_tr: np.ndarray,
+    idx_tr: np.ndarray,
+    policy: AuditPolicy,
+    art: Path | None,
+) -> list[CheckResult]:
+    """The memorisation (DCR) check; not applicable to an empirical de-identification release."""
+    if inputs.guarantee_kind == "empirical":
+        return [
+            CheckResult(
+                "memorisation_dcr",
+                "attack",
+                None,
+                "not applicable: an empirical de-identification release keeps each record outside "
+                "what it replaces (an image's background), so every row is a pixel near-copy by "
+                "design; the re-identification attack judges it",
+                {"reason": "near-copies by design"},
+            )
+        ]
+    from audit.memorisation import run_memorisation
+
+    sens, ho = inputs.sensitive_images, inputs.heldout
+    return _guard(
+        "memorisation_dcr",
+        "attack",
+        lambda: run_memorisation(images, sens, ho, d_tr, idx_tr, policy, art),
+    )
+
+
+def _utility_and_baselines(
+    inputs: AuditInputs, images: np.ndarray, labels: np.ndarray, policy: AuditPolicy
+) -> list[CheckResult]:
+    """The utility checks, and the downstream accuracy against the baselines where there are
+    some."""
+    utility = _utility(inputs, images, labels, policy)
+    results = list(utility)
+    best = next((r.details.get("best") for r in utility if r.name == "downstream_accuracy"), None)
+    if inputs.baselines and isinstance(best, float):
+        results.append(compare_with_baselines(best, list(inputs.baselines)))
+    return results

@@ -36,7 +36,7 @@ brain and face:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -378,74 +378,105 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
     originals = inputs.sensitive
     report = AuditReport(inputs.release_id)
     if not isinstance(originals, VolumeDataset) or len(originals) != len(released):
-        report.results.append(
-            CheckResult(
-                "release_readable",
-                "expectations",
-                False,
-                f"{len(released)} released volumes for "
-                f"{len(originals) if isinstance(originals, VolumeDataset) else 'no'} original "
-                "volumes: the release does not match its dataset",
-                {},
-            )
-        )
+        report.results.append(_mismatch(released, originals))
         return report
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
+    scan = _scan_subjects(inputs, originals, released, progress)
+    hmacs = volume_record_fingerprints(
+        inputs.record_fingerprint_key, [canonical_bytes(v) for v in originals.volumes]
+    )
+    report.results.append(_registration_check(scan.problems, scan.metrics))
+    report.results += _guard(
+        "volume_expectations",
+        "expectations",
+        lambda: _expectations(scan.rows, inputs, policy, hmacs),
+    )
+    report.results += _guard(CHECK_RENDERS, "fidelity", lambda: _renders(inputs, art))
+    report.results += _reid_results(scan, len(released), policy)
+    return report
+
+
+def _mismatch(released: VolumeDataset, originals: object) -> CheckResult:
+    """The failed readability check of a release whose volumes do not match its dataset's."""
+    return CheckResult(
+        "release_readable",
+        "expectations",
+        False,
+        f"{len(released)} released volumes for "
+        f"{len(originals) if isinstance(originals, VolumeDataset) else 'no'} original "
+        "volumes: the release does not match its dataset",
+        {},
+    )
+
+
+@dataclass
+class _SubjectScan:
+    """Per subject, what the checks compare: registration, comparison rows, face depth maps and
+    pixels, and recogniser pictures."""
+
+    rows: list[Comparison] = field(default_factory=list)
+    depth_o: list[np.ndarray] = field(default_factory=list)
+    depth_r: list[np.ndarray] = field(default_factory=list)
+    face_px: list[np.ndarray] = field(default_factory=list)
+    pics_o: list[np.ndarray] = field(default_factory=list)
+    pics_r: list[np.ndarray] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    metrics: list[float] = field(default_factory=list)
+
+
+def _scan_subjects(
+    inputs, originals: VolumeDataset, released: VolumeDataset, progress: ProgressFn
+) -> _SubjectScan:
+    """Register each original to the atlas and gather what the checks compare, subject by
+    subject."""
     files = inputs.released_files or [None] * len(released)
     _, brain_atlas = atlases(inputs.cache_dir)
     window = face_window(brain_atlas)
     face = face_region(brain_atlas, window)
-    rows, depth_o, depth_r, face_px = [], [], [], []
-    pics_o: list[np.ndarray] = []
-    pics_r: list[np.ndarray] = []
+    scan = _SubjectScan()
     stage = "audit: volumes (subjects)"
-    problems: list[str] = []
-    metrics: list[float] = []
     for i, (orig, rel) in enumerate(zip(originals.volumes, released.volumes, strict=True)):
         progress(stage, i, len(released))
         reg = brain_atlas.register(orig)
-        metrics.append(reg.metric)
+        scan.metrics.append(reg.metric)
         try:
             check_fit(reg, inputs.ids[i])
         except DataFormatError as exc:
-            problems.append(str(exc))
+            scan.problems.append(str(exc))
         masks = brain_atlas.on(orig, reg)
-        rows.append(compare(inputs.ids[i], orig, rel, masks, files[i]))
+        scan.rows.append(compare(inputs.ids[i], orig, rel, masks, files[i]))
         level = head_level(orig.physical())
-        depth_o.append(normalised_depth(orig, reg, window, level))
-        depth_r.append(normalised_depth(rel, reg, window, level))
+        scan.depth_o.append(normalised_depth(orig, reg, window, level))
+        scan.depth_r.append(normalised_depth(rel, reg, window, level))
         # the pixels showing the face: what a face recogniser looks at (not the ears, the scalp
         # or the outline of the skull)
-        face_px.append(surface_in(face, depth_o[-1]))
+        scan.face_px.append(surface_in(face, scan.depth_o[-1]))
         if max(orig.zooms) <= RECOGNISER_MAX_MM:
-            pics_o.append(recogniser_picture(orig))
-            pics_r.append(recogniser_picture(rel))
+            scan.pics_o.append(recogniser_picture(orig))
+            scan.pics_r.append(recogniser_picture(rel))
         progress(stage, i + 1, len(released))
-    hmacs = volume_record_fingerprints(
-        inputs.record_fingerprint_key, [canonical_bytes(v) for v in originals.volumes]
-    )
-    report.results.append(_registration_check(problems, metrics))
-    report.results += _guard(
-        "volume_expectations", "expectations", lambda: _expectations(rows, inputs, policy, hmacs)
-    )
-    report.results += _guard(CHECK_RENDERS, "fidelity", lambda: _renders(inputs, art))
-    if len(released) < policy.volume_min_subjects:
-        report.results.append(
+    return scan
+
+
+def _reid_results(scan: _SubjectScan, n: int, policy: AuditPolicy) -> list[CheckResult]:
+    """The re-identification check, or why it cannot run with too few subjects."""
+    if n < policy.volume_min_subjects:
+        return [
             _cannot_run(
                 CHECK_REID,
                 "attack",
-                f"{len(released)} subjects; the re-identification test needs at least "
+                f"{n} subjects; the re-identification test needs at least "
                 f"{policy.volume_min_subjects} to tell a match from chance",
                 policy,
             )
-        )
-    else:
-        report.results += _guard(
-            CHECK_REID,
-            "attack",
-            lambda: _judge_reid(depth_o, depth_r, face_px, policy, pics_o, pics_r),
-        )
-    return report
+        ]
+    return _guard(
+        CHECK_REID,
+        "attack",
+        lambda: _judge_reid(
+            scan.depth_o, scan.depth_r, scan.face_px, policy, scan.pics_o, scan.pics_r
+        ),
+    )
 
 
 def _judge_reid(
@@ -470,23 +501,7 @@ def _judge_reid(
     blind = [k for k, rec in recs.items() if rec is None]
     named = [k for k, rec in recs.items() if rec is not None and rec.p_value < alpha]
     passed = r.p_value >= policy.volume_reid_alpha and not blind and not named
-    said = []
-    for k, rec in recs.items():
-        if rec is None:
-            said.append(
-                f"{k} FOUND NO FACE in two or more original renders (the attack cannot see the "
-                "faces it must protect: a failure, not a pass)"
-            )
-        else:
-            said.append(
-                f"{k} {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, p = "
-                f"{rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released renders)"
-            )
-    recognisers = (
-        "face recognisers: " + "; ".join(said) + f"; each fails below p = {alpha:g}"
-        if recs
-        else f"face recognisers not run ({why_not})"
-    )
+    recognisers = _recognisers_line(recs, n, alpha, why_not)
     return CheckResult(
         CHECK_REID,
         "attack",
@@ -508,4 +523,28 @@ def _judge_reid(
             "face_rank1_alpha": alpha,
             "recogniser_not_run": why_not,
         },
+    )
+
+
+def _recognisers_line(
+    recs: dict[str, Recognition | None], n: int, alpha: float, why_not: str | None
+) -> str:
+    """What each face recogniser made of the renders (a blind one is a failure), or why none
+    ran."""
+    said = []
+    for k, rec in recs.items():
+        if rec is None:
+            said.append(
+                f"{k} FOUND NO FACE in two or more original renders (the attack cannot see the "
+                "faces it must protect: a failure, not a pass)"
+            )
+        else:
+            said.append(
+                f"{k} {rec.hits}/{rec.originals_with_face} (chance {rec.chance:.2f}, p = "
+                f"{rec.p_value:.3g}; a face found in {rec.released_with_face}/{n} released renders)"
+            )
+    return (
+        "face recognisers: " + "; ".join(said) + f"; each fails below p = {alpha:g}"
+        if recs
+        else f"face recognisers not run ({why_not})"
     )

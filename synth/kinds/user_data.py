@@ -12,7 +12,7 @@ import io
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -251,6 +251,26 @@ def load_folder(path: Path) -> ImageDataset:
 def load_parquet(path: Path) -> ImageDataset:
     """Parquet with columns `image` (encoded bytes, e.g. PNG) and `label` (int); our bundle
     format."""
+    meta = _checked_parquet(path)
+    table = meta.read(columns=["image", "label"])
+    if table.column("image").null_count or table.column("label").null_count:
+        raise DataFormatError(
+            f"{path}: some images or labels are null; every "
+            "row needs an image and an integer label."
+        )
+    labels = check_label_values(table.column("label").to_numpy(), str(path))
+    images = _image_bytes(path, table)
+    return ImageDataset(
+        _decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)),
+        labels,
+        [],
+        str(path),
+    )
+
+
+def _checked_parquet(path: Path) -> Any:
+    """The Parquet file, opened; refused unless it has an `image` column of encoded bytes and an
+    integer `label` column, some rows, and column data within MAX_VALUES."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -289,13 +309,14 @@ def load_parquet(path: Path) -> ImageDataset:
             f"{path}: {stored:,} bytes of column data exceed the limit of {MAX_VALUES:,}; register "
             "a subset or smaller images."
         )
-    table = meta.read(columns=["image", "label"])
-    if table.column("image").null_count or table.column("label").null_count:
-        raise DataFormatError(
-            f"{path}: some images or labels are null; every "
-            "row needs an image and an integer label."
-        )
-    labels = check_label_values(table.column("label").to_numpy(), str(path))
+    return meta
+
+
+def _image_bytes(path: Path, table: Any) -> list:
+    """The encoded bytes of every row's image (from our bundles' {bytes, path} structs too);
+    refused if one has none."""
+    import pyarrow as pa
+
     column = table.column("image")
     if pa.types.is_struct(
         column.type
@@ -307,13 +328,7 @@ def load_parquet(path: Path) -> ImageDataset:
         raise DataFormatError(
             f"{path}: some images have no bytes; every row needs an encoded image."
         )
-    images = column.to_pylist()
-    return ImageDataset(
-        _decode_all(images, [f"{path} row {i}" for i in range(len(images))], str(path)),
-        labels,
-        [],
-        str(path),
-    )
+    return column.to_pylist()
 
 
 def _bytes_type(t):

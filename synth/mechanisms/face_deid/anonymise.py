@@ -14,7 +14,8 @@ counted.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -337,13 +338,7 @@ def anonymise_face(
         cfg.inversion_lr,
     )
     window = Window.of(face.box, photo.shape)
-    before = window.cut(original)
-    references = tuple(
-        None if (s := rec.at(before, window.box)) is None else s.embedding
-        for rec in tools.recognisers
-    )
-    anchor_row = fr.yunet_at(before, window.box)
-    anchor = None if anchor_row is None else fr.yunet_points(anchor_row)
+    references, anchor = _references(original, window, tools)
     in_photo = None if anchor is None else anchor + np.array([window.x0, window.y0])
     # candidates: the inversion moved towards prior faces of a similar pose and lighting (the
     # bank's closest coarse views to the original's), so the new face keeps the head's pose
@@ -352,37 +347,79 @@ def anonymise_face(
             tools.bank, target, len(cfg.search_strengths) * cfg.candidates_per_round, rng
         )
     )
-    tried = 0
-    farthest: tuple[float, Judgement, np.ndarray] | None = None
-    passing: list[tuple[Judgement, np.ndarray]] = []
-    for strength in (0.0, *cfg.search_strengths):  # 0: the inversion itself
-        for _ in range(1 if strength == 0.0 else cfg.candidates_per_round):
-            z = z0 if strength == 0.0 else slerp(z0, next(partners), strength)
-            gen64 = render(tools.generator, z)[0]
-            candidate = paste(photo, gen64, geometry, in_photo)
-            judged = _judge(candidate, window, references, anchor, tools)
-            tried += 1
-            if judged.passes(tools.targets):
-                passing.append((judged, candidate))
-            else:
-                # how close the candidate came: its worst recogniser, relative to its target
-                worst = min(d / t for d, t in zip(judged.distances, tools.targets, strict=True))
-                if farthest is None or worst > farthest[0]:
-                    farthest = (worst, judged, candidate)
-        # stop at the first round with a realistic candidate far enough for every recogniser
-        if any(p[0].realistic(cfg.landmark_tolerance) for p in passing):
-            break
-    if passing:
-        realistic = [p for p in passing if p[0].realistic(cfg.landmark_tolerance)]
-        judged, image = min(realistic or passing, key=lambda p: p[0].realism_cost)
-        return image, _outcome(face, judged, tried, inv_loss)
+    search = _Search(photo, geometry, window, references, anchor, in_photo, tools)
+    search.run(z0, partners)
+    if search.passing:
+        realistic = [p for p in search.passing if p[0].realistic(cfg.landmark_tolerance)]
+        judged, image = min(realistic or search.passing, key=lambda p: p[0].realism_cost)
+        return image, _outcome(face, judged, search.tried, inv_loss)
+    farthest = search.farthest
     if farthest is not None and farthest[1].passes(halfway(tools)):
         # short of the targets but past the halfway mark from each threshold: a face just past a
         # threshold in the search's window can fall back under it in an attacker's detection
-        return farthest[2], _outcome(face, farthest[1], tried, inv_loss)
+        return farthest[2], _outcome(face, farthest[1], search.tried, inv_loss)
     return pixelate(photo, face.box), FaceOutcome(
-        face.box, "pixelated", None, None, tried, inv_loss
+        face.box, "pixelated", None, None, search.tried, inv_loss
     )
+
+
+def _references(
+    original: np.ndarray, window: Window, tools: Tools
+) -> tuple[tuple[np.ndarray | None, ...], np.ndarray | None]:
+    """The original face's embedding by each searched recogniser (None where it finds none) and
+    YuNet's 5 landmarks of it in the window (None if not found)."""
+    before = window.cut(original)
+    references = tuple(
+        None if (s := rec.at(before, window.box)) is None else s.embedding
+        for rec in tools.recognisers
+    )
+    anchor_row = fr.yunet_at(before, window.box)
+    anchor = None if anchor_row is None else fr.yunet_points(anchor_row)
+    return references, anchor
+
+
+@dataclass
+class _Search:
+    """The search for a replacement face: the candidates judged, those that pass every target,
+    and the one that came closest otherwise."""
+
+    photo: np.ndarray
+    geometry: FaceGeometry
+    window: Window
+    references: tuple[np.ndarray | None, ...]
+    anchor: np.ndarray | None
+    in_photo: np.ndarray | None
+    tools: Tools
+    tried: int = 0
+    farthest: tuple[float, Judgement, np.ndarray] | None = None
+    passing: list[tuple[Judgement, np.ndarray]] = field(default_factory=list)
+
+    def run(self, z0: torch.Tensor, partners: Iterator[torch.Tensor]) -> None:
+        """Round by round (the inversion itself, then each strength towards the partners), until
+        a round has a realistic candidate far enough for every recogniser."""
+        cfg = self.tools.config
+        for strength in (0.0, *cfg.search_strengths):  # 0: the inversion itself
+            for _ in range(1 if strength == 0.0 else cfg.candidates_per_round):
+                z = z0 if strength == 0.0 else slerp(z0, next(partners), strength)
+                self._try(z)
+            # stop at the first round with a realistic candidate far enough for every recogniser
+            if any(p[0].realistic(cfg.landmark_tolerance) for p in self.passing):
+                break
+
+    def _try(self, z: torch.Tensor) -> None:
+        """Render latent `z` into the photo and judge it."""
+        tools = self.tools
+        gen64 = render(tools.generator, z)[0]
+        candidate = paste(self.photo, gen64, self.geometry, self.in_photo)
+        judged = _judge(candidate, self.window, self.references, self.anchor, tools)
+        self.tried += 1
+        if judged.passes(tools.targets):
+            self.passing.append((judged, candidate))
+        else:
+            # how close the candidate came: its worst recogniser, relative to its target
+            worst = min(d / t for d, t in zip(judged.distances, tools.targets, strict=True))
+            if self.farthest is None or worst > self.farthest[0]:
+                self.farthest = (worst, judged, candidate)
 
 
 def halfway(tools: Tools) -> tuple[float, ...]:

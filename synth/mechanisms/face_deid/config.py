@@ -74,12 +74,37 @@ class FaceDeidConfig(MechanismConfig):
 
     @classmethod
     def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        cls._check_weights(v)
+        names = cls._recogniser_names(v)
+        pairs = cls._target_pairs(v)
+        return {
+            **v,
+            "latent_dim": check.whole("latent_dim", v["latent_dim"], 1, 4096),
+            "generator_features": check.whole(
+                "generator_features", v["generator_features"], 1, 1024
+            ),
+            "recognisers": tuple(dict.fromkeys(names)),  # each once, in the order given
+            "identity_targets": tuple(
+                sorted((k, check.number(f"identity_targets.{k}", d, 0.0, 10.0)) for k, d in pairs)
+            ),
+            **cls._checked_search(v),
+            **cls._checked_placement(v),
+        }
+
+    @staticmethod
+    def _check_weights(v: Mapping[str, Any]) -> None:
+        """generator_weights is left out or a non-empty path."""
         weights = v["generator_weights"]
         if weights is not None and (not isinstance(weights, str) or not weights.strip()):
             raise InvalidParameterError(
                 "generator_weights must be the path of a DCGAN state dict, or left out "
                 "for the packaged generator."
             )
+
+    @staticmethod
+    def _recogniser_names(v: Mapping[str, Any]) -> tuple[str, ...] | list[str]:
+        """The recognisers' names as given (one name alone is a list of one); refused unless
+        names."""
         names = v["recognisers"]
         names = (names,) if isinstance(names, str) else names
         if (
@@ -91,6 +116,12 @@ class FaceDeidConfig(MechanismConfig):
                 'recognisers must list recogniser names, e.g. ["dlib", "sface"]; got '
                 f"{v['recognisers']!r}."
             )
+        return names
+
+    @staticmethod
+    def _target_pairs(v: Mapping[str, Any]) -> list | tuple:
+        """identity_targets as (recogniser name, distance) pairs, from a table or a list of
+        pairs."""
         targets = v["identity_targets"]
         pairs = list(targets.items()) if isinstance(targets, Mapping) else targets
         if not isinstance(pairs, (list, tuple)) or not all(
@@ -100,16 +131,12 @@ class FaceDeidConfig(MechanismConfig):
                 "identity_targets must map recogniser names to distances, e.g. "
                 f"{{ sface = 0.85 }}; got {targets!r}."
             )
+        return pairs
+
+    @staticmethod
+    def _checked_search(v: Mapping[str, Any]) -> dict[str, Any]:
+        """The identity search: thresholds, inversion, latent bank, strengths and candidates."""
         return {
-            **v,
-            "latent_dim": check.whole("latent_dim", v["latent_dim"], 1, 4096),
-            "generator_features": check.whole(
-                "generator_features", v["generator_features"], 1, 1024
-            ),
-            "recognisers": tuple(dict.fromkeys(names)),  # each once, in the order given
-            "identity_targets": tuple(
-                sorted((k, check.number(f"identity_targets.{k}", d, 0.0, 10.0)) for k, d in pairs)
-            ),
             "acknowledge_no_held_out": check.flag(
                 "acknowledge_no_held_out", v["acknowledge_no_held_out"]
             ),
@@ -131,6 +158,12 @@ class FaceDeidConfig(MechanismConfig):
             "candidates_per_round": check.whole(
                 "candidates_per_round", v["candidates_per_round"], 1, 64
             ),
+        }
+
+    @staticmethod
+    def _checked_placement(v: Mapping[str, Any]) -> dict[str, Any]:
+        """Blending into the photo, the detector's faces, photos without one, and the seed."""
+        return {
             "feather": check.number("feather", v["feather"], 0.0, 1.0),
             "mask_scale": check.number("mask_scale", v["mask_scale"], 0.5, 2.0),
             "landmark_tolerance": check.number(

@@ -76,6 +76,23 @@ def plan(
         raise InvalidParameterError(
             f"config must be a FaceDeidConfig, got {type(config).__name__}."
         )
+    shape = _photo_shape(dataset)
+    recognisers, targets = _searched_targets(config)
+    bound = _bound_files(config, recognisers)
+    return MechanismPlan(
+        events=(NonPrivateRelease("empirical face de-identification (face-deid)"),),
+        expected_count=dataset.record_count,
+        output_shape=shape,
+        guarantee_kind="empirical",
+        warnings=_plan_warnings(config),
+        requires_acknowledgement=True,
+        parameters=config.as_dict(),
+        detail=_plan_detail(config, dataset, targets, bound),
+    )
+
+
+def _photo_shape(dataset: DatasetInfo) -> tuple[int, ...]:
+    """The dataset's image shape, refused unless colour photographs of at least MIN_SIDE pixels."""
     shape = tuple(dataset.image_shape)
     if len(shape) != 3 or shape[2] != 3:
         raise InvalidParameterError(
@@ -88,7 +105,14 @@ def plan(
             f"face-deid needs photographs of at least {MIN_SIDE} x {MIN_SIDE} pixels; dataset "
             f"{dataset.name!r} is {shape[1]}x{shape[0]}. Register the photos at a larger size."
         )
-    # an unknown recogniser is refused here, before any charge
+    return shape
+
+
+def _searched_targets(
+    config: FaceDeidConfig,
+) -> tuple[tuple[fr.Recogniser, ...], dict[str, float]]:
+    """The searched recognisers and their target distances, each above its same-person threshold
+    (an unknown recogniser is refused here, before any charge)."""
     recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
     targets = dict(zip(config.recognisers, config.targets(recognisers), strict=True))
     for rec in recognisers:
@@ -98,6 +122,12 @@ def plan(
                 f"above its same-person threshold ({rec.threshold:g}): a face released at it "
                 "would still be verified as its original. Raise the target."
             )
+    return recognisers, targets
+
+
+def _bound_files(config: FaceDeidConfig, recognisers: tuple[fr.Recogniser, ...]) -> dict[str, str]:
+    """Every file the run reads besides the data, with its sha256 (the approval binds them); given
+    generator weights must be a file."""
     if config.generator_weights is not None and not Path(config.generator_weights).is_file():
         raise InvalidParameterError(
             f"[face-deid] generator_weights {config.generator_weights!r} is not a file; give the "
@@ -107,6 +137,11 @@ def plan(
     bound = {generator: file_sha256(Path(generator))}
     for rec in recognisers:
         bound.update({str(f): file_sha256(f) for f in rec.files()})
+    return bound
+
+
+def _plan_warnings(config: FaceDeidConfig) -> tuple[str, ...]:
+    """The plan's warnings: no DP guarantee, and what happens to photos without a face."""
     warnings = [NO_DP_WARNING]
     warnings.append(
         "Photos in which the detector finds no face are "
@@ -116,33 +151,31 @@ def plan(
             else 'refused: the run fails on the first one (no_face = "refuse").'
         )
     )
-    return MechanismPlan(
-        events=(NonPrivateRelease("empirical face de-identification (face-deid)"),),
-        expected_count=dataset.record_count,
-        output_shape=shape,
-        guarantee_kind="empirical",
-        warnings=tuple(warnings),
-        requires_acknowledgement=True,
-        parameters=config.as_dict(),
-        detail={
-            "guarantee_description": guarantee_line(targets),
-            "choices": [
-                "search: every face replaced until "
-                + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
-                + " from the original; the audit's other recognisers are held out"
-                + (" (none: acknowledged)" if config.acknowledge_no_held_out else ""),
-                f"candidates: up to {config.max_candidates} a face, from a bank of "
-                f"{config.bank_size} prior faces",
-            ],
-            # what the search measured; release/ holds the audit's recognisers against it
-            "searched_recognisers": list(config.recognisers),
-            "search_targets": targets,
-            "no_held_out_acknowledged": config.acknowledge_no_held_out,
-            # every file the run reads besides the data, bound to the approval by its sha256
-            "bound_files": bound,
-            "n_photos": dataset.record_count,
-        },
-    )
+    return tuple(warnings)
+
+
+def _plan_detail(
+    config: FaceDeidConfig, dataset: DatasetInfo, targets: dict[str, float], bound: dict[str, str]
+) -> dict[str, Any]:
+    """The plan's detail: the guarantee, the search's choices and targets, the bound files."""
+    return {
+        "guarantee_description": guarantee_line(targets),
+        "choices": [
+            "search: every face replaced until "
+            + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
+            + " from the original; the audit's other recognisers are held out"
+            + (" (none: acknowledged)" if config.acknowledge_no_held_out else ""),
+            f"candidates: up to {config.max_candidates} a face, from a bank of "
+            f"{config.bank_size} prior faces",
+        ],
+        # what the search measured; release/ holds the audit's recognisers against it
+        "searched_recognisers": list(config.recognisers),
+        "search_targets": targets,
+        "no_held_out_acknowledged": config.acknowledge_no_held_out,
+        # every file the run reads besides the data, bound to the approval by its sha256
+        "bound_files": bound,
+        "n_photos": dataset.record_count,
+    }
 
 
 def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
@@ -294,6 +327,34 @@ def run(
         )
     except DataFormatError as exc:
         raise DataFormatError(f"{data.source}: {exc}") from exc
+    released, crops, kept, withheld, outcomes = _gather(results, n, data.source)
+    params = _run_parameters(
+        config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
+    )
+    internal = _run_internal(outcomes)
+    return MechanismOutput(
+        images=np.stack(released),
+        labels=data.labels[kept].astype(np.int64),
+        parameters=params,
+        # each released photo's source record: the re-identification attack's genuine pairs
+        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
+        internal=internal,
+        extra_images={"face": np.stack(crops)},
+        withheld=withheld,
+    )
+
+
+def _gather(
+    results: Sequence[PhotoResult], n: int, source: str
+) -> tuple[
+    list[np.ndarray],
+    list[Any],
+    list[int],
+    dict[int, str],
+    list[tuple[FaceOutcome, ...]],
+]:
+    """The released photos, their face crops and indices, the withheld ones (index -> why) and every
+    photo's face outcomes; refused when no photo had a face."""
     released, crops, kept, withheld = [], [], [], {}
     outcomes: list[tuple[FaceOutcome, ...]] = []
     for i, result in enumerate(results):
@@ -306,14 +367,27 @@ def run(
         kept.append(i)
     if not kept:
         raise DataFormatError(
-            f"{data.source}: the detector found no face in any of the {n} photographs; there is "
+            f"{source}: the detector found no face in any of the {n} photographs; there is "
             "nothing to de-identify. Check that the dataset holds photographs of faces."
         )
+    return released, crops, kept, withheld, outcomes
+
+
+def _run_parameters(
+    config: FaceDeidConfig,
+    generator_name: str,
+    generator_sha256: str,
+    outcomes: list[tuple[FaceOutcome, ...]],
+    n: int,
+    kept: list[int],
+    withheld: dict[int, str],
+    started: float,
+) -> dict[str, Any]:
+    """The release's parameters: the config, the models searched, and what became of the faces."""
     recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
     flat = [o for per in outcomes for o in per]
     generated = [o for o in flat if o.method == "generated"]
-    shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
-    params = {
+    return {
         **config.as_dict(),
         "generator": generator_name,
         "generator_sha256": generator_sha256,
@@ -331,21 +405,18 @@ def run(
         "photos_with_several_faces": sum(len(per) > 1 for per in outcomes),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    internal = {
+
+
+def _run_internal(outcomes: list[tuple[FaceOutcome, ...]]) -> dict[str, Any]:
+    """The run's internal record: every face's outcome, the mean landmark shift and the nearest
+    identity distance of the generated faces."""
+    generated = [o for per in outcomes for o in per if o.method == "generated"]
+    shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
+    return {
         "faces": {str(i): [o.as_dict() for o in per] for i, per in enumerate(outcomes)},
         "mean_landmark_shift": float(np.mean(shifts)) if shifts else None,
         "min_identity_distance": min((o.distance for o in generated if o.distance), default=None),
     }
-    return MechanismOutput(
-        images=np.stack(released),
-        labels=data.labels[kept].astype(np.int64),
-        parameters=params,
-        # each released photo's source record: the re-identification attack's genuine pairs
-        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
-        internal=internal,
-        extra_images={"face": np.stack(crops)},
-        withheld=withheld,
-    )
 
 
 MECHANISM = registry.MechanismEntry(

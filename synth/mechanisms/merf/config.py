@@ -78,31 +78,9 @@ class MerfConfig(MechanismConfig):
 
     @classmethod
     def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
-        steps = v["steps"]
-        if steps != STEPS_AUTO:
-            if isinstance(steps, str):
-                raise InvalidParameterError(
-                    f'steps must be "{STEPS_AUTO}" or a positive whole number of generator '
-                    f"updates, got {steps!r}."
-                )
-            steps = check.count("steps", steps)
-            if steps > MAX_STEPS:
-                raise InvalidParameterError(
-                    f"steps must be at most {MAX_STEPS:,} generator updates, got {steps:,}: "
-                    f"a run that long would not finish after charging (auto trains {STEPS:,} or "
-                    f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
-                )
-        features = check.whole("n_features", v["n_features"], 64, 100_000, hint="an even number")
-        if features % 2:
-            raise InvalidParameterError(
-                f"n_features must be an even number between 64 and 100000, got {features}."
-            )
-        width = check.whole("width", v["width"], 1, 512, hint="an even number of channels")
-        if width % 2:
-            raise InvalidParameterError(
-                f"width must be an even number of channels up to 512, got {width}."
-            )
-        share = v["perceptual_share"]
+        steps = cls._checked_steps(v["steps"])
+        features = cls._even_features(v["n_features"])
+        width = cls._even_width(v["width"])
         return {
             **v,
             "epsilon": check.epsilon("target epsilon", v["epsilon"]),
@@ -118,6 +96,52 @@ class MerfConfig(MechanismConfig):
             "lr": check.positive("lr", v["lr"], 1.0),
             "n_samples": check.whole("n_samples", v["n_samples"], 1, 10_000_000, hint="images"),
             "seed": check.whole("seed", v["seed"], 0),
+            **cls._checked_teacher(v),
+            "perceptual_share": cls._checked_perceptual(v["perceptual_share"]),
+        }
+
+    @staticmethod
+    def _checked_steps(steps: Any) -> Any:
+        """steps: "auto", or a whole number of generator updates up to MAX_STEPS."""
+        if steps != STEPS_AUTO:
+            if isinstance(steps, str):
+                raise InvalidParameterError(
+                    f'steps must be "{STEPS_AUTO}" or a positive whole number of generator '
+                    f"updates, got {steps!r}."
+                )
+            steps = check.count("steps", steps)
+            if steps > MAX_STEPS:
+                raise InvalidParameterError(
+                    f"steps must be at most {MAX_STEPS:,} generator updates, got {steps:,}: "
+                    f"a run that long would not finish after charging (auto trains {STEPS:,} or "
+                    f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
+                )
+        return steps
+
+    @staticmethod
+    def _even_features(value: Any) -> int:
+        """n_features: an even number of random features (cosine and sine pairs)."""
+        features = check.whole("n_features", value, 64, 100_000, hint="an even number")
+        if features % 2:
+            raise InvalidParameterError(
+                f"n_features must be an even number between 64 and 100000, got {features}."
+            )
+        return features
+
+    @staticmethod
+    def _even_width(value: Any) -> int:
+        """width: an even number of generator channels up to 512."""
+        width = check.whole("width", value, 1, 512, hint="an even number of channels")
+        if width % 2:
+            raise InvalidParameterError(
+                f"width must be an even number of channels up to 512, got {width}."
+            )
+        return width
+
+    @staticmethod
+    def _checked_teacher(v: Mapping[str, Any]) -> dict[str, Any]:
+        """The DP teacher classifier's settings and the query's share of epsilon."""
+        return {
             "teacher_labels": check.choice(
                 "teacher_labels", v["teacher_labels"], (True, False, TEACHER_AUTO)
             ),
@@ -132,19 +156,21 @@ class MerfConfig(MechanismConfig):
             ),
             "teacher_epochs": check.whole("teacher_epochs", v["teacher_epochs"], 1, 1000),
             "teacher_batch": check.count("teacher_batch", v["teacher_batch"]),
-            "perceptual_share": (
-                share
-                if share == PERCEPTUAL_AUTO
-                else check.number(
-                    "perceptual_share",
-                    share,
-                    0.0,
-                    0.9,
-                    hint=f'or "{PERCEPTUAL_AUTO}": the perceptual features\' share of each '
-                    "record in the query, 0 = pixels only",
-                )
-            ),
         }
+
+    @staticmethod
+    def _checked_perceptual(share: Any) -> Any:
+        """perceptual_share: "auto", or the perceptual features' share of each record (0 to 0.9)."""
+        if share == PERCEPTUAL_AUTO:
+            return share
+        return check.number(
+            "perceptual_share",
+            share,
+            0.0,
+            0.9,
+            hint=f'or "{PERCEPTUAL_AUTO}": the perceptual features\' share of each '
+            "record in the query, 0 = pixels only",
+        )
 
     def bandwidth_for(
         self,

@@ -14,6 +14,7 @@ import math
 import secrets
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,14 +93,31 @@ def train(
     labels `rows` (class positions). The sampling and the noise come from OS entropy, never from
     `seed` (public: the initialisation only), so nobody can replay them. `before_step` runs before
     each step (the runner's durable write-ahead counter: a crash mid-training charges what ran)."""
-    from opacus import PrivacyEngine
-
     x = torch.from_numpy(np.ascontiguousarray(images))  # uint8, converted a batch at a time
     y = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     channels, size = 1 if x.ndim == 3 else int(x.shape[-1]), max(size, MIN_SIZE)
     torch.manual_seed(seed)
     model = classifier(channels, n_classes)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    dp_model, dp_opt, dp_loader = _private(model, opt, x, y, sample_rate, noise_multiplier)
+    _dp_steps(dp_model, dp_opt, dp_loader, steps, size, before_step, progress)
+    clean = classifier(channels, n_classes)  # the weights without opacus' hooks
+    clean.load_state_dict(dp_model._module.state_dict())
+    return clean.eval()
+
+
+def _private(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    sample_rate: float,
+    noise_multiplier: float,
+) -> tuple[Any, Any, Any]:
+    """Opacus' private model, optimiser and Poisson loader (sampling seeded from OS entropy, at the
+    planned rate or refused), with the noise from our CSPRNG."""
+    from opacus import PrivacyEngine
+
     batch = _loader_batch(len(x), sample_rate)
     loader = DataLoader(
         TensorDataset(x, y),
@@ -122,6 +140,19 @@ def train(
             f"q={sample_rate} (N={len(x)}, batch={batch}); nothing was trained."
         )
     install_secure_noise(dp_opt)
+    return dp_model, dp_opt, dp_loader
+
+
+def _dp_steps(
+    dp_model: Any,
+    dp_opt: Any,
+    dp_loader: Any,
+    steps: int,
+    size: int,
+    before_step: Callable[[], object],
+    progress: Callable[[int, int], None],
+) -> None:
+    """`steps` DP-SGD steps, each counted by `before_step` before it runs."""
     done = 0
     with warnings.catch_warnings():  # "Full backward hook is firing" when inputs need no grad
         warnings.simplefilter("ignore")
@@ -136,9 +167,6 @@ def train(
                     F.cross_entropy(dp_model(to_unit(xb, size)), yb).backward()
                     dp_opt.step()
                 progress(done, steps)
-    clean = classifier(channels, n_classes)  # the weights without opacus' hooks
-    clean.load_state_dict(dp_model._module.state_dict())
-    return clean.eval()
 
 
 @torch.no_grad()

@@ -272,7 +272,6 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     h, w, channels = _geometry(data.image_shape)
     sigma, dpsgd = _planned(ctx, config)
     values = list(data.label_set)
-    lookup = {v: i for i, v in enumerate(values)}
     size = generator_size(h, w)
     # the plan's choices: the same public inputs (sigma, the registered count and labels)
     n, n_classes = len(data.labels), len(values)
@@ -283,12 +282,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     _admit(config, data.image_shape, n, n_classes, bandwidth, perceptual, dpsgd is not None)
     started = time.time()
     ctx.on_sensitive_access()
-    try:
-        rows = np.array([lookup[int(v)] for v in data.labels], dtype=np.int64)
-    except KeyError as exc:
-        raise DataFormatError(
-            f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
-        ) from None
+    rows = _label_rows(data, values)
     model: torch.nn.Module | None = None
     check: CollapseCheck | None = None
     if dpsgd is not None:  # the classifier first: it also checks the generator for a collapse
@@ -318,40 +312,82 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     return MechanismOutput(
         images=images,
         labels=np.asarray(values, dtype=np.int64)[out_rows],
-        parameters={
-            "mechanism": "merf",
-            **config.as_dict(),
-            "sigma": sigma,
-            "sensitivity": SENSITIVITY,
-            "bandwidth": bandwidth,
-            "generator_size": size,
-            # as the plan decided ("auto": MerfConfig.perceptual_for)
-            "perceptual_share": perceptual,
-            **(
-                {"perceptual_share_setting": PERCEPTUAL_AUTO}
-                if config.perceptual_share == PERCEPTUAL_AUTO
-                else {}
-            ),
-            # as the plan decided ("auto": MerfConfig.steps_for)
-            "steps": steps,
-            **({"steps_setting": STEPS_AUTO} if config.steps == STEPS_AUTO else {}),
-            # generators trained: more than 1 where a class collapsed (post-processing of the query)
-            "generator_attempts": fitted.attempts,
-            # classes every attempt left collapsed (none in a healthy release): the card says so
-            "collapsed_classes": [values[c] for c in fitted.collapsed],
-            # as the plan decided ("auto": from public quantities, MerfConfig.wants_teacher)
-            "teacher_labels": dpsgd is not None,
-            **(
-                {"teacher_labels_setting": TEACHER_AUTO}
-                if config.teacher_labels == TEACHER_AUTO
-                else {}
-            ),
-            **labelled,
-            "n_released": len(images),
-        },
+        parameters=_parameters(
+            config,
+            sigma=sigma,
+            bandwidth=bandwidth,
+            size=size,
+            perceptual=perceptual,
+            steps=steps,
+            fitted=fitted,
+            values=values,
+            teacher=dpsgd is not None,
+            labelled=labelled,
+            n_released=len(images),
+        ),
         generator=generator,
         internal={"timings_s": {"query_and_generator": round(trained, 2)}},
     )
+
+
+def _label_rows(data: ImageDataset, values: list) -> np.ndarray:
+    """Each record's label as its row among the registered labels; a label outside them is a data
+    error."""
+    lookup = {v: i for i, v in enumerate(values)}
+    try:
+        return np.array([lookup[int(v)] for v in data.labels], dtype=np.int64)
+    except KeyError as exc:
+        raise DataFormatError(
+            f"{data.source}: label {exc.args[0]} is not one of the registered labels {values}."
+        ) from None
+
+
+def _parameters(
+    config: MerfConfig,
+    *,
+    sigma: float,
+    bandwidth: float,
+    size: int,
+    perceptual: float,
+    steps: int,
+    fitted: FittedMerf,
+    values: list,
+    teacher: bool,
+    labelled: dict[str, Any],
+    n_released: int,
+) -> dict[str, Any]:
+    """The release's parameters: the config, and what the plan and the run decided."""
+    return {
+        "mechanism": "merf",
+        **config.as_dict(),
+        "sigma": sigma,
+        "sensitivity": SENSITIVITY,
+        "bandwidth": bandwidth,
+        "generator_size": size,
+        # as the plan decided ("auto": MerfConfig.perceptual_for)
+        "perceptual_share": perceptual,
+        **(
+            {"perceptual_share_setting": PERCEPTUAL_AUTO}
+            if config.perceptual_share == PERCEPTUAL_AUTO
+            else {}
+        ),
+        # as the plan decided ("auto": MerfConfig.steps_for)
+        "steps": steps,
+        **({"steps_setting": STEPS_AUTO} if config.steps == STEPS_AUTO else {}),
+        # generators trained: more than 1 where a class collapsed (post-processing of the query)
+        "generator_attempts": fitted.attempts,
+        # classes every attempt left collapsed (none in a healthy release): the card says so
+        "collapsed_classes": [values[c] for c in fitted.collapsed],
+        # as the plan decided ("auto": from public quantities, MerfConfig.wants_teacher)
+        "teacher_labels": teacher,
+        **(
+            {"teacher_labels_setting": TEACHER_AUTO}
+            if config.teacher_labels == TEACHER_AUTO
+            else {}
+        ),
+        **labelled,
+        "n_released": n_released,
+    }
 
 
 def label_order(labels: np.ndarray, drawn_rows: np.ndarray) -> np.ndarray:

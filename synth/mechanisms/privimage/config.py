@@ -84,6 +84,25 @@ TINY_RECIPE: dict[str, Any] = dict(
     frequency_steps=3,
 )
 
+# fields that must be positive whole numbers (PrivImageConfig.checked)
+COUNTS = (
+    "classifier_epochs",
+    "classifier_batch",
+    "layers_per_block",
+    "train_timesteps",
+    "pretrain_steps",
+    "pretrain_batch",
+    "batch_size",
+    "max_physical_batch",
+    "checkpoint_every",
+    "ddim_steps",
+    "n_samples",
+    "sample_batch",
+    "central_steps",
+    "frequency_generator_steps",
+    "frequency_steps",
+)
+
 
 @dataclass(frozen=True)
 class PrivImageConfig(MechanismConfig):
@@ -176,35 +195,44 @@ class PrivImageConfig(MechanismConfig):
 
     @classmethod
     def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
-        counts = (
-            "classifier_epochs",
-            "classifier_batch",
-            "layers_per_block",
-            "train_timesteps",
-            "pretrain_steps",
-            "pretrain_batch",
-            "batch_size",
-            "max_physical_batch",
-            "checkpoint_every",
-            "ddim_steps",
-            "n_samples",
-            "sample_batch",
-            "central_steps",
-            "frequency_generator_steps",
-            "frequency_steps",
-        )
         c: dict[str, Any] = {
             **v,
-            **{name: check.count(name, v[name]) for name in counts},
+            **{name: check.count(name, v[name]) for name in COUNTS},
+            **cls._checked_budget(v),
+            **cls._checked_shape(v),
+            **cls._checked_training(v),
+            **cls._checked_vote(v),
+            **cls._checked_runtime(v),
+            **cls._checked_prior(v),
+        }
+        cls._check_consistent(c)
+        return c
+
+    @staticmethod
+    def _checked_budget(v: Mapping[str, Any]) -> dict[str, Any]:
+        """The privacy budget and the private semantic query's settings."""
+        return {
             "epsilon": check.epsilon("target epsilon", v["epsilon"]),
             "delta": check.delta("delta", v["delta"]),
             "k": check.count("k (semantic query top-k)", v["k"]),
             "query_sigma": check.sigma("query_sigma", v["query_sigma"]),
+        }
+
+    @staticmethod
+    def _checked_shape(v: Mapping[str, Any]) -> dict[str, Any]:
+        """Image size, selection mode and the UNet's channels."""
+        return {
             "image_size": check.choice("image_size", v["image_size"], (28, 32)),
             "selection": check.choice("selection", v["selection"], SELECTIONS),
             "unet_channels": check.entries(
                 "unet_channels", v["unet_channels"], check.count, least=2, example="[32, 64, 64]"
             ),
+        }
+
+    @staticmethod
+    def _checked_training(v: Mapping[str, Any]) -> dict[str, Any]:
+        """Optimisation, augmentation, label dropout, guidance and noise multiplicity."""
+        return {
             "finetune_epochs": check.positive("finetune_epochs", v["finetune_epochs"]),
             "max_grad_norm": check.positive("max_grad_norm", v["max_grad_norm"]),
             "finetune_t_min": check.number("finetune_t_min", v["finetune_t_min"], 0.0, 0.9),
@@ -218,6 +246,12 @@ class PrivImageConfig(MechanismConfig):
             "label_dropout": check.number("label_dropout", v["label_dropout"], 0.0, 0.5),
             "guidance": check.number("guidance", v["guidance"], 0.0, 10.0),
             "noise_multiplicity": check.whole("noise_multiplicity", v["noise_multiplicity"], 1, 64),
+        }
+
+    @staticmethod
+    def _checked_vote(v: Mapping[str, Any]) -> dict[str, Any]:
+        """The private vote among candidates and the variations of released images."""
+        return {
             # 0 turns the vote off (kept as given); anything else is a noise multiplier
             "vote_sigma": (
                 v["vote_sigma"]
@@ -245,14 +279,23 @@ class PrivImageConfig(MechanismConfig):
             "release_variation_strength": check.number(
                 "release_variation_strength", v["release_variation_strength"], 0.05, 1.0
             ),
+        }
+
+    @staticmethod
+    def _checked_runtime(v: Mapping[str, Any]) -> dict[str, Any]:
+        """DP optimiser, trainable part, seed, noise source, precision and device."""
+        return {
             "dp_optimizer": check.choice("dp_optimizer", v["dp_optimizer"], DP_OPTIMIZERS),
             "trainable": check.choice("trainable", v["trainable"], TRAINABLE),
             "seed": check.whole("seed", v["seed"], 0),
             "secure_noise": check.flag("secure_noise", v["secure_noise"]),
             "precision": check.choice("precision", v["precision"], PRECISIONS),
             "device": check.device("device", v["device"]),
-            **cls._checked_prior(v),
         }
+
+    @staticmethod
+    def _check_consistent(c: Mapping[str, Any]) -> None:
+        """Checks across fields, once each field is valid on its own."""
         if any(ch % 8 for ch in c["unet_channels"]):
             raise InvalidParameterError(
                 "unet_channels must have >= 2 entries, each a multiple of 8 (GroupNorm groups), "
@@ -272,7 +315,6 @@ class PrivImageConfig(MechanismConfig):
                 f"ddim_steps ({c['ddim_steps']}) cannot exceed train_timesteps "
                 f"({c['train_timesteps']})."
             )
-        return c
 
     @staticmethod
     def _checked_prior(v: Mapping[str, Any]) -> dict[str, Any]:

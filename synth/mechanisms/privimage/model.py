@@ -116,27 +116,9 @@ def per_sample_diffusion_loss(
     Lower loss on training members is what a loss-threshold membership-inference attack exploits.
     Give the saved model folder (MechanismOutput.generator); a bare UNet2DModel is also
     accepted (labels then are class positions, and `train_timesteps` must match its training)."""
-    if isinstance(model_path_or_model, tuple):
-        model, meta = model_path_or_model
-    elif isinstance(
-        model_path_or_model, UNet2DModel
-    ):  # bare model: labels are class positions 0..C-1
-        model, cfg = model_path_or_model.eval(), model_path_or_model.config
-        meta = {
-            "label_values": list(range(cfg.num_class_embeds - 1)),
-            "image_size": cfg.sample_size,
-            "channels": cfg.in_channels,
-            "train_timesteps": train_timesteps,
-        }
-    else:
-        model, meta = load_model(model_path_or_model)
+    model, meta = _loss_model(model_path_or_model, train_timesteps)
     labels = np.asarray(labels)
-    T = meta["train_timesteps"]
-    timesteps = (
-        [max(1, T // 100), T // 20, T // 10, T // 5, 2 * T // 5]
-        if timesteps is None
-        else list(timesteps)
-    )
+    timesteps = _loss_timesteps(timesteps, meta["train_timesteps"])
     if len(labels) != len(images_uint8):
         raise DataFormatError(f"{len(images_uint8)} images but {len(labels)} labels.")
     bad = [t for t in timesteps if not 0 <= int(t) < meta["train_timesteps"]]
@@ -154,20 +136,55 @@ def per_sample_diffusion_loss(
         xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         for ti, t in enumerate(timesteps):
             for r in range(n_noise):
-                noise = torch.stack(
-                    [
-                        torch.randn(
-                            xb.shape[1:],
-                            generator=torch.Generator().manual_seed(
-                                hash((seed, start + i, ti, r)) & 0x7FFFFFFF
-                            ),
-                        )
-                        for i in range(len(xb))
-                    ]
-                ).to(device)
+                noise = _fixed_noise(xb, seed, start, ti, r).to(device)
                 tt = torch.full((len(xb),), int(t), dtype=torch.long, device=device)
                 pred = model(sched.add_noise(xb, noise, tt), tt, class_labels=yb).sample
                 out[start : start + len(xb)] += (
                     ((pred - noise) ** 2).flatten(1).mean(1).double().cpu().numpy()
                 )
     return out / (len(timesteps) * n_noise)
+
+
+def _loss_model(
+    model_path_or_model: str | Path | UNet2DModel | tuple[UNet2DModel, dict],
+    train_timesteps: int,
+) -> tuple[UNet2DModel, dict]:
+    """The model and its metadata: given as a pair, a bare UNet (labels are class positions
+    0..C-1), or a saved model folder."""
+    if isinstance(model_path_or_model, tuple):
+        return model_path_or_model
+    if isinstance(model_path_or_model, UNet2DModel):
+        model, cfg = model_path_or_model.eval(), model_path_or_model.config
+        meta = {
+            "label_values": list(range(cfg.num_class_embeds - 1)),
+            "image_size": cfg.sample_size,
+            "channels": cfg.in_channels,
+            "train_timesteps": train_timesteps,
+        }
+        return model, meta
+    return load_model(model_path_or_model)
+
+
+def _loss_timesteps(timesteps: Sequence[int] | None, T: int) -> list[int]:
+    """The given timesteps, or by default 1%, 5%, 10%, 20% and 40% of the training horizon."""
+    return (
+        [max(1, T // 100), T // 20, T // 10, T // 5, 2 * T // 5]
+        if timesteps is None
+        else list(timesteps)
+    )
+
+
+def _fixed_noise(xb: torch.Tensor, seed: int, start: int, ti: int, r: int) -> torch.Tensor:
+    """Draw `r` of timestep `ti` for the batch starting at `start`: image i's noise depends only
+    on (seed, i, ti, r), whatever the batch size."""
+    return torch.stack(
+        [
+            torch.randn(
+                xb.shape[1:],
+                generator=torch.Generator().manual_seed(
+                    hash((seed, start + i, ti, r)) & 0x7FFFFFFF
+                ),
+            )
+            for i in range(len(xb))
+        ]
+    )

@@ -39,6 +39,7 @@ from synth.mechanisms.privimage.plan import PrivImagePlan, plan_privimage
 from synth.mechanisms.privimage.precision import resolve_precision
 from synth.mechanisms.privimage.procedural import procedural_images
 from synth.mechanisms.privimage.query import (
+    Selection,
     build_selection,
     noisy_semantic_histogram,
     select_fitting,
@@ -333,34 +334,72 @@ def _semantic_selection(
     which join the pre-training set under the null class: they carry no class, so they shape the
     shared denoiser and leave the class embeddings to the fitting public classes, the central images
     and DP-SGD."""
-    query = state.read_json(ctx.workdir / state.QUERY)
-    if query is None:
-        if prep.classifier is None or p.query_event is None:
-            raise LedgerStateError(
-                f"{ctx.workdir}: the query classifier or the "
-                "query's charge is missing; re-plan the release."
-            )
-        sigma = p.query_event.sigma
-        top = top_k_predictions(prep.classifier, sens_x, config.k, prep.device)
-        noisy = noisy_semantic_histogram(
-            top,
-            sens_y,
-            len(prep.label_values),
-            len(prep.public_values),
-            sigma,
-            np.random.default_rng(),  # OS entropy
-        )
-        chosen = select_fitting(
-            noisy,
-            config.k,
-            fit_threshold=config.fit_threshold,
-            noise_std=sigma,
-            shared=config.share_public_classes,
-        )
-        query = {"noisy_histogram": noisy.tolist(), "chosen": chosen}
-        state.write_json(ctx.workdir / state.QUERY, query)
+    query = _semantic_query(sens_x, sens_y, config, p, prep, ctx)
     selection = build_selection(query["chosen"], prep.pub_y)
     public = registry.images_only(ctx.public, "PrivImage's public data")
+    named, fallback, fitted = _selection_names(selection, prep, sensitive, public)
+    x, y = prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels)
+    if fallback:
+        proc_x = _procedural(config, prep.channels)
+        x = torch.cat([x, proc_x])
+        y = torch.cat([y, torch.full((len(proc_x),), len(prep.label_values), dtype=torch.long)])
+    prep.model = _pretrain(prep.model, x, y, config, prep.device, ctx)
+    info = {
+        "selected_public_classes": named,
+        "selection_ratio": selection.ratio,
+        "selected_images": int(len(selection.public_index)),
+        "noisy_histogram": query["noisy_histogram"],
+        "fitted_classes": fitted,
+        "fallback_classes": fallback,
+    }
+    return info, np.unique(np.asarray(selection.public_index, dtype=np.int64))
+
+
+def _semantic_query(
+    sens_x: torch.Tensor,
+    sens_y: np.ndarray,
+    config: PrivImageConfig,
+    p: PrivImagePlan,
+    prep: _Prepared,
+    ctx: RunContext,
+) -> dict[str, Any]:
+    """The DP semantic query's noisy histogram and chosen classes, made once: a resumed run reads
+    back the answer its first attempt wrote (and paid for)."""
+    query = state.read_json(ctx.workdir / state.QUERY)
+    if query is not None:
+        return query
+    if prep.classifier is None or p.query_event is None:
+        raise LedgerStateError(
+            f"{ctx.workdir}: the query classifier or the "
+            "query's charge is missing; re-plan the release."
+        )
+    sigma = p.query_event.sigma
+    top = top_k_predictions(prep.classifier, sens_x, config.k, prep.device)
+    noisy = noisy_semantic_histogram(
+        top,
+        sens_y,
+        len(prep.label_values),
+        len(prep.public_values),
+        sigma,
+        np.random.default_rng(),  # OS entropy
+    )
+    chosen = select_fitting(
+        noisy,
+        config.k,
+        fit_threshold=config.fit_threshold,
+        noise_std=sigma,
+        shared=config.share_public_classes,
+    )
+    query = {"noisy_histogram": noisy.tolist(), "chosen": chosen}
+    state.write_json(ctx.workdir / state.QUERY, query)
+    return query
+
+
+def _selection_names(
+    selection: Selection, prep: _Prepared, sensitive: ImageDataset, public: ImageDataset
+) -> tuple[dict[str, list[str]], list[str], list[str]]:
+    """The selection by name: each sensitive class's chosen public classes, the classes that fell
+    back to procedural images, and the ones a public class fits."""
 
     def pub_name(j: int) -> str:
         v = prep.public_values[j]
@@ -378,21 +417,8 @@ def _semantic_selection(
         for v, cols in zip(prep.label_values, selection.chosen, strict=True)
         if not cols
     ]
-    x, y = prep.pub_x[selection.public_index], torch.from_numpy(selection.new_labels)
-    if fallback:
-        proc_x = _procedural(config, prep.channels)
-        x = torch.cat([x, proc_x])
-        y = torch.cat([y, torch.full((len(proc_x),), len(prep.label_values), dtype=torch.long)])
-    prep.model = _pretrain(prep.model, x, y, config, prep.device, ctx)
-    info = {
-        "selected_public_classes": named,
-        "selection_ratio": selection.ratio,
-        "selected_images": int(len(selection.public_index)),
-        "noisy_histogram": query["noisy_histogram"],
-        "fitted_classes": [sens_name(v) for v in prep.label_values if sens_name(v) not in fallback],
-        "fallback_classes": fallback,
-    }
-    return info, np.unique(np.asarray(selection.public_index, dtype=np.int64))
+    fitted = [sens_name(v) for v in prep.label_values if sens_name(v) not in fallback]
+    return named, fallback, fitted
 
 
 def _central_warmup(
@@ -520,18 +546,9 @@ def _frequency_warmup(
 
 
 def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> MechanismOutput:
-    p = PrivImagePlan.from_json(dict(ctx.plan.detail))
-    if p.record_count != len(data):
-        raise InvalidParameterError(
-            f"The plan was made for {p.record_count} records but the sensitive set has "
-            f"{len(data)}; re-plan."
-        )
+    p = _checked_plan(ctx, len(data))
     t0 = time.time()
-    if _nproc(ctx) != 1:  # refused before anything is read or trained (refunded)
-        from synth.mechanisms.privimage.distributed import check_nproc
-
-        # across hosts (`--nnodes`), what must fit on this host is --nproc-per-node
-        check_nproc(getattr(ctx, "nproc_per_node", _nproc(ctx)), pick_device(config.device))
+    _check_processes(ctx, config)
     prep = _prepare_public(
         data, registry.images_only(ctx.public, "PrivImage's public data"), config, ctx
     )
@@ -540,14 +557,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
     sens_formatted = to_format(data.images, config.image_size, prep.channels)
     sens_x = to_tensor(sens_formatted)
     sens_y = label_index(data.labels, prep.label_values)
-    info: dict[str, Any] = {}
-    selected = None
-    if config.selection == "semantic":
-        info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
-    if p.frequency_event is not None:
-        info.update(_frequency_warmup(sens_formatted, sens_y, config, p.frequency_event, prep, ctx))
-    if p.central_event is not None:
-        info.update(_central_warmup(sens_x, sens_y, config, p.central_event, prep, ctx))
+    info, selected = _warm_ups(sens_formatted, sens_x, sens_y, data, config, p, prep, ctx)
     t_pre = time.time()
     outcome, images = _finetune(sens_x, torch.from_numpy(sens_y), config, p, prep, ctx)
     del sens_x
@@ -562,12 +572,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         )
     t_vote = time.time()
     images, positions = _with_variations(images, positions, model, config, prep, ctx)
-    if p.vote_event is not None or config.release_variations:
-        # the winners come ranked by their noisy counts, the variations beside their image: release
-        # them in a seeded random order, so that the bundle's first rows (and its sample grid) are a
-        # fair sample
-        order = np.random.default_rng(config.seed).permutation(len(images))
-        images, positions = images[order], positions[order]
+    images, positions = _release_order(images, positions, config, p)
     labels = np.asarray(prep.label_values, dtype=np.int64)[positions]
     timings = {
         "classifier_and_pretraining": round(t_pre - t0, 2),
@@ -577,13 +582,7 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         "release_variations": round(time.time() - t_vote, 2),
     }
     info.update(vote_info)
-    internal = {
-        "noisy_histogram": info.pop("noisy_histogram", None),
-        "noisy_votes": noisy_votes,
-        "opacus_history": [list(h) for h in outcome.opacus_history],
-        "opacus_epsilon_dpsgd": _opacus_epsilon(outcome.opacus_history, config.delta),
-        "timings_s": timings,
-    }
+    internal = _internal(info, noisy_votes, outcome, config, timings)
     return MechanismOutput(
         images=images,
         labels=labels,
@@ -593,6 +592,80 @@ def run(config: PrivImageConfig, data: ImageDataset, ctx: RunContext) -> Mechani
         generator=str(model_dir),
         artifacts=_artifacts(ctx.workdir, model_dir),
     )
+
+
+def _checked_plan(ctx: RunContext, n_records: int) -> PrivImagePlan:
+    """The approved plan, refused if it was made for another number of records."""
+    p = PrivImagePlan.from_json(dict(ctx.plan.detail))
+    if p.record_count != n_records:
+        raise InvalidParameterError(
+            f"The plan was made for {p.record_count} records but the sensitive set has "
+            f"{n_records}; re-plan."
+        )
+    return p
+
+
+def _check_processes(ctx: RunContext, config: PrivImageConfig) -> None:
+    """Under torchrun, refuse a process count this host cannot hold, before anything is read."""
+    if _nproc(ctx) != 1:  # refused before anything is read or trained (refunded)
+        from synth.mechanisms.privimage.distributed import check_nproc
+
+        # across hosts (`--nnodes`), what must fit on this host is --nproc-per-node
+        check_nproc(getattr(ctx, "nproc_per_node", _nproc(ctx)), pick_device(config.device))
+
+
+def _warm_ups(
+    sens_formatted: np.ndarray,
+    sens_x: torch.Tensor,
+    sens_y: np.ndarray,
+    data: ImageDataset,
+    config: PrivImageConfig,
+    p: PrivImagePlan,
+    prep: _Prepared,
+    ctx: RunContext,
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Before DP fine-tuning, in order: the semantic selection and its pre-training, the frequency
+    warm-up, the central warm-up (each where planned); their info and the selected public images."""
+    info: dict[str, Any] = {}
+    selected = None
+    if config.selection == "semantic":
+        info, selected = _semantic_selection(sens_x, sens_y, data, config, p, prep, ctx)
+    if p.frequency_event is not None:
+        info.update(_frequency_warmup(sens_formatted, sens_y, config, p.frequency_event, prep, ctx))
+    if p.central_event is not None:
+        info.update(_central_warmup(sens_x, sens_y, config, p.central_event, prep, ctx))
+    return info, selected
+
+
+def _release_order(
+    images: np.ndarray, positions: np.ndarray, config: PrivImageConfig, p: PrivImagePlan
+) -> tuple[np.ndarray, np.ndarray]:
+    """The release's order: seeded random where the vote or variations ranked or grouped the
+    images."""
+    if p.vote_event is not None or config.release_variations:
+        # the winners come ranked by their noisy counts, the variations beside their image: release
+        # them in a seeded random order, so that the bundle's first rows (and its sample grid) are a
+        # fair sample
+        order = np.random.default_rng(config.seed).permutation(len(images))
+        images, positions = images[order], positions[order]
+    return images, positions
+
+
+def _internal(
+    info: dict[str, Any],
+    noisy_votes: Any,
+    outcome: DpSgdOutcome,
+    config: PrivImageConfig,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The run's internal record (takes the noisy histogram out of `info`)."""
+    return {
+        "noisy_histogram": info.pop("noisy_histogram", None),
+        "noisy_votes": noisy_votes,
+        "opacus_history": [list(h) for h in outcome.opacus_history],
+        "opacus_epsilon_dpsgd": _opacus_epsilon(outcome.opacus_history, config.delta),
+        "timings_s": timings,
+    }
 
 
 def _finetune(

@@ -158,7 +158,28 @@ def plan_privimage(
         )
     q = sample_rate_for(n, config.batch_size)
     steps = max(1, math.ceil(config.finetune_epochs / q))
-    before = [query_event(config)] if config.selection == "semantic" else []
+    before, frequency, central_queries = _before_dpsgd(config, n, n_classes)
+    after: list[GaussianQuery] = [vote_event(config)] if config.vote_sigma else []
+    sigma = _calibrated_sigma(config, q, steps, prior, before, after, frequency, central_queries)
+    events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
+    return PrivImagePlan(
+        events,
+        sigma,
+        q,
+        steps,
+        n,
+        epsilon_report(list(prior) + events, config.delta),
+        central=bool(central_queries),
+        frequency=frequency,
+    )
+
+
+def _before_dpsgd(
+    config: PrivImageConfig, n: int, n_classes: int | None
+) -> tuple[list[GaussianQuery], bool, int]:
+    """The queries before DP-SGD (semantic query, frequency warm-up, central images, each where
+    configured); also the frequency warm-up and central queries as resolved."""
+    before: list[GaussianQuery] = [query_event(config)] if config.selection == "semantic" else []
     if CENTRAL_AUTO in (config.central_images, config.frequency_warmup) and n_classes is None:
         raise InvalidParameterError(
             'central_images and frequency_warmup = "auto" are decided from the number of classes; '
@@ -178,9 +199,23 @@ def plan_privimage(
         before.append(frequency_event(config.frequency_sigma))
     if central_queries:
         before.append(central_event(config.central_sigma, central_queries))
-    after = [vote_event(config)] if config.vote_sigma else []
+    return before, frequency, central_queries
+
+
+def _calibrated_sigma(
+    config: PrivImageConfig,
+    q: float,
+    steps: int,
+    prior: Sequence[MechanismEvent],
+    before: list[GaussianQuery],
+    after: list[GaussianQuery],
+    frequency: bool,
+    central_queries: int,
+) -> float:
+    """The smallest DP-SGD noise within the budget; where none is, the refusal names the fixed
+    costs."""
     try:
-        sigma = calibrate_dpsgd_sigma(
+        return calibrate_dpsgd_sigma(
             config.epsilon, config.delta, q, steps, prior=list(prior), extra=before + after
         )
     except BudgetExceededError:
@@ -189,17 +224,6 @@ def plan_privimage(
         if fixed is None:
             raise
         raise BudgetExceededError(fixed) from None
-    events: list[MechanismEvent] = [*before, DpSgd(q, sigma, steps), *after]
-    return PrivImagePlan(
-        events,
-        sigma,
-        q,
-        steps,
-        n,
-        epsilon_report(list(prior) + events, config.delta),
-        central=bool(central_queries),
-        frequency=frequency,
-    )
 
 
 def _named(

@@ -90,25 +90,9 @@ def pretrain(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     lr_sched = _schedule(opt, lr, steps)
     gen = torch.Generator().manual_seed(seed + rank)
-    start = 0
-    saved = state.load_torch(ckpt)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        lr_sched.load_state_dict(saved["lr"])
-        if rank == 0:
-            gen.set_state(saved["gen"])
-        else:  # rank 0's state is saved; another rank reseeds so that its draws stay its own
-            gen.manual_seed(seed + rank + saved["step"])
-        start = saved["step"]
+    start = _resume_pretrain(ckpt, model, opt, lr_sched, gen, rank, seed)
     for step in range(start, steps):
-        idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
-        xb, yb = (
-            augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic),
-            y[idx].clone(),
-        )
-        if label_dropout > 0:
-            yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
+        xb, yb = _public_batch(x, y, gen, batch, augment, elastic, label_dropout, null_class)
         with autocast(device, precision):
             loss = ddpm_loss(net, sched, xb.to(device), yb.to(device), generator=None)
         opt.zero_grad()
@@ -128,6 +112,51 @@ def pretrain(
             )
         progress("pretraining", step + 1, steps)
     return model.eval()
+
+
+def _resume_pretrain(
+    ckpt: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    lr_sched: torch.optim.lr_scheduler.LRScheduler,
+    gen: torch.Generator,
+    rank: int,
+    seed: int,
+) -> int:
+    """Restore a pre-training checkpoint if there is one; the step to start from (0 if none)."""
+    saved = state.load_torch(ckpt)
+    if saved is None:
+        return 0
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    lr_sched.load_state_dict(saved["lr"])
+    if rank == 0:
+        gen.set_state(saved["gen"])
+    else:  # rank 0's state is saved; another rank reseeds so that its draws stay its own
+        gen.manual_seed(seed + rank + saved["step"])
+    return saved["step"]
+
+
+def _public_batch(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gen: torch.Generator,
+    batch: int,
+    augment: float,
+    elastic: bool,
+    label_dropout: float,
+    null_class: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pre-training batch: draw, augment, drop labels to the null class (draws from `gen` in
+    that order)."""
+    idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
+    xb, yb = (
+        augment_public(x[idx], gen, augment, elastic=elastic, sharpen=elastic),
+        y[idx].clone(),
+    )
+    if label_dropout > 0:
+        yb[torch.rand(len(yb), generator=gen) < label_dropout] = null_class
+    return xb, yb
 
 
 def _ddp(model: torch.nn.Module, world_size: int, batch: int) -> tuple[int, torch.nn.Module, int]:
@@ -302,11 +331,7 @@ def dp_finetune(
     digit's shape)."""
     model.to(device).train()
     params = select_trainable(model, trainable)
-    opt = (
-        torch.optim.SGD(params, lr=lr, momentum=0.9)
-        if optimizer == "sgd"
-        else torch.optim.Adam(params, lr=lr)
-    )
+    opt = _optimizer(params, optimizer, lr)
     # a few fused kernels, not 3 per tensor
     ema = EMAModel(model.parameters(), decay=ema_decay, foreach=True)
     ckpt_path, writer = workdir / state.FINETUNE, _writer(world_size)
@@ -315,12 +340,8 @@ def dp_finetune(
     if wal["started"] > 0:
         on_resume(wal["started"], done)
     if done >= steps:
-        return DpSgdOutcome(
-            _ema_weights(model, ema),
-            done,
-            list(accountant_state["history"]) if accountant_state else [],
-            sample_rate,
-        )
+        history = list(accountant_state["history"]) if accountant_state else []
+        return DpSgdOutcome(_ema_weights(model, ema), done, history, sample_rate)
     engine, dp_model, dp_opt, dp_loader = _make_private(
         model,
         opt,
@@ -333,54 +354,102 @@ def dp_finetune(
         device,
         world_size,
     )
+    _harden(engine, dp_opt, secure_noise, accountant_state)
+    sched = make_scheduler(train_timesteps)
+    stepper = _DpStepper(
+        dp_model, dp_opt, sched, params, noise_multiplicity, device, precision, t_min
+    )
+    physical = max(1, max_physical_batch // noise_multiplicity)
+    steps_fn = _loader_steps if world_size > 1 else _presampled_steps
+    with per_example_gradients_only(model):
+        for step_batches in steps_fn(dp_loader, dp_opt, x, y, physical, device):
+            _write_ahead(wal, workdir, writer)  # before the step's first physical batch runs
+            stepper.run(step_batches)
+            done += 1
+            ema.step(model.parameters())
+            progress("DP fine-tuning", done, steps)
+            if writer and (done % ckpt_every == 0 or done == steps):
+                _save_finetune(ckpt_path, model, opt, ema, engine, done)
+            if done >= steps:
+                break
+    return DpSgdOutcome(
+        _ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate
+    )
+
+
+def _optimizer(
+    params: list[torch.nn.Parameter], optimizer: str, lr: float
+) -> torch.optim.Optimizer:
+    """The fine-tuning optimiser named by the config ("sgd" with momentum, else Adam)."""
+    return (
+        torch.optim.SGD(params, lr=lr, momentum=0.9)
+        if optimizer == "sgd"
+        else torch.optim.Adam(params, lr=lr)
+    )
+
+
+def _harden(
+    engine: PrivacyEngine, dp_opt: DPOptimizer, secure_noise: bool, accountant_state: dict | None
+) -> None:
+    """Install the secure noise source, then restore a resumed run's accountant (in that order)."""
     # DP noise from a CSPRNG, hardened against the floating-point attack (tools/secure_noise.py)
     if secure_noise:
         install_secure_noise(dp_opt)
     if accountant_state is not None:
         engine.accountant.load_state_dict(accountant_state)
 
-    def checkpoint(step: int) -> None:
-        state.save_torch(
-            ckpt_path,
-            {
-                "model": model.state_dict(),
-                "opt": opt.state_dict(),
-                "ema": ema.state_dict(),
-                "step": step,
-                "accountant": engine.accountant.state_dict(),
-            },
-        )
 
-    sched = make_scheduler(train_timesteps)
-    physical = max(1, max_physical_batch // noise_multiplicity)
-    steps_fn = _loader_steps if world_size > 1 else _presampled_steps
-    with per_example_gradients_only(model):
-        for step_batches in steps_fn(dp_loader, dp_opt, x, y, physical, device):
-            _write_ahead(wal, workdir, writer)  # before the step's first physical batch runs
-            for xb, yb in step_batches:
-                _per_sample_gradients(
-                    dp_model,
-                    dp_opt,
-                    sched,
-                    params,
-                    xb,
-                    yb,
-                    noise_multiplicity,
-                    device,
-                    precision,
-                    t_min,
-                )
-                dp_opt.step()
-            done += 1
-            ema.step(model.parameters())
-            progress("DP fine-tuning", done, steps)
-            if writer and (done % ckpt_every == 0 or done == steps):
-                checkpoint(done)
-            if done >= steps:
-                break
-    return DpSgdOutcome(
-        _ema_weights(model, ema), done, list(engine.accountant.history), dp_loader.sample_rate
+def _save_finetune(
+    ckpt_path: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    ema: EMAModel,
+    engine: PrivacyEngine,
+    step: int,
+) -> None:
+    """Checkpoint the DP fine-tuning state (weights, optimiser, EMA, step, accountant) to resume."""
+    state.save_torch(
+        ckpt_path,
+        {
+            "model": model.state_dict(),
+            "opt": opt.state_dict(),
+            "ema": ema.state_dict(),
+            "step": step,
+            "accountant": engine.accountant.state_dict(),
+        },
     )
+
+
+@dataclass
+class _DpStepper:
+    """One logical DP-SGD step's work: per-sample gradients and an optimiser step per physical
+    batch (the optimiser clips, sums and noises on the step's last one)."""
+
+    dp_model: torch.nn.Module
+    dp_opt: torch.optim.Optimizer
+    sched: object
+    params: list
+    reps: int
+    device: torch.device
+    precision: str
+    t_min: float
+
+    def run(self, step_batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Run every physical batch of one logical step, in order."""
+        for xb, yb in step_batches:
+            _per_sample_gradients(
+                self.dp_model,
+                self.dp_opt,
+                self.sched,
+                self.params,
+                xb,
+                yb,
+                self.reps,
+                self.device,
+                self.precision,
+                self.t_min,
+            )
+            self.dp_opt.step()
 
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
