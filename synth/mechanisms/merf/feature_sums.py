@@ -45,9 +45,20 @@ def chunk_sums(job: SumsJob, item: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return class_sums(ImageChunks(images, job.size), rows, job.n_classes, _feature_map(job))
 
 
-def exact_sums(ctx: RunContext, job: SumsJob, images: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def exact_sums(
+    ctx: RunContext,
+    job: SumsJob,
+    images: np.ndarray,
+    rows: np.ndarray,
+    fmap: FeatureMap | None = None,
+) -> np.ndarray:
     """The query's un-noised matrix over all records, chunk by chunk through `ctx.map_items`,
-    summed in chunk order (float64: the same total as one pass, to rounding)."""
+    summed in chunk order (float64: the same total as one pass, to rounding). `fmap`: the job's
+    feature map where the caller already has it, so chunks run in this process do not draw the
+    frequencies a second time (workers elsewhere build their own from the job)."""
+    if fmap is not None:
+        _MAPS.clear()
+        _MAPS[job] = fmap
     items = [(images[i : i + CHUNK], rows[i : i + CHUNK]) for i in range(0, len(images), CHUNK)]
     parts = ctx.map_items(chunk_sums, job, items, label="DP-MERF feature sums", keep=False)
     total = np.array(parts[0], dtype=np.float64, copy=True)

@@ -298,7 +298,7 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
         chosen,
         ctx.progress,
         also_collapsed=check,
-        exact_sums=lambda: exact_sums(ctx, job, data.images, rows),
+        exact_sums=lambda fmap: exact_sums(ctx, job, data.images, rows, fmap),
     )
     trained = time.time() - started
     out_rows = np.sort(np.arange(config.n_samples) % len(values))

@@ -102,12 +102,12 @@ def fit(
     progress: ProgressFn = no_progress,
     stage: str = "DP-MERF generator",
     also_collapsed: CollapseCheck | None = None,
-    exact_sums: Callable[[], np.ndarray] | None = None,
+    exact_sums: Callable[[FeatureMap], np.ndarray] | None = None,
 ) -> FittedMerf:
     """The noisy embedding of `images` (sensitive: uint8, class positions `rows`) with noise std
-    `sigma`, and a generator trained against it. `exact_sums`: the query's un-noised matrix
-    computed elsewhere (DP-MERF's run maps it over chunks on the runner's workers); the noise is
-    added here, once, to the total."""
+    `sigma`, and a generator trained against it. `exact_sums(feature_map)`: the query's un-noised
+    matrix under this feature map, computed elsewhere (DP-MERF's run maps it over chunks on the
+    runner's workers); the noise is added here, once, to the total."""
     size = generator_size(*np.asarray(images).shape[1:3])
     channels = 1 if np.asarray(images).ndim == 3 else int(np.asarray(images).shape[-1])
     fmap = feature_map(channels * size * size, s)
@@ -115,7 +115,7 @@ def fit(
     if exact_sums is None:
         emb = noisy_embedding(ImageChunks(images, size), rows, n_classes, fmap, sigma)
     else:
-        emb = noised(exact_sums(), sigma, len(images))
+        emb = noised(exact_sums(fmap), sigma, len(images))
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
     return train_fitted(emb, fmap, n_classes, size, channels, s, progress, stage, also_collapsed)
 
