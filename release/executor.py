@@ -10,9 +10,9 @@ ledger and writes each finished item to the run's work folder (atomically, fsync
 counts, so a resumed run reuses it instead of redoing it. Workers get only the config and their
 items; they never open the store.
 
-Every item runs with one CPU thread (torch, OpenCV and the BLAS pools), here as on a worker: the
-same seeds then give the same bytes whatever the number of workers (a reduction split over two
-threads can round differently from one).
+Every item runs with one CPU thread (torch, OpenCV, SimpleITK and the BLAS pools), here as on a
+worker: the same seeds then give the same bytes whatever the number of workers (a reduction split
+over two threads can round differently from one).
 """
 
 from __future__ import annotations
@@ -76,9 +76,13 @@ def _one_thread() -> Iterator[None]:
     before = torch.get_num_threads()
     cv2 = _cv2()
     cv_before = cv2.getNumThreads() if cv2 is not None else None
+    itk = _itk_threads()
+    itk_before = itk.GetGlobalDefaultNumberOfThreads() if itk is not None else None
     torch.set_num_threads(1)
     if cv2 is not None:
         cv2.setNumThreads(1)
+    if itk is not None:  # SimpleITK's filters (resampling, smoothing) use every core by default
+        itk.SetGlobalDefaultNumberOfThreads(1)
     try:
         with threadpool_limits(1):
             yield
@@ -86,6 +90,8 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
         if cv2 is not None and cv_before is not None:
             cv2.setNumThreads(cv_before)
+        if itk is not None and itk_before is not None:
+            itk.SetGlobalDefaultNumberOfThreads(itk_before)
 
 
 def _cv2() -> Any:
@@ -94,6 +100,14 @@ def _cv2() -> Any:
     except ImportError:  # pragma: no cover - OpenCV is optional
         return None
     return cv2
+
+
+def _itk_threads() -> Any:
+    try:
+        import SimpleITK as sitk
+    except ImportError:  # pragma: no cover - SimpleITK is a dependency of the volume kinds
+        return None
+    return sitk.ProcessObject
 
 
 def call_item(fn: Callable[[Any, Any], Any], config: Any, item: Any) -> Any:
