@@ -1,6 +1,6 @@
-"""Every item runs on one CPU thread, whichever executor runs it (release/executor.py): otherwise one
-worker uses several cores and N workers cannot reach N times one worker's throughput, and a reduction
-split over threads can round differently from one."""
+"""Every item runs on one CPU thread, whichever executor runs it (release/executor.py): otherwise
+one worker uses several cores and N workers cannot reach N times one worker's throughput, and a
+reduction split over threads can round differently from one."""
 
 from __future__ import annotations
 
