@@ -96,7 +96,7 @@ def plan(
     config: MerfConfig,
     dataset: DatasetInfo,
     prior: Sequence[MechanismEvent],
-    public: ImageDataset,
+    public: ImageDataset | None,
 ) -> MechanismPlan:
     if not isinstance(config, MerfConfig):
         raise InvalidParameterError(f"config must be a MerfConfig, got {type(config).__name__}.")
@@ -515,7 +515,7 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
 MECHANISM = registry.MechanismEntry(
     name="merf",
     config_type=MerfConfig,
-    default_public="builtin:uci-digits",  # reads no public images (loaded and bound, unused)
+    # no public data set (default_public None): the query reads the sensitive images only
     make_config=make_config,
     plan=plan,
     run=run,
