@@ -96,6 +96,15 @@ def whole(name: str, value: object, low: int = 1, high: int | None = None, hint:
     return int(v)
 
 
+def even(name: str, value: object, low: int, high: int, wanted: str = "an even number") -> int:
+    """An even whole number in [low, high], as an int; `wanted` names it in the errors ("an even
+    number of channels")."""
+    v = whole(name, value, low, high, hint=wanted)
+    if v % 2:
+        raise InvalidParameterError(f"{name} must be {wanted} from {low:,} to {high:,}, got {v:,}.")
+    return v
+
+
 def choice(name: str, value: object, choices: Iterable[object], hint: str = "") -> Any:
     """One of `choices`, unchanged."""
     options = tuple(choices)
