@@ -1,0 +1,35 @@
+"""How the audit maps its per-item work (issue 56): a callable with the contract of a mechanism's
+`ctx.map_items` — `map_items(fn, config, items, *, label)` runs the module-level, picklable
+`fn(config, item)` on every item and returns the results in item order. The caller chooses where
+the items run (release passes `release.executor.ItemMapper`: this process, or Dask workers) and
+hands it over in `AuditInputs.map_items`; the audit never imports release. The default runs them
+here, one after another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+
+class MapItems(Protocol):
+    def __call__(
+        self,
+        fn: Callable[[Any, Any], Any],
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
+    ) -> list[Any]: ...
+
+
+def in_process(
+    fn: Callable[[Any, Any], Any],
+    config: Any,
+    items: Sequence[Any],
+    *,
+    label: str,
+    keep: bool = True,
+) -> list[Any]:
+    """`fn(config, item)` for every item, here, in item order (nothing reported, nothing kept)."""
+    return [fn(config, item) for item in items]
