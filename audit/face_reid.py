@@ -602,7 +602,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             inputs.heldout,
             policy,
             inputs.searched_recognisers,
-            inputs.map_items,
+            inputs.map_items or in_process,
         ),
     )
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from audit.baseline import Baseline
-from audit.items import MapItems, in_process
+from audit.items import MapItems
 from synth.kinds.datasets import ImageDataset
 from synth.kinds.volume import VolumeDataset
 from synth.registry import DP, GUARANTEE_KINDS
@@ -55,9 +55,9 @@ class AuditInputs:
     released: Any = None
     released_files: list[Path] | None = None
     cache_dir: Path | None = None  # public template atlases (synth.tools.mri.atlas), shared
-    # where the per-item work (the face attack's sightings of each image) runs: the run's
-    # executor (release.executor.ItemMapper) or, by default, this process (audit.items)
-    map_items: MapItems = in_process
+    # where the per-item work (each image's faces, each head's registration) runs: the run's
+    # executor (release.executor.ItemMapper); None: this process (audit.items)
+    map_items: MapItems | None = None
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
     # source (audit.baseline): compared with this release's downstream accuracy
     baselines: list[Baseline] = field(default_factory=list)
