@@ -56,6 +56,7 @@ GEOMETRY_CHECK = "face_geometry"
 RETENTION_CHECK = "face_detection_retention"
 KID_CHECK = "face_kid"
 SIGHTINGS_STAGE = "audit: faces (images)"  # the progress bar over the images the attack reads
+REALISM_STAGE = "audit: faces (realism)"  # and over the photos the realism checks compare
 FARS = (1e-3, 1e-2)
 MIN_FACE_IMAGE = 32  # smaller images (digits) are never probed: no recognisable face fits
 SAME_PLACE_IOU = 0.3  # a released face this close to an original face's box is its replacement
@@ -758,31 +759,26 @@ def compute_realism(
     sources: list[np.ndarray],
     sensitive: ImageDataset,
     policy: AuditPolicy,
+    map_items: MapItems = in_process,
 ) -> dict[str, Any] | None:
     """YuNet's view of the replaced faces of the attacked photos that keep their source's frame:
-    retention, landmark shift and KID against blur and pixelation (None: no such photo)."""
+    retention, landmark shift and KID against blur and pixelation (None: no such photo). Each
+    photo is one item (`realism_photo`), mapped by `map_items`."""
     attacked, _ = paired_sample(len(images), sources, len(sensitive), policy)
     same = [int(r) for r in attacked if _same_frame(images, int(r), sources, sensitive)]
     if not same:
         return None
-    replaced = retained = 0
-    shifts: list[float] = []
-    crops: dict[str, list[np.ndarray]] = {
-        "original": [],
-        "release": [],
-        "blurred": [],
-        "pixelated": [],
-    }
-    for r in same:
-        original = fm.as_rgb(sensitive.images[int(np.asarray(sources[r]).ravel()[0])])
-        released = fm.as_rgb(images[r])
-        found = fr.yunet_detect(released, fr.REALISM_DETECTION)
-        for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
-            replaced += 1
-            retained += _realism_face(original, released, found, row, shifts, crops)
+    pairs = [(sensitive.images[int(np.asarray(sources[r]).ravel()[0])], images[r]) for r in same]
+    photos = map_items(realism_photo, None, pairs, label=REALISM_STAGE, keep=False)
+    replaced = sum(p.replaced for p in photos)
+    retained = sum(p.retained for p in photos)
+    shifts = [x for p in photos for x in p.shifts]
     kids: dict[str, float | None] = {}
     if replaced >= 2:
-        features = {k: _facenet_features(v) for k, v in crops.items()}
+        features = {
+            k: np.concatenate([p.features[k] for p in photos if p.replaced])
+            for k in ("original", "release", "blurred", "pixelated")
+        }
         kids = {
             k: kid(features[k], features["original"]) for k in ("release", "blurred", "pixelated")
         }
@@ -803,6 +799,37 @@ def compute_realism(
         "blur_sigma": BLUR_SIGMA,
         "pixel_blocks": PIXEL_BLOCKS,
     }
+
+
+@dataclass(frozen=True)
+class RealismPhoto:
+    """One photo's replaced faces as YuNet sees them: how many, how many it still finds, their
+    landmark shifts, and the FaceNet features of each variant's crops (one row a face)."""
+
+    replaced: int
+    retained: int
+    shifts: list[float]
+    features: dict[str, np.ndarray]
+
+
+def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismPhoto:
+    """The realism measures of one (original, released) photo: the audit's per-item function
+    (module-level, so that a Dask worker can run it)."""
+    original, released = fm.as_rgb(item[0]), fm.as_rgb(item[1])
+    found = fr.yunet_detect(released, fr.REALISM_DETECTION)
+    replaced = retained = 0
+    shifts: list[float] = []
+    crops: dict[str, list[np.ndarray]] = {
+        "original": [],
+        "release": [],
+        "blurred": [],
+        "pixelated": [],
+    }
+    for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
+        replaced += 1
+        retained += _realism_face(original, released, found, row, shifts, crops)
+    features = {k: _facenet_features(v) for k, v in crops.items()} if replaced else {}
+    return RealismPhoto(replaced, retained, shifts, features)
 
 
 def _realism_face(
@@ -956,7 +983,7 @@ def run_face_reid(
     ]
     out = check_face_reid(numbers, policy, searched_keys(searched))
     if sources is not None:
-        realism = compute_realism(images, sources, sensitive, policy)
+        realism = compute_realism(images, sources, sensitive, policy, map_items)
         if realism is not None:
             dlib_shift = next(
                 (n.details["mean_landmark_shift"] for n in numbers if n.key == "dlib"), None

@@ -1,7 +1,8 @@
 """The face attack's per-image work mapped by the run's executor (issue 56, audit/face_reid.py
-`map_sightings`): every image the attack reads is found once, as one item, with a progress bar over
-them; the numbers equal the attack that finds faces as it goes; on two real Dask worker processes
-(a LocalCluster started here: slow) every face check equals this process's, number for number."""
+`map_sightings`, `realism_photo`): every image the attack reads is found once, as one item, with a
+progress bar over them; the numbers equal the attack that finds faces as it goes; on two real Dask
+worker processes (a LocalCluster started here: slow) every face check equals this process's,
+number for number."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from audit import AuditPolicy
 from audit.face_reid import (
+    REALISM_STAGE,
     SIGHTINGS_STAGE,
     compute_paired,
     compute_unpaired,
@@ -138,4 +140,5 @@ def test_the_face_checks_on_two_dask_workers_equal_this_process(originals, relea
     assert len(here) >= 4  # three recognisers, then the realism checks
     for a, b in zip(here, there, strict=True):
         assert (a.passed, a.summary, a.details) == (b.passed, b.summary, b.details)
-    assert steps[-1] == (SIGHTINGS_STAGE, 6, 6)
+    # a progress bar over the images the attack reads, then over the photos realism compares
+    assert (SIGHTINGS_STAGE, 6, 6) in steps and steps[-1] == (REALISM_STAGE, 3, 3)
