@@ -152,9 +152,9 @@ _WORKERS = typer.Option(
     0,
     "--workers",
     min=0,
-    help="Run the audit's per-item work (the face attack's images) on a Dask cluster of N "
-    "worker processes started on this machine for the audit; the same checks as one process "
-    "(docs/scaling-out.md).",
+    help="Run the audit's per-item work (the face checks' photos, the volume audit's heads) on a "
+    "Dask cluster of N worker processes started on this machine for the audit; the same checks "
+    "as one process (docs/scaling-out.md).",
 )
 
 _CLUSTER = typer.Option(

@@ -163,9 +163,10 @@ _WORKERS = typer.Option(
     "--workers",
     min=0,
     help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads, "
-    "k-SALSA's cluster batches, DP-MERF's feature sums), then the audit's (the face attack's "
-    "images), on a Dask cluster of N worker processes started on this machine for each; the "
-    "same result as one process, charged once, here (docs/scaling-out.md).",
+    "k-SALSA's cluster batches, DP-MERF's feature sums), then the audit's (the face checks' "
+    "photos, the volume audit's heads), on a Dask cluster of N worker processes started on "
+    "this machine for each; the same result as one process, charged once, here "
+    "(docs/scaling-out.md).",
 )
 
 _CLUSTER = typer.Option(
