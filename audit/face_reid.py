@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import numpy as np
 from audit.checks import _cannot_run, _guard
 from audit.face_policy import FacePolicy
 from audit.images import sample_idx
+from audit.items import MapItems, in_process
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
 from synth.kinds.datasets import ImageDataset
@@ -54,6 +56,8 @@ CHECK = "face_reidentification"  # one check per recogniser: face_reidentificati
 GEOMETRY_CHECK = "face_geometry"
 RETENTION_CHECK = "face_detection_retention"
 KID_CHECK = "face_kid"
+SIGHTINGS_STAGE = "audit: faces (images)"  # the progress bar over the images the attack reads
+REALISM_STAGE = "audit: faces (realism)"  # and over the photos the realism checks compare
 FARS = (1e-3, 1e-2)
 MIN_FACE_IMAGE = 32  # smaller images (digits) are never probed: no recognisable face fits
 SAME_PLACE_IOU = 0.3  # a released face this close to an original face's box is its replacement
@@ -80,11 +84,49 @@ def as_recogniser(attacker: fr.Recogniser | fm.Embedder) -> fr.Recogniser:
 def policy_recognisers(policy: AuditPolicy) -> list[fr.Recogniser]:
     """The recognisers the policy attacks with: `face_recognisers`, plus a `face_embedder` other
     than dlib (older specs name their own embedder there)."""
+    return list(job_recognisers(sightings_job(policy)))
+
+
+@dataclass(frozen=True)
+class SightingsJob:
+    """What a worker needs to find every recogniser's faces in an image: the recognisers' keys
+    (synth.face_recognisers) and an own embedder's name (None: none beside them)."""
+
+    recognisers: tuple[str, ...]
+    embedder: str | None = None
+
+
+def sightings_job(policy: AuditPolicy) -> SightingsJob:
+    """The policy's recognisers as a worker builds them (`policy_recognisers`)."""
     faces = policy.section(FacePolicy)
-    recs = [fr.recogniser(k) for k in faces.face_recognisers]
-    if faces.face_embedder != "dlib" and faces.face_embedder not in faces.face_recognisers:
-        recs.append(fr.EmbedderRecogniser(fm.embedder(faces.face_embedder), faces.face_embedder))
-    return recs
+    own = faces.face_embedder
+    extra = own if own != "dlib" and own not in faces.face_recognisers else None
+    return SightingsJob(tuple(faces.face_recognisers), extra)
+
+
+@lru_cache(maxsize=4)
+def job_recognisers(job: SightingsJob) -> tuple[fr.Recogniser, ...]:
+    """The job's recognisers, built once per process (their models load once)."""
+    recs = [fr.recogniser(k) for k in job.recognisers]
+    if job.embedder is not None:
+        recs.append(fr.EmbedderRecogniser(fm.embedder(job.embedder), job.embedder))
+    return tuple(recs)
+
+
+def image_sightings(job: SightingsJob, image: np.ndarray) -> list[list[fr.Sighting]]:
+    """Every recogniser's faces in one image (the audit's per-item function, mapped over the
+    attacked and gallery images: module-level, so that a Dask worker can run it)."""
+    return [sightings_of(rec, image) for rec in job_recognisers(job)]
+
+
+def sightings_of(rec: fr.Recogniser, image: np.ndarray) -> list[fr.Sighting]:
+    """One recogniser's faces in an image; in a small image where it finds none, the face the
+    alignment template puts there (`_framed_sighting`)."""
+    faces = rec.sightings(image)
+    if not faces and max(image.shape[:2]) <= fm.SMALL_IMAGE:
+        framed = _framed_sighting(rec, image)
+        faces = [] if framed is None else [framed]
+    return faces
 
 
 def _uses_dlib_landmarks(rec: fr.Recogniser) -> bool:
@@ -120,11 +162,7 @@ class SightingIndex:
     def of(self, tag: str, i: int, image: np.ndarray) -> list[fr.Sighting]:
         key = (tag, int(i))
         if key not in self.found:
-            faces = self.recogniser.sightings(image)
-            if not faces and max(image.shape[:2]) <= fm.SMALL_IMAGE:
-                framed = _framed_sighting(self.recogniser, image)
-                faces = [] if framed is None else [framed]
-            self.found[key] = faces
+            self.found[key] = sightings_of(self.recogniser, image)
         return self.found[key]
 
 
@@ -285,11 +323,12 @@ def compute_paired(
     sensitive: ImageDataset,
     policy: AuditPolicy,
     recogniser: fr.Recogniser | fm.Embedder,
+    sightings: SightingIndex | None = None,
 ) -> FaceReidNumbers:
     """One recogniser's verification and rank-1 identification of released faces against their
-    originals."""
-    rec = as_recogniser(recogniser)
-    index = SightingIndex(rec)
+    originals (`sightings`: the recogniser's faces already found, `map_sightings`)."""
+    index = sightings if sightings is not None else SightingIndex(as_recogniser(recogniser))
+    rec = index.recogniser
     attacked, gallery_ids = paired_sample(len(images), sources, len(sensitive), policy)
     gallery = [
         (g, k, s)
@@ -432,22 +471,20 @@ def compute_unpaired(
     heldout: ImageDataset | None,
     policy: AuditPolicy,
     recogniser: fr.Recogniser | fm.Embedder,
+    sightings: SightingIndex | None = None,
 ) -> FaceReidNumbers:
     """One recogniser's match rate of released faces with training faces, against held-out
-    faces."""
-    rec = as_recogniser(recogniser)
-    rng = np.random.default_rng(policy.seed)
-    index = SightingIndex(rec)
+    faces (`sightings`: the recogniser's faces already found, `map_sightings`)."""
+    index = sightings if sightings is not None else SightingIndex(as_recogniser(recogniser))
+    rec = index.recogniser
+    rel_idx, train_idx, heldout_idx = unpaired_sample(len(images), sensitive, heldout, policy)
 
     def embeddings(tag: str, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
         embs = [s.embedding for i in idx for s in index.of(tag, int(i), data[int(i)])]
         return np.stack(embs) if embs else np.zeros((0, 1))
 
-    m = samples = policy.section(FacePolicy).face_samples
-    if heldout is not None:
-        m = min(m, len(heldout))
-    rel = embeddings("release", images, sample_idx(len(images), samples, rng))
-    train = embeddings("sensitive", sensitive.images, sample_idx(len(sensitive), m, rng))
+    rel = embeddings("release", images, rel_idx)
+    train = embeddings("sensitive", sensitive.images, train_idx)
     thr = rec.threshold
 
     def match_rate(gallery: np.ndarray) -> float | None:
@@ -458,10 +495,8 @@ def compute_unpaired(
 
     rate_train = match_rate(train)
     rate_heldout = None
-    if heldout is not None:
-        rate_heldout = match_rate(
-            embeddings("heldout", heldout.images, sample_idx(len(heldout), m, rng))
-        )
+    if heldout is not None and heldout_idx is not None:
+        rate_heldout = match_rate(embeddings("heldout", heldout.images, heldout_idx))
     excess = (
         None
         if rate_train is None
@@ -479,6 +514,53 @@ def compute_unpaired(
         "reidentification_rate": None if excess is None else max(0.0, excess),
     }
     return FaceReidNumbers("unpaired", details)
+
+
+def unpaired_sample(
+    n_released: int, sensitive: ImageDataset, heldout: ImageDataset | None, policy: AuditPolicy
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The released, training and held-out images the unpaired attack embeds (the same for every
+    recogniser): drawn in that order from the policy's seed."""
+    rng = np.random.default_rng(policy.seed)
+    samples = policy.section(FacePolicy).face_samples
+    m = samples if heldout is None else min(samples, len(heldout))
+    rel = sample_idx(n_released, samples, rng)
+    train = sample_idx(len(sensitive), m, rng)
+    held = None if heldout is None else sample_idx(len(heldout), m, rng)
+    return rel, train, held
+
+
+# ------------------------------------------------------------------ every image's faces, mapped
+def map_sightings(
+    images: np.ndarray,
+    sources: list[np.ndarray] | None,
+    sensitive: ImageDataset,
+    heldout: ImageDataset | None,
+    policy: AuditPolicy,
+    map_items: MapItems = in_process,
+) -> list[SightingIndex]:
+    """Every policy recogniser's faces in every image the attack reads (`image_sightings` mapped
+    by `map_items`: here, or on the run's workers), one index per recogniser."""
+    job = sightings_job(policy)
+    wanted: list[tuple[str, int, np.ndarray]]
+    if sources is not None:
+        attacked, gallery = paired_sample(len(images), sources, len(sensitive), policy)
+        wanted = [("sensitive", g, sensitive.images[g]) for g in gallery]
+        wanted += [("release", int(r), images[int(r)]) for r in attacked]
+    else:
+        rel, train, held = unpaired_sample(len(images), sensitive, heldout, policy)
+        wanted = [("release", int(i), images[int(i)]) for i in rel]
+        wanted += [("sensitive", int(i), sensitive.images[int(i)]) for i in train]
+        if heldout is not None and held is not None:
+            wanted += [("heldout", int(i), heldout.images[int(i)]) for i in held]
+    found = map_items(
+        image_sightings, job, [image for *_, image in wanted], label=SIGHTINGS_STAGE, keep=False
+    )
+    indexes = [SightingIndex(rec) for rec in job_recognisers(job)]
+    for (tag, i, _), per_rec in zip(wanted, found, strict=True):
+        for index, faces in zip(indexes, per_rec, strict=True):
+            index.found[(tag, i)] = faces
+    return indexes
 
 
 # ------------------------------------------------------------------ the attack of a release
@@ -519,7 +601,13 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
         CHECK,
         "attack",
         lambda: run_face_reid(
-            images, sources, sensitive, inputs.heldout, policy, inputs.searched_recognisers
+            images,
+            sources,
+            sensitive,
+            inputs.heldout,
+            policy,
+            inputs.searched_recognisers,
+            inputs.map_items or in_process,
         ),
     )
 
@@ -676,31 +764,26 @@ def compute_realism(
     sources: list[np.ndarray],
     sensitive: ImageDataset,
     policy: AuditPolicy,
+    map_items: MapItems = in_process,
 ) -> dict[str, Any] | None:
     """YuNet's view of the replaced faces of the attacked photos that keep their source's frame:
-    retention, landmark shift and KID against blur and pixelation (None: no such photo)."""
+    retention, landmark shift and KID against blur and pixelation (None: no such photo). Each
+    photo is one item (`realism_photo`), mapped by `map_items`."""
     attacked, _ = paired_sample(len(images), sources, len(sensitive), policy)
     same = [int(r) for r in attacked if _same_frame(images, int(r), sources, sensitive)]
     if not same:
         return None
-    replaced = retained = 0
-    shifts: list[float] = []
-    crops: dict[str, list[np.ndarray]] = {
-        "original": [],
-        "release": [],
-        "blurred": [],
-        "pixelated": [],
-    }
-    for r in same:
-        original = fm.as_rgb(sensitive.images[int(np.asarray(sources[r]).ravel()[0])])
-        released = fm.as_rgb(images[r])
-        found = fr.yunet_detect(released, fr.REALISM_DETECTION)
-        for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
-            replaced += 1
-            retained += _realism_face(original, released, found, row, shifts, crops)
+    pairs = [(sensitive.images[int(np.asarray(sources[r]).ravel()[0])], images[r]) for r in same]
+    photos = map_items(realism_photo, None, pairs, label=REALISM_STAGE, keep=False)
+    replaced = sum(p.replaced for p in photos)
+    retained = sum(p.retained for p in photos)
+    shifts = [x for p in photos for x in p.shifts]
     kids: dict[str, float | None] = {}
     if replaced >= 2:
-        features = {k: _facenet_features(v) for k, v in crops.items()}
+        features = {
+            k: np.concatenate([p.features[k] for p in photos if p.replaced])
+            for k in ("original", "release", "blurred", "pixelated")
+        }
         kids = {
             k: kid(features[k], features["original"]) for k in ("release", "blurred", "pixelated")
         }
@@ -721,6 +804,37 @@ def compute_realism(
         "blur_sigma": BLUR_SIGMA,
         "pixel_blocks": PIXEL_BLOCKS,
     }
+
+
+@dataclass(frozen=True)
+class RealismPhoto:
+    """One photo's replaced faces as YuNet sees them: how many, how many it still finds, their
+    landmark shifts, and the FaceNet features of each variant's crops (one row a face)."""
+
+    replaced: int
+    retained: int
+    shifts: list[float]
+    features: dict[str, np.ndarray]
+
+
+def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismPhoto:
+    """The realism measures of one (original, released) photo: the audit's per-item function
+    (module-level, so that a Dask worker can run it)."""
+    original, released = fm.as_rgb(item[0]), fm.as_rgb(item[1])
+    found = fr.yunet_detect(released, fr.REALISM_DETECTION)
+    replaced = retained = 0
+    shifts: list[float] = []
+    crops: dict[str, list[np.ndarray]] = {
+        "original": [],
+        "release": [],
+        "blurred": [],
+        "pixelated": [],
+    }
+    for row in fr.yunet_detect(original, fr.REALISM_DETECTION):
+        replaced += 1
+        retained += _realism_face(original, released, found, row, shifts, crops)
+    features = {k: _facenet_features(v) for k, v in crops.items()} if replaced else {}
+    return RealismPhoto(replaced, retained, shifts, features)
 
 
 def _realism_face(
@@ -861,18 +975,21 @@ def run_face_reid(
     heldout: ImageDataset | None,
     policy: AuditPolicy,
     searched: Sequence[str] | None = None,
+    map_items: MapItems = in_process,
 ) -> list[CheckResult]:
     """Every recogniser of the policy against the release (one check each), then, for paired
-    releases whose faces stay in place, the realism checks."""
+    releases whose faces stay in place, the realism checks. Every image's faces are found first,
+    by `map_items` (`map_sightings`)."""
+    indexes = map_sightings(images, sources, sensitive, heldout, policy, map_items)
     numbers = [
-        compute_paired(images, sources, sensitive, policy, rec)
+        compute_paired(images, sources, sensitive, policy, index.recogniser, index)
         if sources is not None
-        else compute_unpaired(images, sensitive, heldout, policy, rec)
-        for rec in policy_recognisers(policy)
+        else compute_unpaired(images, sensitive, heldout, policy, index.recogniser, index)
+        for index in indexes
     ]
     out = check_face_reid(numbers, policy, searched_keys(searched))
     if sources is not None:
-        realism = compute_realism(images, sources, sensitive, policy)
+        realism = compute_realism(images, sources, sensitive, policy, map_items)
         if realism is not None:
             dlib_shift = next(
                 (n.details["mean_landmark_shift"] for n in numbers if n.key == "dlib"), None

@@ -13,6 +13,7 @@ import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
 from audit.baseline import Baseline
+from audit.items import MapItems
 from synth.kinds.datasets import ImageDataset
 from synth.registry import DP, GUARANTEE_KINDS
 
@@ -55,6 +56,9 @@ class AuditInputs:
     released_files: list[Path] | None = None
     # public files a kind's checks read, shared between releases (e.g. template atlases)
     cache_dir: Path | None = None
+    # where the per-item work (each image's faces, each head's registration) runs: the run's
+    # executor (release.executor.ItemMapper); None: this process (audit.items)
+    map_items: MapItems | None = None
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
     # source (audit.baseline): compared with this release's downstream accuracy
     baselines: list[Baseline] = field(default_factory=list)

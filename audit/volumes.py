@@ -36,7 +36,8 @@ brain and face:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import volume_record_fingerprints
 from audit.checks import _cannot_run, _guard
 from audit.face_policy import FacePolicy
+from audit.items import here
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from audit.volume_policy import VolumePolicy
@@ -427,35 +429,96 @@ class _SubjectScan:
 def _scan_subjects(
     inputs, originals: VolumeDataset, released: VolumeDataset, progress: ProgressFn
 ) -> _SubjectScan:
-    """Register each original to the atlas and gather what the checks compare, subject by
-    subject."""
+    """Register each original to the atlas and gather what the checks compare, one subject an
+    item (`scan_subject`, mapped by `inputs.map_items`: here, or on the run's workers); the
+    released files' headers are read here, where they were written."""
     files = inputs.released_files or [None] * len(released)
-    _, brain_atlas = atlases(inputs.cache_dir)
-    window = face_window(brain_atlas)
-    face = face_region(brain_atlas, window)
+    _brain_atlas(inputs.cache_dir)  # built (and cached) here once, before any worker reads it
+    pairs = zip(originals.volumes, released.volumes, strict=True)
+    items = [(inputs.ids[i], orig, rel) for i, (orig, rel) in enumerate(pairs)]
+    job = SubjectJob(inputs.cache_dir)
+    map_items = inputs.map_items or here(progress)
+    scanned = map_items(scan_subject, job, items, label=SUBJECTS_STAGE, keep=False)
     scan = _SubjectScan()
-    stage = "audit: volumes (subjects)"
-    for i, (orig, rel) in enumerate(zip(originals.volumes, released.volumes, strict=True)):
-        progress(stage, i, len(released))
-        reg = brain_atlas.register(orig)
-        scan.metrics.append(reg.metric)
-        try:
-            check_fit(reg, inputs.ids[i])
-        except DataFormatError as exc:
-            scan.problems.append(str(exc))
-        masks = brain_atlas.on(orig, reg)
-        scan.rows.append(compare(inputs.ids[i], orig, rel, masks, files[i]))
-        level = head_level(orig.physical())
-        scan.depth_o.append(normalised_depth(orig, reg, window, level))
-        scan.depth_r.append(normalised_depth(rel, reg, window, level))
+    for one, file in zip(scanned, files, strict=True):
+        scan.metrics.append(one.metric)
+        if one.problem is not None:
+            scan.problems.append(one.problem)
+        scan.rows.append(_with_header(one.row, file))
+        scan.depth_o.append(one.depth_o)
+        scan.depth_r.append(one.depth_r)
+        scan.face_px.append(one.face_px)
+        if one.pictures is not None:
+            scan.pics_o.append(one.pictures[0])
+            scan.pics_r.append(one.pictures[1])
+    return scan
+
+
+SUBJECTS_STAGE = "audit: volumes (subjects)"
+
+
+@dataclass(frozen=True)
+class SubjectJob:
+    """What a worker needs to scan a subject: where the public atlases are cached."""
+
+    cache_dir: Path | None
+
+
+@dataclass(frozen=True)
+class SubjectScan:
+    """One subject's registration (metric, why its fit fails), comparison row (no header yet),
+    face depth maps and pixels, and recogniser pictures (None: voxels too coarse)."""
+
+    metric: float
+    problem: str | None
+    row: Comparison
+    depth_o: np.ndarray
+    depth_r: np.ndarray
+    face_px: np.ndarray
+    pictures: tuple[np.ndarray, np.ndarray] | None
+
+
+@lru_cache(maxsize=2)
+def _brain_atlas(cache_dir: Path | None) -> tuple[Atlas, Grid, np.ndarray]:
+    """Colin27, the render window and its face on it, once per process."""
+    _, brain_atlas = atlases(cache_dir)
+    window = face_window(brain_atlas)
+    return brain_atlas, window, face_region(brain_atlas, window)
+
+
+def scan_subject(job: SubjectJob, item: tuple[str, Volume, Volume]) -> SubjectScan:
+    """One subject (id, original, released): the audit's per-item function (module-level, so that
+    a Dask worker can run it)."""
+    rid, orig, rel = item
+    brain_atlas, window, face = _brain_atlas(job.cache_dir)
+    reg = brain_atlas.register(orig)
+    problem = None
+    try:
+        check_fit(reg, rid)
+    except DataFormatError as exc:
+        problem = str(exc)
+    masks = brain_atlas.on(orig, reg)
+    level = head_level(orig.physical())
+    depth_o = normalised_depth(orig, reg, window, level)
+    return SubjectScan(
+        reg.metric,
+        problem,
+        compare(rid, orig, rel, masks, None),
+        depth_o,
+        normalised_depth(rel, reg, window, level),
         # the pixels showing the face: what a face recogniser looks at (not the ears, the scalp
         # or the outline of the skull)
-        scan.face_px.append(surface_in(face, scan.depth_o[-1]))
-        if max(orig.zooms) <= RECOGNISER_MAX_MM:
-            scan.pics_o.append(recogniser_picture(orig))
-            scan.pics_r.append(recogniser_picture(rel))
-        progress(stage, i + 1, len(released))
-    return scan
+        surface_in(face, depth_o),
+        (recogniser_picture(orig), recogniser_picture(rel))
+        if max(orig.zooms) <= RECOGNISER_MAX_MM
+        else None,
+    )
+
+
+def _with_header(row: Comparison, file: Path | None) -> Comparison:
+    """The row with the released file's header text fields (none without a file)."""
+    fields = header_text(file) if file is not None else {}
+    return replace(row, header_text_fields=len(fields), header_fields=", ".join(sorted(fields)))
 
 
 def _reid_results(scan: _SubjectScan, n: int, policy: AuditPolicy) -> list[CheckResult]:

@@ -55,7 +55,7 @@ from audit.face_reid import (
 )
 from audit.policy import AuditPolicy
 from benchmarks.common import md_table
-from release.executor import InProcess, map_items
+from release.executor import InProcess, ItemMapper
 from synth.kinds.datasets import ImageDataset
 from synth.kinds.photos import letterbox
 from synth.mechanisms.face_deid.config import FaceDeidConfig
@@ -114,23 +114,17 @@ def as_dataset(photos: list[np.ndarray], size: int, folder: Path) -> ImageDatase
 
 
 class _Ctx(SimpleNamespace):
+    """The runner's context less the ledger, its items mapped in this process."""
+
+    def __init__(self, workdir: Path, progress, **rest) -> None:
+        super().__init__(workdir=workdir, progress=progress, **rest)
+        self.map_items = ItemMapper(InProcess(), progress, workdir)
+
     def on_sensitive_access(self) -> None:
         pass
 
     def prepare_workers(self, setup, *args):
-        return InProcess().setup(setup, *args)
-
-    def map_items(self, fn, config, items, *, label, keep=True):
-        return map_items(
-            InProcess(),
-            self.workdir,
-            fn,
-            config,
-            items,
-            label=label,
-            progress=self.progress,
-            keep=keep,
-        )
+        return self.map_items.setup(setup, *args)
 
 
 def run_face_deid(data: ImageDataset, config: FaceDeidConfig, tools=None, bar=None):

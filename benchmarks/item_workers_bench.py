@@ -37,25 +37,13 @@ STAGES = {"face-deid": "face-deid: photos", "deface": "deface (subjects)"}
 
 
 class _Ctx(SimpleNamespace):
-    """The runner's context less the ledger: where items run is `executor`."""
+    """The runner's context less the ledger: items are mapped by `map_items` (an ItemMapper)."""
 
     def on_sensitive_access(self) -> None:
         pass
 
     def prepare_workers(self, setup, *args):
-        return self.executor.setup(setup, *args)
-
-    def map_items(self, fn, config, items, *, label, keep=True):
-        return executors.map_items(
-            self.executor,
-            self.workdir,
-            fn,
-            config,
-            items,
-            label=label,
-            progress=self.progress,
-            keep=keep,
-        )
+        return self.map_items.setup(setup, *args)
 
 
 def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path) -> dict:
@@ -78,14 +66,15 @@ def release_on(workers: int, mechanism: str, data: Any, config: Any, cache: Path
     start = time.perf_counter()
     items_on = executors.start(executors.ExecutorChoice(workers=workers))
     try:
+        workdir = Path(tempfile.mkdtemp())
         ctx = _Ctx(
-            workdir=Path(tempfile.mkdtemp()),
+            workdir=workdir,
             progress=progress,
             public=None,
             plan=None,
             cache_dir=cache,
             nproc=1,
-            executor=items_on,
+            map_items=executors.ItemMapper(items_on, progress, workdir),
         )
         run = face_deid if mechanism == "face-deid" else run_deface
         out = run(config, data, ctx)

@@ -11,6 +11,7 @@ from accounting.store import Store
 from release import runner
 from release.artifacts import load_output, release_dir, release_ids, saved_kind
 from release.data import load_registered
+from release.executor import IN_PROCESS, ExecutorChoice, mapping_on
 from release.records import Release, list_releases
 from release.spec import ReleaseSpec
 from synth import registry
@@ -30,9 +31,12 @@ def run_checks(
     *,
     data: Data | None = None,
     public: Data | None = None,
+    executor: ExecutorChoice = IN_PROCESS,
 ) -> AuditReport:
     """Run every check of the release's policy on its saved output and store the (internal)
-    report. `data` and `public`: the run's, when it has just read them (else read again)."""
+    report. `data` and `public`: the run's, when it has just read them (else read again).
+    `executor`: where the audit's per-item work runs (`--workers N`, `--cluster ADDR`: Dask
+    workers started for the audit, at its first per-item stage; else this process)."""
     from audit import AuditPolicy, run_audit, save_report
 
     out = load_output(store, rel.release_id)
@@ -43,7 +47,8 @@ def run_checks(
         else load_registered(store, spec.dataset)
     )
     inputs = audit_inputs(store, rel, out, spec, ds, sensitive, public)
-    report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
+    with mapping_on(executor, progress) as inputs.map_items:
+        report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
     return report
 

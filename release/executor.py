@@ -330,3 +330,80 @@ def map_items(
         results[index] = result
         progress(label, len(results), n)
     return [results[i] for i in range(n)]
+
+
+class ItemMapper:
+    """`map_items` on one executor, reporting to one progress callback: what a mechanism's
+    context (`ctx.map_items`, `ctx.prepare_workers`), the audit (`AuditInputs.map_items`) and the
+    benchmarks map items with. Given an `ExecutorChoice`, the executor is started at the first
+    map (none for work that never maps) and stopped by `close`. Without `workdir` nothing is
+    saved or reused (the audit's items: it keeps no work folder)."""
+
+    def __init__(
+        self,
+        executor: InProcess | DaskExecutor | ExecutorChoice | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self._choice: ExecutorChoice | None = None
+        self._executor: InProcess | DaskExecutor | None = None
+        if isinstance(executor, ExecutorChoice):
+            self._choice = executor
+        else:
+            self._executor = executor if executor is not None else InProcess()
+        self.progress = progress if progress is not None else _no_progress
+        self.workdir = workdir
+
+    @property
+    def executor(self) -> InProcess | DaskExecutor:
+        if self._executor is None:
+            self._executor = start(self._choice or IN_PROCESS)
+        return self._executor
+
+    def __call__(
+        self,
+        fn: Callable[[Any, Any], Any],
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
+    ) -> list[Any]:
+        """`fn(config, item)` for every item, in item order (`map_items`)."""
+        return map_items(
+            self.executor,
+            self.workdir if self.workdir is not None else Path("."),
+            fn,
+            config,
+            items,
+            label=label,
+            progress=self.progress,
+            keep=keep and self.workdir is not None,
+        )
+
+    def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """`fn(*args)` once on every worker (or here): each loads its models before the items."""
+        return self.executor.setup(fn, *args)
+
+    def close(self) -> None:
+        """Stop the executor this mapper started (one it was given stays with its owner)."""
+        if self._choice is not None and self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+
+def _no_progress(stage: str, done: int, total: int) -> None:
+    pass
+
+
+@contextmanager
+def mapping_on(
+    choice: ExecutorChoice, progress: Callable[[str, int, int], None] | None = None
+) -> Iterator[ItemMapper]:
+    """An `ItemMapper` on the executor `choice` asks for, started at its first map and stopped on
+    leaving (the audit's: it keeps no work folder)."""
+    mapper = ItemMapper(choice, progress)
+    try:
+        yield mapper
+    finally:
+        mapper.close()

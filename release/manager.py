@@ -219,7 +219,7 @@ def run_release(
         )
     approved = approval.verified_approval(store, rel)
     if rel.result is not None:  # synthesised and settled; only the audit was interrupted: audit it
-        return audit_release(store, release_id, ident.name, progress)
+        return audit_release(store, release_id, ident.name, progress, executor=executor)
     plan, spec, ds, data, public = approval.bound_inputs(store, rel)
     mech = registry.get(plan.mechanism)
     config = planning.mechanism_config(spec, ds)
@@ -235,7 +235,10 @@ def run_release(
         nodes,
     )
     try:
-        return audit_release(store, release_id, ident.name, progress, data=data, public=public)
+        # the audit starts its own workers (the run's stopped with its lease): `audit_release`
+        return audit_release(
+            store, release_id, ident.name, progress, data=data, public=public, executor=executor
+        )
     except BaseException as exc:  # synthesised and settled: a re-run audits it again
         _fail(store, release_id, ident.name, f"audit not finished: {runner.why(exc)}")
         raise
@@ -359,11 +362,15 @@ def audit_release(
     *,
     data: Data | None = None,
     public: Data | None = None,
+    executor: ExecutorChoice = IN_PROCESS,
 ) -> Release:
-    """Run every check on a synthesised release and store the (internal) report."""
+    """Run every check on a synthesised release and store the (internal) report. With `executor`
+    (`--workers N`, `--cluster ADDR`) the audit's per-item work (its attacks' images) runs on Dask
+    workers started for the audit at its first per-item stage: the run's were stopped with the
+    run, so that a resumed or separate audit (`audit run`) starts them the same way."""
     ident = keys.authenticate(store, actor, "steward", "auditor")
     rel = recorded_release(store, release_id)
-    report = run_checks(store, rel, progress, data=data, public=public)
+    report = run_checks(store, rel, progress, data=data, public=public, executor=executor)
     _set_state(
         store,
         release_id,

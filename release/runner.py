@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -220,30 +220,11 @@ class _Context:
             self.nproc = node_pool.nodes.world_size
             self.nproc_per_node = node_pool.nodes.nproc_per_node
         # where per-item work runs (release/executor.py); workers never see the store
-        self.executor = executor if executor is not None else executors.InProcess()
+        self.map_items = executors.ItemMapper(executor, progress, workdir)
+        self.executor = self.map_items.executor
 
     def prepare_workers(self, setup: Callable[..., Any], *args: Any) -> list[Any]:
-        return self.executor.setup(setup, *args)
-
-    def map_items(
-        self,
-        fn: Callable[[Any, Any], Any],
-        config: Any,
-        items: Sequence[Any],
-        *,
-        label: str,
-        keep: bool = True,
-    ) -> list[Any]:
-        return executors.map_items(
-            self.executor,
-            self.workdir,
-            fn,
-            config,
-            items,
-            label=label,
-            progress=self.progress,
-            keep=keep,
-        )
+        return self.map_items.setup(setup, *args)
 
     @property
     def charge_id(self) -> str:

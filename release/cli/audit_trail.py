@@ -148,15 +148,42 @@ def show_trail(
     )
 
 
+_WORKERS = typer.Option(
+    0,
+    "--workers",
+    min=0,
+    help="Run the audit's per-item work (the face checks' photos, the volume audit's heads) on a "
+    "Dask cluster of N worker processes started on this machine for the audit; the same checks "
+    "as one process (docs/scaling-out.md).",
+)
+
+_CLUSTER = typer.Option(
+    None,
+    "--cluster",
+    metavar="ADDRESS|FILE",
+    help="Run the audit's items on a Dask scheduler the site already runs (tcp://HOST:8786, or "
+    "its scheduler file); this machine keeps the store.",
+)
+
+
 @app.command("run")
-def run(release_id: str, actor: str = typer.Option(None, "--as")) -> None:
+def run(
+    release_id: str,
+    actor: str = typer.Option(None, "--as"),
+    workers: int = _WORKERS,
+    cluster: str | None = _CLUSTER,
+) -> None:
     """(Re-)run every check on a synthesised release and store the internal report."""
     from release import manager
+    from release.executor import ExecutorChoice
     from release.terminal import rich_progress
 
     who = acting(actor, "steward", "auditor")
+    items_on = ExecutorChoice(workers, cluster)
+    if not items_on.in_process:
+        console.print(f"Audit items run on {items_on.describe()}.", markup=False, highlight=False)
     with rich_progress() as progress:
-        rel = manager.audit_release(store(), release_id, who.name, progress)
+        rel = manager.audit_release(store(), release_id, who.name, progress, executor=items_on)
     console.print(f"Release {release_id} is {rel.state}.")
     report(release_id, actor=actor, as_json=False)
 

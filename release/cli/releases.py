@@ -163,17 +163,19 @@ _WORKERS = typer.Option(
     "--workers",
     min=0,
     help="Run a per-item mechanism's items (face-deid's photos, deface and reface's heads, "
-    "k-SALSA's cluster batches, DP-MERF's feature sums) on a Dask cluster of N worker "
-    "processes started on this machine for the run; the same result as one process, charged "
-    "once, here (docs/scaling-out.md).",
+    "k-SALSA's cluster batches, DP-MERF's feature sums), then the audit's (the face checks' "
+    "photos, the volume audit's heads), on a Dask cluster of N worker processes started on "
+    "this machine for each; the same result as one process, charged once, here "
+    "(docs/scaling-out.md).",
 )
 
 _CLUSTER = typer.Option(
     None,
     "--cluster",
     metavar="ADDRESS|FILE",
-    help="Run the items on a Dask scheduler the site already runs (tcp://HOST:8786, or its "
-    "scheduler file); this machine keeps the ledger and the lease.",
+    help="Run the items (the mechanism's, then the audit's) on a Dask scheduler the site "
+    "already runs (tcp://HOST:8786, or its scheduler file); this machine keeps the ledger and "
+    "the lease.",
 )
 
 _NNODES = typer.Option(

@@ -24,18 +24,9 @@ class _Items:
     """The part of the runner's context a mechanism maps items with, on a real executor."""
 
     def __init__(self, executor, workdir: Path) -> None:
-        self.executor, self.workdir, self.stages = executor, workdir, []
-
-    def map_items(self, fn, config, items, *, label, keep=True):
-        return executors.map_items(
-            self.executor,
-            self.workdir,
-            fn,
-            config,
-            items,
-            label=label,
-            progress=lambda s, d, t: self.stages.append((s, d, t)),
-            keep=keep,
+        self.stages: list[tuple[str, int, int]] = []
+        self.map_items = executors.ItemMapper(
+            executor, lambda s, d, t: self.stages.append((s, d, t)), workdir
         )
 
 
