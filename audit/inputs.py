@@ -56,7 +56,7 @@ class AuditInputs:
     released_files: list[Path] | None = None
     # public files a kind's checks read, shared between releases (e.g. template atlases)
     cache_dir: Path | None = None
-    # where the per-item work (each image's faces, each head's registration) runs: the run's
+    # where the per-item work of a kind's checks (one released record each) runs: the run's
     # executor (release.executor.ItemMapper); None: this process (audit.items)
     map_items: MapItems | None = None
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
