@@ -16,7 +16,7 @@ import numpy as np
 
 from accounting import ledger
 from accounting.errors import DataFormatError, DatasetConflictError
-from accounting.fingerprint import dataset_fingerprint, volumes_fingerprint
+from accounting.fingerprint import dataset_fingerprint, volume_digests_fingerprint
 from accounting.store import Store
 from synth.kinds.datasets import BUILTINS, MAX_LABEL, ImageDataset, is_volume_source, load_data
 from synth.kinds.photos import FLAT_CLASS, is_photos
@@ -155,10 +155,11 @@ def _public_cache(store: Store) -> Path:
 
 def fingerprint(store: Store, data: ImageDataset | VolumeDataset) -> str:
     """The dataset's HMAC-SHA256 under the workspace key (images and labels, or every volume's
-    stored voxels, affine and scaling)."""
+    stored voxels, affine and scaling: from the digests taken as each file was read, so that a
+    folder held by reference is not read again)."""
     key = store.workspace.hmac_key()
     if isinstance(data, VolumeDataset):
-        return volumes_fingerprint(key, [v.stored_bytes() for v in data.volumes])
+        return volume_digests_fingerprint(key, data.record_digests())
     return dataset_fingerprint(key, data.images, data.labels)
 
 
