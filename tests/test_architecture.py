@@ -136,9 +136,6 @@ NAMING_ALLOWED = {
     # the [policy] table's keys are the users' spec vocabulary (face_*, volume_* thresholds),
     # validated in one flat table; the checks that read them belong to their kinds
     "audit/policy.py",
-    # input data kinds: registering a sensitive source (2D images or a folder of head volumes,
-    # admitted by the volume mechanisms' checks) is not an output kind
-    "release/data.py",
 }
 
 
