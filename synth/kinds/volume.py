@@ -191,7 +191,7 @@ class VolumeDataset:
     @property
     def stored_nbytes(self) -> int:
         """The stored voxel bytes of every record together."""
-        return sum(r.nbytes if isinstance(r, VolumeRef) else r.data.nbytes for r in self.records)
+        return sum(r.data.nbytes if isinstance(r, Volume) else r.nbytes for r in self.records)
 
     @property
     def image_shape(self) -> tuple[int, ...]:
@@ -204,9 +204,9 @@ class VolumeDataset:
         the ones taken when the folder was read for records held by reference (no file is read
         again), else computed."""
         return [
-            bytes.fromhex(r.sha256)
-            if isinstance(r, VolumeRef)
-            else hashlib.sha256(r.stored_bytes()).digest()
+            hashlib.sha256(r.stored_bytes()).digest()
+            if isinstance(r, Volume)
+            else bytes.fromhex(r.sha256)
             for r in self.records
         ]
 
