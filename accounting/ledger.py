@@ -144,20 +144,24 @@ def register_dataset(
     )
     with store.transaction() as con:
         existing = _registered_id(con, name, fingerprint)
-        dataset_id = existing or _insert_dataset(
-            con,
-            store,
-            actor,
-            name=name,
-            source=source,
-            fingerprint=fingerprint,
-            record_count=record_count,
-            labels=labels,
-            image_shape=image_shape,
-            privacy_unit=privacy_unit,
-            epsilon_cap=epsilon_cap,
-            delta_cap=delta_cap,
-        )
+        dataset_id = existing or "ds-" + uuid.uuid4().hex[:12]
+        if existing is None:
+            # the row as Dataset holds it, written once here and read back below
+            new = Dataset(
+                dataset_id,
+                name,
+                source,
+                fingerprint,
+                record_count,
+                sorted(int(x) for x in labels),
+                [int(x) for x in image_shape],
+                privacy_unit,
+                float(epsilon_cap),
+                float(delta_cap),
+                trail.now(),
+                actor,
+            )
+            _insert_dataset(con, store, new)
     return get_dataset(store, dataset_id), existing is None
 
 
@@ -219,54 +223,38 @@ def _registered_id(con, name: str, fingerprint: str) -> str | None:
     return None
 
 
-def _insert_dataset(
-    con,
-    store: Store,
-    actor: str,
-    *,
-    name: str,
-    source: str,
-    fingerprint: str,
-    record_count: int,
-    labels: Sequence[int],
-    image_shape: Sequence[int],
-    privacy_unit: str,
-    epsilon_cap: float,
-    delta_cap: float,
-) -> str:
+def _insert_dataset(con, store: Store, d: Dataset) -> None:
     """The new dataset's row, its empty curve and its trail entry, in the caller's transaction."""
-    dataset_id = "ds-" + uuid.uuid4().hex[:12]
     values = [
-        dataset_id,
-        name,
-        source,
-        fingerprint,
-        record_count,
-        json.dumps(sorted(int(x) for x in labels)),
-        json.dumps([int(x) for x in image_shape]),
-        privacy_unit,
-        float(epsilon_cap),
-        float(delta_cap),
-        trail.now(),
-        actor,
+        d.dataset_id,
+        d.name,
+        d.source,
+        d.fingerprint,
+        d.record_count,
+        json.dumps(d.labels),
+        json.dumps(d.image_shape),
+        d.privacy_unit,
+        d.epsilon_cap,
+        d.delta_cap,
+        d.registered_at,
+        d.registered_by,
     ]
     con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
-    curve.save_change(con, dataset_id, curve.EMPTY)  # reads then find a curve, write none
+    curve.save_change(con, d.dataset_id, curve.EMPTY)  # reads then find a curve, write none
     trail.append(
         con,
         store,
-        actor,
+        d.registered_by,
         "dataset.register",
         {
-            "dataset_id": dataset_id,
-            "name": name,
-            "record_count": record_count,
-            "epsilon_cap": float(epsilon_cap),
-            "delta_cap": float(delta_cap),
-            "fingerprint": fingerprint,
+            "dataset_id": d.dataset_id,
+            "name": d.name,
+            "record_count": d.record_count,
+            "epsilon_cap": d.epsilon_cap,
+            "delta_cap": d.delta_cap,
+            "fingerprint": d.fingerprint,
         },
     )
-    return dataset_id
 
 
 def get_dataset(store: Store, name_or_id: str) -> Dataset:

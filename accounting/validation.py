@@ -20,19 +20,20 @@ MAX_NOISE_MULTIPLIER = 1e6  # epsilon is 0 to float precision well before this
 MAX_COUNT = 10**9
 
 
-def _finite(name: str, value: object) -> float:
+def finite(name: str, value: object, wanted: str = "a finite positive number") -> float:
+    """`value` as a finite float; otherwise an error saying what `name` must be (`wanted`)."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise InvalidParameterError(f"{name} must be a number, got {value!r}.")
+        raise InvalidParameterError(f"{name} must be {wanted}, got {value!r}.")
     v = float(value)
     if math.isnan(v):
-        raise InvalidParameterError(f"{name} is NaN; give a finite positive number.")
+        raise InvalidParameterError(f"{name} is NaN; give {wanted}.")
     if math.isinf(v):
-        raise InvalidParameterError(f"{name} is infinite; give a finite positive number.")
+        raise InvalidParameterError(f"{name} is infinite; give {wanted}.")
     return v
 
 
 def check_epsilon(value: object, name: str = "epsilon") -> float:
-    v = _finite(name, value)
+    v = finite(name, value)
     if v <= 0:
         raise InvalidParameterError(
             f"{name} must be > 0, got {v}; a privacy budget of zero or less admits no release."
@@ -46,7 +47,7 @@ def check_epsilon(value: object, name: str = "epsilon") -> float:
 
 
 def check_delta(value: object, name: str = "delta") -> float:
-    v = _finite(name, value)
+    v = finite(name, value)
     if not 0 < v < 1:
         raise InvalidParameterError(
             f"{name} must be in (0, 1), got {v}; use a value "
@@ -58,7 +59,7 @@ def check_delta(value: object, name: str = "delta") -> float:
 def check_sigma(value: object, name: str = "sigma") -> float:
     """A noise multiplier (noise std / L2 sensitivity), within [MIN_NOISE_MULTIPLIER,
     MAX_NOISE_MULTIPLIER]."""
-    v = _finite(name, value)
+    v = finite(name, value)
     if v <= 0:
         raise InvalidParameterError(
             f"{name} (noise multiplier) must be > 0, got {v}; zero noise gives no privacy."
@@ -80,14 +81,14 @@ def check_sigma(value: object, name: str = "sigma") -> float:
 
 
 def check_sensitivity(value: object, name: str = "sensitivity") -> float:
-    v = _finite(name, value)
+    v = finite(name, value)
     if v <= 0:
         raise InvalidParameterError(f"{name} must be > 0, got {v}.")
     return v
 
 
 def check_sample_rate(value: object, name: str = "sample rate q") -> float:
-    v = _finite(name, value)
+    v = finite(name, value)
     if not 0 < v <= 1:
         raise InvalidParameterError(
             f"{name} must be in (0, 1], got {v}; it is batch size / dataset size."
@@ -98,7 +99,7 @@ def check_sample_rate(value: object, name: str = "sample rate q") -> float:
 def check_count(value: object, name: str = "steps") -> int:
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
         raise InvalidParameterError(f"{name} must be a whole number, got {value!r}.")
-    v = _finite(name, value)
+    v = finite(name, value)
     if v != int(v) or v < 1:
         raise InvalidParameterError(f"{name} must be a whole number >= 1, got {value!r}.")
     if v > MAX_COUNT:

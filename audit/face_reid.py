@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from audit.checks import _cannot_run, _guard
+from audit.face_policy import FacePolicy
 from audit.images import sample_idx
 from audit.policy import AuditPolicy
 from audit.report import CheckResult
@@ -79,9 +80,10 @@ def as_recogniser(attacker: fr.Recogniser | fm.Embedder) -> fr.Recogniser:
 def policy_recognisers(policy: AuditPolicy) -> list[fr.Recogniser]:
     """The recognisers the policy attacks with: `face_recognisers`, plus a `face_embedder` other
     than dlib (older specs name their own embedder there)."""
-    recs = [fr.recogniser(k) for k in policy.face_recognisers]
-    if policy.face_embedder != "dlib" and policy.face_embedder not in policy.face_recognisers:
-        recs.append(fr.EmbedderRecogniser(fm.embedder(policy.face_embedder), policy.face_embedder))
+    faces = policy.section(FacePolicy)
+    recs = [fr.recogniser(k) for k in faces.face_recognisers]
+    if faces.face_embedder != "dlib" and faces.face_embedder not in faces.face_recognisers:
+        recs.append(fr.EmbedderRecogniser(fm.embedder(faces.face_embedder), faces.face_embedder))
     return recs
 
 
@@ -239,10 +241,11 @@ def paired_sample(
     """The released images attacked and the original records of the gallery (their sources, then
     others up to `face_samples`): the same for every recogniser."""
     rng = np.random.default_rng(policy.seed)
-    attacked = sample_idx(n_released, policy.face_samples, rng)
+    m = policy.section(FacePolicy).face_samples
+    attacked = sample_idx(n_released, m, rng)
     used = {int(s) for r in attacked for s in np.asarray(sources[r]).ravel()}
     others = np.setdiff1d(np.arange(n_sensitive), sorted(used))
-    extra = others[sample_idx(len(others), max(0, policy.face_samples - len(used)), rng)]
+    extra = others[sample_idx(len(others), max(0, m - len(used)), rng)]
     return attacked, sorted(used | {int(i) for i in extra})
 
 
@@ -440,10 +443,10 @@ def compute_unpaired(
         embs = [s.embedding for i in idx for s in index.of(tag, int(i), data[int(i)])]
         return np.stack(embs) if embs else np.zeros((0, 1))
 
-    m = policy.face_samples
+    m = samples = policy.section(FacePolicy).face_samples
     if heldout is not None:
         m = min(m, len(heldout))
-    rel = embeddings("release", images, sample_idx(len(images), policy.face_samples, rng))
+    rel = embeddings("release", images, sample_idx(len(images), samples, rng))
     train = embeddings("sensitive", sensitive.images, sample_idx(len(sensitive), m, rng))
     thr = rec.threshold
 
@@ -490,7 +493,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
     sensitive = inputs.sensitive
     if not isinstance(sensitive, ImageDataset):  # not pictures: nothing for a face detector
         return []
-    mode = policy.face_reidentification
+    mode = policy.section(FacePolicy).face_reidentification
     if mode == "off":
         if not required:
             return []
@@ -555,10 +558,11 @@ def searched_keys(searched: Sequence[str] | None) -> list[str] | None:
 
 
 def _paired_verdict(d: dict[str, Any], policy: AuditPolicy) -> tuple[bool | None, str]:
+    faces = policy.section(FacePolicy)
     rate, limit, alpha = (
         d["reidentification_rate"],
-        policy.face_max_verification_rate,
-        policy.face_rank1_alpha,
+        faces.face_max_verification_rate,
+        faces.face_rank1_alpha,
     )
     tar3 = d.get("tar_at_far_0.001")
     rank1, p = d.get("rank1_identification"), d.get("rank1_p_value")
@@ -583,9 +587,9 @@ def _paired_verdict(d: dict[str, Any], policy: AuditPolicy) -> tuple[bool | None
         limits.append(f"rank-1 above chance at p < {alpha:g} fails")
         if p < alpha:
             failed.append("identified above chance")
-    if policy.face_max_rank1_rate is not None and rank1 is not None:
-        limits.append(f"max rank-1 {policy.face_max_rank1_rate:g}")
-        if rank1 > policy.face_max_rank1_rate:
+    if faces.face_max_rank1_rate is not None and rank1 is not None:
+        limits.append(f"max rank-1 {faces.face_max_rank1_rate:g}")
+        if rank1 > faces.face_max_rank1_rate:
             failed.append("rank-1 over its ceiling")
     if limits:
         summary += "; " + ", ".join(limits)
@@ -603,7 +607,7 @@ def check_face_reid(
     keys the mechanism searched against (the others are held out)."""
     out = []
     for n in [numbers] if isinstance(numbers, FaceReidNumbers) else numbers:
-        d, limit = n.details, policy.face_max_verification_rate
+        d, limit = n.details, policy.section(FacePolicy).face_max_verification_rate
         role = recogniser_role(n.key, searched)
         details = {**d, "role": role} if role else d
         head = f"{n.key}" + (f", {role}" if role else "") + ": "
@@ -778,7 +782,7 @@ def check_realism(
 
 def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
     """The share of replaced faces YuNet still finds at the original's place."""
-    keep, lim = d["detection_retention"], policy.face_min_detection_retention
+    keep, lim = d["detection_retention"], policy.section(FacePolicy).face_min_detection_retention
     return CheckResult(
         RETENTION_CHECK,
         "utility",
@@ -794,7 +798,7 @@ def _geometry_check(
     d: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None
 ) -> CheckResult | None:
     """How far YuNet's 5 landmarks moved (pose and expression kept); None without landmarks."""
-    shift, lim = d["mean_landmark_shift_yunet5"], policy.face_max_landmark_shift
+    shift, lim = d["mean_landmark_shift_yunet5"], policy.section(FacePolicy).face_max_landmark_shift
     if shift is None:
         return None
     extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
@@ -816,6 +820,7 @@ def _geometry_check(
 def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
     """The KID of released against original faces, beside blurred and pixelated originals'."""
     rel, blur, pix = d["kid_release"], d["kid_blurred"], d["kid_pixelated"]
+    gated = policy.section(FacePolicy).face_max_kid_vs_blur
     if rel is None or blur is None:
         return CheckResult(
             KID_CHECK,
@@ -827,10 +832,10 @@ def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
     return CheckResult(
         KID_CHECK,
         "utility",
-        (rel < blur) if policy.face_max_kid_vs_blur else None,
+        (rel < blur) if gated else None,
         f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
         f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
-        + ("; must be below blur's" if policy.face_max_kid_vs_blur else "")
+        + ("; must be below blur's" if gated else "")
         + (" (few faces: noisy)" if n < 50 else ""),
         d,
     )
@@ -844,7 +849,7 @@ def faces_present(data: ImageDataset, policy: AuditPolicy) -> tuple[bool, dict[s
     if min(data.image_shape[:2]) < MIN_FACE_IMAGE:
         return False, {"probed": 0, "with_a_face": 0, "reason": "images too small for faces"}
     rng = np.random.default_rng(policy.seed)
-    idx = sample_idx(len(data), policy.face_probe, rng)
+    idx = sample_idx(len(data), policy.section(FacePolicy).face_probe, rng)
     found = sum(bool(fm.detect(data.images[int(i)])) for i in idx)
     return 2 * found >= len(idx), {"probed": len(idx), "with_a_face": found}
 

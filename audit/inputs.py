@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,6 @@ import numpy as np
 from accounting.errors import DataFormatError, InvalidParameterError
 from audit.baseline import Baseline
 from synth.kinds.datasets import ImageDataset
-from synth.kinds.volume import VolumeDataset
 from synth.registry import DP, GUARANTEE_KINDS
 
 if TYPE_CHECKING:  # torch-heavy: imported only where the one-run audit runs
@@ -29,8 +28,9 @@ class AuditInputs:
     ids: list[str]
     expected_count: int  # n requested, or floor(n / k) for k-anonymous releases
     label_set: list[int]  # the registered label set
-    # training (member) data (a volume release: the original head volumes)
-    sensitive: ImageDataset | VolumeDataset
+    # training (member) data, as the dataset's input data kind reads it (synth.kinds): an
+    # ImageDataset for the image audit; a kind with its own audit (KindAudit.run) reads its own
+    sensitive: ImageDataset | Any
     heldout: ImageDataset | None  # real held-out data (non-members, utility test set)
     record_fingerprint_key: bytes  # HMAC key for the exact-copy check
     mechanism: str  # the registry name of the mechanism that made the release
@@ -40,7 +40,7 @@ class AuditInputs:
     # per-sample diffusion loss
     loss_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     clusters: list[np.ndarray] | None = None  # sensitive indices per representative (k-anonymous)
-    selected_public: ImageDataset | None = None  # PrivImage's selected public images (SDS)
+    selected_public: ImageDataset | None = None  # the mechanism's selected public images (SDS)
     artifacts_dir: Path | None = None  # PNGs go here
     # models that never saw the sensitive set (e.g. the public pre-trained generator): calibrate the
     # MIA
@@ -49,31 +49,20 @@ class AuditInputs:
     dpsgd: DpSgdSetting | None = None
     # what the release claims (synth.registry.GUARANTEE_KINDS): picks the attacks that test it
     guarantee_kind: str = DP
-    # the output kind's released payload (MechanismOutput.payload: a volume release's volumes, in
-    # the order of `sensitive`) and the files it was saved as (their headers are checked)
+    # the output kind's released payload (MechanismOutput.payload, in the order of `sensitive`) and
+    # the files the kind saved it as (OutputKind.audit_files), which its checks may read
     released: Any = None
     released_files: list[Path] | None = None
-    cache_dir: Path | None = None  # public template atlases (synth.tools.mri.atlas), shared
+    # public files a kind's checks read, shared between releases (e.g. template atlases)
+    cache_dir: Path | None = None
     # earlier DP releases of the same dataset by other mechanisms, measured on the same held-out
     # source (audit.baseline): compared with this release's downstream accuracy
     baselines: list[Baseline] = field(default_factory=list)
-    # the face recognisers a de-identification mechanism searched against (its parameters'
-    # `searched_recognisers`): the face checks say which recognisers were held out
+    # the recognisers a de-identification mechanism searched against (its parameters'
+    # `searched_recognisers`): the kind's checks say which recognisers were held out
     searched_recognisers: list[str] | None = None
-    # the output kind of the release (release.kinds; its checks: audit.kinds.kind_audit); None:
-    # "volumes" where `volumes` is given, else "images"
-    output_kind: str | None = None
-    # the keywords earlier callers build a volume release's inputs with: `released` and
-    # `released_files` under their old names
-    volumes: InitVar[VolumeDataset | None] = None
-    volume_files: InitVar[list[Path] | None] = None
-
-    def __post_init__(self, volumes: VolumeDataset | None, volume_files: list[Path] | None) -> None:
-        if volumes is not None:
-            self.released = volumes
-            self.released_files = volume_files
-        if self.output_kind is None:
-            self.output_kind = "volumes" if isinstance(self.released, VolumeDataset) else "images"
+    # the output kind of the release (release.kinds; its checks: audit.kinds.kind_audit)
+    output_kind: str = "images"
 
     @property
     def sensitive_images(self) -> ImageDataset:

@@ -191,6 +191,7 @@ def _feature_precision(
 
 
 def check_kanon_attacks(n: KanonNumbers, policy: AuditPolicy) -> list[CheckResult]:
+    """The audit's two checks on compute_kanon_attacks' numbers, judged against `policy`."""
     best = n.membership["attack_precision"]
     mem = CheckResult(
         "kanon_cluster_membership",
@@ -215,17 +216,3 @@ def check_kanon_attacks(n: KanonNumbers, policy: AuditPolicy) -> list[CheckResul
         },
     )
     return [mem, reid]
-
-
-def run_kanon_attacks(
-    images: np.ndarray,
-    clusters: list[np.ndarray],
-    sensitive: ImageDataset,
-    heldout: ImageDataset | None,
-    k: int | None,
-    policy: AuditPolicy,
-    features: bool = True,
-) -> list[CheckResult]:
-    return check_kanon_attacks(
-        compute_kanon_attacks(images, clusters, sensitive, heldout, k, policy, features), policy
-    )

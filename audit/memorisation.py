@@ -171,8 +171,7 @@ def compute_memorisation(
     return MemorisationNumbers(details, order, idx_ho)
 
 
-def check_memorisation(
-    numbers: MemorisationNumbers,
+def run_memorisation(
     images: np.ndarray,
     sensitive: ImageDataset,
     heldout: ImageDataset | None,
@@ -180,7 +179,12 @@ def check_memorisation(
     idx_tr: np.ndarray,
     policy: AuditPolicy,
     artifacts_dir: Path | None,
+    features: bool = True,
 ) -> CheckResult:
+    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training
+    image. The numbers (compute_memorisation), then their verdict against `policy` and, with an
+    `artifacts_dir`, the grid of the most copy-like pairs."""
+    numbers = compute_memorisation(images, sensitive, heldout, d_tr, policy, features)
     details, order, idx_ho = dict(numbers.details), numbers.order, numbers.idx_heldout
     closer = details.get("closer_to_train_fraction_pixel")
     checks = {"near_copies": details["near_copy_fraction"] <= policy.max_near_copy_fraction}
@@ -219,22 +223,4 @@ def check_memorisation(
         )
     return CheckResult(
         "memorisation_dcr", "attack", all(checks.values()), summary, details, artifacts
-    )
-
-
-def run_memorisation(
-    images: np.ndarray,
-    sensitive: ImageDataset,
-    heldout: ImageDataset | None,
-    d_tr: np.ndarray,
-    idx_tr: np.ndarray,
-    policy: AuditPolicy,
-    artifacts_dir: Path | None,
-    features: bool = True,
-) -> CheckResult:
-    """`d_tr`, `idx_tr`: pixel RMS distance / index of each released image's nearest training
-    image."""
-    numbers = compute_memorisation(images, sensitive, heldout, d_tr, policy, features)
-    return check_memorisation(
-        numbers, images, sensitive, heldout, d_tr, idx_tr, policy, artifacts_dir
     )

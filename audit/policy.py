@@ -1,13 +1,21 @@
 """Audit thresholds: the release spec's [policy] table. Each attack/metric with a threshold here
-gets a pass/fail verdict; a threshold of None makes that check informational."""
+gets a pass/fail verdict; a threshold of None makes that check informational.
+
+The table is flat, as users write it: the core keys below (AuditPolicy's fields) plus the keys each
+output kind's checks declare in a section of their own (a frozen dataclass whose fields are its
+keys, validated by its __post_init__; audit.kinds.KindAudit.policy, registered with the kind).
+`AuditPolicy.from_dict` checks a table against the core keys and every registered section's; the
+kind's checks read their keys with `policy.section(TYPE)`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
 
 from accounting.errors import InvalidParameterError
+
+S = TypeVar("S")
 
 # fields that are fractions / probabilities, checked to lie in [0, 1]
 _UNIT = {
@@ -22,12 +30,7 @@ _UNIT = {
     "min_utility_gain",
     "min_sds",
     "mia_confidence",
-    "face_max_verification_rate",
-    "face_max_rank1_rate",
-    "face_min_detection_retention",
     "near_copy_max_distance",
-    "volume_max_face_correlation",
-    "volume_reid_alpha",
 }
 _POSITIVE_INT = {
     "one_run_canaries",
@@ -39,11 +42,10 @@ _POSITIVE_INT = {
     "cnn_epochs",
     "sds_clusters",
     "grid_pairs",
-    "volume_min_subjects",
-    "face_samples",
-    "face_probe",
 }
-FACE_MODES = ("auto", "on", "off")
+
+# output kind -> the section type of its keys (kinds may share one); see register_section
+_SECTIONS: dict[str, type] = {}
 
 
 @dataclass
@@ -71,40 +73,6 @@ class AuditPolicy:
     # cluster-membership attack top-k precision (chance 0.5)
     kanon_max_attack_precision: float = 0.9
     kanon_max_reid_rate: float = 0.9  # representative -> top-1 nearest record is one of its sources
-    # head volume releases (deface, reface; audit/volumes.py). Every brain voxel must be unchanged
-    # (no threshold: exactly 0). The face region's *detail* (intensity minus its 2 mm Gaussian
-    # blur) must not correlate with the original's above this; the plain correlation of any two
-    # aligned faces is ~0.8 (air in front, skin, tissue behind), so it is reported, not gated.
-    volume_max_face_correlation: float | None = 0.3
-    # re-identification of face renders among the originals: fails when rank-1 matches are
-    # significantly above chance (one-sided binomial test at this level)
-    volume_reid_alpha: float = 0.05
-    volume_min_subjects: int = 5  # fewer: the test cannot tell a match from chance (not run)
-    # face re-identification (audit/face_reid.py): "auto" runs it on every empirical
-    # de-identification release and on any other release whose sensitive set holds faces (images
-    # of at least 32 px, the detector finding one in at least half of `face_probe` of them); "on"
-    # always, "off" never
-    face_reidentification: str = "auto"
-    # the recognisers that attack every face release, each with its own detection and alignment
-    # (synth.tools.face_recognisers.RECOGNISERS); a mechanism that searched against some of them is
-    # judged by the others too
-    face_recognisers: tuple[str, ...] = ("dlib", "sface", "facenet")
-    # share of released faces a recogniser still verifies as their original (TAR at its own
-    # threshold; for synthetic releases: matches with training faces above the held-out rate)
-    face_max_verification_rate: float | None = 0.05
-    # rank-1 identification above chance (one-sided binomial test) at this level fails; 0: never
-    face_rank1_alpha: float | None = 0.05
-    face_max_rank1_rate: float | None = None  # rank-1 ceiling; informational by default
-    # realism of replaced faces (paired releases whose faces stay in place: face-deid): the share
-    # YuNet still finds (confidence >= 0.8, IoU >= 0.5), the mean displacement of YuNet's 5
-    # landmarks (inter-ocular distances), and whether their KID is below blurred faces'
-    face_min_detection_retention: float | None = 0.99
-    face_max_landmark_shift: float | None = 0.05
-    face_max_kid_vs_blur: bool = True
-    face_samples: int = 200  # released images attacked, and original photos in the gallery
-    face_probe: int = 16  # sensitive images the "auto" rule looks at
-    # an embedder of synth.tools.face_models.EMBEDDERS other than dlib (older specs) attacks as well
-    face_embedder: str = "dlib"
     # fidelity and utility Utility gate: the best of LR / MLP / CNN trained on the release and
     # tested on the real held-out set must reach chance + min_utility_gain * (1 - chance), chance =
     # the held-out majority-class rate. Default 1/3 of the way from guessing to perfect (0.40 for 10
@@ -127,40 +95,27 @@ class AuditPolicy:
     grid_pairs: int = 8
     seed: int = 0
 
+    # the registered output kinds' keys, one section per section type: the table's values where it
+    # gave them, else the section's defaults
+    sections: dict[type, Any] = field(default_factory=dict, repr=False)
+
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in _core_fields():
             value = getattr(self, f.name)
             if self._checked_non_numeric(f.name, value, f.type):
                 continue
-            _check_number(f.name, value)
+            check_number(f.name, value, share=f.name in _UNIT, count=f.name in _POSITIVE_INT)
             _check_bounds(f.name, value)
+        for section in registered_sections():
+            self.sections.setdefault(section, section())
 
     def _checked_non_numeric(self, name: str, value: Any, type_: Any) -> bool:
-        """Check a field that is not a plain number (flags, an unset optional, the face mode,
-        recogniser and embedder names, the one-run score); True if it was one."""
-        if name in ("require_attacks", "face_max_kid_vs_blur"):
-            if not isinstance(value, bool):
-                raise InvalidParameterError(
-                    f"audit policy {name} must be true or false, got {value!r}."
-                )
+        """Check a field that is not a plain number (the flag, an unset optional, the one-run
+        score); True if it was one."""
+        if name == "require_attacks":
+            check_flag(name, value)
             return True
         if value is None and "None" in str(type_):
-            return True
-        if name == "face_reidentification":
-            if value not in FACE_MODES:
-                raise InvalidParameterError(
-                    f"audit policy face_reidentification must be one of {', '.join(FACE_MODES)}"
-                    f", got {value!r}."
-                )
-            return True
-        if name == "face_recognisers":
-            self.face_recognisers = _recogniser_keys(value)
-            return True
-        if name == "face_embedder":
-            if not isinstance(value, str) or not value:
-                raise InvalidParameterError(
-                    f"audit policy face_embedder must name an embedder, got {value!r}."
-                )
             return True
         if name == "one_run_score":
             if value not in ("gradients", "model"):
@@ -172,19 +127,35 @@ class AuditPolicy:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> AuditPolicy:
-        """Build from the spec's [policy] table; unknown keys are refused (typos must not silently
-        fall back to a default threshold)."""
+        """Build from the spec's [policy] table: the core keys, then each registered section's;
+        unknown keys are refused (typos must not silently fall back to a default threshold)."""
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        core = {f.name for f in _core_fields()}
+        owner = {key: section for section in registered_sections() for key in _keys(section)}
+        unknown = sorted(set(d) - core - set(owner))
         if unknown:
             raise InvalidParameterError(
-                f"Unknown audit policy key(s) {unknown}; valid keys are {sorted(known)}."
+                f"Unknown audit policy key(s) {unknown}; valid keys are "
+                f"{sorted(core | set(owner))}."
             )
-        return cls(**d)
+        policy = cls(**{k: v for k, v in d.items() if k in core})
+        for section in registered_sections():
+            given = {k: v for k, v in d.items() if owner.get(k) is section}
+            if given:
+                policy.sections[section] = section(**given)
+        return policy
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The flat table: the core keys and every section's."""
+        out = {f.name: getattr(self, f.name) for f in _core_fields()}
+        for values in self.sections.values():
+            out.update(asdict(values))
+        return out
+
+    def section(self, section: type[S]) -> S:
+        """An output kind's keys (the section's defaults where the table gave none)."""
+        found = self.sections.get(section)
+        return found if found is not None else section()
 
     def utility_threshold(self, chance: float) -> float | None:
         """Accuracy the release must reach, given the held-out majority-class rate; None = no
@@ -199,14 +170,56 @@ class AuditPolicy:
         return bool(self.min_utility_gain) or self.min_downstream_accuracy is not None
 
 
-def _check_number(name: str, value: Any) -> None:
-    """A numeric policy field is a finite number; a share lies in [0, 1], a count is a whole
-    number >= 1."""
+def _core_fields() -> list[Any]:
+    return [f for f in fields(AuditPolicy) if f.name != "sections"]
+
+
+def _keys(section: type) -> list[str]:
+    return [f.name for f in fields(section)]
+
+
+def register_section(kind: str, section: type) -> None:
+    """Make the keys of output kind `kind` valid in [policy]: `section` is a frozen dataclass, one
+    field per key (its default the key's default), that validates its values. Refuses a key the
+    core or another section declares."""
+    if not (isinstance(section, type) and is_dataclass(section)):
+        raise TypeError(f"{section!r} is not a dataclass type of policy keys")
+    taken = {f.name for f in _core_fields()} | {
+        key for other in registered_sections() if other is not section for key in _keys(other)
+    }
+    clash = sorted(taken & set(_keys(section)))
+    if clash:
+        raise InvalidParameterError(
+            f"Audit policy key(s) {clash} of output kind {kind!r} are declared already; give the "
+            "kind's keys names of their own."
+        )
+    _SECTIONS[kind] = section
+
+
+def unregister_section(kind: str) -> None:
+    """Forget the keys `register_section` gave kind `kind`."""
+    _SECTIONS.pop(kind, None)
+
+
+def registered_sections() -> tuple[type, ...]:
+    """Every registered section type, once (kinds may share one)."""
+    return tuple(dict.fromkeys(_SECTIONS.values()))
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A policy key that is true or false."""
+    if not isinstance(value, bool):
+        raise InvalidParameterError(f"audit policy {name} must be true or false, got {value!r}.")
+
+
+def check_number(name: str, value: Any, *, share: bool = False, count: bool = False) -> None:
+    """A numeric policy key is a finite number; a share lies in [0, 1], a count is a whole number
+    >= 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidParameterError(f"audit policy {name} must be a finite number, got {value!r}.")
-    if name in _UNIT and not 0 <= value <= 1:
+    if share and not 0 <= value <= 1:
         raise InvalidParameterError(f"audit policy {name} must be between 0 and 1, got {value}.")
-    if name in _POSITIVE_INT and (int(value) != value or value < 1):
+    if count and (int(value) != value or value < 1):
         raise InvalidParameterError(f"audit policy {name} must be a positive integer, got {value}.")
 
 
@@ -214,49 +227,14 @@ def _check_bounds(name: str, value: float) -> None:
     """The bounds particular to one numeric policy field."""
     if name == "near_copy_ratio" and value <= 0:
         raise InvalidParameterError(f"audit policy near_copy_ratio must be > 0, got {value}.")
-    if name == "face_max_landmark_shift" and value < 0:
-        raise InvalidParameterError(
-            f"audit policy face_max_landmark_shift must be >= 0, got {value}."
-        )
     if name == "max_fid" and value < 0:
         raise InvalidParameterError(f"audit policy max_fid must be >= 0, got {value}.")
     if name == "one_run_canaries" and value < 10:
         raise InvalidParameterError(
             f"audit policy one_run_canaries must be >= 10 (or omitted), got {value}."
         )
-    if name == "volume_min_subjects" and value < 2:
-        raise InvalidParameterError(
-            f"audit policy volume_min_subjects must be >= 2 (rank-1 needs a choice), got {value}."
-        )
-    if name == "volume_reid_alpha" and not 0 < value < 1:
-        raise InvalidParameterError(
-            f"audit policy volume_reid_alpha must be strictly between 0 and 1, got {value}."
-        )
-    if name == "face_rank1_alpha" and not 0 <= value < 1:
-        raise InvalidParameterError(
-            f"audit policy face_rank1_alpha must be at least 0 and below 1 (0 makes rank-1 "
-            f"informational: no p-value is below 0), got {value}."
-        )
     if name == "sds_clusters" and value < 2:
         raise InvalidParameterError(f"audit policy sds_clusters must be >= 2, got {value}.")
-
-
-def _recogniser_keys(value: Any) -> tuple[str, ...]:
-    """The policy's face_recognisers as a tuple of known keys (TOML gives a list)."""
-    from synth.tools.face_recognisers import RECOGNISERS
-
-    known = ", ".join(sorted(RECOGNISERS))
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise InvalidParameterError(
-            f"audit policy face_recognisers must be a non-empty list of recognisers ({known}), "
-            f"got {value!r}."
-        )
-    unknown = [k for k in value if k not in RECOGNISERS]
-    if unknown:
-        raise InvalidParameterError(
-            f"audit policy face_recognisers names unknown recogniser(s) {unknown}; known: {known}."
-        )
-    return tuple(dict.fromkeys(value))
 
 
 # What the utility gate reveals, for the dataset card (the publication decision depends on it).

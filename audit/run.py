@@ -133,12 +133,14 @@ def _kanon_attacks(
     clusters = inputs.clusters
     if clusters is None:
         return [_cannot_run("kanon_cluster_membership", "attack", "no cluster memberships", policy)]
-    from audit.kanon_attacks import run_kanon_attacks
+    from audit.kanon_attacks import check_kanon_attacks, compute_kanon_attacks
 
     return _guard(
         "kanon_attacks",
         "attack",
-        lambda: run_kanon_attacks(images, clusters, sens, ho, inputs.k, policy),
+        lambda: check_kanon_attacks(
+            compute_kanon_attacks(images, clusters, sens, ho, inputs.k, policy), policy
+        ),
     ) + kind.attacks(inputs, images, policy)
 
 

@@ -42,11 +42,13 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from accounting.errors import DataFormatError
+from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import volume_record_fingerprints
 from audit.checks import _cannot_run, _guard
+from audit.face_policy import FacePolicy
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
+from audit.volume_policy import VolumePolicy
 from synth.kinds.nifti import header_text
 from synth.kinds.volume import Volume, VolumeDataset
 from synth.progress import ProgressFn
@@ -79,7 +81,6 @@ RECOGNISERS = (
     "sface",
     "facenet",
 )  # synth.tools.face_recognisers: the attackers of the renders
-FACE_RANK1_ALPHA = 0.05  # when the policy has no face_rank1_alpha
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -325,11 +326,10 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
         gxe.ExpectColumnValuesToBeBetween(column="face_voxels_changed", min_value=1),
         gxe.ExpectColumnValuesToNotBeNull(column="face_correlation"),
     ]
-    if policy.volume_max_face_correlation is not None:
+    limit = policy.section(VolumePolicy).volume_max_face_correlation
+    if limit is not None:
         exps.append(
-            gxe.ExpectColumnValuesToBeBetween(
-                column="face_correlation", max_value=float(policy.volume_max_face_correlation)
-            )
+            gxe.ExpectColumnValuesToBeBetween(column="face_correlation", max_value=float(limit))
         )
     out = validate_table(table, exps)
     for r in out:  # the figures behind each verdict, per volume
@@ -460,13 +460,14 @@ def _scan_subjects(
 
 def _reid_results(scan: _SubjectScan, n: int, policy: AuditPolicy) -> list[CheckResult]:
     """The re-identification check, or why it cannot run with too few subjects."""
-    if n < policy.volume_min_subjects:
+    least = policy.section(VolumePolicy).volume_min_subjects
+    if n < least:
         return [
             _cannot_run(
                 CHECK_REID,
                 "attack",
                 f"{n} subjects; the re-identification test needs at least "
-                f"{policy.volume_min_subjects} to tell a match from chance",
+                f"{least} to tell a match from chance",
                 policy,
             )
         ]
@@ -490,8 +491,14 @@ def _judge_reid(
     r = reidentify(depth_o, depth_r, face_px)
     n = len(r.matches)
     hits = round(r.rank1 * n)
-    # the policy field may not exist (older policies): the binomial test's customary 0.05 then
-    alpha = float(getattr(policy, "face_rank1_alpha", FACE_RANK1_ALPHA))
+    # the recognisers' rank-1 level is the face attacks' (audit/face_policy.py)
+    level = policy.section(FacePolicy).face_rank1_alpha
+    if level is None:
+        raise InvalidParameterError(
+            "audit policy face_rank1_alpha is unset; the recognisers of the face renders need a "
+            "level at least 0 and below 1 (0: informational)."
+        )
+    alpha = float(level)
     recs: dict[str, Recognition | None] = {}
     why_not = None
     if len(pics_o) == n:
@@ -500,7 +507,8 @@ def _judge_reid(
         why_not = f"voxels coarser than {RECOGNISER_MAX_MM:g} mm"
     blind = [k for k, rec in recs.items() if rec is None]
     named = [k for k, rec in recs.items() if rec is not None and rec.p_value < alpha]
-    passed = r.p_value >= policy.volume_reid_alpha and not blind and not named
+    level = policy.section(VolumePolicy).volume_reid_alpha
+    passed = r.p_value >= level and not blind and not named
     recognisers = _recognisers_line(recs, n, alpha, why_not)
     return CheckResult(
         CHECK_REID,
@@ -508,7 +516,7 @@ def _judge_reid(
         passed,
         f"rank-1 re-identification of face renders: depth-map matcher {hits}/{n} = "
         f"{r.rank1:.2f} (chance {r.chance:.2f}, one-sided binomial p = {r.p_value:.3g}, fails "
-        f"below p = {policy.volume_reid_alpha:g}); {recognisers}",
+        f"below p = {level:g}); {recognisers}",
         {
             "rank1": r.rank1,
             "hits": hits,

@@ -66,7 +66,7 @@ from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
 
 GRID = Path(__file__).resolve().parent.parent / "docs" / "faces-pairs.png"
-POLICY = AuditPolicy(face_samples=1000)
+POLICY = AuditPolicy.from_dict({"face_samples": 1000})
 RECOGNISERS = ("dlib", "sface", "facenet")
 HEADER = [
     "release",

@@ -157,7 +157,7 @@ def _spec_file_check(spec_file: str | None, signed: dict) -> None:
 
 def bound_inputs(
     store: Store, rel: Release
-) -> tuple[Plan, ReleaseSpec, ledger.Dataset, Data, Data]:
+) -> tuple[Plan, ReleaseSpec, ledger.Dataset, Data, Data | None]:
     """Everything the run reads, each checked against the signed plan before any sensitive data is
     used."""
     plan = rel.plan

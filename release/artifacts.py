@@ -40,9 +40,10 @@ def release_ids(release_id: str, n: int) -> list[str]:
     return [f"{release_id}-{i:06d}" for i in range(n)]
 
 
-def public_sha256(public: Data) -> str:
-    """Content hash of PUBLIC data (a plain hash is fine here: nothing sensitive)."""
-    return public.content_sha256()
+def public_sha256(public: Data | None) -> str | None:
+    """Content hash of PUBLIC data (a plain hash is fine here: nothing sensitive); None when the
+    mechanism reads none."""
+    return None if public is None else public.content_sha256()
 
 
 def save_output(
@@ -91,7 +92,7 @@ def save_output(
 def run_and_save(
     store: Store,
     rel: Release,
-    inputs: tuple[Plan, ledger.Dataset, Data, Data, Mechanism, Any],
+    inputs: tuple[Plan, ledger.Dataset, Data, Data | None, Mechanism, Any],
     lease: runner.Lease,
     *,
     actor: str,

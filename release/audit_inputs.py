@@ -67,7 +67,10 @@ def audit_inputs(
     g = rel.guarantee
     selected = None
     if out.selected_public_indices is not None:
-        pool = registry.images_only(public or load_source(spec.public_source), "The SDS check")
+        source = spec.public_source
+        pool = registry.images_only(
+            public or (load_source(source) if source else None), "The SDS check"
+        )
         selected = pool.subset(out.selected_public_indices)
     kind = saved_kind(store, release_id, mechanism)
     ids = release_ids(release_id, len(out.images))

@@ -162,27 +162,14 @@ def describe_release(result: dict[str, Any], n: int) -> MechanismDescription:
 def _guarantee(dataset: dict, result: dict, n: int, history: dict | None) -> list[str]:
     g = result["guarantee"]
     about = describe_release(result, n)
+    head = ["## What this is", "", about.what, "", "## Privacy guarantee", ""]
     if g["type"] != registry.DP:
-        return [
-            "## What this is",
-            "",
-            about.what,
-            "",
-            "## Privacy guarantee",
-            "",
-            about.guarantee,
-            "",
-        ]
+        return [*head, about.guarantee, ""]
     rdp, pld, delta = g.get("epsilon_rdp"), g.get("epsilon_pld"), g["delta"]
     if history is not None:
         rdp, pld, delta = history.get("epsilon_rdp"), history.get("epsilon_pld"), history["delta"]
     return [
-        "## What this is",
-        "",
-        about.what,
-        "",
-        "## Privacy guarantee",
-        "",
+        *head,
         "(epsilon, delta)-differential privacy for the whole history of releases from "
         f"the source dataset {'as of publication ' if history is not None else ''}(this "
         f"one included), with delta = {delta:g}:",

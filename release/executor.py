@@ -105,7 +105,7 @@ def _cv2() -> Any:
 def _itk_threads() -> Any:
     try:
         import SimpleITK as sitk
-    except ImportError:  # pragma: no cover - SimpleITK is a pinned dependency
+    except ImportError:  # pragma: no cover - SimpleITK is a dependency
         return None
     return sitk.ProcessObject
 

@@ -172,7 +172,7 @@ def plan_warning(
     spec: ReleaseSpec,
     ds: ledger.Dataset,
     mplan: MechanismPlan,
-    public: Data,
+    public: Data | None,
     progress: ProgressFn,
 ) -> list[str]:
     """Whether the audit's cluster-membership attack will likely refuse a k-anonymous release,

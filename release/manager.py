@@ -245,7 +245,7 @@ def _synthesise(
     store: Store,
     rel: Release,
     actor: str,
-    inputs: tuple[Plan, ledger.Dataset, Data, Data, Mechanism, Any],
+    inputs: tuple[Plan, ledger.Dataset, Data, Data | None, Mechanism, Any],
     acknowledge_non_dp: bool,
     progress: ProgressFn,
     nproc: int,

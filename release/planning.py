@@ -55,7 +55,7 @@ def mechanism_config(spec: ReleaseSpec, ds: ledger.Dataset) -> Any:
     return mech.make_config(spec.config_overrides(), dataset_info(ds), spec.n_images, spec.preset)
 
 
-def mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: Data) -> MechanismPlan:
+def mechanism_plan(spec: ReleaseSpec, budget: ledger.Budget, public: Data | None) -> MechanismPlan:
     info = dataset_info(budget.dataset)
     registry.check_data_kind(spec.mechanism, info)  # a mechanism on data of another kind
     kinds.of_mechanism(spec.mechanism)  # what it releases is a known output kind
@@ -75,7 +75,7 @@ def stage(progress: ProgressFn, name: str):
     return lambda done, total: progress(f"plan: {name}", done, total)
 
 
-def plan_public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> Data:
+def plan_public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> Data | None:
     """The public data the spec names (checked disjoint from the sensitive source)."""
     step = stage(progress, "public data and mechanism")
     step(0, 1)
@@ -88,7 +88,7 @@ def plan_public(spec: ReleaseSpec, ds: ledger.Dataset, progress: ProgressFn) -> 
 def previewed(
     spec: ReleaseSpec,
     budget: ledger.Budget,
-    public: Data,
+    public: Data | None,
     progress: ProgressFn = no_progress,
 ) -> Preview:
     """Validate everything a run will use and ask the mechanism for its plan (no sensitive data
@@ -138,7 +138,7 @@ def previewed(
     return Preview(mplan, before, after, warnings, refusal)
 
 
-def events_at(spec: ReleaseSpec, budget: ledger.Budget, public: Data):
+def events_at(spec: ReleaseSpec, budget: ledger.Budget, public: Data | None):
     """The events the spec's mechanism would charge at target epsilon `t` (no data read); None
     where no plan exists at `t`: too small to calibrate, or at or below what the dataset has
     already spent."""
@@ -157,7 +157,7 @@ def events_at(spec: ReleaseSpec, budget: ledger.Budget, public: Data):
 def fitting_target_hint(
     spec: ReleaseSpec,
     budget: ledger.Budget,
-    public: Data,
+    public: Data | None,
     rounds: int = 8,
     progress=lambda done, total: None,
 ) -> str:
@@ -205,7 +205,7 @@ def plan_record(
     release_id: str,
     spec: ReleaseSpec,
     budget: ledger.Budget,
-    public: Data,
+    public: Data | None,
     shown: Preview,
 ) -> Plan:
     """The plan a steward signs: the whole spec, the dataset and public data it binds, what it

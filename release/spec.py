@@ -47,8 +47,11 @@ class ReleaseSpec:
     source_file: str | None = None  # the TOML file it was read from (not part of the spec itself)
 
     @property
-    def public_source(self) -> str:
-        return str(self.mechanism_params.get("public", registry.get(self.mechanism).default_public))
+    def public_source(self) -> str | None:
+        """The public data the spec names, else its mechanism's default; None: the mechanism reads
+        no public data and the spec names none."""
+        source = self.mechanism_params.get("public", registry.get(self.mechanism).default_public)
+        return None if source is None else str(source)
 
     @property
     def preset(self) -> str:
@@ -189,8 +192,8 @@ class Plan:
     guarantee_kind: str
     config: dict[str, Any]
     mechanism_plan: dict[str, Any]
-    public_source: str
-    public_sha256: str
+    public_source: str | None  # None: the mechanism reads no public data
+    public_sha256: str | None
     ledger_position: int
 
     def to_json(self) -> dict[str, Any]:

@@ -17,29 +17,16 @@ A mechanism's config is a `@dataclass(frozen=True)` that inherits `MechanismConf
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping
 from numbers import Integral, Real
 from typing import Any, ClassVar, Self
 
 from accounting.errors import InvalidParameterError
-from accounting.validation import check_count, check_delta, check_epsilon, check_sigma
+from accounting.validation import check_count, check_delta, check_epsilon, check_sigma, finite
 
 DEFAULT_PRESET = "default"
 
 # ------------------------------------------------------------------ field checks
-
-
-def _real(name: str, value: object, wanted: str) -> float:
-    """`value` as a finite float; otherwise an error saying what `name` must be (`wanted`)."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise InvalidParameterError(f"{name} must be {wanted}, got {value!r}.")
-    v = float(value)
-    if math.isnan(v):
-        raise InvalidParameterError(f"{name} is NaN; give {wanted}.")
-    if math.isinf(v):
-        raise InvalidParameterError(f"{name} is infinite; give {wanted}.")
-    return v
 
 
 def _span(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
@@ -68,7 +55,7 @@ def number(
     what the number means or what to give ("e.g. 0.999")."""
     span = _span(low, high, low_open, high_open)
     wanted = f"a finite number {span}"
-    v = _real(name, value, wanted.strip())
+    v = finite(name, value, wanted.strip())
     if (low is not None and (v < low or (low_open and v == low))) or (
         high is not None and (v > high or (high_open and v == high))
     ):
@@ -88,12 +75,21 @@ def whole(name: str, value: object, low: int = 1, high: int | None = None, hint:
     wanted = f"a whole number {span}"
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
         raise InvalidParameterError(f"{name} must be {wanted}, got {value!r}{_hint(hint)}.")
-    v = _real(name, value, wanted)
+    v = finite(name, value, wanted)
     if v != int(v):
         raise InvalidParameterError(f"{name} must be {wanted}, got {value!r}{_hint(hint)}.")
     if v < low or (high is not None and v > high):
         raise InvalidParameterError(f"{name} must be {wanted}, got {int(v):,}{_hint(hint)}.")
     return int(v)
+
+
+def even(name: str, value: object, low: int, high: int, wanted: str = "an even number") -> int:
+    """An even whole number in [low, high], as an int; `wanted` names it in the errors ("an even
+    number of channels")."""
+    v = whole(name, value, low, high, hint=wanted)
+    if v % 2:
+        raise InvalidParameterError(f"{name} must be {wanted} from {low:,} to {high:,}, got {v:,}.")
+    return v
 
 
 def choice(name: str, value: object, choices: Iterable[object], hint: str = "") -> Any:

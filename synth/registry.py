@@ -56,8 +56,14 @@ def data_kind(data: Data) -> str:
     return "volumes" if isinstance(data, VolumeDataset) else "images"
 
 
-def images_only(data: Data, where: str) -> ImageDataset:
-    """`data` as an image set; head volumes are refused naming `where` (a mechanism's images)."""
+def images_only(data: Data | None, where: str) -> ImageDataset:
+    """`data` as an image set; head volumes, or no data, are refused naming `where` (a mechanism's
+    images)."""
+    if data is None:
+        raise InvalidParameterError(
+            f"{where} needs public images and none were given: name them with "
+            "`public = ...` in the spec's mechanism table."
+        )
     if not isinstance(data, ImageDataset):
         raise InvalidParameterError(
             f"{where} needs 2D images, got head volumes ({data.source}); the volume mechanisms "
@@ -216,7 +222,9 @@ class RunContext(Protocol):
 
     workdir: Path
     progress: ProgressFn
-    public: Data  # a volume mechanism's public data is the head templates (VolumeDataset)
+    # a volume mechanism's public data is the head templates (VolumeDataset); None for a
+    # mechanism that declares none
+    public: Data | None
     plan: MechanismPlan
     cache_dir: Path | None  # for results computed from public data only, shared across releases
     nproc: int  # processes a distributed mechanism may run on (1 = this process)
@@ -283,7 +291,6 @@ class MechanismEntry:
 
     name: str
     config_type: type[MechanismConfig]
-    default_public: str  # the public data source a spec gets when it names none
     make_config: Callable[..., Any]
     plan: Callable[..., MechanismPlan]
     run: Callable[..., MechanismOutput]
@@ -302,6 +309,9 @@ class MechanismEntry:
     describe: Callable[[Mapping[str, Any], Mapping[str, Any], int], MechanismDescription] | None = (
         None
     )
+    # the public data source a spec gets when it names none; None: the mechanism reads no public
+    # data (its run gets none, and the plan binds none)
+    default_public: str | None = None
     data_kind: str = "images"  # what it takes: one of DATA_KINDS
     # what it releases: the name of an output kind (release.kinds: how the output is saved,
     # fingerprinted, bundled, carded and audited)

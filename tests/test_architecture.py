@@ -130,12 +130,6 @@ NAMING_ALLOWED = {
     # the demo walks through the built-in mechanisms by name (per-mechanism CLI commands live
     # in release/cli/, not matched above)
     "release/demo.py",
-    # AuditInputs still accepts the keywords earlier callers build a volume release's inputs
-    # with (`volumes`, `volume_files`) and reads the kind off them
-    "audit/inputs.py",
-    # the [policy] table's keys are the users' spec vocabulary (face_*, volume_* thresholds),
-    # validated in one flat table; the checks that read them belong to their kinds
-    "audit/policy.py",
 }
 
 

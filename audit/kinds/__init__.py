@@ -7,7 +7,9 @@ kind, e.g. checks of the files the kind writes), or keeps the image audit and ad
 its own attacks after the guarantee's (`attacks`). A release whose guarantee is empirical is judged
 by its kind's attacks alone: a kind that has none fails it. The built-in kinds' checks are
 registered by audit/kinds/builtin.py; another kind's by `register_audit` (release.kinds.register
-does it for a kind it registers)."""
+does it for a kind it registers). A kind's own [policy] keys (`policy`, a section type) are
+registered with its checks (audit.policy.register_section): the core validates tables against
+them."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accounting.errors import InvalidParameterError
+from audit.policy import register_section, unregister_section
 
 if TYPE_CHECKING:
     from audit.inputs import AuditInputs
@@ -55,6 +58,7 @@ class KindAudit:
     attacks: Callable[[AuditInputs, np.ndarray, AuditPolicy], list[CheckResult]] = _no_attacks
     check_note: Callable[[str, Mapping[str, Any]], str] = _no_note
     check_plan: Callable[[str, Mapping[str, Any], AuditPolicy], None] = _no_plan_check
+    policy: type | None = None
 
 
 _AUDITS: dict[str, KindAudit] = {}
@@ -65,18 +69,25 @@ def _builtins() -> dict[str, KindAudit]:
         from audit.kinds.builtin import BUILTIN_AUDITS
 
         for name, audit in BUILTIN_AUDITS.items():
-            _AUDITS.setdefault(name, audit)
+            _add(name, audit)
     return _AUDITS
 
 
+def _add(name: str, audit: KindAudit) -> None:
+    if audit.policy is not None:
+        register_section(name, audit.policy)  # first: a key clash refuses the whole kind
+    _AUDITS[name] = audit
+
+
 def register_audit(name: str, audit: KindAudit) -> None:
-    """The checks of output kind `name` (refuses a name already registered with other checks)."""
+    """The checks of output kind `name` and its policy keys (refuses a name already registered
+    with other checks, and a policy key the core or another kind declares)."""
     if not isinstance(audit, KindAudit):
         raise TypeError(f"{audit!r} is not a KindAudit")
     known = _builtins()
     if name in known and known[name] is not audit:
         raise InvalidParameterError(f"Output kind {name!r} already has audit checks.")
-    known[name] = audit
+    _add(name, audit)
 
 
 def unregister_audit(name: str) -> None:
@@ -85,6 +96,7 @@ def unregister_audit(name: str) -> None:
 
     if name not in BUILTIN_AUDITS:
         _builtins().pop(name, None)
+        unregister_section(name)
 
 
 def kind_audit(name: str) -> KindAudit:
@@ -107,3 +119,8 @@ def check_note(check: str, parameters: Mapping[str, Any]) -> str:
         if note := audit.check_note(check, parameters):
             return note
     return ""
+
+
+# the built-ins are registered on import: their policy keys are valid in a [policy] table read by
+# anyone who imports `audit` (audit/__init__.py imports the audit run, which imports this)
+_builtins()

@@ -4,7 +4,8 @@ empirical release: face-deid's guarantee rests on it); head volumes get the volu
 place of the image audit (brain voxels unchanged, headers, face removal, re-identification of
 face renders). A plan whose search measured every recogniser of the face attack is refused
 (audit/held_out.py). Each check module is imported when a release of its kind is audited (they load
-detectors, atlases)."""
+detectors, atlases); the kinds' [policy] keys (audit/face_policy.py, audit/volume_policy.py) are
+registered with them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from audit.face_policy import FacePolicy
 from audit.kinds import KindAudit
+from audit.volume_policy import VolumePolicy
 
 if TYPE_CHECKING:
     from audit.inputs import AuditInputs
@@ -39,7 +42,7 @@ def _face_note(check: str, parameters: Mapping[str, Any]) -> str:
 def _held_out(mechanism: str, detail: Mapping[str, Any], policy: AuditPolicy) -> None:
     from audit.held_out import check_held_out
 
-    check_held_out(mechanism, detail, policy.face_recognisers)
+    check_held_out(mechanism, detail, policy.section(FacePolicy).face_recognisers)
 
 
 def _volume_audit(inputs: AuditInputs, policy: AuditPolicy, progress: ProgressFn) -> AuditReport:
@@ -48,10 +51,12 @@ def _volume_audit(inputs: AuditInputs, policy: AuditPolicy, progress: ProgressFn
     return run_volume_audit(inputs, policy, progress)
 
 
-_FACES = KindAudit(attacks=_face_attacks, check_note=_face_note, check_plan=_held_out)
+_FACES = KindAudit(
+    attacks=_face_attacks, check_note=_face_note, check_plan=_held_out, policy=FacePolicy
+)
 
 BUILTIN_AUDITS: dict[str, KindAudit] = {
     "images": _FACES,
     "photographs": _FACES,
-    "volumes": KindAudit(run=_volume_audit),
+    "volumes": KindAudit(run=_volume_audit, policy=VolumePolicy),
 }

@@ -363,8 +363,13 @@ def check_public_disjoint(public_source: str, sensitive_source: str) -> None:
         )
 
 
-def load_public(public_source: str, sensitive_source: str) -> ImageDataset | VolumeDataset:
+def load_public(
+    public_source: str | None, sensitive_source: str
+) -> ImageDataset | VolumeDataset | None:
     """The public set for a mechanism run on `sensitive_source`, checked to be disjoint from it
-    (images, or the head templates for a volume mechanism)."""
+    (images, or the head templates for a volume mechanism); None for a mechanism that reads no
+    public data."""
+    if public_source is None:
+        return None
     check_public_disjoint(public_source, sensitive_source)
     return load_data(public_source)

@@ -25,6 +25,7 @@ temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -271,6 +272,20 @@ class _Output:
     def close(self) -> None:
         self.log.close()
 
+    @contextlib.contextmanager
+    def guarding(self) -> Iterator[None]:
+        """Around a wait for the agent: an exception inside (Ctrl-C included) stops the agent
+        before it goes on (torchrun's agent stops its workers on SIGTERM); the log is closed
+        either way."""
+        try:
+            yield
+        except BaseException:
+            self.proc.terminate()
+            self.proc.wait()
+            raise
+        finally:
+            self.close()
+
 
 def _threads(nproc_per_node: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc_per_node)
@@ -378,22 +393,18 @@ class NodePool:
             return
         self._proc = None
         try:
-            if proc.poll() is None:
-                self._write_job(self._n, {"stage": STOP})
-                out.until("\0never", no_progress)  # to the end of its output
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.terminate()  # torchrun's agent stops its workers on SIGTERM
+            with out.guarding():
+                if proc.poll() is None:
+                    self._write_job(self._n, {"stage": STOP})
+                    out.until("\0never", no_progress)  # to the end of its output
+                    try:
+                        proc.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        proc.terminate()  # torchrun's agent stops its workers on SIGTERM
+                        proc.wait()
+                else:
                     proc.wait()
-            else:
-                proc.wait()
-        except BaseException:
-            proc.terminate()
-            proc.wait()
-            raise
         finally:
-            out.close()
             for left in self.workdir.glob("dist_node_job_*"):
                 left.unlink(missing_ok=True)
             (self.workdir / "dist_nodes_hello.json").unlink(missing_ok=True)
@@ -427,15 +438,9 @@ def follow(
             nodes, run_id, worker, path, _threads(nodes.nproc_per_node), scratch / "torchrun"
         )
         out = _Output(proc, scratch / "dist_nodes.log")
-        try:
+        with out.guarding():
             out.until("\0never", progress)
             rc = proc.wait()
-        except BaseException:
-            proc.terminate()
-            proc.wait()
-            raise
-        finally:
-            out.close()
         if out.refused:
             raise PrivReleaseError(f"The hosts refused to train together: {out.refused}")
         if rc != 0:
@@ -460,6 +465,20 @@ class Member:
     jobs: Path  # the coordinator's run folder (rank 0 reads jobs there), or a private folder
     store: Any
     scratch: Path
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """What a mechanism's worker module gives every rank: `stages(job, device)` runs one job (rank 0
+    returns its result), `files(job, world)` names the files rank 0 resumes from and ships to the
+    followers, `localise(job, scratch)` points a follower's job at its copies, `init_device(kind)`
+    picks this rank's device and `save(path, result)` writes rank 0's result."""
+
+    stages: Callable[[dict[str, Any], Any], dict[str, Any] | None]
+    files: Callable[[dict[str, Any], int], dict[str, Path]]
+    localise: Callable[[dict[str, Any], Path], dict[str, Any]]
+    init_device: Callable[[str], Any]
+    save: Callable[[Path, Any], None]
 
 
 class Refused(PrivReleaseError):
@@ -562,18 +581,12 @@ def _wait_for_job(folder: Path, n: int) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def serve(
-    member: Member,
-    stages: Callable[[dict[str, Any], Any], dict[str, Any] | None],
-    files: Callable[[dict[str, Any], int], dict[str, Path]],
-    localise: Callable[[dict[str, Any], Path], dict[str, Any]],
-    init_device: Callable[[str], Any],
-    save: Callable[[Path, Any], None],
-) -> None:
+def serve(member: Member, work: RankWork) -> None:
     """Every rank: run the coordinator's stages until it says stop. Rank 0 reads each job (and the
-    files `files(job, world)` names, which it resumes from) and sends it to every rank; ranks on a
-    follower host write those files into their private folder and get the job with its paths there
-    (`localise`). The process group is made at the first job, on the job's device (nccl on CUDA)."""
+    files `work.files(job, world)` names, which it resumes from) and sends it to every rank; ranks
+    on a follower host write those files into their private folder and get the job with its paths
+    there (`work.localise`). The process group is made at the first job, on the job's device (nccl
+    on CUDA)."""
     import torch.distributed as dist
 
     n, device, first = 0, None, None
@@ -584,7 +597,7 @@ def serve(
                 member.store.set("privrelease/device", str(first.get("device", "cpu")))
             member.store.wait(["privrelease/device"], IDLE_TIMEOUT)
             kind = member.store.get("privrelease/device").decode()
-            device = init_device(kind)
+            device = work.init_device(kind)
             dist.init_process_group(
                 "nccl" if kind.startswith("cuda") else "gloo",
                 store=dist.PrefixStore("privrelease/pg", member.store),
@@ -599,7 +612,7 @@ def serve(
             shipped = {
                 name: (path.read_bytes() if path.exists() else None)
                 for name, path in (
-                    files(job, member.world_size).items() if job["stage"] != STOP else ()
+                    work.files(job, member.world_size).items() if job["stage"] != STOP else ()
                 )
             }
             box = [(job, shipped)]
@@ -614,24 +627,17 @@ def serve(
                 target.unlink(missing_ok=True)
                 if blob is not None:
                     target.write_bytes(blob)
-            job = localise(job, member.scratch)
-        result = stages(job, device)
+            job = work.localise(job, member.scratch)
+        result = work.stages(job, device)
         if member.rank == 0 and result is not None:
-            save(Path(job["result"]), result)
+            work.save(Path(job["result"]), result)
         dist.barrier()
         if member.rank == 0:
             print(f"{DONE_TAG}\t{n}", flush=True)
         n += 1
 
 
-def worker_main(
-    hello_path: str,
-    stages: Callable[[dict[str, Any], Any], dict[str, Any] | None],
-    files: Callable[[dict[str, Any], int], dict[str, Path]],
-    localise: Callable[[dict[str, Any], Path], dict[str, Any]],
-    init_device: Callable[[str], Any],
-    save: Callable[[Path, Any], None],
-) -> int:
+def worker_main(hello_path: str, work: RankWork) -> int:
     """A rank's whole life under `--nodes HELLO`: agree, say ready, serve, leave."""
     import torch.distributed as dist
 
@@ -645,7 +651,7 @@ def worker_main(
     if member.rank == 0:
         print(READY_TAG, flush=True)
     try:
-        serve(member, stages, files, localise, init_device, save)
+        serve(member, work)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -662,6 +668,7 @@ if __name__ == "__main__":  # REFUSING_WORKER: `python -m synth.tools.nodes --no
         sys.exit(2)
     sys.exit(
         worker_main(
-            sys.argv[2], _refuse_only, lambda job, world: {}, lambda job, scratch: job, str, print
+            sys.argv[2],
+            RankWork(_refuse_only, lambda job, world: {}, lambda job, scratch: job, str, print),
         )
     )

@@ -7,7 +7,7 @@ import pytest
 
 from accounting.errors import DataFormatError
 from audit.images import rms_nearest
-from audit.kanon_attacks import run_kanon_attacks
+from audit.kanon_attacks import check_kanon_attacks, compute_kanon_attacks
 from audit.memorisation import run_memorisation
 from audit.policy import AuditPolicy
 from synth.kinds.datasets import load_source
@@ -23,6 +23,12 @@ def data():
 def _dcr(images, sens, ho, policy=AuditPolicy(), features=False, artifacts=None):
     d, j = rms_nearest(images, sens.images)
     return run_memorisation(images, sens, ho, d, j, policy, artifacts, features=features)
+
+
+def _kanon(reps, clusters, sens, ho, policy, features=False):
+    return check_kanon_attacks(
+        compute_kanon_attacks(reps, clusters, sens, ho, 4, policy, features), policy
+    )
 
 
 def test_independent_release_has_no_near_copies(data, tmp_path):
@@ -76,11 +82,11 @@ def _averages(sens, k, rng):
 def test_kanon_attacks_succeed_on_plain_averages(data):
     sens, ho = data
     reps, clusters = _averages(sens, 4, np.random.default_rng(0))
-    mem, reid = run_kanon_attacks(reps, clusters, sens, ho, 4, AuditPolicy(), features=False)
+    mem, reid = _kanon(reps, clusters, sens, ho, AuditPolicy())
     assert mem.details["attack_precision"] > 0.8  # averages give their sources away
     assert reid.details["reid_rate"] > 0.5 and reid.details["chance"] == pytest.approx(4 / 400)
     strict = AuditPolicy(kanon_max_attack_precision=0.6, kanon_max_reid_rate=0.2)
-    mem, reid = run_kanon_attacks(reps, clusters, sens, ho, 4, strict, features=False)
+    mem, reid = _kanon(reps, clusters, sens, ho, strict)
     assert mem.passed is False and reid.passed is False
 
 
@@ -92,8 +98,8 @@ def test_kanon_attack_at_chance_for_unrelated_release(data):
         rng.choice(len(ho), len(clusters), replace=False)
     ]  # carries nothing of its "sources"
     shuffled = [clusters[i] for i in rng.permutation(len(clusters))]
-    mem, reid = run_kanon_attacks(
-        unrelated, shuffled, sens, None, 4, AuditPolicy(feature_samples=40), features=True
+    mem, reid = _kanon(
+        unrelated, shuffled, sens, None, AuditPolicy(feature_samples=40), features=True
     )
     assert 0.3 < mem.details["precision_by_space"]["pixel"] < 0.7
     assert 0.2 < mem.details["precision_by_space"]["feature"] < 0.8
@@ -105,7 +111,7 @@ def test_kanon_bad_clusters_raise(data):
     sens, ho = data
     reps, clusters = _averages(sens, 4, np.random.default_rng(0))
     with pytest.raises(DataFormatError):
-        run_kanon_attacks(reps, clusters[:-1], sens, ho, 4, AuditPolicy(), features=False)
+        _kanon(reps, clusters[:-1], sens, ho, AuditPolicy())
     clusters[0] = np.array([0, 10_000])
     with pytest.raises(DataFormatError):
-        run_kanon_attacks(reps, clusters, sens, ho, 4, AuditPolicy(), features=False)
+        _kanon(reps, clusters, sens, ho, AuditPolicy())

@@ -155,11 +155,11 @@ def test_unreadable_release_runs_expectations_only(parts, tmp_path):
 
 
 def test_missing_attack_inputs_fail_or_inform(parts, tmp_path):
-    fast = AuditPolicy(**{**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
+    fast = AuditPolicy.from_dict({**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
     report = run_audit(_inputs(parts, tmp_path, heldout=None, selected_public=None), fast)
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is False and "not run" in mia.summary
-    lenient = AuditPolicy(**{**fast.to_dict(), "require_attacks": False})
+    lenient = AuditPolicy.from_dict({**fast.to_dict(), "require_attacks": False})
     report = run_audit(_inputs(parts, tmp_path, loss_fn=None, selected_public=None), lenient)
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is None and "no loss_fn" in mia.summary
@@ -169,7 +169,7 @@ def test_crashing_check_blocks_release(parts, tmp_path):
     def broken(images, labels):
         raise RuntimeError("checkpoint missing")
 
-    fast = AuditPolicy(**{**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
+    fast = AuditPolicy.from_dict({**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
     report = run_audit(_inputs(parts, tmp_path, loss_fn=broken, selected_public=None), fast)
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is False and "checkpoint missing" in mia.summary and not report.passed
@@ -213,7 +213,7 @@ def test_k_anonymous_release(parts, tmp_path):
         res["kanon_cluster_membership"].details["attack_precision"] > 0.7
     )  # plain averages leak membership
     assert res["kanon_reidentification"].details["chance"] == pytest.approx(k / len(sens), rel=0.05)
-    strict = AuditPolicy(**{**SMALL.to_dict(), "kanon_max_attack_precision": 0.55})
+    strict = AuditPolicy.from_dict({**SMALL.to_dict(), "kanon_max_attack_precision": 0.55})
     assert run_audit(inputs, strict).verdicts()["kanon_cluster_membership"] == "fail"
 
 
@@ -277,7 +277,7 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
     from audit.dpsgd_audit import DpSgdSetting
 
     setting = DpSgdSetting(0.1, calibrate_dpsgd_sigma(2.0, 1e-5, 0.1, 50), 50, 1.0, 1e-5)
-    policy = AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": 300})
+    policy = AuditPolicy.from_dict({**SMALL.to_dict(), "one_run_canaries": 300})
     report = run_audit(
         _inputs(parts, tmp_path, dpsgd=setting, reference_loss_fns=[mean_pixel_loss]), policy
     )
@@ -299,6 +299,6 @@ def test_release_audit_runs_the_one_run_audit_and_the_calibrated_attack(parts, t
     assert "tpr_01pct" in mia.details["attacks"]["calibrated"]
     off = run_audit(
         _inputs(parts, tmp_path, dpsgd=setting),
-        AuditPolicy(**{**SMALL.to_dict(), "one_run_canaries": None}),
+        AuditPolicy.from_dict({**SMALL.to_dict(), "one_run_canaries": None}),
     )
     assert "dpsgd_one_run_audit" not in off.verdicts()

@@ -50,8 +50,9 @@ def _audit(originals, released, tmp_path, cache, *, files=True, policy=None):
         mechanism="deface",
         guarantee_kind="empirical",
         artifacts_dir=tmp_path / "audit",
-        volumes=released,
-        volume_files=paths,
+        output_kind="volumes",
+        released=released,
+        released_files=paths,
         cache_dir=cache,
     )
     return run_audit(inputs, policy or AuditPolicy())

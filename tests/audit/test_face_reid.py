@@ -12,6 +12,7 @@ import pytest
 
 from accounting.errors import InvalidParameterError
 from audit import AuditInputs, AuditPolicy, run_audit
+from audit.face_policy import FacePolicy
 from audit.face_reid import (
     CHECK,
     GEOMETRY_CHECK,
@@ -35,7 +36,7 @@ from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
 from tests.support import face_photos
 
-POLICY = AuditPolicy(face_samples=50)
+POLICY = AuditPolicy.from_dict({"face_samples": 50})
 KEYS = ("dlib", "sface", "facenet")
 
 
@@ -137,7 +138,7 @@ def test_the_rank1_decision_is_the_binomial_test_at_alpha() -> None:
     # informational rank-1 (alpha omitted): only verification gates
     for off in (None, 0.0):  # 0: what TOML can say (no p-value is below it)
         (free,) = check_face_reid(
-            _paired("sface", 4, 4, 0.25, 0.0), AuditPolicy(face_rank1_alpha=off)
+            _paired("sface", 4, 4, 0.25, 0.0), AuditPolicy.from_dict({"face_rank1_alpha": off})
         )
         assert free.passed is True
 
@@ -259,7 +260,7 @@ def _inputs(originals, images, kind, **kw) -> AuditInputs:
 
 @pytest.mark.slow  # a whole audit (expectations, FID): half a minute
 def test_an_empirical_release_that_is_the_originals_fails_its_audit(originals) -> None:
-    policy = AuditPolicy(face_samples=50, min_utility_gain=0.0, fid_samples=10)
+    policy = AuditPolicy.from_dict({"face_samples": 50, "min_utility_gain": 0.0, "fid_samples": 10})
     report = run_audit(_inputs(originals, originals.images.copy(), "empirical"), policy)
     verdicts = report.verdicts()
     assert all(verdicts[check_name(k)] == "fail" for k in KEYS)
@@ -270,7 +271,9 @@ def test_an_empirical_release_without_its_attack_fails(originals) -> None:
     from audit.run import _attacks
 
     images = originals.images.copy()  # "released" unchanged: the attack must catch it
-    policy = AuditPolicy(face_samples=50, face_recognisers=["dlib"])  # as TOML gives it
+    policy = AuditPolicy.from_dict(
+        {"face_samples": 50, "face_recognisers": ["dlib"]}
+    )  # as TOML gives it
     results = _attacks(_inputs(originals, images, "empirical"), images, policy, None)
     assert [r.name for r in results] == [
         check_name("dlib"),
@@ -280,7 +283,7 @@ def test_an_empirical_release_without_its_attack_fails(originals) -> None:
     ]
     assert results[0].passed is False and all(r.passed for r in results[1:])
 
-    off = AuditPolicy(face_reidentification="off")
+    off = AuditPolicy.from_dict({"face_reidentification": "off"})
     (result,) = _attacks(_inputs(originals, images, "empirical"), images, off, None)
     assert result.name == CHECK and result.passed is False
     assert 'face_reidentification = "off"' in result.summary
@@ -293,7 +296,9 @@ def test_an_embedder_named_by_an_older_spec_attacks_too(originals, monkeypatch) 
         name = "my embedder"
 
     monkeypatch.setitem(fm.EMBEDDERS, "mine", Renamed)
-    policy = AuditPolicy(face_samples=50, face_recognisers=("sface",), face_embedder="mine")
+    policy = AuditPolicy.from_dict(
+        {"face_samples": 50, "face_recognisers": ("sface",), "face_embedder": "mine"}
+    )
     results = run_face_reid(originals.images[:2], _own(originals)[:2], originals, None, policy)
     names = [r.name for r in results if r.kind == "attack"]
     assert names == [check_name("sface"), check_name("mine")]
@@ -302,27 +307,27 @@ def test_an_embedder_named_by_an_older_spec_attacks_too(originals, monkeypatch) 
 
 def test_policy_values_are_checked() -> None:
     with pytest.raises(InvalidParameterError, match="face_reidentification must be one of"):
-        AuditPolicy(face_reidentification="sometimes")
+        AuditPolicy.from_dict({"face_reidentification": "sometimes"})
     with pytest.raises(InvalidParameterError, match="between 0 and 1"):
-        AuditPolicy(face_max_verification_rate=1.5)
+        AuditPolicy.from_dict({"face_max_verification_rate": 1.5})
     with pytest.raises(InvalidParameterError, match="between 0 and 1"):
-        AuditPolicy(face_min_detection_retention=2.0)
+        AuditPolicy.from_dict({"face_min_detection_retention": 2.0})
     with pytest.raises(InvalidParameterError, match="positive integer"):
-        AuditPolicy(face_samples=0)
+        AuditPolicy.from_dict({"face_samples": 0})
     with pytest.raises(InvalidParameterError, match="face_max_landmark_shift must be >= 0"):
-        AuditPolicy(face_max_landmark_shift=-1.0)
+        AuditPolicy.from_dict({"face_max_landmark_shift": -1.0})
     with pytest.raises(InvalidParameterError, match="unknown recogniser.*arcface"):
-        AuditPolicy(face_recognisers=["dlib", "arcface"])
+        AuditPolicy.from_dict({"face_recognisers": ["dlib", "arcface"]})
     with pytest.raises(InvalidParameterError, match="non-empty list"):
-        AuditPolicy(face_recognisers=[])
+        AuditPolicy.from_dict({"face_recognisers": []})
     with pytest.raises(InvalidParameterError, match="non-empty list"):
-        AuditPolicy(face_recognisers="sface")  # type: ignore[arg-type]
+        AuditPolicy.from_dict({"face_recognisers": "sface"})
     with pytest.raises(InvalidParameterError, match="face_rank1_alpha must be at least 0"):
-        AuditPolicy(face_rank1_alpha=1.0)
+        AuditPolicy.from_dict({"face_rank1_alpha": 1.0})
     with pytest.raises(InvalidParameterError, match="face_max_kid_vs_blur must be true or false"):
-        AuditPolicy(face_max_kid_vs_blur=1)  # type: ignore[arg-type]
+        AuditPolicy.from_dict({"face_max_kid_vs_blur": 1})
     policy = AuditPolicy.from_dict({"face_recognisers": ["sface", "dlib", "sface"]})
-    assert policy.face_recognisers == ("sface", "dlib")
+    assert policy.section(FacePolicy).face_recognisers == ("sface", "dlib")
 
 
 def test_k_anonymous_and_dp_releases_of_faces_get_the_attack_too(originals) -> None:

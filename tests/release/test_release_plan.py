@@ -314,3 +314,26 @@ def test_a_stored_merf_plan_keeps_the_choices_the_steward_approves(ws_store):
     assert choices == planning.preview(ws_store, spec)["choices"]
     assert "perceptual features: 30% of each image's vector" in choices[1]
     assert not choices[1].endswith("chosen by auto")  # set in the spec
+
+
+def test_a_mechanism_that_reads_no_public_data_binds_none(ws_store):
+    """DP-MERF declares no public data (`default_public` None): its plan names and binds none (it
+    used to load and bind an unused digit set), approval checks nothing there, and the release
+    runs; a spec that names a public set anyway still gets it bound, so edits to it are caught."""
+    spec = ReleaseSpec.from_dict(
+        {
+            "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
+            "merf": {"epsilon": 2.0, "steps": 5, "n_features": 256},
+        }
+    )
+    assert spec.public_source is None
+    rel = manager.create_plan(ws_store, spec, "alice")
+    assert (rel.plan.public_source, rel.plan.public_sha256) == (None, None)
+    manager.approve(ws_store, rel.release_id, "alice", digest=rel.plan_digest)
+    ran = manager.run_release(ws_store, rel.release_id, "alice")
+    assert ran.state == "checked"
+    named = ReleaseSpec.from_dict(
+        {**spec.as_dict(), "merf": {**spec.as_dict()["merf"], "public": "builtin:uci-digits"}}
+    )
+    bound = manager.create_plan(ws_store, named, "alice").plan
+    assert bound.public_source == "builtin:uci-digits" and len(bound.public_sha256 or "") == 64

@@ -7,7 +7,7 @@ The toy releases a DP histogram of the labels as text lines ("LABEL<TAB>COUNT"):
 query of L2 sensitivity 1 (one record changes one count by 1), its noise calibrated to the spec's
 epsilon, charged through the ledger. Its kind saves the lines as lines.txt, fingerprints them,
 bundles them (data/lines.txt and a `line` column), writes a card section and audits them with its
-own checks."""
+own checks, which read a [policy] key of the kind's own (`lines_max_count`), validated by the core."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from accounting.calibration import calibrate_gaussian_sigma
 from accounting.errors import InvalidParameterError, PermissionDeniedError, TamperError
 from accounting.events import GaussianQuery
 from audit import AuditInputs, AuditPolicy, AuditReport, CheckResult, load_report
+from audit.policy import check_number
 from audit.kinds import KindAudit
 from release import artifacts, keys, kinds, manager
 from release.bundle import read_bundle_data
@@ -181,6 +182,18 @@ def audit_files(folder: Path, ids: Sequence[str]) -> list[Path]:
     return [_lines_path(folder)]
 
 
+@dataclass(frozen=True)
+class LinesPolicy:
+    """The kind's [policy] keys: users write them beside the core keys."""
+
+    # the largest count a line may hold (None: twice the dataset's size)
+    lines_max_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lines_max_count is not None:
+            check_number("lines_max_count", self.lines_max_count, count=True)
+
+
 def audit_lines(inputs: AuditInputs, policy: AuditPolicy, progress: ProgressFn) -> AuditReport:
     """The kind's own checks: the file holds exactly the released lines, one per declared class,
     each a declared label and a count no larger than the dataset could plausibly give."""
@@ -199,18 +212,18 @@ def audit_lines(inputs: AuditInputs, policy: AuditPolicy, progress: ProgressFn) 
     parsed = [line.split("\t") for line in lines]
     labels = [int(p[0]) for p in parsed]
     counts = [int(p[1]) for p in parsed]
-    n = len(inputs.sensitive)
+    most = policy.section(LinesPolicy).lines_max_count or 2 * len(inputs.sensitive)
     ok = (
         len(lines) == inputs.expected_count
         and sorted(labels) == sorted(inputs.label_set)
-        and all(0 <= c <= 2 * n for c in counts)
+        and all(0 <= c <= most for c in counts)
     )
     report.results.append(
         CheckResult(
             "lines_declared",
             "expectations",
             ok,
-            f"one line per declared class ({inputs.expected_count}), counts within 0..{2 * n}",
+            f"one line per declared class ({inputs.expected_count}), counts within 0..{most}",
             {"labels": labels, "undeclared": sorted(set(labels) - set(inputs.label_set))},
         )
     )
@@ -225,7 +238,7 @@ TEXT_LINES = OutputKind(
     bundle=bundle_lines,
     card_section=card_section,
     audit_files=audit_files,
-    audit=KindAudit(run=audit_lines),
+    audit=KindAudit(run=audit_lines, policy=LinesPolicy),
 )
 
 
@@ -251,8 +264,12 @@ def digits(tmp_path, store):
     return train.labels[:200]
 
 
-def _run(store, **params: Any):
-    spec = {"release": {"dataset": "digits", "mechanism": NAME}, NAME: {"epsilon": 2.0, **params}}
+def _run(store, policy: dict[str, Any] | None = None, **params: Any):
+    spec = {
+        "release": {"dataset": "digits", "mechanism": NAME},
+        NAME: {"epsilon": 2.0, **params},
+        "policy": policy or {},
+    }
     rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
     manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
     return manager.run_release(store, rel.release_id, "alice")
@@ -319,3 +336,34 @@ def test_a_mechanism_whose_kind_is_not_registered_is_refused_before_it_is_charge
         assert ledger.budget(store, "digits").charges == []
     finally:
         registry.unregister(NAME)
+
+
+def test_its_own_policy_key_is_validated_by_the_core_and_read_by_its_checks(toy, store, digits):
+    with pytest.raises(InvalidParameterError, match="lines_max_count must be a positive integer"):
+        _run(store, policy={"lines_max_count": 0})
+    with pytest.raises(InvalidParameterError, match="valid keys are .*'lines_max_count'") as exc:
+        _run(store, policy={"lines_max_cnt": 5})
+    assert "face_samples" in str(exc.value) and "mia_max_auc" in str(exc.value)  # all of them
+    assert ledger.budget(store, "digits").charges == []  # refused before anything was charged
+    policy = AuditPolicy.from_dict({"lines_max_count": 5})
+    assert (
+        policy.section(LinesPolicy) == LinesPolicy(5) and policy.to_dict()["lines_max_count"] == 5
+    )
+    # about 20 records per class: a ceiling of 5 fails a right release
+    report = load_report(store, _run(store, policy={"lines_max_count": 5}).release_id)
+    assert report.verdicts()["lines_declared"] == "fail"
+
+
+def test_a_kinds_policy_keys_go_with_it(toy):
+    with pytest.raises(InvalidParameterError, match="already"):  # a key the core declares
+        clash = KindAudit(run=audit_lines, policy=_Clash)
+        kinds.register(OutputKind(name="clashing", fingerprint=lines_sha256, audit=clash))
+    assert "clashing" not in kinds.names()
+    kinds.unregister(KIND)
+    with pytest.raises(InvalidParameterError, match="Unknown audit policy key"):
+        AuditPolicy.from_dict({"lines_max_count": 5})
+
+
+@dataclass(frozen=True)
+class _Clash:
+    mia_max_auc: float = 0.5

@@ -295,3 +295,42 @@ def test_a_generator_that_drew_noise_for_every_class_is_collapsed_in_every_class
     assert collapsed_classes(np.array([1.003, 1.011, 0.997, 1.06])) == [0, 1, 2, 3]
     assert collapsed_classes(np.array([0.16, 0.42, 0.3, 0.25])) == []
     assert collapsed_classes(np.array([0.25, 0.3, 0.76, 0.22])) == [2]  # 2.9x the median
+
+
+def test_the_run_reads_the_approved_plans_decisions_instead_of_deciding_again(
+    mnist200_store, tmp_path
+) -> None:
+    """The plan decides the kernel, perceptual share and steps once; the run takes them from the
+    plan it was given (here one whose steps differ from what the config would decide), and a plan
+    that does not record them is refused before the data is read, its charge refunded."""
+    import dataclasses
+
+    st, sensitive = mnist200_store
+    cfg = MerfConfig.tiny(2.0, 1e-5, n_samples=20)
+    public = uci_digits()
+    b = ledger.budget(st, "mnist")
+    plan = MECHANISM.plan(cfg, dataset_info(b.dataset), b.history, public)
+    assert plan.detail["steps"] == 5
+    approved = dataclasses.replace(plan, detail={**plan.detail, "steps": 3})
+
+    def run(run_id: str, mplan: registry.MechanismPlan) -> runner.RunResult:
+        return runner.run_charged(
+            st,
+            run_id=run_id,
+            dataset="mnist",
+            data=sensitive,
+            public=public,
+            mechanism="merf",
+            config=cfg,
+            plan=mplan,
+            workdir=tmp_path / run_id,
+            actor="alice",
+        )
+
+    assert run("decided", approved).parameters["steps"] == 3
+    older = dataclasses.replace(
+        plan, detail={k: v for k, v in plan.detail.items() if k != "perceptual_share"}
+    )
+    with pytest.raises(InvalidParameterError, match="perceptual_share.*Plan and approve"):
+        run("older", older)
+    assert ledger.get_charge(st, "older").state == "refunded"

@@ -134,9 +134,7 @@ def test_the_dp_classifier_learns_the_classes_from_the_sensitive_images() -> Non
 
     images = halves(0)
     q, steps = teacher.schedule(600, 100, 5)
-    model = teacher.train(
-        images, rows, 2, 12, sample_rate=q, steps=steps, noise_multiplier=1.0, seed=0
-    )
+    model = teacher.train(images, rows, 2, 12, DpSgd(q, 1.0, steps), seed=0)
     assert (teacher.predict(model, halves(1)[::-1], 12) == rows[::-1]).mean() > 0.9
 
 

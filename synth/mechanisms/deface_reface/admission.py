@@ -58,6 +58,15 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _short_of_memory(key: str, largest_voxels: int, stored_bytes: int, what: str) -> str | None:
+    """None when a run (peak_memory) fits this machine's memory; else the words saying by how much,
+    `what` describing the volumes."""
+    need, have = peak_memory(key, largest_voxels, stored_bytes), machine_memory()
+    if need <= have:
+        return None
+    return f"needs about {_gib(need)} of memory ({what}), more than this machine's {_gib(have)}"
+
+
 def check_plan(mechanism: str, method: str | None, shape: tuple[int, ...], count: int) -> None:
     """Plan-time admission from the registered (common) shape: the method's minimum grid and the
     run's memory against this machine's. Shapes that vary were checked volume by volume when the
@@ -73,11 +82,11 @@ def check_plan(mechanism: str, method: str | None, shape: tuple[int, ...], count
         )
     voxels = int(np.prod(shape))
     stored = min(count * voxels * 8, MAX_BYTES)  # the stored type is not public: assume the widest
-    need, have = peak_memory(key, voxels, stored), machine_memory()
-    if need > have:
+    grid = f"{count} volumes of {shape[0]}x{shape[1]}x{shape[2]} voxels"
+    short = _short_of_memory(key, voxels, stored, grid)
+    if short:
         raise InvalidParameterError(
-            f"[{mechanism}] the run needs about {_gib(need)} of memory ({count} volumes of "
-            f"{shape[0]}x{shape[1]}x{shape[2]} voxels), more than this machine's {_gib(have)}. "
+            f"[{mechanism}] the run {short}. "
             "Run it on a bigger machine or register the scans at a coarser voxel size."
         )
 
@@ -121,11 +130,10 @@ def check_heads(
     stored = data.stored_nbytes  # from the headers: a folder held by reference is not read
     largest = max(int(np.prod(shape)) for shape in data.shapes)
     worst = max(PEAK_BYTES_PER_VOXEL, key=lambda k: PEAK_BYTES_PER_VOXEL[k])
-    need, have = peak_memory(worst, largest, stored), machine_memory()
-    if need > have:
+    short = _short_of_memory(worst, largest, stored, f"the largest holds {largest:,} voxels")
+    if short:
         raise DataFormatError(
-            f"{data.source}: a release of these volumes needs about {_gib(need)} of memory (the "
-            f"largest holds {largest:,} voxels), more than this machine's {_gib(have)}. Register "
+            f"{data.source}: a release of these volumes {short}. Register "
             "fewer volumes or scans at a coarser voxel size, or use a bigger machine."
         )
     both = atlases(cache_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -252,15 +252,14 @@ DEFACE = registry.MechanismEntry(
     output_kind="volumes",
     per_item=deface_head,
 )
-REFACE = registry.MechanismEntry(
+# deface's public source and data and output kinds, with reface's own config and functions
+REFACE = replace(
+    DEFACE,
     name="reface",
     config_type=RefaceConfig,
-    default_public=SOURCE,
     make_config=make_reface_config,
     plan=plan_reface,
     run=run_reface,
     describe=text.describe_reface,
-    data_kind="volumes",
-    output_kind="volumes",
     per_item=reface_head,
 )

@@ -70,7 +70,7 @@ def plan(
     config: FaceDeidConfig,
     dataset: DatasetInfo,
     prior: Sequence[MechanismEvent],
-    public: ImageDataset,
+    public: ImageDataset | None,
 ) -> MechanismPlan:
     if not isinstance(config, FaceDeidConfig):
         raise InvalidParameterError(
@@ -422,9 +422,8 @@ def _run_internal(outcomes: list[tuple[FaceOutcome, ...]]) -> dict[str, Any]:
 MECHANISM = registry.MechanismEntry(
     name="face-deid",
     config_type=FaceDeidConfig,
-    # reads no public images: its public inputs are the generator and recognisers, bound to the
-    # approval by their files' sha256 (plan detail "bound_files")
-    default_public="builtin:uci-digits",
+    # no public data set (default_public None): its public inputs are the generator and
+    # recognisers, bound to the approval by their files' sha256 (plan detail "bound_files")
     make_config=make_config,
     plan=plan,
     run=run,

@@ -79,8 +79,9 @@ class MerfConfig(MechanismConfig):
     @classmethod
     def checked(cls, v: Mapping[str, Any]) -> dict[str, Any]:
         steps = cls._checked_steps(v["steps"])
-        features = cls._even_features(v["n_features"])
-        width = cls._even_width(v["width"])
+        # random features come in cosine and sine pairs
+        features = check.even("n_features", v["n_features"], 64, 100_000)
+        width = check.even("width", v["width"], 1, 512, "an even number of channels")
         return {
             **v,
             "epsilon": check.epsilon("target epsilon", v["epsilon"]),
@@ -117,26 +118,6 @@ class MerfConfig(MechanismConfig):
                     f'{LONG_STEPS:,}). Lower `steps` or set it to "{STEPS_AUTO}".'
                 )
         return steps
-
-    @staticmethod
-    def _even_features(value: Any) -> int:
-        """n_features: an even number of random features (cosine and sine pairs)."""
-        features = check.whole("n_features", value, 64, 100_000, hint="an even number")
-        if features % 2:
-            raise InvalidParameterError(
-                f"n_features must be an even number between 64 and 100000, got {features}."
-            )
-        return features
-
-    @staticmethod
-    def _even_width(value: Any) -> int:
-        """width: an even number of generator channels up to 512."""
-        width = check.whole("width", value, 1, 512, hint="an even number of channels")
-        if width % 2:
-            raise InvalidParameterError(
-                f"width must be an even number of channels up to 512, got {width}."
-            )
-        return width
 
     @staticmethod
     def _checked_teacher(v: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from accounting.errors import PrivReleaseError
+from accounting.events import DpSgd
 from synth.tools.dp_noise import install as install_secure_noise
 from synth.tools.kernel.fit import to_unit
 
@@ -81,16 +82,15 @@ def train(
     rows: np.ndarray,
     n_classes: int,
     size: int,
+    dpsgd: DpSgd,
     *,
-    sample_rate: float,
-    steps: int,
-    noise_multiplier: float,
     seed: int,
     before_step: Callable[[], object] = lambda: None,
     progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> nn.Module:
-    """The classifier after `steps` DP-SGD steps on `images` (uint8 (N, H, W[, C]), sensitive) with
-    labels `rows` (class positions). The sampling and the noise come from OS entropy, never from
+    """The classifier after the DP-SGD `dpsgd` (its steps, sample rate and noise multiplier: the
+    event charged for it) on `images` (uint8 (N, H, W[, C]), sensitive) with labels `rows` (class
+    positions). The sampling and the noise come from OS entropy, never from
     `seed` (public: the initialisation only), so nobody can replay them. `before_step` runs before
     each step (the runner's durable write-ahead counter: a crash mid-training charges what ran)."""
     x = torch.from_numpy(np.ascontiguousarray(images))  # uint8, converted a batch at a time
@@ -99,8 +99,10 @@ def train(
     torch.manual_seed(seed)
     model = classifier(channels, n_classes)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    dp_model, dp_opt, dp_loader = _private(model, opt, x, y, sample_rate, noise_multiplier)
-    _dp_steps(dp_model, dp_opt, dp_loader, steps, size, before_step, progress)
+    dp_model, dp_opt, dp_loader = _private(
+        model, opt, x, y, dpsgd.sample_rate, dpsgd.noise_multiplier
+    )
+    _dp_steps(dp_model, dp_opt, dp_loader, dpsgd.steps, size, before_step, progress)
     clean = classifier(channels, n_classes)  # the weights without opacus' hooks
     clean.load_state_dict(dp_model._module.state_dict())
     return clean.eval()

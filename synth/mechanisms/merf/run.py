@@ -29,6 +29,7 @@ from synth.mechanisms.merf.config import (
     TEACHER_AUTO,
     MerfConfig,
 )
+from synth.mechanisms.merf.decisions import MerfDecisions
 from synth.mechanisms.merf.describe import describe
 from synth.mechanisms.merf.feature_sums import SumsJob, chunk_sums, exact_sums
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
@@ -95,15 +96,16 @@ def plan(
     config: MerfConfig,
     dataset: DatasetInfo,
     prior: Sequence[MechanismEvent],
-    public: ImageDataset,
+    public: ImageDataset | None,
 ) -> MechanismPlan:
     if not isinstance(config, MerfConfig):
         raise InvalidParameterError(f"config must be a MerfConfig, got {type(config).__name__}.")
-    h, w, c = _geometry(dataset.image_shape)
-    size = generator_size(h, w)
+    geometry = _geometry(dataset.image_shape)
     query, dpsgd, teacher_detail = _events(config, dataset.record_count, len(dataset.labels), prior)
     sigma = query.sigma
-    perceptual = config.perceptual_for(sigma, dataset.record_count, len(dataset.labels))
+    decided = MerfDecisions.decide(
+        config, sigma, geometry, dataset.record_count, len(dataset.labels)
+    )
     per_class = dataset.record_count / max(len(dataset.labels), 1)
     warnings = []
     if sigma / per_class > 0.05:  # the noise on a class's mean embedding, per unit of signal
@@ -112,17 +114,14 @@ def plan(
             "embedding is mostly noise and the images will show little of the data. Raise epsilon "
             "or release from a larger dataset."
         )
-    bandwidth = config.bandwidth_for(
-        c * size * size, sigma, dataset.record_count, len(dataset.labels), perceptual
-    )
-    steps = config.steps_for(sigma, dataset.record_count, len(dataset.labels), perceptual)
+    pixels = geometry[2] * decided.generator_size**2
     _admit(
         config,
         dataset.image_shape,
         dataset.record_count,
         len(dataset.labels),
-        bandwidth,
-        perceptual,
+        decided.bandwidth,
+        decided.perceptual_share,
         dpsgd is not None,
     )
     return MechanismPlan(
@@ -133,15 +132,16 @@ def plan(
         warnings=tuple(warnings),
         parameters=config.as_dict(),
         detail={
-            "sigma": sigma,
+            **decided.as_detail(),
             "sensitivity": SENSITIVITY,
-            "generator_size": size,
-            "bandwidth": bandwidth,
-            "perceptual_share": perceptual,
-            "steps": steps,
             **teacher_detail,
             "choices": _choices(
-                config, c * size * size, bandwidth, perceptual, dpsgd is not None, steps
+                config,
+                pixels,
+                decided.bandwidth,
+                decided.perceptual_share,
+                dpsgd is not None,
+                decided.steps,
             ),
         },
     )
@@ -272,12 +272,11 @@ def run(config: MerfConfig, data: ImageDataset, ctx: RunContext) -> MechanismOut
     h, w, channels = _geometry(data.image_shape)
     sigma, dpsgd = _planned(ctx, config)
     values = list(data.label_set)
-    size = generator_size(h, w)
-    # the plan's choices: the same public inputs (sigma, the registered count and labels)
+    # what the approved plan decided (from public inputs), read back, not decided again
+    decided = MerfDecisions.from_detail(ctx.plan.detail, sigma)
+    size, bandwidth = decided.generator_size, decided.bandwidth
+    perceptual, steps = decided.perceptual_share, decided.steps
     n, n_classes = len(data.labels), len(values)
-    perceptual = config.perceptual_for(sigma, n, n_classes)
-    bandwidth = config.bandwidth_for(channels * size * size, sigma, n, n_classes, perceptual)
-    steps = config.steps_for(sigma, n, n_classes, perceptual)
     # asked again before reading: this machine may not be the one that planned
     _admit(config, data.image_shape, n, n_classes, bandwidth, perceptual, dpsgd is not None)
     started = time.time()
@@ -416,9 +415,7 @@ def _train_classifier(
         rows,
         n_classes,
         size,
-        sample_rate=dpsgd.sample_rate,
-        steps=dpsgd.steps,
-        noise_multiplier=dpsgd.noise_multiplier,
+        dpsgd,
         seed=config.seed,
         before_step=lambda: step_counter.step_started(ctx.workdir),
         progress=lambda done, total: ctx.progress("DP-SGD label classifier", done, total),
@@ -516,7 +513,7 @@ def loss_function(generator: str | None) -> Callable[[np.ndarray, np.ndarray], n
 MECHANISM = registry.MechanismEntry(
     name="merf",
     config_type=MerfConfig,
-    default_public="builtin:uci-digits",  # reads no public images (loaded and bound, unused)
+    # no public data set (default_public None): the query reads the sensitive images only
     make_config=make_config,
     plan=plan,
     run=run,

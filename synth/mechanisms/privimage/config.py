@@ -329,13 +329,7 @@ class PrivImageConfig(MechanismConfig):
                 16,
                 hint=f'noisy means per class, 0 = off, or "{CENTRAL_AUTO}"',
             )
-        features = check.whole(
-            "frequency_features", v["frequency_features"], 64, 100_000, hint="an even number"
-        )
-        if features % 2:
-            raise InvalidParameterError(
-                f"frequency_features must be an even number between 64 and 100000, got {features}."
-            )
+        features = check.even("frequency_features", v["frequency_features"], 64, 100_000)
         return {
             "fit_threshold": check.number("fit_threshold", v["fit_threshold"], 0.0, 1.0),
             "share_public_classes": check.flag("share_public_classes", v["share_public_classes"]),

@@ -172,9 +172,8 @@ def _init_device(kind: str) -> torch.device:
 def main(argv: list[str]) -> int:
     distributed.die_with_parent()
     if len(argv) == 2 and argv[0] == "--nodes":
-        return nodes.worker_main(
-            argv[1], run_stage, resume_files, localise, _init_device, state.save_torch
-        )
+        work = nodes.RankWork(run_stage, resume_files, localise, _init_device, state.save_torch)
+        return nodes.worker_main(argv[1], work)
     if len(argv) != 1:
         print(
             "usage: python -m synth.mechanisms.privimage.worker JOB (started by torchrun for "

@@ -100,7 +100,6 @@ def fit(
     sigma: float,
     s: MerfSettings,
     progress: ProgressFn = no_progress,
-    stage: str = "DP-MERF generator",
     also_collapsed: CollapseCheck | None = None,
     exact_sums: Callable[[FeatureMap], np.ndarray] | None = None,
 ) -> FittedMerf:
@@ -117,7 +116,9 @@ def fit(
     else:
         emb = noised(exact_sums(fmap), sigma, len(images))
     progress("DP-MERF embedding (one Gaussian query)", 1, 1)
-    return train_fitted(emb, fmap, n_classes, size, channels, s, progress, stage, also_collapsed)
+    return train_fitted(
+        emb, fmap, n_classes, size, channels, s, progress, also_collapsed=also_collapsed
+    )
 
 
 def feature_map(n_pixels: int, s: MerfSettings) -> FeatureMap:
