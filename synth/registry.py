@@ -40,6 +40,12 @@ _ENTRIES: dict[str, str] = {
 }
 # the data a mechanism takes, where not images (its entry's data_kind says the same; a test checks)
 _VOLUME_MECHANISMS = ("deface", "reface")
+# registration-time checks that the built-in mechanisms taking a data kind need of every record
+# ("module:attribute", imported lazily): head volumes must fit the head atlases deface and reface
+# register them with
+_ADMISSIONS: dict[str, str] = {
+    "volumes": "synth.mechanisms.deface_reface.admission:check_heads",
+}
 # What a dataset holds and a mechanism takes: 2D image sets (ImageDataset) or 3D head volumes
 # (NIfTI, synth.tools.mri.VolumeDataset). The plan refuses a mechanism on data of the other kind.
 DATA_KINDS = ("images", "volumes")
@@ -385,6 +391,16 @@ def kind_of(name: str) -> str:
     if name in _REGISTERED:
         return _REGISTERED[name].data_kind
     return "volumes" if name in _VOLUME_MECHANISMS else "images"
+
+
+def admit(data_kind: str, data: Data, cache_dir: Path | None) -> None:
+    """Refuse, when a dataset is registered, data that the mechanisms taking its kind could not run
+    on (what would otherwise fail only after a release had read the data and been charged);
+    `cache_dir` is the workspace's cache of public computations (the atlases)."""
+    target = _ADMISSIONS.get(data_kind)
+    if target is not None:
+        module, attr = target.split(":")
+        getattr(importlib.import_module(module), attr)(data, cache_dir)
 
 
 def check_data_kind(name: str, dataset: DatasetInfo) -> None:

@@ -130,9 +130,6 @@ NAMING_ALLOWED = {
     # the demo walks through the built-in mechanisms by name (per-mechanism CLI commands live
     # in release/cli/, not matched above)
     "release/demo.py",
-    # input data kinds: registering a sensitive source (2D images or a folder of head volumes,
-    # admitted by the volume mechanisms' checks) is not an output kind
-    "release/data.py",
 }
 
 

@@ -15,12 +15,14 @@ can carry a whole DICOM header, patient name included) are not copied.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from accounting.errors import DataFormatError
+from accounting.errors import DataFormatError, DatasetConflictError
 from synth.kinds.volume import Volume, VolumeDataset
 
 SUFFIXES = (".nii", ".nii.gz")
@@ -186,8 +188,49 @@ def nifti_files(folder: Path) -> list[Path]:
     return [_inside(p, root) for p in files]
 
 
+@dataclass(frozen=True)
+class VolumeFile:
+    """One head of a registered folder held by reference (`synth.kinds.volume.VolumeRef`): its
+    file (an absolute path: workers on a cluster read the same path on shared storage), the sha256
+    of its canonical bytes when the folder was read, and its header's shape and stored size."""
+
+    path: Path
+    sha256: str
+    name: str
+    shape: tuple[int, int, int]
+    nbytes: int
+
+    def read(self) -> Volume:
+        """The head read again from its file, every reading check applied, refused unless its
+        canonical bytes still have the sha256 taken when the folder was read."""
+        if not self.path.is_file():
+            raise DatasetConflictError(
+                f"{self.path}: the file is gone since its content was checked against the "
+                "dataset's registered fingerprint; it was not used. Restore it."
+            )
+        volume = read_volume(self.path, self.name)
+        now = hashlib.sha256(volume.stored_bytes()).hexdigest()
+        if now != self.sha256:
+            raise DatasetConflictError(
+                f"{self.path}: the file changed since its content was checked against the "
+                f"dataset's registered fingerprint (sha256 of its voxels, affine and scaling now "
+                f"{now[:16]}..., then {self.sha256[:16]}...); it was not used. Restore the "
+                "original file."
+            )
+        return volume
+
+
+def index_volume(path: Path) -> VolumeFile:
+    """Read one head (checked) and keep only its reference: path, digest, shape, stored size."""
+    volume = read_volume(path, path.name)
+    digest = hashlib.sha256(volume.stored_bytes()).hexdigest()
+    return VolumeFile(path, digest, path.name, volume.shape, int(volume.data.nbytes))
+
+
 def load_volume_folder(folder: str | Path) -> VolumeDataset:
-    """Every NIfTI file of `folder`: headers first (sizes bounded before decoding), then voxels."""
+    """Every NIfTI file of `folder`, held by reference: headers first (sizes bounded before
+    decoding), then each file's voxels read once, one at a time, checked and digested, and let go
+    (a head is read again, and its digest checked, whenever it is used)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise DataFormatError(f"{folder}: no such folder.")
@@ -201,8 +244,7 @@ def load_volume_folder(folder: str | Path) -> VolumeDataset:
                 f"{folder}: the volumes exceed {MAX_BYTES:,} bytes of voxels (at {f.name}); "
                 "register a subset."
             )
-    volumes = [read_volume(f, f.name) for f in files]
-    return VolumeDataset(volumes, str(folder))
+    return VolumeDataset.by_reference([index_volume(f) for f in files], str(folder))
 
 
 def write_volume(volume: Volume, path: Path) -> None:

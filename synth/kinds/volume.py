@@ -4,13 +4,18 @@ A volume keeps its voxels exactly as the file stores them (`data`, the on-disk d
 rescaled) plus the scaling NIfTI applies on reading (`slope`, `inter`) and the voxel-to-world
 `affine`. Keeping the stored values is what lets a mechanism promise, and the audit check, that
 the brain is bit-for-bit the original's: a copy made through floats and back would not be.
+
+A registered folder is held by reference (`VolumeRef`: the file and the sha256 of its canonical
+bytes), so that neither the coordinator nor a Dask task carries every head's voxels: whoever uses
+a head reads it from its file then, and refuses it if it is no longer the content that was checked.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -87,20 +92,85 @@ class Volume:
         )
 
 
+@runtime_checkable
+class VolumeRef(Protocol):
+    """A record held by reference (`synth.kinds.nifti.VolumeFile`): its shape and stored size from
+    its header, the sha256 of its canonical bytes (`Volume.stored_bytes`), and `read()`, which reads
+    the voxels again and refuses content whose sha256 is not this one."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+    @property
+    def nbytes(self) -> int: ...
+    def read(self) -> Volume: ...
+
+
+Record = Volume | VolumeRef  # what a per-item function is handed: a volume, or its reference
+
+
+def open_record(record: Record) -> Volume:
+    """The volume itself: read (and checked against its digest) when held by reference."""
+    return record if isinstance(record, Volume) else record.read()
+
+
+class LazyVolumes(Sequence[Volume]):
+    """Volumes read on demand from their references, one at a time and never kept: iterating N
+    heads holds one head's voxels at a time (the caller's), not N."""
+
+    def __init__(self, refs: Sequence[VolumeRef]) -> None:
+        self.refs = tuple(refs)
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    @overload
+    def __getitem__(self, i: int) -> Volume: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Volume]: ...
+    def __getitem__(self, i: int | slice) -> Volume | Sequence[Volume]:
+        if isinstance(i, slice):
+            return LazyVolumes(self.refs[i])
+        return self.refs[i].read()
+
+    def __iter__(self) -> Iterator[Volume]:
+        for ref in self.refs:
+            yield ref.read()
+
+
 @dataclass
 class VolumeDataset:
-    """Registered (or public) head volumes, in record order (sorted file names)."""
+    """Registered (or public) head volumes, in record order (sorted file names): held in memory
+    (`volumes` a sequence of Volume: the public templates, a mechanism's output) or by reference
+    (`VolumeDataset.by_reference`: a registered folder, each volume read from its file when it is
+    used, checked against the digest taken when the folder was read)."""
 
     volumes: Sequence[Volume]
     source: str = ""
     names: list[str] = field(default_factory=list)  # public names for public sets (templates)
 
     def __post_init__(self) -> None:
-        self.volumes = tuple(self.volumes)
-        if not self.volumes:
+        if not isinstance(self.volumes, LazyVolumes):
+            self.volumes = tuple(self.volumes)
+        if not len(self.volumes):
             raise DataFormatError(f"{self.source or 'volumes'}: no volumes.")
-        if not all(isinstance(v, Volume) for v in self.volumes):
+        if not all(isinstance(v, Volume | VolumeRef) for v in self.records):
             raise DataFormatError(f"{self.source or 'volumes'}: every record must be a Volume.")
+
+    @classmethod
+    def by_reference(cls, refs: Sequence[VolumeRef], source: str = "") -> VolumeDataset:
+        return cls(LazyVolumes(refs), source)
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        """The records as a per-item function is handed them: references when the volumes are
+        held by reference (a worker reads its head itself), else the volumes."""
+        if isinstance(self.volumes, LazyVolumes):
+            return self.volumes.refs
+        return tuple(self.volumes)
 
     def __len__(self) -> int:
         return len(self.volumes)
@@ -114,10 +184,31 @@ class VolumeDataset:
         return np.zeros(len(self.volumes), np.int64)
 
     @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Each record's (X, Y, Z), without reading voxels held by reference."""
+        return [r.shape for r in self.records]
+
+    @property
+    def stored_nbytes(self) -> int:
+        """The stored voxel bytes of every record together."""
+        return sum(r.data.nbytes if isinstance(r, Volume) else r.nbytes for r in self.records)
+
+    @property
     def image_shape(self) -> tuple[int, ...]:
         """The common (X, Y, Z) when every volume has one shape, else () (shapes vary)."""
-        shapes = {v.shape for v in self.volumes}
+        shapes = set(self.shapes)
         return next(iter(shapes)) if len(shapes) == 1 else ()
+
+    def record_digests(self) -> list[bytes]:
+        """The sha256 of each record's canonical bytes (`Volume.stored_bytes`), in record order:
+        the ones taken when the folder was read for records held by reference (no file is read
+        again), else computed."""
+        return [
+            hashlib.sha256(r.stored_bytes()).digest()
+            if isinstance(r, Volume)
+            else bytes.fromhex(r.sha256)
+            for r in self.records
+        ]
 
     def named(self, name: str) -> Volume:
         """A volume of a public set by its public name (templates)."""
@@ -128,7 +219,7 @@ class VolumeDataset:
     def content_sha256(self) -> str:
         """A plain hash of the content: for PUBLIC volumes only (sensitive ones get an HMAC)."""
         h = hashlib.sha256(b"privrelease volumes v1")
-        for name, v in zip(self.names or [""] * len(self), self.volumes, strict=True):
+        for name, digest in zip(self.names or [""] * len(self), self.record_digests(), strict=True):
             h.update(name.encode() + b"\0")
-            h.update(hashlib.sha256(v.stored_bytes()).digest())
+            h.update(digest)
         return h.hexdigest()

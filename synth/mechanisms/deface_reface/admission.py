@@ -127,8 +127,8 @@ def check_heads(
     """Registration-time admission of every volume: the templates fit it in its header's
     orientation (both the mechanisms' and the audit's), its brain and face are found, quickshear
     can cut it, and a run over the dataset fits in this machine's memory."""
-    stored = sum(v.data.nbytes for v in data.volumes)
-    largest = max(int(np.prod(v.shape)) for v in data.volumes)
+    stored = data.stored_nbytes  # from the headers: a folder held by reference is not read
+    largest = max(int(np.prod(shape)) for shape in data.shapes)
     worst = max(PEAK_BYTES_PER_VOXEL, key=lambda k: PEAK_BYTES_PER_VOXEL[k])
     short = _short_of_memory(worst, largest, stored, f"the largest holds {largest:,} voxels")
     if short:

@@ -3,9 +3,11 @@
 Order of a run: the public templates and atlases, in every process that will see a head (a failure
 here is refunded) -> `ctx.on_sensitive_access()` -> each subject, one `deface_head` / `reface_head`
 (the entries' per-item functions, mapped by `ctx.map_items` in this process or on Dask workers):
-register the face atlas, cut or replace the face outside the brain's margin. Nothing is charged
-in epsilon: the plan's one event is a `NonPrivateRelease`, which voids the dataset's DP claims, so
-approval needs `--acknowledge-non-dp`.
+read the head from its file (a registered folder is handed out by reference, path and sha256, so
+no task carries voxels) and refuse it unless it is still the content the run checked against the
+registration, register the face atlas, cut or replace the face outside the brain's margin. Nothing
+is charged in epsilon: the plan's one event is a `NonPrivateRelease`, which voids the dataset's DP
+claims, so approval needs `--acknowledge-non-dp`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import DataFormatError, DatasetConflictError, InvalidParameterError
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.head_templates import NAMES, SOURCE
-from synth.kinds.volume import Volume, VolumeDataset
+from synth.kinds.volume import Record, Volume, VolumeDataset, open_record
 from synth.mechanisms.deface_reface import admission, edit
 from synth.mechanisms.deface_reface import describe as text
 from synth.mechanisms.deface_reface import replacement_faces as faces
@@ -143,18 +145,33 @@ def _atlas(cache_dir: Path | None) -> Atlas:
     return _ATLASES[str(cache_dir)]
 
 
+def _open_head(record: Record) -> Volume:
+    """The head of one item: read from its file (and its digest checked) when it is handed by
+    reference. A file changed since the run checked the dataset fails the run as any item error
+    does: after the sensitive data was read, so the run's reservation stays in force."""
+    try:
+        return open_record(record)
+    except DatasetConflictError as exc:
+        raise DatasetConflictError(
+            f"{exc} The run stops here, after reading the registered heads: its reservation "
+            "stays in force. Run the release again once the file is restored (heads already "
+            "finished are reused, not redone), or abandon it."
+        ) from exc
+
+
 def _timed(one: Callable[[], edit.Edited]) -> tuple[Volume, dict[str, Any]]:
     t = time.perf_counter()
     edited = one()
     return edited.volume, {**edited.stats, "seconds": round(time.perf_counter() - t, 2)}
 
 
-def deface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
+def deface_head(job: HeadJob, record: Record) -> tuple[Volume, dict[str, Any]]:
     """The per-item function of deface: one head's face cut off (deterministic: the registration's
     sampling is seeded and single-threaded)."""
     config = job.config
     assert isinstance(config, DefaceConfig)
     atlas = _atlas(job.cache_dir)
+    subject = _open_head(record)
     return _timed(
         lambda: edit.deface(
             subject, atlas, config.method, config.brain_margin_mm, config.quickshear_buffer
@@ -162,7 +179,7 @@ def deface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
     )
 
 
-def reface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
+def reface_head(job: HeadJob, record: Record) -> tuple[Volume, dict[str, Any]]:
     """The per-item function of reface: one head's face replaced by the face model's."""
     config = job.config
     assert isinstance(config, RefaceConfig)
@@ -172,6 +189,7 @@ def reface_head(job: HeadJob, subject: Volume) -> tuple[Volume, dict[str, Any]]:
         if config.face not in _LOADED_MODELS:
             _LOADED_MODELS[config.face] = faces.load(config.face)
         model = _LOADED_MODELS[config.face]
+    subject = _open_head(record)
     return _timed(lambda: edit.reface(subject, atlas, config.brain_margin_mm, model))
 
 
@@ -180,7 +198,7 @@ def _run(
     data: Any,
     ctx: RunContext,
     config: DefaceConfig | RefaceConfig,
-    per_head: Callable[[HeadJob, Volume], tuple[Volume, dict[str, Any]]],
+    per_head: Callable[[HeadJob, Record], tuple[Volume, dict[str, Any]]],
 ) -> MechanismOutput:
     if not isinstance(data, VolumeDataset):
         raise DataFormatError(f"{name} needs a volume dataset (NIfTI), got {type(data).__name__}.")
@@ -189,7 +207,7 @@ def _run(
     ctx.on_sensitive_access()
     started = time.perf_counter()
     done = ctx.map_items(
-        per_head, HeadJob(config, ctx.cache_dir), list(data.volumes), label=f"{name} (subjects)"
+        per_head, HeadJob(config, ctx.cache_dir), list(data.records), label=f"{name} (subjects)"
     )
     out = [volume for volume, _ in done]
     seconds = time.perf_counter() - started
