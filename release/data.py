@@ -70,6 +70,19 @@ def fingerprint(store: Store, data: Any) -> str:
     return inputs.of_data(data).fingerprint(store.workspace.hmac_key(), data)
 
 
+def dataset_info(ds: ledger.Dataset) -> registry.DatasetInfo:
+    """What a mechanism may know of a registered dataset at plan time (public metadata)."""
+    return registry.DatasetInfo(
+        ds.dataset_id,
+        ds.name,
+        ds.record_count,
+        tuple(ds.labels),
+        tuple(ds.image_shape),
+        ds.delta_cap,
+        data_kind(ds),
+    )
+
+
 def data_kind(ds: ledger.Dataset) -> str:
     """The input kind a dataset was registered as (synth.registry.DATA_KINDS), from whether it was
     registered with a label set."""

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from accounting.errors import InvalidParameterError, PrivReleaseError
+from synth.progress import no_progress
+from synth.registry import ItemFn
 
 ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
 IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
@@ -351,7 +353,7 @@ class ItemMapper:
             self._choice = executor
         else:
             self._executor = executor if executor is not None else InProcess()
-        self.progress = progress if progress is not None else _no_progress
+        self.progress = progress if progress is not None else no_progress
         self.workdir = workdir
 
     @property
@@ -361,13 +363,7 @@ class ItemMapper:
         return self._executor
 
     def __call__(
-        self,
-        fn: Callable[[Any, Any], Any],
-        config: Any,
-        items: Sequence[Any],
-        *,
-        label: str,
-        keep: bool = True,
+        self, fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, keep: bool = True
     ) -> list[Any]:
         """`fn(config, item)` for every item, in item order (`map_items`)."""
         return map_items(
@@ -390,10 +386,6 @@ class ItemMapper:
         if self._choice is not None and self._executor is not None:
             self._executor.close()
             self._executor = None
-
-
-def _no_progress(stage: str, done: int, total: int) -> None:
-    pass
 
 
 @contextmanager

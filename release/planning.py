@@ -18,12 +18,12 @@ from accounting.largest_target import largest_target
 from accounting.store import Store
 from release import kinds
 from release.artifacts import public_sha256
-from release.data import data_kind
+from release.data import dataset_info
 from release.spec import Plan, ReleaseSpec
 from synth import registry
 from synth.kinds.datasets import load_public
 from synth.progress import ProgressFn, no_progress
-from synth.registry import Data, DatasetInfo, MechanismPlan
+from synth.registry import Data, MechanismPlan
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,6 @@ class Preview:
     after: EpsilonReport
     warnings: list[str]
     refusal: str | None
-
-
-def dataset_info(ds: ledger.Dataset) -> DatasetInfo:
-    return DatasetInfo(
-        ds.dataset_id,
-        ds.name,
-        ds.record_count,
-        tuple(ds.labels),
-        tuple(ds.image_shape),
-        ds.delta_cap,
-        data_kind(ds),
-    )
 
 
 def mechanism_config(spec: ReleaseSpec, ds: ledger.Dataset) -> Any:

@@ -32,6 +32,7 @@ from accounting.events import MechanismEvent
 from accounting.store import Store
 from release import executor as executors
 from release import threads
+from release.data import dataset_info
 from synth import registry
 from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, Guarantee, Mechanism, MechanismOutput, MechanismPlan
@@ -623,42 +624,21 @@ def run_direct(
     public: Data | None,
     mechanism: str,
     config: Any,
-    *,
-    run_id: str,
-    workdir: Path,
-    progress: ProgressFn = no_progress,
-    actor: str = "system",
-    acknowledge_non_dp: bool = False,
-    nproc: int = 1,
-    executor: executors.ExecutorChoice = executors.IN_PROCESS,
+    **options: Any,
 ) -> RunResult:
     """Plan against the dataset's history and run at once, for throw-away ledgers (benchmarks,
-    reproduction). A workspace's real datasets are released through plan -> approval ->
-    run_release."""
+    reproduction); `options` are `run_charged`'s keywords (run_id and workdir at least). A
+    workspace's real datasets are released through plan -> approval -> run_release."""
     mech = registry.get(mechanism)
     b = ledger.budget(store, dataset)
-    info = registry.DatasetInfo(
-        b.dataset.dataset_id,
-        b.dataset.name,
-        b.dataset.record_count,
-        tuple(b.dataset.labels),
-        tuple(b.dataset.image_shape),
-        b.dataset.delta_cap,
-    )
-    plan = mech.plan(config, info, b.history, public)
+    plan = mech.plan(config, dataset_info(b.dataset), b.history, public)
     return run_charged(
         store,
-        run_id=run_id,
         dataset=dataset,
         data=data,
         public=public,
         mechanism=mech,
         config=config,
         plan=plan,
-        workdir=workdir,
-        progress=progress,
-        actor=actor,
-        acknowledge_non_dp=acknowledge_non_dp,
-        nproc=nproc,
-        executor=executor,
+        **options,
     )

@@ -217,6 +217,23 @@ class MechanismOutput:
         )
 
 
+ItemFn = Callable[[Any, Any], Any]  # `fn(config, item) -> result`: module-level, picklable
+
+
+class MapItems(Protocol):
+    """How per-item work is mapped (a run's `ctx.map_items`, the audit's `AuditInputs.map_items`):
+    `fn(config, item)` for every item, results in item order, wherever the caller chose (this
+    process, `--workers N`, `--cluster`). `fn` is module-level and picklable, reads no store and
+    returns a picklable result (a mechanism's is its entry's `per_item`). Progress is reported
+    under `label`; in a run each finished item is kept in the workdir, so a resumed run does not
+    redo it (`keep=False`: results too sensitive to store, such as un-noised sums, are never
+    written and a resumed run computes them again)."""
+
+    def __call__(
+        self, fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, keep: bool = True
+    ) -> list[Any]: ...
+
+
 class RunContext(Protocol):
     """What the runner gives a mechanism's `run`."""
 
@@ -242,21 +259,8 @@ class RunContext(Protocol):
         runner started), e.g. to load public models before the first read of sensitive data (a
         failure then is refunded); returns what each returned."""
 
-    def map_items(
-        self,
-        fn: Callable[[Any, Any], Any],
-        config: Any,
-        items: Sequence[Any],
-        *,
-        label: str,
-        keep: bool = True,
-    ) -> list[Any]:
-        """`fn(config, item)` for every item, results in item order, wherever the runner chose
-        (this process, `--workers N`, `--cluster`); `fn` is the entry's `per_item` (module-level,
-        picklable; it reads no store and returns a picklable result). Progress is reported under
-        `label`; each finished item is kept in the workdir, so a resumed run does not redo it
-        (`keep=False`: results too sensitive to store, such as un-noised sums, are never written
-        and a resumed run computes them again)."""
+    # the entry's `per_item` over the run's items, wherever the runner chose (MapItems)
+    map_items: MapItems
 
 
 @runtime_checkable
@@ -317,7 +321,7 @@ class MechanismEntry:
     # fingerprinted, bundled, carded and audited)
     output_kind: str = "images"
     # the per-item function its run maps with ctx.map_items; None: its run is one piece of work
-    per_item: Callable[[Any, Any], Any] | None = None
+    per_item: ItemFn | None = None
 
 
 # mechanisms registered at run time (`register`): a plug-in's, a test's
