@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd
 from audit.one_run import OneRunBound, one_run_bound
 from synth import registry
 from synth.kinds.datasets import ImageDataset, to_format
@@ -90,16 +91,17 @@ class DpSgdSetting:
 
     @classmethod
     def from_plan(
-        cls, detail: dict[str, Any], config: dict[str, Any], mechanism: str = "privimage"
+        cls, event: DpSgd | None, config: dict[str, Any], mechanism: str = "privimage"
     ) -> DpSgdSetting | None:
-        """From a stored plan's mechanism detail (sample_rate, noise_multiplier, steps) and config
-        (max_grad_norm, delta, lr, ema_decay); None when the plan runs no DP-SGD (e.g. k-SALSA)."""
-        if not all(k in detail for k in ("sample_rate", "noise_multiplier", "steps")):
+        """From the DP-SGD event a plan charges (`MechanismPlan.step_event`: sample rate, noise
+        multiplier, steps) and the trainer's config (max_grad_norm, delta, lr, ema_decay); None
+        when the plan charges no DP-SGD (e.g. k-SALSA)."""
+        if event is None:
             return None
         return cls(
-            float(detail["sample_rate"]),
-            float(detail["noise_multiplier"]),
-            int(detail["steps"]),
+            float(event.sample_rate),
+            float(event.noise_multiplier),
+            int(event.steps),
             float(config["max_grad_norm"]),
             float(config["delta"]),
             float(config.get("lr", 1e-3)),

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from accounting.calibration import calibrate_dpsgd_sigma
 from accounting.errors import InvalidParameterError
+from accounting.events import DpSgd
 from audit.broken_dpsgd import double_rate, no_clipping, no_noise
 from audit.dpsgd_audit import (
     DpSgdSetting,
@@ -71,14 +72,15 @@ def test_setting_from_a_stored_plan():
 
     cfg = PrivImageConfig.demo(epsilon=8.0, delta=1e-5)
     plan = plan_privimage(cfg, 4000, n_classes=10)
-    s = DpSgdSetting.from_plan(plan.to_json(), cfg.as_dict())
+    (event,) = [e for e in plan.events if isinstance(e, DpSgd)]
+    s = DpSgdSetting.from_plan(event, cfg.as_dict())
     assert (s.sample_rate, s.noise_multiplier, s.steps) == (
         plan.sample_rate,
         plan.noise_multiplier,
         plan.steps,
     )
     assert s.max_grad_norm == cfg.max_grad_norm and s.claimed_epsilon <= 8.0
-    assert DpSgdSetting.from_plan({"k": 5}, {}) is None
+    assert DpSgdSetting.from_plan(None, {}) is None
 
 
 def test_gdp_epsilon_known_values():
