@@ -100,8 +100,8 @@ def audit_inputs(
         clusters=None if out.clusters is None else list(out.clusters),
         selected_public=selected,
         artifacts_dir=release_dir(store, release_id) / "audit",
-        # the DP-SGD a mechanism trains with its registered trainer (another's, such as DP
-        # labels for DP-MERF, has no canary audit): the typed event the plan charges
+        # the DP-SGD a mechanism trains with its registered trainer (DP-SGD it trains otherwise
+        # has no canary audit): the typed event the plan charges
         dpsgd=DpSgdSetting.from_plan(
             rel.plan.mechanism_view().step_event
             if registry.get(spec.mechanism).dpsgd_trainer is not None
