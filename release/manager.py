@@ -38,6 +38,8 @@ from synth.progress import ProgressFn, no_progress
 from synth.registry import Data, Mechanism
 from synth.tools import nodes as multi_host
 
+RUNNABLE = ("approved", "failed", "running")  # a failed or interrupted release resumes
+
 
 def _steward(store: Store, name: str) -> keys.Identity:
     # the private key, not only the name (README, Trust model)
@@ -213,7 +215,7 @@ def run_release(
     refuse_unless_coordinator(release_id, nodes)
     ident = _steward(store, actor)
     rel = recorded_release(store, release_id)
-    if rel.state not in ("approved", "failed", "running"):
+    if rel.state not in RUNNABLE:
         raise LedgerStateError(
             f"Release {release_id} is {rel.state}; only an approved (or failed) release runs."
         )
@@ -235,8 +237,7 @@ def run_release(
         nodes,
     )
     try:
-        # the audit starts its own workers (the run's stopped with its lease): `audit_release`
-        return audit_release(
+        return audit_release(  # it starts its own workers (the run's stopped with its lease)
             store, release_id, ident.name, progress, data=data, public=public, executor=executor
         )
     except BaseException as exc:  # synthesised and settled: a re-run audits it again
@@ -259,15 +260,7 @@ def _synthesise(
     release_id = rel.release_id
     lease = runner.acquire_lease(store, release_id, actor)
     try:
-        _set_state(
-            store,
-            release_id,
-            ("approved", "failed", "running"),
-            "running",
-            actor,
-            "release.run",
-            {},
-        )
+        _set_state(store, release_id, RUNNABLE, "running", actor, "release.run", {})
         try:
             summary = run_and_save(
                 store,
@@ -364,10 +357,8 @@ def audit_release(
     public: Data | None = None,
     executor: ExecutorChoice = IN_PROCESS,
 ) -> Release:
-    """Run every check on a synthesised release and store the (internal) report. With `executor`
-    (`--workers N`, `--cluster ADDR`) the audit's per-item work (its attacks' images) runs on Dask
-    workers started for the audit at its first per-item stage: the run's were stopped with the
-    run, so that a resumed or separate audit (`audit run`) starts them the same way."""
+    """Run every check on a synthesised release and store the (internal) report; the per-item
+    work runs where `executor` says (Dask workers started for the audit, as after a resume)."""
     ident = keys.authenticate(store, actor, "steward", "auditor")
     rel = recorded_release(store, release_id)
     report = run_checks(store, rel, progress, data=data, public=public, executor=executor)
