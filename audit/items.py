@@ -22,7 +22,7 @@ class MapItems(Protocol):
         *,
         label: str,
         keep: bool = True,
-    ) -> list[Any]: ...
+    ) -> Sequence[Any]: ...
 
 
 def in_process(
