@@ -136,3 +136,25 @@ def test_a_saved_release_file_is_read_when_used_and_refused_once_changed(tmp_pat
     _changed(folder / "s1.nii.gz")
     with pytest.raises(DatasetConflictError, match=r"s1\.nii\.gz: the released file changed"):
         ref.read()
+
+
+def test_a_released_head_is_read_back_from_its_item_file_and_refused_once_changed(
+    tmp_path,
+) -> None:
+    """deface/reface's output held by reference to the run's item files (ReleasedHead)."""
+    from release.executor import ItemStore, StoredResults
+    from synth.mechanisms.deface_reface.run import ReleasedHead
+
+    head = read_volume(_folder(tmp_path) / "s0.nii.gz")
+    store = ItemStore(tmp_path / "items")
+    store.save(0, (head, {"seconds": 1.0}))
+    digest = hashlib.sha256(head.stored_bytes()).hexdigest()
+    ref = ReleasedHead(StoredResults(store, 1), 0, head.name, digest, head.shape, 24 * 28 * 20 * 2)
+    released = VolumeDataset.by_reference([ref], "release")
+    assert isinstance(ref, VolumeRef) and released.record_digests() == [bytes.fromhex(digest)]
+    assert released[0].stored_bytes() == head.stored_bytes()
+    data = head.data.copy()
+    data[1, 2, 3] += 1
+    store.save(0, (head.with_data(data), {"seconds": 1.0}))
+    with pytest.raises(DatasetConflictError, match=r"released head 0: its item file .* changed"):
+        released[0]

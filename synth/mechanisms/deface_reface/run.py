@@ -217,7 +217,8 @@ class ReleasedHead:
             raise DatasetConflictError(
                 f"released head {self.index}: its item file in the run's work folder changed "
                 f"since the run read it (sha256 now {now[:16]}..., then {self.sha256[:16]}...). "
-                "Run the release again: heads whose files are intact are reused."
+                "Remove that file (the item files are under the release's work/items/ folder) "
+                "and run the release again: that head is redone, the others are reused."
             )
         return volume
 
