@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -52,6 +52,7 @@ def volume_digests_fingerprint(key: bytes, digests: Sequence[bytes]) -> str:
     return mac.hexdigest()
 
 
-def volume_record_fingerprints(key: bytes, records: list[bytes]) -> list[str]:
-    """One HMAC-SHA256 per volume (its canonical bytes), for exact-copy detection."""
+def volume_record_fingerprints(key: bytes, records: Iterable[bytes]) -> list[str]:
+    """One HMAC-SHA256 per volume (its canonical bytes), for exact-copy detection (`records` may
+    be a generator: one volume's bytes at a time)."""
     return [hmac.new(key, r, hashlib.sha256).hexdigest() for r in records]

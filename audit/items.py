@@ -20,8 +20,9 @@ def here(progress: ProgressFn) -> MapItems:
     (label, done, total) as the run's executor does; nothing kept."""
 
     def map_items(
-        fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, keep: bool = True
+        fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, **kept: bool
     ) -> list[Any]:
+        # `keep` and `lazy` (MapItems) ask to store results: the audit's are never stored
         out: list[Any] = []
         progress(label, 0, len(items))
         for item in items:

@@ -36,9 +36,11 @@ brain and face:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 from scipy import ndimage
@@ -52,7 +54,7 @@ from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
 from audit.volume_policy import VolumePolicy
 from synth.kinds.nifti import header_text
-from synth.kinds.volume import Volume, VolumeDataset
+from synth.kinds.volume import Record, Volume, VolumeDataset, open_record
 from synth.progress import ProgressFn
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
@@ -314,8 +316,8 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
     table = pd.DataFrame([r.__dict__ for r in rows])
     released = inputs.released
     table["sha256"] = volume_record_fingerprints(
-        inputs.record_fingerprint_key, [canonical_bytes(v) for v in released.volumes]
-    )
+        inputs.record_fingerprint_key, (canonical_bytes(v) for v in released.volumes)
+    )  # one volume read at a time
     import great_expectations.expectations as gxe
 
     exps = [
@@ -352,9 +354,13 @@ def _expectations(rows: list[Comparison], inputs, policy: AuditPolicy, hmacs) ->
 
 
 def _renders(inputs, art: Path | None) -> CheckResult:
-    pairs = list(zip(inputs.sensitive.volumes, inputs.released.volumes, strict=True))
-    shown = pairs[:GRID_SUBJECTS]
-    grid = picture_grid([[picture(o) for o, _ in shown], [picture(r) for _, r in shown]])
+    # the first GRID_SUBJECTS pairs only, one pair read at a time (volumes held by reference)
+    n = len(inputs.released)
+    shown = [
+        (picture(inputs.sensitive[i]), picture(inputs.released[i]))
+        for i in range(min(GRID_SUBJECTS, n))
+    ]
+    grid = picture_grid([[o for o, _ in shown], [r for _, r in shown]])
     artifacts = {}
     if art is not None:
         from PIL import Image
@@ -367,7 +373,7 @@ def _renders(inputs, art: Path | None) -> CheckResult:
         CHECK_RENDERS,
         "fidelity",
         None,
-        f"face-surface renders of {len(shown)} of {len(pairs)} volumes, originals (top) and "
+        f"face-surface renders of {len(shown)} of {n} volumes, originals (top) and "
         "released (bottom): look at them",
         {"subjects_shown": len(shown)},
         artifacts,
@@ -385,8 +391,8 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
     scan = _scan_subjects(inputs, originals, released, progress)
     hmacs = volume_record_fingerprints(
-        inputs.record_fingerprint_key, [canonical_bytes(v) for v in originals.volumes]
-    )
+        inputs.record_fingerprint_key, (canonical_bytes(v) for v in originals.volumes)
+    )  # one volume read at a time
     report.results.append(_registration_check(scan.problems, scan.metrics))
     report.results += _guard(
         "volume_expectations",
@@ -434,8 +440,7 @@ def _scan_subjects(
     released files' headers are read here, where they were written."""
     files = inputs.released_files or [None] * len(released)
     _brain_atlas(inputs.cache_dir)  # built (and cached) here once, before any worker reads it
-    pairs = zip(originals.volumes, released.volumes, strict=True)
-    items = [(inputs.ids[i], orig, rel) for i, (orig, rel) in enumerate(pairs)]
+    items = _Subjects(inputs.ids, originals, released)
     job = SubjectJob(inputs.cache_dir)
     map_items = inputs.map_items or here(progress)
     scanned = map_items(scan_subject, job, items, label=SUBJECTS_STAGE, keep=False)
@@ -455,6 +460,30 @@ def _scan_subjects(
 
 
 SUBJECTS_STAGE = "audit: volumes (subjects)"
+
+
+class _Subjects(Sequence[tuple[str, Record, Volume]]):
+    """The audit's items, built when each is handed out (a few at a time, not all at once):
+    subject i's id, its original's record (a reference when the dataset is held by reference: the
+    worker reads the head from shared storage and checks its digest, as deface's do) and its
+    released volume (read here, where the release was written: the workers read no release)."""
+
+    def __init__(self, ids: Sequence[str], originals: VolumeDataset, released: VolumeDataset):
+        self.ids, self.originals, self.released = ids, originals.records, released
+
+    def __len__(self) -> int:
+        return len(self.released)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, Record, Volume]: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[str, Record, Volume]]: ...
+    def __getitem__(
+        self, i: int | slice
+    ) -> tuple[str, Record, Volume] | Sequence[tuple[str, Record, Volume]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.ids[i], self.originals[i], self.released[i]
 
 
 @dataclass(frozen=True)
@@ -486,10 +515,11 @@ def _brain_atlas(cache_dir: Path | None) -> tuple[Atlas, Grid, np.ndarray]:
     return brain_atlas, window, face_region(brain_atlas, window)
 
 
-def scan_subject(job: SubjectJob, item: tuple[str, Volume, Volume]) -> SubjectScan:
-    """One subject (id, original, released): the audit's per-item function (module-level, so that
-    a Dask worker can run it)."""
-    rid, orig, rel = item
+def scan_subject(job: SubjectJob, item: tuple[str, Record, Volume]) -> SubjectScan:
+    """One subject (id, original or its reference, released): the audit's per-item function
+    (module-level, so that a Dask worker can run it)."""
+    rid, record, rel = item
+    orig = open_record(record)
     brain_atlas, window, face = _brain_atlas(job.cache_dir)
     reg = brain_atlas.register(orig)
     problem = None

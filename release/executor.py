@@ -22,11 +22,11 @@ import logging
 import os
 import pickle
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from accounting.errors import InvalidParameterError, PrivReleaseError
 from synth.progress import no_progress
@@ -166,6 +166,33 @@ class ItemStore:
             os.close(fd)
 
 
+class StoredResults(Sequence[Any]):
+    """The results of one map as its `ItemStore` holds them: item i is loaded from its file each
+    time it is asked for and not kept, so going through N results holds one at a time (the
+    caller's), not N (what `map_items(..., lazy=True)` returns)."""
+
+    def __init__(self, store: ItemStore, n: int) -> None:
+        self.store, self.n = store, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(f"item {i} of {self.n}")
+        return self.store.load(i % self.n)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self.n):
+            yield self.store.load(i)
+
+
 # ------------------------------------------------------------------ executors
 class InProcess:
     """Items one after another in this process."""
@@ -176,7 +203,7 @@ class InProcess:
         return [call_setup(fn, *args)]
 
     def map(
-        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[tuple[int, Any]]
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Iterable[tuple[int, Any]]
     ) -> Iterator[tuple[int, Any]]:
         for index, item in items:
             yield index, call_item(fn, config, item)
@@ -253,7 +280,7 @@ class DaskExecutor:
         return list(self.client.run(call_setup, fn, *args).values())
 
     def map(
-        self, fn: Callable[[Any, Any], Any], config: Any, items: Sequence[tuple[int, Any]]
+        self, fn: Callable[[Any, Any], Any], config: Any, items: Iterable[tuple[int, Any]]
     ) -> Iterator[tuple[int, Any]]:
         from distributed import as_completed
 
@@ -313,24 +340,38 @@ def map_items(
     label: str,
     progress: Callable[[str, int, int], None],
     keep: bool = True,
-) -> list[Any]:
+    lazy: bool = False,
+) -> Sequence[Any]:
     """`fn(config, item)` for every item, in item order; each result saved before it counts, and
     items saved by an earlier attempt of the run reused, not redone (`keep=False`: nothing
-    written, nothing reused)."""
+    written, nothing reused). Items are taken from `items` as they are handed out, so a sequence
+    that reads item i when asked is read a few at a time. `lazy=True` (with `keep`): no result is
+    held here, and the results come back as `StoredResults`, each read from its file when asked
+    (a release of heads: the coordinator's memory does not grow with their number)."""
+    if lazy and not keep:
+        raise InvalidParameterError(
+            "map_items(lazy=True) reads its results back from the run's work folder, so it needs "
+            "keep=True (results too sensitive to store are held in memory: lazy=False)."
+        )
     n = len(items)
     saved = ItemStore.for_map(workdir, fn, config, n) if keep else None
+    done = {i for i in saved.done() if i < n} if saved is not None else set()
     results: dict[int, Any] = (
-        {i: saved.load(i) for i in sorted(saved.done()) if i < n} if saved is not None else {}
+        {} if lazy or saved is None else {i: saved.load(i) for i in sorted(done)}
     )
-    progress(label, len(results), n)
-    todo = [(i, items[i]) for i in range(n) if i not in results]
+    progress(label, len(done), n)
+    todo = ((i, items[i]) for i in range(n) if i not in done)
     for index, result in executor.map(fn, config, todo):
-        if index in results:  # never counted twice
+        if index in done:  # never counted twice
             continue
         if saved is not None:
             saved.save(index, result)
-        results[index] = result
-        progress(label, len(results), n)
+        if not lazy:
+            results[index] = result
+        done.add(index)
+        progress(label, len(done), n)
+    if lazy and saved is not None:
+        return StoredResults(saved, n)
     return [results[i] for i in range(n)]
 
 
@@ -363,9 +404,17 @@ class ItemMapper:
         return self._executor
 
     def __call__(
-        self, fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, keep: bool = True
-    ) -> list[Any]:
-        """`fn(config, item)` for every item, in item order (`map_items`)."""
+        self,
+        fn: ItemFn,
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
+        lazy: bool = False,
+    ) -> Sequence[Any]:
+        """`fn(config, item)` for every item, in item order (`map_items`; `lazy` needs a
+        `workdir`, where the results are read back from)."""
         return map_items(
             self.executor,
             self.workdir if self.workdir is not None else Path("."),
@@ -375,6 +424,7 @@ class ItemMapper:
             label=label,
             progress=self.progress,
             keep=keep and self.workdir is not None,
+            lazy=lazy,
         )
 
     def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -202,14 +202,21 @@ class MechanismOutput:
         volumes: VolumeDataset,
         parameters: Mapping[str, Any],
         internal: Mapping[str, Any] | None = None,
+        pictures: Sequence[np.ndarray] | None = None,
     ) -> MechanismOutput:
         """The output of a mechanism that releases volumes: `volumes`, and as `images` one
         face-surface picture of each released volume (what the dashboard, the bundle's Parquet
-        and its sample grid show; computed from released data only), labels 0."""
+        and its sample grid show; computed from released data only), labels 0. `pictures`: those
+        pictures, `synth.tools.mri.render.picture` of each volume, when the caller took them as
+        it went through the volumes (volumes held by reference are then not read once more)."""
         from synth.tools.mri.render import picture
 
+        if pictures is None:
+            pictures = [picture(v) for v in volumes.volumes]
+        if len(pictures) != len(volumes):
+            raise ValueError(f"{len(pictures)} pictures for {len(volumes)} volumes")
         return cls(
-            images=np.stack([picture(v) for v in volumes.volumes]),
+            images=np.stack(pictures),
             labels=np.zeros(len(volumes), np.int64),
             parameters=parameters,
             internal=dict(internal or {}),
@@ -227,11 +234,20 @@ class MapItems(Protocol):
     returns a picklable result (a mechanism's is its entry's `per_item`). Progress is reported
     under `label`; in a run each finished item is kept in the workdir, so a resumed run does not
     redo it (`keep=False`: results too sensitive to store, such as un-noised sums, are never
-    written and a resumed run computes them again)."""
+    written and a resumed run computes them again). `lazy=True` holds no result in memory: each
+    is read back from its item file when the returned sequence is asked for it (results too big
+    to hold all at once, such as released heads)."""
 
     def __call__(
-        self, fn: ItemFn, config: Any, items: Sequence[Any], *, label: str, keep: bool = True
-    ) -> list[Any]: ...
+        self,
+        fn: ItemFn,
+        config: Any,
+        items: Sequence[Any],
+        *,
+        label: str,
+        keep: bool = True,
+        lazy: bool = False,
+    ) -> Sequence[Any]: ...
 
 
 class RunContext(Protocol):

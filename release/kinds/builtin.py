@@ -29,7 +29,8 @@ def _volume_files(folder: Path, ids: Sequence[str]) -> list[Path]:
 
 
 def _save_volumes(folder: Path, ids: Sequence[str], output: MechanismOutput) -> None:
-    """The released NIfTI files, headers stripped (what is published)."""
+    """The released NIfTI files, headers stripped (what is published), written one at a time (a
+    payload held by reference is read one head at a time)."""
     from synth.kinds.nifti import write_volume
 
     volumes = output.payload
@@ -41,10 +42,12 @@ def _save_volumes(folder: Path, ids: Sequence[str], output: MechanismOutput) -> 
 
 
 def _load_volumes(folder: Path, ids: Sequence[str]) -> VolumeDataset:
-    from synth.kinds.nifti import read_volume
+    """The released heads held by reference (each read from its file when used, one at a time:
+    a release of any number of heads is never held whole)."""
+    from synth.kinds.nifti import saved_file
 
-    return VolumeDataset(
-        [read_volume(p, p.name) for p in _volume_files(folder, ids)], str(folder / VOLUMES_DIR)
+    return VolumeDataset.by_reference(
+        [saved_file(p) for p in _volume_files(folder, ids)], str(folder / VOLUMES_DIR)
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,9 @@ from synth.kinds.volume import Volume, VolumeDataset
 SUFFIXES = (".nii", ".nii.gz")
 MIN_SIDE, MAX_SIDE = 8, 1024  # voxels per side
 MIN_VOXEL_MM, MAX_VOXEL_MM = 0.05, 20.0
-MAX_BYTES = 1 << 31  # stored voxel bytes of a whole data set (2 GiB)
+# stored voxel bytes of one file (1 GiB: a 0.5 mm head in float64 is under half of it); a folder has
+# no bound, its heads being held by reference and read one at a time
+MAX_FILE_BYTES = 1 << 30
 # scaled intensities beyond this are refused: far beyond any scanner's range, and far enough inside
 # float32's 3.4e38 that SimpleITK's smoothing and interpolation (float32) stay finite
 MAX_INTENSITY = 1e30
@@ -131,11 +134,23 @@ def _check_header(img, path: Path) -> tuple[tuple[int, int, int], np.dtype]:
     return (shape[0], shape[1], shape[2]), dtype
 
 
+def _check_size(path: Path, shape: tuple[int, int, int], dtype: np.dtype) -> None:
+    """Refuse a file whose stored voxels exceed MAX_FILE_BYTES (before they are decoded)."""
+    size = int(np.prod(shape)) * dtype.itemsize
+    if size > MAX_FILE_BYTES:
+        raise DataFormatError(
+            f"{path}: {shape[0]}x{shape[1]}x{shape[2]} voxels of {dtype} hold {size:,} bytes, more "
+            f"than the {MAX_FILE_BYTES:,} a head scan may hold. Resample it to a coarser grid "
+            "(e.g. 0.5-1 mm) or store it as int16, then register the folder again."
+        )
+
+
 def read_volume(path: Path, name: str = "") -> Volume:
     """One NIfTI file as a Volume (stored voxels, affine, scaling), every check applied."""
     path = Path(path)
     img = _header(path)
-    shape, _ = _check_header(img, path)
+    shape, dtype = _check_header(img, path)
+    _check_size(path, shape, dtype)
     proxy = img.dataobj
     slope, inter = float(getattr(proxy, "slope", 1.0)), float(getattr(proxy, "inter", 0.0))
     if not (np.isfinite(slope) and np.isfinite(inter)) or slope == 0:
@@ -235,16 +250,52 @@ def load_volume_folder(folder: str | Path) -> VolumeDataset:
     if not folder.is_dir():
         raise DataFormatError(f"{folder}: no such folder.")
     files = nifti_files(folder)
-    total = 0
     for f in files:
         shape, dtype = _check_header(_header(f), f)
-        total += int(np.prod(shape)) * dtype.itemsize
-        if total > MAX_BYTES:
-            raise DataFormatError(
-                f"{folder}: the volumes exceed {MAX_BYTES:,} bytes of voxels (at {f.name}); "
-                "register a subset."
-            )
+        _check_size(f, shape, dtype)
     return VolumeDataset.by_reference([index_volume(f) for f in files], str(folder))
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """A NIfTI file this workspace wrote (a saved release's head) held by reference
+    (`synth.kinds.volume.VolumeRef`): its header's shape and stored size, and the sha256 of the
+    file's bytes when the release was read back (after its recorded fingerprint was checked);
+    `read()` refuses the file if those bytes changed since. The sha256 of its canonical bytes is
+    computed when first asked for."""
+
+    path: Path
+    file_sha256: str
+    name: str
+    shape: tuple[int, int, int]
+    nbytes: int
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.read().stored_bytes()).hexdigest()
+
+    def read(self) -> Volume:
+        try:
+            now = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise DatasetConflictError(
+                f"{self.path}: the released file cannot be read ({exc}); restore the release's "
+                "files (or run the release again)."
+            ) from exc
+        if now != self.file_sha256:
+            raise DatasetConflictError(
+                f"{self.path}: the released file changed since the release was read back and "
+                "checked against its recorded fingerprint; restore it (or run the release again)."
+            )
+        return read_volume(self.path, self.name)
+
+
+def saved_file(path: Path) -> SavedFile:
+    """A saved release's file held by reference: its header read, its bytes hashed, no voxels
+    decoded or kept."""
+    shape, dtype = _check_header(_header(path), path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return SavedFile(path, digest, path.name, shape, int(np.prod(shape)) * dtype.itemsize)
 
 
 def write_volume(volume: Volume, path: Path) -> None:

@@ -109,9 +109,9 @@ def test_the_plan_refuses_a_grid_below_the_methods_minimum(mechanism, method, si
 
 
 def test_the_plan_refuses_a_run_bigger_than_the_machine() -> None:
-    """A 1024^3 volume passed the 2 GiB limit and needed ~31 GB to deface."""
+    """A 1024^3 volume needs ~100 GB to deface."""
     shape = (1024, 1024, 1024)
-    need = admission.peak_memory("deface:mask", 1024**3, admission.MAX_BYTES)
+    need = admission.peak_memory("deface:mask", 1024**3)
     if need <= admission.machine_memory():
         pytest.skip("this machine has the memory for a 1024^3 volume")
     with pytest.raises(InvalidParameterError, match=r"needs about .* GiB .* more than this"):
@@ -157,3 +157,12 @@ def test_big_endian_voxels_are_released_little_endian_with_the_same_values() -> 
     assert out.data.dtype == np.dtype("<i2") and np.array_equal(out.data, v.data)
     assert (out.slope, out.inter) == (2.0, 1.0)
     assert little_endian(out) is out
+
+
+def test_the_memory_estimate_counts_heads_in_flight_not_the_dataset() -> None:
+    """10,000 1 mm heads need what 5 do: the coordinator holds HEADS_HELD at a time."""
+    voxels = 181 * 217 * 181
+    need = admission.peak_memory("reface", voxels, 2)
+    assert need == (admission.HEADS_HELD * 2 + admission.PEAK_BYTES_PER_VOXEL["audit"]) * voxels
+    assert need < 1 << 30  # a 1 mm head's working set fits any machine that runs the tests
+    admission.check_plan("reface", None, (181, 217, 181), 10_000)  # no refusal for the count

@@ -14,9 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accounting.errors import DatasetConflictError
+from accounting.errors import DataFormatError, DatasetConflictError
 from accounting.fingerprint import volume_digests_fingerprint, volumes_fingerprint
-from synth.kinds.nifti import VolumeFile, load_volume_folder, read_volume, write_volume
+from synth.kinds.nifti import (
+    VolumeFile,
+    load_volume_folder,
+    read_volume,
+    saved_file,
+    write_volume,
+)
 from synth.kinds.volume import Volume, VolumeDataset, VolumeRef, open_record
 
 N = 4
@@ -91,3 +97,64 @@ def test_a_head_changed_after_the_check_is_refused_naming_its_file(tmp_path) -> 
     (folder / "s3.nii.gz").unlink()
     with pytest.raises(DatasetConflictError, match=r"s3\.nii\.gz: the file is gone.*Restore"):
         open_record(data.records[3])
+
+
+def test_a_folder_over_the_old_whole_dataset_cap_registers_a_file_over_the_file_cap_does_not(
+    tmp_path, monkeypatch
+) -> None:
+    """The folder's total is not bounded (its heads are held by reference); one file is, at
+    MAX_FILE_BYTES, refused before its voxels are decoded, saying what to do. A small patched
+    limit stands for 1 GiB: the folder holds N times one file's bytes."""
+    from synth.kinds import nifti
+
+    folder = _folder(tmp_path)
+    one = 24 * 28 * 20 * 2
+    monkeypatch.setattr(
+        nifti, "MAX_FILE_BYTES", one
+    )  # every file at the limit, the folder N times it
+    data = load_volume_folder(folder)
+    assert len(data) == N and data.stored_nbytes == N * one > nifti.MAX_FILE_BYTES
+    monkeypatch.setattr(nifti, "MAX_FILE_BYTES", one - 1)
+    with pytest.raises(
+        DataFormatError, match=r"s0\.nii\.gz: 24x28x20 voxels of int16 hold 26,880 bytes.*Resample"
+    ):
+        load_volume_folder(folder)
+    with pytest.raises(DataFormatError, match=r"more than the 26,879 a head scan may hold"):
+        read_volume(folder / "s1.nii.gz")  # a worker reading the file checks it too
+
+
+def test_a_saved_release_file_is_read_when_used_and_refused_once_changed(tmp_path) -> None:
+    """A saved release read back by reference: header and file hash now, voxels when used."""
+    folder = _folder(tmp_path)
+    ref = saved_file(folder / "s1.nii.gz")
+    expected = read_volume(folder / "s1.nii.gz")
+    assert (
+        isinstance(ref, VolumeRef) and ref.shape == (24, 28, 20) and ref.nbytes == 24 * 28 * 20 * 2
+    )
+    assert ref.read().stored_bytes() == expected.stored_bytes()
+    assert ref.sha256 == hashlib.sha256(expected.stored_bytes()).hexdigest()
+    _changed(folder / "s1.nii.gz")
+    with pytest.raises(DatasetConflictError, match=r"s1\.nii\.gz: the released file changed"):
+        ref.read()
+
+
+def test_a_released_head_is_read_back_from_its_item_file_and_refused_once_changed(
+    tmp_path,
+) -> None:
+    """deface/reface's output held by reference to the run's item files (ReleasedHead)."""
+    from release.executor import ItemStore, StoredResults
+    from synth.mechanisms.deface_reface.run import ReleasedHead
+
+    head = read_volume(_folder(tmp_path) / "s0.nii.gz")
+    store = ItemStore(tmp_path / "items")
+    store.save(0, (head, {"seconds": 1.0}))
+    digest = hashlib.sha256(head.stored_bytes()).hexdigest()
+    ref = ReleasedHead(StoredResults(store, 1), 0, head.name, digest, head.shape, 24 * 28 * 20 * 2)
+    released = VolumeDataset.by_reference([ref], "release")
+    assert isinstance(ref, VolumeRef) and released.record_digests() == [bytes.fromhex(digest)]
+    assert released[0].stored_bytes() == head.stored_bytes()
+    data = head.data.copy()
+    data[1, 2, 3] += 1
+    store.save(0, (head.with_data(data), {"seconds": 1.0}))
+    with pytest.raises(DatasetConflictError, match=r"released head 0: its item file .* changed"):
+        released[0]

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from accounting.errors import DataFormatError, InvalidParameterError
-from synth.kinds.nifti import MAX_BYTES
 from synth.kinds.volume import Volume, VolumeDataset
 from synth.progress import ProgressFn, no_progress
 from synth.tools.mri.atlas import atlases
@@ -47,21 +46,29 @@ def machine_memory() -> int:
     return total
 
 
-def peak_memory(key: str, largest_voxels: int, stored_bytes: int) -> int:
-    """Estimated peak bytes of a run (or its audit): the dataset and its released copy held whole,
-    plus one subject's working arrays at the largest volume."""
+# Heads the coordinator holds at once, whatever the number in the dataset: the one a run edits here
+# (its original and released copy; with workers, one coming back), and one pair being saved or
+# audited (original and released). Released heads wait in the run's work folder, not in memory.
+HEADS_HELD = 4
+WIDEST_VOXEL = 8  # bytes: the stored type is not public at plan time, so assume float64
+
+
+def peak_memory(key: str, largest_voxels: int, itemsize: int = WIDEST_VOXEL) -> int:
+    """Estimated peak bytes of a run (or its audit) on the coordinator: HEADS_HELD heads of the
+    largest volume's size in its stored type, plus one subject's working arrays. It does not grow
+    with the number of heads: results are read back one at a time from the run's work folder."""
     per_voxel = max(PEAK_BYTES_PER_VOXEL[key], PEAK_BYTES_PER_VOXEL["audit"])
-    return 2 * stored_bytes + per_voxel * largest_voxels
+    return (HEADS_HELD * itemsize + per_voxel) * largest_voxels
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def _short_of_memory(key: str, largest_voxels: int, stored_bytes: int, what: str) -> str | None:
+def _short_of_memory(key: str, largest_voxels: int, itemsize: int, what: str) -> str | None:
     """None when a run (peak_memory) fits this machine's memory; else the words saying by how much,
     `what` describing the volumes."""
-    need, have = peak_memory(key, largest_voxels, stored_bytes), machine_memory()
+    need, have = peak_memory(key, largest_voxels, itemsize), machine_memory()
     if need <= have:
         return None
     return f"needs about {_gib(need)} of memory ({what}), more than this machine's {_gib(have)}"
@@ -81,9 +88,9 @@ def check_plan(mechanism: str, method: str | None, shape: tuple[int, ...], count
             "Register scans at a finer voxel size."
         )
     voxels = int(np.prod(shape))
-    stored = min(count * voxels * 8, MAX_BYTES)  # the stored type is not public: assume the widest
-    grid = f"{count} volumes of {shape[0]}x{shape[1]}x{shape[2]} voxels"
-    short = _short_of_memory(key, voxels, stored, grid)
+    # the number of volumes does not count: the coordinator holds a few heads at a time
+    grid = f"{count} volumes of {shape[0]}x{shape[1]}x{shape[2]} voxels, {HEADS_HELD} held at once"
+    short = _short_of_memory(key, voxels, WIDEST_VOXEL, grid)
     if short:
         raise InvalidParameterError(
             f"[{mechanism}] the run {short}. "
@@ -126,11 +133,18 @@ def check_heads(
 ) -> None:
     """Registration-time admission of every volume: the templates fit it in its header's
     orientation (both the mechanisms' and the audit's), its brain and face are found, quickshear
-    can cut it, and a run over the dataset fits in this machine's memory."""
-    stored = data.stored_nbytes  # from the headers: a folder held by reference is not read
+    can cut it, and a run's few heads at a time (its largest) fit in this machine's memory."""
+    # from the headers (a folder held by reference is not read): the largest head's voxels and
+    # the widest stored type, HEADS_HELD of them at once whatever the number of heads
     largest = max(int(np.prod(shape)) for shape in data.shapes)
+    itemsize = max(
+        r.data.itemsize if isinstance(r, Volume) else r.nbytes // int(np.prod(r.shape))
+        for r in data.records
+    )
     worst = max(PEAK_BYTES_PER_VOXEL, key=lambda k: PEAK_BYTES_PER_VOXEL[k])
-    short = _short_of_memory(worst, largest, stored, f"the largest holds {largest:,} voxels")
+    short = _short_of_memory(
+        worst, largest, itemsize, f"the largest holds {largest:,} voxels, {HEADS_HELD} at once"
+    )
     if short:
         raise DataFormatError(
             f"{data.source}: a release of these volumes {short}. Register "

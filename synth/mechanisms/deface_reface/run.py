@@ -12,11 +12,14 @@ claims, so approval needs `--acknowledge-non-dp`.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from accounting.errors import DataFormatError, DatasetConflictError, InvalidParameterError
 from accounting.events import MechanismEvent, NonPrivateRelease
@@ -193,6 +196,33 @@ def reface_head(job: HeadJob, record: Record) -> tuple[Volume, dict[str, Any]]:
     return _timed(lambda: edit.reface(subject, atlas, config.brain_margin_mm, model))
 
 
+@dataclass(frozen=True)
+class ReleasedHead:
+    """A released head held by reference (`synth.kinds.volume.VolumeRef`): result `index` of the
+    run's map, which `results` reads back from the run's work folder (the item file written when
+    the head came back), with the sha256, shape and stored size taken when the run went through
+    its results once. Saving the release reads each head again from there, one at a time."""
+
+    results: Sequence[tuple[Volume, dict[str, Any]]]
+    index: int
+    name: str
+    sha256: str
+    shape: tuple[int, int, int]
+    nbytes: int
+
+    def read(self) -> Volume:
+        volume = self.results[self.index][0]
+        now = hashlib.sha256(volume.stored_bytes()).hexdigest()
+        if now != self.sha256:
+            raise DatasetConflictError(
+                f"released head {self.index}: its item file in the run's work folder changed "
+                f"since the run read it (sha256 now {now[:16]}..., then {self.sha256[:16]}...). "
+                "Remove that file (the item files are under the release's work/items/ folder) "
+                "and run the release again: that head is redone, the others are reused."
+            )
+        return volume
+
+
 def _run(
     name: str,
     data: Any,
@@ -200,26 +230,49 @@ def _run(
     config: DefaceConfig | RefaceConfig,
     per_head: Callable[[HeadJob, Record], tuple[Volume, dict[str, Any]]],
 ) -> MechanismOutput:
+    from synth.tools.mri.render import picture
+
     if not isinstance(data, VolumeDataset):
         raise DataFormatError(f"{name} needs a volume dataset (NIfTI), got {type(data).__name__}.")
     # public data only, in every process that will see a head: a failure here is refunded
     template = ctx.prepare_workers(load_atlas, ctx.cache_dir)[0]
     ctx.on_sensitive_access()
     started = time.perf_counter()
+    # lazy: each released head is written to the run's work folder as it comes back and not kept
+    # here, so the coordinator's memory does not grow with the number of heads
     done = ctx.map_items(
-        per_head, HeadJob(config, ctx.cache_dir), list(data.records), label=f"{name} (subjects)"
+        per_head,
+        HeadJob(config, ctx.cache_dir),
+        list(data.records),
+        label=f"{name} (subjects)",
+        lazy=True,
     )
-    out = [volume for volume, _ in done]
     seconds = time.perf_counter() - started
+    # one pass over the released heads, one at a time: the small per-head figures, the picture
+    # the dashboard shows, and a reference to each head (read again when the release is saved)
+    heads: list[ReleasedHead] = []
+    pictures: list[np.ndarray] = []
+    stats: list[dict[str, Any]] = []
+    for i, (volume, st) in enumerate(done):
+        digest = hashlib.sha256(volume.stored_bytes()).hexdigest()
+        heads.append(
+            ReleasedHead(done, i, volume.name, digest, volume.shape, int(volume.data.nbytes))
+        )
+        pictures.append(picture(volume))
+        stats.append(st)
+        del volume
     parameters = {
         **config.as_dict(),
-        "n_volumes": len(out),
+        "n_volumes": len(heads),
         "template": template,
         "registration": "SimpleITK affine, Mattes mutual information, 8 and 4 mm levels",
-        "seconds_per_volume": round(seconds / max(1, len(out)), 2),
+        "seconds_per_volume": round(seconds / max(1, len(heads)), 2),
     }
     return MechanismOutput.of_volumes(
-        VolumeDataset(out, f"{name} release"), parameters, {"per_volume": [st for _, st in done]}
+        VolumeDataset.by_reference(heads, f"{name} release"),
+        parameters,
+        {"per_volume": stats},
+        pictures=pictures,
     )
 
 

@@ -175,8 +175,8 @@ def _run(
         job = cluster_items.ClusterJob.of(config, codec)
 
         def map_batches(items: list) -> list:
-            return ctx.map_items(
-                cluster_items.average_clusters, job, items, label=cluster_items.LABEL
+            return list(
+                ctx.map_items(cluster_items.average_clusters, job, items, label=cluster_items.LABEL)
             )
 
     ctx.on_sensitive_access()
