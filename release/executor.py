@@ -22,6 +22,7 @@ import logging
 import os
 import pickle
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -297,9 +298,13 @@ class DaskExecutor:
                 if nxt is None:
                     break
                 index, item = nxt
-                future = self.client.submit(
-                    call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
-                )
+                with warnings.catch_warnings():
+                    # a photo of tens of MB travels with its task on purpose (heads travel as
+                    # references); distributed's advice to load it with Dask is not the steward's
+                    warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
+                    future = self.client.submit(
+                        call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
+                    )
                 futures[future.key] = index
                 out.append(future)
             return out
