@@ -299,8 +299,8 @@ class DaskExecutor:
                     break
                 index, item = nxt
                 with warnings.catch_warnings():
-                    # a photo of tens of MB travels with its task on purpose (heads travel as
-                    # references); distributed's advice to load it with Dask is not the steward's
+                    # an item of tens of MB may travel with its task on purpose (large records
+                    # travel as references); distributed's advice to load it with Dask is noise
                     warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
                     future = self.client.submit(
                         call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
