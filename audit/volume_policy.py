@@ -21,6 +21,10 @@ class VolumePolicy:
     # significantly above chance (one-sided binomial test at this level)
     volume_reid_alpha: float = 0.05
     volume_min_subjects: int = 5  # fewer: the test cannot tell a match from chance (not run)
+    # subjects the re-identification draws (with the policy's seed) as its probes and gallery:
+    # it compares every probe with every gallery face (N x N), so an archive of thousands of heads
+    # is attacked on a sample; a smaller gallery makes matching easier, not harder
+    volume_reid_samples: int = 500
 
     def __post_init__(self) -> None:
         if self.volume_max_face_correlation is not None:
@@ -34,6 +38,13 @@ class VolumePolicy:
                 f"{self.volume_reid_alpha}."
             )
         check_number("volume_min_subjects", self.volume_min_subjects, count=True)
+        check_number("volume_reid_samples", self.volume_reid_samples, count=True)
+        if self.volume_reid_samples < self.volume_min_subjects:
+            raise InvalidParameterError(
+                f"audit policy volume_reid_samples ({self.volume_reid_samples}) must be at least "
+                f"volume_min_subjects ({self.volume_min_subjects}): the re-identification would "
+                "never run."
+            )
         if self.volume_min_subjects < 2:
             raise InvalidParameterError(
                 "audit policy volume_min_subjects must be >= 2 (rank-1 needs a choice), got "

@@ -49,6 +49,7 @@ from accounting.errors import DataFormatError, InvalidParameterError
 from accounting.fingerprint import volume_record_fingerprints
 from audit.checks import _cannot_run, _guard
 from audit.face_policy import FacePolicy
+from audit.images import sample_idx
 from audit.items import here
 from audit.policy import AuditPolicy
 from audit.report import AuditReport, CheckResult
@@ -389,7 +390,8 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
         report.results.append(_mismatch(released, originals))
         return report
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
-    scan = _scan_subjects(inputs, originals, released, progress)
+    drawn = reid_subjects(len(released), policy)
+    scan = _scan_subjects(inputs, originals, released, progress, drawn)
     hmacs = volume_record_fingerprints(
         inputs.record_fingerprint_key, (canonical_bytes(v) for v in originals.volumes)
     )  # one volume read at a time
@@ -402,6 +404,13 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
     report.results += _guard(CHECK_RENDERS, "fidelity", lambda: _renders(inputs, art))
     report.results += _reid_results(scan, len(released), policy)
     return report
+
+
+def reid_subjects(n: int, policy: AuditPolicy) -> set[int]:
+    """The subjects the re-identification attacks (probes and gallery): all of them, or
+    `volume_reid_samples` drawn with the policy's seed."""
+    samples = policy.section(VolumePolicy).volume_reid_samples
+    return {int(i) for i in sample_idx(n, samples, np.random.default_rng(policy.seed))}
 
 
 def _mismatch(released: VolumeDataset, originals: object) -> CheckResult:
@@ -430,14 +439,20 @@ class _SubjectScan:
     pics_r: list[np.ndarray] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     metrics: list[float] = field(default_factory=list)
+    drawn: list[int] = field(default_factory=list)  # the subjects of the depth maps and pictures
 
 
 def _scan_subjects(
-    inputs, originals: VolumeDataset, released: VolumeDataset, progress: ProgressFn
+    inputs,
+    originals: VolumeDataset,
+    released: VolumeDataset,
+    progress: ProgressFn,
+    drawn: set[int],
 ) -> _SubjectScan:
     """Register each original to the atlas and gather what the checks compare, one subject an
     item (`scan_subject`, mapped by `inputs.map_items`: here, or on the run's workers); the
-    released files' headers are read here, where they were written."""
+    released files' headers are read here, where they were written. Depth maps and pictures are
+    kept for the `drawn` subjects only (the re-identification's)."""
     files = inputs.released_files or [None] * len(released)
     _brain_atlas(inputs.cache_dir)  # built (and cached) here once, before any worker reads it
     items = _Subjects(inputs.ids, originals, released)
@@ -445,11 +460,14 @@ def _scan_subjects(
     map_items = inputs.map_items or here(progress)
     scanned = map_items(scan_subject, job, items, label=SUBJECTS_STAGE, keep=False)
     scan = _SubjectScan()
-    for one, file in zip(scanned, files, strict=True):
+    for i, (one, file) in enumerate(zip(scanned, files, strict=True)):
         scan.metrics.append(one.metric)
         if one.problem is not None:
             scan.problems.append(one.problem)
         scan.rows.append(_with_header(one.row, file))
+        if i not in drawn:
+            continue
+        scan.drawn.append(i)
         scan.depth_o.append(one.depth_o)
         scan.depth_r.append(one.depth_r)
         scan.face_px.append(one.face_px)
@@ -554,7 +572,7 @@ def _with_header(row: Comparison, file: Path | None) -> Comparison:
 def _reid_results(scan: _SubjectScan, n: int, policy: AuditPolicy) -> list[CheckResult]:
     """The re-identification check, or why it cannot run with too few subjects."""
     least = policy.section(VolumePolicy).volume_min_subjects
-    if n < least:
+    if len(scan.drawn) < least:
         return [
             _cannot_run(
                 CHECK_REID,
@@ -568,7 +586,14 @@ def _reid_results(scan: _SubjectScan, n: int, policy: AuditPolicy) -> list[Check
         CHECK_REID,
         "attack",
         lambda: _judge_reid(
-            scan.depth_o, scan.depth_r, scan.face_px, policy, scan.pics_o, scan.pics_r
+            scan.depth_o,
+            scan.depth_r,
+            scan.face_px,
+            policy,
+            scan.pics_o,
+            scan.pics_r,
+            scan.drawn,
+            n,
         ),
     )
 
@@ -580,7 +605,11 @@ def _judge_reid(
     policy: AuditPolicy,
     pics_o: list[np.ndarray],
     pics_r: list[np.ndarray],
+    drawn: list[int],
+    of: int,
 ) -> CheckResult:
+    """The re-identification among the `drawn` subjects of `of` (matches are indices into
+    `drawn`)."""
     r = reidentify(depth_o, depth_r, face_px)
     n = len(r.matches)
     hits = round(r.rank1 * n)
@@ -603,17 +632,20 @@ def _judge_reid(
     level = policy.section(VolumePolicy).volume_reid_alpha
     passed = r.p_value >= level and not blind and not named
     recognisers = _recognisers_line(recs, n, alpha, why_not)
+    sampled = f" ({n} subjects drawn of {of})" if n < of else ""
     return CheckResult(
         CHECK_REID,
         "attack",
         passed,
         f"rank-1 re-identification of face renders: depth-map matcher {hits}/{n} = "
         f"{r.rank1:.2f} (chance {r.chance:.2f}, one-sided binomial p = {r.p_value:.3g}, fails "
-        f"below p = {level:g}); {recognisers}",
+        f"below p = {level:g}){sampled}; {recognisers}",
         {
             "rank1": r.rank1,
             "hits": hits,
             "subjects": n,
+            "of_subjects": of,
+            "drawn_subjects": drawn if n < of else None,
             "chance": r.chance,
             "p_value": r.p_value,
             "matches": r.matches,

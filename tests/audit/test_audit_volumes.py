@@ -201,3 +201,26 @@ def test_a_big_endian_original_released_little_endian_is_the_same_geometry(origi
     masks = brain_atlas.on(big, brain_atlas.register(big))
     row = compare("r-0", big, v, masks, None)
     assert row.geometry_ok and row.brain_voxels_changed == 0
+
+
+@pytest.mark.slow
+def test_the_reidentification_attacks_a_drawn_sample_and_says_so(originals, tmp_path, cache):
+    """An archive of thousands of heads is attacked on `volume_reid_samples` subjects (the N x N
+    comparison would not fit): the sample still catches an unchanged release, and the check says
+    how many of how many it drew, and which."""
+    policy = AuditPolicy.from_dict({"volume_reid_samples": 4, "volume_min_subjects": 3})
+    report = _audit(originals, originals, tmp_path, cache, policy=policy)
+    reid = next(c for c in report.results if c.name == "volume_reidentification")
+    assert reid.passed is False
+    assert (reid.details["subjects"], reid.details["of_subjects"]) == (4, 5)
+    assert len(set(reid.details["drawn_subjects"])) == 4 and "4 subjects drawn of 5" in reid.summary
+    # every row of the expectations is still checked, not only the drawn subjects'
+    rows = next(c for c in report.results if "brain_voxels_changed" in c.name)
+    assert rows.passed is True
+
+
+def test_a_sample_smaller_than_the_minimum_is_refused() -> None:
+    from accounting.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="volume_reid_samples .* at least"):
+        AuditPolicy.from_dict({"volume_reid_samples": 3})
