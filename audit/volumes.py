@@ -605,13 +605,15 @@ def _judge_reid(
     policy: AuditPolicy,
     pics_o: list[np.ndarray],
     pics_r: list[np.ndarray],
-    drawn: list[int],
-    of: int,
+    drawn: list[int] | None = None,
+    of: int | None = None,
 ) -> CheckResult:
     """The re-identification among the `drawn` subjects of `of` (matches are indices into
-    `drawn`)."""
+    `drawn`; by default every subject was drawn)."""
     r = reidentify(depth_o, depth_r, face_px)
     n = len(r.matches)
+    drawn = list(range(n)) if drawn is None else drawn
+    of = n if of is None else of
     hits = round(r.rank1 * n)
     # the recognisers' rank-1 level is the face attacks' (audit/face_policy.py)
     level = policy.section(FacePolicy).face_rank1_alpha
