@@ -224,7 +224,7 @@ class VolumeFile:
                 "dataset's registered fingerprint; it was not used. Restore it."
             )
         volume = read_volume(self.path, self.name)
-        now = hashlib.sha256(volume.stored_bytes()).hexdigest()
+        now = volume.digest()
         if now != self.sha256:
             raise DatasetConflictError(
                 f"{self.path}: the file changed since its content was checked against the "
@@ -238,8 +238,7 @@ class VolumeFile:
 def index_volume(path: Path) -> VolumeFile:
     """Read one head (checked) and keep only its reference: path, digest, shape, stored size."""
     volume = read_volume(path, path.name)
-    digest = hashlib.sha256(volume.stored_bytes()).hexdigest()
-    return VolumeFile(path, digest, path.name, volume.shape, int(volume.data.nbytes))
+    return VolumeFile(path, volume.digest(), path.name, volume.shape, int(volume.data.nbytes))
 
 
 def load_volume_folder(folder: str | Path) -> VolumeDataset:
@@ -272,7 +271,7 @@ class SavedFile:
 
     @cached_property
     def sha256(self) -> str:
-        return hashlib.sha256(self.read().stored_bytes()).hexdigest()
+        return self.read().digest()
 
     def read(self) -> Volume:
         try:

@@ -91,6 +91,10 @@ class Volume:
             + np.ascontiguousarray(self.data).tobytes()
         )
 
+    def digest(self) -> str:
+        """The sha256 (hex) of `stored_bytes`: what a reference to this volume records, checks."""
+        return hashlib.sha256(self.stored_bytes()).hexdigest()
+
 
 @runtime_checkable
 class VolumeRef(Protocol):
@@ -204,9 +208,7 @@ class VolumeDataset:
         the ones taken when the folder was read for records held by reference (no file is read
         again), else computed."""
         return [
-            hashlib.sha256(r.stored_bytes()).digest()
-            if isinstance(r, Volume)
-            else bytes.fromhex(r.sha256)
+            bytes.fromhex(r.digest()) if isinstance(r, Volume) else bytes.fromhex(r.sha256)
             for r in self.records
         ]
 

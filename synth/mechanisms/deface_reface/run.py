@@ -12,7 +12,6 @@ claims, so approval needs `--acknowledge-non-dp`.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -212,7 +211,7 @@ class ReleasedHead:
 
     def read(self) -> Volume:
         volume = self.results[self.index][0]
-        now = hashlib.sha256(volume.stored_bytes()).hexdigest()
+        now = volume.digest()
         if now != self.sha256:
             raise DatasetConflictError(
                 f"released head {self.index}: its item file in the run's work folder changed "
@@ -254,9 +253,10 @@ def _run(
     pictures: list[np.ndarray] = []
     stats: list[dict[str, Any]] = []
     for i, (volume, st) in enumerate(done):
-        digest = hashlib.sha256(volume.stored_bytes()).hexdigest()
         heads.append(
-            ReleasedHead(done, i, volume.name, digest, volume.shape, int(volume.data.nbytes))
+            ReleasedHead(
+                done, i, volume.name, volume.digest(), volume.shape, int(volume.data.nbytes)
+            )
         )
         pictures.append(picture(volume))
         stats.append(st)
