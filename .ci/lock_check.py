@@ -1,14 +1,14 @@
 """The environment against the committed lock.
 
-`python .ci/lock_check.py LOCK MODELS_LOCK` (after `make venv` installed the lock): every requirement of every
-installed distribution is met (`pip check`), except the declared requirements of the model-file packages that
-are installed without them on purpose. A requirement the lock does not meet means the lock is stale: run
-`make lock`.
+`python .ci/lock_check.py LOCK MODELS_LOCK` (after `make venv` installed the lock): every
+requirement of every installed distribution is met (`pip check`), except the declared requirements
+of the model-file packages that are installed without them on purpose. A requirement the lock does
+not meet means the lock is stale: run `make lock`.
 
-`python .ci/lock_check.py --latest LOCK MODELS_LOCK -- PYTEST_ARGS` (`make test-latest`, in an environment
-resolved from pyproject's ranges without the lock): runs pytest with PYTEST_ARGS, then names every package
-whose version differs from the lock and, when tests failed, those of them that the failures' tracebacks run
-through: the upstream release that broke us.
+`python .ci/lock_check.py --latest LOCK MODELS_LOCK -- PYTEST_ARGS` (`make test-latest`, in an
+environment resolved from pyproject's ranges without the lock): runs pytest with PYTEST_ARGS, then
+names every package whose version differs from the lock and, when tests failed, those of them that
+the failures' tracebacks run through: the upstream release that broke us.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 _CHECK_LINE = re.compile(r"^(\S+) \S+ (?:requires|has requirement) ")
 _SITE = re.compile(r"site-packages/([A-Za-z0-9_]+)")
-# the project itself (installed editable) and the installer the venv came with (Python's own ensurepip)
+# the project (installed editable) and the installer the venv came with (Python's ensurepip)
 _NOT_LOCKED = {"privrelease", "pip"}
 
 
@@ -56,7 +56,7 @@ def unmet_requirements(pip_check_output: str, no_deps: set[str]) -> list[str]:
 
 
 def drift(locked: dict[str, str], installed: dict[str, str]) -> dict[str, tuple[str | None, str]]:
-    """Package -> (locked version or None when the lock lacks it, installed version), where they differ."""
+    """Package -> (locked version or None, installed version), where they differ."""
     return {
         name: (locked.get(name), version)
         for name, version in sorted(installed.items())
@@ -84,7 +84,7 @@ def check_installed(lock: Path, models_lock: Path) -> int:
     if unmet:
         print("The installed lock does not meet these requirements:")
         print("\n".join(f"  {line}" for line in unmet))
-        print(f"{lock} is stale against pyproject.toml: run `make lock`, then `make test`, and commit it.")
+        print(f"{lock} is stale against pyproject.toml: run `make lock`, `make test`, commit it.")
         return 1
     return 0
 
@@ -108,7 +108,7 @@ def check_latest(lock: Path, models_lock: Path, pytest_args: list[str]) -> int:
     if named:
         listed = ", ".join(f"{n} {differ[n][1]} (locked {differ[n][0]})" for n in named)
         print(f"test-latest: the smoke tests fail; their tracebacks run through {listed}.")
-        print("Bound it in pyproject.toml (with a comment why) or adapt the code, then `make lock`.")
+        print("Bound it in pyproject.toml (a comment says why) or adapt the code; `make lock`.")
     else:
         print("test-latest: the smoke tests fail, through no package that differs from the lock.")
     return 1

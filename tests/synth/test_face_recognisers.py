@@ -96,7 +96,7 @@ def test_an_unknown_recogniser_names_the_known_ones() -> None:
 
 
 def test_facenet_loads_on_the_installed_opencv() -> None:
-    """The resolved OpenCV must read FaceNet's graph (opencv-python 5.1 cannot): 512-d unit vectors."""
+    """The resolved OpenCV reads FaceNet's graph (opencv-python 5.1 cannot): 512-d unit vectors."""
     crop = np.random.default_rng(0).integers(0, 256, (160, 160, 3), dtype=np.uint8)
     embeddings = fr.facenet_embed(crop)
     assert embeddings.shape == (1, 512)
