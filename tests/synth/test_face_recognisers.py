@@ -15,6 +15,8 @@ from PIL import Image
 from accounting.errors import DataFormatError
 from synth.tools import face_recognisers as fr
 
+pytestmark = pytest.mark.smoke  # `make test-latest`: the recognisers load and tell people apart
+
 
 @pytest.fixture(scope="module")
 def people() -> dict[str, np.ndarray]:

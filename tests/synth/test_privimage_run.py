@@ -116,6 +116,7 @@ def _run(store, sens, pub, cfg, run_id, wd, progress=no_progress, plan=None):
     )
 
 
+@pytest.mark.smoke
 def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)

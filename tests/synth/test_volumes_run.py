@@ -132,6 +132,7 @@ def test_refused_without_acknowledgement_and_nothing_charged(store, tmp_path) ->
     assert ledger.get_charge(store, "r0") is None
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     "name,cfg",
     [
