@@ -65,7 +65,7 @@ demo: $(STAMP)
 	$(BIN)/python -m release.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" --durations=25 tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=25 tests
 
 # ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
 lint: $(STAMP)
