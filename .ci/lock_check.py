@@ -65,7 +65,8 @@ def drift(locked: dict[str, str], installed: dict[str, str]) -> dict[str, tuple[
 
 
 def suspects(failure_output: str, drifted: set[str]) -> list[str]:
-    """The drifted distributions whose files the failures' tracebacks pass through."""
+    """The drifted distributions whose files the failures' tracebacks pass through, or whose name
+    the failures' messages give (ours name the package when a library cannot do what we need)."""
     owners = metadata.packages_distributions()
     found: list[str] = []
     for module in dict.fromkeys(_SITE.findall(failure_output)):
@@ -73,6 +74,10 @@ def suspects(failure_output: str, drifted: set[str]) -> list[str]:
             name = canonical(dist)
             if name in drifted and name not in found:
                 found.append(name)
+    text = failure_output.lower()
+    for name in sorted(drifted):
+        if name not in found and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text):
+            found.append(name)
     return found
 
 
@@ -107,7 +112,7 @@ def check_latest(lock: Path, models_lock: Path, pytest_args: list[str]) -> int:
     named = suspects(run.stdout + run.stderr, set(differ))
     if named:
         listed = ", ".join(f"{n} {differ[n][1]} (locked {differ[n][0]})" for n in named)
-        print(f"test-latest: the smoke tests fail; their tracebacks run through {listed}.")
+        print(f"test-latest: the smoke tests fail; the failures run through or name {listed}.")
         print("Bound it in pyproject.toml (a comment says why) or adapt the code; `make lock`.")
     else:
         print("test-latest: the smoke tests fail, through no package that differs from the lock.")

@@ -107,3 +107,8 @@ def test_the_installed_environment_is_the_lock() -> None:
         pytest.skip("not running from the project's .venv (make venv)")
     pins = lock_check.locked_versions(LOCK, MODELS_LOCK)
     assert lock_check.drift(pins, lock_check.installed_versions()) == {}
+
+
+def test_a_package_our_message_names_is_a_suspect_too() -> None:
+    failure = "DataFormatError: ... opencv-python 5.1.0.95 has no TensorFlow importer ..."
+    assert lock_check.suspects(failure, {"opencv-python", "opencv"}) == ["opencv-python"]
