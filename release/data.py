@@ -43,7 +43,7 @@ def register_from_source(
     label_set = kind.declare(source, data, labels)
     registry.admit(kind.name, data, _public_cache(store))
     if privacy_unit == DEFAULT_UNIT:
-        privacy_unit = kind.privacy_unit
+        privacy_unit = kind.unit(data)
     return ledger.register_dataset(
         store,
         name=name,

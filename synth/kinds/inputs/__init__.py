@@ -33,6 +33,11 @@ class InputKind:
     as_registered: Callable[[Any, list[int]], Any]  # loaded data given its registered label set
     labelled: bool  # registered with a label set: how a registered dataset's kind is read back
     privacy_unit: str  # the privacy unit's default wording
+    # the privacy unit's wording for loaded data, where it depends on the data (None: the above)
+    unit_of: Callable[[Any], str] | None = None
+
+    def unit(self, data: Any) -> str:
+        return self.unit_of(data) if self.unit_of is not None else self.privacy_unit
 
 
 _KINDS: dict[str, InputKind] = {}
