@@ -87,7 +87,9 @@ def validate(root: Path) -> dict[str, Any]:
         raw = json.loads(done.stdout)
     except json.JSONDecodeError as exc:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the BIDS validator failed (exit {done.returncode}): {tail[0]}") from exc
+        raise RuntimeError(
+            f"the BIDS validator failed (exit {done.returncode}): {tail[0]}"
+        ) from exc
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     issues = raw.get("issues") or {}
     summary = raw.get("summary") or {}

@@ -70,9 +70,7 @@ def _load_volumes(folder: Path, ids: Sequence[str]) -> VolumeDataset:
 
 
 def _volumes_sha256(folder: Path, ids: Sequence[str]) -> str:
-    return files_sha256(
-        _volume_files(folder, ids) + _bids_files(folder), arrays_sha256(folder)
-    )
+    return files_sha256(_volume_files(folder, ids) + _bids_files(folder), arrays_sha256(folder))
 
 
 def _bundle_volumes(folder: Path, ids: Sequence[str]) -> BundleParts:
@@ -108,7 +106,8 @@ def _card_volumes(parameters: Mapping[str, Any], n: int) -> list[str]:
         "",
         "- JSON sidecars kept (allow-list): "
         + (", ".join(bids.get("sidecar_fields_kept") or []) or "none"),
-        "- sidecar fields dropped: " + (", ".join(bids.get("sidecar_fields_dropped") or []) or "none"),
+        "- sidecar fields dropped: "
+        + (", ".join(bids.get("sidecar_fields_dropped") or []) or "none"),
         "- participants.tsv columns: "
         + ", ".join(["participant_id", *(bids.get("participants_columns") or [])]),
         f"- `data/{VALIDATOR_REPORT}`: the BIDS validator's report on the released tree "

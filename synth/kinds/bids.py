@@ -7,7 +7,8 @@ metadata with BIDS inheritance, participants.tsv); every image is then read and 
 flat folder's (`synth.kinds.nifti.index_volume`). What is selected: every `*_T1w` and `*_T2w`
 image of an `anat` folder by default; a query after the path narrows it by entity or suffix
 (`bids:/data/ds?suffix=T1w&acq=mprage&ses=1`, comma-separated values) and names the participants.tsv
-columns to release (`participants=age,sex`; none by default).
+columns to release (`participants=age,sex`; none by default); `rekey=true` relabels the subjects
+sub-01, sub-02, ... in an order only the workspace's secret key maps back (`label_map`).
 
 One subject is the privacy unit: sessions and contrasts of a person are records of one subject,
 counted once for the minimum number of subjects and in the re-identification audit's gallery.
@@ -20,16 +21,17 @@ nothing is registered (or charged) from a tree that fails here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 from accounting.errors import DataFormatError
+from synth.kinds.bids_layout import BidsLayout, BidsRecord
+from synth.kinds.bids_layout import label_map as label_map
 
 PREFIX = "bids:"
 DESCRIPTION = "dataset_description.json"
@@ -61,64 +63,6 @@ MAX_JSON_BYTES = 1 << 20  # a sidecar larger than this is not a sidecar
 
 
 @dataclass(frozen=True)
-class BidsRecord:
-    """One selected image: its path in the tree (relative, '/'-separated), subject and session
-    labels (without `sub-`/`ses-`; session '' when the tree has none), suffix, and its sidecar
-    scrubbed to KEPT_FIELDS (sorted items, JSON values)."""
-
-    path: str
-    subject: str
-    session: str
-    suffix: str
-    sidecar: tuple[tuple[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class BidsLayout:
-    """What a BIDS dataset releases beside its voxels, per record and for the whole: the records'
-    paths and scrubbed sidecars, the participants.tsv columns allowed and their values per subject,
-    the sidecar fields seen and dropped (names only), the source's BIDSVersion and DOI, and, for a
-    DICOM study, how it was converted. `mechanism` is set by the mechanism that releases it."""
-
-    records: tuple[BidsRecord, ...]
-    bids_version: str = "1.9.0"
-    source_doi: str = ""
-    participant_columns: tuple[str, ...] = ()
-    participants: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (subject, allowed values)
-    dropped_fields: tuple[str, ...] = ()
-    conversion: tuple[tuple[str, Any], ...] = ()
-    mechanism: str = ""
-
-    @property
-    def subjects(self) -> list[str]:
-        """Each record's subject, in record order."""
-        return [r.subject for r in self.records]
-
-    def digest(self) -> bytes:
-        """The sha256 of everything the layout releases beside the voxels (fingerprinted with
-        them: a changed sidecar or participants.tsv changes the dataset)."""
-        text = json.dumps(asdict(replace(self, mechanism="")), sort_keys=True, default=str)
-        return hashlib.sha256(b"privrelease bids layout v1\0" + text.encode()).digest()
-
-    def summary(self) -> dict[str, Any]:
-        """The public description of what is released beside the voxels (the card's, the
-        plan's): field names and counts, no values."""
-        kept = sorted({k for r in self.records for k, _ in r.sidecar})
-        sessions = {(r.subject, r.session) for r in self.records}
-        return {
-            "layout": "BIDS",
-            "subjects": len(set(self.subjects)),
-            "sessions": len(sessions),
-            "images": len(self.records),
-            "suffixes": sorted({r.suffix for r in self.records}),
-            "sidecar_fields_kept": kept,
-            "sidecar_fields_dropped": list(self.dropped_fields),
-            "participants_columns": list(self.participant_columns),
-            **({"conversion": dict(self.conversion)} if self.conversion else {}),
-        }
-
-
-@dataclass(frozen=True)
 class BidsQuery:
     """What a `bids:` source selects: entity values (empty: any), suffixes, participants.tsv
     columns to release."""
@@ -127,6 +71,7 @@ class BidsQuery:
     entities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     suffixes: tuple[str, ...] = DEFAULT_SUFFIXES
     participants: tuple[str, ...] = ()
+    rekey: bool = False
 
 
 def is_bids_source(source: str) -> bool:
@@ -143,23 +88,27 @@ def parse_source(source: str) -> BidsQuery:
     path, _, query = text.partition("?")
     if Path(text).is_dir():  # a folder whose name holds '?'
         path, query = text, ""
-    allowed = {*ENTITIES, "suffix", "participants"}
+    allowed = {*ENTITIES, "suffix", "participants", "rekey"}
     entities: dict[str, tuple[str, ...]] = {}
-    suffixes, participants = DEFAULT_SUFFIXES, ()
+    suffixes, participants, rekey = DEFAULT_SUFFIXES, (), False
     for key, values in parse_qs(query, keep_blank_values=True, strict_parsing=bool(query)).items():
         if key not in allowed:
             raise DataFormatError(
                 f"{source}: unknown selection {key!r}; use entities ({', '.join(ENTITIES)}), "
-                "`suffix` or `participants`, e.g. bids:/data/ds?suffix=T1w&ses=1."
+                "`suffix`, `participants` or `rekey`, e.g. bids:/data/ds?suffix=T1w&ses=1."
             )
         items = tuple(v.strip() for value in values for v in value.split(",") if v.strip())
         if key == "suffix":
             suffixes = items or DEFAULT_SUFFIXES
         elif key == "participants":
             participants = items
+        elif key == "rekey":
+            if items not in ((), ("true",), ("false",)):
+                raise DataFormatError(f"{source}: rekey is true or false, not {values}.")
+            rekey = items != ("false",)
         else:
             entities[key] = tuple(v.removeprefix(f"{key}-") for v in items)
-    return BidsQuery(Path(path), entities, suffixes, participants)
+    return BidsQuery(Path(path), entities, suffixes, participants, rekey)
 
 
 def _json(path: Path, what: str) -> Any:
@@ -266,9 +215,12 @@ def _check_complete(records: Sequence[BidsRecord], root: Path) -> None:
         if missing:
             where = f"sub-{sub}" + (f"/ses-{ses}" if ses else "")
             others = sum(
-                1 for v in visits if all(any(
-                    (r.subject, r.session) == v and r.suffix == s for r in records
-                ) for s in missing)
+                1
+                for v in visits
+                if all(
+                    any((r.subject, r.session) == v and r.suffix == s for r in records)
+                    for s in missing
+                )
             )
             raise DataFormatError(
                 f"{root}: {where} has no {', '.join(missing)} image while {others} other "
@@ -350,6 +302,7 @@ def read_layout(query: BidsQuery, conversion: Mapping[str, Any] | None = None) -
         participants=_participants(root, query.participants, subjects),
         dropped_fields=tuple(sorted(dropped)),
         conversion=tuple(sorted((conversion or {}).items())),
+        rekey=query.rekey,
     )
 
 
@@ -365,5 +318,7 @@ def load_bids(source: str, conversion: Mapping[str, Any] | None = None) -> Any:
     for f in files:  # headers first: sizes bounded before any voxel is decoded
         shape, dtype = _check_header(_header(f), f)
         _check_size(f, shape, dtype)
-    refs = [replace(index_volume(f), name=r.path) for f, r in zip(files, layout.records, strict=True)]
+    refs = [
+        replace(index_volume(f), name=r.path) for f, r in zip(files, layout.records, strict=True)
+    ]
     return VolumeDataset.by_reference(refs, source, layout=layout)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from synth.kinds.bids import BidsLayout
+from synth.kinds.bids_layout import BidsLayout
 from synth.kinds.volume import Volume
 
 TREE = "bids"  # the released tree, in the release's folder and under data/ in the bundle

@@ -313,7 +313,8 @@ def is_volume_source(source: str) -> bool:
 
 def load_data(source: str) -> ImageDataset | VolumeDataset:
     """Any data source: head volumes (a folder of NIfTI files, `bids:` a BIDS dataset, `dicom:` a
-    DICOM study converted by dcm2niix, `builtin:head-templates`) as a VolumeDataset, everything else as an ImageDataset (`load_source`)."""
+    DICOM study converted by dcm2niix, `builtin:head-templates`) as a VolumeDataset, everything
+    else as an ImageDataset (`load_source`)."""
     from synth.kinds.head_templates import SOURCE as TEMPLATES
 
     if source == TEMPLATES:

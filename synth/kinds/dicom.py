@@ -37,8 +37,10 @@ PREFIX = "dicom:"
 DCM2NIIX = "dcm2niix"
 TIMEOUT_S = 600  # one series' conversion
 LOCALIZER = re.compile(r"locali[sz]er|scout|survey|aahead|3-?plane", re.I)
-CONTRASTS = (("T1w", re.compile(r"t1|mprage|mp-rage|spgr|bravo|tfl", re.I)),
-             ("T2w", re.compile(r"t2(?!\*)|tse|space", re.I)))
+CONTRASTS = (
+    ("T1w", re.compile(r"t1|mprage|mp-rage|spgr|bravo|tfl", re.I)),
+    ("T2w", re.compile(r"t2(?!\*)|tse|space", re.I)),
+)
 SPACING_TOLERANCE = 0.05  # relative: slice positions further from even spacing mean missing slices
 
 
@@ -158,7 +160,7 @@ def dcm2niix_version() -> str:
 
 
 def _convert(s: Series, target: Path, root: Path, work: Path) -> None:
-    """One series with dcm2niix (gzip, anonymised BIDS sidecar) into `target` (.nii.gz and .json)."""
+    """One series with dcm2niix (gzip, anonymised sidecar) into `target` (.nii.gz and .json)."""
     src = work / "in"
     out = work / "out"
     for d in (src, out):
@@ -263,7 +265,8 @@ def convert_study(root: Path) -> tuple[Path, dict[str, Any]]:
 
 def load_dicom(source: str) -> Any:
     """A DICOM study as a VolumeDataset (its converted BIDS tree read by synth.kinds.bids)."""
-    from synth.kinds.bids import PREFIX as BIDS, load_bids
+    from synth.kinds.bids import PREFIX as BIDS
+    from synth.kinds.bids import load_bids
 
     text = source.removeprefix(PREFIX)
     path, _, query = text.partition("?")

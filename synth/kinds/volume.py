@@ -22,7 +22,7 @@ import numpy as np
 from accounting.errors import DataFormatError
 
 if TYPE_CHECKING:
-    from synth.kinds.bids import BidsLayout
+    from synth.kinds.bids_layout import BidsLayout
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,24 @@ class VolumeDataset:
         cls, refs: Sequence[VolumeRef], source: str = "", layout: BidsLayout | None = None
     ) -> VolumeDataset:
         return cls(LazyVolumes(refs), source, layout=layout)
+
+    def with_key(self, key: bytes) -> VolumeDataset:
+        """The dataset as registered under the workspace's secret `key`: a BIDS layout that asked
+        for it with its subject labels re-keyed (`BidsLayout.rekeyed_under`)."""
+        if self.layout is None or not self.layout.rekey:
+            return self
+        from dataclasses import replace
+
+        layout = self.layout.rekeyed_under(key)
+        # records (and volumes) in the new labels' path order: the release's row order must not
+        # follow the source's labels
+        order = sorted(range(len(layout.records)), key=lambda i: layout.records[i].path)
+        layout = replace(layout, records=tuple(layout.records[i] for i in order))
+        if isinstance(self.volumes, LazyVolumes):
+            return VolumeDataset(
+                LazyVolumes([self.volumes.refs[i] for i in order]), self.source, self.names, layout
+            )
+        return VolumeDataset([self.volumes[i] for i in order], self.source, self.names, layout)
 
     @property
     def subjects(self) -> list[str]:

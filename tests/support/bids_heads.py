@@ -36,11 +36,14 @@ UID_ROOT = "1.2.826.0.1.3680043.10.999."
 
 
 def t2_like(v: Volume) -> Volume:
-    """A T2-weighted-looking copy: tissue intensities inverted inside the head."""
-    x = v.physical()
+    """A second contrast of the same head (a monotone change of its intensities, mid tones
+    darkened): not a real T2 contrast. The mechanisms' and the audit's templates are T1-weighted;
+    at the tests' 6 mm an inverted contrast made the audit's registration of Colin27 find a brain a
+    fifth too large (the audit then rightly failed a release that changed one of its voxels), and
+    lifted darks made one head fit best turned (refused at registration)."""
+    x = np.maximum(v.physical(), 0)
     hi = float(x.max())
-    y = np.where(x > 0.15 * hi, hi * 1.1 - x, x * 0.5)
-    return v.with_data(v.to_stored(y))
+    return v.with_data(v.to_stored(hi * (x / hi) ** 1.3))
 
 
 def _session(v: Volume, ses: int) -> Volume:
@@ -185,16 +188,40 @@ def dicom_study(root: Path, subjects: int = 6, *, seed: int = 0, drop_slice: boo
         study = f"{UID_ROOT}{i}.77"
         folder = root / f"ROE_JANE_{i}"
         small = vol.with_data(vol.data)  # the localizer: a few slices of the same head
-        write_series(folder / "1", small, patient=i, study_uid=study, series_number=1,
-                     description="AAHead_Scout localizer")
-        write_series(folder / "2", vol, patient=i, study_uid=study, series_number=2,
-                     description="T1 MPRAGE sag",
-                     drop_slice=vol.shape[2] // 2 if drop_slice and i == 2 else None)
-        write_series(folder / "3", t2_like(vol), patient=i, study_uid=study, series_number=3,
-                     description="T2 SPACE sag")
-        write_series(folder / "4", vol, patient=i, study_uid=study, series_number=4,
-                     description="T1 MPRAGE MPR tra",
-                     image_type=("DERIVED", "SECONDARY", "MPR"))
+        write_series(
+            folder / "1",
+            small,
+            patient=i,
+            study_uid=study,
+            series_number=1,
+            description="AAHead_Scout localizer",
+        )
+        write_series(
+            folder / "2",
+            vol,
+            patient=i,
+            study_uid=study,
+            series_number=2,
+            description="T1 MPRAGE sag",
+            drop_slice=vol.shape[2] // 2 if drop_slice and i == 2 else None,
+        )
+        write_series(
+            folder / "3",
+            t2_like(vol),
+            patient=i,
+            study_uid=study,
+            series_number=3,
+            description="T2 SPACE sag",
+        )
+        write_series(
+            folder / "4",
+            vol,
+            patient=i,
+            study_uid=study,
+            series_number=4,
+            description="T1 MPRAGE MPR tra",
+            image_type=("DERIVED", "SECONDARY", "MPR"),
+        )
     (root / "README.txt").write_text("exported by PACS for Jane Q Roe\n")
     return root
 

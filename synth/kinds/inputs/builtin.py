@@ -1,7 +1,6 @@
-"""The built-in input kinds: head volumes (a folder of NIfTI files, a BIDS dataset, a DICOM study, or
-the public head templates),
-then images (everything else: built-ins, photo folders, class folders, Parquet, NumPy). The only
-module of the input kinds that names one."""
+"""The built-in input kinds: head volumes (a folder of NIfTI files, a BIDS dataset, a DICOM
+study, or the public head templates), then images (everything else: built-ins, photo folders,
+class folders, Parquet, NumPy). The only module of the input kinds that names one."""
 
 from __future__ import annotations
 
@@ -52,6 +51,7 @@ VOLUMES = InputKind(
     labelled=False,
     privacy_unit="one head scan",
     unit_of=_volumes_unit,
+    keyed=lambda data, key: data.with_key(key),
 )
 IMAGES = InputKind(
     name="images",
