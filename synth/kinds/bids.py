@@ -90,7 +90,9 @@ def parse_source(source: str) -> BidsQuery:
         path, query = text, ""
     allowed = {*ENTITIES, "suffix", "participants", "rekey"}
     entities: dict[str, tuple[str, ...]] = {}
-    suffixes, participants, rekey = DEFAULT_SUFFIXES, (), False
+    suffixes: tuple[str, ...] = DEFAULT_SUFFIXES
+    participants: tuple[str, ...] = ()
+    rekey = False
     for key, values in parse_qs(query, keep_blank_values=True, strict_parsing=bool(query)).items():
         if key not in allowed:
             raise DataFormatError(
@@ -149,7 +151,8 @@ def _check_tree(root: Path) -> dict[str, Any]:
 def scrub(metadata: Mapping[str, Any]) -> tuple[tuple[tuple[str, Any], ...], set[str]]:
     """The sidecar fields kept (KEPT_FIELDS with a value of the right type) and the names of
     those dropped."""
-    kept, dropped = [], set()
+    kept: list[tuple[str, Any]] = []
+    dropped: set[str] = set()
     for key, value in metadata.items():
         want = KEPT_FIELDS.get(key)
         if want is float and isinstance(value, int | float) and not isinstance(value, bool):
@@ -179,7 +182,7 @@ def _selected(query: BidsQuery) -> list[Any]:
 
     try:
         dataset = ancpbids.load_dataset(str(query.root))
-        found = dataset.query(suffix=list(query.suffixes), extension=[".nii", ".nii.gz"])
+        found: list[Any] = dataset.query(suffix=list(query.suffixes), extension=[".nii", ".nii.gz"])
     except Exception as exc:  # the library raises many types on a tree it cannot read
         raise DataFormatError(
             f"{query.root}: the BIDS library (ancpBIDS) cannot read this tree "

@@ -186,14 +186,19 @@ def _convert(s: Series, target: Path, root: Path, work: Path) -> None:
         shutil.move(sidecar, target.with_name(target.name + ".json"))
 
 
-_TREES: list[Path] = []
+_TREES: list[Path] = []  # this process's converted trees, removed when it ends
+
+
+def _remove_trees() -> None:
+    for tree in _TREES:
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def _private_folder() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="privrelease-dicom-"))
     os.chmod(folder, 0o700)
     if not _TREES:
-        atexit.register(lambda: [shutil.rmtree(t, ignore_errors=True) for t in _TREES])
+        atexit.register(_remove_trees)
     _TREES.append(folder)
     return folder
 
@@ -227,8 +232,7 @@ def convert_study(root: Path) -> tuple[Path, dict[str, Any]]:
             studies[s.patient].append((s.study_date, s.study))
     sessions = any(len(v) > 1 for v in studies.values())
     tree = _private_folder()
-    work = tree.with_name(tree.name + "-work")
-    _TREES.append(work)
+    work = _private_folder()  # dcm2niix's input links and output, one series at a time
     counts: dict[tuple[str, str, str], int] = defaultdict(int)
     for s in kept:
         sub = subject[s.patient]

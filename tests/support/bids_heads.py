@@ -80,9 +80,13 @@ def bids_dataset(
     suffixes: tuple[str, ...] = ("T1w", "T2w"),
     *,
     seed: int = 0,
+    colin_only: bool = False,
 ) -> Path:
-    """A BIDS dataset of `subjects` synthetic subjects x `sessions` sessions x `suffixes`."""
-    heads = sorted(cohort(root.parent / f"{root.name}-cohort", subjects, seed=seed).glob("*.nii*"))
+    """A BIDS dataset of `subjects` synthetic subjects x `sessions` sessions x `suffixes`
+    (`colin_only`: every head made from Colin27, none from the template reface's face comes
+    from, as tests/release/test_volumes_e2e.py does for reface)."""
+    made = cohort(root.parent / f"{root.name}-cohort", subjects, seed=seed, colin_only=colin_only)
+    heads = sorted(made.glob("*.nii*"))
     root.mkdir(parents=True, exist_ok=True)
     (root / "dataset_description.json").write_text(
         json.dumps({"Name": "Synthetic heads", "BIDSVersion": "1.9.0", "Authors": ["Jane Q Roe"]})

@@ -187,3 +187,19 @@ def test_rekeyed_labels_follow_the_key_and_keep_each_volume_with_its_record(tmp_
     ages = dict(a.layout.participants)
     assert ages == {new: (str(40 + int(old)),) for new, old in back.items()}
     assert a.layout.digest() != b.layout.digest()  # the fingerprint follows the labels
+
+
+def test_fingerprint_covers_sidecars_and_the_unit_is_a_subject(tmp_path) -> None:
+    from synth.kinds import inputs
+
+    tree = _tree(tmp_path / "ds", 5, 1)
+    kind = inputs.for_source(f"bids:{tree}")
+    data = kind.load(f"bids:{tree}")
+    assert kind.name == "volumes" and kind.unit(data).startswith("one subject")
+    before = kind.fingerprint(b"k" * 32, data)
+    sidecar = tree / "sub-02/ses-1/anat/sub-02_ses-1_T1w.json"
+    sidecar.write_text(json.dumps({"EchoTime": 0.004}))  # a released value changed
+    assert kind.fingerprint(b"k" * 32, kind.load(f"bids:{tree}")) != before
+    # a dropped field's value is not released (its name is, on the card): no change
+    sidecar.write_text(json.dumps({"EchoTime": 0.003, "AcquisitionDateTime": "2025-02-02"}))
+    assert kind.fingerprint(b"k" * 32, kind.load(f"bids:{tree}")) == before
