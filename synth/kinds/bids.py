@@ -211,26 +211,26 @@ def _check_complete(records: Sequence[BidsRecord], root: Path) -> None:
     """Refuse a mixed set: a subject (and session) lacking a contrast others have, and fewer than
     MIN_SUBJECTS subjects (sessions of one subject count once)."""
     suffixes = sorted({r.suffix for r in records})
-    visits = sorted({(r.subject, r.session) for r in records})
-    for sub, ses in visits:
-        have = {r.suffix for r in records if (r.subject, r.session) == (sub, ses)}
-        missing = [s for s in suffixes if s not in have]
+    have: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        have.setdefault((r.subject, r.session), set()).add(r.suffix)
+    visits = sorted(have)
+    for (sub, ses), found in sorted(have.items()):
+        missing = [s for s in suffixes if s not in found]
         if missing:
             where = f"sub-{sub}" + (f"/ses-{ses}" if ses else "")
-            others = sum(
-                1
-                for v in visits
-                if all(
-                    any((r.subject, r.session) == v and r.suffix == s for r in records)
-                    for s in missing
-                )
-            )
+            others = sum(1 for v in have.values() if set(missing) <= v)
+            common = [s for s in suffixes if all(s in v for v in have.values())]
             raise DataFormatError(
                 f"{root}: {where} has no {', '.join(missing)} image while {others} other "
-                f"subject/session(s) do: a release would be a mixed set. Add the missing scan, or "
-                f"select what every subject has (e.g. bids:{root}?suffix="
-                f"{','.join(s for s in suffixes if s not in missing) or suffixes[0]}), or leave "
-                f"the subject out (bids:{root}?sub=...). Nothing was registered."
+                "subject/session(s) do: a release would be a mixed set. Add the missing scan, or "
+                + (
+                    f"select what every subject has (bids:{root}?suffix={','.join(common)}), or "
+                    if common
+                    else ""
+                )
+                + f"select the subjects that have it (bids:{root}?sub=...). Nothing was "
+                "registered."
             )
     subjects = sorted({r.subject for r in records})
     if len(subjects) < MIN_SUBJECTS:
@@ -311,16 +311,14 @@ def read_layout(query: BidsQuery, conversion: Mapping[str, Any] | None = None) -
 
 def load_bids(source: str, conversion: Mapping[str, Any] | None = None) -> Any:
     """A BIDS source as a VolumeDataset held by reference, its layout attached."""
-    from synth.kinds.nifti import _check_header, _check_size, _header, _inside, index_volume
+    from synth.kinds.nifti import check_headers, index_volume, inside
     from synth.kinds.volume import VolumeDataset
 
     query = parse_source(source)
     layout = read_layout(query, conversion)
     root = query.root.resolve()
-    files = [_inside(query.root / r.path, root) for r in layout.records]
-    for f in files:  # headers first: sizes bounded before any voxel is decoded
-        shape, dtype = _check_header(_header(f), f)
-        _check_size(f, shape, dtype)
+    files = [inside(query.root / r.path, root) for r in layout.records]
+    check_headers(files)  # sizes bounded before any voxel is decoded
     refs = [
         replace(index_volume(f), name=r.path) for f, r in zip(files, layout.records, strict=True)
     ]

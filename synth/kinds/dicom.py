@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,6 +203,23 @@ def _private_folder() -> Path:
     return folder
 
 
+def _places(kept: list[Series]) -> dict[str, tuple[str, str, str]]:
+    """Each kept series' (subject, session, suffix) labels: subjects numbered in PatientID order,
+    sessions (only where a patient has several studies) in study date order."""
+    patients = sorted({s.patient for s in kept})
+    subject = {p: f"{i + 1:02d}" for i, p in enumerate(patients)}
+    studies: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for s in kept:
+        if (s.study_date, s.study) not in studies[s.patient]:
+            studies[s.patient].append((s.study_date, s.study))
+    several = any(len(v) > 1 for v in studies.values())
+
+    def session(s: Series) -> str:
+        return str(sorted(studies[s.patient]).index((s.study_date, s.study)) + 1) if several else ""
+
+    return {s.uid: (subject[s.patient], session(s), _contrast(s) or "T1w") for s in kept}
+
+
 def convert_study(root: Path) -> tuple[Path, dict[str, Any]]:
     """The study converted into a BIDS tree (a private temporary folder) and what the card says
     of the conversion."""
@@ -224,30 +241,21 @@ def convert_study(root: Path) -> tuple[Path, dict[str, Any]]:
         else:
             _check_slices(s, root)
             kept.append(s)
-    patients = sorted({s.patient for s in kept})
-    subject = {p: f"{i + 1:02d}" for i, p in enumerate(patients)}
-    studies: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for s in kept:
-        if (s.study_date, s.study) not in studies[s.patient]:
-            studies[s.patient].append((s.study_date, s.study))
-    sessions = any(len(v) > 1 for v in studies.values())
+    if not kept:
+        raise DataFormatError(
+            f"{root}: none of its {len(series)} series is a T1- or T2-weighted head scan "
+            f"(skipped: {dict(skipped)}); nothing to register."
+        )
     tree = _private_folder()
     work = _private_folder()  # dcm2niix's input links and output, one series at a time
-    counts: dict[tuple[str, str, str], int] = defaultdict(int)
-    for s in kept:
-        sub = subject[s.patient]
-        ses = str(sorted(studies[s.patient]).index((s.study_date, s.study)) + 1) if sessions else ""
-        suffix = _contrast(s) or "T1w"
-        counts[(sub, ses, suffix)] += 1
+    places = _places(kept)
+    runs = Counter(places.values())  # several series of one contrast in a session: run-1, ...
     seen: dict[tuple[str, str, str], int] = defaultdict(int)
     converted: dict[str, int] = defaultdict(int)
     for s in kept:
-        sub = subject[s.patient]
-        ses = str(sorted(studies[s.patient]).index((s.study_date, s.study)) + 1) if sessions else ""
-        suffix = _contrast(s) or "T1w"
-        key = (sub, ses, suffix)
+        sub, ses, suffix = key = places[s.uid]
         seen[key] += 1
-        run = f"_run-{seen[key]}" if counts[key] > 1 else ""
+        run = f"_run-{seen[key]}" if runs[key] > 1 else ""
         folder = tree / f"sub-{sub}" / (f"ses-{ses}" if ses else "") / "anat"
         stem = f"sub-{sub}" + (f"_ses-{ses}" if ses else "") + f"{run}_{suffix}"
         _convert(s, folder / stem, root, work)

@@ -184,30 +184,24 @@ def write_series(
         ds.save_as(folder / f"IM{k + 1:04d}.dcm", enforce_file_format=True)
 
 
-def dicom_study(root: Path, subjects: int = 6, *, seed: int = 0, drop_slice: bool = False) -> Path:
+def dicom_study(root: Path, subjects: int = 6, *, seed: int = 0, colin_only: bool = False) -> Path:
     """A study folder: per patient a localizer, a T1 MPRAGE, a T2 SPACE and a derived map."""
-    heads = sorted(cohort(root.parent / f"{root.name}-cohort", subjects, seed=seed).glob("*.nii*"))
+    made = cohort(root.parent / f"{root.name}-cohort", subjects, seed=seed, colin_only=colin_only)
+    heads = sorted(made.glob("*.nii*"))
     for i, head in enumerate(heads, start=1):
         vol = read_volume(head)
         study = f"{UID_ROOT}{i}.77"
         folder = root / f"ROE_JANE_{i}"
-        small = vol.with_data(vol.data)  # the localizer: a few slices of the same head
         write_series(
             folder / "1",
-            small,
+            vol,
             patient=i,
             study_uid=study,
             series_number=1,
             description="AAHead_Scout localizer",
         )
         write_series(
-            folder / "2",
-            vol,
-            patient=i,
-            study_uid=study,
-            series_number=2,
-            description="T1 MPRAGE sag",
-            drop_slice=vol.shape[2] // 2 if drop_slice and i == 2 else None,
+            folder / "2", vol, patient=i, study_uid=study, series_number=2, description="T1 MPRAGE"
         )
         write_series(
             folder / "3",

@@ -92,3 +92,17 @@ def test_no_dicom_and_no_dcm2niix_are_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(dicom, "DCM2NIIX", "dcm2niix-not-installed")
     with pytest.raises(DataFormatError, match="dcm2niix is not installed"):
         dicom.convert_study(tmp_path / "empty")
+
+
+def test_a_study_of_localizers_only_is_refused(tmp_path) -> None:
+    vol = Volume(np.full((16, 14, 10), 7, np.int16), np.diag([3, 3, 4, 1.0]))
+    write_series(
+        tmp_path / "study" / "1",
+        vol,
+        patient=1,
+        study_uid="1.2.3",
+        series_number=1,
+        description="3-plane localizer",
+    )
+    with pytest.raises(DataFormatError, match=r"none of its 1 series .*'localizer': 1"):
+        dicom.convert_study(tmp_path / "study")
