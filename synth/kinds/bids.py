@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,6 +61,7 @@ KEPT_FIELDS: Mapping[str, type] = {
 }
 MAX_TEXT = 40  # characters of a kept text field
 MAX_JSON_BYTES = 1 << 20  # a sidecar larger than this is not a sidecar
+FIELD_NAME = re.compile(r"[A-Z][A-Za-z0-9]{1,63}")  # a sidecar key the card may name
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,14 @@ def _check_complete(records: Sequence[BidsRecord], root: Path) -> None:
         )
 
 
+def _field_names(dropped: set[str]) -> tuple[str, ...]:
+    """The dropped sidecar fields as the card names them: BIDS-style names (CamelCase words); any
+    other key (which someone typed, so free text) only counted."""
+    named = sorted(k for k in dropped if FIELD_NAME.fullmatch(k))
+    other = len(dropped) - len(named)
+    return tuple(named) + ((f"{other} other field(s)",) if other else ())
+
+
 def _participants(
     root: Path, columns: tuple[str, ...], subjects: Sequence[str]
 ) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -303,7 +313,7 @@ def read_layout(query: BidsQuery, conversion: Mapping[str, Any] | None = None) -
         source_doi=str(desc.get("DatasetDOI") or ""),
         participant_columns=query.participants,
         participants=_participants(root, query.participants, subjects),
-        dropped_fields=tuple(sorted(dropped)),
+        dropped_fields=_field_names(dropped),
         conversion=tuple(sorted((conversion or {}).items())),
         rekey=query.rekey,
     )

@@ -113,4 +113,9 @@ def read_index(folder: Path) -> tuple[list[str], list[str]] | None:
     if not index.is_file():
         return None
     data = json.loads(index.read_text())
-    return list(data["images"]), list(data["files"])
+    images, files = list(data["images"]), list(data["files"])
+    for path in images + files:  # paths inside the tree only (the index is read back from disk)
+        parts = Path(path).parts
+        if not parts or Path(path).is_absolute() or ".." in parts:
+            raise ValueError(f"{index}: {path!r} is not a path inside the released tree")
+    return images, files

@@ -41,9 +41,10 @@ def _tree(
                 stem = f"sub-{i:02d}_ses-{ses}_{suffix}"
                 data = rng.integers(0, 200, (12, 12, 12)).astype(np.int16)
                 write_volume(Volume(data, np.diag([2.0, 2.0, 2.0, 1.0])), anat / f"{stem}.nii.gz")
-                (anat / f"{stem}.json").write_text(
-                    json.dumps({"EchoTime": 0.003, "AcquisitionDateTime": "2024-01-17T09:14:03"})
-                )
+                sidecar = {"EchoTime": 0.003, "AcquisitionDateTime": "2024-01-17T09:14:03"}
+                if i == 1:  # a key someone typed: counted, never named
+                    sidecar["note for Jane Q Roe"] = "x"
+                (anat / f"{stem}.json").write_text(json.dumps(sidecar))
     (root / "participants.tsv").write_text("\n".join(rows) + "\n")
     return root
 
@@ -111,7 +112,7 @@ def test_subjects_not_files_are_the_unit(tmp_path) -> None:
     summary = data.layout.summary()
     assert summary["subjects"] == 5 and summary["sessions"] == 10
     assert summary["sidecar_fields_kept"] == ["EchoTime"]
-    assert summary["sidecar_fields_dropped"] == ["AcquisitionDateTime"]
+    assert summary["sidecar_fields_dropped"] == ["AcquisitionDateTime", "1 other field(s)"]
     only = load_bids(f"bids:{tree}?suffix=T1w&ses=1")
     assert len(only) == 5 and {r.suffix for r in only.layout.records} == {"T1w"}
 

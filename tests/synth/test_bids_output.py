@@ -89,3 +89,9 @@ def test_a_missing_validator_fails_the_check_saying_how_to_install(tmp_path, mon
     check = bids_check([out / TREE / p for p in images], None)
     assert check is not None and check.passed is False
     assert "npm install --prefix .tools/bids-validator bids-validator@1.15.0" in check.summary
+
+
+def test_an_index_pointing_outside_the_tree_is_refused(tmp_path) -> None:
+    (tmp_path / INDEX).write_text(json.dumps({"images": ["../../etc/x.nii.gz"], "files": []}))
+    with pytest.raises(ValueError, match="not a path inside the released tree"):
+        read_index(tmp_path)
