@@ -95,7 +95,10 @@ def _read_headers(root: Path) -> tuple[dict[str, Series], int]:
                 str(getattr(ds, "StudyDate", "") or ""),
                 int(getattr(ds, "SeriesNumber", 0) or 0),
                 " ".join(
-                    str(getattr(ds, k, "") or "") for k in ("SeriesDescription", "ProtocolName")
+                    dict.fromkeys(  # the description, and the protocol where it differs
+                        str(getattr(ds, k, "") or "").strip()
+                        for k in ("SeriesDescription", "ProtocolName")
+                    )
                 ).strip(),
                 tuple(str(t).upper() for t in (getattr(ds, "ImageType", None) or ())),
                 [],
@@ -173,10 +176,11 @@ def _convert(s: Series, target: Path, root: Path, work: Path) -> None:
     images = sorted(out.glob("*.nii.gz"))
     name = f"{root}/{s.folder} (series {s.number}, {s.description or 'no description'})"
     if done.returncode != 0 or len(images) != 1:
-        said = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        said = [ln for ln in lines if ln.lower().startswith(("warning", "error"))] or lines[-1:]
         raise DataFormatError(
             f"{name}: dcm2niix could not convert it into one volume (exit {done.returncode}, "
-            f"{len(images)} image(s); it said: {said[-1] if said else 'nothing'}). Remove the "
+            f"{len(images)} image(s); it said: {' / '.join(said[:3]) or 'nothing'}). Remove the "
             "series or export it again. Nothing was registered."
         )
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def test_loaded_study_keeps_no_identifier(tmp_path) -> None:
 def test_a_series_with_a_missing_slice_is_refused_by_name(tmp_path) -> None:
     with pytest.raises(
         DataFormatError,
-        match=r"ROE_JANE_2/2 \(series 2, T1 MPRAGE T1 MPRAGE\): "
+        match=r"ROE_JANE_2/2 \(series 2, T1 MPRAGE\): "
         r"missing slices \(instance number\(s\) \[5\] absent from 1..10\)",
     ):
         dicom.convert_study(_study(tmp_path / "study", 2, drop=2))
@@ -106,3 +106,20 @@ def test_a_study_of_localizers_only_is_refused(tmp_path) -> None:
     )
     with pytest.raises(DataFormatError, match=r"none of its 1 series .*'localizer': 1"):
         dicom.convert_study(tmp_path / "study")
+
+
+def test_a_series_dcm2niix_cannot_make_one_volume_of_is_named_with_its_reason(tmp_path) -> None:
+    import pydicom
+
+    root = _study(tmp_path / "study", 1)
+    odd = root / "ROE_JANE_1" / "2" / "IM0005.dcm"  # one slice of another size
+    ds = pydicom.dcmread(odd)
+    ds.Rows = 7
+    ds.PixelData = ds.PixelData[: 7 * 16 * 2]
+    ds.save_as(odd)
+    with pytest.raises(
+        DataFormatError,
+        match=r"ROE_JANE_1/2 \(series 2, T1 MPRAGE\): dcm2niix could not convert "
+        r"it into one volume \(exit \d+, \d+ image\(s\); it said: .+\)\. Remove the series",
+    ):
+        dicom.convert_study(root)
