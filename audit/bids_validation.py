@@ -2,8 +2,8 @@
 own (the `bids-validator` npm package, run by Node), as OpenNeuro validates every upload.
 
 The validator is found as `$PRIVRELEASE_BIDS_VALIDATOR` (a path to its executable), else
-`bids-validator` on the PATH, else the copy `npm install --prefix .tools/bids-validator
-bids-validator@1.15.0` puts in this repository. Its report, reduced to what it says of the
+`bids-validator` on the PATH, else the copy `make bids-validator` installs in this repository
+(`npm ci` from requirements/npm's lock into .tools/). Its report, reduced to what it says of the
 released tree (issue codes, reasons, files relative to the tree, counts: no file system
 metadata), is written beside the audit's other files and shipped in the bundle.
 """
@@ -23,7 +23,7 @@ CHECK = "bids_valid"
 REPORT = "bids_validator.json"
 ENV = "PRIVRELEASE_BIDS_VALIDATOR"
 VERSION = "1.15.0"  # the npm package version the report was written with and the docs name
-INSTALL = f"npm install --prefix .tools/bids-validator bids-validator@{VERSION}"
+INSTALL = "make bids-validator"  # npm ci of requirements/npm/package-lock.json into .tools/
 LOCAL = Path(__file__).resolve().parents[1] / ".tools/bids-validator/node_modules/.bin"
 TIMEOUT_S = 600
 

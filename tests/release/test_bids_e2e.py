@@ -21,8 +21,7 @@ from tests.support.heads import needs_templates
 
 needs_validator = pytest.mark.skipif(
     validator() is None,
-    reason="the BIDS validator is not installed (npm install --prefix .tools/bids-validator "
-    "bids-validator@1.15.0)",
+    reason="the BIDS validator is not installed (make bids-validator)",
 )
 needs_dcm2niix = pytest.mark.skipif(
     shutil.which("dcm2niix") is None, reason="dcm2niix (Debian package dcm2niix) is not installed"
