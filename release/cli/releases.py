@@ -23,7 +23,7 @@ from release.cli.common import (
 )
 from release.records import Release
 from release.spec import ReleaseSpec
-from release.terminal import print_plan, rich_progress
+from release.terminal import print_plan, rich_progress, run_notices
 
 if TYPE_CHECKING:
     from release.executor import ExecutorChoice
@@ -178,6 +178,16 @@ _CLUSTER = typer.Option(
     "the lease.",
 )
 
+_RETRIES = typer.Option(
+    2,
+    "--retries",
+    min=0,
+    max=10,
+    help="Hand an item out again this many times when its process or worker died, or it timed "
+    "out; the same failure twice, or a failure about the data, stops the run at once, naming "
+    "the item (finished items are kept: run again to resume).",
+)
+
 _NNODES = typer.Option(
     None,
     "--nnodes",
@@ -215,6 +225,7 @@ def run(
     nproc: int = _NPROC,
     workers: int = _WORKERS,
     cluster: str | None = _CLUSTER,
+    retries: int = _RETRIES,
     nnodes: int | None = _NNODES,
     rdzv: str | None = _RDZV,
     nproc_per_node: int | None = _NPROC_PER_NODE,
@@ -230,11 +241,11 @@ def run(
         _follow(release_id, nodes)
         return
     name = _actor(actor)
-    items_on = ExecutorChoice(workers, cluster)
+    items_on = ExecutorChoice(workers, cluster, retries)
     _print_placement(items_on, nodes, nproc)
     last: list[tuple[str, int, int]] = []
     try:
-        with _second_interrupt_waits(), rich_progress() as progress:
+        with _second_interrupt_waits(), rich_progress() as progress, run_notices():
 
             def track(stage: str, done: int, total: int) -> None:
                 last[:] = [(stage, done, total)]

@@ -1,0 +1,121 @@
+"""A run's log file, and what reaches the steward's console from the libraries a run uses (issue
+66). Dask distributed logs in this process (its scheduler and nannies under `--workers`, its client
+always) and in every worker process; left alone, its warnings and whole tracebacks land on the
+steward's console. While a run's items run, every record of distributed goes to the run's log file
+(`<release>/work/run.log`, tracebacks included) and nowhere else; the few events a steward should
+see (a worker process killed, the scheduler lost) become one line of ours on `NOTICES`, which the
+CLI prints and the log file keeps too. Worker processes started here send their own stderr to the
+same file (`release.worker_log`, preloaded in each), so what their libraries print (SimpleITK's
+C++ warnings, distributed's "Compute Failed" blocks) is kept there as well."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from collections import deque
+from pathlib import Path
+
+NOTICES = logging.getLogger("privrelease.run")  # one line per event, for the steward's console
+LOG_NAME = "run.log"  # in the run's work folder
+ROUTED = ("distributed", "tornado")  # libraries whose records go to the log file only
+
+_KILLED = re.compile(r"Worker process (\d+) was killed by (?:signal (\d+)|unknown signal)")
+_EXITED = re.compile(r"Worker process (\d+) exited with status (\d+)")
+_RECENT_S = 120.0  # a worker's death explains an item lost this soon after it
+
+
+def signal_words(sig: int | None) -> str:
+    """'signal 9 (SIGKILL; likely out of memory)' and the like."""
+    if sig is None:
+        return "an unknown signal"
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = "unknown signal"
+    cause = "; likely out of memory" if sig == signal.SIGKILL else ""
+    return f"signal {sig} ({name}{cause})"
+
+
+class _Notable(logging.Handler):
+    """distributed's records that a steward should see, said as one line of ours."""
+
+    def __init__(self, log: RunLog) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed library record is not worth a failure
+            return
+        killed, exited = _KILLED.search(text), _EXITED.search(text)
+        if killed:
+            sig = int(killed.group(2)) if killed.group(2) else None
+            line = f"a worker process (pid {killed.group(1)}) was killed by {signal_words(sig)}"
+        elif exited:
+            line = f"a worker process (pid {exited.group(1)}) exited with status {exited.group(2)}"
+        else:
+            return
+        self.log.deaths.append((time.monotonic(), line))
+        NOTICES.info("%s; it is restarted, and its item is retried.", line)
+
+
+class _Appended(logging.Handler):
+    """Each record appended to the file (not a StreamHandler: distributed's `silence_logs`
+    lowers those, and must not lower this one)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(logging.DEBUG)
+        self.path = path
+        self.setFormatter(
+            logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s")
+        )
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except Exception:  # noqa: BLE001 - logging must not fail the run
+            self.handleError(record)
+
+
+class RunLog:
+    """Routes distributed's logging of this process to `path` while open (see the module)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.deaths: deque[tuple[float, str]] = deque(maxlen=32)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))  # 0600
+        self._file = _Appended(self.path)
+        self._notable = _Notable(self)
+        self._saved: dict[str, tuple[list[logging.Handler], bool, int]] = {}
+        for name in ROUTED:
+            lib = logging.getLogger(name)
+            self._saved[name] = (list(lib.handlers), lib.propagate, lib.level)
+            lib.handlers = [self._file, self._notable]
+            lib.propagate = False
+            lib.setLevel(logging.INFO)
+        NOTICES.addHandler(self._file)
+        self._level = NOTICES.level
+        NOTICES.setLevel(logging.DEBUG)  # the file keeps the tracebacks of failed items too
+
+    def recent_death(self) -> str | None:
+        """The last worker death seen lately (what lost an item's worker, most likely)."""
+        if self.deaths and time.monotonic() - self.deaths[-1][0] < _RECENT_S:
+            return self.deaths[-1][1]
+        return None
+
+    def close(self) -> None:
+        for name, (handlers, propagate, level) in self._saved.items():
+            lib = logging.getLogger(name)
+            lib.handlers, lib.propagate = handlers, propagate
+            lib.setLevel(level)
+        self._saved = {}
+        NOTICES.removeHandler(self._file)
+        NOTICES.setLevel(self._level)
+        self._file.close()
