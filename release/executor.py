@@ -18,9 +18,11 @@ over two threads can round differently from one).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pickle
+import time
 import uuid
 import warnings
 from collections import deque
@@ -38,6 +40,7 @@ from synth.progress import no_progress
 from synth.registry import ItemFn
 
 ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
+MAP_NOTE, RETRY_NOTES = "map.json", "retries.jsonl"  # beside them: the map's size, its retries
 IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
 WAIT_FOR_WORKERS_S = 300.0  # a site's cluster: how long to wait for its first worker
 
@@ -162,6 +165,26 @@ class ItemStore:
     def load(self, index: int) -> Any:
         with open(self.path(index), "rb") as fh:
             return pickle.load(fh)
+
+    def note_map(self, label: str, n: int) -> None:
+        """What this folder's map is (for a run's attempts: release/attempts.py)."""
+        (self.folder / MAP_NOTE).write_text(json.dumps({"label": label, "n": n}))
+
+    def note_retry(self, index: int, why: str) -> None:
+        with open(self.folder / RETRY_NOTES, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"index": index, "at": time.time(), "why": why}) + "\n")
+
+    def noted_total(self) -> int:
+        try:
+            return int(json.loads((self.folder / MAP_NOTE).read_text())["n"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def noted_retries(self) -> int:
+        try:
+            return len((self.folder / RETRY_NOTES).read_text().splitlines())
+        except OSError:
+            return 0
 
     def save(self, index: int, result: Any) -> None:
         final = self.path(index)
@@ -440,6 +463,8 @@ def map_items(
     results: dict[int, Any] = (
         {} if lazy or saved is None else {i: saved.load(i) for i in sorted(done)}
     )
+    if saved is not None:
+        saved.note_map(label, n)
     progress(label, len(done), n)
     todo = _Feed((i, items[i]) for i in range(n) if i not in done)
     log = getattr(executor, "log", None)
@@ -456,6 +481,8 @@ def map_items(
             continue
         if isinstance(result, Failed):  # retried (handed out again) or the run stops here
             retries.failed(index, items[index], result.error)
+            if saved is not None:
+                saved.note_retry(index, type(result.error).__name__)
             todo.again.append((index, items[index]))
             continue
         if saved is not None:

@@ -104,8 +104,15 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
     """A release's plan, state, approvals and result."""
     s = store()
     rel = manager.get_release(s, release_id)
+    tried = views.attempts(s, release_id)
     if as_json:
-        print_json({**rel.to_dict(), "approvals": manager.approvals(s, release_id)})
+        print_json(
+            {
+                **rel.to_dict(),
+                "approvals": manager.approvals(s, release_id),
+                "attempts": [a.to_dict() for a in tried],
+            }
+        )
         return
     print_plan(rel)
     for a in manager.approvals(s, release_id):
@@ -113,6 +120,10 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
             f"  {a['decision']} by {a['approver']} at {a['decided_at'][:19]}"
             + (f": {a['reason']}" if a["reason"] else "")
         )
+    if rel.reason:
+        console.print(f"  reason: {rel.reason}", markup=False, highlight=False)
+    for a in tried:  # the run's attempts: when, how each ended, its items
+        console.print(f"  {a.describe()}", markup=False, highlight=False)
     if rel.result:
         console.print(f"  guarantee: {rel.guarantee}")
         if rel.bundle:
