@@ -43,6 +43,7 @@ ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
 MAP_NOTE, RETRY_NOTES = "map.json", "retries.jsonl"  # beside them: the map's size, its retries
 IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
 WAIT_FOR_WORKERS_S = 300.0  # a site's cluster: how long to wait for its first worker
+CONNECT_TIMEOUT_S = 30  # a site's scheduler: how long to try to reach it (refused before a charge)
 
 
 @dataclass(frozen=True)
@@ -285,10 +286,11 @@ class DaskExecutor:
                     "a scheduler file. Nothing was charged."
                 )
             try:
+                wait = f"{CONNECT_TIMEOUT_S}s"
                 self.client = (
-                    Client(target, timeout="30s")
+                    Client(target, timeout=wait)
                     if "://" in target
-                    else Client(scheduler_file=target, timeout="30s")
+                    else Client(scheduler_file=target, timeout=wait)
                 )
             except OSError as exc:  # TimeoutError included
                 self._close_log()
@@ -393,8 +395,8 @@ class DaskExecutor:
             index = futures.pop(future.key)
             if future.status == "cancelled" or self.client.status != "running":
                 raise SchedulerLostError(
-                    f"The Dask scheduler of {self.target} was lost while items were running "
-                    f"({future.status}: the client's connection is {self.client.status})."
+                    f"The scheduler of {self.target} was lost while items were running "
+                    f"(the client's connection: {self.client.status})."
                 )
             if future.status == "error":  # the task's exception, or KilledWorker
                 result: Any = Failed(future.exception())
@@ -476,21 +478,27 @@ def map_items(
         getattr(executor, "recent_death", lambda: None),
         lambda: len(done),
     )
-    for index, result in executor.map(fn, config, todo):
-        if index in done:  # never counted twice
-            continue
-        if isinstance(result, Failed):  # retried (handed out again) or the run stops here
-            retries.failed(index, items[index], result.error)
+    try:
+        for index, result in executor.map(fn, config, todo):
+            if index in done:  # never counted twice
+                continue
+            if isinstance(result, Failed):  # retried (handed out again) or the run stops here
+                retries.failed(index, items[index], result.error)
+                if saved is not None:
+                    saved.note_retry(index, type(result.error).__name__)
+                todo.again.append((index, items[index]))
+                continue
             if saved is not None:
-                saved.note_retry(index, type(result.error).__name__)
-            todo.again.append((index, items[index]))
-            continue
-        if saved is not None:
-            saved.save(index, result)
-        if not lazy:
-            results[index] = result
-        done.add(index)
-        progress(label, len(done), n)
+                saved.save(index, result)
+            if not lazy:
+                results[index] = result
+            done.add(index)
+            progress(label, len(done), n)
+    except SchedulerLostError as exc:
+        raise SchedulerLostError(
+            f"{exc} The run stopped; {retries.kept()} once the scheduler and its workers run "
+            f"again (nothing is charged twice).{retries.details()}"
+        ) from None
     if lazy and saved is not None:
         return StoredResults(saved, n)
     return [results[i] for i in range(n)]

@@ -73,6 +73,15 @@ class Retries:
     retried: int = 0
     kinds: dict[int, list[str]] = field(default_factory=dict)
 
+    def kept(self) -> str:
+        return (
+            f"the {self.done()} of {self.n} items finished are kept, and `privrelease release "
+            "run` resumes the release from there"
+        )
+
+    def details(self) -> str:
+        return f" Details: {self.log}." if self.log is not None else ""
+
     def failed(self, index: int, item: Any, exc: BaseException) -> None:
         kind, words = cause(exc, self.recent_death())
         name = item_name(item, index, self.n)
@@ -85,11 +94,7 @@ class Retries:
                 "%s: %s retried (%d of %d): %s", self.label, name, len(seen), self.limit, words
             )
             return
-        kept = (
-            f"the {self.done()} of {self.n} items finished are kept, and `privrelease release "
-            "run` resumes the release from there"
-        )
-        where = f" Details: {self.log}." if self.log is not None else ""
+        kept, where = self.kept(), self.details()
         if kind is None and isinstance(exc, PrivReleaseError):  # about the data: it names it
             NOTICES.info("%s: the run stopped at %s; %s.%s", self.label, name, kept, where)
             raise exc
