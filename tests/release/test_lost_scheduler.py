@@ -22,7 +22,7 @@ from release import executor, keys, manager, views
 from release.data import register_from_source
 from release.executor import DaskExecutor, ExecutorChoice, SchedulerLostError, map_items
 from release.spec import ReleaseSpec
-from tests.support.heads import cohort, needs_templates
+from tests.support.heads import admissible_cohort, needs_templates
 from tests.support.items import nap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def test_a_scheduler_killed_mid_map_stops_it_at_once_with_the_items_kept(tmp_pat
 @needs_templates
 @pytest.mark.slow  # a deface release of 6 heads on a real cluster, its scheduler killed: minutes
 def test_a_release_whose_scheduler_died_resumes_on_a_new_one_charged_once(tmp_path) -> None:
-    heads = cohort(tmp_path / "heads", 6, colin_only=True)
+    heads = admissible_cohort(tmp_path / "heads", 6, tmp_path.parent / "head-atlas-cache")
     env = {
         **os.environ,
         "PRIVRELEASE_HOME": str(tmp_path / "ws"),
