@@ -72,7 +72,8 @@ def _set_state(
             raise LedgerStateError(
                 f"Release {release_id} is {row[0]}; this needs it to be {' or '.join(expected)}."
             )
-        sets, params = ["state = ?", "updated_at = ?"], [new, trail.now()]
+        sets = ["state = ?", "updated_at = ?"]
+        params: list[str | None] = [new, trail.now()]
         if reason is not None:  # "": cleared (a failure's reason is stale once it runs again)
             sets.append("reason = ?")
             params.append(reason or None)

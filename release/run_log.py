@@ -4,7 +4,8 @@ always) and in every worker process; left alone, its warnings and whole tracebac
 steward's console. While a run's items run, every record of distributed goes to the run's log file
 (`<release>/work/run.log`, tracebacks included) and nowhere else; the few events a steward should
 see (a worker process killed, the scheduler lost) become one line of ours on `NOTICES`, which the
-CLI prints and the log file keeps too. Worker processes started here send their own stderr to the
+CLI prints and the log file keeps too (after the run, the libraries' records still go to the file:
+see `RunLog.close`). Worker processes started here send their own stderr to the
 same file (`release.worker_log`, preloaded in each), so what their libraries print (SimpleITK's
 C++ warnings, distributed's "Compute Failed" blocks) is kept there as well."""
 
@@ -93,10 +94,10 @@ class RunLog:
         os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))  # 0600
         self._file = _Appended(self.path)
         self._notable = _Notable(self)
-        self._saved: dict[str, tuple[list[logging.Handler], bool, int]] = {}
+        self._saved: list[str] = []
         for name in ROUTED:
             lib = logging.getLogger(name)
-            self._saved[name] = (list(lib.handlers), lib.propagate, lib.level)
+            self._saved.append(name)
             lib.handlers = [self._file, self._notable]
             lib.propagate = False
             lib.setLevel(logging.INFO)
@@ -111,11 +112,12 @@ class RunLog:
         return None
 
     def close(self) -> None:
-        for name, (handlers, propagate, level) in self._saved.items():
-            lib = logging.getLogger(name)
-            lib.handlers, lib.propagate = handlers, propagate
-            lib.setLevel(level)
-        self._saved = {}
+        """Our lines stop; the libraries' records keep going to this file, not back to stderr:
+        a client's connection closes asynchronously (a lost scheduler's reconnection, cancelled,
+        logs its traceback after the run stopped), and a later run routes them to its own."""
+        for name in self._saved:
+            logging.getLogger(name).removeHandler(self._notable)
+        self._saved = []
         NOTICES.removeHandler(self._file)
         NOTICES.setLevel(self._level)
         self._file.close()

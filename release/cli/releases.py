@@ -122,8 +122,8 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
         )
     if rel.reason:
         console.print(f"  reason: {rel.reason}", markup=False, highlight=False)
-    for a in tried:  # the run's attempts: when, how each ended, its items
-        console.print(f"  {a.describe()}", markup=False, highlight=False)
+    for attempt in tried:  # the run's attempts: when, how each ended, its items
+        console.print(f"  {attempt.describe()}", markup=False, highlight=False)
     if rel.result:
         console.print(f"  guarantee: {rel.guarantee}")
         if rel.bundle:
