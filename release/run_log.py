@@ -21,7 +21,7 @@ from pathlib import Path
 
 NOTICES = logging.getLogger("privrelease.run")  # one line per event, for the steward's console
 LOG_NAME = "run.log"  # in the run's work folder
-ROUTED = ("distributed", "tornado")  # libraries whose records go to the log file only
+ROUTED = ("distributed", "tornado", "bokeh")  # libraries whose records go to the log file only
 
 _KILLED = re.compile(r"Worker process (\d+) was killed by (?:signal (\d+)|unknown signal)")
 _EXITED = re.compile(r"Worker process (\d+) exited with status (\d+)")
@@ -95,12 +95,20 @@ class RunLog:
         self._file = _Appended(self.path)
         self._notable = _Notable(self)
         self._saved: list[str] = []
-        for name in ROUTED:
-            lib = logging.getLogger(name)
+        # distributed gives several of its loggers a stderr handler of their own (the client's,
+        # tornado's): each is routed, not only the package's
+        known = logging.Logger.manager.loggerDict
+        for name in sorted({*ROUTED, *known}):
+            lib = known.get(name) if name not in ROUTED else logging.getLogger(name)
+            if not isinstance(lib, logging.Logger) or name.split(".")[0] not in ROUTED:
+                continue
+            if name not in ROUTED and not lib.handlers:
+                continue  # it propagates to its routed package
             self._saved.append(name)
-            lib.handlers = [self._file, self._notable]
+            lib.handlers = [self._file] + ([self._notable] if name in ROUTED else [])
             lib.propagate = False
-            lib.setLevel(logging.INFO)
+        for name in ROUTED:
+            logging.getLogger(name).setLevel(logging.INFO)
         NOTICES.addHandler(self._file)
         self._level = NOTICES.level
         NOTICES.setLevel(logging.DEBUG)  # the file keeps the tracebacks of failed items too

@@ -151,7 +151,9 @@ def test_the_retries_setting_is_checked() -> None:
         ExecutorChoice(workers=1, retries=11)
 
 
-def test_a_lost_worker_is_retried_with_the_death_distributed_logged(tmp_path, notices) -> None:
+def test_a_lost_worker_is_retried_with_the_death_distributed_logged(
+    tmp_path, notices, capfd
+) -> None:
     """The Dask branch, fast: the nanny's record of a worker's death (through distributed's own
     logger, as the nanny logs it) becomes our line, and a real KilledWorker of that worker's
     item is retried, named with that death."""
@@ -164,6 +166,8 @@ def test_a_lost_worker_is_retried_with_the_death_distributed_logged(tmp_path, no
     try:
         logging.getLogger("distributed.nanny").info("Worker process 4242 was killed by signal 9")
         logging.getLogger("distributed.nanny").warning("Restarting worker (status=running)")
+        # the client's logger has a stderr handler of its own (distributed's logging config)
+        logging.getLogger("distributed.client").error("Lost connection to scheduler")
         retries = Retries(2, LABEL, 24, log.path, log.recent_death, lambda: 7)
         retries.failed(6, Head("sub-07"), KilledWorker("item-x-6-1", None, 0))
     finally:
@@ -174,7 +178,9 @@ def test_a_lost_worker_is_retried_with_the_death_distributed_logged(tmp_path, no
         f"{LABEL}: sub-07 (item 7 of 24) retried (1 of 2): the worker running it died (a worker "
         "process (pid 4242) was killed by signal 9 (SIGKILL; likely out of memory))",
     ]
-    assert "Restarting worker" in (tmp_path / "run.log").read_text()
+    text = (tmp_path / "run.log").read_text()
+    assert "Restarting worker" in text and "Lost connection to scheduler" in text
+    assert capfd.readouterr().err == ""  # nothing of distributed's on the console
 
 
 @pytest.mark.slow  # two worker processes start (about 15 s); the test above covers the branch
