@@ -418,6 +418,8 @@ class DaskExecutor:
             self.log.close()
 
     def close(self) -> None:
+        if self.log is not None:
+            self.log.closing = True  # the workers it stops are not "killed" events
         try:
             self.client.close()
             if self.cluster is not None:

@@ -52,6 +52,8 @@ class _Notable(logging.Handler):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed library record is not worth a failure
             return
+        if self.log.closing:  # the cluster stopping its own workers: no event of note
+            return
         killed, exited = _KILLED.search(text), _EXITED.search(text)
         if killed:
             sig = int(killed.group(2)) if killed.group(2) else None
@@ -90,6 +92,7 @@ class RunLog:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.deaths: deque[tuple[float, str]] = deque(maxlen=32)
+        self.closing = False  # set while the executor stops its cluster
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))  # 0600
         self._file = _Appended(self.path)
