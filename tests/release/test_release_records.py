@@ -1,4 +1,5 @@
-"""The typed release record: what the manager returns, what the CLI prints, what a tampered row gives."""
+"""The typed release record: what the manager returns, what the CLI prints, what a tampered row
+gives."""
 
 import dataclasses
 import json
@@ -27,7 +28,8 @@ def planned(store):
 
 
 def _raw(store, release_id: str) -> dict:
-    """The stored row with its JSON columns decoded: what the manager returned before it was typed."""
+    """The stored row with its JSON columns decoded: what the manager returned before it was
+    typed."""
     row = store.query("SELECT * FROM releases WHERE release_id = ?", [release_id])[0]
     return {
         k: (json.loads(v) if k in ("spec", "plan", "result") and v else v) for k, v in row.items()
