@@ -36,3 +36,26 @@ class DataFormatError(PrivReleaseError, ValueError):
 
 class PermissionDeniedError(PrivReleaseError):
     """The acting identity's role does not allow the action."""
+
+
+class TransientError(PrivReleaseError):
+    """A failure of where an item ran, not of its data (a process killed, a time limit): the run
+    retries the item a bounded number of times (release/retries.py)."""
+
+    kind = "transient"
+
+
+class ProcessDiedError(TransientError):
+    """A process doing an item's work died: killed by `signal` (None: it exited with `exitcode`)."""
+
+    kind = "killed"
+
+    def __init__(self, message: str, signal: int | None = None, exitcode: int | None = None):
+        super().__init__(message)
+        self.signal, self.exitcode = signal, exitcode
+
+
+class ItemTimeoutError(TransientError):
+    """An item's work passed its time limit."""
+
+    kind = "timed out"

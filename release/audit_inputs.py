@@ -47,7 +47,8 @@ def run_checks(
         else load_registered(store, spec.dataset)
     )
     inputs = audit_inputs(store, rel, out, spec, ds, sensitive, public)
-    with mapping_on(executor, progress) as inputs.map_items:
+    work = release_dir(store, rel.release_id) / "work"  # the run's run.log
+    with mapping_on(executor, progress, work) as inputs.map_items:
         report = run_audit(inputs, AuditPolicy.from_dict(spec.policy), progress)
     save_report(store, report)
     return report

@@ -18,11 +18,14 @@ over two threads can round differently from one).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pickle
+import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,12 +33,17 @@ from pathlib import Path
 from typing import Any, overload
 
 from accounting.errors import InvalidParameterError, PrivReleaseError
+from release import worker_log
+from release.retries import DEFAULT_RETRIES, Failed, Retries
+from release.run_log import LOG_NAME, RunLog
 from synth.progress import no_progress
 from synth.registry import ItemFn
 
 ITEMS_DIR = "items"  # under a run's work folder: one file per finished item
+MAP_NOTE, RETRY_NOTES = "map.json", "retries.jsonl"  # beside them: the map's size, its retries
 IN_FLIGHT_PER_WORKER = 4  # items handed out ahead per worker (bounded memory on the coordinator)
 WAIT_FOR_WORKERS_S = 300.0  # a site's cluster: how long to wait for its first worker
+CONNECT_TIMEOUT_S = 30  # a site's scheduler: how long to try to reach it (refused before a charge)
 
 
 @dataclass(frozen=True)
@@ -46,10 +54,13 @@ class ExecutorChoice:
 
     workers: int = 0
     cluster: str | None = None
+    retries: int = DEFAULT_RETRIES  # of an item whose process or worker died, or timed out
 
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise InvalidParameterError(f"--workers must be at least 1, got {self.workers}.")
+        if not 0 <= self.retries <= 10:
+            raise InvalidParameterError(f"--retries must be 0 to 10, got {self.retries}.")
         if self.workers and self.cluster:
             raise InvalidParameterError(
                 "--workers starts a cluster on this machine and --cluster uses a site's: give one."
@@ -68,6 +79,10 @@ class ExecutorChoice:
 
 
 IN_PROCESS = ExecutorChoice()
+
+
+class SchedulerLostError(PrivReleaseError):
+    """The Dask scheduler of a run went away while items were out."""
 
 
 # ------------------------------------------------------------------ one item, one thread
@@ -152,6 +167,26 @@ class ItemStore:
         with open(self.path(index), "rb") as fh:
             return pickle.load(fh)
 
+    def note_map(self, label: str, n: int) -> None:
+        """What this folder's map is (for a run's attempts: release/attempts.py)."""
+        (self.folder / MAP_NOTE).write_text(json.dumps({"label": label, "n": n}))
+
+    def note_retry(self, index: int, why: str) -> None:
+        with open(self.folder / RETRY_NOTES, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"index": index, "at": time.time(), "why": why}) + "\n")
+
+    def noted_total(self) -> int:
+        try:
+            return int(json.loads((self.folder / MAP_NOTE).read_text())["n"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def noted_retries(self) -> int:
+        try:
+            return len((self.folder / RETRY_NOTES).read_text().splitlines())
+        except OSError:
+            return 0
+
     def save(self, index: int, result: Any) -> None:
         final = self.path(index)
         tmp = final.with_suffix(f".tmp-{os.getpid()}")
@@ -200,25 +235,37 @@ class InProcess:
 
     workers = 1
 
+    def __init__(self, retries: int = DEFAULT_RETRIES, log: Path | None = None) -> None:
+        self.retries = retries
+        self.log = RunLog(log) if log is not None else None
+
     def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
         return [call_setup(fn, *args)]
 
     def map(
         self, fn: Callable[[Any, Any], Any], config: Any, items: Iterable[tuple[int, Any]]
     ) -> Iterator[tuple[int, Any]]:
-        for index, item in items:
-            yield index, call_item(fn, config, item)
+        items = iter(items)
+        while (nxt := next(items, None)) is not None:  # a retried item may come back
+            index, item = nxt
+            try:
+                result = call_item(fn, config, item)
+            except Exception as exc:  # noqa: BLE001 - map_items decides: retried or stopped
+                result = Failed(exc)
+            yield index, result
 
     def close(self) -> None:
-        pass
+        if self.log is not None:
+            self.log.close()
 
 
 class DaskExecutor:
     """Items as Dask tasks on a `LocalCluster` this object started (and stops), or on a site's
-    scheduler. A worker that dies has its tasks rescheduled on the others by Dask's scheduler; the
-    coordinator keeps the first result of each item, so each is released once."""
+    scheduler. An item whose worker died (or that failed) comes back as `Failed`, and map_items
+    hands it out again or stops (release/retries.py); the coordinator keeps the first result of
+    each item, so each is released once."""
 
-    def __init__(self, choice: ExecutorChoice) -> None:
+    def __init__(self, choice: ExecutorChoice, log: Path | None = None) -> None:
         try:
             from distributed import Client, LocalCluster
         except ImportError as exc:  # pragma: no cover - a pinned dependency
@@ -227,6 +274,10 @@ class DaskExecutor:
             ) from exc
         self.cluster = None
         self._config: Any = None
+        self.retries, self.target = choice.retries, choice.describe()
+        self._tries: dict[int, int] = {}
+        # distributed's logging to the run's log file from here on (release/run_log.py)
+        self.log = RunLog(log) if log is not None else None
         if choice.cluster:
             target = choice.cluster
             if "://" not in target and not Path(target).is_file():
@@ -235,12 +286,14 @@ class DaskExecutor:
                     "a scheduler file. Nothing was charged."
                 )
             try:
+                wait = f"{CONNECT_TIMEOUT_S}s"
                 self.client = (
-                    Client(target, timeout="30s")
+                    Client(target, timeout=wait)
                     if "://" in target
-                    else Client(scheduler_file=target, timeout="30s")
+                    else Client(scheduler_file=target, timeout=wait)
                 )
             except OSError as exc:  # TimeoutError included
+                self._close_log()
                 raise PrivReleaseError(
                     f"Could not reach the Dask scheduler {target}: {exc}. Check that it runs and "
                     "that this machine may connect to it. Nothing was charged."
@@ -248,9 +301,18 @@ class DaskExecutor:
         else:
             import dask
 
-            # worker processes that may start their own (the head registration runs in a forked
-            # child, to stay interruptible); read by the nannies at each (re)start of a worker
-            self._config = dask.config.set({"distributed.worker.daemon": False})
+            self._config = dask.config.set(
+                {
+                    # worker processes that may start their own (the head registration runs in a
+                    # forked child, to stay interruptible); read by the nannies at each (re)start
+                    "distributed.worker.daemon": False,
+                    # an item whose worker died comes back at once as KilledWorker, to be retried
+                    # (counted, and said) by map_items rather than silently by the scheduler
+                    "distributed.scheduler.allowed-failures": 0,
+                    # one item per worker thread at a time: a worker that dies loses only its own
+                    "distributed.scheduler.worker-saturation": 1.0,
+                }
+            )
             self._config.__enter__()
             try:
                 self.cluster = LocalCluster(
@@ -258,11 +320,15 @@ class DaskExecutor:
                     threads_per_worker=1,
                     processes=True,
                     dashboard_address=None,
-                    silence_logs=logging.WARNING,
+                    # the workers' own: errors only (to the run's log file, once preloaded); this
+                    # process's are routed by release/run_log.py (which this does not lower)
+                    silence_logs=logging.ERROR,
+                    **self._quiet_workers(),
                 )
                 self.client = Client(self.cluster)
             except BaseException:
                 self._config.__exit__(None, None, None)
+                self._close_log()
                 raise
         try:
             self.client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
@@ -274,6 +340,15 @@ class DaskExecutor:
             ) from exc
         self.workers = max(1, self.connected())
         self._prefix = uuid.uuid4().hex[:12]
+
+    def _quiet_workers(self) -> dict[str, Any]:
+        """Worker processes whose stderr goes to the run's log file (release/worker_log.py)."""
+        if self.log is None:
+            return {}
+        return {
+            "preload": [worker_log.__name__],
+            "env": {worker_log.LOG_ENV: str(self.log.path)},
+        }
 
     def setup(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """`fn(*args)` once on every worker now connected (loading its models); workers that join
@@ -302,8 +377,14 @@ class DaskExecutor:
                     # an item of tens of MB may travel with its task on purpose (large records
                     # travel as references); distributed's advice to load it with Dask is noise
                     warnings.filterwarnings("ignore", "Sending large graph", UserWarning)
+                    tries = self._tries[index] = self._tries.get(index, 0) + 1
                     future = self.client.submit(
-                        call_item, fn, config, item, key=f"item-{self._prefix}-{index}", pure=False
+                        call_item,
+                        fn,
+                        config,
+                        item,
+                        key=f"item-{self._prefix}-{index}-{tries}",  # a retry is a new task
+                        pure=False,
                     )
                 futures[future.key] = index
                 out.append(future)
@@ -312,7 +393,15 @@ class DaskExecutor:
         queue = as_completed(top_up(), with_results=False)
         for future in queue:
             index = futures.pop(future.key)
-            result = future.result()  # a task's exception is raised here, in the coordinator
+            if future.status == "cancelled" or self.client.status != "running":
+                raise SchedulerLostError(
+                    f"The scheduler of {self.target} was lost while items were running "
+                    f"(the client's connection: {self.client.status})."
+                )
+            if future.status == "error":  # the task's exception, or KilledWorker
+                result: Any = Failed(future.exception())
+            else:
+                result = future.result()
             future.release()
             yield index, result
             for more in top_up():
@@ -321,7 +410,16 @@ class DaskExecutor:
     def connected(self) -> int:
         return len(self.client.scheduler_info().get("workers", {}))
 
+    def recent_death(self) -> str | None:
+        return self.log.recent_death() if self.log is not None else None
+
+    def _close_log(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
     def close(self) -> None:
+        if self.log is not None:
+            self.log.closing = True  # the workers it stops are not "killed" events
         try:
             self.client.close()
             if self.cluster is not None:
@@ -329,10 +427,15 @@ class DaskExecutor:
         finally:
             if self._config is not None:
                 self._config.__exit__(None, None, None)
+            self._close_log()
 
 
-def start(choice: ExecutorChoice) -> InProcess | DaskExecutor:
-    return InProcess() if choice.in_process else DaskExecutor(choice)
+def start(choice: ExecutorChoice, workdir: Path | None = None) -> InProcess | DaskExecutor:
+    """The executor `choice` asks for; with `workdir` (a run's), libraries log to its run.log."""
+    log = Path(workdir) / LOG_NAME if workdir is not None else None
+    if choice.in_process:
+        return InProcess(choice.retries, log)
+    return DaskExecutor(choice, log)
 
 
 def map_items(
@@ -364,20 +467,57 @@ def map_items(
     results: dict[int, Any] = (
         {} if lazy or saved is None else {i: saved.load(i) for i in sorted(done)}
     )
+    if saved is not None:
+        saved.note_map(label, n)
     progress(label, len(done), n)
-    todo = ((i, items[i]) for i in range(n) if i not in done)
-    for index, result in executor.map(fn, config, todo):
-        if index in done:  # never counted twice
-            continue
-        if saved is not None:
-            saved.save(index, result)
-        if not lazy:
-            results[index] = result
-        done.add(index)
-        progress(label, len(done), n)
+    todo = _Feed((i, items[i]) for i in range(n) if i not in done)
+    log = getattr(executor, "log", None)
+    retries = Retries(
+        executor.retries,
+        label,
+        n,
+        log.path if log is not None else None,
+        getattr(executor, "recent_death", lambda: None),
+        lambda: len(done),
+    )
+    try:
+        for index, result in executor.map(fn, config, todo):
+            if index in done:  # never counted twice
+                continue
+            if isinstance(result, Failed):  # retried (handed out again) or the run stops here
+                retries.failed(index, items[index], result.error)
+                if saved is not None:
+                    saved.note_retry(index, type(result.error).__name__)
+                todo.again.append((index, items[index]))
+                continue
+            if saved is not None:
+                saved.save(index, result)
+            if not lazy:
+                results[index] = result
+            done.add(index)
+            progress(label, len(done), n)
+    except SchedulerLostError as exc:
+        raise SchedulerLostError(
+            f"{exc} The run stopped; {retries.kept()} once the scheduler and its workers run "
+            f"again (nothing is charged twice).{retries.details()}"
+        ) from None
     if lazy and saved is not None:
         return StoredResults(saved, n)
     return [results[i] for i in range(n)]
+
+
+class _Feed(Iterator[tuple[int, Any]]):
+    """The items to hand out: retried ones first, then the rest. Asked again after it ran dry, it
+    hands out an item retried since (executors ask with `next` each time, never a for loop)."""
+
+    def __init__(self, first: Iterator[tuple[int, Any]]) -> None:
+        self.first = first
+        self.again: deque[tuple[int, Any]] = deque()
+
+    def __next__(self) -> tuple[int, Any]:
+        if self.again:
+            return self.again.popleft()
+        return next(self.first)
 
 
 class ItemMapper:
@@ -392,6 +532,7 @@ class ItemMapper:
         executor: InProcess | DaskExecutor | ExecutorChoice | None = None,
         progress: Callable[[str, int, int], None] | None = None,
         workdir: Path | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self._choice: ExecutorChoice | None = None
         self._executor: InProcess | DaskExecutor | None = None
@@ -401,11 +542,12 @@ class ItemMapper:
             self._executor = executor if executor is not None else InProcess()
         self.progress = progress if progress is not None else no_progress
         self.workdir = workdir
+        self.log_dir = log_dir if log_dir is not None else workdir  # where run.log is kept
 
     @property
     def executor(self) -> InProcess | DaskExecutor:
         if self._executor is None:
-            self._executor = start(self._choice or IN_PROCESS)
+            self._executor = start(self._choice or IN_PROCESS, self.log_dir)
         return self._executor
 
     def __call__(
@@ -445,11 +587,13 @@ class ItemMapper:
 
 @contextmanager
 def mapping_on(
-    choice: ExecutorChoice, progress: Callable[[str, int, int], None] | None = None
+    choice: ExecutorChoice,
+    progress: Callable[[str, int, int], None] | None = None,
+    log_dir: Path | None = None,
 ) -> Iterator[ItemMapper]:
     """An `ItemMapper` on the executor `choice` asks for, started at its first map and stopped on
-    leaving (the audit's: it keeps no work folder)."""
-    mapper = ItemMapper(choice, progress)
+    leaving (the audit's: it keeps no work folder; libraries log to `log_dir`'s run.log)."""
+    mapper = ItemMapper(choice, progress, log_dir=log_dir)
     try:
         yield mapper
     finally:

@@ -22,7 +22,7 @@ from accounting.errors import (
     TamperError,
 )
 from accounting.store import Store
-from release import approval, keys, planning, runner
+from release import approval, attempts, keys, planning, runner
 from release.artifacts import release_dir, run_and_save
 from release.audit_inputs import run_checks
 from release.executor import IN_PROCESS, ExecutorChoice
@@ -72,10 +72,11 @@ def _set_state(
             raise LedgerStateError(
                 f"Release {release_id} is {row[0]}; this needs it to be {' or '.join(expected)}."
             )
-        sets, params = ["state = ?", "updated_at = ?"], [new, trail.now()]
-        if reason is not None:
+        sets = ["state = ?", "updated_at = ?"]
+        params: list[str | None] = [new, trail.now()]
+        if reason is not None:  # "": cleared (a failure's reason is stale once it runs again)
             sets.append("reason = ?")
-            params.append(reason)
+            params.append(reason or None)
         if result is not None:
             sets.append("result = ?")
             params.append(json.dumps(result, sort_keys=True))
@@ -260,7 +261,7 @@ def _synthesise(
     release_id = rel.release_id
     lease = runner.acquire_lease(store, release_id, actor)
     try:
-        _set_state(store, release_id, RUNNABLE, "running", actor, "release.run", {})
+        _set_state(store, release_id, RUNNABLE, "running", actor, "release.run", {}, reason="")
         try:
             summary = run_and_save(
                 store,
@@ -299,7 +300,7 @@ def _fail(store: Store, release_id: str, actor: str, reason: str) -> None:
         "failed",
         actor,
         "release.fail",
-        {"reason": reason},
+        attempts.fail_payload(store, release_id, reason),  # with where its items stood
         reason=reason,
     )
 
@@ -370,6 +371,7 @@ def audit_release(
         ident.name,
         "release.audit",
         {"passed": report.passed, "verdicts": report.verdicts()},
+        reason="",
     )
     return get_release(store, release_id)
 

@@ -478,7 +478,7 @@ def run_charged(
     pool = None
     try:
         # started before the reservation: a cluster that cannot be reached charges nothing
-        items_on = executors.start(executor)
+        items_on = executors.start(executor, workdir)  # its run.log in the work folder
         if nodes is not None:  # every host joins and agrees on the plan, or nothing is charged
             pool = _join_nodes(nodes, mech, run_id, fingerprint or plan_fingerprint(plan), workdir)
             pool.start(progress)

@@ -3,6 +3,7 @@ driven by the mechanisms' progress(stage, done, total) callback, and a stored pl
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -92,6 +93,32 @@ def rich_progress(out: Console | None = None) -> Iterator[ProgressFn]:
             bar.update(tasks[stage], completed=done, total=max(total, 1))
 
         yield update
+
+
+class _Lines(logging.Handler):
+    def __init__(self, out: Console) -> None:
+        super().__init__(logging.INFO)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.out.print(f"  {record.getMessage()}", markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def run_notices(out: Console | None = None) -> Iterator[None]:
+    """While a run goes on: its events (an item retried, a worker killed: release/run_log.py's
+    `NOTICES`) printed as one line each on `out`."""
+    lines = _Lines(out or console)
+    notices = logging.getLogger("privrelease.run")
+    notices.addHandler(lines)
+    level = notices.level
+    if notices.getEffectiveLevel() > logging.INFO:
+        notices.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        notices.removeHandler(lines)
+        notices.setLevel(level)
 
 
 def _log_lines(out: Console) -> ProgressFn:

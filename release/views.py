@@ -18,6 +18,8 @@ from accounting.store import Store, Workspace
 from audit.report import AuditReport, load_report
 from release import runner
 from release.artifacts import load_output, release_dir
+from release.attempts import Attempt
+from release.attempts import history as attempts  # a release's run attempts, oldest first
 from release.data import load_registered
 from release.manifest import STATEMENT_FILE
 from release.predicate import ReleasePredicate
@@ -28,10 +30,12 @@ from synth.registry import guarantee_label
 
 __all__ = [  # guarantee_label: the dashboard's words for a guarantee kind (synth.registry);
     # load_output: a release's saved output, typed (release.artifacts)
+    "Attempt",
     "AuditReport",
     "Dataset",
     "PrivReleaseError",
     "Store",
+    "attempts",
     "audit_report",
     "guarantee_label",
     "load_output",

@@ -39,6 +39,7 @@ def render(store: Store, ident: keys.Identity, rel: Release) -> None:
     st.markdown(f"**Guarantee:** {guarantee}")
     if rel.reason:
         (st.error if rel.state == "failed" else st.info)(f"Reason: {rel.reason}")
+    attempts(store, rid)
     if ident.role == "steward":
         actions(store, ident, rel)
 
@@ -56,6 +57,35 @@ def render(store: Store, ident: keys.Identity, rel: Release) -> None:
         with tabs[3]:
             with guarded("showing the clusters"):
                 cluster_viewer(store, ident, rel)
+
+
+def attempts(store: Store, rid: str) -> None:
+    """The run's attempts (when, how each ended, its items), when it was tried more than once or
+    failed: a release that failed and then succeeded shows its history, not a stale reason."""
+    tried = views.attempts(store, rid)
+    if len(tried) < 2 and not any(a.outcome in ("failed", "died") for a in tried):
+        return
+    with st.expander(f"Run attempts ({len(tried)})", expanded=False):
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "attempt": a.number,
+                        "started (UTC)": short_time(a.started_at),
+                        "ended (UTC)": short_time(a.ended_at) if a.ended_at else "",
+                        "outcome": a.outcome,
+                        "items done": (
+                            f"{a.items_done} of {a.items_total}" if a.items_total else ""
+                        ),
+                        "retried": str(a.retries) if a.retries is not None else "",
+                        "why it stopped": a.reason or "",
+                    }
+                    for a in tried
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
 
 
 def actions(store: Store, ident: keys.Identity, rel: Release) -> None:

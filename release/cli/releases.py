@@ -23,7 +23,7 @@ from release.cli.common import (
 )
 from release.records import Release
 from release.spec import ReleaseSpec
-from release.terminal import print_plan, rich_progress
+from release.terminal import print_plan, rich_progress, run_notices
 
 if TYPE_CHECKING:
     from release.executor import ExecutorChoice
@@ -104,8 +104,15 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
     """A release's plan, state, approvals and result."""
     s = store()
     rel = manager.get_release(s, release_id)
+    tried = views.attempts(s, release_id)
     if as_json:
-        print_json({**rel.to_dict(), "approvals": manager.approvals(s, release_id)})
+        print_json(
+            {
+                **rel.to_dict(),
+                "approvals": manager.approvals(s, release_id),
+                "attempts": [a.to_dict() for a in tried],
+            }
+        )
         return
     print_plan(rel)
     for a in manager.approvals(s, release_id):
@@ -113,6 +120,10 @@ def show(release_id: str, as_json: bool = typer.Option(False, "--json")) -> None
             f"  {a['decision']} by {a['approver']} at {a['decided_at'][:19]}"
             + (f": {a['reason']}" if a["reason"] else "")
         )
+    if rel.reason:
+        console.print(f"  reason: {rel.reason}", markup=False, highlight=False)
+    for attempt in tried:  # the run's attempts: when, how each ended, its items
+        console.print(f"  {attempt.describe()}", markup=False, highlight=False)
     if rel.result:
         console.print(f"  guarantee: {rel.guarantee}")
         if rel.bundle:
@@ -178,6 +189,16 @@ _CLUSTER = typer.Option(
     "the lease.",
 )
 
+_RETRIES = typer.Option(
+    2,
+    "--retries",
+    min=0,
+    max=10,
+    help="Hand an item out again this many times when its process or worker died, or it timed "
+    "out; the same failure twice, or a failure about the data, stops the run at once, naming "
+    "the item (finished items are kept: run again to resume).",
+)
+
 _NNODES = typer.Option(
     None,
     "--nnodes",
@@ -215,6 +236,7 @@ def run(
     nproc: int = _NPROC,
     workers: int = _WORKERS,
     cluster: str | None = _CLUSTER,
+    retries: int = _RETRIES,
     nnodes: int | None = _NNODES,
     rdzv: str | None = _RDZV,
     nproc_per_node: int | None = _NPROC_PER_NODE,
@@ -230,11 +252,11 @@ def run(
         _follow(release_id, nodes)
         return
     name = _actor(actor)
-    items_on = ExecutorChoice(workers, cluster)
+    items_on = ExecutorChoice(workers, cluster, retries)
     _print_placement(items_on, nodes, nproc)
     last: list[tuple[str, int, int]] = []
     try:
-        with _second_interrupt_waits(), rich_progress() as progress:
+        with _second_interrupt_waits(), rich_progress() as progress, run_notices():
 
             def track(stage: str, done: int, total: int) -> None:
                 last[:] = [(stage, done, total)]

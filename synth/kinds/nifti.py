@@ -16,7 +16,9 @@ can carry a whole DICOM header, patient name included) are not copied.
 from __future__ import annotations
 
 import hashlib
-import zlib
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from accounting.errors import DataFormatError, DatasetConflictError
+from synth.kinds.decoding import decoding
 from synth.kinds.volume import Volume, VolumeDataset
 
 SUFFIXES = (".nii", ".nii.gz")
@@ -38,7 +41,7 @@ MAX_INTENSITY = 1e30
 ZOOM_TOLERANCE = 0.01  # relative: pixdim and the affine's column lengths must agree this well
 # header fields that hold free text (anything a scanner, converter or person typed)
 TEXT_FIELDS = ("descrip", "aux_file", "intent_name", "db_name")
-_READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, MemoryError)
+ORIGINAL = "Replace it with the scanner's or converter's original (e.g. dcm2niix output)."
 
 
 def is_nifti(path: Path) -> bool:
@@ -71,13 +74,10 @@ def _inside(path: Path, root: Path) -> Path:
 def _header(path: Path):
     import nibabel as nib
 
-    try:
+    # nibabel raises many types for damaged files, and logs the header fields it repairs to
+    # stderr: our message says what matters
+    with decoding(str(path), "not a readable NIfTI file", ORIGINAL), _quiet_nibabel():
         img = nib.load(str(path))
-    except Exception as exc:  # nibabel raises many types for damaged files
-        raise DataFormatError(
-            f"{path}: not a readable NIfTI file ({type(exc).__name__}: {exc}). Replace it with "
-            "the scanner's or converter's original (e.g. dcm2niix output)."
-        ) from exc
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
         raise DataFormatError(
             f"{path}: a {type(img).__name__}, not a single-file NIfTI image; convert it to "
@@ -86,7 +86,28 @@ def _header(path: Path):
     return img
 
 
+@contextmanager
+def _quiet_nibabel() -> Iterator[None]:
+    """nibabel's log of the header fields it repaired (to stderr, at ERROR for some) held back:
+    what matters is in our checks' messages."""
+    from nibabel.imageglobals import logger
+
+    before = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def _check_header(img, path: Path) -> tuple[tuple[int, int, int], np.dtype]:
+    """The header's shape and stored type, every header check applied (a damaged header can fail
+    in nibabel's accessors: a DataFormatError too)."""
+    with decoding(str(path), "not a readable NIfTI header", ORIGINAL), _quiet_nibabel():
+        return _checked_header(img, path)
+
+
+def _checked_header(img, path: Path) -> tuple[tuple[int, int, int], np.dtype]:
     shape = tuple(int(s) for s in img.shape)
     while len(shape) > 3 and shape[-1] == 1:  # (X, Y, Z, 1): one volume stored as 4D
         shape = shape[:-1]
@@ -152,20 +173,23 @@ def read_volume(path: Path, name: str = "") -> Volume:
     shape, dtype = _check_header(img, path)
     _check_size(path, shape, dtype)
     proxy = img.dataobj
-    slope, inter = float(getattr(proxy, "slope", 1.0)), float(getattr(proxy, "inter", 0.0))
+    with decoding(str(path), "not a readable NIfTI header", ORIGINAL):
+        slope, inter = float(getattr(proxy, "slope", 1.0)), float(getattr(proxy, "inter", 0.0))
     if not (np.isfinite(slope) and np.isfinite(inter)) or slope == 0:
         raise DataFormatError(
             f"{path}: the header's intensity scaling (scl_slope {slope}, scl_inter {inter}) is "
             "not usable; fix or clear it."
         )
-    try:
+    with (
+        decoding(
+            str(path),
+            "the voxel data could not be read",
+            "The file is truncated or damaged; replace it.",
+        ),
+        _quiet_nibabel(),
+    ):
         raw = np.asanyarray(proxy.get_unscaled() if hasattr(proxy, "get_unscaled") else proxy)
-    except _READ_ERRORS as exc:
-        raise DataFormatError(
-            f"{path}: the voxel data could not be read ({type(exc).__name__}: {exc}); the file is "
-            "truncated or damaged. Replace it."
-        ) from exc
-    raw = np.ascontiguousarray(raw.reshape(shape))
+        raw = np.ascontiguousarray(raw.reshape(shape))
     vol = Volume(raw, np.asarray(img.affine, dtype=np.float64), slope, inter, name or path.name)
     lo, hi = raw.min(), raw.max()
     if raw.dtype.kind == "f" and not (np.isfinite(lo) and np.isfinite(hi)):

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from accounting.errors import DataFormatError
+from synth.kinds.decoding import decoding
 from synth.kinds.image_dataset import ImageDataset
 from synth.kinds.user_data import (
     IMAGE_SUFFIXES,
@@ -99,7 +100,7 @@ def letterbox(path: Path, size: int) -> np.ndarray:
 
 
 def _letterbox(path: Path, size: int, where: str) -> np.ndarray:
-    with _open(path, where) as im:
+    with decoding(where), _open(path, where) as im:  # a damaged file can fail anywhere in it
         w, h = im.size
         if max(w, h) > MAX_PHOTO_SIDE:
             raise DataFormatError(
@@ -107,19 +108,11 @@ def _letterbox(path: Path, size: int, where: str) -> np.ndarray:
                 "side; downscale it first."
             )
         check_header(im, where)
-        try:
-            im.draft("RGB", (size, size))  # JPEG: decode at a reduced scale, much faster
-            im.load()
-            check_opaque(im, where)
-            upright = _upright(im, where).convert("RGB")
-            fitted = ImageOps.pad(upright, (size, size), Image.Resampling.LANCZOS, color=(0, 0, 0))
-        except DataFormatError:
-            raise
-        except Exception as exc:  # a damaged file can fail anywhere in the decoder
-            raise DataFormatError(
-                f"{where}: not a readable image ({type(exc).__name__}: {exc}). Remove or replace "
-                "the file."
-            ) from exc
+        im.draft("RGB", (size, size))  # JPEG: decode at a reduced scale, much faster
+        im.load()
+        check_opaque(im, where)
+        upright = _upright(im, where).convert("RGB")
+        fitted = ImageOps.pad(upright, (size, size), Image.Resampling.LANCZOS, color=(0, 0, 0))
     return np.asarray(fitted, dtype=np.uint8)
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from accounting.errors import DataFormatError
+from synth.kinds.decoding import decoding
 from synth.kinds.image_dataset import MAX_LABEL, ImageDataset, check_label_values
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -25,14 +26,6 @@ MAX_SIDE = 4096  # pixels per image side
 MAX_VALUES = 1 << 30  # decoded pixel values of a whole dataset (1 GiB as uint8)
 MAX_NAME = 200  # characters in one class name of an .npz `class_names` array
 CHUNK = 4096  # images converted to uint8 at a time (bounds the float64 copy)
-_UNREADABLE = (
-    UnidentifiedImageError,
-    OSError,
-    ValueError,
-    SyntaxError,
-    EOFError,
-    Image.DecompressionBombError,
-)
 
 
 def load_user_source(source: str) -> ImageDataset:
@@ -75,12 +68,8 @@ def check_geometry(shape: tuple[int, ...], count: int, where: str) -> None:
 
 def _open(data: bytes | Path, where: str) -> Image.Image:
     """Open an image lazily: only the header is read, so its size can be checked before decoding."""
-    try:
+    with decoding(where):
         return Image.open(io.BytesIO(data) if isinstance(data, bytes) else data)
-    except _UNREADABLE as exc:
-        raise DataFormatError(
-            f"{where}: not a readable image ({exc}). Remove or replace the file."
-        ) from exc
 
 
 def printable(path: str | Path) -> str:
@@ -155,21 +144,16 @@ def check_opaque(im: Image.Image, where: str) -> None:
 
 def _probe(data: bytes | Path, where: str) -> tuple[tuple[int, int], tuple[int, ...]]:
     """(width, height) and the decoded shape, from the header alone (the file is closed again)."""
-    with _open(data, where) as im:
-        check_header(im, where)
+    with decoding(where), _open(data, where) as im:
+        check_header(im, where)  # reading the frames can fail in the decoder (a truncated GIF)
         w, h = im.size
         return (w, h), ((h, w) if im.mode in ("L", "1") else (h, w, 3))
 
 
 def _decode(data: bytes | Path, where: str) -> np.ndarray:
     """Decode one image; grey (H, W) when all channels agree, else RGB (H, W, 3)."""
-    with _open(data, where) as im:
-        try:
-            im.load()
-        except _UNREADABLE as exc:
-            raise DataFormatError(
-                f"{where}: not a readable image ({exc}). Remove or replace the file."
-            ) from exc
+    with decoding(where), _open(data, where) as im:
+        im.load()
         check_opaque(im, where)
         if im.mode in ("L", "1"):
             return np.asarray(im.convert("L"), dtype=np.uint8)

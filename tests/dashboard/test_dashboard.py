@@ -114,7 +114,8 @@ def test_each_role_sees_and_opens_only_its_pages(role):
 
 @pytest.mark.parametrize("page", ["Ledger", "Audit trail", "Nonexistent"])
 def test_consumer_is_refused_internal_pages(page):
-    # A deep link (?page=NAME) to a page the role may not open: refused with a message, nothing rendered.
+    # A deep link (?page=NAME) to a page the role may not open: refused with a message, nothing
+    # rendered.
     at = submit_sign_in("carol", page)
     shown = (
         page if page != "Nonexistent" else "requested page does not exist or"
@@ -200,8 +201,9 @@ def test_what_if_matches_the_accountant_and_flags_the_cap(built):
 
 
 def test_what_if_gives_the_ledgers_filter_verdict_not_rdp_under_the_cap(built):
-    """Regression: the panel said "Fits the cap" whenever RDP epsilon <= cap, while the ledger refuses by its
-    privacy filter, which is stricter. Find a run the RDP figure would admit and the filter refuses."""
+    """Regression: the panel said "Fits the cap" whenever RDP epsilon <= cap, while the ledger
+    refuses by its privacy filter, which is stricter. Find a run the RDP figure would admit and the
+    filter refuses."""
     b = ledger.budget(built.store, "mnist")
     cap, delta = b.dataset.epsilon_cap, b.dataset.delta_cap
     steps = next(
@@ -326,6 +328,27 @@ def test_release_detail_of_a_plan(built):
         "Audit report",
         "Samples",
     ]  # no cluster viewer yet
+
+
+def test_release_detail_shows_the_attempts_of_a_run_that_stopped(built):
+    """Issue 66: the history of a run's attempts (when, how each ended, items, retries)."""
+    store = built.store
+    rel = manager.create_plan(store, ksalsa_spec(k=7), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest, acknowledge_non_dp=True)
+    for reason in ("ItemFailedError: item 3 of 60 failed the same way twice", None):
+        manager._set_state(
+            store, rel.release_id, manager.RUNNABLE, "running", "alice", "release.run", {}
+        )
+        if reason:  # the second attempt is still running (or died: no record)
+            manager._fail(store, rel.release_id, "alice", reason)
+    at = sign_in("alice", "Releases")
+    at.selectbox(key="release").set_value(rel.release_id).run()
+    assert_clean(at)
+    [expander] = [e for e in at.expander if e.label == "Run attempts (2)"]
+    [table] = expander.dataframe
+    rows = table.value.to_dict("records")
+    assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "failed"), (2, "running")]
+    assert rows[0]["why it stopped"].startswith("ItemFailedError: item 3 of 60")
 
 
 # ------------------------------------------------------------------ audit trail

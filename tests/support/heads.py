@@ -1,5 +1,6 @@
-"""Small synthetic head volumes for tests (helpers, not tests): a cohort made by synth.tools.mri.cohort at
-a coarse voxel size (seconds), and the public atlases cached once per test session."""
+"""Small synthetic head volumes for tests (helpers, not tests): a cohort made by
+synth.tools.mri.cohort at a coarse voxel size (seconds), and the public atlases cached once per
+test session."""
 
 from __future__ import annotations
 
@@ -21,4 +22,30 @@ def cohort(folder: Path, n: int, *, colin_only: bool = False, seed: int = 0) -> 
     from synth.tools.mri.cohort import BASES, make_cohort
 
     make_cohort(folder, n, mm=TEST_MM, seed=seed, bases=(COLIN_HEAD,) if colin_only else BASES)
+    return folder
+
+
+def admissible_cohort(
+    folder: Path, n: int, cache_dir: Path | None = None, *, seed: int = 0, spare: int = 8
+) -> Path:
+    """`n` synthetic subjects that pass deface's registration checks: `n + spare` are made and
+    those the checks refuse at TEST_MM (a few: quickshear's plane misses a coarse face) removed,
+    then any beyond `n`."""
+    from synth.kinds.nifti import read_volume
+    from synth.mechanisms.deface_reface.admission import _check_one, atlases
+
+    cohort(folder, n + spare, colin_only=True, seed=seed)
+    both = atlases(cache_dir)
+    kept = 0
+    for path in sorted(folder.glob("*.nii*")):
+        volume = read_volume(path)
+        try:
+            _check_one(volume, both, path.name)
+        except ValueError:  # a DataFormatError: refused at registration
+            path.unlink()
+            continue
+        kept += 1
+        if kept > n:
+            path.unlink()
+    assert kept >= n, f"only {kept} of {n + spare} synthetic heads pass the checks"
     return folder

@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 
 from accounting import ledger
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import (
+    DataFormatError,
+    InvalidParameterError,
+    ItemTimeoutError,
+    ProcessDiedError,
+)
 from accounting.store import Store, Workspace
 from release.data import register_from_source
 from synth.kinds.datasets import load_data
@@ -124,10 +129,24 @@ def test_machine_memory_is_this_machines() -> None:
 
 
 def test_registration_work_that_never_ends_times_out() -> None:
+    """A time limit is a transient failure (release/retries.py tries the item again once)."""
     started = time.monotonic()
-    with pytest.raises(DataFormatError, match="did not finish within 1 s"):
+    with pytest.raises(ItemTimeoutError, match="did not finish within 1 s"):
         interruptible(lambda: time.sleep(60), 1.0, "x")
     assert time.monotonic() - started < 10
+
+
+def test_a_registration_child_killed_says_so_with_its_signal_not_eof_error() -> None:
+    """Issue 66: a SIGKILLed child (the out-of-memory killer's choice) surfaced as `EOFError()`."""
+    with pytest.raises(ProcessDiedError) as died:
+        interruptible(lambda: os.kill(os.getpid(), signal.SIGKILL), 30.0, "sub-07.nii.gz")
+    assert died.value.signal == signal.SIGKILL
+    assert str(died.value) == (
+        "sub-07.nii.gz: the registration process was killed by signal 9 (SIGKILL; likely out "
+        "of memory)"
+    )
+    with pytest.raises(ProcessDiedError, match=r"exited \(code 3\) without an answer"):
+        interruptible(lambda: os._exit(3), 30.0, "x")
 
 
 def test_ctrl_c_stops_registration_work_and_its_child() -> None:

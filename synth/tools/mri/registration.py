@@ -20,6 +20,7 @@ ITK cannot handle could otherwise keep a run (and its reserved charge) busy fore
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from accounting.errors import DataFormatError, InvalidParameterError
+from accounting.errors import (
+    DataFormatError,
+    InvalidParameterError,
+    ItemTimeoutError,
+    ProcessDiedError,
+)
 from synth.kinds.volume import Volume
 
 _LPS = np.diag([-1.0, -1.0, 1.0])  # nibabel's world is RAS, ITK's LPS
@@ -239,16 +245,18 @@ def interruptible(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     try:
         while not parent.poll(0.2):
             if not proc.is_alive() and not parent.poll(0):
-                raise DataFormatError(
-                    f"{what}: the registration process died (exit code {proc.exitcode}; out of "
-                    "memory?). Check the volume's size against the machine's memory."
-                )
+                raise died(proc, what)
             if time.monotonic() > deadline:
-                raise DataFormatError(
-                    f"{what}: the registration did not finish within {timeout_s:g} s; the volume "
-                    "is not a head SimpleITK can register (check its intensities and header)."
+                raise ItemTimeoutError(
+                    f"{what}: the registration did not finish within {timeout_s:g} s (on a busy "
+                    "machine it may finish on another try; a volume that is not a head SimpleITK "
+                    "can register never does: check its intensities and header)."
                 )
-        status, value = parent.recv()
+        try:
+            status, value = parent.recv()
+        except EOFError:  # the child died before it answered: its end of the pipe closed
+            proc.join(5)
+            raise died(proc, what) from None
     finally:
         if proc.is_alive():
             proc.kill()
@@ -257,6 +265,26 @@ def interruptible(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     if status != "ok":
         raise DataFormatError(f"{what}: the registration failed ({value}).")
     return value
+
+
+def died(proc: Any, what: str) -> ProcessDiedError:
+    """The error for a child process that ended without answering: its signal and the likely cause
+    (a SIGKILL is what the kernel's out-of-memory killer sends, to the largest process)."""
+    code = proc.exitcode
+    if code is not None and code < 0:
+        sig = -code
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown signal"
+        cause = "; likely out of memory" if sig == signal.SIGKILL else ""
+        return ProcessDiedError(
+            f"{what}: the registration process was killed by signal {sig} ({name}{cause})",
+            signal=sig,
+        )
+    return ProcessDiedError(
+        f"{what}: the registration process exited (code {code}) without an answer", exitcode=code
+    )
 
 
 def register_affine(

@@ -1,0 +1,202 @@
+"""A lost scheduler under `--cluster` (issue 66): one that cannot be reached at the start refuses
+the run before anything is reserved; one killed mid-run (a real `dask scheduler` process, SIGKILL)
+stops the run with a clear message, the finished items kept, and once a scheduler runs again the
+release resumes from them and is charged once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from accounting import ledger
+from accounting.store import Store, Workspace
+from release import executor, keys, manager, views
+from release.data import register_from_source
+from release.executor import DaskExecutor, ExecutorChoice, SchedulerLostError, map_items
+from release.spec import ReleaseSpec
+from tests.support.heads import admissible_cohort, needs_templates
+from tests.support.items import nap
+
+ROOT = Path(__file__).resolve().parents[2]
+DASK = Path(sys.executable).parent / "dask"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_refuses_the_run_before_anything_is_reserved(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(executor, "CONNECT_TIMEOUT_S", 2)  # the default waits 30 s
+    ws = Workspace(tmp_path / "ws")
+    ws.init()
+    store = Store(ws)
+    keys.create_identity(store, "alice", "steward", actor="alice")
+    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    spec = {
+        "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
+        "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
+    }
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    with pytest.raises(Exception) as refused:
+        manager.run_release(
+            store, rel.release_id, "alice", executor=ExecutorChoice(cluster=address)
+        )
+    assert f"Could not reach the Dask scheduler {address}" in str(refused.value)
+    assert "Nothing was charged." in str(refused.value)
+    assert not [c for c in ledger.budget(store, "mnist").charges if rel.release_id in c.run_id]
+    assert manager.get_release(store, rel.release_id).state == "failed"  # runs again as it is
+
+
+# ------------------------------------------------------------------ a real scheduler, killed
+class Cluster:
+    """A site's cluster: `dask scheduler` and one `dask worker`, real processes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.file = folder / "scheduler.json"
+        self.file.unlink(missing_ok=True)
+        env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "PYTHONPATH": str(ROOT)}
+        quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.scheduler = subprocess.Popen(
+            [DASK, "scheduler", "--scheduler-file", self.file, "--port", "0", "--no-dashboard"],
+            **quiet,
+        )
+        deadline = time.monotonic() + 60
+        while not self.file.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        self.worker = subprocess.Popen(
+            [DASK, "worker", "--scheduler-file", self.file, "--nthreads", "1", "--no-dashboard"],
+            **quiet,
+        )
+
+    def kill_scheduler(self) -> None:
+        self.scheduler.send_signal(signal.SIGKILL)
+        self.scheduler.wait(30)
+
+    def close(self) -> None:
+        for p in (self.worker, self.scheduler):
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
+
+
+@pytest.mark.slow  # a scheduler and a worker start (about 15 s)
+def test_a_scheduler_killed_mid_map_stops_it_at_once_with_the_items_kept(tmp_path) -> None:
+    cluster = Cluster(tmp_path)
+    ex = DaskExecutor(ExecutorChoice(cluster=str(cluster.file)), tmp_path / "work" / "run.log")
+    seen: list[int] = []
+
+    def progress(label: str, done: int, n: int) -> None:
+        seen.append(done)
+        if done == 3:
+            cluster.kill_scheduler()
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(SchedulerLostError) as lost:
+            map_items(
+                ex, tmp_path / "work", nap, 0.3, list(range(10)), label="x", progress=progress
+            )
+    finally:
+        ex.close()
+        cluster.close()
+    assert time.monotonic() - started < 60
+    assert str(lost.value).startswith(
+        f"The scheduler of the Dask cluster at {cluster.file} was lost while items were running"
+    )
+    assert "the 3 of 10 items finished are kept" in str(lost.value)
+    assert "nothing is charged twice" in str(lost.value)
+
+
+@needs_templates
+@pytest.mark.slow  # a deface release of 6 heads on a real cluster, its scheduler killed: minutes
+def test_a_release_whose_scheduler_died_resumes_on_a_new_one_charged_once(tmp_path) -> None:
+    heads = admissible_cohort(tmp_path / "heads", 6, tmp_path.parent / "head-atlas-cache")
+    env = {
+        **os.environ,
+        "PRIVRELEASE_HOME": str(tmp_path / "ws"),
+        "PRIVRELEASE_CACHE": str(tmp_path.parent / "head-atlas-cache"),
+        "PYTHONPATH": str(ROOT),
+        "PRIVRELEASE_THREADS": "1",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "release.entry", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    assert cli("init", "--steward", "alice").returncode == 0
+    registered = cli(
+        *("dataset", "register", "heads", "--source", str(heads)),
+        *("--epsilon", "10", "--delta", "1e-5", "--as", "alice"),
+    )
+    assert registered.returncode == 0, registered.stderr
+    spec = tmp_path / "deface.toml"
+    spec.write_text('[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n')
+    assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
+    rid = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
+    assert cli("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp").returncode == 0
+
+    cluster = Cluster(tmp_path)
+    try:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "release.entry", "release", "run", rid, "--as", "alice"]
+            + ["--cluster", str(cluster.file)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert run.stdout is not None
+        out = []
+        for line in run.stdout:
+            out.append(line)
+            if "deface (subjects): 2/6" in line or "deface (subjects): 3/6" in line:
+                cluster.kill_scheduler()
+                break
+        rest, _ = run.communicate(timeout=300)
+        text = "".join(out) + rest
+    finally:
+        cluster.close()
+    assert run.returncode == 2, text
+    flat = " ".join(text.split())
+    assert "error: The scheduler of the Dask cluster at" in flat, text
+    assert "items finished are kept" in flat and "Details:" in flat
+    assert "Traceback" not in text and "distributed." not in text, text
+    rel = manager.get_release(Store(Workspace(tmp_path / "ws")), rid)
+    assert rel.state == "failed" and "SchedulerLostError" in rel.reason
+
+    cluster = Cluster(tmp_path)  # the site's scheduler is back
+    try:
+        again = cli("release", "run", rid, "--as", "alice", "--cluster", str(cluster.file))
+    finally:
+        cluster.close()
+    assert again.returncode == 0, again.stdout + again.stderr
+    store = Store(Workspace(tmp_path / "ws"))
+    assert manager.get_release(store, rid).state == "checked"
+    charges = [c for c in ledger.budget(store, "heads").charges if c.run_id.startswith(rid)]
+    assert [c.state for c in charges] == ["committed"]  # charged once
+    tried = views.attempts(store, rid)
+    assert [a.outcome for a in tried] == ["failed", "checked"]
+    assert 2 <= (tried[0].items_done or 0) < 6
+    assert cli("audit", "verify").returncode == 0
