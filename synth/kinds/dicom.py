@@ -32,10 +32,12 @@ from typing import Any
 import numpy as np
 
 from accounting.errors import DataFormatError
+from synth.kinds.decoding import decoding
 
 PREFIX = "dicom:"
 DCM2NIIX = "dcm2niix"
 TIMEOUT_S = 600  # one series' conversion
+DICOM_FIX = "Remove the file from the study, or export the series again from the scanner or PACS."
 LOCALIZER = re.compile(r"locali[sz]er|scout|survey|aahead|3-?plane", re.I)
 CONTRASTS = (
     ("T1w", re.compile(r"t1|mprage|mp-rage|spgr|bravo|tfl", re.I)),
@@ -78,32 +80,33 @@ def _read_headers(root: Path) -> tuple[dict[str, Series], int]:
         except (InvalidDicomError, OSError, ValueError, EOFError):
             other += 1
             continue
-        uid = str(getattr(ds, "SeriesInstanceUID", "") or "")
-        if not uid:
-            other += 1
-            continue
-        orient = np.asarray(getattr(ds, "ImageOrientationPatient", [1, 0, 0, 0, 1, 0]), float)
-        normal = np.cross(orient[:3], orient[3:]) if orient.size == 6 else np.zeros(3)
-        position = np.asarray(getattr(ds, "ImagePositionPatient", [0, 0, 0]), float)
-        s = series.get(uid)
-        if s is None:
-            s = series[uid] = Series(
-                uid,
-                str(path.parent.relative_to(root)),
-                str(getattr(ds, "PatientID", "") or ""),
-                str(getattr(ds, "StudyInstanceUID", "") or ""),
-                str(getattr(ds, "StudyDate", "") or ""),
-                int(getattr(ds, "SeriesNumber", 0) or 0),
-                " ".join(
-                    dict.fromkeys(  # the description, and the protocol where it differs
-                        str(getattr(ds, k, "") or "").strip()
-                        for k in ("SeriesDescription", "ProtocolName")
-                    )
-                ).strip(),
-                tuple(str(t).upper() for t in (getattr(ds, "ImageType", None) or ())),
-                [],
-            )
-        s.files.append((int(getattr(ds, "InstanceNumber", 0) or 0), path, position, normal))
+        with decoding(str(path), "a DICOM header that cannot be read", DICOM_FIX):
+            uid = str(getattr(ds, "SeriesInstanceUID", "") or "")
+            if not uid:
+                other += 1
+                continue
+            orient = np.asarray(getattr(ds, "ImageOrientationPatient", [1, 0, 0, 0, 1, 0]), float)
+            normal = np.cross(orient[:3], orient[3:]) if orient.size == 6 else np.zeros(3)
+            position = np.asarray(getattr(ds, "ImagePositionPatient", [0, 0, 0]), float)
+            s = series.get(uid)
+            if s is None:
+                s = series[uid] = Series(
+                    uid,
+                    str(path.parent.relative_to(root)),
+                    str(getattr(ds, "PatientID", "") or ""),
+                    str(getattr(ds, "StudyInstanceUID", "") or ""),
+                    str(getattr(ds, "StudyDate", "") or ""),
+                    int(getattr(ds, "SeriesNumber", 0) or 0),
+                    " ".join(
+                        dict.fromkeys(  # the description, and the protocol where it differs
+                            str(getattr(ds, k, "") or "").strip()
+                            for k in ("SeriesDescription", "ProtocolName")
+                        )
+                    ).strip(),
+                    tuple(str(t).upper() for t in (getattr(ds, "ImageType", None) or ())),
+                    [],
+                )
+            s.files.append((int(getattr(ds, "InstanceNumber", 0) or 0), path, position, normal))
     return series, other
 
 

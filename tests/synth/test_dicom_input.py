@@ -123,3 +123,25 @@ def test_a_series_dcm2niix_cannot_make_one_volume_of_is_named_with_its_reason(tm
         r"it into one volume \(exit \d+, \d+ image\(s\); it said: .+\)\. Remove the series",
     ):
         dicom.convert_study(root)
+
+
+def test_a_header_whose_values_cannot_be_read_is_a_data_error_naming_the_file(tmp_path) -> None:
+    """pydicom reads a header lazily: a value that cannot be converted fails after dcmread."""
+    import pydicom
+    from pydicom.dataset import FileDataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    from accounting.errors import DataFormatError
+    from synth.kinds.dicom import _read_headers
+
+    meta = FileMetaDataset()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.4"
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds = FileDataset(str(tmp_path / "x.dcm"), {}, file_meta=meta, preamble=b"\0" * 128)
+    ds.SeriesInstanceUID = generate_uid()
+    ds.add_new((0x0020, 0x0011), "LO", "not-a-number")  # SeriesNumber, written as text
+    ds.save_as(tmp_path / "x.dcm", enforce_file_format=True)
+    assert pydicom.dcmread(tmp_path / "x.dcm", stop_before_pixels=True).SeriesInstanceUID
+    with pytest.raises(DataFormatError, match=r"x\.dcm: a DICOM header that cannot be read"):
+        _read_headers(tmp_path)
