@@ -27,6 +27,7 @@ from accounting.errors import DataFormatError, InvalidParameterError, TamperErro
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.datasets import ImageDataset
+from synth.mechanisms.face_deid import ksame
 from synth.mechanisms.face_deid.anonymise import FaceOutcome, Tools, anonymise_face
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.describe import describe, guarantee_line
@@ -40,6 +41,7 @@ from synth.mechanisms.face_deid.generator import (
     render,
 )
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+from synth.tools import face_mesh as fmesh
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
 
@@ -77,6 +79,7 @@ def plan(
             f"config must be a FaceDeidConfig, got {type(config).__name__}."
         )
     shape = _photo_shape(dataset)
+    _check_people_possible(config, dataset)
     recognisers, targets = _searched_targets(config)
     bound = _bound_files(config, recognisers)
     return MechanismPlan(
@@ -108,6 +111,22 @@ def _photo_shape(dataset: DatasetInfo) -> tuple[int, ...]:
     return shape
 
 
+def _check_people_possible(config: FaceDeidConfig, dataset: DatasetInfo) -> None:
+    """Refused at plan, before anything is read, when the dataset cannot hold k people: its
+    photographs (public: the dataset's size) times the most faces a photo may have."""
+    if config.replacement != "average":
+        return
+    most = dataset.record_count * config.max_faces_per_photo
+    if most < config.k:
+        raise InvalidParameterError(
+            f"[face-deid] the k-Same-M average needs k = {config.k} distinct people, and "
+            f"dataset {dataset.name!r} can hold at most {most} faces ({dataset.record_count} "
+            f"photographs, max_faces_per_photo = {config.max_faces_per_photo}). Lower k (at "
+            'least 2), add photographs of other people, or set replacement = "generated" (the '
+            "DCGAN search, which needs no other people)."
+        )
+
+
 def _searched_targets(
     config: FaceDeidConfig,
 ) -> tuple[tuple[fr.Recogniser, ...], dict[str, float]]:
@@ -135,6 +154,8 @@ def _bound_files(config: FaceDeidConfig, recognisers: tuple[fr.Recogniser, ...])
         )
     generator = _generator_path(config)
     bound = {generator: file_sha256(Path(generator))}
+    if config.replacement == "average":
+        bound[str(fmesh.model_path())] = file_sha256(fmesh.model_path())
     for rec in recognisers:
         bound.update({str(f): file_sha256(f) for f in rec.files()})
     return bound
@@ -161,6 +182,7 @@ def _plan_detail(
     return {
         "guarantee_description": guarantee_line(targets),
         "choices": [
+            *_average_choices(config),
             "search: every face replaced until "
             + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
             + " from the original; the audit's other recognisers are held out"
@@ -176,6 +198,17 @@ def _plan_detail(
         "bound_files": bound,
         "n_photos": dataset.record_count,
     }
+
+
+def _average_choices(config: FaceDeidConfig) -> list[str]:
+    if config.replacement != "average":
+        return ["replacement: the DCGAN search for every face"]
+    return [
+        f"replacement: k-Same-M, each face replaced by the mean face of a cluster of k = "
+        f"{config.k} distinct people of the release (people told apart by the searched "
+        f"recognisers), geometry {config.geometry!r}; a face no cluster fits gets the DCGAN "
+        "search, flagged; a release with fewer than k people is stopped before any face is drawn"
+    ]
 
 
 def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
@@ -311,6 +344,8 @@ def run(
         _TOOLS.clear()
         _TOOLS[repr(config)] = tools
     bound = (ctx.plan.detail or {}).get("bound_files") if ctx.plan is not None else None
+    if config.replacement == "average":
+        return _run_average(config, data, ctx, bound, started)
     # public models only, in every process that will see a photo: a failure here is refunded
     prepared = ctx.prepare_workers(prepare, config, bound)
     generator_name, generator_sha256 = prepared[0]
@@ -342,6 +377,99 @@ def run(
         extra_images={"face": np.stack(crops)},
         withheld=withheld,
     )
+
+
+def _prepare_average(config: FaceDeidConfig, bound: dict[str, str] | None) -> tuple[str, str]:
+    """The averaged run's public models loaded and the approval's files checked (before any
+    photo is read); the fallback generator's name and sha256."""
+    ksame.prepare_average(config)
+    generator = _generator_path(config)
+    sha = file_sha256(Path(generator))
+    if bound:
+        check_bound_files(bound, sha, generator)
+    name = "packaged DCGAN" if config.generator_weights is None else Path(generator).name
+    return name, sha
+
+
+def _run_average(
+    config: FaceDeidConfig,
+    data: ImageDataset,
+    ctx: RunContext,
+    bound: dict[str, str] | None,
+    started: float,
+) -> MechanismOutput:
+    """k-Same-M (synth.mechanisms.face_deid.ksame): survey every photo, group the faces into
+    clusters of k people, then draw each cluster's face into its members' photos."""
+    generator_name, generator_sha256 = ctx.prepare_workers(_prepare_average, config, bound)[0]
+    ctx.on_sensitive_access()
+    images = data.images
+    if images.ndim != 4 or images.shape[3] != 3:
+        raise DataFormatError(
+            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
+        )
+    n = len(images)
+    items = [(i, images[i]) for i in range(n)]
+    try:
+        surveyed = list(
+            ctx.map_items(ksame.survey_photo, config, items, label="face-deid: faces", keep=False)
+        )
+        grouping = ksame.group(config, surveyed)
+        jobs = [
+            (i, images[i], surveyed[i], grouping.jobs(i, len(surveyed[i].faces)))
+            for i in range(n)
+            if surveyed[i].faces
+        ]
+        drawn = ctx.map_items(
+            ksame.render_photo, config, jobs, label="face-deid: photos", keep=False
+        )
+    except DataFormatError as exc:
+        raise DataFormatError(f"{data.source}: {exc}") from exc
+    by_index = {job[0]: d for job, d in zip(jobs, drawn, strict=True)}
+    results = []
+    for i in range(n):
+        if i not in by_index:
+            results.append(PhotoResult(None, None, (), surveyed[i].withheld))
+            continue
+        work, outcomes = by_index[i]
+        crop = fm.align(work, surveyed[i].faces[0].face.landmarks, SIZE)
+        results.append(PhotoResult(work, crop, outcomes))
+    released, crops, kept, withheld, outcomes = _gather(results, n, data.source)
+    params = _run_parameters(
+        config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
+    )
+    params.update(_average_parameters(config, grouping, outcomes))
+    internal = {**_run_internal(outcomes), "face_clusters": grouping.record()}
+    return MechanismOutput(
+        images=np.stack(released),
+        labels=data.labels[kept].astype(np.int64),
+        parameters=params,
+        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
+        internal=internal,
+        extra_images={"face": np.stack(crops)},
+        withheld=withheld,
+    )
+
+
+def _average_parameters(
+    config: FaceDeidConfig, grouping: ksame.Grouping, outcomes: list[tuple[FaceOutcome, ...]]
+) -> dict[str, Any]:
+    """What the card says of the averaging: k, the clusters' sizes, how people were counted,
+    the faces averaged and those given the fallback (and why)."""
+    flat = [o for per in outcomes for o in per]
+    sizes = [len(m) for m in grouping.members]
+    return {
+        "replacement": "average",
+        "mesh_model": "MediaPipe Face Mesh (face_landmark.tflite, mediapipe 0.10.14, Apache-2.0)",
+        "people_counted_by": "the searched recognisers' similarity ("
+        + ", ".join(config.recognisers)
+        + "): faces any of them verifies count as one person",
+        "n_people": grouping.n_people,
+        "n_clusters": len(sizes),
+        "cluster_sizes": sizes,
+        "n_faces_averaged": sum(o.method == "averaged" for o in flat),
+        "n_faces_fallback": sum(o.fallback is not None for o in flat),
+        "fallback_reasons": sorted({o.fallback for o in flat if o.fallback}),
+    }
 
 
 def _gather(
@@ -386,7 +514,7 @@ def _run_parameters(
     """The release's parameters: the config, the models searched, and what became of the faces."""
     recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
     flat = [o for per in outcomes for o in per]
-    generated = [o for o in flat if o.method == "generated"]
+    replaced = [o for o in flat if o.method in ("generated", "averaged")]
     return {
         **config.as_dict(),
         "generator": generator_name,
@@ -400,8 +528,8 @@ def _run_parameters(
         "n_withheld": len(withheld),
         "withheld_rule": f"no_face = {config.no_face}",
         "n_faces": len(flat),
-        "n_faces_generated": len(generated),
-        "n_faces_pixelated": len(flat) - len(generated),
+        "n_faces_generated": sum(o.method == "generated" for o in flat),
+        "n_faces_pixelated": len(flat) - len(replaced),
         "photos_with_several_faces": sum(len(per) > 1 for per in outcomes),
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -410,7 +538,7 @@ def _run_parameters(
 def _run_internal(outcomes: list[tuple[FaceOutcome, ...]]) -> dict[str, Any]:
     """The run's internal record: every face's outcome, the mean landmark shift and the nearest
     identity distance of the generated faces."""
-    generated = [o for per in outcomes for o in per if o.method == "generated"]
+    generated = [o for per in outcomes for o in per if o.method in ("generated", "averaged")]
     shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
     return {
         "faces": {str(i): [o.as_dict() for o in per] for i, per in enumerate(outcomes)},
