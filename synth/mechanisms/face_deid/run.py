@@ -383,6 +383,8 @@ def _prepare_average(config: FaceDeidConfig, bound: dict[str, str] | None) -> tu
     """The averaged run's public models loaded and the approval's files checked (before any
     photo is read); the fallback generator's name and sha256."""
     ksame.prepare_average(config)
+    # the fallback's generator: loaded now, so that a broken file is refunded
+    load_generator(config.generator_weights, config.latent_dim, config.generator_features)
     generator = _generator_path(config)
     sha = file_sha256(Path(generator))
     if bound:
