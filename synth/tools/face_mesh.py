@@ -141,7 +141,10 @@ def run_mesh(image: np.ndarray, centre: np.ndarray, side: float, angle: float) -
     larger is farther from the camera)."""
     import cv2
 
-    m = cv2.getRotationMatrix2D((float(centre[0]), float(centre[1])), angle, INPUT / side)
+    m = np.asarray(
+        cv2.getRotationMatrix2D((float(centre[0]), float(centre[1])), angle, INPUT / side),
+        dtype=np.float64,
+    )
     m[:, 2] += INPUT / 2 - np.asarray(centre, dtype=np.float64)
     crop = cv2.warpAffine(
         image, m, (INPUT, INPUT), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE

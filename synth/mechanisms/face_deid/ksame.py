@@ -32,6 +32,7 @@ from synth.mechanisms.face_deid.anonymise import (
     references_of,
 )
 from synth.mechanisms.face_deid.config import FaceDeidConfig
+from synth.mechanisms.face_deid.models import photo_seed, tools_for
 from synth.tools import face_mesh as fmesh
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
@@ -171,7 +172,7 @@ def group(config: FaceDeidConfig, surveyed: list[Surveyed]) -> Grouping:
     )
     members = [[usable[i] for i in c] for c in found]
     means = [
-        avg.mean_face([faces[m].unwrapped for m in ms if faces[m].unwrapped]) for ms in members
+        avg.mean_face([u for m in ms if (u := faces[m].unwrapped) is not None]) for ms in members
     ]
     return Grouping(keys, persons, members, means)
 
@@ -180,8 +181,6 @@ def render_photo(
     config: FaceDeidConfig, item: tuple[int, np.ndarray, Surveyed, tuple[FaceJob, ...]]
 ) -> tuple[np.ndarray, tuple[FaceOutcome, ...]]:
     """Pass 2, one photo: each face replaced (its cluster's face, else the fallback)."""
-    from synth.mechanisms.face_deid.run import photo_seed, tools_for
-
     index, photo, surveyed, jobs = item
     photo = np.ascontiguousarray(photo)
     seed = photo_seed(config, index)
