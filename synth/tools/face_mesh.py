@@ -35,6 +35,8 @@ CROP_SCALE = 1.5  # the crop around the face, as MediaPipe's own face-detector-t
 PAIRS = ((33, 263), (133, 362), (61, 291), (234, 454), (70, 300), (58, 288))
 TOP, CHIN = 10, 152
 EYE_CORNERS = (33, 263)  # outer eye corners, for the inter-ocular distance
+# the ring around the mesh's oval (extend): how far out it reaches, below and above the eyes
+RING_BELOW, RING_ABOVE = 1.2, 1.04
 
 
 def _package_dir() -> Path:
@@ -232,6 +234,29 @@ def frontal(points: np.ndarray) -> np.ndarray:
     return p / inter_ocular(p)
 
 
+def outline() -> np.ndarray:
+    """The extended mesh's outer outline: the ring's vertex indices, in order."""
+    return N_POINTS + np.arange(len(face_oval()))
+
+
+def extend(shape: np.ndarray) -> np.ndarray:
+    """A frontal 468-point shape with the ring around its oval appended: each oval vertex pushed
+    out from the oval's centre, by RING_BELOW below the eyes (jaw and cheeks: the face's outline,
+    which identifies it) and RING_ABOVE above (the hairline stays the photo's own)."""
+    oval = shape[face_oval()]
+    centre = oval[:, :2].mean(0)
+    eyes_y = 0.5 * (shape[EYE_CORNERS[0], 1] + shape[EYE_CORNERS[1], 1])
+    scale = np.where(oval[:, 1] > eyes_y, RING_BELOW, RING_ABOVE)[:, None]
+    ring = np.c_[centre + (oval[:, :2] - centre) * scale, oval[:, 2]]
+    return np.concatenate([shape[:N_POINTS], ring])
+
+
+def full(points: np.ndarray, pose: Pose) -> np.ndarray:
+    """A face's mesh in the photo with its ring (the ring placed by the face's own shape and
+    pose)."""
+    return pose.apply(extend(pose.frontal(points[:N_POINTS])))
+
+
 def _public_portraits() -> list[np.ndarray]:
     import skimage.data
     from matplotlib import cbook
@@ -261,7 +286,10 @@ def template(size: int = 192) -> Template:
     mirror = _mirror_of(shape)
     shape = 0.5 * (shape + shape[mirror] * np.array([-1.0, 1.0, 1.0]))
     shape -= shape.mean(0)
-    triangles = _triangles(shape)
+    triangles = np.concatenate([_triangles(shape), _ring_triangles(shape)])
+    shape = extend(shape)
+    place = {v: i for i, v in enumerate(face_oval())}
+    mirror = np.concatenate([mirror, N_POINTS + np.array([place[mirror[v]] for v in face_oval()])])
     lo, hi = shape[:, :2].min(0), shape[:, :2].max(0)
     span = float((hi - lo).max())
     # the atlas: the frontal (x, y), centred on x = 0 so that a flip mirrors the face
@@ -292,6 +320,21 @@ def _triangles(shape: np.ndarray) -> np.ndarray:
     flip = n[:, 2] > 0
     out[flip] = out[flip][:, [0, 2, 1]]
     return out
+
+
+def _ring_triangles(shape: np.ndarray) -> np.ndarray:
+    """Two triangles between each pair of neighbouring oval vertices and their ring vertices,
+    wound like the mesh's (towards the camera in the frontal template's image plane)."""
+    oval, n = face_oval(), len(face_oval())
+    xy = extend(shape)[:, :2]
+    out = []
+    for i in range(n):
+        j = (i + 1) % n
+        for tri in ((oval[i], oval[j], N_POINTS + i), (oval[j], N_POINTS + j, N_POINTS + i)):
+            a, b, c = (xy[v] for v in tri)
+            cross = (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+            out.append(tri if cross < 0 else (tri[0], tri[2], tri[1]))
+    return np.array(out)
 
 
 _INNER_LIP = {78, 95, 88, 178, 87, 14, 317, 402, 318, 324, 308, 191, 80, 81, 82, 13, 312, 311}

@@ -45,7 +45,9 @@ def test_the_mesh_lands_on_the_face(astronaut) -> None:
 
 def test_the_template_is_symmetric_and_its_triangles_face_the_camera() -> None:
     tpl = fmesh.template(128)
-    assert (tpl.mirror[tpl.mirror] == np.arange(468)).all()
+    n = len(tpl.shape)  # the 468 points and the ring around the oval
+    assert n == 468 + len(fmesh.face_oval())
+    assert (tpl.mirror[tpl.mirror] == np.arange(n)).all()
     mirrored = tpl.shape[tpl.mirror] * np.array([-1.0, 1.0, 1.0])
     assert np.abs(mirrored - tpl.shape).max() < 1e-9
     assert (fmesh.facing(tpl.shape, tpl.triangles) > 0).mean() > 0.95
@@ -54,8 +56,10 @@ def test_the_template_is_symmetric_and_its_triangles_face_the_camera() -> None:
 
 
 def test_a_face_unwrapped_and_drawn_back_on_its_own_mesh_is_itself(astronaut) -> None:
-    photo, _, points = astronaut
+    photo, _, mesh = astronaut
     tpl = fmesh.template(192)
+    points = fmesh.full(mesh, fmesh.fit_pose(tpl.shape[:468], mesh))
+    assert np.abs(points[:468] - mesh).max() < 1e-6  # the ring is added, the mesh kept
     tex, seen = fmesh.unwrap(photo, points, tpl)
     region = avg.region_of([points], photo.shape)
     where, covered = fmesh.render_map(points, tpl, region, min_facing=0.3)

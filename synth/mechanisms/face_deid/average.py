@@ -124,12 +124,12 @@ def region_of(points: list[np.ndarray], shape: tuple[int, ...]) -> tuple[int, in
 
 
 def oval_mask(points: np.ndarray, region: tuple[int, int, int, int]) -> np.ndarray:
-    """The mesh's face oval filled (uint8 0/1, region-sized)."""
+    """The extended mesh's outline filled (uint8 0/1, region-sized)."""
     import cv2
 
     x0, y0, x1, y1 = region
     mask = np.zeros((y1 - y0, x1 - x0), np.uint8)
-    poly = np.round((points[fmesh.face_oval(), :2] - [x0, y0]) * 16).astype(np.int32)
+    poly = np.round((points[fmesh.outline(), :2] - [x0, y0]) * 16).astype(np.int32)
     cv2.fillPoly(mask, [poly], 1, lineType=cv2.LINE_8, shift=4)
     return mask
 

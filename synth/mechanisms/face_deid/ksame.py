@@ -110,8 +110,9 @@ def survey_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> Survey
         if side < config.min_face_size:
             out.append(SurveyedFace(face, None, None, None, refs))
             continue
-        points = fmesh.mesh(photo, face.landmarks)
-        pose = fmesh.fit_pose(tpl.shape, points)
+        mesh = fmesh.mesh(photo, face.landmarks)
+        pose = fmesh.fit_pose(tpl.shape[: fmesh.N_POINTS], mesh)
+        points = fmesh.full(mesh, pose)
         unwrapped = avg.unwrap_face(photo, points, pose, tpl, config.shading_sigma)
         out.append(SurveyedFace(face, points, pose, unwrapped, refs))
     return Surveyed(tuple(out))
