@@ -597,7 +597,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
                 )
             ]
     sources = None if inputs.clusters is None else list(inputs.clusters)
-    return _guard(
+    checks = _guard(
         CHECK,
         "attack",
         lambda: run_face_reid(
@@ -610,6 +610,31 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             inputs.map_items or in_process,
         ),
     )
+    if inputs.face_clusters and sources is not None:
+        checks += donor_attacks(inputs, images, sources, policy)
+    return checks
+
+
+def donor_attacks(
+    inputs: AuditInputs, images: np.ndarray, sources: list[np.ndarray], policy: AuditPolicy
+) -> list[CheckResult]:
+    """A k-Same-M release's donor re-identification, one check per policy recogniser
+    (audit.face_donors)."""
+    from audit.face_donors import CHECK as DONORS
+    from audit.face_donors import compute_donor_reid, judge_donor_reid
+
+    clusters, k = inputs.face_clusters or [], int(inputs.face_k or 2)
+    alpha = policy.section(FacePolicy).face_rank1_alpha
+    out: list[CheckResult] = []
+    for rec in policy_recognisers(policy):
+        out += _guard(
+            f"{DONORS}[{rec.key}]",
+            "attack",
+            lambda rec=rec: judge_donor_reid(  # type: ignore[misc]
+                compute_donor_reid(images, sources, inputs.sensitive, clusters, rec, k), alpha
+            ),
+        )
+    return out
 
 
 # ------------------------------------------------------------------ verdicts

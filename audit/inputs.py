@@ -67,6 +67,10 @@ class AuditInputs:
     searched_recognisers: list[str] | None = None
     # the output kind of the release (release.kinds; its checks: audit.kinds.kind_audit)
     output_kind: str = "images"
+    # a k-Same-M face release's clusters (per cluster, its members as [photo, face]) and its k:
+    # the donor re-identification attack (audit.face_donors); None for any other release
+    face_clusters: list[list[list[int]]] | None = None
+    face_k: int | None = None
 
     @property
     def sensitive_images(self) -> ImageDataset:

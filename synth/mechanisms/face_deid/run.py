@@ -389,7 +389,8 @@ def _run_average(
         config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
     )
     params.update(_average_parameters(config, grouping, outcomes))
-    internal = {**_run_internal(outcomes), "face_clusters": grouping.record()}
+    # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
+    internal = {**_run_internal(outcomes), "face_clusters": grouping.record(), "face_k": config.k}
     return MechanismOutput(
         images=np.stack(released),
         labels=data.labels[kept].astype(np.int64),
