@@ -56,6 +56,8 @@ CHECK = "face_reidentification"  # one check per recogniser: face_reidentificati
 GEOMETRY_CHECK = "face_geometry"
 RETENTION_CHECK = "face_detection_retention"
 KID_CHECK = "face_kid"
+SHARPNESS_CHECK = "face_sharpness"
+SHARPNESS_RANGE = (0.8, 1.25)  # a released face's sharpness ratio a steward would not notice
 SIGHTINGS_STAGE = "audit: faces (images)"  # the progress bar over the images the attack reads
 REALISM_STAGE = "audit: faces (realism)"  # and over the photos the realism checks compare
 FARS = (1e-3, 1e-2)
@@ -821,6 +823,10 @@ def compute_realism(
         "retention_iou": RETENTION_IOU,
         "mean_landmark_shift_yunet5": float(np.mean(shifts)) if shifts else None,
         "n_landmark_faces": len(shifts),
+        "mean_sharpness_ratio": float(np.mean(sharp))
+        if (sharp := [x for p in photos for x in p.sharpness])
+        else None,
+        "sharpness_ratios": [round(x, 3) for p in photos for x in p.sharpness],
         "kid_release": kids.get("release"),
         "kid_blurred": kids.get("blurred"),
         "kid_pixelated": kids.get("pixelated"),
@@ -829,6 +835,36 @@ def compute_realism(
         "blur_sigma": BLUR_SIGMA,
         "pixel_blocks": PIXEL_BLOCKS,
     }
+
+
+def _face_to_ring(image: np.ndarray, box: tuple[float, ...]) -> float | None:
+    """The spread of the grey Laplacian inside the face box over that in the ring around it
+    (the box grown by half): how sharp the face is against its own photo."""
+    import cv2
+
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = box
+    gx, gy = 0.5 * (x1 - x0), 0.5 * (y1 - y0)
+    a, b = max(0, int(x0 - gx)), max(0, int(y0 - gy))
+    c, d = min(w, int(np.ceil(x1 + gx))), min(h, int(np.ceil(y1 + gy)))
+    grey = cv2.cvtColor(np.ascontiguousarray(image[b:d, a:c]), cv2.COLOR_RGB2GRAY)
+    lap = cv2.Laplacian(grey.astype(np.float32), cv2.CV_32F)
+    inner = np.zeros(lap.shape, bool)
+    inner[max(0, int(y0) - b) : int(y1) - b, max(0, int(x0) - a) : int(x1) - a] = True
+    if inner.sum() < 16 or (~inner).sum() < 16:
+        return None
+    ring = float(lap[~inner].std())
+    return float(lap[inner].std()) / ring if ring > 1e-6 else None
+
+
+def sharpness_ratio(
+    original: np.ndarray, released: np.ndarray, box: tuple[float, ...]
+) -> float | None:
+    """The released face's sharpness against its ring over the original's (1: as sharp relative
+    to its photo as the original was; a replaced face softer or crisper than its photo is the
+    tell)."""
+    before, after = _face_to_ring(original, box), _face_to_ring(released, box)
+    return None if not before or after is None else after / before
 
 
 @dataclass(frozen=True)
@@ -840,6 +876,7 @@ class RealismPhoto:
     retained: int
     shifts: list[float]
     features: dict[str, np.ndarray]
+    sharpness: list[float] = field(default_factory=list)  # released / original, per face
 
 
 def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismPhoto:
@@ -859,7 +896,11 @@ def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismP
         replaced += 1
         retained += _realism_face(original, released, found, row, shifts, crops)
     features = {k: _facenet_features(v) for k, v in crops.items()} if replaced else {}
-    return RealismPhoto(replaced, retained, shifts, features)
+    ratios = [
+        sharpness_ratio(original, released, fr.yunet_box(row))
+        for row in fr.yunet_detect(original, fr.REALISM_DETECTION)
+    ]
+    return RealismPhoto(replaced, retained, shifts, features, [r for r in ratios if r])
 
 
 def _realism_face(
@@ -916,7 +957,25 @@ def check_realism(
     if geometry is not None:
         out.append(geometry)
     out.append(_kid_check(d, n, policy))
+    if d.get("mean_sharpness_ratio") is not None:
+        out.append(_sharpness_check(d))
     return out
+
+
+def _sharpness_check(d: dict[str, Any]) -> CheckResult:
+    """How sharp the replaced faces are against their photos, relative to the originals
+    (reported, not gated: a face softer or crisper than its photo is the tell)."""
+    ratios = d["sharpness_ratios"]
+    inside = sum(SHARPNESS_RANGE[0] <= r <= SHARPNESS_RANGE[1] for r in ratios)
+    return CheckResult(
+        SHARPNESS_CHECK,
+        "utility",
+        None,
+        f"face / surrounding sharpness (Laplacian spread) released over original: mean "
+        f"{d['mean_sharpness_ratio']:.2f}, {inside} of {len(ratios)} faces within "
+        f"{SHARPNESS_RANGE[0]:g}-{SHARPNESS_RANGE[1]:g} (reported, not gated)",
+        {"mean_sharpness_ratio": d["mean_sharpness_ratio"], "ratios": ratios},
+    )
 
 
 def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:

@@ -18,6 +18,7 @@ from audit.face_reid import (
     GEOMETRY_CHECK,
     KID_CHECK,
     RETENTION_CHECK,
+    SHARPNESS_CHECK,
     FaceReidNumbers,
     check_face_reid,
     check_name,
@@ -280,8 +281,11 @@ def test_an_empirical_release_without_its_attack_fails(originals) -> None:
         RETENTION_CHECK,
         GEOMETRY_CHECK,
         KID_CHECK,
+        SHARPNESS_CHECK,
     ]
-    assert results[0].passed is False and all(r.passed for r in results[1:])
+    assert results[0].passed is False and all(r.passed for r in results[1:4])
+    # sharpness is reported, not gated: an unchanged face is exactly as sharp as its original
+    assert results[4].passed is None and results[4].details["mean_sharpness_ratio"] == 1.0
 
     off = AuditPolicy.from_dict({"face_reidentification": "off"})
     (result,) = _attacks(_inputs(originals, images, "empirical"), images, off, None)
