@@ -136,6 +136,11 @@ class Template:
     def inside(self) -> np.ndarray:
         return self.atlas_tri >= 0
 
+    @property
+    def ring(self) -> np.ndarray:
+        """The atlas pixels of the ring around the oval (its triangles come last)."""
+        return self.atlas_tri >= len(self.triangles) - 2 * len(face_oval())
+
 
 def run_mesh(image: np.ndarray, centre: np.ndarray, side: float, angle: float) -> np.ndarray:
     """The model on the square crop of `image` (uint8 RGB) centred at `centre`, `side` pixels

@@ -74,6 +74,12 @@ def unwrap_face(
     lab = to_lab(tex)
     weight = np.where(seen >= MIN_SEEN, seen, 0.0) ** SEEN_POWER
     detail = lab - masked_blur(lab, weight, shading_sigma(tpl, sigma_iod))
+    # each member's contrast normalised (per CIELAB channel over its seen face), so that no
+    # harshly lit or high-contrast member dominates the mean; the target's own contrast is put
+    # back when it is drawn
+    seen_face = (weight > 0) & ~tpl.ring
+    if seen_face.sum() > 16:
+        detail = detail / np.maximum(detail[seen_face].std(0), 1e-3)
     mirrored_w, mirrored_d = weight[:, ::-1], detail[:, ::-1]
     total = weight + mirrored_w
     filled = (detail * weight[..., None] + mirrored_d * mirrored_w[..., None]) / np.maximum(
@@ -93,11 +99,10 @@ def mean_face(members: list[Unwrapped]) -> Unwrapped:
     d = np.stack([m.detail for m in members])
     detail = (d * w[..., None]).sum(0) / np.maximum(w.sum(0), 1e-6)[..., None]
     # averaging k faces flattens what they do not share (by about 1 / sqrt(k)): the mean detail
-    # is given back the members' typical contrast, so the face is not a faded mask
+    # is brought back to unit contrast (the members' own, normalised), at most MAX_GAIN
     inside = w.sum(0) > 0
     if inside.any():
-        typical = float(np.mean([m.detail[inside].std(0) for m in members]))
-        gain = np.clip(typical / max(float(detail[inside].std(0).mean()), 1e-6), 1.0, MAX_GAIN)
+        gain = np.clip(1.0 / np.maximum(detail[inside].std(0), 1e-6), 1.0, MAX_GAIN)
         detail = detail * gain
     return Unwrapped(
         detail.astype(np.float32),
@@ -153,7 +158,7 @@ def render_face(
     own = to_lab(tex)
     weight = np.where(seen >= MIN_SEEN, seen, 0.0) ** SEEN_POWER
     low = masked_blur(own, np.maximum(weight, 1e-3 * tpl.inside), shading_sigma(tpl, sigma_iod))
-    atlas = to_rgb(_chroma_matched(texture, own - low, weight > 0) + low)
+    atlas = to_rgb(_own_contrast(texture, own - low, (weight > 0) & ~tpl.ring, tpl) + low)
     region = region_of([target, rendered], photo.shape)
     x0, y0, x1, y1 = region
     where, covered = fmesh.render_map(rendered, tpl, region)
@@ -175,15 +180,17 @@ def render_face(
     return out
 
 
-def _chroma_matched(texture: np.ndarray, own_detail: np.ndarray, seen: np.ndarray) -> np.ndarray:
-    """The cluster's detail with its colour detail (CIELAB a, b) scaled down to the target's
-    spread of it: a grey photo's face stays grey, a faded one is not given vivid lips."""
-    if not seen.any():
+def _own_contrast(
+    texture: np.ndarray, own_detail: np.ndarray, seen: np.ndarray, tpl: fmesh.Template
+) -> np.ndarray:
+    """The cluster's (unit-contrast) detail scaled per CIELAB channel to the target's own spread
+    of detail over its seen face (a grey photo's face stays grey, a soft one is not given harsh
+    lines); on the ring around the oval, where members' hair and background mix, at half that."""
+    if seen.sum() < 16:
         return texture
-    own = float(own_detail[seen][:, 1:].std())
-    theirs = float(texture[seen][:, 1:].std())
-    scale = min(1.0, own / max(theirs, 1e-6))
-    return np.concatenate([texture[..., :1], texture[..., 1:] * scale], axis=-1)
+    scale = own_detail[seen].std(0)
+    out = texture * scale
+    return np.where(tpl.ring[..., None], 0.5 * out, out).astype(np.float32)
 
 
 def _grey(x: np.ndarray) -> np.ndarray:

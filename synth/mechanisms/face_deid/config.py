@@ -39,9 +39,9 @@ class FaceDeidConfig(MechanismConfig):
     # passes the search's targets (empirical only)
     geometry: str = "strict"
     attribute_factors: tuple[float, ...] = (0.5, 0.75, 1.0)
-    shading_sigma: float = (
-        0.3  # the face's own lighting kept: low-pass width, inter-ocular distances
-    )
+    # the face's own lighting kept: its low-pass width, in inter-ocular distances (at 0.3 its
+    # teeth and eye whites came through under the average's closed mouth and eyes)
+    shading_sigma: float = 0.7
     erode: float = 0.08  # the face oval shrunk by this (inter-ocular distances): hairline kept
     texture_size: int = 192  # the mesh texture's side, pixels
     max_yaw: float = 60.0  # degrees; a face turned farther gets the fallback
