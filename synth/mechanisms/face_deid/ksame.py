@@ -47,6 +47,7 @@ class SurveyedFace:
     pose: fmesh.Pose | None
     unwrapped: avg.Unwrapped | None
     embeddings: tuple[np.ndarray | None, ...]  # per searched recogniser
+    anchor: np.ndarray | None = None  # YuNet's 5 points of the original, in its window
 
     @property
     def yaw_pitch(self) -> tuple[float, float]:
@@ -105,16 +106,16 @@ def survey_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> Survey
     out = []
     for face in faces:
         window = Window.of(face.box, photo.shape)
-        refs, _ = references_of(photo, window, recs)
+        refs, anchor = references_of(photo, window, recs)
         side = min(face.box[2] - face.box[0], face.box[3] - face.box[1])
         if side < config.min_face_size:
-            out.append(SurveyedFace(face, None, None, None, refs))
+            out.append(SurveyedFace(face, None, None, None, refs, anchor))
             continue
         mesh = fmesh.mesh(photo, face.landmarks)
         pose = fmesh.fit_pose(tpl.shape[: fmesh.N_POINTS], mesh)
         points = fmesh.full(mesh, pose)
         unwrapped = avg.unwrap_face(photo, points, pose, tpl, config.shading_sigma)
-        out.append(SurveyedFace(face, points, pose, unwrapped, refs))
+        out.append(SurveyedFace(face, points, pose, unwrapped, refs, anchor))
     return Surveyed(tuple(out))
 
 
@@ -235,7 +236,7 @@ def _averaged(
     halfway = tuple((r.threshold + t) / 2 for r, t in zip(recs, targets, strict=True))
     tpl = fmesh.template(config.texture_size)
     window = Window.of(face.face.box, work.shape)
-    refs, anchor = references_of(original, window, recs)
+    refs, anchor = face.embeddings, face.anchor  # the survey's, of the same original
     factors = (1.0,) if config.geometry == "strict" else config.attribute_factors
     farthest: tuple[float, Any, np.ndarray, float] | None = None
     for tried, factor in enumerate(factors, 1):
