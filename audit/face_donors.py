@@ -120,13 +120,11 @@ def compute_donor_reid(
 def judge_donor_reid(numbers: DonorNumbers, alpha: float | None) -> CheckResult:
     """Fails when a donor is verified, or when the most-identified donor is rank-1 more often than
     1/k (one-sided binomial test at `alpha`)."""
-    from audit.face_reid import rank1_p_value
-
     d = numbers.as_dict()
     name = f"{CHECK}[{numbers.recogniser}]"
     if numbers.n_faces == 0:
         return CheckResult(name, "attack", None, "not run: the recogniser saw no averaged face", d)
-    p = rank1_p_value(numbers.worst_hits, numbers.worst_trials, 1.0 / numbers.k)
+    p = _p_value(numbers.worst_hits, numbers.worst_trials, 1.0 / numbers.k)
     d["worst_donor_p_value"] = p
     above = alpha is not None and p is not None and p < alpha
     passed = numbers.donors_verified == 0 and not above
@@ -144,6 +142,15 @@ def judge_donor_reid(numbers: DonorNumbers, alpha: float | None) -> CheckResult:
         + rec_threshold(numbers),
         d,
     )
+
+
+def _p_value(hits: int, trials: int, chance: float) -> float | None:
+    """One-sided binomial test: at least `hits` of `trials` if each succeeded with `chance`."""
+    if trials == 0:
+        return None
+    from scipy.stats import binomtest
+
+    return float(binomtest(hits, trials, min(max(chance, 0.0), 1.0), alternative="greater").pvalue)
 
 
 def rec_threshold(numbers: DonorNumbers) -> str:

@@ -612,7 +612,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             inputs.map_items or in_process,
         ),
     )
-    if inputs.face_clusters and sources is not None:
+    if inputs.part_clusters and sources is not None:
         checks += donor_attacks(inputs, images, sources, policy)
     return checks
 
@@ -625,7 +625,7 @@ def donor_attacks(
     from audit.face_donors import CHECK as DONORS
     from audit.face_donors import compute_donor_reid, judge_donor_reid
 
-    clusters, k = inputs.face_clusters or [], int(inputs.face_k or 2)
+    clusters, k = inputs.part_clusters or [], int(inputs.part_cluster_k or 2)
     alpha = policy.section(FacePolicy).face_rank1_alpha
     out: list[CheckResult] = []
     for rec in policy_recognisers(policy):

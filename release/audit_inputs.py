@@ -115,8 +115,8 @@ def audit_inputs(
         cache_dir=runner.public_cache_dir(store),
         baselines=baselines(store, rel, spec, ds),
         searched_recognisers=out.parameters.get("searched_recognisers"),
-        face_clusters=out.internal.get("face_clusters"),
-        face_k=out.internal.get("face_k"),
+        part_clusters=out.internal.get("part_clusters"),
+        part_cluster_k=out.internal.get("part_cluster_k"),
     )
 
 

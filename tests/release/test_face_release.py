@@ -163,6 +163,6 @@ def test_the_four_shipped_photographs_with_the_defaults(tmp_path) -> None:
     internal = json.loads((ws / "artifacts" / rel / "internal.json").read_text())
     faces = [f for per in internal["faces"].values() for f in per]
     assert len(faces) == 9 and all(f["method"] in ("averaged", "generated") for f in faces)
-    assert internal["face_k"] == 5 and sum(map(len, internal["face_clusters"])) >= 5
+    assert internal["part_cluster_k"] == 5 and sum(map(len, internal["part_clusters"])) >= 5
     released = np.load(ws / "artifacts" / rel / RELEASE_ARRAYS)["images"]
     assert released.shape[0] == 4

@@ -131,3 +131,24 @@ def test_fewer_than_k_people_stop_the_run_before_any_face_is_drawn() -> None:
     jobs = grouping.jobs(2, 2)
     assert all(j.mean is grouping.means[j.cluster] for j in jobs if j.cluster is not None)
     assert sorted(x for c in grouping.record() for x in c) == [[0, 0], [1, 0], [2, 0], [2, 1]]
+
+
+def test_the_card_states_the_k_same_bound_and_its_limits() -> None:
+    from synth import registry
+
+    params = {
+        "replacement": "average",
+        "k": 5,
+        "geometry": "strict",
+        "cluster_sizes": [5, 6],
+        "n_faces_fallback": 1,
+        "fallback_reasons": ["no cluster of k people in its pose"],
+        "people_counted_by": "the searched recognisers' similarity (sface, facenet)",
+        "search_targets": {"sface": 0.85},
+    }
+    about = registry.describe("face-deid", params, {"type": "empirical"}, 4)
+    assert "at least k = 5 different people" in about.what and "2 cluster(s) of 5, 6" in about.what
+    assert "1 face(s) no cluster fitted were given a DCGAN face" in about.what
+    assert "at most 1/k = 1/5" in about.guarantee and "hair, ears, outline" in about.guarantee
+    loose = registry.describe("face-deid", {**params, "geometry": "attribute"}, {}, 4)
+    assert "empirical only" in loose.guarantee and "1/k" not in loose.guarantee

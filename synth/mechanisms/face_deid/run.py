@@ -390,7 +390,11 @@ def _run_average(
     )
     params.update(_average_parameters(config, grouping, outcomes))
     # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
-    internal = {**_run_internal(outcomes), "face_clusters": grouping.record(), "face_k": config.k}
+    internal = {
+        **_run_internal(outcomes),
+        "part_clusters": grouping.record(),
+        "part_cluster_k": config.k,
+    }
     return MechanismOutput(
         images=np.stack(released),
         labels=data.labels[kept].astype(np.int64),
