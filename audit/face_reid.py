@@ -233,6 +233,26 @@ def rank1_p_value(hits: int, trials: int, chance: float) -> float | None:
     return float(binomtest(hits, trials, min(max(chance, 0.0), 1.0), alternative="greater").pvalue)
 
 
+def two_sample_auc(released: np.ndarray, original: np.ndarray) -> float | None:
+    """How well a cross-validated logistic regression tells released from original face
+    features apart (ROC AUC; 0.5: it cannot); None with fewer than 4 of either."""
+    n = min(len(released), len(original))
+    if n < 4:
+        return None
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_predict
+
+    x = np.concatenate([released, original])
+    y = np.r_[np.ones(len(released)), np.zeros(len(original))]
+    folds = min(5, n)
+    scores = cross_val_predict(
+        LogisticRegression(max_iter=1000), x, y, cv=folds, method="predict_proba"
+    )[:, 1]
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, scores))
+
+
 def kid(x: np.ndarray, y: np.ndarray) -> float | None:
     """Kernel inception distance (Binkowski et al. 2018): the unbiased estimate of the squared MMD
     between feature sets x and y with the kernel k(a, b) = (a.b / d + 1)^3. None when either set
@@ -806,6 +826,7 @@ def compute_realism(
     retained = sum(p.retained for p in photos)
     shifts = [x for p in photos for x in p.shifts]
     kids: dict[str, float | None] = {}
+    auc: float | None = None
     if replaced >= 2:
         features = {
             k: np.concatenate([p.features[k] for p in photos if p.replaced])
@@ -814,7 +835,9 @@ def compute_realism(
         kids = {
             k: kid(features[k], features["original"]) for k in ("release", "blurred", "pixelated")
         }
+        auc = two_sample_auc(features["release"], features["original"])
     return {
+        "two_sample_auc": auc,
         "n_photos": len(same),
         "n_replaced_faces": replaced,
         "n_retained": retained,
@@ -1034,6 +1057,11 @@ def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
         f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
         f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
         + ("; must be below blur's" if gated else "")
+        + (
+            ""
+            if d.get("two_sample_auc") is None
+            else f"; a classifier tells released from original at AUC {d['two_sample_auc']:.2f}"
+        )
         + (" (few faces: noisy)" if n < 50 else ""),
         d,
     )

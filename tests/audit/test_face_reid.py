@@ -364,3 +364,13 @@ def test_the_card_says_which_recognisers_the_mechanism_searched_against() -> Non
     # other mechanisms name none; other checks have no note
     assert verdict_note(check_name("facenet"), {}) == ""
     assert verdict_note(RETENTION_CHECK, searched) == ""
+
+
+def test_the_two_sample_check_tells_shifted_features_and_not_the_same_ones() -> None:
+    from audit.face_reid import two_sample_auc
+
+    rng = np.random.default_rng(0)
+    original = rng.normal(size=(20, 16))
+    assert two_sample_auc(original, original) <= 0.6  # the same faces: it cannot tell
+    assert two_sample_auc(original + 2.0, original) > 0.95  # released faces unlike any original
+    assert two_sample_auc(original[:3], original) is None  # too few to say
