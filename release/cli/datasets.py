@@ -19,7 +19,8 @@ def register(
         ...,
         "--source",
         help="builtin:mnist5k, builtin:fashion-mnist, a folder of class "
-        "subfolders, .parquet or .npz.",
+        "subfolders, .parquet or .npz; head MRI: a folder of NIfTI files, bids:DIR (a BIDS "
+        "dataset) or dicom:DIR (a DICOM study).",
     ),
     labels: str = typer.Option(
         None,

@@ -296,22 +296,42 @@ COLLECTIONS = {
 
 
 def is_volume_source(source: str) -> bool:
-    """Whether `source` names head volumes (a folder of NIfTI files, or the head templates)."""
+    """Whether `source` names head volumes (a folder of NIfTI files, a BIDS dataset, a DICOM
+    study, or the head templates)."""
+    from synth.kinds.bids import is_bids_source
+    from synth.kinds.dicom import is_dicom_source
     from synth.kinds.head_templates import SOURCE as TEMPLATES
     from synth.kinds.nifti import is_volume_source as is_nifti_folder
 
-    return source == TEMPLATES or is_nifti_folder(source)
+    return (
+        source == TEMPLATES
+        or is_bids_source(source)
+        or is_dicom_source(source)
+        or is_nifti_folder(source)
+    )
 
 
 def load_data(source: str) -> ImageDataset | VolumeDataset:
-    """Any data source: head volumes (a folder of NIfTI files, `builtin:head-templates`) as a
-    VolumeDataset, everything else as an ImageDataset (`load_source`)."""
+    """Any data source: head volumes (a folder of NIfTI files, `bids:` a BIDS dataset, `dicom:` a
+    DICOM study converted by dcm2niix, `builtin:head-templates`) as a VolumeDataset, everything
+    else as an ImageDataset (`load_source`)."""
     from synth.kinds.head_templates import SOURCE as TEMPLATES
 
     if source == TEMPLATES:
         from synth.kinds.head_templates import head_templates
 
         return head_templates()
+    from synth.kinds.bids import is_bids_source
+    from synth.kinds.dicom import is_dicom_source
+
+    if is_dicom_source(source):
+        from synth.kinds.dicom import load_dicom
+
+        return load_dicom(source)
+    if is_bids_source(source):
+        from synth.kinds.bids import load_bids
+
+        return load_bids(source)
     if is_volume_source(source):
         from synth.kinds.nifti import load_volume_folder
 

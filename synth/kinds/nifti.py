@@ -241,6 +241,18 @@ def index_volume(path: Path) -> VolumeFile:
     return VolumeFile(path, volume.digest(), path.name, volume.shape, int(volume.data.nbytes))
 
 
+def inside(path: Path, root: Path) -> Path:
+    """`path` resolved, refused unless it is a regular file within `root` (links included)."""
+    return _inside(path, root)
+
+
+def check_headers(files: list[Path]) -> None:
+    """Every file's header checked and its stored size bounded, before any voxel is decoded."""
+    for f in files:
+        shape, dtype = _check_header(_header(f), f)
+        _check_size(f, shape, dtype)
+
+
 def load_volume_folder(folder: str | Path) -> VolumeDataset:
     """Every NIfTI file of `folder`, held by reference: headers first (sizes bounded before
     decoding), then each file's voxels read once, one at a time, checked and digested, and let go
@@ -249,9 +261,7 @@ def load_volume_folder(folder: str | Path) -> VolumeDataset:
     if not folder.is_dir():
         raise DataFormatError(f"{folder}: no such folder.")
     files = nifti_files(folder)
-    for f in files:
-        shape, dtype = _check_header(_header(f), f)
-        _check_size(f, shape, dtype)
+    check_headers(files)
     return VolumeDataset.by_reference([index_volume(f) for f in files], str(folder))
 
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, overload, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, overload, runtime_checkable
 
 import numpy as np
 
 from accounting.errors import DataFormatError
+
+if TYPE_CHECKING:
+    from synth.kinds.bids_layout import BidsLayout
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,9 @@ class VolumeDataset:
     volumes: Sequence[Volume]
     source: str = ""
     names: list[str] = field(default_factory=list)  # public names for public sets (templates)
+    # a BIDS dataset's subjects, sessions, paths and scrubbed sidecars (synth.kinds.bids); None
+    # for a flat folder, where each record is its own subject
+    layout: BidsLayout | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.volumes, LazyVolumes):
@@ -163,10 +169,52 @@ class VolumeDataset:
             raise DataFormatError(f"{self.source or 'volumes'}: no volumes.")
         if not all(isinstance(v, Volume | VolumeRef) for v in self.records):
             raise DataFormatError(f"{self.source or 'volumes'}: every record must be a Volume.")
+        if self.layout is not None and len(self.layout.records) != len(self.volumes):
+            raise DataFormatError(
+                f"{self.source or 'volumes'}: {len(self.layout.records)} BIDS records for "
+                f"{len(self.volumes)} volumes."
+            )
 
     @classmethod
-    def by_reference(cls, refs: Sequence[VolumeRef], source: str = "") -> VolumeDataset:
-        return cls(LazyVolumes(refs), source)
+    def by_reference(
+        cls, refs: Sequence[VolumeRef], source: str = "", layout: BidsLayout | None = None
+    ) -> VolumeDataset:
+        return cls(LazyVolumes(refs), source, layout=layout)
+
+    def with_key(self, key: bytes) -> VolumeDataset:
+        """The dataset as registered under the workspace's secret `key`: a BIDS layout that asked
+        for it with its subject labels re-keyed (`BidsLayout.rekeyed_under`)."""
+        if self.layout is None or not self.layout.rekey:
+            return self
+        from dataclasses import replace
+
+        layout = self.layout.rekeyed_under(key)
+        # records (and volumes) in the new labels' path order: the release's row order must not
+        # follow the source's labels
+        order = sorted(range(len(layout.records)), key=lambda i: layout.records[i].path)
+        layout = replace(layout, records=tuple(layout.records[i] for i in order))
+        if isinstance(self.volumes, LazyVolumes):
+            return VolumeDataset(
+                LazyVolumes([self.volumes.refs[i] for i in order]), self.source, self.names, layout
+            )
+        return VolumeDataset([self.volumes[i] for i in order], self.source, self.names, layout)
+
+    @property
+    def subjects(self) -> list[str]:
+        """Each record's subject (the privacy unit): its BIDS subject, else the record itself."""
+        if self.layout is not None:
+            return self.layout.subjects
+        return [str(i) for i in range(len(self.volumes))]
+
+    def subject_heads(self) -> list[int]:
+        """One record per subject (its first T1w, else its first record), in subject order: what
+        counts subjects and stands for each in the re-identification audit's gallery."""
+        first: dict[str, int] = {}
+        suffixes = [r.suffix for r in self.layout.records] if self.layout else []
+        for i, sub in enumerate(self.subjects):
+            if sub not in first or (suffixes[first[sub]] != "T1w" and suffixes[i] == "T1w"):
+                first[sub] = i
+        return sorted(first.values())
 
     @property
     def records(self) -> tuple[Record, ...]:

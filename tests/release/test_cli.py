@@ -277,6 +277,9 @@ def test_errors_print_one_message_and_exit_2(tmp_path):
     assert "privrelease init" in p.stderr and "Traceback" not in p.stderr
 
 
+# Slow since issue 63 (end to end: a plan's bisection through the CLI; fast:
+# tests/release/test_bad_sources.py::test_paths_with_brackets_are_shown_verbatim)
+@pytest.mark.slow
 def test_text_in_square_brackets_reaches_the_steward_verbatim(ws, tmp_path):
     """Rich reads [..] as markup: a warning naming the spec's [privimage] table, or a reason a person typed, lost
     its brackets (regression)."""

@@ -101,6 +101,10 @@ def _actions(store: Store, release_id: str) -> list[str]:
     ]
 
 
+# Slow since issue 63 (end to end: a SIGKILLed CLI run; fast:
+# test_a_run_killed_before_it_read_the_data_is_settled_without_a_charge,
+# test_privimage_run.py::test_abandon_commits_query_and_started_steps)
+@pytest.mark.slow
 def test_a_run_killed_after_reading_the_data_is_settled_by_release_abandon(tmp_path) -> None:
     store, rid = _approved(tmp_path)
     proc, _ = _run_until(store, rid, GENERATOR)

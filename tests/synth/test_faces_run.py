@@ -160,6 +160,7 @@ def test_refuses_without_acknowledgement(store, photos, public, tools, tmp_path)
     assert ledger.get_charge(store, "r0") is None
 
 
+@pytest.mark.smoke
 def test_full_run_replaces_every_face_and_withholds_the_photo_without_one(
     store, photos, public, tools, tmp_path
 ) -> None:

@@ -156,6 +156,7 @@ def test_bad_inputs_are_refused_before_charging(store, sensitive, public, tmp_pa
     assert ledger.get_charge(store, "r0") is None
 
 
+@pytest.mark.smoke
 def test_full_run_commits(store, sensitive, public, tmp_path):
     cfg = KSalsaConfig.tiny(4, "ksalsa")
     stages = []

@@ -116,6 +116,7 @@ def test_the_noise_is_fresh_each_time() -> None:
     assert not np.allclose(a.sums, b.sums)
 
 
+@pytest.mark.smoke
 def test_a_merf_release_through_the_runner_is_charged_its_one_query(
     mnist200_store, tmp_path
 ) -> None:

@@ -199,6 +199,10 @@ class _Crash(Exception):
     pass
 
 
+# Slow since issue 63 (end to end: two runs; fast:
+# test_privimage_run.py::test_crash_then_resume_charges_lost_steps_once (the runner's re-charge),
+# test_a_release_with_dp_labels_is_charged_both_events)
+@pytest.mark.slow
 def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
     mnist200_store, run_merf, tmp_path
 ) -> None:
@@ -228,6 +232,10 @@ def test_a_crash_while_the_classifier_trains_charges_its_steps_on_the_next_run(
     assert trail.verify(st).ok
 
 
+# Slow since issue 63 (end to end: a whole release; fast:
+# test_merf.py::test_the_run_reads_the_approved_plans_decisions_instead_of_deciding_again,
+# test_a_release_with_dp_labels_is_charged_both_events)
+@pytest.mark.slow
 def test_auto_runs_what_the_plan_decided_and_records_it(halves_store, run_merf, tmp_path) -> None:
     """4,000 images in two classes (2,000 a class): "auto" plans DP labels at epsilon 2, the run
     trains the classifier and records the decision; at epsilon 0.05 the plan is the query alone."""

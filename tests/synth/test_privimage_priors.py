@@ -454,6 +454,10 @@ def test_frequency_warmup_auto_is_decided_from_the_registered_counts(
     assert (plan_privimage(cfg, records, n_classes=classes).frequency_event is not None) is on
 
 
+# Slow since issue 63 (end to end: a whole run; fast:
+# test_the_frequency_embedding_is_planned_between_the_query_and_the_central_images,
+# test_central_images_end_to_end_are_charged_saved_and_reused)
+@pytest.mark.slow
 def test_the_frequency_warmup_end_to_end_is_charged_saved_and_never_asked_again(
     data, tmp_path
 ) -> None:

@@ -97,6 +97,10 @@ print(_pretrain_key(make_unet(16, 1, 3, (8, 16), 1), x, y, dict(steps=4, batch=8
 """
 
 
+# Slow since issue 63 (end to end: fresh interpreters; fast:
+# test_pretraining_is_cached_by_content,
+# test_elastic_pretraining_has_its_own_cache_key_and_off_keeps_the_old_one)
+@pytest.mark.slow
 def test_pretraining_cache_key_is_the_same_in_every_process() -> None:
     """diffusers' model config carries a list built from a set; its order follows the process's string-hash
     seed, and while it was part of the key no `make demo` ever found the previous run's pre-training."""
@@ -490,6 +494,9 @@ print("cached" if stages == ["pretraining (cached)"] else "trained")
 """
 
 
+# Slow since issue 63 (end to end: two processes pre-training at once; fast:
+# test_pretraining_is_cached_by_content)
+@pytest.mark.slow
 def test_two_runs_with_the_same_pretraining_at_once_share_it(tmp_path: Path) -> None:
     """Two processes pre-training the same public model at once (two runs side by side on one GPU
     crashed on each other's checkpoint file): one trains, the other waits and loads its model."""

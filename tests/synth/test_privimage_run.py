@@ -116,6 +116,7 @@ def _run(store, sens, pub, cfg, run_id, wd, progress=no_progress, plan=None):
     )
 
 
+@pytest.mark.smoke
 def test_full_run_charges_ledger_and_matches_opacus(store: Store, data, tmp_path: Path) -> None:
     sens, pub = data
     _register(store, sens)
@@ -304,6 +305,9 @@ def _assert_vote_charged_once(store: Store, res, plan, vote: GaussianQuery) -> N
     assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
 
 
+# Slow since issue 63 (end to end: a whole run with the vote; fast:
+# test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_from_the_saved_rounds)
+@pytest.mark.slow
 def test_private_vote_is_charged_released_in_wanted_numbers_and_reused_on_resume(
     store: Store, data, tmp_path: Path
 ) -> None:
@@ -379,6 +383,10 @@ def test_release_variations_are_post_processing_uncharged_and_survive_a_crash(
     assert len(np.unique(res.images.reshape(20, -1), axis=0)) == 20  # the variations are new images
 
 
+# Slow since issue 63 (end to end: a whole run; fast:
+# test_privimage_recipe.py::test_dp_fine_tuning_draws_timesteps_from_t_min_up,
+# test_full_run_charges_ledger_and_matches_opacus)
+@pytest.mark.slow
 def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(
     store: Store, data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -405,6 +413,10 @@ def test_dp_fine_tuning_on_late_timesteps_is_charged_as_usual_and_recorded(
     assert res.parameters["finetune_t_min"] == 0.5
 
 
+# Slow since issue 63 (end to end: a whole run; fast:
+# test_privimage_vote.py::test_removing_one_sensitive_image_changes_one_embedding_vote_by_one and
+# the pixel vote's run test)
+@pytest.mark.slow
 def test_vote_in_embedding_space_is_charged_as_in_pixel_space_and_recorded(
     store: Store, data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

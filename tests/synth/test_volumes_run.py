@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +38,25 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
 
 
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory, heads, cache) -> Path:
+    """A workspace with the heads registered, once a module (registration reads and fits every head);
+    each test works on its own copy."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRIVRELEASE_CACHE", str(cache))
+        ws = Workspace(tmp_path_factory.mktemp("registered") / "ws")
+        ws.init()
+        st = Store(ws)
+        register_from_source(st, "heads", str(heads), 10.0, 1e-5, actor="alice")
+        st.backend.release()
+    return ws.root
+
+
 @pytest.fixture
-def store(tmp_path, heads, cache, monkeypatch) -> Store:
+def store(tmp_path, registered, cache, monkeypatch) -> Store:
     monkeypatch.setenv("PRIVRELEASE_CACHE", str(cache))
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    st = Store(ws)
-    register_from_source(st, "heads", str(heads), 10.0, 1e-5, actor="alice")
-    return st
+    shutil.copytree(registered, tmp_path / "ws")
+    return Store(Workspace(tmp_path / "ws"))
 
 
 def _plan(store, name, cfg, public=None):
@@ -132,6 +144,7 @@ def test_refused_without_acknowledgement_and_nothing_charged(store, tmp_path) ->
     assert ledger.get_charge(store, "r0") is None
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     "name,cfg",
     [

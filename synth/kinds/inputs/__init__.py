@@ -33,6 +33,17 @@ class InputKind:
     as_registered: Callable[[Any, list[int]], Any]  # loaded data given its registered label set
     labelled: bool  # registered with a label set: how a registered dataset's kind is read back
     privacy_unit: str  # the privacy unit's default wording
+    # the privacy unit's wording for loaded data, where it depends on the data (None: the above)
+    unit_of: Callable[[Any], str] | None = None
+    # loaded data as registered under the workspace's secret key (e.g. a BIDS dataset's subject
+    # labels re-keyed); None: as loaded
+    keyed: Callable[[Any, bytes], Any] | None = None
+
+    def with_key(self, data: Any, key: bytes) -> Any:
+        return self.keyed(data, key) if self.keyed is not None else data
+
+    def unit(self, data: Any) -> str:
+        return self.unit_of(data) if self.unit_of is not None else self.privacy_unit
 
 
 _KINDS: dict[str, InputKind] = {}

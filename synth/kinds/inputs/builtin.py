@@ -1,6 +1,6 @@
-"""The built-in input kinds: head volumes (a folder of NIfTI files, or the public head templates),
-then images (everything else: built-ins, photo folders, class folders, Parquet, NumPy). The only
-module of the input kinds that names one."""
+"""The built-in input kinds: head volumes (a folder of NIfTI files, a BIDS dataset, a DICOM
+study, or the public head templates), then images (everything else: built-ins, photo folders,
+class folders, Parquet, NumPy). The only module of the input kinds that names one."""
 
 from __future__ import annotations
 
@@ -23,8 +23,16 @@ def _no_labels(source: str, data: Any, declaration: LabelDeclaration) -> list[in
 
 def _volumes_fingerprint(key: bytes, data: VolumeDataset) -> str:
     """Every volume's stored voxels, affine and scaling: from the digests taken as each file was
-    read, so that a folder held by reference is not read again."""
-    return volume_digests_fingerprint(key, data.record_digests())
+    read, so that a folder held by reference is not read again; a BIDS dataset's layout (paths,
+    scrubbed sidecars, allowed participants columns: released too) with them."""
+    extra = [data.layout.digest()] if data.layout is not None else []
+    return volume_digests_fingerprint(key, data.record_digests() + extra)
+
+
+def _volumes_unit(data: VolumeDataset) -> str:
+    if data.layout is not None:
+        return "one subject (all of a person's sessions and scans)"
+    return "one head scan"
 
 
 def _images_fingerprint(key: bytes, data: ImageDataset) -> str:
@@ -42,6 +50,8 @@ VOLUMES = InputKind(
     as_registered=lambda data, labels: data,
     labelled=False,
     privacy_unit="one head scan",
+    unit_of=_volumes_unit,
+    keyed=lambda data, key: data.with_key(key),
 )
 IMAGES = InputKind(
     name="images",

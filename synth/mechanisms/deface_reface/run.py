@@ -268,8 +268,13 @@ def _run(
         "registration": "SimpleITK affine, Mattes mutual information, 8 and 4 mm levels",
         "seconds_per_volume": round(seconds / max(1, len(heads)), 2),
     }
+    # a BIDS dataset's layout (paths, scrubbed sidecars) goes with the released heads, which are
+    # written back into it; what it releases beside the voxels is described in the parameters
+    layout = None if data.layout is None else replace(data.layout, mechanism=name)
+    if layout is not None:
+        parameters["bids"] = layout.summary()
     return MechanismOutput.of_volumes(
-        VolumeDataset.by_reference(heads, f"{name} release"),
+        VolumeDataset.by_reference(heads, f"{name} release", layout=layout),
         parameters,
         {"per_volume": stats},
         pictures=pictures,
