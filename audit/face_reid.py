@@ -56,6 +56,8 @@ CHECK = "face_reidentification"  # one check per recogniser: face_reidentificati
 GEOMETRY_CHECK = "face_geometry"
 RETENTION_CHECK = "face_detection_retention"
 KID_CHECK = "face_kid"
+SHARPNESS_CHECK = "face_sharpness"
+SHARPNESS_RANGE = (0.8, 1.25)  # a released face's sharpness ratio a steward would not notice
 SIGHTINGS_STAGE = "audit: faces (images)"  # the progress bar over the images the attack reads
 REALISM_STAGE = "audit: faces (realism)"  # and over the photos the realism checks compare
 FARS = (1e-3, 1e-2)
@@ -229,6 +231,26 @@ def rank1_p_value(hits: int, trials: int, chance: float) -> float | None:
     from scipy.stats import binomtest
 
     return float(binomtest(hits, trials, min(max(chance, 0.0), 1.0), alternative="greater").pvalue)
+
+
+def two_sample_auc(released: np.ndarray, original: np.ndarray) -> float | None:
+    """How well a cross-validated logistic regression tells released from original face
+    features apart (ROC AUC; 0.5: it cannot); None with fewer than 4 of either."""
+    n = min(len(released), len(original))
+    if n < 4:
+        return None
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_predict
+
+    x = np.concatenate([released, original])
+    y = np.r_[np.ones(len(released)), np.zeros(len(original))]
+    folds = min(5, n)
+    scores = cross_val_predict(
+        LogisticRegression(max_iter=1000), x, y, cv=folds, method="predict_proba"
+    )[:, 1]
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, scores))
 
 
 def kid(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -597,7 +619,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
                 )
             ]
     sources = None if inputs.clusters is None else list(inputs.clusters)
-    return _guard(
+    checks = _guard(
         CHECK,
         "attack",
         lambda: run_face_reid(
@@ -610,6 +632,31 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             inputs.map_items or in_process,
         ),
     )
+    if inputs.part_clusters and sources is not None:
+        checks += donor_attacks(inputs, images, sources, policy)
+    return checks
+
+
+def donor_attacks(
+    inputs: AuditInputs, images: np.ndarray, sources: list[np.ndarray], policy: AuditPolicy
+) -> list[CheckResult]:
+    """A k-Same-M release's donor re-identification, one check per policy recogniser
+    (audit.face_donors)."""
+    from audit.face_donors import CHECK as DONORS
+    from audit.face_donors import compute_donor_reid, judge_donor_reid
+
+    clusters, k = inputs.part_clusters or [], int(inputs.part_cluster_k or 2)
+    alpha = policy.section(FacePolicy).face_rank1_alpha
+    out: list[CheckResult] = []
+    for rec in policy_recognisers(policy):
+        out += _guard(
+            f"{DONORS}[{rec.key}]",
+            "attack",
+            lambda rec=rec: judge_donor_reid(  # type: ignore[misc]
+                compute_donor_reid(images, sources, inputs.sensitive, clusters, rec, k), alpha
+            ),
+        )
+    return out
 
 
 # ------------------------------------------------------------------ verdicts
@@ -779,6 +826,7 @@ def compute_realism(
     retained = sum(p.retained for p in photos)
     shifts = [x for p in photos for x in p.shifts]
     kids: dict[str, float | None] = {}
+    auc: float | None = None
     if replaced >= 2:
         features = {
             k: np.concatenate([p.features[k] for p in photos if p.replaced])
@@ -787,7 +835,9 @@ def compute_realism(
         kids = {
             k: kid(features[k], features["original"]) for k in ("release", "blurred", "pixelated")
         }
+        auc = two_sample_auc(features["release"], features["original"])
     return {
+        "two_sample_auc": auc,
         "n_photos": len(same),
         "n_replaced_faces": replaced,
         "n_retained": retained,
@@ -796,6 +846,10 @@ def compute_realism(
         "retention_iou": RETENTION_IOU,
         "mean_landmark_shift_yunet5": float(np.mean(shifts)) if shifts else None,
         "n_landmark_faces": len(shifts),
+        "mean_sharpness_ratio": float(np.mean(sharp))
+        if (sharp := [x for p in photos for x in p.sharpness])
+        else None,
+        "sharpness_ratios": [round(x, 3) for p in photos for x in p.sharpness],
         "kid_release": kids.get("release"),
         "kid_blurred": kids.get("blurred"),
         "kid_pixelated": kids.get("pixelated"),
@@ -804,6 +858,36 @@ def compute_realism(
         "blur_sigma": BLUR_SIGMA,
         "pixel_blocks": PIXEL_BLOCKS,
     }
+
+
+def _face_to_ring(image: np.ndarray, box: tuple[float, ...]) -> float | None:
+    """The spread of the grey Laplacian inside the face box over that in the ring around it
+    (the box grown by half): how sharp the face is against its own photo."""
+    import cv2
+
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = box
+    gx, gy = 0.5 * (x1 - x0), 0.5 * (y1 - y0)
+    a, b = max(0, int(x0 - gx)), max(0, int(y0 - gy))
+    c, d = min(w, int(np.ceil(x1 + gx))), min(h, int(np.ceil(y1 + gy)))
+    grey = cv2.cvtColor(np.ascontiguousarray(image[b:d, a:c]), cv2.COLOR_RGB2GRAY)
+    lap = cv2.Laplacian(grey.astype(np.float32), cv2.CV_32F)
+    inner = np.zeros(lap.shape, bool)
+    inner[max(0, int(y0) - b) : int(y1) - b, max(0, int(x0) - a) : int(x1) - a] = True
+    if inner.sum() < 16 or (~inner).sum() < 16:
+        return None
+    ring = float(lap[~inner].std())
+    return float(lap[inner].std()) / ring if ring > 1e-6 else None
+
+
+def sharpness_ratio(
+    original: np.ndarray, released: np.ndarray, box: tuple[float, ...]
+) -> float | None:
+    """The released face's sharpness against its ring over the original's (1: as sharp relative
+    to its photo as the original was; a replaced face softer or crisper than its photo is the
+    tell)."""
+    before, after = _face_to_ring(original, box), _face_to_ring(released, box)
+    return None if not before or after is None else after / before
 
 
 @dataclass(frozen=True)
@@ -815,6 +899,7 @@ class RealismPhoto:
     retained: int
     shifts: list[float]
     features: dict[str, np.ndarray]
+    sharpness: list[float] = field(default_factory=list)  # released / original, per face
 
 
 def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismPhoto:
@@ -834,7 +919,11 @@ def realism_photo(config: None, item: tuple[np.ndarray, np.ndarray]) -> RealismP
         replaced += 1
         retained += _realism_face(original, released, found, row, shifts, crops)
     features = {k: _facenet_features(v) for k, v in crops.items()} if replaced else {}
-    return RealismPhoto(replaced, retained, shifts, features)
+    ratios = [
+        sharpness_ratio(original, released, fr.yunet_box(row))
+        for row in fr.yunet_detect(original, fr.REALISM_DETECTION)
+    ]
+    return RealismPhoto(replaced, retained, shifts, features, [r for r in ratios if r])
 
 
 def _realism_face(
@@ -891,7 +980,25 @@ def check_realism(
     if geometry is not None:
         out.append(geometry)
     out.append(_kid_check(d, n, policy))
+    if d.get("mean_sharpness_ratio") is not None:
+        out.append(_sharpness_check(d))
     return out
+
+
+def _sharpness_check(d: dict[str, Any]) -> CheckResult:
+    """How sharp the replaced faces are against their photos, relative to the originals
+    (reported, not gated: a face softer or crisper than its photo is the tell)."""
+    ratios = d["sharpness_ratios"]
+    inside = sum(SHARPNESS_RANGE[0] <= r <= SHARPNESS_RANGE[1] for r in ratios)
+    return CheckResult(
+        SHARPNESS_CHECK,
+        "utility",
+        None,
+        f"face / surrounding sharpness (Laplacian spread) released over original: mean "
+        f"{d['mean_sharpness_ratio']:.2f}, {inside} of {len(ratios)} faces within "
+        f"{SHARPNESS_RANGE[0]:g}-{SHARPNESS_RANGE[1]:g} (reported, not gated)",
+        {"mean_sharpness_ratio": d["mean_sharpness_ratio"], "ratios": ratios},
+    )
 
 
 def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
@@ -950,6 +1057,11 @@ def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
         f"KID of released against original faces {rel:.2e} (FaceNet features, n = {n}); "
         f"blurred originals {blur:.2e}, pixelated {pix:.2e}"
         + ("; must be below blur's" if gated else "")
+        + (
+            ""
+            if d.get("two_sample_auc") is None
+            else f"; a classifier tells released from original at AUC {d['two_sample_auc']:.2f}"
+        )
         + (" (few faces: noisy)" if n < 50 else ""),
         d,
     )

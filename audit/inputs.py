@@ -67,6 +67,11 @@ class AuditInputs:
     searched_recognisers: list[str] | None = None
     # the output kind of the release (release.kinds; its checks: audit.kinds.kind_audit)
     output_kind: str = "images"
+    # a release averaged over clusters of parts of records (per cluster, its members as [record,
+    # part]) and its k, from the run's internal record: the donor re-identification attack of the
+    # kind's checks; None for any other release
+    part_clusters: list[list[list[int]]] | None = None
+    part_cluster_k: int | None = None
 
     @property
     def sensitive_images(self) -> ImageDataset:

@@ -236,6 +236,14 @@ def real_tables(config: FaceDeidConfig, tools, grid: Path | None) -> tuple[str, 
         ("pixelation, 8 blocks", obscured(data.images, pixelate_face), sources, None),
         ("face-deid (defaults)", out.images, list(out.clusters), seconds),
     ]
+    if config.replacement == "average":  # the k-Same-M path's other geometry (issue 64)
+        other, other_s = run_face_deid(data, config.with_(geometry="attribute"), tools)
+        variants.append(
+            ("face-deid, attribute geometry", other.images, list(other.clusters), other_s)
+        )
+        variants.append(
+            ("face-deid, DCGAN for every face", _dcgan_release(data, config, tools), sources, None)
+        )
     for name, images, srcs, secs in variants:
         per = attack_all(images, srcs, data)
         realism = compute_realism(images, srcs, data, POLICY)
@@ -271,6 +279,12 @@ def real_tables(config: FaceDeidConfig, tools, grid: Path | None) -> tuple[str, 
         + " (x 1e3, same crops)."
     )
     return table + "\n\n" + note, numbers
+
+
+def _dcgan_release(data: ImageDataset, config: FaceDeidConfig, tools) -> np.ndarray:
+    """The released photos of the DCGAN search for every face (`replacement = "generated"`)."""
+    out, _ = run_face_deid(data, config.with_(replacement="generated"), tools)
+    return out.images
 
 
 def pairs_grid(data: ImageDataset, out, path: Path) -> None:

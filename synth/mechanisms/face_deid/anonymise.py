@@ -42,14 +42,21 @@ class FaceOutcome:
     """What happened to one face (internal: computed from the sensitive photograph)."""
 
     box: tuple[float, float, float, float]
-    method: str  # "generated" | "pixelated" (search failed) | "pixelated-small"
+    # "averaged" (k-Same-M) | "generated" (DCGAN) | "pixelated" (search failed) | "pixelated-small"
+    method: str
     distance: float | None  # identity distance of the released face to the original
     landmark_shift: float | None  # mean landmark displacement / inter-ocular distance
     candidates: int  # latents tried
     inversion_loss: float | None
+    cluster: int | None = None  # the k-Same-M cluster whose face replaced it (averaged)
+    factor: float | None = None  # the shape's move towards the cluster's (1 = strict)
+    fallback: str | None = None  # why an averaged release gave this face the DCGAN's
 
     def as_dict(self) -> dict:
         return {
+            "cluster": self.cluster,
+            "factor": self.factor,
+            "fallback": self.fallback,
             "box": [round(float(v), 1) for v in self.box],
             "method": self.method,
             "distance": self.distance,
@@ -287,17 +294,19 @@ class Judgement:
         return self.shift + 0.25 * (1.0 - self.detection)
 
 
-def _judge(
+def judge(
     image: np.ndarray,
     window: Window,
     references: tuple[np.ndarray | None, ...],
     anchor: np.ndarray | None,
-    tools: Tools,
+    recognisers: tuple[fr.Recogniser, ...],
 ) -> Judgement:
+    """A candidate photo as the searched `recognisers` (distances to `references`) and YuNet (found
+    at the face's window, its 5 points against `anchor`) see it."""
     cut = window.cut(image)
     row = fr.yunet_at(cut, window.box)  # once: the realism measure and YuNet-based recognisers
     distances = []
-    for rec, ref in zip(tools.recognisers, references, strict=True):
+    for rec, ref in zip(recognisers, references, strict=True):
         if ref is None:  # this recogniser never saw the original face: nothing to move from
             distances.append(float("inf"))
             continue
@@ -338,7 +347,7 @@ def anonymise_face(
         cfg.inversion_lr,
     )
     window = Window.of(face.box, photo.shape)
-    references, anchor = _references(original, window, tools)
+    references, anchor = references_of(original, window, tools.recognisers)
     in_photo = None if anchor is None else anchor + np.array([window.x0, window.y0])
     # candidates: the inversion moved towards prior faces of a similar pose and lighting (the
     # bank's closest coarse views to the original's), so the new face keeps the head's pose
@@ -363,15 +372,14 @@ def anonymise_face(
     )
 
 
-def _references(
-    original: np.ndarray, window: Window, tools: Tools
+def references_of(
+    original: np.ndarray, window: Window, recognisers: tuple[fr.Recogniser, ...]
 ) -> tuple[tuple[np.ndarray | None, ...], np.ndarray | None]:
     """The original face's embedding by each searched recogniser (None where it finds none) and
     YuNet's 5 landmarks of it in the window (None if not found)."""
     before = window.cut(original)
     references = tuple(
-        None if (s := rec.at(before, window.box)) is None else s.embedding
-        for rec in tools.recognisers
+        None if (s := rec.at(before, window.box)) is None else s.embedding for rec in recognisers
     )
     anchor_row = fr.yunet_at(before, window.box)
     anchor = None if anchor_row is None else fr.yunet_points(anchor_row)
@@ -411,7 +419,7 @@ class _Search:
         tools = self.tools
         gen64 = render(tools.generator, z)[0]
         candidate = paste(self.photo, gen64, self.geometry, self.in_photo)
-        judged = _judge(candidate, self.window, self.references, self.anchor, tools)
+        judged = judge(candidate, self.window, self.references, self.anchor, tools.recognisers)
         self.tried += 1
         if judged.passes(tools.targets):
             self.passing.append((judged, candidate))

@@ -12,6 +12,8 @@ from synth import config as check
 from synth.config import MechanismConfig
 
 NO_FACE_RULES = ("withhold", "refuse")
+REPLACEMENTS = ("average", "generated")  # k-Same-M on the mesh; the DCGAN (the fallback)
+GEOMETRIES = ("strict", "attribute")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,23 @@ class FaceDeidConfig(MechanismConfig):
     similar pose, 1 = that face); no_face: what happens to a photo without a detectable face
     ("withhold": not released, counted; "refuse": the run fails)."""
 
+    # "average": k-Same-M, each face replaced by the mean face of a cluster of k distinct people
+    # of the release (synth.mechanisms.face_deid.average); "generated": the DCGAN search for every
+    # face (also the fallback for a face no cluster fits)
+    replacement: str = "average"
+    k: int = 5
+    # "strict": the cluster's mean shape (the k-Same bound holds for the face region);
+    # "attribute": the face's own shape moved towards it by the first of attribute_factors that
+    # passes the search's targets (empirical only)
+    geometry: str = "strict"
+    attribute_factors: tuple[float, ...] = (0.5, 0.75, 1.0)
+    # the face's own lighting kept: its low-pass width, in inter-ocular distances (at 0.3 its
+    # teeth and eye whites came through under the average's closed mouth and eyes)
+    shading_sigma: float = 0.7
+    erode: float = 0.08  # the face oval shrunk by this (inter-ocular distances): hairline kept
+    texture_size: int = 192  # the mesh texture's side, pixels
+    max_yaw: float = 60.0  # degrees; a face turned farther gets the fallback
+    pose_spread: float = 60.0  # degrees of yaw and pitch between a cluster's first face and others
     generator_weights: str | None = None
     latent_dim: int = 100
     generator_features: int = 64
@@ -62,8 +81,10 @@ class FaceDeidConfig(MechanismConfig):
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         # the defaults: sized for 2 CPU cores (100 photos in minutes, BENCHMARKS.md)
         "demo": {},
-        # for tests: a few seconds a face
+        # for tests: a few seconds a face, the DCGAN search (test photo sets hold fewer than k
+        # people, which the average refuses)
         "tiny": dict(
+            replacement="generated",
             inversion_steps=5,
             inversion_restarts=1,
             bank_size=64,
@@ -88,6 +109,7 @@ class FaceDeidConfig(MechanismConfig):
                 sorted((k, check.number(f"identity_targets.{k}", d, 0.0, 10.0)) for k, d in pairs)
             ),
             **cls._checked_search(v),
+            **cls._checked_average(v),
             **cls._checked_placement(v),
         }
 
@@ -158,6 +180,27 @@ class FaceDeidConfig(MechanismConfig):
             "candidates_per_round": check.whole(
                 "candidates_per_round", v["candidates_per_round"], 1, 64
             ),
+        }
+
+    @staticmethod
+    def _checked_average(v: Mapping[str, Any]) -> dict[str, Any]:
+        """The k-Same-M average: k, the geometry mode, shading, mask, texture and pose limits."""
+        return {
+            "replacement": check.choice("replacement", v["replacement"], REPLACEMENTS),
+            "k": check.whole("k", v["k"], 2, 1000),
+            "geometry": check.choice("geometry", v["geometry"], GEOMETRIES),
+            "attribute_factors": check.entries(
+                "attribute_factors",
+                v["attribute_factors"],
+                lambda name, x: check.number(name, x, 0.05, 1.0),
+                most=10,
+                example="[0.5, 0.75, 1.0]",
+            ),
+            "shading_sigma": check.number("shading_sigma", v["shading_sigma"], 0.05, 2.0),
+            "erode": check.number("erode", v["erode"], 0.0, 0.5),
+            "texture_size": check.whole("texture_size", v["texture_size"], 64, 1024),
+            "max_yaw": check.number("max_yaw", v["max_yaw"], 0.0, 90.0),
+            "pose_spread": check.number("pose_spread", v["pose_spread"], 0.0, 180.0),
         }
 
     @staticmethod

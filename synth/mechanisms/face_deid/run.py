@@ -27,19 +27,23 @@ from accounting.errors import DataFormatError, InvalidParameterError, TamperErro
 from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.datasets import ImageDataset
+from synth.mechanisms.face_deid import ksame
 from synth.mechanisms.face_deid.anonymise import FaceOutcome, Tools, anonymise_face
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.describe import describe, guarantee_line
 from synth.mechanisms.face_deid.generator import (
     SIZE,
-    FaceGenerator,
-    LatentBank,
-    latent_bank,
     load_generator,
     packaged_weights,
-    render,
+)
+from synth.mechanisms.face_deid.models import (  # load_tools: re-exported for tests, benchmarks
+    _TOOLS,
+    load_tools,  # noqa: F401
+    photo_seed,
+    tools_for,
 )
 from synth.registry import DatasetInfo, MechanismOutput, MechanismPlan, RunContext
+from synth.tools import face_mesh as fmesh
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
 
@@ -77,6 +81,7 @@ def plan(
             f"config must be a FaceDeidConfig, got {type(config).__name__}."
         )
     shape = _photo_shape(dataset)
+    _check_people_possible(config, dataset)
     recognisers, targets = _searched_targets(config)
     bound = _bound_files(config, recognisers)
     return MechanismPlan(
@@ -108,6 +113,22 @@ def _photo_shape(dataset: DatasetInfo) -> tuple[int, ...]:
     return shape
 
 
+def _check_people_possible(config: FaceDeidConfig, dataset: DatasetInfo) -> None:
+    """Refused at plan, before anything is read, when the dataset cannot hold k people: its
+    photographs (public: the dataset's size) times the most faces a photo may have."""
+    if config.replacement != "average":
+        return
+    most = dataset.record_count * config.max_faces_per_photo
+    if most < config.k:
+        raise InvalidParameterError(
+            f"[face-deid] the k-Same-M average needs k = {config.k} distinct people, and "
+            f"dataset {dataset.name!r} can hold at most {most} faces ({dataset.record_count} "
+            f"photographs, max_faces_per_photo = {config.max_faces_per_photo}). Lower k (at "
+            'least 2), add photographs of other people, or set replacement = "generated" (the '
+            "DCGAN search, which needs no other people)."
+        )
+
+
 def _searched_targets(
     config: FaceDeidConfig,
 ) -> tuple[tuple[fr.Recogniser, ...], dict[str, float]]:
@@ -135,6 +156,8 @@ def _bound_files(config: FaceDeidConfig, recognisers: tuple[fr.Recogniser, ...])
         )
     generator = _generator_path(config)
     bound = {generator: file_sha256(Path(generator))}
+    if config.replacement == "average":
+        bound[str(fmesh.model_path())] = file_sha256(fmesh.model_path())
     for rec in recognisers:
         bound.update({str(f): file_sha256(f) for f in rec.files()})
     return bound
@@ -161,6 +184,7 @@ def _plan_detail(
     return {
         "guarantee_description": guarantee_line(targets),
         "choices": [
+            *_average_choices(config),
             "search: every face replaced until "
             + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
             + " from the original; the audit's other recognisers are held out"
@@ -178,6 +202,17 @@ def _plan_detail(
     }
 
 
+def _average_choices(config: FaceDeidConfig) -> list[str]:
+    if config.replacement != "average":
+        return ["replacement: the DCGAN search for every face"]
+    return [
+        f"replacement: k-Same-M, each face replaced by the mean face of a cluster of k = "
+        f"{config.k} distinct people of the release (people told apart by the searched "
+        f"recognisers), geometry {config.geometry!r}; a face no cluster fits gets the DCGAN "
+        "search, flagged; a release with fewer than k people is stopped before any face is drawn"
+    ]
+
+
 def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: str) -> None:
     """Every file the approved plan bound is unchanged (the generator as loaded, from the bytes
     it was loaded from); else the run stops before reading sensitive data (refunded)."""
@@ -191,40 +226,6 @@ def check_bound_files(bound: dict[str, str], generator_sha256: str, generator: s
             )
 
 
-def plausible_faces(generator: FaceGenerator, bank: LatentBank) -> LatentBank:
-    """The bank's latents whose faces an independent detector (YuNet) finds with confidence >= 0.9
-    and eyes level within 10 degrees: the DCGAN also draws broken faces, and a replacement drawn
-    near one looks broken in the photo. Public: computed from the generator alone."""
-    faces = render(generator, bank.z)
-    keep = []
-    for face in faces:
-        rows = fr.yunet_detect(face, threshold=0.9)
-        if len(rows):
-            eyes = fr.yunet_points(rows[0])[:2]
-            tilt = np.degrees(np.arctan2(*(eyes[1] - eyes[0])[::-1]))
-            keep.append(abs(tilt) <= 10.0)
-        else:
-            keep.append(False)
-    index = torch.from_numpy(np.flatnonzero(keep))
-    if len(index) < max(8, len(bank.z) // 10):  # a user's generator the detector dislikes
-        return bank
-    return LatentBank(bank.z[index], bank.views[index])
-
-
-def load_tools(config: FaceDeidConfig) -> Tools:
-    """The public models of a run (generator, its latent bank of plausible faces, the searched
-    recognisers; the detectors warmed)."""
-    generator = load_generator(
-        config.generator_weights, config.latent_dim, config.generator_features
-    )
-    bank = plausible_faces(generator, latent_bank(generator, config.bank_size, config.seed))
-    fm.detect(np.zeros((SIZE, SIZE, 3), np.uint8))  # loads the detector and landmark models
-    recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
-    for rec in recognisers:  # loads each model now: a missing file is refunded
-        rec.sightings(np.zeros((SIZE, SIZE, 3), np.uint8))
-    return Tools(generator, bank, recognisers, config.targets(recognisers), config)
-
-
 @dataclass(frozen=True)
 class PhotoResult:
     """One photograph de-identified (what a worker sends back; kept in the run's work folder)."""
@@ -233,19 +234,6 @@ class PhotoResult:
     crop: np.ndarray | None  # its largest face, aligned (SIZE x SIZE)
     outcomes: tuple[FaceOutcome, ...]
     withheld: str | None = None
-
-
-# the public models of each config, loaded once per process (the coordinator, or a Dask worker)
-_TOOLS: dict[str, Tools] = {}
-
-
-def tools_for(config: FaceDeidConfig) -> Tools:
-    """`config`'s public models, loaded on first use in this process and kept."""
-    key = repr(config)
-    if key not in _TOOLS:
-        _TOOLS.clear()  # one config at a time: models are hundreds of MB
-        _TOOLS[key] = load_tools(config)
-    return _TOOLS[key]
 
 
 def _generator_path(config: FaceDeidConfig) -> str:
@@ -260,12 +248,6 @@ def prepare(config: FaceDeidConfig, bound: dict[str, str] | None) -> tuple[str, 
     if bound:  # plans made before files were bound have none to check
         check_bound_files(bound, tools.generator.sha256, _generator_path(config))
     return tools.generator.name, tools.generator.sha256
-
-
-def photo_seed(config: FaceDeidConfig, index: int) -> int:
-    """The seed of photo `index`'s searches: from the config's seed and the record's index, so a
-    photo gets the same faces whichever worker, and in whichever order, processes it."""
-    return int(np.random.SeedSequence([config.seed, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def deid_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> PhotoResult:
@@ -311,6 +293,8 @@ def run(
         _TOOLS.clear()
         _TOOLS[repr(config)] = tools
     bound = (ctx.plan.detail or {}).get("bound_files") if ctx.plan is not None else None
+    if config.replacement == "average":
+        return _run_average(config, data, ctx, bound, started)
     # public models only, in every process that will see a photo: a failure here is refunded
     prepared = ctx.prepare_workers(prepare, config, bound)
     generator_name, generator_sha256 = prepared[0]
@@ -342,6 +326,106 @@ def run(
         extra_images={"face": np.stack(crops)},
         withheld=withheld,
     )
+
+
+def _prepare_average(config: FaceDeidConfig, bound: dict[str, str] | None) -> tuple[str, str]:
+    """The averaged run's public models loaded and the approval's files checked (before any
+    photo is read); the fallback generator's name and sha256."""
+    ksame.prepare_average(config)
+    # the fallback's generator: loaded now, so that a broken file is refunded
+    load_generator(config.generator_weights, config.latent_dim, config.generator_features)
+    generator = _generator_path(config)
+    sha = file_sha256(Path(generator))
+    if bound:
+        check_bound_files(bound, sha, generator)
+    name = "packaged DCGAN" if config.generator_weights is None else Path(generator).name
+    return name, sha
+
+
+def _run_average(
+    config: FaceDeidConfig,
+    data: ImageDataset,
+    ctx: RunContext,
+    bound: dict[str, str] | None,
+    started: float,
+) -> MechanismOutput:
+    """k-Same-M (synth.mechanisms.face_deid.ksame): survey every photo, group the faces into
+    clusters of k people, then draw each cluster's face into its members' photos."""
+    generator_name, generator_sha256 = ctx.prepare_workers(_prepare_average, config, bound)[0]
+    ctx.on_sensitive_access()
+    images = data.images
+    if images.ndim != 4 or images.shape[3] != 3:
+        raise DataFormatError(
+            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
+        )
+    n = len(images)
+    items = [(i, images[i]) for i in range(n)]
+    try:
+        surveyed = list(
+            ctx.map_items(ksame.survey_photo, config, items, label="face-deid: faces", keep=False)
+        )
+        grouping = ksame.group(config, surveyed)
+        jobs = [
+            (i, images[i], surveyed[i], grouping.jobs(i, len(surveyed[i].faces)))
+            for i in range(n)
+            if surveyed[i].faces
+        ]
+        drawn = ctx.map_items(
+            ksame.render_photo, config, jobs, label="face-deid: photos", keep=False
+        )
+    except DataFormatError as exc:
+        raise DataFormatError(f"{data.source}: {exc}") from exc
+    by_index = {job[0]: d for job, d in zip(jobs, drawn, strict=True)}
+    results = []
+    for i in range(n):
+        if i not in by_index:
+            results.append(PhotoResult(None, None, (), surveyed[i].withheld))
+            continue
+        work, outcomes = by_index[i]
+        crop = fm.align(work, surveyed[i].faces[0].face.landmarks, SIZE)
+        results.append(PhotoResult(work, crop, outcomes))
+    released, crops, kept, withheld, outcomes = _gather(results, n, data.source)
+    params = _run_parameters(
+        config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
+    )
+    params.update(_average_parameters(config, grouping, outcomes))
+    # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
+    internal = {
+        **_run_internal(outcomes),
+        "part_clusters": grouping.record(),
+        "part_cluster_k": config.k,
+    }
+    return MechanismOutput(
+        images=np.stack(released),
+        labels=data.labels[kept].astype(np.int64),
+        parameters=params,
+        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
+        internal=internal,
+        extra_images={"face": np.stack(crops)},
+        withheld=withheld,
+    )
+
+
+def _average_parameters(
+    config: FaceDeidConfig, grouping: ksame.Grouping, outcomes: list[tuple[FaceOutcome, ...]]
+) -> dict[str, Any]:
+    """What the card says of the averaging: k, the clusters' sizes, how people were counted,
+    the faces averaged and those given the fallback (and why)."""
+    flat = [o for per in outcomes for o in per]
+    sizes = [len(m) for m in grouping.members]
+    return {
+        "replacement": "average",
+        "mesh_model": "MediaPipe Face Mesh (face_landmark.tflite, mediapipe 0.10.14, Apache-2.0)",
+        "people_counted_by": "the searched recognisers' similarity ("
+        + ", ".join(config.recognisers)
+        + "): faces any of them verifies count as one person",
+        "n_people": grouping.n_people,
+        "n_clusters": len(sizes),
+        "cluster_sizes": sizes,
+        "n_faces_averaged": sum(o.method == "averaged" for o in flat),
+        "n_faces_fallback": sum(o.fallback is not None for o in flat),
+        "fallback_reasons": sorted({o.fallback for o in flat if o.fallback}),
+    }
 
 
 def _gather(
@@ -386,7 +470,7 @@ def _run_parameters(
     """The release's parameters: the config, the models searched, and what became of the faces."""
     recognisers = tuple(fr.recogniser(k) for k in config.recognisers)
     flat = [o for per in outcomes for o in per]
-    generated = [o for o in flat if o.method == "generated"]
+    replaced = [o for o in flat if o.method in ("generated", "averaged")]
     return {
         **config.as_dict(),
         "generator": generator_name,
@@ -400,8 +484,8 @@ def _run_parameters(
         "n_withheld": len(withheld),
         "withheld_rule": f"no_face = {config.no_face}",
         "n_faces": len(flat),
-        "n_faces_generated": len(generated),
-        "n_faces_pixelated": len(flat) - len(generated),
+        "n_faces_generated": sum(o.method == "generated" for o in flat),
+        "n_faces_pixelated": len(flat) - len(replaced),
         "photos_with_several_faces": sum(len(per) > 1 for per in outcomes),
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -410,7 +494,7 @@ def _run_parameters(
 def _run_internal(outcomes: list[tuple[FaceOutcome, ...]]) -> dict[str, Any]:
     """The run's internal record: every face's outcome, the mean landmark shift and the nearest
     identity distance of the generated faces."""
-    generated = [o for per in outcomes for o in per if o.method == "generated"]
+    generated = [o for per in outcomes for o in per if o.method in ("generated", "averaged")]
     shifts = [o.landmark_shift for o in generated if o.landmark_shift is not None]
     return {
         "faces": {str(i): [o.as_dict() for o in per] for i, per in enumerate(outcomes)},
