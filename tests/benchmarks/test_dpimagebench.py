@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import random_split
 
 from benchmarks import dpimagebench, gpu_preset
+from synth.kinds.datasets import fashion_available
 
 
 def test_the_split_is_the_one_dpimagebench_draws() -> None:
@@ -95,6 +96,9 @@ def test_the_moving_average_follows_dpimagebench_s_rule() -> None:
         torch.testing.assert_close(p.detach(), b)
 
 
+@pytest.mark.skipif(
+    not fashion_available(), reason="apt package dataset-fashion-mnist is not installed"
+)
 def test_sets_written_once_score_a_release_without_the_data_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

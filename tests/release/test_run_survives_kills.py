@@ -141,7 +141,11 @@ def test_a_24_head_run_survives_killed_workers_and_registration_children(tmp_pat
     )
     assert registered.returncode == 0, registered.stderr
     spec = tmp_path / "deface.toml"
-    spec.write_text('[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n')
+    # the face mask: at the test heads' 6 mm quickshear's plane barely reaches the face, so its
+    # releases fail the audit's face checks whatever happens to the run (BENCHMARKS.md has 1 mm)
+    spec.write_text(
+        '[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\nmethod = "mask"\n'
+    )
     assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
     rid = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
     assert cli("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp").returncode == 0
@@ -192,9 +196,10 @@ def test_a_24_head_run_survives_killed_workers_and_registration_children(tmp_pat
     [attempt] = views.attempts(store, rid)  # one attempt: nobody ran it again
     assert attempt.outcome == "checked"
     assert cli("audit", "verify").returncode == 0
+    report = views.audit_report(store, rid)
+    assert report is not None and report.passed, [(c.name, c.summary) for c in report.failures]
 
     # the same heads released by one process, nothing killed: the same heads, the same verdicts
-    # (at the test heads' 6 mm, deface's face checks fail either way: BENCHMARKS.md has 1 mm)
     assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
     ref = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
     assert cli("release", "approve", ref, "--as", "alice", "--acknowledge-non-dp").returncode == 0

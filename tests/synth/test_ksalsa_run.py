@@ -23,6 +23,7 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.executor import ExecutorChoice
 from release.planning import dataset_info
+from release.retries import ItemFailedError
 from synth.kinds.datasets import ImageDataset, load_source, uci_digits
 from synth.mechanisms.ksalsa import KSalsaConfig, plan_ksalsa, train_codec
 from synth.mechanisms.ksalsa.run import MECHANISM
@@ -209,7 +210,8 @@ def test_failure_after_reading_stays_charged_and_a_retry_failing_early_keeps_it(
     store, sensitive, public, tmp_path
 ):
     codec = train_codec(public, tmp_path / "w", KSalsaConfig.tiny(3))
-    with pytest.raises(RuntimeError, match="boom"):
+    # a fault (not a data error, not transient) stops the run at its item, naming it and the cause
+    with pytest.raises(ItemFailedError, match=r"item 1 of \d+ failed \(RuntimeError: boom\)"):
         _run(
             store,
             sensitive,
