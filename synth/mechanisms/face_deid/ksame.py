@@ -32,7 +32,7 @@ from synth.mechanisms.face_deid.anonymise import (
     references_of,
 )
 from synth.mechanisms.face_deid.config import FaceDeidConfig
-from synth.mechanisms.face_deid.models import photo_seed, tools_for
+from synth.mechanisms.face_deid.models import no_face_refused, photo_seed, tools_for
 from synth.tools import face_mesh as fmesh
 from synth.tools import face_models as fm
 from synth.tools import face_recognisers as fr
@@ -89,11 +89,7 @@ def survey_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> Survey
     faces = fm.detect(photo, config.detection_threshold)
     if not faces:
         if config.no_face == "refuse":
-            raise DataFormatError(
-                f'photo {index} has no detectable face, and no_face = "refuse". '
-                "Remove it from the dataset (and register again), or set no_face = "
-                '"withhold" to leave such photos out of the release.'
-            )
+            raise no_face_refused(index)
         return Surveyed((), "no face detected")
     if len(faces) > config.max_faces_per_photo:
         raise DataFormatError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from accounting.errors import DataFormatError
 from synth.mechanisms.face_deid.anonymise import Tools
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.generator import (
@@ -71,3 +72,12 @@ def photo_seed(config: FaceDeidConfig, index: int) -> int:
     """The seed of photo `index`'s searches: from the config's seed and the record's index, so a
     photo gets the same faces whichever worker, and in whichever order, processes it."""
     return int(np.random.SeedSequence([config.seed, index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def no_face_refused(index: int) -> DataFormatError:
+    """The error a photo without a detectable face stops the run with, under no_face = "refuse"."""
+    return DataFormatError(
+        f'photo {index} has no detectable face, and no_face = "refuse". '
+        "Remove it from the dataset (and register again), or set no_face = "
+        '"withhold" to leave such photos out of the release.'
+    )

@@ -39,6 +39,7 @@ from synth.mechanisms.face_deid.generator import (
 from synth.mechanisms.face_deid.models import (  # load_tools: re-exported for tests, benchmarks
     _TOOLS,
     load_tools,  # noqa: F401
+    no_face_refused,
     photo_seed,
     tools_for,
 )
@@ -258,11 +259,7 @@ def deid_photo(config: FaceDeidConfig, item: tuple[int, np.ndarray]) -> PhotoRes
     faces = fm.detect(photo, config.detection_threshold)
     if not faces:
         if config.no_face == "refuse":
-            raise DataFormatError(
-                f'photo {index} has no detectable face, and no_face = "refuse". '
-                "Remove it from the dataset (and register again), or set no_face = "
-                '"withhold" to leave such photos out of the release.'
-            )
+            raise no_face_refused(index)
         return PhotoResult(None, None, (), "no face detected")
     if len(faces) > config.max_faces_per_photo:
         raise DataFormatError(
