@@ -14,6 +14,7 @@ printed). No sensitive record is read: shipping the result costs no privacy.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,12 @@ from synth.mechanisms.privimage.pipeline import pretrain_settings
 from synth.mechanisms.privimage.query import build_selection
 from synth.mechanisms.privimage.training import pretrain
 
-BUILD_THREADS = 2  # fixed: a parallel sum's rounding can depend on how many threads share it
+BUILD_THREADS = 1  # fixed: how a sum is split over threads changes its rounding (measured)
+# Fixed instruction set (read by torch and oneDNN when they load, so main() re-executes the
+# interpreter with it): AVX-512 without its bfloat16 and AMX extensions, the CPU kind of issue 63,
+# which every AVX-512 CPU runs the same way. (AVX2 kernels would run on more CPUs but took 2-3x as
+# long here.) Another kind of CPU computes a model of the same quality with other roundings.
+BUILD_ENV = {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
 DEMO_EPSILON = 8.0  # the demo's (pre-training does not depend on it)
 
 
@@ -103,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 unless sha256 and key equal the shipped ones"
     )
     args = parser.parse_args(argv)
+    if any(os.environ.get(k) != v for k, v in BUILD_ENV.items()):
+        argv = sys.argv[1:] if argv is None else argv
+        os.execve(  # this interpreter, this module, the same arguments
+            sys.executable,
+            [sys.executable, "-m", __spec__.name if __spec__ else __name__, *argv],
+            {**os.environ, **BUILD_ENV},
+        )
     print(
         f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
         f"{BUILD_THREADS} threads, float32, deterministic algorithms",
