@@ -216,6 +216,9 @@ def _how_made(release: dict, result: dict) -> list[str]:
     chosen = result["parameters"].get("selected_public_classes")
     if chosen is not None:
         lines.append(f"- Public classes selected by the DP query: {chosen}")
+    pretrained = result["parameters"].get("public_pretraining")
+    if pretrained is not None:  # a shipped checkpoint says it saw public data only
+        lines.append(f"- Public pre-training: {pretrained}")
     lines += (
         ["", "Parameters:", ""]
         + [f"- {k}: {v}" for k, v in sorted(result["parameters"].items())]

@@ -2,7 +2,8 @@
 
 init -> identities -> register MNIST-5k with a budget -> what-if -> plan -> approve (steward) ->
 run (reserve, PrivImage, commit) -> audit -> publish -> verify offline -> budget and trail.
-Uses the `demo` preset (few training steps: about 5-10 minutes on 2 CPU cores); it says so.
+Uses the `demo` preset (few training steps, public pre-training from the shipped checkpoint: about
+5-10 minutes on 2 CPU cores, README); it says so.
 """
 
 from __future__ import annotations
@@ -126,9 +127,11 @@ def _run_and_audit(store: Store, rid: str) -> None:
         DEMO_SPEC["privimage"]["epsilon"], 1e-5, n_samples=DEMO_SPEC["release"]["n_images"]
     )
     console.print(
-        f"  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): {demo.pretrain_steps:,} "
-        f"public pre-training steps (cached in {os.environ['PRIVRELEASE_CACHE']} for the next "
-        f"run), {demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the "
+        "  [yellow]Demo settings (preset 'demo', sized for 2 CPU cores): public pre-training "
+        f"from the checkpoint shipped with privrelease ({demo.pretrain_steps:,} steps on public "
+        "digits only, sha256-checked: no privacy cost; if it does not fit or fails its check, "
+        f"trained here and cached in {os.environ['PRIVRELEASE_CACHE']}), "
+        f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the "
         f"private vote ({demo.vote_rounds} rounds of "
         f"{demo.candidates_per_image * demo.base_images:,} candidates, each round on variations of "
         f"the last one's winners), each released with {demo.release_variations} light variations "

@@ -74,7 +74,12 @@ def consumer_dir(tmp_path_factory):
     result = {
         "mechanism": "privimage",
         "guarantee": {"type": "dp", **spent.as_dict()},
-        "parameters": {"selected_public_classes": [3, 5], "steps": 20},
+        "parameters": {
+            "selected_public_classes": [3, 5],
+            "steps": 20,
+            "public_pretraining": "shipped checkpoint demo-pretrain.pt (sha256 ab12), trained on "
+            "public digits: public data only, no sensitive record, no privacy cost",
+        },
     }
     out_images = rng.integers(0, 256, (30, 8, 8), dtype=np.uint8)
     out_labels = np.arange(30) % 10
@@ -288,6 +293,8 @@ def test_card_front_matter_and_sections(consumer_dir):
     ):
         assert f"## {heading}" in body, heading
     assert "- Preset: tiny" in body and "builtin:uci-digits" in body and "[3, 5]" in body
+    # where the pre-trained model came from, said once in words above the parameter list
+    assert "- Public pre-training: shipped checkpoint demo-pretrain.pt (sha256 ab12)" in body
     assert "@misc{rel_3," in body
     # the guarantee under adaptive choice: the ledger's filter and its cap, not only the composed figures
     assert "privacy filter with cap epsilon = 20, delta = 1e-05" in " ".join(body.split())

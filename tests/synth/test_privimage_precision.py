@@ -15,7 +15,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from accounting.errors import InvalidParameterError
 from synth.mechanisms.privimage import PrivImageConfig
 from synth.mechanisms.privimage.model import make_scheduler, make_unet
-from synth.mechanisms.privimage.precision import native_bfloat16, resolve_precision
+from synth.mechanisms.privimage.precision import (
+    PRECISION_ENV,
+    native_bfloat16,
+    resolve_precision,
+)
 from synth.mechanisms.privimage.sampling import sample_images
 from synth.mechanisms.privimage.training import (
     HOOKS_LOSS_REDUCTION,
@@ -31,7 +35,8 @@ def _unet() -> torch.nn.Module:
     return make_unet(16, 1, 2, (8, 16), 1)
 
 
-def test_auto_picks_bfloat16_exactly_where_it_is_native() -> None:
+def test_auto_picks_bfloat16_exactly_where_it_is_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PRECISION_ENV, raising=False)
     assert resolve_precision("auto", CPU) == ("bfloat16" if native_bfloat16(CPU) else "float32")
     assert resolve_precision("float32", CPU) == "float32"
 
@@ -46,6 +51,20 @@ def test_auto_is_float32_on_a_gpu_even_with_native_bfloat16(
     assert native_bfloat16(gpu)
     assert resolve_precision("auto", gpu) == "float32"
     assert resolve_precision("bfloat16", gpu) == "bfloat16"
+
+
+def test_the_environment_replaces_auto_and_an_explicit_precision_still_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PRIVRELEASE_PRECISION=float32 runs what a CPU without bfloat16 runs (`make demo` timings)."""
+    monkeypatch.setenv(PRECISION_ENV, "float32")
+    assert resolve_precision("auto", CPU) == "float32"
+    if native_bfloat16(CPU):
+        assert resolve_precision("bfloat16", CPU) == "bfloat16"
+    monkeypatch.setenv(PRECISION_ENV, "fp16")
+    with pytest.raises(InvalidParameterError, match="PRIVRELEASE_PRECISION must be one of.*'fp16'"):
+        resolve_precision("auto", CPU)
+    assert resolve_precision("float32", CPU) == "float32"  # not read when a precision is given
 
 
 def test_explicit_bfloat16_without_native_support_is_refused(

@@ -47,6 +47,7 @@ from synth.mechanisms.privimage.query import (
     train_classifier,
 )
 from synth.mechanisms.privimage.sampling import balanced_labels, sample_images, vary_images
+from synth.mechanisms.privimage.shipped import shipped_weights
 from synth.mechanisms.privimage.training import DpSgdOutcome, dp_finetune, pretrain, pretrain_cached
 from synth.mechanisms.privimage.vote import VaryFn, evolve, features_for
 from synth.progress import ProgressFn, no_progress
@@ -246,12 +247,12 @@ def _prepare_public(
         config.selection == "all"
     ):  # PDP-Diffusion-style: unconditional ("null" class) pre-training on everything
         null = torch.full((len(pub_x),), len(label_values), dtype=torch.long)
-        model = _pretrain(model, pub_x, null, config, device, ctx)
+        model, _ = _pretrain(model, pub_x, null, config, device, ctx)
     if (
         config.selection == "procedural"
     ):  # a domain-agnostic prior: unconditional pre-training on generated images
         proc_x = _procedural(config, channels)
-        model = _pretrain(
+        model, _ = _pretrain(
             model,
             proc_x,
             torch.full((len(proc_x),), len(label_values), dtype=torch.long),
@@ -272,11 +273,10 @@ def _procedural(config: PrivImageConfig, channels: int) -> torch.Tensor:
     )
 
 
-def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
-    """Public data only: a model pre-trained on the same public images with the same settings is
-    reused from ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is
-    post-processing)."""
-    kw = dict(
+def pretrain_settings(config: PrivImageConfig, device: torch.device) -> dict[str, Any]:
+    """pretrain()'s keyword arguments for `config` on `device` (all but the device, the checkpoint
+    and progress); build_shipped trains the shipped checkpoint with the same ones."""
+    return dict(
         steps=config.pretrain_steps,
         batch=config.pretrain_batch,
         lr=config.pretrain_lr,
@@ -287,6 +287,23 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
         label_dropout=config.label_dropout,
         precision=resolve_precision(config.precision, device),
     )
+
+
+def _pretrain(
+    model, x, y, config: PrivImageConfig, device, ctx: RunContext
+) -> tuple[torch.nn.Module, str]:
+    """Public data only: the model and where its weights came from. A shipped checkpoint trained on
+    exactly this pre-training (synth.mechanisms.privimage.shipped) is used when its sha256 checks;
+    else a model pre-trained on the same public images with the same settings is reused from
+    ctx.cache_dir (the semantic selection is a DP output, so keying the cache on it is
+    post-processing); else it is trained."""
+    kw = pretrain_settings(config, device)
+    found = shipped_weights(model, x, y, kw)
+    if found is not None:
+        model.load_state_dict(found[0])
+        ctx.progress("pretraining (shipped checkpoint, sha256 checked)", 1, 1)
+        return model.to(device).eval(), found[1]
+    source = f"{config.pretrain_steps} steps on the selected public images"
     if _nproc(ctx) > 1:  # plain DDP under torchrun
         from synth.mechanisms.privimage import distributed
 
@@ -301,7 +318,7 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
             workdir=ctx.workdir,
             progress=ctx.progress,
             pool=getattr(ctx, "node_pool", None),
-        )
+        ), source
     return pretrain_cached(
         model,
         x,
@@ -311,7 +328,7 @@ def _pretrain(model, x, y, config: PrivImageConfig, device, ctx: RunContext):
         device=device,
         progress=ctx.progress,
         **kw,
-    )
+    ), source
 
 
 def _nproc(ctx: RunContext) -> int:
@@ -343,8 +360,9 @@ def _semantic_selection(
         proc_x = _procedural(config, prep.channels)
         x = torch.cat([x, proc_x])
         y = torch.cat([y, torch.full((len(proc_x),), len(prep.label_values), dtype=torch.long)])
-    prep.model = _pretrain(prep.model, x, y, config, prep.device, ctx)
+    prep.model, pretrained = _pretrain(prep.model, x, y, config, prep.device, ctx)
     info = {
+        "public_pretraining": pretrained,
         "selected_public_classes": named,
         "selection_ratio": selection.ratio,
         "selected_images": int(len(selection.public_index)),

@@ -7,10 +7,15 @@ it there. On a GPU "auto" is float32: on an H200 bfloat16 did not pay for our sm
 UNet, batch 500: plain step equal, DP-SGD step 25% and sampling step 18% slower in bfloat16;
 BENCHMARKS-NOTEBOOK.md, "DP-SGD step cost on one GPU"); an explicit "bfloat16" still runs there.
 Precision changes what the model computes, never what is charged: DP-SGD clips and noises
-whatever per-example gradient it is given, so the guarantee is the same in either precision."""
+whatever per-example gradient it is given, so the guarantee is the same in either precision.
+
+PRIVRELEASE_PRECISION ("float32" or "bfloat16") replaces "auto" for a whole process: "float32" runs
+what a CPU without bfloat16 runs (`make demo` timings on such a CPU, measured on one that has it).
+An explicit precision in a spec or on the command line still wins."""
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 
 import torch
@@ -18,6 +23,7 @@ import torch
 from accounting.errors import InvalidParameterError
 
 PRECISIONS = ("auto", "float32", "bfloat16")
+PRECISION_ENV = "PRIVRELEASE_PRECISION"
 
 
 def native_bfloat16(device: torch.device) -> bool:
@@ -44,6 +50,8 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     if requested not in PRECISIONS:
         raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {requested!r}.")
     if requested == "auto":
+        requested = _environment_precision()
+    if requested == "auto":
         return "bfloat16" if device.type == "cpu" and native_bfloat16(device) else "float32"
     if requested == "bfloat16" and not native_bfloat16(device):
         raise InvalidParameterError(
@@ -52,6 +60,19 @@ def resolve_precision(requested: str, device: torch.device) -> str:
             "slower. Use precision 'auto' (picks float32 here) or 'float32'."
         )
     return requested
+
+
+def _environment_precision() -> str:
+    """PRIVRELEASE_PRECISION when set ("float32" or "bfloat16"), else "auto"."""
+    value = os.environ.get(PRECISION_ENV, "").strip()
+    if not value:
+        return "auto"
+    if value not in PRECISIONS:
+        raise InvalidParameterError(
+            f"{PRECISION_ENV} must be one of {PRECISIONS}, got {value!r}; unset it to let "
+            "'auto' choose."
+        )
+    return value
 
 
 def autocast(device: torch.device, precision: str) -> AbstractContextManager:
