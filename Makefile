@@ -17,7 +17,7 @@ TORCH_WHEELS ?= /opt/wheels
 UV_COMPILE := pyproject.toml --extra test -c requirements/constraints.in --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --generate-hashes --find-links $(TORCH_WHEELS) --custom-compile-command "make lock"
 
-.PHONY: bids-validator demo test test-slow test-latest lint bench ablate reproduce dashboard clean venv lock lock-upgrade
+.PHONY: bids-validator checkpoint checkpoint-check demo test test-slow test-latest lint bench ablate reproduce dashboard clean venv lock lock-upgrade
 
 venv: $(STAMP)
 
@@ -78,6 +78,15 @@ test-latest:
 
 demo: $(STAMP)
 	$(BIN)/python -m release.demo
+
+# The demo's shipped public-only pre-trained UNet (synth/mechanisms/privimage/checkpoints): rebuilt bit for bit
+# from the public UCI digits by the pipeline's own code (about 12 CPU minutes; `checkpoint-check` compares the
+# result with the sha256 written in synth/mechanisms/privimage/shipped.py, `checkpoint` replaces the file).
+checkpoint: $(STAMP)
+	$(BIN)/python -m synth.mechanisms.privimage.build_shipped --out synth/mechanisms/privimage/checkpoints
+
+checkpoint-check: $(STAMP)
+	$(BIN)/python -m synth.mechanisms.privimage.build_shipped --check
 
 test: $(STAMP) $(BIDS_STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=25 tests

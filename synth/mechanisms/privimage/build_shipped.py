@@ -104,9 +104,14 @@ def _silent(stage: str, done: int, total: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=shipped.CHECKPOINT_DIR)
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 unless sha256 and key equal the shipped ones"
+        "--out", type=Path, default=None, help=f"folder (default {shipped.CHECKPOINT_DIR})"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless sha256 and key equal the shipped ones (writes to a temporary folder "
+        "unless --out is given: the shipped file is left as it is)",
     )
     args = parser.parse_args(argv)
     if any(os.environ.get(k) != v for k, v in BUILD_ENV.items()):
@@ -121,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{BUILD_THREADS} threads, float32, deterministic algorithms",
         flush=True,
     )
-    path, digest, key = build(args.out)
-    print(f"wrote {path}\n  sha256 {digest}\n  key    {key}")
+    with tempfile.TemporaryDirectory() as tmp:
+        kept = args.out or (None if args.check else shipped.CHECKPOINT_DIR)
+        path, digest, key = build(kept or Path(tmp))
+    print(f"{f'wrote {path}' if kept else 'built (not kept)'}\n  sha256 {digest}\n  key    {key}")
     same = digest == shipped.DEMO.sha256 and key == shipped.DEMO.key
     print(
         "identical to the shipped checkpoint"
