@@ -17,6 +17,7 @@ import pytest
 from audit.bids_validation import validator
 from synth.kinds.nifti import header_text, read_volume
 from tests.support.bids_heads import PHI, bids_dataset, dicom_study, leaked
+from tests.support.cli import in_process, init_and_register, planned
 from tests.support.heads import needs_templates
 
 needs_validator = pytest.mark.skipif(
@@ -31,46 +32,18 @@ pytestmark = [needs_templates, needs_validator, pytest.mark.slow]
 
 def _release(tmp_path: Path, monkeypatch, source: str, mechanism: str) -> tuple[Path, str]:
     """Register `source`, release it with `mechanism`, publish, verify; the extracted bundle."""
-    from typer.testing import CliRunner
-
-    from release.cli import app
-
-    monkeypatch.setenv("PRIVRELEASE_HOME", str(tmp_path / "ws"))
-    monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path.parent / "head-atlas-cache"))
-    cli = CliRunner()
-
-    def run(*args: str) -> str:
-        res = cli.invoke(app, list(args))
-        assert res.exit_code == 0, res.output + repr(res.exception)
-        return res.output
-
-    run("init", "--steward", "alice")
-    run(
-        "dataset",
-        "register",
-        "heads",
-        "--source",
-        source,
-        "--epsilon",
-        "10",
-        "--delta",
-        "1e-5",
-        "--as",
-        "alice",
-    )
+    run = in_process(monkeypatch, tmp_path / "ws", tmp_path.parent / "head-atlas-cache")
+    init_and_register(run, "heads", source)
     shown = json.loads(run("dataset", "list", "--json"))
     assert shown[0]["privacy_unit"].startswith("one subject")
-    spec = tmp_path / "spec.toml"
     # 6 mm test heads: the face check loosened as in test_volumes_e2e; quickshear's plane at 6 mm
     # leaves most of the face (the audit fails it), pydeface's mask does not
     method = 'method = "mask"\n' if mechanism == "deface" else ""
-    spec.write_text(
+    toml = (
         f'[release]\ndataset = "heads"\nmechanism = "{mechanism}"\n[{mechanism}]\n{method}'
         "[policy]\nvolume_max_face_correlation = 0.7\n"
     )
-    run("release", "plan", str(spec), "--as", "alice")
-    rid = json.loads(run("release", "list", "--json", "--as", "alice"))[0]["release_id"]
-    run("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp")
+    rid = planned(run, tmp_path / "spec.toml", toml, "--acknowledge-non-dp")
     run("release", "run", rid, "--as", "alice")
     run("release", "publish", rid, "--as", "alice")
     out = tmp_path / "consumer"

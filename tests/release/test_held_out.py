@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from accounting.errors import InvalidParameterError
-from release.cli import app
 from audit.held_out import check_held_out, held_out_recognisers
+from release.cli import app
 
 runner = CliRunner()
 

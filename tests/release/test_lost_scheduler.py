@@ -5,7 +5,6 @@ release resumes from them and is charged once."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,14 +17,22 @@ import pytest
 
 from accounting import ledger
 from accounting.store import Store, Workspace
-from release import executor, keys, manager, views
-from release.data import register_from_source
+from release import executor, manager, views
 from release.executor import DaskExecutor, ExecutorChoice, SchedulerLostError, map_items
 from release.spec import ReleaseSpec
+from tests.support.cli import (
+    ROOT,
+    as_process,
+    init_and_register,
+    planned,
+    process_env,
+    run_process,
+    start_process,
+    steward_store,
+)
 from tests.support.heads import admissible_cohort, needs_templates
 from tests.support.items import nap
 
-ROOT = Path(__file__).resolve().parents[2]
 DASK = Path(sys.executable).parent / "dask"
 
 
@@ -39,11 +46,7 @@ def test_an_unreachable_scheduler_refuses_the_run_before_anything_is_reserved(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setattr(executor, "CONNECT_TIMEOUT_S", 2)  # the default waits 30 s
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    store = Store(ws)
-    keys.create_identity(store, "alice", "steward", actor="alice")
-    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    store = steward_store(tmp_path)
     spec = {
         "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
         "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
@@ -126,46 +129,16 @@ def test_a_scheduler_killed_mid_map_stops_it_at_once_with_the_items_kept(tmp_pat
 @pytest.mark.slow  # a deface release of 6 heads on a real cluster, its scheduler killed: minutes
 def test_a_release_whose_scheduler_died_resumes_on_a_new_one_charged_once(tmp_path) -> None:
     heads = admissible_cohort(tmp_path / "heads", 6, tmp_path.parent / "head-atlas-cache")
-    env = {
-        **os.environ,
-        "PRIVRELEASE_HOME": str(tmp_path / "ws"),
-        "PRIVRELEASE_CACHE": str(tmp_path.parent / "head-atlas-cache"),
-        "PYTHONPATH": str(ROOT),
-        "PRIVRELEASE_THREADS": "1",
-    }
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "release.entry", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    assert cli("init", "--steward", "alice").returncode == 0
-    registered = cli(
-        *("dataset", "register", "heads", "--source", str(heads)),
-        *("--epsilon", "10", "--delta", "1e-5", "--as", "alice"),
-    )
-    assert registered.returncode == 0, registered.stderr
-    spec = tmp_path / "deface.toml"
-    spec.write_text('[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n')
-    assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
-    rid = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
-    assert cli("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp").returncode == 0
+    env = process_env(tmp_path / "ws", tmp_path.parent / "head-atlas-cache")
+    cli = as_process(env)
+    init_and_register(cli, "heads", str(heads))
+    toml = '[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n'
+    rid = planned(cli, tmp_path / "deface.toml", toml, "--acknowledge-non-dp")
 
     cluster = Cluster(tmp_path)
     try:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "release.entry", "release", "run", rid, "--as", "alice"]
-            + ["--cluster", str(cluster.file)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        run = start_process(
+            env, "release", "run", rid, "--as", "alice", "--cluster", str(cluster.file)
         )
         assert run.stdout is not None
         out = []
@@ -188,7 +161,9 @@ def test_a_release_whose_scheduler_died_resumes_on_a_new_one_charged_once(tmp_pa
 
     cluster = Cluster(tmp_path)  # the site's scheduler is back
     try:
-        again = cli("release", "run", rid, "--as", "alice", "--cluster", str(cluster.file))
+        again = run_process(
+            env, "release", "run", rid, "--as", "alice", "--cluster", str(cluster.file)
+        )
     finally:
         cluster.close()
     assert again.returncode == 0, again.stdout + again.stderr
@@ -199,4 +174,4 @@ def test_a_release_whose_scheduler_died_resumes_on_a_new_one_charged_once(tmp_pa
     tried = views.attempts(store, rid)
     assert [a.outcome for a in tried] == ["failed", "checked"]
     assert 2 <= (tried[0].items_done or 0) < 6
-    assert cli("audit", "verify").returncode == 0
+    cli("audit", "verify")

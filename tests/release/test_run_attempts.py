@@ -9,21 +9,17 @@ import json
 
 import pytest
 
-from accounting.store import Store, Workspace
-from release import attempts, keys, manager, views
+from accounting.store import Store
+from release import attempts, manager, views
 from release.artifacts import release_dir
-from release.data import register_from_source
 from release.executor import ItemStore
 from release.spec import ReleaseSpec
+from tests.support.cli import in_process, init_and_register, planned, steward_store
 from tests.support.heads import cohort, needs_templates
 
 
 def _approved(tmp_path) -> tuple[Store, str]:
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    store = Store(ws)
-    keys.create_identity(store, "alice", "steward", actor="alice")
-    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    store = steward_store(tmp_path)
     spec = {
         "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
         "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
@@ -85,39 +81,11 @@ def test_attempts_are_read_from_the_trail_with_their_items_and_retries(tmp_path)
 def test_a_failed_then_successful_release_shows_its_attempts_not_a_stale_reason(
     tmp_path, monkeypatch
 ) -> None:
-    from typer.testing import CliRunner
-
-    from release.cli import app
-
     heads = cohort(tmp_path / "heads", 3, colin_only=True)
-    monkeypatch.setenv("PRIVRELEASE_HOME", str(tmp_path / "ws"))
-    monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path.parent / "head-atlas-cache"))
-    cli = CliRunner()
-
-    def run(*args: str, ok: bool = True) -> str:
-        res = cli.invoke(app, list(args))
-        assert (res.exit_code == 0) == ok, res.output
-        return res.output
-
-    run("init", "--steward", "alice")
-    run(
-        "dataset",
-        "register",
-        "heads",
-        "--source",
-        str(heads),
-        "--epsilon",
-        "10",
-        "--delta",
-        "1e-5",
-        "--as",
-        "alice",
-    )
-    spec = tmp_path / "deface.toml"
-    spec.write_text('[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n')
-    run("release", "plan", str(spec), "--as", "alice")
-    rid = json.loads(run("release", "list", "--json", "--as", "alice"))[0]["release_id"]
-    run("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp")
+    run = in_process(monkeypatch, tmp_path / "ws", tmp_path.parent / "head-atlas-cache")
+    init_and_register(run, "heads", str(heads))
+    toml = '[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\n'
+    rid = planned(run, tmp_path / "deface.toml", toml, "--acknowledge-non-dp")
     missing = tmp_path / "no-such-scheduler.json"
     run("release", "run", rid, "--as", "alice", "--cluster", str(missing), ok=False)
     [listed] = json.loads(run("release", "list", "--json", "--as", "alice"))

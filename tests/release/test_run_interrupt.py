@@ -4,31 +4,22 @@ runner's failure rule says)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from accounting import ledger, trail
-from accounting.store import Store, Workspace
-from release import keys, manager, views
-from release.data import register_from_source
+from accounting.store import Store
+from release import manager, views
 from release.spec import ReleaseSpec
+from tests.support.cli import process_env, read_until, start_process, steward_store
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 def _approved(tmp_path: Path, **privimage) -> tuple[Store, str]:
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    store = Store(ws)
-    keys.create_identity(store, "alice", "steward", actor="alice")
-    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    store = steward_store(tmp_path)
     spec = {
         "release": {"dataset": "mnist", "mechanism": "privimage", "n_images": 20},
         "privimage": {
@@ -46,40 +37,14 @@ def _approved(tmp_path: Path, **privimage) -> tuple[Store, str]:
 
 def _run_until(store: Store, release_id: str, trigger: str) -> tuple[int, str]:
     """`privrelease release run` in its own process; SIGINT as soon as a progress line names `trigger`."""
-    env = {
-        **os.environ,
-        "PRIVRELEASE_HOME": str(store.workspace.root),
-        "PYTHONPATH": str(ROOT),
-        "PRIVRELEASE_THREADS": "1",
-        "PRIVRELEASE_CACHE": str(store.workspace.root / "cache"),
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from release.entry import main; main()",
-            "release",
-            "run",
-            release_id,
-            "--as",
-            "alice",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    root = store.workspace.root
+    proc = start_process(
+        process_env(root, root / "cache"), "release", "run", release_id, "--as", "alice"
     )
-    seen = []
-    deadline = time.monotonic() + 600
-    for line in proc.stdout:
-        seen.append(line)
-        if trigger in line:
-            proc.send_signal(signal.SIGINT)
-            break
-        assert time.monotonic() < deadline, "".join(seen)
+    seen = read_until(proc, trigger, timeout=600)
+    proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=300)
-    return proc.returncode, " ".join(("".join(seen) + rest).split())
+    return proc.returncode, " ".join((seen + rest).split())
 
 
 def _lease_free(store: Store, release_id: str) -> bool:

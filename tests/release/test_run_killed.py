@@ -7,31 +7,23 @@ manager sends, stops a run as Ctrl-C does."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from accounting import ledger, trail
-from accounting.store import Store, Workspace
-from release import keys, manager, runner, views
-from release.data import register_from_source
+from accounting.store import Store
+from release import manager, runner, views
 from release.spec import ReleaseSpec
+from tests.support.cli import process_env, read_until, run_process, start_process, steward_store
 
-ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = "DP-MERF generator"  # a progress stage after the data was read (the query before it)
 
 
 def _approved(tmp_path: Path, steps: int = 1_000_000) -> tuple[Store, str]:
-    ws = Workspace(tmp_path / "ws")
-    ws.init()
-    store = Store(ws)
-    keys.create_identity(store, "alice", "steward", actor="alice")
-    register_from_source(store, "mnist", "builtin:mnist5k", 10.0, 1e-5)
+    store = steward_store(tmp_path)
     spec = {
         "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
         "merf": {
@@ -48,48 +40,17 @@ def _approved(tmp_path: Path, steps: int = 1_000_000) -> tuple[Store, str]:
     return store, rel.release_id
 
 
-def _env(store: Store) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PRIVRELEASE_HOME": str(store.workspace.root),
-        "PYTHONPATH": str(ROOT),
-        "PRIVRELEASE_THREADS": "1",
-    }
-
-
 def _cli(store: Store, *args: str) -> subprocess.CompletedProcess:
     store.backend.release()
-    return subprocess.run(
-        [sys.executable, "-c", "from release.entry import main; main()", *args],
-        cwd=ROOT,
-        env=_env(store),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_process(process_env(store.workspace.root), *args, timeout=300)
 
 
 def _run_until(store: Store, release_id: str, trigger: str) -> tuple[subprocess.Popen, str]:
     """`privrelease release run` in its own process, returned (still running) once a progress line
     names `trigger`."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from release.entry import main; main()"]
-        + ["release", "run", release_id, "--as", "alice"],
-        cwd=ROOT,
-        env=_env(store),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    seen: list[str] = []
-    deadline = time.monotonic() + 300
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append(line)
-        if trigger in line:
-            return proc, "".join(seen)
-        assert time.monotonic() < deadline, "".join(seen)
-    raise AssertionError(f"the run ended before {trigger!r}: {''.join(seen)}")
+    env = process_env(store.workspace.root)
+    proc = start_process(env, "release", "run", release_id, "--as", "alice")
+    return proc, read_until(proc, trigger)
 
 
 def _actions(store: Store, release_id: str) -> list[str]:

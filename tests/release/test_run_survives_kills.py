@@ -8,12 +8,10 @@ traceback on the console. Real processes, real signals (Linux /proc)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,9 +22,9 @@ from accounting import ledger
 from accounting.store import Store, Workspace
 from release import manager, views
 from synth.kinds.nifti import read_volume
+from tests.support.cli import as_process, init_and_register, planned, process_env, start_process
 from tests.support.heads import admissible_cohort, needs_templates
 
-ROOT = Path(__file__).resolve().parents[2]
 HEADS = 24
 STAGE = "deface (subjects)"
 pytestmark = [needs_templates, pytest.mark.slow]  # a few minutes on two shared cores
@@ -115,51 +113,16 @@ def _follow(run: subprocess.Popen, killer: Killer, lines: list[str]) -> None:
 
 def test_a_24_head_run_survives_killed_workers_and_registration_children(tmp_path) -> None:
     heads = admissible_cohort(tmp_path / "heads", HEADS, tmp_path.parent / "head-atlas-cache")
-    env = {
-        **os.environ,
-        "PRIVRELEASE_HOME": str(tmp_path / "ws"),
-        "PRIVRELEASE_CACHE": str(tmp_path.parent / "head-atlas-cache"),
-        "PYTHONPATH": str(ROOT),
-        "PRIVRELEASE_THREADS": "1",
-    }
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            [sys.executable, "-m", "release.entry", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        return done
-
-    assert cli("init", "--steward", "alice").returncode == 0
-    registered = cli(
-        *("dataset", "register", "heads", "--source", str(heads)),
-        *("--epsilon", "10", "--delta", "1e-5", "--as", "alice"),
-    )
-    assert registered.returncode == 0, registered.stderr
-    spec = tmp_path / "deface.toml"
+    env = process_env(tmp_path / "ws", tmp_path.parent / "head-atlas-cache")
+    cli = as_process(env)
+    init_and_register(cli, "heads", str(heads))
     # the face mask: at the test heads' 6 mm quickshear's plane barely reaches the face, so its
     # releases fail the audit's face checks whatever happens to the run (BENCHMARKS.md has 1 mm)
-    spec.write_text(
-        '[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\nmethod = "mask"\n'
-    )
-    assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
-    rid = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
-    assert cli("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp").returncode == 0
+    toml = '[release]\ndataset = "heads"\nmechanism = "deface"\n[deface]\nmethod = "mask"\n'
+    rid = planned(cli, tmp_path / "deface.toml", toml, "--acknowledge-non-dp")
 
     started = time.monotonic()
-    run = subprocess.Popen(
-        [sys.executable, "-m", "release.entry", "release", "run", rid, "--as", "alice"]
-        + ["--workers", "2"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = start_process(env, "release", "run", rid, "--as", "alice", "--workers", "2")
     killer = Killer(run.pid, at=[2, 6, 10, 14])  # child, worker, child, worker
     watcher = threading.Thread(target=killer.watch, daemon=True)
     watcher.start()
@@ -195,15 +158,12 @@ def test_a_24_head_run_survives_killed_workers_and_registration_children(tmp_pat
     assert [c.state for c in charges] == ["committed"]  # one charge
     [attempt] = views.attempts(store, rid)  # one attempt: nobody ran it again
     assert attempt.outcome == "checked"
-    assert cli("audit", "verify").returncode == 0
+    cli("audit", "verify")
     report = views.audit_report(store, rid)
     assert report is not None and report.passed, [(c.name, c.summary) for c in report.failures]
 
     # the same heads released by one process, nothing killed: the same heads, the same verdicts
-    assert cli("release", "plan", str(spec), "--as", "alice").returncode == 0
-    ref = json.loads(cli("release", "list", "--json", "--as", "alice").stdout)[0]["release_id"]
-    assert cli("release", "approve", ref, "--as", "alice", "--acknowledge-non-dp").returncode == 0
-    quiet = cli("release", "run", ref, "--as", "alice")
-    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    ref = planned(cli, tmp_path / "deface.toml", toml, "--acknowledge-non-dp")
+    cli("release", "run", ref, "--as", "alice")
     assert _released(tmp_path / "ws", ref) == released
     assert views.audit_report(store, ref).verdicts() == views.audit_report(store, rid).verdicts()

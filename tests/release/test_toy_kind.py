@@ -25,8 +25,8 @@ from accounting.calibration import calibrate_gaussian_sigma
 from accounting.errors import InvalidParameterError, PermissionDeniedError, TamperError
 from accounting.events import GaussianQuery
 from audit import AuditInputs, AuditPolicy, AuditReport, CheckResult, load_report
-from audit.policy import check_number
 from audit.kinds import KindAudit
+from audit.policy import check_number
 from release import artifacts, keys, kinds, manager
 from release.bundle import read_bundle_data
 from release.data import register_from_source

@@ -11,40 +11,16 @@ import numpy as np
 import pytest
 
 from synth.kinds.nifti import header_text, read_volume
+from tests.support.cli import in_process, init_and_register
 from tests.support.heads import cohort, needs_templates
 
 pytestmark = [needs_templates, pytest.mark.slow]
 
 
 def test_reface_release_plan_approve_run_publish_verify(tmp_path, monkeypatch) -> None:
-    from typer.testing import CliRunner
-
-    from release.cli import app
-
     heads = cohort(tmp_path / "heads", 5, colin_only=True)
-    monkeypatch.setenv("PRIVRELEASE_HOME", str(tmp_path / "ws"))
-    monkeypatch.setenv("PRIVRELEASE_CACHE", str(tmp_path.parent / "head-atlas-cache"))
-    cli = CliRunner()
-
-    def run(*args: str) -> str:
-        res = cli.invoke(app, list(args))
-        assert res.exit_code == 0, res.output
-        return res.output
-
-    run("init", "--steward", "alice")
-    run(
-        "dataset",
-        "register",
-        "heads",
-        "--source",
-        str(heads),
-        "--epsilon",
-        "10",
-        "--delta",
-        "1e-5",
-        "--as",
-        "alice",
-    )
+    run = in_process(monkeypatch, tmp_path / "ws", tmp_path.parent / "head-atlas-cache")
+    init_and_register(run, "heads", str(heads))
     spec = tmp_path / "reface.toml"
     # 6 mm test heads: the face is a few voxels and its 2 mm detail mostly edges, so the face
     # check is loosened here (the 1 mm figures are in BENCHMARKS.md, "Head MRI")

@@ -313,6 +313,19 @@ def run(
         config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
     )
     internal = _run_internal(outcomes)
+    return _output(data, released, crops, kept, withheld, params, internal)
+
+
+def _output(
+    data: ImageDataset,
+    released: list[np.ndarray],
+    crops: list[Any],
+    kept: list[int],
+    withheld: dict[int, str],
+    params: dict[str, Any],
+    internal: dict[str, Any],
+) -> MechanismOutput:
+    """The released photos, their face crops, labels and records, for either path."""
     return MechanismOutput(
         images=np.stack(released),
         labels=data.labels[kept].astype(np.int64),
@@ -392,15 +405,7 @@ def _run_average(
         "part_clusters": grouping.record(),
         "part_cluster_k": config.k,
     }
-    return MechanismOutput(
-        images=np.stack(released),
-        labels=data.labels[kept].astype(np.int64),
-        parameters=params,
-        clusters=tuple(np.array([i], dtype=np.int64) for i in kept),
-        internal=internal,
-        extra_images={"face": np.stack(crops)},
-        withheld=withheld,
-    )
+    return _output(data, released, crops, kept, withheld, params, internal)
 
 
 def _average_parameters(
