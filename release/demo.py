@@ -24,7 +24,7 @@ from release import keys, manager
 from release.auth import set_password
 from release.data import register_from_source
 from release.spec import ReleaseSpec
-from release.terminal import console, fmt_eps, print_plan, rich_progress
+from release.terminal import console, fmt_eps, print_plan, rich_progress, say_our_warnings
 from release.verify import verify_bundle
 from synth.mechanisms.privimage.config import PrivImageConfig
 
@@ -60,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workspace", type=Path, default=Path("demo-workspace"))
     args = parser.parse_args()
+    say_our_warnings(console)
     t0 = time.time()
     root = args.workspace
     # Public pre-training costs no budget and is cached across releases; keep the demo's cache

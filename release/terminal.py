@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,6 +28,24 @@ from synth.registry import guarantee_label
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+OUR_PACKAGES = ("accounting", "synth", "audit", "release", "dashboard")
+
+
+def say_our_warnings(out: Console | None = None) -> None:
+    """Warnings raised by privrelease's own code (a shipped checkpoint refused, a device's noise
+    source missing) printed as one line of ours ("warning: ..."), not in Python's format with its
+    file, line and source; other warnings keep Python's own handling."""
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
+        if category.__module__.split(".")[0] in OUR_PACKAGES:
+            (out or err_console).print(f"[yellow]warning:[/] {escape(str(message))}")
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def fmt_eps(x: float | None) -> str:

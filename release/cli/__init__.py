@@ -13,6 +13,7 @@ from accounting.errors import PrivReleaseError
 from accounting.store import Store
 from release.cli import audit_trail, budget, datasets, keys_verify, releases, store_cmd, synth_cmds
 from release.cli.common import STATE, console, err_console, workspace
+from release.terminal import say_our_warnings
 
 app = typer.Typer(
     help="privrelease: privacy-accounted releases of image datasets.",
@@ -115,6 +116,7 @@ def init(
 
 def main() -> None:
     """Entry point: user errors are printed as one clear message (no traceback), exit code 2."""
+    say_our_warnings()
     try:
         app()
     except PrivReleaseError as exc:
