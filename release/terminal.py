@@ -39,7 +39,7 @@ def say_our_warnings(out: Console | None = None) -> None:
     file, line and source; other warnings keep Python's own handling."""
     default = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
         if category.__module__.split(".")[0] in OUR_PACKAGES:
             (out or err_console).print(f"[yellow]warning:[/] {escape(str(message))}")
         else:
