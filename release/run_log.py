@@ -40,6 +40,13 @@ def signal_words(sig: int | None) -> str:
     return f"signal {sig} ({name}{cause})"
 
 
+def _console(handler: logging.Handler) -> bool:
+    """A handler that writes to a terminal stream (not a file)."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler
+    )
+
+
 class _Notable(logging.Handler):
     """distributed's records that a steward should see, said as one line of ours."""
 
@@ -99,17 +106,22 @@ class RunLog:
         self._notable = _Notable(self)
         self._saved: list[str] = []
         # distributed gives several of its loggers a stderr handler of their own (the client's,
-        # tornado's): each is routed, not only the package's
+        # tornado's): those go, and every record reaches its package's handlers (the file and
+        # the notices). Other handlers stay: each Nanny adds an in-memory one to its module's
+        # logger for as long as it lives, and a run starting while an earlier cluster's nanny
+        # is still alive must still see its worker deaths.
         known = logging.Logger.manager.loggerDict
         for name in sorted({*ROUTED, *known}):
-            lib = known.get(name) if name not in ROUTED else logging.getLogger(name)
+            lib = logging.getLogger(name) if name in ROUTED else known.get(name)
             if not isinstance(lib, logging.Logger) or name.split(".")[0] not in ROUTED:
                 continue
-            if name not in ROUTED and not lib.handlers:
-                continue  # it propagates to its routed package
+            if name in ROUTED:
+                lib.handlers = [self._file, self._notable]
+                lib.propagate = False
+            else:
+                lib.handlers = [h for h in lib.handlers if not _console(h)]
+                lib.propagate = True
             self._saved.append(name)
-            lib.handlers = [self._file] + ([self._notable] if name in ROUTED else [])
-            lib.propagate = False
         for name in ROUTED:
             logging.getLogger(name).setLevel(logging.INFO)
         NOTICES.addHandler(self._file)

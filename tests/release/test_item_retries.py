@@ -184,6 +184,35 @@ def test_a_lost_worker_is_retried_with_the_death_distributed_logged(
     assert capfd.readouterr().err == ""  # nothing of distributed's on the console
 
 
+def test_a_death_is_seen_while_an_earlier_clusters_nanny_still_holds_its_logger(
+    tmp_path, notices
+) -> None:
+    """Each distributed Nanny adds an in-memory handler to the `distributed.nanny` logger for as
+    long as it lives. A run's log opened while one is still there (an earlier cluster's nanny not
+    yet collected, in the same process) used to take that logger off its package's handlers, and
+    the worker deaths of the new run were never said (CI, 2026-12-03). The handler stays; the
+    console handler distributed gives its client's logger does not."""
+    from release.run_log import RunLog
+
+    nanny = logging.getLogger("distributed.nanny")
+    client = logging.getLogger("distributed.client")
+    kept, console = logging.NullHandler(), logging.StreamHandler()
+    nanny.addHandler(kept)
+    client.addHandler(console)
+    log = RunLog(tmp_path / "run.log")
+    try:
+        nanny.info("Worker process 4343 was killed by signal 9")
+        assert kept in nanny.handlers and console not in client.handlers
+    finally:
+        log.close()
+        nanny.removeHandler(kept)
+    assert notices() == [
+        "a worker process (pid 4343) was killed by signal 9 (SIGKILL; likely out of memory); "
+        "it is restarted, and its item is retried."
+    ]
+    assert "Worker process 4343 was killed" in (tmp_path / "run.log").read_text()
+
+
 @pytest.mark.slow  # two worker processes start (about 15 s); the test above covers the branch
 def test_a_dask_worker_killed_under_an_item_is_restarted_and_the_item_retried(
     tmp_path, notices, capfd
