@@ -19,16 +19,15 @@ from accounting import ledger
 from accounting.store import Store, Workspace
 from release import executor, manager, views
 from release.executor import DaskExecutor, ExecutorChoice, SchedulerLostError, map_items
-from release.spec import ReleaseSpec
 from tests.support.cli import (
     ROOT,
+    approved_merf_release,
     as_process,
     init_and_register,
     planned,
     process_env,
     run_process,
     start_process,
-    steward_store,
 )
 from tests.support.heads import admissible_cohort, needs_templates
 from tests.support.items import nap
@@ -46,22 +45,14 @@ def test_an_unreachable_scheduler_refuses_the_run_before_anything_is_reserved(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setattr(executor, "CONNECT_TIMEOUT_S", 2)  # the default waits 30 s
-    store = steward_store(tmp_path)
-    spec = {
-        "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
-        "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
-    }
-    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    store, rid = approved_merf_release(tmp_path)
     address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
     with pytest.raises(Exception) as refused:
-        manager.run_release(
-            store, rel.release_id, "alice", executor=ExecutorChoice(cluster=address)
-        )
+        manager.run_release(store, rid, "alice", executor=ExecutorChoice(cluster=address))
     assert f"Could not reach the Dask scheduler {address}" in str(refused.value)
     assert "Nothing was charged." in str(refused.value)
-    assert not [c for c in ledger.budget(store, "mnist").charges if rel.release_id in c.run_id]
-    assert manager.get_release(store, rel.release_id).state == "failed"  # runs again as it is
+    assert not [c for c in ledger.budget(store, "mnist").charges if rid in c.run_id]
+    assert manager.get_release(store, rid).state == "failed"  # runs again as it is
 
 
 # ------------------------------------------------------------------ a real scheduler, killed

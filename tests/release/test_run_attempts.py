@@ -13,20 +13,13 @@ from accounting.store import Store
 from release import attempts, manager, views
 from release.artifacts import release_dir
 from release.executor import ItemStore
-from release.spec import ReleaseSpec
-from tests.support.cli import in_process, init_and_register, planned, steward_store
+from tests.support.cli import (
+    approved_merf_release,
+    in_process,
+    init_and_register,
+    planned,
+)
 from tests.support.heads import cohort, needs_templates
-
-
-def _approved(tmp_path) -> tuple[Store, str]:
-    store = steward_store(tmp_path)
-    spec = {
-        "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
-        "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
-    }
-    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
-    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
-    return store, rel.release_id
 
 
 def _attempt_starts(store: Store, rid: str) -> None:
@@ -39,7 +32,7 @@ def _attempt_starts(store: Store, rid: str) -> None:
 def test_attempts_are_read_from_the_trail_with_their_items_and_retries(tmp_path) -> None:
     """Fast, on the store's own transitions: a stopped attempt records where its items stood, one
     that died leaves no end, and the reason is cleared once the release runs again."""
-    store, rid = _approved(tmp_path)
+    store, rid = approved_merf_release(tmp_path)
     items = ItemStore(release_dir(store, rid) / "work" / "items" / "deface_head-0")
     items.note_map("deface (subjects)", 24)
     _attempt_starts(store, rid)

@@ -30,10 +30,8 @@ def test_reface_release_plan_approve_run_publish_verify(tmp_path, monkeypatch) -
     )
     run("release", "plan", str(spec), "--as", "alice")
     rid = json.loads(run("release", "list", "--json", "--as", "alice"))[0]["release_id"]
-    refused = cli.invoke(app, ["release", "approve", rid, "--as", "alice"])
-    assert refused.exit_code != 0 and "acknowledge-non-dp" in str(
-        refused.exception or refused.output
-    )
+    refused = run("release", "approve", rid, "--as", "alice", ok=False)
+    assert "acknowledge-non-dp" in refused
     run("release", "approve", rid, "--as", "alice", "--acknowledge-non-dp")
     run("release", "run", rid, "--as", "alice")
     run("release", "publish", rid, "--as", "alice")

@@ -31,9 +31,24 @@ def steward_store(root: Path, dataset: str = "mnist", source: str = "builtin:mni
     return store
 
 
+def approved_merf_release(root: Path) -> tuple[Store, str]:
+    """steward_store(root) with a tiny DP-MERF release of 20 images planned and approved."""
+    from release import manager
+    from release.spec import ReleaseSpec
+
+    store = steward_store(root)
+    spec = {
+        "release": {"dataset": "mnist", "mechanism": "merf", "n_images": 20},
+        "merf": {"epsilon": 4.0, "preset": "tiny", "steps": 5, "teacher_labels": False},
+    }
+    rel = manager.create_plan(store, ReleaseSpec.from_dict(spec), "alice")
+    manager.approve(store, rel.release_id, "alice", digest=rel.plan_digest)
+    return store, rel.release_id
+
+
 def in_process(monkeypatch, home: Path, cache: Path) -> Callable[..., str]:
     """`run(*args, ok=True)`: the CLI in this process with PRIVRELEASE_HOME=`home`; asserts it
-    succeeded (or, with ok=False, failed) and returns its output."""
+    succeeded (or, with ok=False, failed) and returns its output (a failure's with its error)."""
     from typer.testing import CliRunner
 
     from release.cli import app
@@ -45,7 +60,7 @@ def in_process(monkeypatch, home: Path, cache: Path) -> Callable[..., str]:
     def run(*args: str, ok: bool = True) -> str:
         res = runner.invoke(app, list(args))
         assert (res.exit_code == 0) == ok, res.output + repr(res.exception)
-        return res.output
+        return res.output if ok else f"{res.output}{res.exception or ''}"
 
     return run
 

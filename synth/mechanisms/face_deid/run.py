@@ -296,11 +296,7 @@ def run(
     prepared = ctx.prepare_workers(prepare, config, bound)
     generator_name, generator_sha256 = prepared[0]
     ctx.on_sensitive_access()
-    images = data.images
-    if images.ndim != 4 or images.shape[3] != 3:
-        raise DataFormatError(
-            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
-        )
+    images = _photographs(data)
     n = len(images)
     try:
         results = ctx.map_items(
@@ -314,6 +310,15 @@ def run(
     )
     internal = _run_internal(outcomes)
     return _output(data, released, crops, kept, withheld, params, internal)
+
+
+def _photographs(data: ImageDataset) -> np.ndarray:
+    """The dataset's images, refused unless they are RGB photographs (n, h, w, 3)."""
+    if data.images.ndim != 4 or data.images.shape[3] != 3:
+        raise DataFormatError(
+            f"{data.source}: face-deid needs RGB photographs, got shape {data.images.shape}."
+        )
+    return data.images
 
 
 def _output(
@@ -363,11 +368,7 @@ def _run_average(
     clusters of k people, then draw each cluster's face into its members' photos."""
     generator_name, generator_sha256 = ctx.prepare_workers(_prepare_average, config, bound)[0]
     ctx.on_sensitive_access()
-    images = data.images
-    if images.ndim != 4 or images.shape[3] != 3:
-        raise DataFormatError(
-            f"{data.source}: face-deid needs RGB photographs, got shape {images.shape}."
-        )
+    images = _photographs(data)
     n = len(images)
     items = [(i, images[i]) for i in range(n)]
     try:
