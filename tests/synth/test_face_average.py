@@ -152,3 +152,80 @@ def test_the_card_states_the_k_same_bound_and_its_limits() -> None:
     assert "at most 1/k = 1/5" in about.guarantee and "hair, ears, outline" in about.guarantee
     loose = registry.describe("face-deid", {**params, "geometry": "attribute"}, {}, 4)
     assert "empirical only" in loose.guarantee and "1/k" not in loose.guarantee
+
+
+def test_a_donor_pool_gives_each_face_the_farthest_donors_near_its_pose() -> None:
+    """The steward's donor pool (issue 64): each face's donor sets are pool faces within
+    pose_spread of it, the farthest by the searched recognisers first, in sets of pool_donors;
+    the release's own people are nobody's donors."""
+    from synth.mechanisms.face_deid import pool as face_pool
+    from synth.mechanisms.face_deid.pool import DonorPool, donor_sets, group_with_pool
+
+    cfg = FaceDeidConfig(pool_donors=1, pool_sets=3)
+    photos = [face_photos.astronaut(), face_photos.grace_hopper(), face_photos.two_faces()]
+    surveyed = [ksame.survey_photo(cfg, (i, p)) for i, p in enumerate(photos)]
+    target = surveyed[0].faces[0]  # the astronaut
+    pair = surveyed[2].faces  # the two-face photo: the astronaut on the left, Grace Hopper right
+    left = min(range(2), key=lambda f: pair[f].face.box[0])
+    pool = DonorPool(
+        (pair[left], surveyed[1].faces[0], pair[1 - left]), ((2, 0), (1, 0), (2, 1)), 2
+    )
+    sets = donor_sets(cfg, target, pool)
+    # her own face in the two-face photo is the nearest, so it comes last; Grace Hopper's two
+    # faces (the portrait and its crop) first
+    assert sorted(sets[:2]) == [[1], [2]] and sets[2] == [0]
+    assert donor_sets(cfg.with_(pool_donors=2), target, pool) == [sets[0] + sets[1]]
+    # a face turned beyond pose_spread of every donor gets none (the fallback says why)
+    assert donor_sets(cfg.with_(pose_spread=0.0), target, pool) == []
+    grouping = group_with_pool(cfg.with_(pose_spread=0.0), surveyed[:1], pool)
+    assert grouping.jobs(0, 1)[0].mean is None
+    assert grouping.jobs(0, 1)[0].missing == face_pool.NO_POOL_FACE
+    grouping = group_with_pool(cfg, surveyed[:1], pool)
+    job = grouping.jobs(0, 1)[0]
+    assert job.mean is not None and len(job.faces) == 3
+    assert grouping.donors[(0, 0)] == [[pool.places[i] for i in s] for s in sets]
+
+
+def test_a_donor_pool_is_refused_unless_the_average_uses_it_and_holds_enough_faces() -> None:
+    from synth.kinds.datasets import ImageDataset
+    from synth.mechanisms.face_deid.pool import survey_pool
+
+    from PIL import Image
+
+    coffee = np.asarray(Image.fromarray(face_photos.no_face()).resize((512, 512)))
+    photos = np.stack([face_photos.astronaut(), coffee])
+    pool = ImageDataset(photos, np.zeros(2, np.int64), ["photo"], "photos:/pool")
+    with pytest.raises(InvalidParameterError, match=r'used only by replacement = "average"'):
+        MECHANISM.plan(FaceDeidConfig(replacement="generated"), _info(4), [], pool)
+    # with a pool, the release's own people need not number k: planned with one photo
+    plan = MECHANISM.plan(FaceDeidConfig(max_faces_per_photo=1), _info(1), [], pool)
+    assert any("donor pool 'photos:/pool'" in c for c in plan.detail["choices"])
+    grey = ImageDataset(photos[..., 0], np.zeros(2, np.int64), ["photo"], "photos:/grey")
+    with pytest.raises(InvalidParameterError, match="must be colour photographs"):
+        MECHANISM.plan(FaceDeidConfig(), _info(4), [], grey)
+    # one usable face (the coffee has none) for two donors a face: refused, before the run
+    # reads a sensitive photo (the runner calls this before on_sensitive_access)
+    with pytest.raises(
+        InvalidParameterError, match=r"holds 1 usable face \(2 photographs.*pool_donors = 2"
+    ):
+        survey_pool(FaceDeidConfig(), pool, pool.source)
+    assert len(survey_pool(FaceDeidConfig(pool_donors=1), pool, pool.source).faces) == 1
+
+
+def test_the_card_of_a_donor_pool_release_names_the_pool_and_no_k_same_bound() -> None:
+    from synth import registry
+
+    params = {
+        "replacement": "average",
+        "pool_donors": 2,
+        "donor_pool": "photos:/consented",
+        "donor_pool_faces": 40,
+        "donor_pool_photos": 38,
+        "n_faces_fallback": 0,
+        "search_targets": {"sface": 0.85},
+    }
+    about = registry.describe("face-deid", params, {}, 6)
+    assert "average face of 2 people of the donor pool 'photos:/consented'" in about.what
+    assert "40 faces in 38 photographs" in about.what
+    assert "no k-Same bound" in about.guarantee and "1/k" not in about.guarantee
+    assert "No data subject's face is drawn into another's photo" in about.guarantee

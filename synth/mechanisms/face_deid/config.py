@@ -46,6 +46,13 @@ class FaceDeidConfig(MechanismConfig):
     texture_size: int = 192  # the mesh texture's side, pixels
     max_yaw: float = 60.0  # degrees; a face turned farther gets the fallback
     pose_spread: float = 60.0  # degrees of yaw and pitch between a cluster's first face and others
+    # with a public donor pool (`public = "photos:DIR"` in the spec: consented photographs), each
+    # face is the average of pool_donors pool faces, those the searched recognisers put farthest
+    # from it first; pool_sets such donor sets are tried before the fallback. Two, not k: an
+    # average of many faces is generic, and a generic face leaves the recognisers the person's
+    # own hair, outline and lighting (docs/benchmarks/faces.md, "the donor pool")
+    pool_donors: int = 2
+    pool_sets: int = 3
     generator_weights: str | None = None
     latent_dim: int = 100
     generator_features: int = 64
@@ -201,6 +208,8 @@ class FaceDeidConfig(MechanismConfig):
             "texture_size": check.whole("texture_size", v["texture_size"], 64, 1024),
             "max_yaw": check.number("max_yaw", v["max_yaw"], 0.0, 90.0),
             "pose_spread": check.number("pose_spread", v["pose_spread"], 0.0, 180.0),
+            "pool_donors": check.whole("pool_donors", v["pool_donors"], 1, 100),
+            "pool_sets": check.whole("pool_sets", v["pool_sets"], 1, 50),
         }
 
     @staticmethod

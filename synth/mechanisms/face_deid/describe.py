@@ -76,6 +76,8 @@ def _describe_average(
     p: Mapping[str, Any], targets: Mapping[str, float], held_out: Any, n: int
 ) -> MechanismDescription:
     """The card of a k-Same-M release: the averaging, its bound and the bound's limits."""
+    if p.get("donor_pool"):
+        return _describe_pool(p, targets, held_out, n)
     k, geometry = int(p.get("k", 5)), str(p.get("geometry", "strict"))
     sizes = [int(s) for s in p.get("cluster_sizes", [])]
     fallback = int(p.get("n_faces_fallback", 0))
@@ -110,11 +112,7 @@ def _describe_average(
             "was also checked against every recogniser the mechanism searched with "
             f"({targets_text(targets)}), and the audit's face re-identification and donor "
             "re-identification attacks"
-            + (
-                f" passed, including {', '.join(held_out)}, which the mechanism never measured"
-                if held_out
-                else " passed"
-            )
+            + _held_out_text(held_out)
             + ". The donors (the cluster's other members) are data subjects of this same "
             "release: their faces contribute to the average drawn in other people's photos. The "
             "source dataset's earlier DP guarantees no longer hold after this release."
@@ -125,4 +123,51 @@ def _describe_average(
         ),
         collection_type="Derived (de-identified) data",
         tags=("face-anonymization", "de-identification", "anonymized", "k-same"),
+    )
+
+
+def _held_out_text(held_out: Any) -> str:
+    return (
+        f" passed, including {', '.join(held_out)}, which the mechanism never measured"
+        if held_out
+        else " passed"
+    )
+
+
+def _describe_pool(
+    p: Mapping[str, Any], targets: Mapping[str, float], held_out: Any, n: int
+) -> MechanismDescription:
+    """The card of a k-Same-M release drawn from the steward's donor pool."""
+    m = int(p.get("pool_donors", 2))
+    fallback = int(p.get("n_faces_fallback", 0))
+    return MechanismDescription(
+        what=(
+            f"{n} photographs in which **every detected face was replaced by the average face of "
+            f"{m} people of the donor pool {p.get('donor_pool')!r}** ({p.get('donor_pool_faces')} "
+            f"faces in {p.get('donor_pool_photos')} photographs the steward registered as "
+            "consented donors): shape and texture averaged separately on a 468-point face mesh, "
+            "drawn at the photo's own resolution with the face's own lighting, blended on the "
+            "face oval; for each face the donors the searched recognisers put farthest from it "
+            f"were tried first. {int(p.get('n_withheld', 0))} photograph(s) with no detectable "
+            f"face were withheld; {fallback} face(s) no donor fitted were given a DCGAN face "
+            f"instead (flagged: {', '.join(p.get('fallback_reasons', [])) or 'none'}); "
+            f"{int(p.get('n_faces_pixelated', 0))} face(s) were pixelated."
+        ),
+        guarantee=(
+            "**Empirical de-identification, not differential privacy, and no k-Same bound.** No "
+            "data subject's face is drawn into another's photo: the replacement faces are "
+            f"averages of {m} donors from the pool, whose features appear in the released photos "
+            "(that is what they consented to). Each face was checked against every recogniser "
+            f"the mechanism searched with ({targets_text(targets)}), and the audit's face "
+            "re-identification attack" + _held_out_text(held_out) + ". That is evidence against "
+            "these recognisers, not a proof: the hair, ears, outline, the face's own "
+            "low-frequency lighting and the rest of each photo are the person's own. The source "
+            "dataset's earlier DP guarantees no longer hold after this release."
+        ),
+        collection=(
+            "Photographs whose detected faces were replaced by averages of consented donors' "
+            "faces (k-Same-M on a dense face mesh), checked by a face re-identification attack."
+        ),
+        collection_type="Derived (de-identified) data",
+        tags=("face-anonymization", "de-identification", "anonymized", "donor-pool"),
     )

@@ -62,11 +62,17 @@ class Surveyed:
 
 @dataclass(frozen=True)
 class FaceJob:
-    """What rendering one face needs from the coordinator: its cluster's face, or None (no
-    cluster: the fallback)."""
+    """What rendering one face needs from the coordinator: its cluster's face (with a donor
+    pool: its donor sets' faces, the first tried first), or None (the fallback, for `missing`)."""
 
     cluster: int | None
     mean: avg.Unwrapped | None
+    alternatives: tuple[avg.Unwrapped, ...] = ()
+    missing: str = "no cluster of k people in its pose"
+
+    @property
+    def faces(self) -> tuple[avg.Unwrapped, ...]:
+        return () if self.mean is None else (self.mean, *self.alternatives)
 
 
 def searched(config: FaceDeidConfig) -> tuple[fr.Recogniser, ...]:
@@ -191,7 +197,7 @@ def render_photo(
             continue
         result = None if job.mean is None else _averaged(config, work, photo, face, job, rng)
         if result is None:  # no cluster, or no candidate far enough: the DCGAN's search, flagged
-            why = "no cluster of k people in its pose" if job.mean is None else "too close"
+            why = job.missing if job.mean is None else "too close"
             work, outcome = anonymise_face(
                 work, photo, face.face, tools_for(config), torch.Generator().manual_seed(seed)
             )
@@ -222,9 +228,9 @@ def _averaged(
     job: FaceJob,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, FaceOutcome] | None:
-    """The face replaced by its cluster's: the first factor (strict: 1 only) whose rendering every
-    searched recogniser puts past its target, else the farthest if it is past halfway; None: no
-    candidate is."""
+    """The face replaced by its cluster's (or its donor sets', in order): the first factor (strict:
+    1 only) whose rendering every searched recogniser puts past its target, else the farthest if
+    it is past halfway; None: no candidate is."""
     assert face.points is not None and face.pose is not None and face.unwrapped is not None
     assert job.mean is not None
     recs = searched(config)
@@ -235,13 +241,14 @@ def _averaged(
     refs, anchor = face.embeddings, face.anchor  # the survey's, of the same original
     factors = (1.0,) if config.geometry == "strict" else config.attribute_factors
     farthest: tuple[float, Any, np.ndarray, float] | None = None
-    for tried, factor in enumerate(factors, 1):
-        rendered = avg.posed_shape(face.unwrapped.shape, job.mean.shape, factor, face.pose)
+    tries = [(mean, factor) for mean in job.faces for factor in factors]
+    for tried, (mean, factor) in enumerate(tries, 1):
+        rendered = avg.posed_shape(face.unwrapped.shape, mean.shape, factor, face.pose)
         candidate = avg.render_face(
             work,
             face.points,
             rendered,
-            job.mean.detail,
+            mean.detail,
             tpl,
             config.shading_sigma,
             config.erode,
@@ -254,7 +261,7 @@ def _averaged(
         if farthest is None or worst > farthest[0]:
             farthest = (worst, judged, candidate, factor)
     if farthest is not None and farthest[1].passes(halfway):
-        return farthest[2], _outcome(face, farthest[1], len(factors), job, farthest[3])
+        return farthest[2], _outcome(face, farthest[1], len(tries), job, farthest[3])
     return None
 
 

@@ -28,6 +28,7 @@ from accounting.events import MechanismEvent, NonPrivateRelease
 from synth import registry
 from synth.kinds.datasets import ImageDataset
 from synth.mechanisms.face_deid import ksame
+from synth.mechanisms.face_deid import pool as face_pool
 from synth.mechanisms.face_deid.anonymise import FaceOutcome, Tools, anonymise_face
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.describe import describe, guarantee_line
@@ -82,7 +83,9 @@ def plan(
             f"config must be a FaceDeidConfig, got {type(config).__name__}."
         )
     shape = _photo_shape(dataset)
-    _check_people_possible(config, dataset)
+    pooled = _check_pool(config, public)
+    if not pooled:
+        _check_people_possible(config, dataset)
     recognisers, targets = _searched_targets(config)
     bound = _bound_files(config, recognisers)
     return MechanismPlan(
@@ -93,8 +96,26 @@ def plan(
         warnings=_plan_warnings(config),
         requires_acknowledgement=True,
         parameters=config.as_dict(),
-        detail=_plan_detail(config, dataset, targets, bound),
+        detail=_plan_detail(config, dataset, targets, bound, public if pooled else None),
     )
+
+
+def _check_pool(config: FaceDeidConfig, public: ImageDataset | None) -> bool:
+    """Whether the spec names a donor pool (`public`): refused unless the averaged replacement
+    uses it and it is a set of colour photographs."""
+    if public is None:
+        return False
+    if config.replacement != "average":
+        raise InvalidParameterError(
+            '[face-deid] a donor pool (`public = ...`) is used only by replacement = "average"; '
+            'remove `public` from the spec or set replacement = "average".'
+        )
+    if public.images.ndim != 4 or public.images.shape[3] != 3:
+        raise InvalidParameterError(
+            f"[face-deid] the donor pool {public.source!r} must be colour photographs "
+            f'(`public = "photos:DIR"`); it is {"x".join(map(str, public.images.shape[1:]))}.'
+        )
+    return True
 
 
 def _photo_shape(dataset: DatasetInfo) -> tuple[int, ...]:
@@ -179,13 +200,17 @@ def _plan_warnings(config: FaceDeidConfig) -> tuple[str, ...]:
 
 
 def _plan_detail(
-    config: FaceDeidConfig, dataset: DatasetInfo, targets: dict[str, float], bound: dict[str, str]
+    config: FaceDeidConfig,
+    dataset: DatasetInfo,
+    targets: dict[str, float],
+    bound: dict[str, str],
+    pool: ImageDataset | None,
 ) -> dict[str, Any]:
     """The plan's detail: the guarantee, the search's choices and targets, the bound files."""
     return {
         "guarantee_description": guarantee_line(targets),
         "choices": [
-            *_average_choices(config),
+            *_average_choices(config, pool),
             "search: every face replaced until "
             + ", ".join(f"{k} puts it at least {v:g}" for k, v in targets.items())
             + " from the original; the audit's other recognisers are held out"
@@ -203,9 +228,19 @@ def _plan_detail(
     }
 
 
-def _average_choices(config: FaceDeidConfig) -> list[str]:
+def _average_choices(config: FaceDeidConfig, pool: ImageDataset | None) -> list[str]:
     if config.replacement != "average":
         return ["replacement: the DCGAN search for every face"]
+    if pool is not None:
+        return [
+            f"replacement: k-Same-M from the donor pool {pool.source!r} ({len(pool.images)} "
+            f"consented photograph{'' if len(pool.images) == 1 else 's'}): each face replaced by "
+            f"the average of {config.pool_donors} "
+            "pool faces near its pose, those the searched recognisers put farthest from it "
+            f"first ({config.pool_sets} donor sets tried), geometry {config.geometry!r}; no data "
+            "subject's face is drawn into another's photo; a face no donor fits gets the DCGAN "
+            "search, flagged"
+        ]
     return [
         f"replacement: k-Same-M, each face replaced by the mean face of a cluster of k = "
         f"{config.k} distinct people of the release (people told apart by the searched "
@@ -367,6 +402,9 @@ def _run_average(
     """k-Same-M (synth.mechanisms.face_deid.ksame): survey every photo, group the faces into
     clusters of k people, then draw each cluster's face into its members' photos."""
     generator_name, generator_sha256 = ctx.prepare_workers(_prepare_average, config, bound)[0]
+    public = ctx.public if isinstance(ctx.public, ImageDataset) else None
+    # the donor pool is public: surveyed before any photo is read (a refusal is refunded)
+    pool = None if public is None else face_pool.survey_pool(config, public, public.source)
     ctx.on_sensitive_access()
     images = _photographs(data)
     n = len(images)
@@ -375,7 +413,11 @@ def _run_average(
         surveyed = list(
             ctx.map_items(ksame.survey_photo, config, items, label="face-deid: faces", keep=False)
         )
-        grouping = ksame.group(config, surveyed)
+        grouping: ksame.Grouping | face_pool.PoolGrouping = (
+            ksame.group(config, surveyed)
+            if pool is None
+            else face_pool.group_with_pool(config, surveyed, pool)
+        )
         jobs = [
             (i, images[i], surveyed[i], grouping.jobs(i, len(surveyed[i].faces)))
             for i in range(n)
@@ -399,6 +441,16 @@ def _run_average(
     params = _run_parameters(
         config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
     )
+    if isinstance(grouping, face_pool.PoolGrouping):
+        assert public is not None
+        params.update(_pool_parameters(grouping, outcomes, public.source))
+        # the release's subjects are nobody's donors: no donor attack on them; the pool's
+        # donors of each face, for the record
+        internal = {
+            **_run_internal(outcomes),
+            "pool_donors": {f"{p}/{f}": d for (p, f), d in grouping.donors.items()},
+        }
+        return _output(data, released, crops, kept, withheld, params, internal)
     params.update(_average_parameters(config, grouping, outcomes))
     # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
     internal = {
@@ -414,17 +466,39 @@ def _average_parameters(
 ) -> dict[str, Any]:
     """What the card says of the averaging: k, the clusters' sizes, how people were counted,
     the faces averaged and those given the fallback (and why)."""
-    flat = [o for per in outcomes for o in per]
     sizes = [len(m) for m in grouping.members]
     return {
-        "replacement": "average",
-        "mesh_model": "MediaPipe Face Mesh (face_landmark.tflite, mediapipe 0.10.14, Apache-2.0)",
+        **_averaged_counts(outcomes),
         "people_counted_by": "the searched recognisers' similarity ("
         + ", ".join(config.recognisers)
         + "): faces any of them verifies count as one person",
         "n_people": grouping.n_people,
         "n_clusters": len(sizes),
         "cluster_sizes": sizes,
+    }
+
+
+def _pool_parameters(
+    grouping: face_pool.PoolGrouping,
+    outcomes: list[tuple[FaceOutcome, ...]],
+    source: str,
+) -> dict[str, Any]:
+    """What the card says of a donor-pool release: the pool, the donors a face, the faces
+    averaged and those given the fallback (and why)."""
+    return {
+        **_averaged_counts(outcomes),
+        "donor_pool": source,
+        "donor_pool_photos": grouping.pool.n_photos,
+        "donor_pool_faces": len(grouping.pool.faces),
+    }
+
+
+def _averaged_counts(outcomes: list[tuple[FaceOutcome, ...]]) -> dict[str, Any]:
+    """Either averaged path's record: the mesh, the faces averaged and those given the fallback."""
+    flat = [o for per in outcomes for o in per]
+    return {
+        "replacement": "average",
+        "mesh_model": "MediaPipe Face Mesh (face_landmark.tflite, mediapipe 0.10.14, Apache-2.0)",
         "n_faces_averaged": sum(o.method == "averaged" for o in flat),
         "n_faces_fallback": sum(o.fallback is not None for o in flat),
         "fallback_reasons": sorted({o.fallback for o in flat if o.fallback}),
