@@ -630,6 +630,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             policy,
             inputs.searched_recognisers,
             inputs.map_items or in_process,
+            inputs.strict_share,
         ),
     )
     if inputs.part_clusters and sources is not None:
@@ -959,9 +960,13 @@ def _realism_face(
 
 
 def check_realism(
-    realism: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None = None
+    realism: dict[str, Any],
+    policy: AuditPolicy,
+    dlib_shift: float | None = None,
+    strict_share: float | None = None,
 ) -> list[CheckResult]:
-    """Utility checks of replaced faces: YuNet still finds them, their landmarks stay, and they
+    """Utility checks of replaced faces: YuNet still finds them, their landmarks stay (the limit
+    weighs in strict geometry's by `strict_share`, the share of faces drawn in it), and they
     look more like faces than blurred ones do (KID)."""
     d, n = realism, realism["n_replaced_faces"]
     if n == 0:
@@ -976,9 +981,9 @@ def check_realism(
             )
         ]
     out = [_retention_check(d, n, policy)]
-    geometry = _geometry_check(d, policy, dlib_shift)
-    if geometry is not None:
-        out.append(geometry)
+    moved = _geometry_check(d, policy, dlib_shift, strict_share or 0.0)
+    if moved is not None:
+        out.append(moved)
     out.append(_kid_check(d, n, policy))
     if d.get("mean_sharpness_ratio") is not None:
         out.append(_sharpness_check(d))
@@ -1016,10 +1021,13 @@ def _retention_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckRes
 
 
 def _geometry_check(
-    d: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None
+    d: dict[str, Any], policy: AuditPolicy, dlib_shift: float | None, strict: float = 0.0
 ) -> CheckResult | None:
-    """How far YuNet's 5 landmarks moved (pose and expression kept); None without landmarks."""
-    shift, lim = d["mean_landmark_shift_yunet5"], policy.section(FacePolicy).face_max_landmark_shift
+    """How far YuNet's 5 landmarks moved (pose and expression kept); None without landmarks.
+    `strict`: the share of faces drawn in k-Same-M's strict geometry, each judged by that
+    geometry's limit (the mean shift against the mean of the faces' limits)."""
+    lim = _shift_limit(policy.section(FacePolicy), strict)
+    shift = d["mean_landmark_shift_yunet5"]
     if shift is None:
         return None
     extra = "" if dlib_shift is None else f"; dlib's 68 landmarks {dlib_shift:.3f}"
@@ -1029,13 +1037,22 @@ def _geometry_check(
         None if lim is None else shift <= lim,
         f"YuNet's 5 landmarks moved {shift:.3f} inter-ocular distances on average over "
         f"{d['n_landmark_faces']} faces{extra} (pose and expression kept"
-        + (f"; max {lim:g})" if lim is not None else ")"),
+        + (f"; max {lim:.3g}" if lim is not None else "")
+        + (f", {strict:.0%} of them in strict geometry: the average's shape)" if strict else ")"),
         {
             "mean_landmark_shift": shift,
             "mean_landmark_shift_dlib68": dlib_shift,
             "n_faces": d["n_landmark_faces"],
         },
     )
+
+
+def _shift_limit(faces: FacePolicy, strict: float) -> float | None:
+    """The landmark limit for a release with a `strict` share of faces in strict geometry."""
+    plain, loose = faces.face_max_landmark_shift, faces.face_max_landmark_shift_strict
+    if plain is None or (strict > 0 and loose is None):
+        return None
+    return plain if not strict or loose is None else (1 - strict) * plain + strict * loose
 
 
 def _kid_check(d: dict[str, Any], n: int, policy: AuditPolicy) -> CheckResult:
@@ -1088,10 +1105,12 @@ def run_face_reid(
     policy: AuditPolicy,
     searched: Sequence[str] | None = None,
     map_items: MapItems = in_process,
+    strict_share: float | None = None,
 ) -> list[CheckResult]:
     """Every recogniser of the policy against the release (one check each), then, for paired
-    releases whose faces stay in place, the realism checks. Every image's faces are found first,
-    by `map_items` (`map_sightings`)."""
+    releases whose faces stay in place, the realism checks (`strict_share`: the share of faces
+    drawn in k-Same-M's strict geometry). Every image's faces are found first, by `map_items`
+    (`map_sightings`)."""
     indexes = map_sightings(images, sources, sensitive, heldout, policy, map_items)
     numbers = [
         compute_paired(images, sources, sensitive, policy, index.recogniser, index)
@@ -1106,5 +1125,5 @@ def run_face_reid(
             dlib_shift = next(
                 (n.details["mean_landmark_shift"] for n in numbers if n.key == "dlib"), None
             )
-            out += check_realism(realism, policy, dlib_shift)
+            out += check_realism(realism, policy, dlib_shift, strict_share)
     return out

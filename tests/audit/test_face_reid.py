@@ -320,6 +320,8 @@ def test_policy_values_are_checked() -> None:
         AuditPolicy.from_dict({"face_samples": 0})
     with pytest.raises(InvalidParameterError, match="face_max_landmark_shift must be >= 0"):
         AuditPolicy.from_dict({"face_max_landmark_shift": -1.0})
+    with pytest.raises(InvalidParameterError, match="face_max_landmark_shift_strict must be >= 0"):
+        AuditPolicy.from_dict({"face_max_landmark_shift_strict": -0.1})
     with pytest.raises(InvalidParameterError, match="unknown recogniser.*arcface"):
         AuditPolicy.from_dict({"face_recognisers": ["dlib", "arcface"]})
     with pytest.raises(InvalidParameterError, match="non-empty list"):
@@ -374,3 +376,45 @@ def test_the_two_sample_check_tells_shifted_features_and_not_the_same_ones() -> 
     assert two_sample_auc(original, original) <= 0.6  # the same faces: it cannot tell
     assert two_sample_auc(original + 2.0, original) > 0.95  # released faces unlike any original
     assert two_sample_auc(original[:3], original) is None  # too few to say
+
+
+def test_faces_averaged_in_strict_geometry_are_held_to_their_own_landmark_limit() -> None:
+    """k-Same-M's strict geometry gives each face the average's shape, so its landmarks move by
+    design: those faces are judged at face_max_landmark_shift_strict (0.08), the others at
+    face_max_landmark_shift (0.05), the mean shift against the mean of the faces' limits."""
+    from audit.face_reid import check_realism
+    from release.audit_inputs import strict_share
+
+    realism = {
+        "n_replaced_faces": 4,
+        "n_retained": 4,
+        "detection_retention": 1.0,
+        "mean_landmark_shift_yunet5": 0.07,
+        "n_landmark_faces": 4,
+        "kid_release": None,
+        "kid_blurred": None,
+        "kid_pixelated": None,
+    }
+    policy = AuditPolicy()
+
+    def geometry(share: float | None) -> tuple[bool | None, str]:
+        (check,) = [
+            r for r in check_realism(realism, policy, None, share) if r.name == "face_geometry"
+        ]
+        return check.passed, check.summary
+
+    passed, summary = geometry(None)
+    assert passed is False and "max 0.05)" in summary
+    passed, summary = geometry(1.0)
+    assert passed and "max 0.08, 100% of them in strict geometry" in summary
+    assert geometry(0.5)[0] is False  # half the faces the fallback's: limit 0.065
+    loose = AuditPolicy.from_dict({"face_max_landmark_shift_strict": 0.06})
+    assert [
+        r.passed for r in check_realism(realism, loose, None, 1.0) if r.name == "face_geometry"
+    ] == [False]
+    # which releases count as strict: face-deid's average in strict geometry, by its faces
+    params = {"replacement": "average", "geometry": "strict", "n_faces": 9, "n_faces_averaged": 3}
+    assert strict_share(params) == pytest.approx(1 / 3)
+    assert strict_share({**params, "geometry": "attribute"}) is None
+    assert strict_share({**params, "replacement": "generated"}) is None
+    assert strict_share({**params, "n_faces": 0}) is None
