@@ -70,18 +70,43 @@ def _distance(config: FaceDeidConfig, a: SurveyedFace, b: SurveyedFace) -> float
     return total
 
 
-def donor_sets(config: FaceDeidConfig, face: SurveyedFace, pool: DonorPool) -> list[list[int]]:
-    """The donor sets for one face (indices into the pool), the farthest donors first; none when
-    fewer than `pool_donors` pool faces lie within `pose_spread` of its pose."""
+def donor_sets(
+    config: FaceDeidConfig,
+    face: SurveyedFace,
+    pool: DonorPool,
+    barred: frozenset[int] = frozenset(),
+) -> list[list[int]]:
+    """The donor sets for one face (indices into the pool, none of `barred`), the farthest donors
+    first; none when fewer than `pool_donors` pool faces lie within `pose_spread` of its pose."""
     yaw, pitch = face.yaw_pitch
     near = [
         i
         for i, d in enumerate(pool.faces)
-        if np.hypot(d.yaw_pitch[0] - yaw, d.yaw_pitch[1] - pitch) <= config.pose_spread
+        if i not in barred
+        and np.hypot(d.yaw_pitch[0] - yaw, d.yaw_pitch[1] - pitch) <= config.pose_spread
     ]
     near.sort(key=lambda i: (-_distance(config, face, pool.faces[i]), i))
     m = config.pool_donors
     return [near[s : s + m] for s in range(0, len(near) - m + 1, m)][: config.pool_sets]
+
+
+def subjects_in_pool(
+    config: FaceDeidConfig, surveyed: list[Surveyed], pool: DonorPool
+) -> frozenset[int]:
+    """The pool faces some searched recogniser verifies as a face of the release: a data subject
+    who is also in the pool lends no face (else their face would be drawn into others' photos)."""
+    subjects = [f for s in surveyed for f in s.faces]
+    barred = set()
+    for r, rec in enumerate(searched(config)):
+        seen = [e for f in subjects if (e := f.embeddings[r]) is not None]
+        if not seen:
+            continue
+        gallery = np.stack(seen)
+        for i, donor in enumerate(pool.faces):
+            x = donor.embeddings[r]
+            if x is not None and (np.asarray(rec.distances(x, gallery)) < rec.threshold).any():
+                barred.add(i)
+    return frozenset(barred)
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,7 @@ class PoolGrouping:
     jobs_by_face: dict[tuple[int, int], FaceJob]
     donors: dict[tuple[int, int], list[list[tuple[int, int]]]]  # per face, its sets' places
     pool: DonorPool
+    barred: frozenset[int] = frozenset()  # pool faces verified as a data subject: not used
 
     def jobs(self, photo: int, n_faces: int) -> tuple[FaceJob, ...]:
         none = FaceJob(None, None, missing=NO_POOL_FACE)
@@ -100,16 +126,18 @@ class PoolGrouping:
 def group_with_pool(
     config: FaceDeidConfig, surveyed: list[Surveyed], pool: DonorPool
 ) -> PoolGrouping:
-    """Each face's donor sets and their average faces (no clusters of the release's people)."""
+    """Each face's donor sets and their average faces (no clusters of the release's people; no
+    pool face that is one of them)."""
+    barred = subjects_in_pool(config, surveyed, pool)
     jobs, donors = {}, {}
     for p, s in enumerate(surveyed):
         for f, face in enumerate(s.faces):
             if face.unwrapped is None:
                 continue
-            sets = donor_sets(config, face, pool)
+            sets = donor_sets(config, face, pool, barred)
             if not sets:
                 continue
             means = [avg.mean_face([pool.faces[i].unwrapped for i in ds]) for ds in sets]  # type: ignore[misc]
             jobs[(p, f)] = FaceJob(None, means[0], tuple(means[1:]), NO_POOL_FACE)
             donors[(p, f)] = [[pool.places[i] for i in ds] for ds in sets]
-    return PoolGrouping(jobs, donors, pool)
+    return PoolGrouping(jobs, donors, pool, barred)

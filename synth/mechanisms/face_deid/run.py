@@ -490,6 +490,8 @@ def _pool_parameters(
         "donor_pool": source,
         "donor_pool_photos": grouping.pool.n_photos,
         "donor_pool_faces": len(grouping.pool.faces),
+        # verified as a data subject of this release by a searched recogniser: lent no face
+        "donor_pool_faces_barred": len(grouping.barred),
     }
 
 
