@@ -630,7 +630,7 @@ def face_attacks(inputs: AuditInputs, images: np.ndarray, policy: AuditPolicy) -
             policy,
             inputs.searched_recognisers,
             inputs.map_items or in_process,
-            inputs.strict_share,
+            inputs.shape_replaced_share,
         ),
     )
     if inputs.part_clusters and sources is not None:

@@ -72,9 +72,9 @@ class AuditInputs:
     # kind's checks; None for any other release
     part_clusters: list[list[list[int]]] | None = None
     part_cluster_k: int | None = None
-    # the share of a de-identification release's faces drawn in k-Same-M's strict geometry (the
-    # average's shape), which the realism checks' landmark limit weighs in; None: none
-    strict_share: float | None = None
+    # the share of a release's replaced parts drawn, by design, with a shape not their own (from
+    # the run's internal record): the kind's realism checks weigh in their own limit for them
+    shape_replaced_share: float | None = None
 
     @property
     def sensitive_images(self) -> ImageDataset:

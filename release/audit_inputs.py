@@ -4,8 +4,7 @@ internal; release.manager records the state change (`audit_release`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accounting import ledger
 from accounting.store import Store
@@ -119,17 +118,8 @@ def audit_inputs(
         searched_recognisers=out.parameters.get("searched_recognisers"),
         part_clusters=out.internal.get("part_clusters"),
         part_cluster_k=out.internal.get("part_cluster_k"),
-        strict_share=strict_share(out.parameters),
+        shape_replaced_share=out.internal.get("shape_replaced_share"),
     )
-
-
-def strict_share(parameters: Mapping[str, Any]) -> float | None:
-    """The share of a face-deid release's faces averaged in `strict` geometry (the rest: the
-    fallback or pixelated); None for any other release."""
-    if parameters.get("replacement") != "average" or parameters.get("geometry") != "strict":
-        return None
-    n = int(parameters.get("n_faces") or 0)
-    return int(parameters.get("n_faces_averaged") or 0) / n if n else None
 
 
 def baselines(store: Store, rel: Release, spec: ReleaseSpec, ds: ledger.Dataset) -> list[Baseline]:

@@ -383,7 +383,6 @@ def test_faces_averaged_in_strict_geometry_are_held_to_their_own_landmark_limit(
     design: those faces are judged at face_max_landmark_shift_strict (0.08), the others at
     face_max_landmark_shift (0.05), the mean shift against the mean of the faces' limits."""
     from audit.face_reid import check_realism
-    from release.audit_inputs import strict_share
 
     realism = {
         "n_replaced_faces": 4,
@@ -412,9 +411,11 @@ def test_faces_averaged_in_strict_geometry_are_held_to_their_own_landmark_limit(
     assert [
         r.passed for r in check_realism(realism, loose, None, 1.0) if r.name == "face_geometry"
     ] == [False]
-    # which releases count as strict: face-deid's average in strict geometry, by its faces
-    params = {"replacement": "average", "geometry": "strict", "n_faces": 9, "n_faces_averaged": 3}
-    assert strict_share(params) == pytest.approx(1 / 3)
-    assert strict_share({**params, "geometry": "attribute"}) is None
-    assert strict_share({**params, "replacement": "generated"}) is None
-    assert strict_share({**params, "n_faces": 0}) is None
+    # which faces count: face-deid's record, the share averaged in strict geometry
+    from synth.mechanisms.face_deid.config import FaceDeidConfig
+    from synth.mechanisms.face_deid.run import _strict_share
+
+    params = {"n_faces": 9, "n_faces_averaged": 3}
+    assert _strict_share(FaceDeidConfig(), params) == pytest.approx(1 / 3)
+    assert _strict_share(FaceDeidConfig(geometry="attribute"), params) == 0.0
+    assert _strict_share(FaceDeidConfig(), {"n_faces": 0, "n_faces_averaged": 0}) == 0.0

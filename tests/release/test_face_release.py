@@ -217,6 +217,7 @@ def test_a_donor_pool_release_passes_the_re_identification_attack(tmp_path) -> N
     faces = [f for per in internal["faces"].values() for f in per]
     assert [f["method"] for f in faces] == ["averaged"] * 3
     assert "part_clusters" not in internal  # nobody of the release is a donor
+    assert internal["shape_replaced_share"] == 1.0  # all three in strict geometry
     assert all(place[0] == 0 for sets in internal["pool_donors"].values() for s in sets
                for place in s)  # fmt: skip
     verdicts = {r.name: r.verdict for r in load_report(Store(Workspace(ws)), rel).results}

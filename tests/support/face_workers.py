@@ -20,7 +20,7 @@ from accounting.store import Store, Workspace
 from release import runner
 from release.executor import ExecutorChoice
 from release.planning import dataset_info
-from synth.kinds.datasets import ImageDataset, load_source, uci_digits
+from synth.kinds.datasets import ImageDataset, load_source
 from synth.mechanisms.face_deid.config import FaceDeidConfig
 from synth.mechanisms.face_deid.run import MECHANISM
 from synth.progress import ProgressFn, no_progress
@@ -42,10 +42,6 @@ def photos(folder: Path) -> ImageDataset:
         one.source,
         one.declared_labels,
     )
-
-
-def public() -> ImageDataset:
-    return uci_digits().subset(np.arange(10))
 
 
 def workspace(root: Path, data: ImageDataset) -> Store:
@@ -77,7 +73,7 @@ def run_face_deid(
     """face-deid (tiny preset) on `data`, charged to the workspace's ledger."""
     config = FaceDeidConfig.tiny()
     b = ledger.budget(store, DATASET)
-    pub = public()
+    pub = None  # face-deid reads no public data unless the spec names a donor pool
     plan = MECHANISM.plan(config, dataset_info(b.dataset), b.history, pub)
     return runner.run_charged(
         store,

@@ -448,6 +448,7 @@ def _run_average(
         # donors of each face, for the record
         internal = {
             **_run_internal(outcomes),
+            "shape_replaced_share": _strict_share(config, params),
             "pool_donors": {f"{p}/{f}": d for (p, f), d in grouping.donors.items()},
         }
         return _output(data, released, crops, kept, withheld, params, internal)
@@ -455,6 +456,7 @@ def _run_average(
     # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
     internal = {
         **_run_internal(outcomes),
+        "shape_replaced_share": _strict_share(config, params),
         "part_clusters": grouping.record(),
         "part_cluster_k": config.k,
     }
@@ -476,6 +478,13 @@ def _average_parameters(
         "n_clusters": len(sizes),
         "cluster_sizes": sizes,
     }
+
+
+def _strict_share(config: FaceDeidConfig, params: dict[str, Any]) -> float:
+    """The share of faces averaged in `strict` geometry (they take the average's shape: the
+    audit's landmark check holds them to face_max_landmark_shift_strict)."""
+    n = int(params["n_faces"])
+    return params["n_faces_averaged"] / n if n and config.geometry == "strict" else 0.0
 
 
 def _pool_parameters(
