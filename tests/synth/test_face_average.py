@@ -228,6 +228,6 @@ def test_the_card_of_a_donor_pool_release_names_the_pool_and_no_k_same_bound() -
     }
     about = registry.describe("face-deid", params, {}, 6)
     assert "average face of 2 people of the donor pool 'photos:/consented'" in about.what
-    assert "40 faces in 38 photographs" in about.what and "0 of those faces lent none" in about.what
+    assert "40 faces in 38 photograph(s)" in about.what and "0 of them held back" in about.what
     assert "no k-Same bound" in about.guarantee and "1/k" not in about.guarantee
     assert "No data subject's face is drawn into another's photo" in about.guarantee

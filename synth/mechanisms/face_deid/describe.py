@@ -144,9 +144,9 @@ def _describe_pool(
         what=(
             f"{n} photographs in which **every detected face was replaced by the average face of "
             f"{m} people of the donor pool {p.get('donor_pool')!r}** ({p.get('donor_pool_faces')} "
-            f"faces in {p.get('donor_pool_photos')} photographs the steward registered as "
-            f"consented donors; {int(p.get('donor_pool_faces_barred', 0))} of those faces lent "
-            "none, since a searched recogniser took them for a person of this release): shape "
+            f"faces in {p.get('donor_pool_photos')} photograph(s) the steward registered as "
+            f"consented donors, {int(p.get('donor_pool_faces_barred', 0))} of them held back "
+            "because a searched recogniser took them for a person of this release): shape "
             "and texture averaged separately on a 468-point face mesh, "
             "drawn at the photo's own resolution with the face's own lighting, blended on the "
             "face oval; for each face the donors the searched recognisers put farthest from it "
