@@ -3,7 +3,8 @@
 DuckDB allows one process per file, so every access (reads too: a read-only open is refused while
 another process holds the file for writing) goes through `Store.transaction()`, under an exclusive
 file lock. A process keeps the connection and the lock across a burst of transactions and lets go at
-once when another process waits, or after a short idle time (store_backends.HOLD_IDLE_S), so several
+once when another process waits (and lets it go first: store_backends.HANDOFF_S), or after a short
+idle time (store_backends.HOLD_IDLE_S), so several
 CLI processes can run at once safely and a charge does not pay connect + checkpoint each time. With
 PostgreSQL (`privrelease init --store postgresql://...`), transactions of every host are serialised
 by an advisory lock (store_backends.PostgresBackend). Each transaction is all-or-nothing.
