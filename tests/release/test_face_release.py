@@ -117,10 +117,6 @@ def test_the_four_shipped_photographs_with_the_defaults(tmp_path) -> None:
     audit running the donor re-identification attack per recogniser beside the others. (Whether
     it publishes is the audit's verdict; docs/benchmarks/faces.md gives today's.)"""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import numpy as np
     from PIL import Image
@@ -131,16 +127,7 @@ def test_the_four_shipped_photographs_with_the_defaults(tmp_path) -> None:
     folder.mkdir()
     for name, photo in real_photos():
         Image.fromarray(photo).save(folder / f"{name}.png")
-    exe = str(Path(sys.executable).parent / "privrelease")
-    ws = tmp_path / "ws"
-    env = {**os.environ, "PRIVRELEASE_HOME": str(ws), "PRIVRELEASE_ACTOR": "alice"}
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=900)
-
-    assert cli("init", "--steward", "alice").returncode == 0
-    assert cli("dataset", "register", "faces", "--source", f"photos:{folder}", "--epsilon", "10",
-               "--delta", "1e-5").returncode == 0  # fmt: skip
+    cli, ws = _steward_with_photos(tmp_path, folder)
     spec = tmp_path / "spec.toml"
     spec.write_text(
         '[release]\ndataset = "faces"\nmechanism = "face-deid"\n[policy]\nmin_utility_gain = 0.0\n'
@@ -175,10 +162,6 @@ def test_a_donor_pool_release_passes_the_re_identification_attack(tmp_path) -> N
     averaged from two pool donors, no data subject a donor, and the audit's re-identification
     attack passing for all three recognisers (dlib held out). Realism is the audit's to judge."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from PIL import Image
 
@@ -193,16 +176,7 @@ def test_a_donor_pool_release_passes_the_re_identification_attack(tmp_path) -> N
     for name in ("astronaut", "grace_hopper", "portrait"):
         Image.fromarray(photos[name]).save(sens / f"{name}.png")
     Image.fromarray(photos["group"]).save(pool / "group.png")
-    exe = str(Path(sys.executable).parent / "privrelease")
-    ws = tmp_path / "ws"
-    env = {**os.environ, "PRIVRELEASE_HOME": str(ws), "PRIVRELEASE_ACTOR": "alice"}
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=900)
-
-    assert cli("init", "--steward", "alice").returncode == 0
-    assert cli("dataset", "register", "faces", "--source", f"photos:{sens}", "--epsilon", "10",
-               "--delta", "1e-5").returncode == 0  # fmt: skip
+    cli, ws = _steward_with_photos(tmp_path, sens)
     spec = tmp_path / "spec.toml"
     spec.write_text(
         '[release]\ndataset = "faces"\nmechanism = "face-deid"\n'
@@ -224,3 +198,24 @@ def test_a_donor_pool_release_passes_the_re_identification_attack(tmp_path) -> N
     for key in ("dlib", "sface", "facenet"):
         assert verdicts[f"face_reidentification[{key}]"] == "pass", verdicts
         assert f"face_donor_reid[{key}]" not in verdicts
+
+
+def _steward_with_photos(tmp_path, folder):
+    """The installed command as steward alice, in a new workspace under `tmp_path` with `folder`
+    registered as `faces` (photos:, epsilon 10, delta 1e-5): (cli, workspace root)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "privrelease")
+    ws = tmp_path / "ws"
+    env = {**os.environ, "PRIVRELEASE_HOME": str(ws), "PRIVRELEASE_ACTOR": "alice"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=900)
+
+    assert cli("init", "--steward", "alice").returncode == 0
+    assert cli("dataset", "register", "faces", "--source", f"photos:{folder}", "--epsilon", "10",
+               "--delta", "1e-5").returncode == 0  # fmt: skip
+    return cli, ws
