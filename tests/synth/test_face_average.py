@@ -210,8 +210,8 @@ def test_a_donor_pool_is_refused_unless_the_average_uses_it_and_holds_enough_fac
     with pytest.raises(
         InvalidParameterError, match=r"holds 1 usable face \(2 photographs.*pool_donors = 2"
     ):
-        survey_pool(FaceDeidConfig(), pool, pool.source)
-    assert len(survey_pool(FaceDeidConfig(pool_donors=1), pool, pool.source).faces) == 1
+        survey_pool(FaceDeidConfig(), pool)
+    assert len(survey_pool(FaceDeidConfig(pool_donors=1), pool).faces) == 1
 
 
 def test_the_card_of_a_donor_pool_release_names_the_pool_and_no_k_same_bound() -> None:

@@ -38,9 +38,10 @@ class DonorPool:
     faces: tuple[SurveyedFace, ...]
     places: tuple[tuple[int, int], ...]
     n_photos: int
+    source: str = ""
 
 
-def survey_pool(config: FaceDeidConfig, pool: ImageDataset, source: str) -> DonorPool:
+def survey_pool(config: FaceDeidConfig, pool: ImageDataset) -> DonorPool:
     """Every face of the pool large enough to unwrap; refused when fewer than `pool_donors`."""
     quiet = config.with_(no_face="withhold")
     faces, places = [], []
@@ -51,12 +52,12 @@ def survey_pool(config: FaceDeidConfig, pool: ImageDataset, source: str) -> Dono
                 places.append((p, f))
     if len(faces) < config.pool_donors:
         raise InvalidParameterError(
-            f"[face-deid] the donor pool {source!r} holds {len(faces)} usable "
+            f"[face-deid] the donor pool {pool.source!r} holds {len(faces)} usable "
             f"face{'' if len(faces) == 1 else 's'} ({len(pool.images)} photographs; faces under "
             f"min_face_size = {config.min_face_size} px do not count), fewer than pool_donors = "
             f"{config.pool_donors}. Add consented photographs to the pool, or lower pool_donors."
         )
-    return DonorPool(tuple(faces), tuple(places), len(pool.images))
+    return DonorPool(tuple(faces), tuple(places), len(pool.images), pool.source)
 
 
 def _distance(config: FaceDeidConfig, a: SurveyedFace, b: SurveyedFace) -> float:

@@ -404,7 +404,7 @@ def _run_average(
     generator_name, generator_sha256 = ctx.prepare_workers(_prepare_average, config, bound)[0]
     public = ctx.public if isinstance(ctx.public, ImageDataset) else None
     # the donor pool is public: surveyed before any photo is read (a refusal is refunded)
-    pool = None if public is None else face_pool.survey_pool(config, public, public.source)
+    pool = None if public is None else face_pool.survey_pool(config, public)
     ctx.on_sensitive_access()
     images = _photographs(data)
     n = len(images)
@@ -442,23 +442,20 @@ def _run_average(
         config, generator_name, generator_sha256, outcomes, n, kept, withheld, started
     )
     if isinstance(grouping, face_pool.PoolGrouping):
-        assert public is not None
-        params.update(_pool_parameters(grouping, outcomes, public.source))
+        params.update(_pool_parameters(grouping, outcomes))
         # the release's subjects are nobody's donors: no donor attack on them; the pool's
         # donors of each face, for the record
-        internal = {
-            **_run_internal(outcomes),
-            "shape_replaced_share": _strict_share(config, params),
-            "pool_donors": {f"{p}/{f}": d for (p, f), d in grouping.donors.items()},
+        extra: dict[str, Any] = {
+            "pool_donors": {f"{p}/{f}": d for (p, f), d in grouping.donors.items()}
         }
-        return _output(data, released, crops, kept, withheld, params, internal)
-    params.update(_average_parameters(config, grouping, outcomes))
-    # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
+    else:
+        params.update(_average_parameters(config, grouping, outcomes))
+        # the clusters and k: the audit's donor re-identification attack (audit.face_donors)
+        extra = {"part_clusters": grouping.record(), "part_cluster_k": config.k}
     internal = {
         **_run_internal(outcomes),
         "shape_replaced_share": _strict_share(config, params),
-        "part_clusters": grouping.record(),
-        "part_cluster_k": config.k,
+        **extra,
     }
     return _output(data, released, crops, kept, withheld, params, internal)
 
@@ -488,15 +485,13 @@ def _strict_share(config: FaceDeidConfig, params: dict[str, Any]) -> float:
 
 
 def _pool_parameters(
-    grouping: face_pool.PoolGrouping,
-    outcomes: list[tuple[FaceOutcome, ...]],
-    source: str,
+    grouping: face_pool.PoolGrouping, outcomes: list[tuple[FaceOutcome, ...]]
 ) -> dict[str, Any]:
     """What the card says of a donor-pool release: the pool, the donors a face, the faces
     averaged and those given the fallback (and why)."""
     return {
         **_averaged_counts(outcomes),
-        "donor_pool": source,
+        "donor_pool": grouping.pool.source,
         "donor_pool_photos": grouping.pool.n_photos,
         "donor_pool_faces": len(grouping.pool.faces),
         # verified as a data subject of this release by a searched recogniser: lent no face
