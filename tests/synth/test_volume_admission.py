@@ -150,14 +150,23 @@ def test_a_registration_child_killed_says_so_with_its_signal_not_eof_error() -> 
 
 
 def test_ctrl_c_stops_registration_work_and_its_child() -> None:
-    """SimpleITK's C++ loop ignores Ctrl-C; run in a child, the parent answers it at once."""
+    """SimpleITK's C++ loop ignores Ctrl-C; run in a child, the parent answers it at once.
+
+    Python's own Ctrl-C handler is installed for the test: a process started in the background by
+    a shell without job control (`make test &` in a script) inherits SIGINT ignored, and then no
+    Ctrl-C reaches it at all (the test waited the child's 60 s and failed)."""
     import multiprocessing
 
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        interruptible(lambda: time.sleep(60), 600.0, "x")
+    try:
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            interruptible(lambda: time.sleep(60), 600.0, "x")
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, inherited)
     assert time.monotonic() - started < 10
     assert multiprocessing.active_children() == []
 
