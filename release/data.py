@@ -41,14 +41,16 @@ def register_from_source(
     kind = inputs.for_source(source)
     data = kind.with_key(kind.load(source), store.workspace.hmac_key())
     label_set = kind.declare(source, data, labels)
-    registry.admit(kind.name, data, _public_cache(store))
+    content = fingerprint(store, data)
+    if not _known(store, name, content):
+        registry.admit(kind.name, data, _public_cache(store))
     if privacy_unit == DEFAULT_UNIT:
         privacy_unit = kind.unit(data)
     return ledger.register_dataset(
         store,
         name=name,
         source=source,
-        fingerprint=fingerprint(store, data),
+        fingerprint=content,
         record_count=len(data),
         labels=label_set,
         image_shape=list(data.image_shape),
@@ -57,6 +59,13 @@ def register_from_source(
         privacy_unit=privacy_unit,
         actor=actor,
     )
+
+
+def _known(store: Store, name: str, content: str) -> bool:
+    """Whether `name` or this content is registered already: then registering is a no-op or refused
+    (ledger.register_dataset), and the admission checks (minutes for an archive of head scans) were
+    run when it was registered, or would be wasted."""
+    return any(d.name == name or d.fingerprint == content for d in ledger.list_datasets(store))
 
 
 def _public_cache(store: Store) -> Path:

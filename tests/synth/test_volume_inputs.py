@@ -149,6 +149,9 @@ def test_physical_values_go_back_to_the_stored_type_clipped() -> None:
 
 @needs_templates
 def test_registration_fingerprints_volumes_and_catches_a_changed_file(tmp_path, store) -> None:
+    blocks = tmp_path / "blocks"  # the `folder` fixture's volumes: not heads
+    blocks.mkdir()
+    _save(blocks / "sub-00.nii.gz", _head(0))
     folder = cohort(tmp_path / "heads", 3)  # registration checks they are heads: real ones
     shape = list(read_volume(folder / "subject-00.nii.gz").shape)
     ds, created = register_from_source(store, "heads", str(folder), 10.0, 1e-5, actor="steward")
@@ -156,6 +159,10 @@ def test_registration_fingerprints_volumes_and_catches_a_changed_file(tmp_path, 
     assert ds.privacy_unit == "one head scan" and ds.image_shape in ([], shape)
     again, created = register_from_source(store, "heads", str(folder), 10.0, 1e-5)
     assert not created and again.fingerprint == ds.fingerprint
+    # a name already taken is refused for what it is, before the head checks (which the same
+    # content passed when it was registered, and which other content would run for nothing)
+    with pytest.raises(DatasetConflictError, match="already registered with different content"):
+        register_from_source(store, "heads", str(blocks), 10.0, 1e-5)
     _, data = load_registered(store, "heads")
     assert isinstance(data, VolumeDataset)
     first = data[0]
