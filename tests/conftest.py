@@ -186,3 +186,11 @@ def tamper():
             con.close()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def head_atlas_cache(tmp_path_factory) -> Path:
+    """One cache of the public head atlases for the whole run, every xdist worker's (building them
+    registers the pydeface head to Colin27: seconds each time a fresh cache folder is used; the
+    cache is written atomically, so workers may race)."""
+    return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"

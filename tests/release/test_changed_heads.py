@@ -42,11 +42,10 @@ def _replace(path: Path) -> None:
     ids=["this-process", "two-workers"],
 )
 def test_a_head_changed_after_the_check_is_refused(
-    executor, tmp_path, tmp_path_factory, monkeypatch
+    executor, tmp_path, head_atlas_cache, monkeypatch
 ) -> None:
-    # the session's atlas cache (tests/synth/test_volumes_run.py's); the workers inherit it
-    cache = tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
-    monkeypatch.setenv("PRIVRELEASE_CACHE", str(cache))
+    # the session's atlas cache; the workers inherit it
+    monkeypatch.setenv("PRIVRELEASE_CACHE", str(head_atlas_cache))
     ws = Workspace(tmp_path / "ws")
     ws.init()
     store = Store(ws)

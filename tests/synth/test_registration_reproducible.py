@@ -13,9 +13,9 @@ from tests.support.heads import cohort, needs_templates
 pytestmark = needs_templates
 
 
-def test_the_same_registration_twice_is_identical(tmp_path) -> None:
+def test_the_same_registration_twice_is_identical(tmp_path, head_atlas_cache) -> None:
     subject = load_volume_folder(cohort(tmp_path / "heads", 1)).volumes[0]
-    _, brain_atlas = atlases(tmp_path / "cache")
+    _, brain_atlas = atlases(head_atlas_cache)
     first, second = brain_atlas.register(subject), brain_atlas.register(subject)
     assert first.transform.GetParameters() == second.transform.GetParameters()
     assert first.metric == second.metric

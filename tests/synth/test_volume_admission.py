@@ -33,8 +33,8 @@ from tests.support.heads import cohort, needs_templates
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
+def cache(head_atlas_cache: Path) -> Path:
+    return head_atlas_cache
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,8 @@ def folder(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path, head_atlas_cache: Path, monkeypatch) -> Store:
+    monkeypatch.setenv("PRIVRELEASE_CACHE", str(head_atlas_cache))  # registration's head checks
     ws = Workspace(tmp_path / "ws")
     ws.init()
     return Store(ws)

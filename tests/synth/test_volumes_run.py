@@ -34,8 +34,8 @@ def heads(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp().parent / "head-atlas-cache"
+def cache(head_atlas_cache: Path) -> Path:
+    return head_atlas_cache
 
 
 @pytest.fixture(scope="module")
