@@ -57,7 +57,10 @@ def test_processes_racing_for_the_last_budget(store, tmp_path):
     admitted = _admitted_one_by_one(tmp_path / "scratch", cap, 8)
     assert 0 < admitted < 8
     _register(store, cap)
-    ctx = mp.get_context("spawn")
+    # forked from one clean server process that has imported the store once: nothing of this
+    # process (locks, connections, threads) is inherited, and eight interpreters need not import it
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["accounting.ledger", "accounting.store", "accounting.trail"])
     n = 8
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [
