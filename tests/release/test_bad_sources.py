@@ -260,43 +260,47 @@ def test_symlink_inside_the_folder_is_fine(tmp_path, store):
 
 
 # ----------------------------------------------------------------- the CLI: markup in paths
-def _main(ws: Path, capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """The command line's entry point as `privrelease` runs it (its error printing included), in
-    this process: (exit code, stdout, stderr). A rich MarkupError would propagate out of it."""
+@pytest.fixture
+def privrelease(capsys, monkeypatch):
+    """The command line's entry point as `python -m release.cli` runs it (its error printing
+    included), in this process: run(workspace, *args) -> (exit code, stdout, stderr). A rich
+    MarkupError would propagate out of it."""
     from release.cli import main
     from release.terminal import console, err_console
 
     for printer in (console, err_console):  # wide enough for the table's source column
         monkeypatch.setattr(printer, "_width", 200)
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() installs ours
-    monkeypatch.setattr(sys, "argv", ["privrelease", "--workspace", str(ws), *args])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        main()
-    out = capsys.readouterr()
-    return int(stop.value.code or 0), out.out, out.err
+
+    def run(ws: Path, *args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["privrelease", "--workspace", str(ws), *args])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            main()
+        out = capsys.readouterr()
+        return int(stop.value.code or 0), out.out, out.err
+
+    return run
 
 
-def test_paths_with_brackets_are_shown_verbatim(tmp_path, capsys, monkeypatch):
+def test_paths_with_brackets_are_shown_verbatim(tmp_path, privrelease):
     """`x[/y]` was read by rich as a closing tag: a MarkupError traceback instead of the message."""
     ws = tmp_path / "ws"
-
-    def cli(*args: str) -> tuple[int, str, str]:
-        return _main(ws, capsys, monkeypatch, *args)
-
-    assert cli("init", "--steward", "alice")[0] == 0
+    assert privrelease(ws, "init", "--steward", "alice")[0] == 0
     (tmp_path / "a[").mkdir()
     register = ("dataset", "register")
     budget = ("--epsilon", "1", "--delta", "1e-3", "--as", "alice")
     for source in (str(tmp_path / "x[/y]"), str(tmp_path / "a[")):
-        code, _, err = cli(*register, "d", "--source", source, "--labels", "0", *budget)
+        code, _, err = privrelease(ws, *register, "d", "--source", source, "--labels", "0", *budget)
         assert code == 2 and "Traceback" not in err, err[-2000:]
         assert source in err.replace("\n", "")
     root = class_folder(tmp_path / "b[bold]")
-    code, _, err = cli(*register, "pets", "--source", str(root), "--labels", "cat,dog", *budget)
+    code, _, err = privrelease(
+        ws, *register, "pets", "--source", str(root), "--labels", "cat,dog", *budget
+    )
     assert code == 0, err
-    code, out, err = cli("dataset", "list")
-    assert code == 0 and "b[bold]" in out.replace("\n", ""), out + err
+    code, out, err = privrelease(ws, "dataset", "list")
+    assert code == 0 and "b[bold]" in out, out + err
 
 
 def test_parquet_size_is_checked_from_its_metadata(tmp_path, store, monkeypatch):
