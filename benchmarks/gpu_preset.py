@@ -58,6 +58,7 @@ def run_one(
     score_with: tuple[str, ...] = (),
     mechanism: str = "privimage",
     score_epochs: int = dpimagebench.EPOCHS,
+    score_precision: str = "float32",
 ) -> None:
     """One charged release of source `name` at `epsilon` by `mechanism` (PrivImage with the mode's
     recipe, or DP-MERF with its defaults); its images saved for scoring. On DPImageBench's protocol the
@@ -137,6 +138,7 @@ def run_one(
                 _device(),
                 score_epochs,
                 sets,
+                score_precision,
             )
 
 
@@ -151,13 +153,22 @@ def protocol_score(
     where: str,
     epochs: int = dpimagebench.EPOCHS,
     sets: tuple[tuple, tuple] | None = None,
+    precision: str = "float32",
 ) -> dict:
     """DPImageBench's score of one release (benchmarks.dpimagebench.score), appended to the log;
     `sets`: the protocol's (validation, test) sets of `name` where the caller has read them already."""
     val, test = sets if sets is not None else dpimagebench.protocol_sets(*SOURCES[name][:2])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = dpimagebench.score(
-        images, labels, val, test, epsilon, classifier=classifier, device=device, epochs=epochs
+        images,
+        labels,
+        val,
+        test,
+        epsilon,
+        classifier=classifier,
+        device=device,
+        epochs=epochs,
+        precision=precision,
     )
     row = {
         "tag": tag,
@@ -350,6 +361,13 @@ def main() -> None:
         help="the protocol classifier's epochs (50, the protocol's; fewer only for a smoke run)",
     )
     parser.add_argument(
+        "--score-precision",
+        choices=dpimagebench.PRECISIONS,
+        default="float32",
+        help="the protocol classifier's precision (float32, the protocol's; bfloat16 autocast for a "
+        "short lease)",
+    )
+    parser.add_argument(
         "--fit-mib",
         type=float,
         help="only shrink the saved releases in --out to this many MiB (what a lease brings back)",
@@ -391,6 +409,7 @@ def main() -> None:
                     score_with,
                     mechanism,
                     args.score_epochs,
+                    args.score_precision,
                 )
             except Exception as exc:  # keep the other runs; say what failed
                 _record(

@@ -53,6 +53,16 @@ def test_the_score_trains_on_the_release_and_reports_the_test_accuracy() -> None
     assert wrong.best_test < 0.3  # labels that do not match the images teach nothing
 
 
+def test_bfloat16_autocast_learns_the_same_task_and_says_so() -> None:
+    images, labels = _stripes(600, 0)
+    val, test = _stripes(200, 1), _stripes(300, 2)
+    s = dpimagebench.score(images, labels, val, test, epsilon=1.0, epochs=3, precision="bfloat16")
+    assert s.precision == "bfloat16" and s.best_test > 0.5  # chance: 0.2
+    assert dpimagebench.score(images, labels, val, test, 1.0, epochs=1).precision == "float32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        dpimagebench.score(images, labels, val, test, 1.0, epochs=1, precision="float16")
+
+
 def test_a_lease_brings_back_whole_releases_while_they_fit_then_parts(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for tag in ("first", "second"):  # noise: what compresses as badly as generated images
