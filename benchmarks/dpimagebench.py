@@ -183,12 +183,18 @@ def _pm1(images: np.ndarray) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str) -> int:
+def _correct(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: str,
+    layout: torch.memory_format = torch.contiguous_format,
+) -> int:
     model.eval()
     hits = 0
     for i in range(0, len(x), 1000):
-        batch = x[i : i + 1000].to(device)
-        pred = model(batch.contiguous(memory_format=torch.channels_last)).argmax(1).cpu()
+        batch = x[i : i + 1000].to(device).contiguous(memory_format=layout)
+        pred = model(batch).argmax(1).cpu()
         hits += int((pred == y[i : i + 1000]).sum())
     return hits
 
@@ -261,7 +267,8 @@ def score(
         sched.step()
         ema.swap(model)
         with autocast():
-            v, t = _correct(model, xv, yv, device), _correct(model, xt, yt, device) / len(xt)
+            v = _correct(model, xv, yv, device, layout)
+            t = _correct(model, xt, yt, device, layout) / len(xt)
         ema.swap(model)
         noisy = v + laplace.laplace(0.0, 1.0 / epsilon)
         if noisy >= best_noisy:

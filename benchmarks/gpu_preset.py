@@ -138,7 +138,7 @@ def run_one(
                 _device(),
                 score_epochs,
                 sets,
-                score_precision,
+                precision=score_precision,
             )
 
 
