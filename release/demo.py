@@ -135,7 +135,9 @@ def _run_and_audit(store: Store, rid: str) -> None:
         f"{demo.finetune_epochs:g} DP-SGD epochs, {demo.base_images:,} images kept by the "
         f"private vote ({demo.vote_rounds} rounds of "
         f"{demo.candidates_per_image * demo.base_images:,} candidates, each round on variations of "
-        f"the last one's winners), each released with {demo.release_variations} light variations "
+        "the last one's winners; each sensitive image splits its vote over its "
+        f"{demo.vote_neighbours} nearest candidates), each released with "
+        f"{demo.release_variations} light variations "
         f"({demo.n_samples:,} images). The images are recognisable digits but grainy; use preset "
         "'default' (or a GPU) for real releases.[/]"
     )

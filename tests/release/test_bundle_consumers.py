@@ -470,7 +470,14 @@ def test_card_says_where_the_vote_measured_nearness(space):
         "release_id": "r",
         "spec": {"release": {"dataset": "d", "mechanism": "privimage"}, "privimage": {}},
     }
-    params = {"vote_sigma": 2.0, "vote_pool": 4, "vote_rounds": 1, "vote_space": space}
+    # the pixel case also splits each vote over the 4 nearest (the demo preset); the others vote once
+    params = {
+        "vote_sigma": 2.0,
+        "vote_pool": 4,
+        "vote_rounds": 1,
+        "vote_space": space,
+        "vote_neighbours": 4 if space == "pixel" else None,
+    }
     result = {
         "mechanism": "privimage",
         "parameters": params,
@@ -483,3 +490,4 @@ def test_card_says_where_the_vote_measured_nearness(space):
         space == "embedding"
     )
     assert "count of nearest sensitive images" in body
+    assert ("split its vote over its 4 nearest candidates" in body) == (space == "pixel")

@@ -1,7 +1,8 @@
 """Every mechanism's config, built from a spec table for each preset, holds exactly the values (and
 the JSON types) it held before the configs became one frozen dialect (issue 55): the snapshot in
 config_snapshot.json was written by the code before that change, so plans, digests and `make demo`
-read the same parameters."""
+read the same parameters. Changed in it since, deliberately: PrivImage's new vote_neighbours (1; 4 in
+the demo preset, issue 63)."""
 
 from __future__ import annotations
 

@@ -335,10 +335,12 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     sens, pub = data
     _register(store, sens)
     cfg, wd = (
-        _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5),
+        _cfg(vote_sigma=2.0, vote_pool=3, vote_rounds=3, variation_strength=0.5, vote_neighbours=2),
         tmp_path / "w",
     )
     plan = _plan(store, pub, cfg)
+    # votes split over the 2 nearest: the same L2 sensitivity, so the same charge as one whole vote
+    assert plan.events == _plan(store, pub, cfg.with_(vote_neighbours=1)).events
     with pytest.raises(Crash):  # between vote rounds 2 and 3
         _run(store, sens, pub, cfg, "v", wd, progress=_crash_at(1, "private vote 2/3"), plan=plan)
     first_two = json.loads((wd / state.VOTE).read_text())["rounds"]
@@ -350,6 +352,7 @@ def test_vote_rounds_are_each_charged_once_and_a_crash_between_rounds_resumes_fr
     )  # the saved rounds were reused, the third drawn once
     _assert_vote_charged_once(store, res, plan, GaussianQuery(sigma=2.0, sensitivity=1.0, count=3))
     assert res.parameters["vote_rounds"] == 3 and res.parameters["variation_strength"] == 0.5
+    assert res.parameters["vote_neighbours"] == 2
     assert not np.all(
         np.diff(res.labels) >= 0
     )  # released in random order, not grouped and ranked by votes

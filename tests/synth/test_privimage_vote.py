@@ -41,6 +41,34 @@ def test_each_sensitive_image_votes_for_its_nearest_candidate_of_its_own_class()
     assert votes.sum() == len(sens)
 
 
+def test_votes_split_over_the_k_nearest_give_each_one_over_root_k() -> None:
+    cand = np.stack([np.full((2, 2), v, dtype=np.uint8) for v in (0, 50, 100, 250, 60)])
+    cpos = np.array([0, 0, 0, 0, 1])  # grey 60 is of the other class
+    sens = np.full((1, 2, 2), 55, dtype=np.uint8)
+    votes = nearest_candidate_votes(sens, np.array([0]), cand, cpos, neighbours=2)
+    assert votes.dtype == np.float64  # 55 -> grey 50 and grey 100 (not 60: another class)
+    assert np.allclose(votes, [0, 2**-0.5, 2**-0.5, 0, 0])
+    assert np.linalg.norm(votes) == pytest.approx(1.0)
+    with pytest.raises(InvalidParameterError, match="1 candidate.*lower vote_neighbours"):
+        nearest_candidate_votes(sens, np.array([1]), cand, cpos, neighbours=2)
+
+
+@pytest.mark.parametrize("seed,k", [(1, 3), (2, 4)])
+def test_removing_one_sensitive_image_moves_the_k_nearest_votes_by_l2_one(
+    seed: int, k: int
+) -> None:
+    """The split vote's L2 sensitivity is 1 (k counts, each by 1/sqrt(k)), which the plan's
+    GaussianQuery(sensitivity=1) assumes; its L1 sensitivity is sqrt(k), which nothing uses."""
+    sens, pos, cand, cpos = _data(seed)
+    full = nearest_candidate_votes(sens, pos, cand, cpos, neighbours=k)
+    assert full.sum() == pytest.approx(len(sens) * k**0.5)
+    for i in range(len(sens)):
+        keep = np.arange(len(sens)) != i
+        diff = full - nearest_candidate_votes(sens[keep], pos[keep], cand, cpos, neighbours=k)
+        assert np.count_nonzero(np.abs(diff) > 1e-9) == k
+        assert np.linalg.norm(diff) == pytest.approx(1.0, abs=1e-9)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_removing_one_sensitive_image_changes_one_count_by_one(seed: int) -> None:
     """L2 (and L1) sensitivity 1 under add/remove-one: what the plan's GaussianQuery(sensitivity=1) assumes."""
@@ -394,6 +422,29 @@ def test_vote_space_charges_the_same_events_and_is_validated() -> None:
     assert features_for("pixel") is pixel_features
     with pytest.raises(InvalidParameterError, match="vote_space"):
         features_for("clip")
+
+
+def test_vote_neighbours_charge_the_same_events_and_are_validated() -> None:
+    cfg = PrivImageConfig(epsilon=8.0, delta=1e-5, k=1, vote_sigma=2.0, vote_pool=8, vote_rounds=4)
+    one, four = (
+        plan_privimage(cfg, 4000, n_classes=10),
+        plan_privimage(cfg.with_(vote_neighbours=4), 4000, n_classes=10),
+    )
+    assert one.events == four.events and one.noise_multiplier == four.noise_multiplier
+    assert cfg.vote_neighbours == 1 and PrivImageConfig.demo(8.0, 1e-5).vote_neighbours == 4
+    stored = cfg.as_dict()
+    del stored["vote_neighbours"]  # a plan stored before the option existed: one whole vote
+    assert PrivImageConfig.from_dict(stored).vote_neighbours == 1
+    for bad in (0, 65, 1.5, True, "4", float("nan"), None):
+        with pytest.raises(
+            InvalidParameterError, match="vote_neighbours (must be|is NaN; give) a whole number"
+        ):
+            cfg.with_(vote_neighbours=bad)
+    with pytest.raises(
+        InvalidParameterError, match=r"vote_neighbours \(9\) cannot exceed vote_pool"
+    ):
+        cfg.with_(vote_neighbours=9)
+    assert cfg.with_(vote_sigma=0.0, vote_neighbours=9).vote_neighbours == 9  # no vote: unused
 
 
 def test_evolve_featurises_the_sensitive_images_once_and_votes_in_the_given_space() -> None:

@@ -39,10 +39,12 @@ VOTE_SPACES = (
 # at strength 0.4 (BENCHMARKS.md, "PrivImage recipe" and "Private vote"). `make reproduce` runs the
 # same recipe on CPU.
 # vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four
-# (BENCHMARKS-NOTEBOOK.md, "Private vote"). max_physical_batch 320: a Poisson batch of expected
-# size 250 (sd ~15) almost always fits one pass, and smaller passes make a DP-SGD step slower on a
-# CPU; sample_batch 125: cache-sized activations, faster per image than larger batches on a CPU
-# (BENCHMARKS-NOTEBOOK.md, "The main job" and "DP-SGD step cost").
+# (BENCHMARKS-NOTEBOOK.md, "Private vote"). vote_neighbours 4: each sensitive image's vote spread
+# over its 4 nearest candidates (1/2 each, the same L2 sensitivity) outscores one whole vote for the
+# nearest (BENCHMARKS-NOTEBOOK.md, "Votes for the k nearest"). max_physical_batch 320: a Poisson
+# batch of expected size 250 (sd ~15) almost always fits one pass, and smaller passes make a DP-SGD
+# step slower on a CPU; sample_batch 125: cache-sized activations, faster per image than larger
+# batches on a CPU (BENCHMARKS-NOTEBOOK.md, "The main job" and "DP-SGD step cost").
 DEMO_RECIPE: dict[str, Any] = dict(
     classifier_epochs=6,
     unet_channels=(16, 32, 32),
@@ -59,6 +61,7 @@ DEMO_RECIPE: dict[str, Any] = dict(
     vote_sigma=2.0,
     vote_pool=8,
     vote_rounds=4,
+    vote_neighbours=4,
     variation_strength=0.4,
     release_variations=3,
     release_variation_strength=0.15,
@@ -179,9 +182,14 @@ class PrivImageConfig(MechanismConfig):
         0.0  # private vote on the samples (synth.mechanisms.privimage.vote); 0 = off
     )
     vote_pool: int = 4  # candidates drawn per released image when the vote is on
-    vote_rounds: int = 1  # Private Evolution rounds: each later round votes on variations
-    vote_space: str = "pixel"  # nearest by pixel L2, or by cosine of EfficientNet-Lite0 features
-    # of the previous winners (SDEdit: re-noised to this fraction of T)
+    # Private Evolution rounds: each later round votes on variations of the previous winners
+    vote_rounds: int = 1
+    # where the vote measures nearness: "pixel" (L2) or "embedding" (cosine of EfficientNet-Lite0
+    # features)
+    vote_space: str = "pixel"
+    # each sensitive image votes 1/sqrt(k) for each of its k nearest candidates (L2 sensitivity 1)
+    vote_neighbours: int = 1
+    # how far a later round's variations re-noise a winner (SDEdit), as a fraction of T
     variation_strength: float = 0.5
     # low-strength variations released beside each voted (or sampled) image
     release_variations: int = 0
@@ -260,6 +268,13 @@ class PrivImageConfig(MechanismConfig):
             ),
             "vote_pool": check.count("vote_pool", v["vote_pool"]),
             "vote_rounds": check.whole("vote_rounds", v["vote_rounds"], 1, 8),
+            "vote_neighbours": check.whole(
+                "vote_neighbours",
+                v["vote_neighbours"],
+                1,
+                64,
+                hint="nearest candidates each sensitive image votes for",
+            ),
             "vote_space": check.choice(
                 "vote_space",
                 v["vote_space"],
@@ -309,6 +324,12 @@ class PrivImageConfig(MechanismConfig):
             raise InvalidParameterError(
                 "vote_pool must be between 2 and 64 candidates "
                 f"per released image, got {c['vote_pool']}."
+            )
+        if c["vote_sigma"] and c["vote_neighbours"] > c["vote_pool"]:
+            raise InvalidParameterError(
+                f"vote_neighbours ({c['vote_neighbours']}) cannot exceed vote_pool "
+                f"({c['vote_pool']}): a class may have only vote_pool candidates per image to "
+                "vote for; lower vote_neighbours or raise vote_pool."
             )
         if c["ddim_steps"] > c["train_timesteps"]:
             raise InvalidParameterError(

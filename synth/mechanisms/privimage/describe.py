@@ -25,10 +25,15 @@ def _vote_text(params: Mapping[str, Any]) -> str:
         else ""
     )
     copies = params.get("release_variations") or 0
+    k = params.get("vote_neighbours") or 1
+    spread = (
+        f" Each sensitive image split its vote over its {k} nearest candidates." if k > 1 else ""
+    )
     return (
         f" Each {'voted ' if copies else ''}image was then chosen from {params.get('vote_pool')} "
         "generated candidates by a differentially private vote of the sensitive images (noise std "
-        f"{vote:g} on each candidate's count of nearest sensitive images{space_note}).{evolved}"
+        f"{vote:g} on each candidate's count of nearest sensitive images{space_note}).{spread}"
+        f"{evolved}"
     )
 
 

@@ -840,6 +840,7 @@ def _vote(
         saved=[r["keep"] for r in saved["rounds"]],
         on_round=record,
         featurize=features_for(config.vote_space, prep.device, prep.precision),
+        neighbours=config.vote_neighbours,
     )
     info = {"vote_candidates": int(first_pool), "vote_kept": int(len(images))}
     return images, positions, info, [r["noisy_votes"] for r in saved["rounds"][:n_rounds]]
@@ -932,6 +933,7 @@ def _parameters(
         "vote_pool": config.vote_pool if config.vote_sigma else None,
         "vote_rounds": config.vote_rounds if config.vote_sigma else None,
         "vote_space": config.vote_space if config.vote_sigma else None,
+        "vote_neighbours": config.vote_neighbours if config.vote_sigma else None,
         "variation_strength": config.variation_strength
         if config.vote_sigma and config.vote_rounds > 1
         else None,

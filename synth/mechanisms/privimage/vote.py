@@ -5,7 +5,10 @@ The DP generator draws `vote_pool` candidates per image to release. Each sensiti
 the one candidate of its own class nearest to it; Gaussian noise of std `vote_sigma` is added to
 every candidate's count, and the most-voted candidates of each class are released. Adding or
 removing one sensitive image changes one count by 1, so the vote histogram has L2 sensitivity 1 and
-is charged as one Gaussian query (noise multiplier `vote_sigma`). The candidates are post-processing
+is charged as one Gaussian query (noise multiplier `vote_sigma`). With `vote_neighbours` k > 1 each
+sensitive image instead adds 1/sqrt(k) to each of its k nearest candidates of its class: it changes
+k counts by 1/sqrt(k), still an L2 norm of 1, so the charge is the same, while the votes' total
+weight against the noise is sqrt(k) times larger. The candidates are post-processing
 of the DP model; the selection is post-processing of the noisy histogram, which stays in the
 internal report.
 
@@ -98,15 +101,23 @@ def nearest_votes(
     sensitive_pos: np.ndarray,
     candidates: np.ndarray,
     candidate_pos: np.ndarray,
+    neighbours: int = 1,
 ) -> np.ndarray:
     """Votes per candidate from feature vectors (N, D): each sensitive row adds 1 to the candidate
-    of its own class position at the smallest L2 distance."""
-    votes = np.zeros(len(candidates), dtype=np.int64)
+    of its own class position at the smallest L2 distance, or with `neighbours` k > 1 adds
+    1/sqrt(k) to each of its k nearest (float64 counts; L2 sensitivity 1 either way)."""
+    k = int(neighbours)
+    votes = np.zeros(len(candidates), dtype=np.int64 if k == 1 else np.float64)
     for cls in np.unique(sensitive_pos):
         ci = np.flatnonzero(candidate_pos == cls)
         if len(ci) == 0:
             raise InvalidParameterError(
                 f"No candidate of class position {cls} to vote for; draw a larger pool."
+            )
+        if len(ci) < k:
+            raise InvalidParameterError(
+                f"Class position {cls} has {len(ci)} candidate(s) for votes to the {k} nearest; "
+                "draw a larger pool or lower vote_neighbours."
             )
         c = candidates[ci]
         c2 = (c**2).sum(1)
@@ -114,7 +125,12 @@ def nearest_votes(
         for start in range(0, len(si), _CHUNK):
             # |s|^2: the same along a row
             d2 = c2[None, :] - 2.0 * sensitive[si[start : start + _CHUNK]] @ c.T
-            np.add.at(votes, ci[d2.argmin(1)], 1)
+            if k == 1:
+                np.add.at(votes, ci[d2.argmin(1)], 1)
+            else:
+                # stable sort: ties go to the lower index, whatever the other rows hold
+                nearest = np.argsort(d2, axis=1, kind="stable")[:, :k]
+                np.add.at(votes, ci[nearest.ravel()], 1.0 / np.sqrt(k))
     return votes
 
 
@@ -132,12 +148,15 @@ def nearest_candidate_votes(
     candidates: np.ndarray,
     candidate_pos: np.ndarray,
     featurize: Featurize = pixel_features,
+    neighbours: int = 1,
 ) -> np.ndarray:
     """Votes per candidate: each sensitive image (uint8, same format as the candidates) adds 1 to
     the candidate of its own class position nearest to it in `featurize`'s space (default: pixel
-    L2)."""
+    L2), or 1/sqrt(k) to each of its `neighbours` k nearest."""
     _check_format(sensitive, candidates)
-    return nearest_votes(featurize(sensitive), sensitive_pos, featurize(candidates), candidate_pos)
+    return nearest_votes(
+        featurize(sensitive), sensitive_pos, featurize(candidates), candidate_pos, neighbours
+    )
 
 
 def noisy_votes(votes: np.ndarray, sigma: float) -> np.ndarray:
@@ -171,13 +190,15 @@ def vote_and_select(
     sigma: float,
     featurize: Featurize = pixel_features,
     sensitive_features: np.ndarray | None = None,
+    neighbours: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(indices of the candidates to release, the noisy histogram); `sensitive_features` saves
     featurising the sensitive images again in every round."""
     _check_format(sensitive, candidates)
     sens_f = featurize(sensitive) if sensitive_features is None else sensitive_features
     noisy = noisy_votes(
-        nearest_votes(sens_f, sensitive_pos, featurize(candidates), candidate_pos), sigma
+        nearest_votes(sens_f, sensitive_pos, featurize(candidates), candidate_pos, neighbours),
+        sigma,
     )
     return select_by_votes(noisy, candidate_pos, wanted_pos), noisy
 
@@ -199,12 +220,14 @@ def evolve(
     saved: Sequence[np.ndarray] = (),
     on_round: RoundFn = lambda r, keep, noisy: None,
     featurize: Featurize = pixel_features,
+    neighbours: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One vote per entry of `sigmas`: round 0 on `candidates`, round r > 0 on `copies` variations
     of each winner of round r - 1 (`vary`, image i's copies in rows i*copies..). The kept indices of
     the first len(`saved`) rounds are reused instead of voting again (a resumed run); every new
     round is reported to `on_round` before the next starts. Nearness is measured in `featurize`'s
-    space (the sensitive images are featurised once). Returns the winners of the last round and
+    space (the sensitive images are featurised once), each sensitive image voting for its
+    `neighbours` nearest. Returns the winners of the last round and
     their class positions."""
     sens_f = None
     for r, sigma in enumerate(sigmas):
@@ -232,6 +255,7 @@ def evolve(
                 sigma,
                 featurize,
                 sens_f,
+                neighbours,
             )
             on_round(r, keep, noisy)
         candidates, candidate_pos = candidates[keep], candidate_pos[keep]
