@@ -10,7 +10,8 @@ winner at strength 0.4), the 3 release variations at 0.15, and scores the 4,000 
 audit's CNN (all images, 8 epochs) for seeds 0-7 on the 1,000 held-out MNIST-5k digits. Rules:
 `pixel` (the product's pixel L2), `blurred` (pixels blurred by a Gaussian of std 1 px first;
 `blurred@S` for std S), either with `+kK` (each sensitive image votes 1/sqrt(K) for its K nearest:
-the product's `vote_neighbours`).
+the product's `vote_neighbours`) and `+wW` (the last round keeps W winners, W a divisor of 4,000,
+each released with 4,000/W - 1 variations instead of the product's 1,000 winners with 3 each).
 
 This is an ablation, not a release: the vote noise comes from a seeded numpy generator
 (`--noise-seed`, the same draws for every rule) so that the rules differ only in how they vote, and
@@ -37,7 +38,7 @@ from synth.mechanisms.privimage.model import load_model
 from synth.mechanisms.privimage.sampling import balanced_labels, sample_images, vary_images
 
 RESULTS = Path(__file__).parent / "results" / "vote-rules.jsonl"
-BASE, POOL, ROUNDS, SIGMA, STRENGTH = 1000, 8, 4, 2.0, 0.4
+BASE, POOL, ROUNDS, SIGMA, STRENGTH, RELEASED = 1000, 8, 4, 2.0, 0.4, 4000
 
 
 def blurred(std: float) -> vote.Featurize:
@@ -50,12 +51,22 @@ def blurred(std: float) -> vote.Featurize:
     return featurize
 
 
-def parse_rule(rule: str) -> tuple[vote.Featurize, int]:
-    space, _, k = rule.partition("+k")
+def parse_rule(rule: str) -> tuple[vote.Featurize, int, int]:
+    """(features, neighbours, last round's winners) of a rule `SPACE[@STD][+kK][+wW]`."""
+    space, *options = rule.split("+")
     name, _, std = space.partition("@")
-    if name not in ("pixel", "blurred"):
-        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK")
-    return (blurred(float(std or 1.0)) if name == "blurred" else vote.pixel_features), int(k or 1)
+    opts = {o[:1]: o[1:] for o in options}
+    if (
+        name not in ("pixel", "blurred")
+        or set(opts) - {"k", "w"}
+        or not all(v.isdigit() for v in opts.values())
+    ):
+        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW")
+    winners = int(opts.get("w", BASE))
+    if winners < BASE or RELEASED % winners:
+        raise SystemExit(f"rule {rule!r}: W must divide {RELEASED} and be at least {BASE}")
+    featurize = blurred(float(std or 1.0)) if name == "blurred" else vote.pixel_features
+    return featurize, int(opts.get("k", 1)), winners
 
 
 def main() -> None:
@@ -90,7 +101,7 @@ def main() -> None:
         )
 
     for rule in args.rules.split(","):
-        featurize, k = parse_rule(rule)
+        featurize, k, winners = parse_rule(rule)
         t0, draws = time.time(), iter(range(args.noise_seed, args.noise_seed + ROUNDS))
 
         def seeded(votes: np.ndarray, sigma: float, draws=draws) -> np.ndarray:  # noqa: ANN001
@@ -99,25 +110,43 @@ def main() -> None:
 
         real_noise, vote.noisy_votes = vote.noisy_votes, seeded
         try:
+            # The product's rounds; the last one, written out, may keep more winners (+wW).
             imgs, pos = vote.evolve(
                 sens.images,
                 spos,
                 cand,
                 cpos,
                 balanced_labels(BASE, len(labels)),
-                [SIGMA] * ROUNDS,
+                [SIGMA] * (ROUNDS - 1),
                 vary,
                 POOL,
                 featurize=featurize,
                 neighbours=k,
             )
+            last, last_pos = vary(imgs, pos, ROUNDS - 1), np.repeat(pos, POOL)
+            keep, _ = vote.vote_and_select(
+                sens.images,
+                spos,
+                last,
+                last_pos,
+                balanced_labels(winners, len(labels)),
+                SIGMA,
+                featurize,
+                neighbours=k,
+            )
+            imgs, pos = last[keep], last_pos[keep]
         finally:
             vote.noisy_votes = real_noise
-        var = vary_images(model, imgs, pos, strength=0.15, copies=3, seed=1000, device=dev, **den)
-        release = np.concatenate([imgs[:, None], var.reshape(len(imgs), 3, 28, 28)], 1).reshape(
-            -1, 28, 28
-        )
-        rpos = np.repeat(pos, 4)
+        copies = RELEASED // winners - 1
+        release, rpos = imgs, pos
+        if copies:
+            var = vary_images(
+                model, imgs, pos, strength=0.15, copies=copies, seed=1000, device=dev, **den
+            )
+            release = np.concatenate(
+                [imgs[:, None], var.reshape(len(imgs), copies, 28, 28)], 1
+            ).reshape(-1, 28, 28)
+            rpos = np.repeat(pos, copies + 1)
         cnn = [_cnn_accuracy(release, rpos, held.images, hpos, len(labels), 8, s) for s in range(8)]
         row = {
             "tag": args.tag,

@@ -10,12 +10,17 @@ from synth.mechanisms.privimage.vote import nearest_candidate_votes, pixel_featu
 
 
 def test_rules_name_the_space_and_the_neighbours() -> None:
-    assert parse_rule("pixel") == (pixel_features, 1)
-    assert parse_rule("pixel+k4") == (pixel_features, 4)
-    featurize, k = parse_rule("blurred@0.7+k2")
-    assert k == 2 and featurize is not pixel_features
+    assert parse_rule("pixel") == (pixel_features, 1, 1000)
+    assert parse_rule("pixel+k4") == (pixel_features, 4, 1000)
+    assert parse_rule("pixel+k4+w2000") == (pixel_features, 4, 2000)
+    featurize, k, winners = parse_rule("blurred@0.7+k2")
+    assert k == 2 and winners == 1000 and featurize is not pixel_features
     with pytest.raises(SystemExit, match="unknown rule 'cosine'"):
         parse_rule("cosine")
+    with pytest.raises(SystemExit, match="unknown rule 'pixel\\+x2'"):
+        parse_rule("pixel+x2")
+    with pytest.raises(SystemExit, match="W must divide 4000"):
+        parse_rule("pixel+w3000")
 
 
 def test_blurred_rule_prefers_a_stroke_one_pixel_off_to_a_blank() -> None:
@@ -23,7 +28,7 @@ def test_blurred_rule_prefers_a_stroke_one_pixel_off_to_a_blank() -> None:
     sens = np.zeros((1, 28, 28), dtype=np.uint8)
     sens[0, 4:24, 12] = 255
     cand, pos, cpos = np.stack([np.zeros((28, 28), np.uint8), np.roll(sens[0], 1, 1)]), [0], [0, 0]
-    blurred, _ = parse_rule("blurred")
+    blurred, _, _ = parse_rule("blurred")
     args = (sens, np.array(pos), cand, np.array(cpos))
     assert nearest_candidate_votes(*args).tolist() == [1, 0]
     assert nearest_candidate_votes(*args, blurred).tolist() == [0, 1]
