@@ -41,9 +41,9 @@ VOTE_SPACES = (
 # vote_pool 8: at the demo's vote sigma 2, eight candidates per image score better than four
 # (BENCHMARKS-NOTEBOOK.md, "Private vote"). vote_neighbours 4: each sensitive image's vote spread
 # over its 4 nearest candidates (1/2 each, the same L2 sensitivity) outscores one whole vote for the
-# nearest on bfloat16 candidates and ties with it on float32 ones (BENCHMARKS-NOTEBOOK.md, "Votes for
-# the k nearest"). max_physical_batch 320: a Poisson
-# batch of expected size 250 (sd ~15) almost always fits one pass, and smaller passes make a DP-SGD
+# nearest on bfloat16 candidates and ties with it on float32 ones (BENCHMARKS-NOTEBOOK.md,
+# "Votes for the k nearest"). max_physical_batch 320: a Poisson batch of expected size 250
+# (sd ~15) almost always fits one pass, and smaller passes make a DP-SGD
 # step slower on a CPU; sample_batch 125: cache-sized activations, faster per image than larger
 # batches on a CPU (BENCHMARKS-NOTEBOOK.md, "The main job" and "DP-SGD step cost").
 DEMO_RECIPE: dict[str, Any] = dict(
