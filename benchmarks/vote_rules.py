@@ -10,8 +10,10 @@ winner at strength 0.4), the 3 release variations at 0.15, and scores the 4,000 
 audit's CNN (all images, 8 epochs) for seeds 0-7 on the 1,000 held-out MNIST-5k digits. Rules:
 `pixel` (the product's pixel L2), `blurred` (pixels blurred by a Gaussian of std 1 px first;
 `blurred@S` for std S), either with `+kK` (each sensitive image votes 1/sqrt(K) for its K nearest:
-the product's `vote_neighbours`) and `+wW` (the last round keeps W winners, W a divisor of 4,000,
-each released with 4,000/W - 1 variations instead of the product's 1,000 winners with 3 each).
+the product's `vote_neighbours`), `+wW` (the last round keeps W winners, W a divisor of 4,000,
+each released with 4,000/W - 1 variations instead of the product's 1,000 winners with 3 each) and
+`+sS` (vote noise std S instead of 2: the same standard normal draws, scaled; a lower S charges
+more, which the DP-SGD stage pays for with more noise, so this row measures the vote's side only).
 
 This is an ablation, not a release: the vote noise comes from a seeded numpy generator
 (`--noise-seed`, the same draws for every rule) so that the rules differ only in how they vote, and
@@ -51,22 +53,27 @@ def blurred(std: float) -> vote.Featurize:
     return featurize
 
 
-def parse_rule(rule: str) -> tuple[vote.Featurize, int, int]:
-    """(features, neighbours, last round's winners) of a rule `SPACE[@STD][+kK][+wW]`."""
+def parse_rule(rule: str) -> tuple[vote.Featurize, int, int, float]:
+    """(features, neighbours, last round's winners, vote noise std) of a rule
+    `SPACE[@STD][+kK][+wW][+sS]`."""
     space, *options = rule.split("+")
     name, _, std = space.partition("@")
     opts = {o[:1]: o[1:] for o in options}
     if (
         name not in ("pixel", "blurred")
-        or set(opts) - {"k", "w"}
-        or not all(v.isdigit() for v in opts.values())
+        or set(opts) - {"k", "w", "s"}
+        or not all(v.replace(".", "", 1).isdigit() for v in opts.values())
+        or not all(opts[o].isdigit() for o in set(opts) & {"k", "w"})
     ):
-        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW")
+        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW, +sS")
     winners = int(opts.get("w", BASE))
     if winners < BASE or RELEASED % winners:
         raise SystemExit(f"rule {rule!r}: W must divide {RELEASED} and be at least {BASE}")
     featurize = blurred(float(std or 1.0)) if name == "blurred" else vote.pixel_features
-    return featurize, int(opts.get("k", 1)), winners
+    sigma = float(opts.get("s", SIGMA))
+    if not 0.0 < sigma < 100.0:
+        raise SystemExit(f"rule {rule!r}: the vote noise S must be in (0, 100)")
+    return featurize, int(opts.get("k", 1)), winners, sigma
 
 
 def main() -> None:
@@ -101,12 +108,12 @@ def main() -> None:
         )
 
     for rule in args.rules.split(","):
-        featurize, k, winners = parse_rule(rule)
+        featurize, k, winners, sigma = parse_rule(rule)
         t0, draws = time.time(), iter(range(args.noise_seed, args.noise_seed + ROUNDS))
 
-        def seeded(votes: np.ndarray, sigma: float, draws=draws) -> np.ndarray:  # noqa: ANN001
+        def seeded(votes: np.ndarray, std: float, draws=draws) -> np.ndarray:  # noqa: ANN001
             rng = np.random.default_rng(next(draws))
-            return votes.astype(np.float64) + rng.normal(0.0, sigma, len(votes))
+            return votes.astype(np.float64) + std * rng.standard_normal(len(votes))
 
         real_noise, vote.noisy_votes = vote.noisy_votes, seeded
         try:
@@ -117,7 +124,7 @@ def main() -> None:
                 cand,
                 cpos,
                 balanced_labels(BASE, len(labels)),
-                [SIGMA] * (ROUNDS - 1),
+                [sigma] * (ROUNDS - 1),
                 vary,
                 POOL,
                 featurize=featurize,
@@ -130,7 +137,7 @@ def main() -> None:
                 last,
                 last_pos,
                 balanced_labels(winners, len(labels)),
-                SIGMA,
+                sigma,
                 featurize,
                 neighbours=k,
             )

@@ -174,16 +174,17 @@ def test_the_plan_states_its_choices_as_charged_and_which_auto_made() -> None:
 
 
 def test_a_plan_whose_set_noise_events_exceed_the_target_names_them() -> None:
-    """The demo preset's vote (4 rounds at sigma 2) alone spends more than epsilon 1: the steward
+    """The demo preset's vote (4 rounds at sigma 1.75) alone spends more than epsilon 1: the steward
     was told to "run fewer steps", which could not help; now the error names the vote and its
     cost, and without the vote the same plan fits."""
     cfg = PrivImageConfig.demo(1.0, 1e-5)
     with pytest.raises(BudgetExceededError) as err:
         plan_privimage(cfg, 60_000, n_classes=10)
     msg = str(err.value)
-    vote = GaussianQuery(sigma=2.0, sensitivity=1.0, count=4)
+    assert (cfg.vote_sigma, cfg.vote_rounds) == (1.75, 4)
+    vote = GaussianQuery(sigma=1.75, sensitivity=1.0, count=4)
     alone = epsilon_report([vote], 1e-5).epsilon_rdp
-    assert alone > 1.0 and f"the private vote (4 rounds at vote_sigma 2): {alone:.3g}" in msg
+    assert alone > 1.0 and f"the private vote (4 rounds at vote_sigma 1.75): {alone:.3g}" in msg
     assert "fewer steps" not in msg and "vote_sigma = 0" in msg and "the semantic query" in msg
     assert plan_privimage(cfg.with_(vote_sigma=0.0), 60_000, n_classes=10).noise_multiplier > 0
     # a prior spend that alone leaves nothing keeps the accountant's message: it is not the vote's
