@@ -19,20 +19,23 @@ import numpy as np
 
 from audit.utility import _cnn_accuracy
 from synth.kinds.datasets import BUILTINS
-from synth.kinds.image_dataset import ImageDataset
 
 EPOCHS = 8  # the demo policy's cnn_epochs
 
 
 def seed_scores(
-    images: np.ndarray, labels: np.ndarray, heldout: ImageDataset, seeds: int, epochs: int = EPOCHS
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    seeds: int,
+    epochs: int = EPOCHS,
 ) -> list[float]:
-    """The audit's CNN accuracy on `heldout` after training on all of (images, labels), for
-    classifier seeds 0..seeds-1; classes are label values, as `audit.utility` counts them."""
-    n_classes = int(max(labels.max(), heldout.labels.max())) + 1
+    """The audit's CNN accuracy on (test_x, test_y) after training on all of (train_x, train_y),
+    for classifier seeds 0..seeds-1; classes counted as `audit.utility` counts them (max label + 1)."""
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
     return [
-        _cnn_accuracy(images, labels, heldout.images, heldout.labels, n_classes, epochs, s)
-        for s in range(seeds)
+        _cnn_accuracy(train_x, train_y, test_x, test_y, n_classes, epochs, s) for s in range(seeds)
     ]
 
 
@@ -44,7 +47,7 @@ def main() -> None:
     held = BUILTINS["builtin:mnist5k-heldout"]()
     for path in args.releases:
         with np.load(path) as d:
-            cnn = seed_scores(d["images"], d["labels"], held, args.seeds)
+            cnn = seed_scores(d["images"], d["labels"], held.images, held.labels, args.seeds)
         row = {"release": str(path), "cnn": [round(a, 4) for a in cnn]}
         print(json.dumps(row | {"cnn_mean": round(float(np.mean(cnn)), 4)}), flush=True)
 

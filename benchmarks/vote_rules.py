@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from audit.utility import _cnn_accuracy
 from benchmarks.common import machine, today
+from benchmarks.release_seeds import seed_scores
 from synth.kinds.datasets import BUILTINS
 from synth.mechanisms.privimage import vote
 from synth.mechanisms.privimage.data import label_index
@@ -154,7 +154,7 @@ def main() -> None:
                 [imgs[:, None], var.reshape(len(imgs), copies, 28, 28)], 1
             ).reshape(-1, 28, 28)
             rpos = np.repeat(pos, copies + 1)
-        cnn = [_cnn_accuracy(release, rpos, held.images, hpos, len(labels), 8, s) for s in range(8)]
+        cnn = seed_scores(release, rpos, held.images, hpos, seeds=8)
         row = {
             "tag": args.tag,
             "rule": rule,
