@@ -11,7 +11,9 @@ audit's CNN (all images, 8 epochs) for seeds 0-7 on the 1,000 held-out MNIST-5k 
 `pixel` (the product's pixel L2), `blurred` (pixels blurred by a Gaussian of std 1 px first;
 `blurred@S` for std S), either with `+kK` (each sensitive image votes 1/sqrt(K) for its K nearest:
 the product's `vote_neighbours`), `+wW` (the last round keeps W winners, W a divisor of 4,000,
-each released with 4,000/W - 1 variations instead of the product's 1,000 winners with 3 each) and
+each released with 4,000/W - 1 variations instead of the product's 1,000 winners with 3 each),
+`+vV` (each of the last round's winners released with V variations instead of 4,000/W - 1: a
+release of W x (V + 1) images; the variations cost no privacy, only sampling and audit time) and
 `+sS` (vote noise std S instead of 2: the same standard normal draws, scaled; a lower S charges
 more, which the DP-SGD stage pays for with more noise, so this row measures the vote's side only).
 
@@ -53,19 +55,19 @@ def blurred(std: float) -> vote.Featurize:
     return featurize
 
 
-def parse_rule(rule: str) -> tuple[vote.Featurize, int, int, float]:
-    """(features, neighbours, last round's winners, vote noise std) of a rule
-    `SPACE[@STD][+kK][+wW][+sS]`."""
+def parse_rule(rule: str) -> tuple[vote.Featurize, int, int, float, int]:
+    """(features, neighbours, last round's winners, vote noise std, release variations of each
+    winner) of a rule `SPACE[@STD][+kK][+wW][+vV][+sS]`."""
     space, *options = rule.split("+")
     name, _, std = space.partition("@")
     opts = {o[:1]: o[1:] for o in options}
     if (
         name not in ("pixel", "blurred")
-        or set(opts) - {"k", "w", "s"}
+        or set(opts) - {"k", "w", "v", "s"}
         or not all(v.replace(".", "", 1).isdigit() for v in opts.values())
-        or not all(opts[o].isdigit() for o in set(opts) & {"k", "w"})
+        or not all(opts[o].isdigit() for o in set(opts) & {"k", "w", "v"})
     ):
-        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW, +sS")
+        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW, +vV, +sS")
     winners = int(opts.get("w", BASE))
     if winners < BASE or RELEASED % winners:
         raise SystemExit(f"rule {rule!r}: W must divide {RELEASED} and be at least {BASE}")
@@ -73,7 +75,10 @@ def parse_rule(rule: str) -> tuple[vote.Featurize, int, int, float]:
     sigma = float(opts.get("s", SIGMA))
     if not 0.0 < sigma < 100.0:
         raise SystemExit(f"rule {rule!r}: the vote noise S must be in (0, 100)")
-    return featurize, int(opts.get("k", 1)), winners, sigma
+    copies = int(opts.get("v", RELEASED // winners - 1))
+    if copies > 15:
+        raise SystemExit(f"rule {rule!r}: V is at most 15 variations a winner")
+    return featurize, int(opts.get("k", 1)), winners, sigma, copies
 
 
 def main() -> None:
@@ -108,7 +113,7 @@ def main() -> None:
         )
 
     for rule in args.rules.split(","):
-        featurize, k, winners, sigma = parse_rule(rule)
+        featurize, k, winners, sigma, copies = parse_rule(rule)
         t0, draws = time.time(), iter(range(args.noise_seed, args.noise_seed + ROUNDS))
 
         def seeded(votes: np.ndarray, std: float, draws=draws) -> np.ndarray:  # noqa: ANN001
@@ -144,7 +149,6 @@ def main() -> None:
             imgs, pos = last[keep], last_pos[keep]
         finally:
             vote.noisy_votes = real_noise
-        copies = RELEASED // winners - 1
         release, rpos = imgs, pos
         if copies:
             var = vary_images(
