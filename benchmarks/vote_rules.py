@@ -67,7 +67,9 @@ def parse_rule(rule: str) -> tuple[vote.Featurize, int, int, float, int]:
         or not all(v.replace(".", "", 1).isdigit() for v in opts.values())
         or not all(opts[o].isdigit() for o in set(opts) & {"k", "w", "v"})
     ):
-        raise SystemExit(f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW, +vV, +sS")
+        raise SystemExit(
+            f"unknown rule {rule!r}: pixel or blurred[@STD], optionally +kK, +wW, +vV, +sS"
+        )
     winners = int(opts.get("w", BASE))
     if winners < BASE or RELEASED % winners:
         raise SystemExit(f"rule {rule!r}: W must divide {RELEASED} and be at least {BASE}")
