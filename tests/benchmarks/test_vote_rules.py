@@ -10,10 +10,10 @@ from synth.mechanisms.privimage.vote import nearest_candidate_votes, pixel_featu
 
 
 def test_rules_name_the_space_and_the_neighbours() -> None:
-    assert parse_rule("pixel") == (pixel_features, 1, 1000, 2.0)
-    assert parse_rule("pixel+k4") == (pixel_features, 4, 1000, 2.0)
-    assert parse_rule("pixel+k4+w2000") == (pixel_features, 4, 2000, 2.0)
-    featurize, k, winners, _ = parse_rule("blurred@0.7+k2")
+    assert parse_rule("pixel") == (pixel_features, 1, 1000, 2.0, 3)
+    assert parse_rule("pixel+k4") == (pixel_features, 4, 1000, 2.0, 3)
+    assert parse_rule("pixel+k4+w2000") == (pixel_features, 4, 2000, 2.0, 1)
+    featurize, k, winners, *_ = parse_rule("blurred@0.7+k2")
     assert k == 2 and winners == 1000 and featurize is not pixel_features
     with pytest.raises(SystemExit, match="unknown rule 'cosine'"):
         parse_rule("cosine")
@@ -37,9 +37,20 @@ def test_blurred_rule_prefers_a_stroke_one_pixel_off_to_a_blank() -> None:
 
 def test_a_rule_may_set_the_vote_noise_and_bad_values_are_refused() -> None:
     assert parse_rule("pixel+k4")[3] == 2.0  # the product's sigma unless the rule says
-    assert parse_rule("pixel+k4+s1.75") == (pixel_features, 4, 1000, 1.75)
+    assert parse_rule("pixel+k4+s1.75") == (pixel_features, 4, 1000, 1.75, 3)
     for bad in ("pixel+s0", "pixel+s1e308", "pixel+snan", "pixel+s-1", "pixel+k1.5"):
         with pytest.raises(SystemExit, match="unknown rule|the vote noise S must be in"):
+            parse_rule(bad)
+
+
+def test_a_rule_may_release_more_variations_of_each_winner() -> None:
+    """+vV: V variations of each of the last round's winners instead of 4,000 / W - 1."""
+    assert parse_rule("pixel+k4+s1.75+v7") == (pixel_features, 4, 1000, 1.75, 7)
+    assert parse_rule("pixel+w2000+v0")[2:] == (2000, 2.0, 0)
+    with pytest.raises(SystemExit, match="V is at most 15"):
+        parse_rule("pixel+v16")
+    for bad in ("pixel+v1.5", "pixel+v-1", "pixel+vx"):
+        with pytest.raises(SystemExit, match="unknown rule"):
             parse_rule(bad)
 
 
