@@ -43,6 +43,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _live_children_youngest_first(pid: int) -> list[int]:
+    """`pid`'s children that still run, the most recently started first. A registration child that
+    has answered lingers as a zombie (or in its exit) until its worker reaps it, and killing it then
+    changes nothing: the youngest live child is the one most likely still registering a head."""
+    found = []
+    for child in _children(pid):
+        try:
+            fields = (Path("/proc") / str(child) / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):  # state; fields[19] is the start time in clock ticks
+            found.append((int(fields[19]), child))
+    return [child for _, child in sorted(found, reverse=True)]
+
+
 def _cmdline(pid: int) -> str:
     try:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -73,7 +88,11 @@ class Killer:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             workers = _workers(self.run_pid)
-            targets = [c for w in workers for c in _children(w)] if what == "child" else workers[:1]
+            targets = (
+                [c for w in workers for c in _live_children_youngest_first(w)]
+                if what == "child"
+                else workers[:1]
+            )
             if targets:
                 try:
                     os.kill(targets[0], signal.SIGKILL)
