@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
+from release.bundle import sample_grid
 from synth.kinds.datasets import public_pool
 from synth.mechanisms.privimage.procedural import _fonts
 
@@ -80,9 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     images, labels = render_digits(args.per_class, args.seed)
-    first = np.concatenate([np.flatnonzero(labels == d)[:12] for d in range(10)])
-    grid = images[first].reshape(10, 12, 28, 28).transpose(0, 2, 1, 3).reshape(280, 336)
-    Image.fromarray(grid).save(args.work / "rendered-grid.png")
+    (args.work / "rendered-grid.png").write_bytes(sample_grid(images, labels))  # a bundle's grid
     pool = public_pool()
     np.savez_compressed(
         args.work / "pool.npz",
