@@ -30,32 +30,32 @@ STAGE = "deface (subjects)"
 pytestmark = [needs_templates, pytest.mark.slow]  # a few minutes on two shared cores
 
 
-def _children(pid: int) -> list[int]:
+def _stats(parents: set[int]) -> list[tuple[int, list[str]]]:
+    """(pid, /proc/<pid>/stat fields after the command name) of the children of `parents`: field 0
+    the state, 1 the parent, 19 the start time in clock ticks."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
+            if int(fields[1]) in parents:
+                out.append((int(entry.name), fields))
     return out
 
 
-def _live_children_youngest_first(pid: int) -> list[int]:
-    """`pid`'s children that still run, the most recently started first. A registration child that
-    has answered lingers as a zombie (or in its exit) until its worker reaps it, and killing it then
-    changes nothing: the youngest live child is the one most likely still registering a head."""
-    found = []
-    for child in _children(pid):
-        try:
-            fields = (Path("/proc") / str(child) / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X"):  # state; fields[19] is the start time in clock ticks
-            found.append((int(fields[19]), child))
-    return [child for _, child in sorted(found, reverse=True)]
+def _children(pid: int) -> list[int]:
+    return [child for child, _ in _stats({pid})]
+
+
+def _live_children_youngest_first(parents: list[int]) -> list[int]:
+    """The children of `parents` that still run, the most recently started first. A registration
+    child that has answered lingers as a zombie (or in its exit) until its worker reaps it, and
+    killing it then changes nothing: the youngest live child is the one most likely still
+    registering a head."""
+    live = [(int(f[19]), child) for child, f in _stats(set(parents)) if f[0] not in ("Z", "X")]
+    return [child for _, child in sorted(live, reverse=True)]
 
 
 def _cmdline(pid: int) -> str:
@@ -88,11 +88,7 @@ class Killer:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             workers = _workers(self.run_pid)
-            targets = (
-                [c for w in workers for c in _live_children_youngest_first(w)]
-                if what == "child"
-                else workers[:1]
-            )
+            targets = _live_children_youngest_first(workers) if what == "child" else workers[:1]
             if targets:
                 try:
                     os.kill(targets[0], signal.SIGKILL)
