@@ -35,21 +35,32 @@ def test_the_code_keeps_the_architecture_contracts():
     assert "0 broken" in p.stdout
 
 
-@pytest.fixture
-def tree_copy(tmp_path: Path) -> Path:
-    """The packages' Python files and pyproject.toml, copied where a planted import cannot hurt."""
+@pytest.fixture(scope="module")
+def clean_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packages' Python files and pyproject.toml, copied once; the copy keeps the contracts (one
+    `lint-imports` run, not one per planted violation). Tests plant into their own copy of it."""
+    root = tmp_path_factory.mktemp("clean-tree")
     for pkg in PACKAGES:
         shutil.copytree(
             ROOT / pkg,
-            tmp_path / pkg,
+            root / pkg,
             ignore=lambda d, names: [
                 n
                 for n in names
                 if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"
             ],
         )
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    return tmp_path
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    p = lint_imports(root)
+    assert p.returncode == 0, p.stdout[-3000:]  # the copy keeps the contracts before any plant
+    return root
+
+
+@pytest.fixture
+def tree_copy(clean_tree: Path, tmp_path: Path) -> Path:
+    """A copy of the clean tree where a planted import or name cannot hurt."""
+    shutil.copytree(clean_tree, tmp_path / "tree")
+    return tmp_path / "tree"
 
 
 @pytest.mark.parametrize(
@@ -103,7 +114,6 @@ def tree_copy(tmp_path: Path) -> Path:
 def test_a_planted_violation_breaks_its_contract(
     tree_copy: Path, module: str, line: str, contract: str
 ):
-    assert lint_imports(tree_copy).returncode == 0  # the copy keeps the contracts before the plant
     target = tree_copy / module
     target.write_text((target.read_text() if target.exists() else "") + f"\n{line}\n")
     p = lint_imports(tree_copy)

@@ -76,7 +76,7 @@ def test_processes_racing_for_the_last_budget(store, tmp_path):
     winners = [r for r, o in outcomes.items() if o == "won"]
     assert len(winners) == admitted and len(outcomes) == n
     b = ledger.budget(store, "d")
-    assert b.spent.epsilon_rdp <= cap
+    assert b.spent_rdp <= cap
     assert sorted(c.run_id for c in b.charges) == sorted(winners)
     assert all(c.state == "committed" for c in b.charges)
     v = trail.verify(store)

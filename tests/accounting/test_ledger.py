@@ -78,28 +78,28 @@ def test_reserve_commit_refund_lifecycle(store):
     plan = [GaussianQuery(20, 3**0.5), DpSgd(0.01, 1.0, 1000)]
     c = ledger.reserve(store, "mnist", plan, "run-1", description="privimage")
     assert c.state == "reserved"
-    spent_reserved = ledger.budget(store, "mnist").spent.epsilon_rdp
+    spent_reserved = ledger.budget(store, "mnist").spent_rdp
     assert spent_reserved == pytest.approx(epsilon_rdp(plan, 1e-5))
     # executed only 600 of 1000 steps: the remainder is released at commit
     c = ledger.commit(store, "run-1", [plan[0], DpSgd(0.01, 1.0, 600)])
     assert c.state == "committed"
-    spent = ledger.budget(store, "mnist").spent.epsilon_rdp
+    spent = ledger.budget(store, "mnist").spent_rdp
     assert spent == pytest.approx(epsilon_rdp([plan[0], DpSgd(0.01, 1.0, 600)], 1e-5))
     assert spent < spent_reserved
     ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 100)], "run-2")
     ledger.refund(store, "run-2", reason="failed before reading data")
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp == pytest.approx(spent)
+    assert ledger.budget(store, "mnist").spent_rdp == pytest.approx(spent)
 
 
 def test_replaying_a_run_id_never_double_charges(store):
     register(store)
     ev = [DpSgd(0.01, 1.0, 300)]
     ledger.reserve(store, "mnist", ev, "run-1")
-    once = ledger.budget(store, "mnist").spent.epsilon_rdp
+    once = ledger.budget(store, "mnist").spent_rdp
     ledger.reserve(store, "mnist", ev, "run-1")
     ledger.commit(store, "run-1", ev)
     ledger.commit(store, "run-1", ev)
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp == pytest.approx(once)
+    assert ledger.budget(store, "mnist").spent_rdp == pytest.approx(once)
     with pytest.raises(LedgerStateError, match="different reservation"):
         ledger.reserve(store, "mnist", [DpSgd(0.01, 1.0, 301)], "run-1")
     assert len(store.query("SELECT * FROM charges")) == 1
@@ -157,7 +157,7 @@ def test_non_private_release_needs_acknowledgement_and_voids_dp(store):
         store, "mnist", [NonPrivateRelease("k-anonymous k=5")], "k", allow_non_private=True
     )
     b = ledger.budget(store, "mnist")
-    assert b.dp_void and math.isinf(b.spent.epsilon_rdp)
+    assert b.dp_void and math.isinf(b.spent_rdp)
     with pytest.raises(BudgetExceededError):  # no further DP release can claim a finite epsilon
         ledger.reserve(store, "mnist", [GaussianQuery(100)], "after")
 

@@ -64,7 +64,7 @@ def test_odometer_never_decreases_as_charges_accumulate(store):
         ledger.reserve(store, "d", [DpSgd(0.01, 1.0, 300)], f"r{i}")
         b = ledger.budget(store, "d")
         seen.append(b.odometer_epsilon)
-        assert b.odometer_epsilon >= b.spent.epsilon_rdp
+        assert b.odometer_epsilon >= b.spent_rdp
     assert seen[0] == 0.0 and all(a <= b for a, b in zip(seen, seen[1:])) and seen[-1] > seen[1]
 
 

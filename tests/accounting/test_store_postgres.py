@@ -1,11 +1,11 @@
 """The store's backends: DuckDB held across transactions, PostgreSQL shared by several workspaces (hosts),
 and `privrelease store migrate` from one to the other. Needs a PostgreSQL server (see conftest.pg_server)."""
 
+import multiprocessing
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +19,6 @@ from accounting.store_backends import HOLD_IDLE_S, to_postgres
 from release import keys
 from release.cli import app
 
-ROOT = Path(__file__).resolve().parents[2]
 EVENT = DpSgd(0.01, 1.0, 100)
 
 
@@ -92,6 +91,16 @@ def test_a_workspace_removed_and_made_again_gets_a_fresh_store(tmp_path):
         assert not ws.root.exists()
 
 
+def _charge_once_when_busy(root: str, busy, waited) -> None:
+    """The other process (forked: no second interpreter importing the packages for seconds): it asks
+    for the store once the busy one charges, and says how long it waited."""
+    s = Store(root)
+    busy.wait(60)
+    t = time.time()
+    ledger.reserve(s, "d", [GaussianQuery(100.0)], "other")
+    waited.value = time.time() - t
+
+
 def test_a_waiting_process_gets_the_store_while_this_one_keeps_charging(tmp_path):
     """A process that waits for the store gets it at the end of the busy one's transaction: the
     busy one lets a waiter go first (store_backends.HANDOFF_S) instead of re-taking the free lock
@@ -100,22 +109,19 @@ def test_a_waiting_process_gets_the_store_while_this_one_keeps_charging(tmp_path
     ws.init()
     store = Store(ws)
     _register(store, cap=1000)
-    other = (
-        "import sys, time; from accounting import ledger; from accounting.events import GaussianQuery; "
-        "from accounting.store import Store; s = Store(sys.argv[1]); t = time.time(); "
-        "ledger.reserve(s, 'd', [GaussianQuery(100.0)], 'other'); print(time.time() - t)"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", other, str(ws.root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
+    fork = multiprocessing.get_context("fork")
+    busy, waited = fork.Event(), fork.Value("d", -1.0)
+    store.backend.release()  # nothing of ours is open in the child
+    p = fork.Process(target=_charge_once_when_busy, args=(str(ws.root), busy, waited))
+    p.start()
     deadline, i = time.time() + 60, 0
-    while (
-        p.poll() is None and time.time() < deadline
-    ):  # back-to-back transactions, never idle for long
+    while p.is_alive() and time.time() < deadline:  # back-to-back transactions, never idle for long
         i += 1
         ledger.reserve(store, "d", [GaussianQuery(100.0)], f"busy-{i}")
-    assert p.wait(timeout=10) == 0 and ledger.get_charge(store, "other") is not None
-    assert p.stdout is not None and float(p.stdout.read()) < 5.0  # seconds it waited
+        busy.set()
+    p.join(10)
+    assert p.exitcode == 0 and ledger.get_charge(store, "other") is not None
+    assert 0.0 <= waited.value < 5.0  # seconds it waited
     assert trail.verify(store).ok
 
 
@@ -170,7 +176,7 @@ def test_two_hosts_share_one_ledger_and_cap(tmp_path, pg_server):
         except BudgetExceededError:
             break
     assert 0 < admitted < 10
-    assert ledger.budget(a, "d").spent.epsilon_rdp == ledger.budget(b, "d").spent.epsilon_rdp <= 2.0
+    assert ledger.budget(a, "d").spent_rdp == ledger.budget(b, "d").spent_rdp <= 2.0
     for host in (a, b):  # each host's recorded head is an entry of the one linear chain
         r = integrity.verify_store(host)
         assert r.ok and r.status == "intact", r.all_problems
@@ -305,7 +311,7 @@ def test_migrate_copies_verifies_and_switches(tmp_path, pg_server):
     assert ws.store_url == url and "Verified" in r.output
     store = Store(ws)
     after = ledger.budget(store, "d")
-    assert after.spent.epsilon_rdp == before.spent.epsilon_rdp
+    assert after.spent_rdp == before.spent_rdp
     assert [c.run_id for c in after.charges] == [c.run_id for c in before.charges]
     rows = trail.read_rows(store)
     assert rows[: len(rows_before)] == rows_before and rows[-1][3] == "store.migrate"

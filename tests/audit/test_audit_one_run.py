@@ -137,10 +137,13 @@ def test_missing_noise_or_clipping_is_proven(setting, public, broken, optimizer)
 
 
 def test_sampling_at_twice_the_charged_rate_is_flagged(setting, public):
-    audit = compute_implementation_audit(setting, public, trainer=double_rate, m=2000, seed=0)
+    # 1,000 canaries (the cost grows with the square of the count: 2,000 took 8 s): the Gaussian
+    # estimate still flags it (2.8 at seed 0, 3.0 at 2,000) while the proof stays below the claim
+    audit = compute_implementation_audit(setting, public, trainer=double_rate, m=1000, seed=0)
     result = check_implementation_audit(audit)
     assert result.passed is False
-    # the one-run bound alone cannot prove this one at 2,000 canaries; the report says so with numbers
+    # the one-run bound alone cannot prove this one at 1,000 (nor 2,000) canaries; the report says
+    # so with numbers
     assert audit.bound.eps_lower < CLAIM < audit.gaussian.eps_lower
     assert result.details["status"] == "suspect" and "Gaussian estimate" in result.summary
 

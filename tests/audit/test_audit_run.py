@@ -3,6 +3,7 @@ bad releases that must be blocked, a k-anonymous release, and missing inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,8 +14,18 @@ from audit import AuditInputs, AuditPolicy, load_report, report_text, run_audit,
 from synth.kinds.datasets import ImageDataset, uci_digits
 
 KEY = b"s" * 32
+# grid_pairs=2: the nearest-pairs grid is still drawn (and checked), with 2 rows instead of 8
 SMALL = AuditPolicy(
-    mia_samples=100, feature_samples=40, fid_samples=40, utility_train_samples=200, cnn_epochs=1
+    mia_samples=100,
+    feature_samples=40,
+    fid_samples=40,
+    utility_train_samples=200,
+    cnn_epochs=1,
+    grid_pairs=2,
+)
+# for tests that assert neither the feature-space numbers, the FID nor the utility
+FAST = AuditPolicy.from_dict(
+    {**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8, "utility_train_samples": 50}
 )
 
 
@@ -115,8 +126,9 @@ def test_bad_release_is_blocked_and_stored(parts, tmp_path):
         labels=labels,
         expected_count=len(rel) + 5,
         selected_public=None,
+        artifacts_dir=None,
     )
-    report = run_audit(inputs, SMALL)
+    report = run_audit(inputs, FAST)
     failed = {r.name: r for r in report.failures}
     assert {
         "expect_table_row_count_to_equal",
@@ -155,12 +167,12 @@ def test_unreadable_release_runs_expectations_only(parts, tmp_path):
 
 
 def test_missing_attack_inputs_fail_or_inform(parts, tmp_path):
-    fast = AuditPolicy.from_dict({**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
-    report = run_audit(_inputs(parts, tmp_path, heldout=None, selected_public=None), fast)
+    no_art = dict(selected_public=None, artifacts_dir=None)
+    report = run_audit(_inputs(parts, tmp_path, heldout=None, **no_art), FAST)
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is False and "not run" in mia.summary
-    lenient = AuditPolicy.from_dict({**fast.to_dict(), "require_attacks": False})
-    report = run_audit(_inputs(parts, tmp_path, loss_fn=None, selected_public=None), lenient)
+    lenient = AuditPolicy.from_dict({**FAST.to_dict(), "require_attacks": False})
+    report = run_audit(_inputs(parts, tmp_path, loss_fn=None, **no_art), lenient)
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is None and "no loss_fn" in mia.summary
 
@@ -169,8 +181,9 @@ def test_crashing_check_blocks_release(parts, tmp_path):
     def broken(images, labels):
         raise RuntimeError("checkpoint missing")
 
-    fast = AuditPolicy.from_dict({**SMALL.to_dict(), "feature_samples": 8, "fid_samples": 8})
-    report = run_audit(_inputs(parts, tmp_path, loss_fn=broken, selected_public=None), fast)
+    report = run_audit(
+        _inputs(parts, tmp_path, loss_fn=broken, selected_public=None, artifacts_dir=None), FAST
+    )
     mia = next(r for r in report.results if r.name == "membership_inference")
     assert mia.passed is False and "checkpoint missing" in mia.summary and not report.passed
 
@@ -213,8 +226,17 @@ def test_k_anonymous_release(parts, tmp_path):
         res["kanon_cluster_membership"].details["attack_precision"] > 0.7
     )  # plain averages leak membership
     assert res["kanon_reidentification"].details["chance"] == pytest.approx(k / len(sens), rel=0.05)
-    strict = AuditPolicy.from_dict({**SMALL.to_dict(), "kanon_max_attack_precision": 0.55})
-    assert run_audit(inputs, strict).verdicts()["kanon_cluster_membership"] == "fail"
+    # the attack samples feature_samples representatives (kept); FID and utility do not touch it
+    strict = AuditPolicy.from_dict(
+        {
+            **SMALL.to_dict(),
+            "kanon_max_attack_precision": 0.55,
+            "fid_samples": 8,
+            "utility_train_samples": 50,
+        }
+    )
+    again = run_audit(dataclasses.replace(inputs, artifacts_dir=None), strict)
+    assert again.verdicts()["kanon_cluster_membership"] == "fail"
 
 
 def test_invalid_inputs_raise(parts, tmp_path):

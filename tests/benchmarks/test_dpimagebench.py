@@ -46,6 +46,7 @@ def test_the_score_trains_on_the_release_and_reports_the_test_accuracy() -> None
     val, test = _stripes(200, 1), _stripes(300, 2)
     s = dpimagebench.score(images, labels, val, test, epsilon=1.0, epochs=3)
     assert s.classifier == "cpu-cnn" and s.epochs == 3 and s.n_train == 600
+    assert s.precision == "float32"  # the protocol's, unless bfloat16 is asked for (test below)
     assert len(s.test_curve) == len(s.val_curve) == 3
     assert s.accuracy in s.test_curve and s.accuracy_clean_selection in s.test_curve
     assert s.best_test == max(s.test_curve) and s.best_test > 0.5  # chance: 0.2
@@ -58,7 +59,7 @@ def test_bfloat16_autocast_learns_the_same_task_and_says_so() -> None:
     val, test = _stripes(200, 1), _stripes(300, 2)
     s = dpimagebench.score(images, labels, val, test, epsilon=1.0, epochs=3, precision="bfloat16")
     assert s.precision == "bfloat16" and s.best_test > 0.5  # chance: 0.2
-    assert dpimagebench.score(images, labels, val, test, 1.0, epochs=1).precision == "float32"
+    # the default's float32 is asserted by test_the_score_trains_on_the_release_and_reports_the_test_accuracy
     with pytest.raises(ValueError, match="precision must be one of"):
         dpimagebench.score(images, labels, val, test, 1.0, epochs=1, precision="float16")
 
@@ -113,7 +114,9 @@ def test_sets_written_once_score_a_release_without_the_data_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """--write-sets saves Fashion-MNIST's 5,000 validation and 10,000 test images; --sets reads them back
-    (what a GPU lease carries instead of our packages and the data), and a mismatched --dataset is refused."""
+    (what a GPU lease carries instead of our packages and the data), and a mismatched --dataset is refused.
+    The score reads the written file cut to its first 1,000 images of each set (every key it wrote,
+    the same format): the score evaluates every image each epoch, ~3 s for all 15,000."""
     import sys
 
     sets = tmp_path / "sets.npz"
@@ -127,10 +130,13 @@ def test_sets_written_once_score_a_release_without_the_data_installed(
         assert saved["test_images"].shape == (10_000, 28, 28) and np.array_equal(
             saved["test_labels"], test[1]
         )
+    cut = tmp_path / "sets-cut.npz"
+    with np.load(sets) as saved:
+        np.savez_compressed(cut, **{k: v[:1000] if v.ndim else v for k, v in saved.items()})
     release = tmp_path / "release.npz"
     np.savez_compressed(release, images=val[0][:600], labels=val[1][:600])
     out = tmp_path / "scores.jsonl"
-    argv = ["dpimagebench", str(release), "--epsilon", "1", "--epochs", "1", "--sets", str(sets)]
+    argv = ["dpimagebench", str(release), "--epsilon", "1", "--epochs", "1", "--sets", str(cut)]
     monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out)])
     dpimagebench.main()
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]

@@ -239,17 +239,17 @@ def test_fashion_cpu_takes_set_too() -> None:
     assert done.returncode == 2 and "--set 'bogus=1': give KEY=VALUE with KEY one of" in done.stderr
 
 
-def test_merf_bandwidth_refuses_an_unknown_setting_before_reading_data() -> None:
-    import subprocess
+def test_merf_bandwidth_refuses_an_unknown_setting_before_reading_data(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # its main() in this process, as the gpu_preset tests above (a `python -m` subprocess spent
+    # ~2.5 s importing torch and the packages again)
+    from benchmarks import merf_bandwidth
 
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.merf_bandwidth", "--variants", '[{"bogus": 1}]'],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and "unknown settings ['bogus']" in done.stderr
+    monkeypatch.setattr(sys, "argv", ["merf_bandwidth", "--variants", '[{"bogus": 1}]'])
+    with pytest.raises(SystemExit) as done:
+        merf_bandwidth.main()
+    assert done.value.code == 2 and "unknown settings ['bogus']" in capsys.readouterr().err
 
 
 def test_merf_bandwidth_baseline_is_a_generator_setting_of_pixel_features_alone() -> None:

@@ -147,6 +147,13 @@ def _toy_results(paper_order: bool) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def paper_order_plots(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The plots of the paper-order toy results (no grids), drawn once for the tests that render a
+    report from them (matplotlib: about a second each time)."""
+    return write_plots(_toy_results(paper_order=True), tmp_path_factory.mktemp("plots"), [])
+
+
 @pytest.mark.parametrize("paper_order", [True, False])
 def test_orderings_detect_agreement_and_disagreement(paper_order: bool) -> None:
     res = _toy_results(paper_order)
@@ -191,7 +198,7 @@ def test_report_and_plots_written(tmp_path) -> None:
     assert "**disagrees**" not in agree
 
 
-def test_privimage_runs_are_summarised_by_mean_and_spread() -> None:
+def test_privimage_runs_are_summarised_by_mean_and_spread(paper_order_plots: dict) -> None:
     rows = _toy_results(paper_order=True)["privimage"]["rows"]
     means = mean_rows(rows)
     assert len(means) == 3 * len(EPSILONS) and {m["runs"] for m in means} == {1, 3}
@@ -215,9 +222,7 @@ def test_privimage_runs_are_summarised_by_mean_and_spread() -> None:
         for i in [EPSILONS.index(r["epsilon"])]
     ]
     assert all(x["falls"] for x in privimage_spread(falling)[1:])
-    md = build_report(
-        _toy_results(paper_order=True), write_plots(_toy_results(True), Path("/tmp"), [])
-    )
+    md = build_report(_toy_results(paper_order=True), paper_order_plots)
     assert "PrivImage over its runs" in md and "PrivImage (run 3)" in md and "0.810-0.830" in md
 
 
@@ -252,14 +257,13 @@ def test_results_json_roundtrip_keeps_infinity() -> None:
     assert back["privimage"]["rows"][0]["fid"] == res["privimage"]["rows"][0]["fid"]
 
 
-def test_report_only_renders_the_same_report_as_the_run(tmp_path) -> None:
+def test_report_only_renders_the_same_report_as_the_run(paper_order_plots: dict) -> None:
     """`--report-only` re-reads results.json, where tuples (the UNet's channels) come back as lists."""
     import json
 
     res = _toy_results(paper_order=True)
     back = _unjson(json.loads(json.dumps(_jsonable(res))))
-    plots = write_plots(res, tmp_path, [])
-    assert build_report(back, plots) == build_report(res, plots)
+    assert build_report(back, paper_order_plots) == build_report(res, paper_order_plots)
 
 
 def test_matching_digit_classes_counts_semantically_right_choices() -> None:

@@ -59,13 +59,13 @@ def test_sigterm_stops_the_server_with_the_command(tmp_path) -> None:
         while not _listening(port):
             assert proc.poll() is None, "the dashboard exited before it served"
             assert time.monotonic() < deadline, "the dashboard never listened"
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert _serving(port) == [proc.pid]  # no second process to be left behind
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
         while (_listening(port) or _serving(port)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert not _listening(port) and _serving(port) == []
     finally:
         if proc.poll() is None:

@@ -45,6 +45,16 @@ def _cli(store: Store, *args: str) -> subprocess.CompletedProcess:
     return run_process(process_env(store.workspace.root), *args, timeout=300)
 
 
+def _cli_here(store: Store, *args: str):
+    """The same CLI command in this process (typer's runner): no second interpreter to start."""
+    from typer.testing import CliRunner
+
+    from release.cli import app
+
+    store.backend.release()
+    return CliRunner().invoke(app, ["--workspace", str(store.workspace.root), *args])
+
+
 def _run_until(store: Store, release_id: str, trigger: str) -> tuple[subprocess.Popen, str]:
     """`privrelease release run` in its own process, returned (still running) once a progress line
     names `trigger`."""
@@ -144,15 +154,15 @@ def test_a_run_killed_before_it_read_the_data_is_settled_without_a_charge(tmp_pa
         # approved (or is rejected); nothing to settle
         assert not [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
     else:
-        settled = _cli(store, "release", "abandon", rid, "--as", "alice")
-        assert settled.returncode == 0, settled.stdout + settled.stderr
+        settled = _cli_here(store, "release", "abandon", rid, "--as", "alice")
+        assert settled.exit_code == 0, settled.output + repr(settled.exception)
         assert manager.get_release(store, rid).state == "failed"
     charges = [c for c in ledger.budget(store, "mnist").charges if c.run_id.startswith(rid)]
     assert all(c.state == "refunded" for c in charges), charges
     assert ledger.budget(store, "mnist").spent_rdp == spent
     assert "run.sensitive_access" not in _actions(store, rid)
-    verified = _cli(store, "audit", "verify")
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    verified = _cli_here(store, "audit", "verify")
+    assert verified.exit_code == 0, verified.output + repr(verified.exception)
 
 
 @pytest.mark.slow  # a whole merf release and two audits: about a minute

@@ -94,9 +94,15 @@ def _run(
     return plan, res
 
 
+def _short() -> PrivImageConfig:
+    """The tiny preset with 4 DP-SGD steps (q = 1/8) instead of 8: most of a run on two processes is
+    torchrun starting its workers; the steps each cost the same on one process and on two."""
+    return PrivImageConfig.tiny(4.0, DELTA, selection="none", finetune_epochs=0.5)
+
+
 def test_two_processes_charge_exactly_what_one_process_charges(data, tmp_path: Path) -> None:
     sens, pub = data
-    cfg = PrivImageConfig.tiny(4.0, DELTA, selection="none")
+    cfg = _short()
     runs = {}
     for n in (1, 2):
         store = _store(tmp_path / f"ws{n}", sens)
@@ -296,9 +302,7 @@ def test_nproc_is_refused_before_anything_is_charged(data, tmp_path: Path) -> No
     sens, pub = data
     store = _store(tmp_path / "ws", sens)
     with pytest.raises(InvalidParameterError, match="--nproc must be an integer from 1"):
-        _run(
-            store, sens, pub, PrivImageConfig.tiny(4.0, DELTA, selection="none"), tmp_path / "w", 0
-        )
+        _run(store, sens, pub, _short(), tmp_path / "w", 0)
     assert ledger.get_charge(store, "r").state == "refunded"
     with pytest.raises(PrivReleaseError, match="runs in one process only"):
         runner.run_charged(
@@ -317,8 +321,9 @@ def test_nproc_is_refused_before_anything_is_charged(data, tmp_path: Path) -> No
 
 
 def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
-    """q = 1/20 on 20 images: most runs of 40 steps meet empty batches; opacus then had no per-sample
-    gradients to clip (it failed); now the step adds noise only and is counted."""
+    """q = 1/20 on 20 images: a step's batch is empty with probability 0.95^20 = 0.36, so a run of 20
+    steps meets one all but surely (1 - 0.64^20); opacus then had no per-sample gradients to clip (it
+    failed); now the step adds noise only and is counted."""
     x, y = torch.rand(20, 1, 28, 28) * 2 - 1, torch.arange(20) % 10
     out = dp_finetune(
         _unet(),
@@ -326,7 +331,7 @@ def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
         y,
         sample_rate=1 / 20,
         noise_multiplier=1.0,
-        steps=40,
+        steps=20,
         batch_size=1,
         max_physical_batch=4,
         max_grad_norm=1.0,
@@ -339,8 +344,8 @@ def test_an_empty_poisson_batch_is_a_noise_only_step(tmp_path: Path) -> None:
         ckpt_every=10,
         on_resume=lambda s, d: None,
     )
-    assert out.steps == 40 and out.opacus_history == [(1.0, 1 / 20, 40)]
-    assert step_counter.started(tmp_path) == 40
+    assert out.steps == 20 and out.opacus_history == [(1.0, 1 / 20, 20)]
+    assert step_counter.started(tmp_path) == 20
 
 
 def _count_batches(rank: int, world: int, port: int, out: dict) -> None:

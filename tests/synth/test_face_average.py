@@ -189,10 +189,10 @@ def test_a_donor_pool_gives_each_face_the_farthest_donors_near_its_pose() -> Non
 
 
 def test_a_donor_pool_is_refused_unless_the_average_uses_it_and_holds_enough_faces() -> None:
+    from PIL import Image
+
     from synth.kinds.datasets import ImageDataset
     from synth.mechanisms.face_deid.pool import survey_pool
-
-    from PIL import Image
 
     coffee = np.asarray(Image.fromarray(face_photos.no_face()).resize((512, 512)))
     photos = np.stack([face_photos.astronaut(), coffee])
