@@ -42,9 +42,7 @@ def test_charge_many_writes_what_reserve_and_commit_of_each_would(store):
     one_by_one = [DpSgd(0.01, 1.0, 10)] + [e for h in HISTORY for e in h]
     from accounting.epsilon import epsilon_rdp
 
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp == pytest.approx(
-        epsilon_rdp(one_by_one, 1e-5)
-    )
+    assert ledger.budget(store, "mnist").spent_rdp == pytest.approx(epsilon_rdp(one_by_one, 1e-5))
     actions = [r["action"] for r in reversed(trail.entries(store))]
     assert actions[-6:] == ["budget.reserve", "budget.commit"] * 3
     assert trail.verify(store).ok

@@ -282,7 +282,7 @@ def test_a_new_output_kind_is_planned_run_audited_published_and_verified(toy, st
     # a real DP charge, through the ledger
     b = ledger.budget(store, "digits")
     assert [c.state for c in b.charges] == ["committed"]
-    assert 0 < b.spent.epsilon_rdp <= 2.0 + 1e-9 and not b.dp_void
+    assert 0 < b.spent_rdp <= 2.0 + 1e-9 and not b.dp_void
     assert rel.result.guarantee["type"] == "dp"
     # saved once by its kind, read back typed
     folder = artifacts.release_dir(store, rid)

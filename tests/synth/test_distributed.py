@@ -282,7 +282,7 @@ def test_killed_worker_leaves_the_ledger_conservatively_charged_and_resumes(
     assert charge.state == "reserved" and list(charge.planned_events) == list(
         plan_events
     )  # in full: >= steps taken
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
+    assert ledger.budget(store, "mnist").spent_rdp > 0
     ckpt_step = state.load_torch(wd / state.FINETUNE)["step"]
     _, res = _run(
         store, sens, pub, cfg, wd, 2, plan=plan

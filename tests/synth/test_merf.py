@@ -146,7 +146,7 @@ def test_a_merf_release_through_the_runner_is_charged_its_one_query(
     assert {"DP-MERF embedding (one Gaussian query)", "DP-MERF generator"} <= set(stages)
     charge = ledger.get_charge(st, "m1")
     assert charge.state == "committed" and tuple(charge.charged_events) == plan.events
-    assert ledger.budget(st, "mnist").spent.epsilon_rdp <= 2.0
+    assert ledger.budget(st, "mnist").spent_rdp <= 2.0
     assert trail.verify(st).ok
     loss = MECHANISM.loss_function(res.output.generator)
     scores = loss(sensitive.images[:10], sensitive.labels[:10])

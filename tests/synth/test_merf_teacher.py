@@ -164,7 +164,7 @@ def test_a_release_with_dp_labels_is_charged_both_events(
     assert step_counter.started(tmp_path / "w") == plan.events[1].steps
     charge = ledger.get_charge(st, "t1")
     assert charge.state == "committed" and tuple(charge.charged_events) == plan.events
-    assert ledger.budget(st, "mnist").spent.epsilon_rdp <= 4.0
+    assert ledger.budget(st, "mnist").spent_rdp <= 4.0
     assert trail.verify(st).ok
     assert 0.0 <= res.parameters["teacher_label_agreement"] <= 1.0
     assert res.parameters["teacher_steps"] == plan.events[1].steps
@@ -192,7 +192,7 @@ def test_a_plan_that_does_not_match_the_settings_is_refused(mnist200_store, tmp_
             workdir=tmp_path / "w2",
             actor="alice",
         )
-    assert ledger.budget(st, "mnist").spent.epsilon_rdp == 0.0
+    assert ledger.budget(st, "mnist").spent_rdp == 0.0
 
 
 class _Crash(Exception):

@@ -260,7 +260,7 @@ def test_abandon_commits_query_and_started_steps(store: Store, data, tmp_path: P
     assert charge.state == "committed"
     query, dp = charge.charged_events
     assert isinstance(query, GaussianQuery) and dp.steps == 4
-    spent = ledger.budget(store, "mnist").spent.epsilon_rdp
+    spent = ledger.budget(store, "mnist").spent_rdp
     assert spent == pytest.approx(epsilon_rdp(charge.charged_events, DELTA))
     assert spent < epsilon_rdp(charge.planned_events, DELTA)  # unexecuted remainder released
 
@@ -289,7 +289,7 @@ def test_failure_before_data_access_is_refunded_and_a_retry_is_charged_again(
         res.charge_id == "c:attempt-2"
         and ledger.get_charge(store, "c:attempt-2").state == "committed"
     )
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp > 0
+    assert ledger.budget(store, "mnist").spent_rdp > 0
 
 
 def test_prior_spend_is_part_of_the_calibration(store: Store, data, tmp_path: Path) -> None:
@@ -307,7 +307,7 @@ def _assert_vote_charged_once(store: Store, res, plan, vote: GaussianQuery) -> N
     charged = ledger.get_charge(store, "v").charged_events
     assert [type(e) for e in charged] == [GaussianQuery, GaussianQuery, DpSgd]
     assert charged[1] == vote and charged[2] == plan.step_event
-    assert ledger.budget(store, "mnist").spent.epsilon_rdp <= 4.0 + 1e-9
+    assert ledger.budget(store, "mnist").spent_rdp <= 4.0 + 1e-9
     assert res.images.shape == (20, 28, 28) and np.bincount(res.labels).tolist() == [2] * 10
 
 
