@@ -13,8 +13,8 @@ from audit.volumes import correlation, reidentify
 from synth.kinds.nifti import load_volume_folder, write_volume
 from synth.kinds.volume import VolumeDataset
 from synth.mechanisms.deface_reface.config import DefaceConfig
-from synth.tools.mri.atlas import Atlas, atlases, grow
-from tests.support.heads import cohort, needs_templates
+from synth.tools.mri.atlas import atlases, grow
+from tests.support.heads import cohort, each_head_registered_once, needs_templates
 
 KEY = b"k" * 32
 pytestmark = needs_templates
@@ -26,23 +26,14 @@ def cache(head_atlas_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def each_head_registered_once():
+def heads_registered_once():
     """The tests here deface heads by registering them, then audit them (the audit registers the
     same heads to Colin27 again), and audit the same five originals several times. Registration
     is deterministic (test_registration_reproducible), so in this module each head is registered
     to each atlas once and the same Registration handed back after: the real one, computed by
     the real code on first use. About 0.4 s a registration: the module asks for 49, 21 are
     made."""
-    real, memo = Atlas.register, {}
-
-    def register(atlas: Atlas, subject):
-        key = (atlas.name, subject.digest())  # dtype, shape, scaling, affine and voxels
-        if key not in memo:
-            memo[key] = real(atlas, subject)
-        return memo[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Atlas, "register", register)
+    with each_head_registered_once():
         yield
 
 

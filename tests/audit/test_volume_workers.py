@@ -15,30 +15,19 @@ from audit.volumes import SUBJECTS_STAGE
 from release.executor import ExecutorChoice, InProcess, ItemMapper, mapping_on
 from synth.kinds.nifti import load_volume_folder, write_volume
 from synth.kinds.volume import VolumeDataset
-from tests.support.heads import cohort, needs_templates
+from tests.support.heads import cohort, each_head_registered_once, needs_templates
 
 pytestmark = needs_templates
 
 
 @pytest.fixture(scope="module", autouse=True)
-def each_head_registered_once():
+def heads_registered_once():
     """The same five heads are registered by the audit run with a mapper and by the one without
     (whose numbers must equal it): 10 registrations, about 0.5 s each. Registration is
     deterministic (tests/synth/test_registration_reproducible.py), so in this module each head is
     registered to each atlas once, by the real code on first use, and the same Registration handed
     back after (as tests/audit/test_audit_volumes.py does)."""
-    from synth.tools.mri.atlas import Atlas
-
-    real, memo = Atlas.register, {}
-
-    def register(atlas: Atlas, subject):
-        key = (atlas.name, subject.digest())  # dtype, shape, scaling, affine and voxels
-        if key not in memo:
-            memo[key] = real(atlas, subject)
-        return memo[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Atlas, "register", register)
+    with each_head_registered_once():
         yield
 
 

@@ -4,6 +4,8 @@ test session."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,24 @@ def admissible_cohort(
             path.unlink()
     assert kept >= n, f"only {kept} of {n + spare} synthetic heads pass the checks"
     return folder
+
+
+@contextmanager
+def each_head_registered_once() -> Iterator[None]:
+    """Within the block each head is registered to each atlas once, by the real code on first use,
+    and the same Registration handed back after. Registration is deterministic
+    (tests/synth/test_registration_reproducible.py); about 0.5 s a registration is saved each
+    time a module registers the same head again."""
+    from synth.tools.mri.atlas import Atlas
+
+    real, memo = Atlas.register, {}
+
+    def register(atlas: Atlas, subject):
+        key = (atlas.name, subject.digest())  # dtype, shape, scaling, affine and voxels
+        if key not in memo:
+            memo[key] = real(atlas, subject)
+        return memo[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Atlas, "register", register)
+        yield

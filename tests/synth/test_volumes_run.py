@@ -23,30 +23,19 @@ from synth.kinds.datasets import load_data, uci_digits
 from synth.mechanisms.deface_reface import run as volumes_run
 from synth.mechanisms.deface_reface.config import DefaceConfig, RefaceConfig
 from synth.tools.mri.atlas import atlases
-from tests.support.heads import cohort, needs_templates
+from tests.support.heads import cohort, each_head_registered_once, needs_templates
 
 pytestmark = needs_templates
 
 
 @pytest.fixture(scope="module", autouse=True)
-def each_head_registered_once():
+def heads_registered_once():
     """The same two heads are registered at admission, by every run (deface, reface) and by the
     tests' own checks of the brain: 19 registrations, about 0.5 s each. Registration is
     deterministic (tests/synth/test_registration_reproducible.py), so in this module each head is
     registered to each atlas once, by the real code on first use, and the same Registration handed
     back after (as tests/audit/test_audit_volumes.py does)."""
-    from synth.tools.mri.atlas import Atlas
-
-    real, memo = Atlas.register, {}
-
-    def register(atlas: Atlas, subject):
-        key = (atlas.name, subject.digest())  # dtype, shape, scaling, affine and voxels
-        if key not in memo:
-            memo[key] = real(atlas, subject)
-        return memo[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Atlas, "register", register)
+    with each_head_registered_once():
         yield
 
 
