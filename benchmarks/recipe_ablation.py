@@ -319,6 +319,7 @@ def _score(
         channels=1,
         train_timesteps=cfg.train_timesteps,
         ddim_steps=cfg.ddim_steps,
+        sampler=cfg.sampler,
         batch=cfg.sample_batch,
         seed=cfg.seed,
         device=torch.device("cpu"),

@@ -200,6 +200,7 @@ def _nonprivate(
         channels=1,
         train_timesteps=T,
         ddim_steps=base.ddim_steps,
+        sampler=base.sampler,
         batch=base.sample_batch,
         seed=seed,
         device=dev,

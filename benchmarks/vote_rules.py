@@ -17,6 +17,10 @@ release of W x (V + 1) images; the variations cost no privacy, only sampling and
 `+sS` (vote noise std S instead of 2: the same standard normal draws, scaled; a lower S charges
 more, which the DP-SGD stage pays for with more noise, so this row measures the vote's side only).
 
+`--sampler` and `--steps` draw the candidates and every variation with another sampler (the
+preset's DPM-Solver++ at 12 steps, or DDIM at 25 as before 2026-12-07, the default here so that
+earlier rows keep their meaning); candidates are cached per sampler.
+
 This is an ablation, not a release: the vote noise comes from a seeded numpy generator
 (`--noise-seed`, the same draws for every rule) so that the rules differ only in how they vote, and
 nothing is charged. Rows go to benchmarks/results/vote-rules.jsonl with machine and date.
@@ -39,6 +43,7 @@ from synth.kinds.datasets import BUILTINS
 from synth.mechanisms.privimage import vote
 from synth.mechanisms.privimage.data import label_index
 from synth.mechanisms.privimage.model import load_model
+from synth.mechanisms.privimage.config import SAMPLERS
 from synth.mechanisms.privimage.sampling import balanced_labels, sample_images, vary_images
 
 RESULTS = Path(__file__).parent / "results" / "vote-rules.jsonl"
@@ -90,19 +95,26 @@ def main() -> None:
     ap.add_argument("rules")
     ap.add_argument("--noise-seed", type=int, default=100)
     ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--sampler", default="ddim", choices=SAMPLERS)
+    ap.add_argument("--steps", type=int, default=25, help="sampler steps (the preset: DDIM, 25)")
     args = ap.parse_args()
     model, meta = load_model(args.model_dir)
     dev, labels = torch.device("cpu"), meta["label_values"]
     den = dict(
         train_timesteps=meta.get("train_timesteps", 1000),
-        ddim_steps=25,
+        ddim_steps=args.steps,
         batch=125,
         precision=args.precision,
+        sampler=args.sampler,
     )
     sens, held = BUILTINS["builtin:mnist5k"](), BUILTINS["builtin:mnist5k-heldout"]()
     spos, hpos = label_index(sens.labels, labels), label_index(held.labels, labels)
     cpos = balanced_labels(BASE * POOL, len(labels))
-    cache = Path(tempfile.gettempdir()) / f"vote-rules-candidates-{args.tag}-{args.precision}.npz"
+    solver = "" if (args.sampler, args.steps) == ("ddim", 25) else f"-{args.sampler}{args.steps}"
+    cache = (
+        Path(tempfile.gettempdir())
+        / f"vote-rules-candidates-{args.tag}-{args.precision}{solver}.npz"
+    )
     if cache.exists():
         cand = np.load(cache)["x"]
     else:
@@ -166,6 +178,7 @@ def main() -> None:
             "rule": rule,
             "noise_seed": args.noise_seed,
             "precision": args.precision,
+            "sampler": f"{args.sampler} {args.steps}",
             "cnn": [round(a, 4) for a in cnn],
             "cnn_mean": round(float(np.mean(cnn)), 4),
             "seconds": round(time.time() - t0),

@@ -2,7 +2,8 @@
 the JSON types) it held before the configs became one frozen dialect (issue 55): the snapshot in
 config_snapshot.json was written by the code before that change, so plans, digests and `make demo`
 read the same parameters. Changed in it since, deliberately: PrivImage's new vote_neighbours (1; 4 in
-the demo preset, issue 63) and the demo preset's vote_sigma (2 -> 1.75, issue 63)."""
+the demo preset, issue 63), the demo preset's vote_sigma (2 -> 1.75, issue 63) and PrivImage's new
+sampler ("ddim"; "dpm-solver++" at 12 steps instead of DDIM's 25 in the demo preset, issue 63)."""
 
 from __future__ import annotations
 

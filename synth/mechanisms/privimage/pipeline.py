@@ -765,10 +765,11 @@ def _sample_kwargs(config: PrivImageConfig, prep: _Prepared) -> dict[str, Any]:
 
 
 def _denoising(config: PrivImageConfig, device: torch.device) -> dict[str, Any]:
-    """The DDIM settings shared by sampling and every variation pass."""
+    """The sampler's settings, shared by sampling and every variation pass."""
     return dict(
         train_timesteps=config.train_timesteps,
         ddim_steps=config.ddim_steps,
+        sampler=config.sampler,
         batch=config.sample_batch,
         guidance=config.guidance,
         precision=resolve_precision(config.precision, device),
@@ -948,6 +949,7 @@ def _parameters(
         "label_dropout": config.label_dropout,
         "pretrain_steps": config.pretrain_steps if config.selection != "none" else 0,
         "ddim_steps": config.ddim_steps,
+        "sampler": config.sampler,
         **_prior_parameters(config, p),
         "n_samples": config.n_samples,
         "unet_channels": list(config.unet_channels),

@@ -1,12 +1,14 @@
-"""Class-conditional sampling and SDEdit variations with a DDIM scheduler, batched, with
-progress."""
+"""Class-conditional sampling and SDEdit variations with a DDIM or DPM-Solver++ scheduler, batched,
+with progress."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler, UNet2DModel
+from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, UNet2DModel
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from synth.mechanisms.privimage.config import SAMPLERS
 from synth.mechanisms.privimage.data import to_tensor, to_uint8
 from synth.mechanisms.privimage.precision import autocast
 from synth.progress import ProgressFn, no_progress
@@ -32,17 +34,18 @@ def sample_images(
     progress: ProgressFn = no_progress,
     guidance: float = 0.0,
     precision: str = "float32",
+    sampler: str = "ddim",
 ) -> np.ndarray:
     """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0,
     classifier-free guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the
     last class embedding. `precision` (resolved, synth.mechanisms.privimage.precision) is the
     UNet's; the DDIM
     update stays in float32."""
-    sched = _ddim(train_timesteps, ddim_steps)
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     out = []
     for start in range(0, len(labels), batch):
+        sched = scheduler(sampler, train_timesteps, ddim_steps)
         y = torch.from_numpy(labels[start : start + batch]).to(device)
         x = torch.randn((len(y), channels, image_size, image_size), generator=gen).to(device)
         out.append(
@@ -69,18 +72,20 @@ def vary_images(
     guidance: float = 0.0,
     stage: str = "variations",
     precision: str = "float32",
+    sampler: str = "ddim",
 ) -> np.ndarray:
     """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the
     DDIM timestep nearest `strength` x T, then denoise with the model under its label. Image i's
     copies are rows i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths
     keep the image's shape."""
-    sched = _ddim(train_timesteps, ddim_steps)
-    steps = [t for t in sched.timesteps if t <= strength * train_timesteps] or [sched.timesteps[-1]]
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     x0_all, y_all = np.repeat(images, copies, 0), np.repeat(labels, copies)
     out = []
     for start in range(0, len(y_all), batch):
+        sched = scheduler(sampler, train_timesteps, ddim_steps)
+        steps = [t for t in sched.timesteps if t <= strength * train_timesteps]
+        steps = steps or [sched.timesteps[-1]]
         x0 = to_tensor(x0_all[start : start + batch])
         y = torch.from_numpy(y_all[start : start + batch]).to(device)
         x = sched.add_noise(x0, torch.randn(x0.shape, generator=gen), steps[0].reshape(1)).to(
@@ -91,15 +96,33 @@ def vary_images(
     return np.concatenate(out)
 
 
-def _ddim(train_timesteps: int, ddim_steps: int) -> DDIMScheduler:
-    sched = DDIMScheduler(num_train_timesteps=train_timesteps)
-    sched.set_timesteps(ddim_steps)
+def scheduler(name: str, train_timesteps: int, steps: int) -> SchedulerMixin:
+    """A fresh scheduler set to `steps` steps: DDIM (deterministic, one model call a step; its
+    predicted clean image clipped to [-1, 1]) or DPM-Solver++ (Lu et al. 2022; second-order
+    multistep, as good in about half the steps), whose predicted clean image is held to [-1, 1] by
+    dynamic thresholding: without it, a DP-trained model's first steps overshoot and some samples
+    come out as noise. Fresh for every batch, because the multistep solver keeps the batch's
+    previous model outputs and its step index."""
+    if name == "ddim":
+        sched = DDIMScheduler(num_train_timesteps=train_timesteps)
+    elif name == "dpm-solver++":
+        sched = DPMSolverMultistepScheduler(
+            num_train_timesteps=train_timesteps,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            lower_order_final=True,
+            thresholding=True,
+            sample_max_value=1.0,
+        )
+    else:
+        raise ValueError(f"unknown sampler {name!r}: one of {', '.join(SAMPLERS)}")
+    sched.set_timesteps(steps)
     return sched
 
 
 def _denoise(
     model: torch.nn.Module,
-    sched: DDIMScheduler,
+    sched: SchedulerMixin,
     x: torch.Tensor,
     y: torch.Tensor,
     timesteps,
@@ -107,7 +130,7 @@ def _denoise(
     device: torch.device,
     precision: str = "float32",
 ) -> torch.Tensor:
-    """DDIM steps from x at timesteps[0] down to timesteps[-1], conditioned on labels y."""
+    """Scheduler steps from x at timesteps[0] down to timesteps[-1], conditioned on labels y."""
     for t in timesteps:
         with autocast(device, precision):
             eps = _guided_eps(model, x, t.to(device), y, guidance)
