@@ -41,9 +41,9 @@ from benchmarks.common import machine, today
 from benchmarks.release_seeds import seed_scores
 from synth.kinds.datasets import BUILTINS
 from synth.mechanisms.privimage import vote
+from synth.mechanisms.privimage.config import SAMPLERS
 from synth.mechanisms.privimage.data import label_index
 from synth.mechanisms.privimage.model import load_model
-from synth.mechanisms.privimage.config import SAMPLERS
 from synth.mechanisms.privimage.sampling import balanced_labels, sample_images, vary_images
 
 RESULTS = Path(__file__).parent / "results" / "vote-rules.jsonl"

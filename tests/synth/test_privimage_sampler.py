@@ -15,7 +15,8 @@ from synth.mechanisms.privimage.model import make_unet
 from synth.mechanisms.privimage.sampling import scheduler, sample_images, vary_images
 
 T = 1000
-SAMPLING = dict(image_size=8, channels=1, train_timesteps=T, batch=4, device=torch.device("cpu"))
+VARYING = dict(train_timesteps=T, batch=4, device=torch.device("cpu"))
+SAMPLING = dict(VARYING, image_size=8, channels=1)
 
 
 class ExactDenoiser(torch.nn.Module):
@@ -66,7 +67,7 @@ def test_sampling_and_variations_land_on_what_an_exact_denoiser_knows(
         ddim_steps=steps,
         seed=4,
         sampler=sampler,
-        **{k: v for k, v in SAMPLING.items() if k not in ("image_size", "channels")},
+        **VARYING,
     ).astype(float)
     assert np.abs(varied - want).max() <= 1.0
 
@@ -82,7 +83,7 @@ def test_a_variation_takes_only_the_steps_below_its_strength() -> None:
         ddim_steps=12,
         seed=0,
         sampler="dpm-solver++",
-        **{k: v for k, v in SAMPLING.items() if k not in ("image_size", "channels")},
+        **VARYING,
     )
     below = [t for t in scheduler("dpm-solver++", T, 12).timesteps if t <= 0.4 * T]
     assert model.calls == len(below) == 4

@@ -243,9 +243,6 @@ class PrivImageConfig(MechanismConfig):
         """Image size, selection mode and the UNet's channels."""
         return {
             "image_size": check.choice("image_size", v["image_size"], (28, 32)),
-            "sampler": check.choice(
-                "sampler", v["sampler"], SAMPLERS, hint="the diffusion sampler's update rule"
-            ),
             "selection": check.choice("selection", v["selection"], SELECTIONS),
             "unet_channels": check.entries(
                 "unet_channels", v["unet_channels"], check.count, least=2, example="[32, 64, 64]"
@@ -254,8 +251,12 @@ class PrivImageConfig(MechanismConfig):
 
     @staticmethod
     def _checked_training(v: Mapping[str, Any]) -> dict[str, Any]:
-        """Optimisation, augmentation, label dropout, guidance and noise multiplicity."""
+        """Optimisation, augmentation, label dropout, guidance, the sampler and noise
+        multiplicity."""
         return {
+            "sampler": check.choice(
+                "sampler", v["sampler"], SAMPLERS, hint="the diffusion sampler's update rule"
+            ),
             "finetune_epochs": check.positive("finetune_epochs", v["finetune_epochs"]),
             "max_grad_norm": check.positive("max_grad_norm", v["max_grad_norm"]),
             "finetune_t_min": check.number("finetune_t_min", v["finetune_t_min"], 0.0, 0.9),

@@ -39,8 +39,7 @@ def sample_images(
     """uint8 images, one per entry of `labels` (class positions). With `guidance` w > 0,
     classifier-free guidance: eps = (1 + w) eps(x, y) - w eps(x, null), the null class being the
     last class embedding. `precision` (resolved, synth.mechanisms.privimage.precision) is the
-    UNet's; the DDIM
-    update stays in float32."""
+    UNet's; the sampler's update stays in float32."""
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     out = []
@@ -75,9 +74,9 @@ def vary_images(
     sampler: str = "ddim",
 ) -> np.ndarray:
     """`copies` variations of each uint8 image (SDEdit, Meng et al. 2022): diffuse it forward to the
-    DDIM timestep nearest `strength` x T, then denoise with the model under its label. Image i's
-    copies are rows i*copies .. i*copies+copies-1. Strength 1 is a fresh sample; small strengths
-    keep the image's shape."""
+    sampler's first timestep at or below `strength` x T, then denoise with the model under its
+    label. Image i's copies are rows i*copies .. i*copies+copies-1. Strength 1 is a fresh sample;
+    small strengths keep the image's shape."""
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     x0_all, y_all = np.repeat(images, copies, 0), np.repeat(labels, copies)
